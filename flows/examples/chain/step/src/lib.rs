@@ -1,0 +1,19 @@
+//! One link of a chain: counts the step in `vars.i` and follows the node's
+//! `next` route; a node whose config says `{"last": true}` completes the run.
+use serde_json::json;
+use stepwell_guest::{export_node, Input, NodeError, Plan};
+
+fn step(input: Input) -> Result<Plan, NodeError> {
+    let i = input.vars.get("i").and_then(|v| v.as_u64()).unwrap_or(0) + 1;
+    let last = input
+        .config_field("last")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    if last {
+        Ok(Plan::complete(json!({ "steps": i })))
+    } else {
+        Ok(Plan::follow().set("i", json!(i)))
+    }
+}
+
+export_node!(step);

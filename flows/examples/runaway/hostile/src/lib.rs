@@ -1,0 +1,112 @@
+//! A deliberately hostile node, for the sandbox tests and the `runaway` example.
+//! It uses the raw bindings (not the SDK) so it can return malformed output.
+//!
+//! `config.mode` picks the misbehaviour: `loop` (never returns), `alloc`
+//! (allocates without bound), `stack` (unbounded recursion), `trap`
+//! (`unreachable`), `panic`, `bad_json` (output that does not parse),
+//! `bad_vars` (a vars patch that is not an object), `unknown_next` (routes to a
+//! node that does not exist), `probe` (reports what the sandbox lets it see),
+//! `ok` (behaves).
+use std::hint::black_box;
+
+use stepwell_guest::bindings::stepwell::flow::types::{NodeError, NodeInput, StepPlan};
+
+struct Hostile;
+
+fn plan() -> StepPlan {
+    StepPlan {
+        vars: None,
+        effect: None,
+        next_node: None,
+        complete_output: None,
+    }
+}
+
+#[allow(unconditional_recursion)]
+fn recurse(depth: u64, buf: [u8; 256]) -> u64 {
+    black_box(&buf);
+    recurse(depth + 1, black_box(buf)) + 1
+}
+
+fn probe() -> String {
+    let env: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
+    let args: Vec<String> = std::env::args().collect();
+    let fs = match std::fs::read_dir("/") {
+        Ok(rd) => format!("listed {} entries", rd.count()),
+        Err(e) => format!("error: {e}"),
+    };
+    let cwd_file = match std::fs::read("Cargo.toml") {
+        Ok(b) => format!("read {} bytes", b.len()),
+        Err(e) => format!("error: {e}"),
+    };
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(u64::MAX);
+    let net = match std::net::TcpStream::connect("127.0.0.1:9") {
+        Ok(_) => "connected".to_string(),
+        Err(e) => format!("error: {e}"),
+    };
+    serde_json::json!({
+        "env_count": env.len(),
+        "args_count": args.len(),
+        "fs_root": fs,
+        "fs_relative": cwd_file,
+        "clock_unix_secs": clock,
+        "net": net,
+    })
+    .to_string()
+}
+
+impl stepwell_guest::bindings::Guest for Hostile {
+    fn handle(input: NodeInput) -> Result<StepPlan, NodeError> {
+        let config: serde_json::Value =
+            serde_json::from_str(&input.config).unwrap_or(serde_json::Value::Null);
+        let mode = config.get("mode").and_then(|m| m.as_str()).unwrap_or("ok");
+        match mode {
+            "loop" => {
+                let mut i: u64 = 0;
+                loop {
+                    i = black_box(i.wrapping_add(1));
+                }
+            }
+            "alloc" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 1 << 20]);
+                    black_box(&hoard);
+                }
+            }
+            "stack" => {
+                let n = recurse(0, [0u8; 256]);
+                Err(NodeError::Failed(format!("returned {n}")))
+            }
+            "trap" => core::arch::wasm32::unreachable(),
+            "panic" => panic!("the hostile node panicked on purpose"),
+            "bad_json" => Ok(StepPlan {
+                complete_output: Some("{this is not json".into()),
+                ..plan()
+            }),
+            "bad_vars" => Ok(StepPlan {
+                vars: Some("[1, 2, 3]".into()),
+                next_node: Some("end".into()),
+                ..plan()
+            }),
+            "unknown_next" => Ok(StepPlan {
+                next_node: Some("nowhere".into()),
+                ..plan()
+            }),
+            "probe" => Ok(StepPlan {
+                complete_output: Some(probe()),
+                ..plan()
+            }),
+            "ok" => Ok(StepPlan {
+                complete_output: Some("{\"ok\":true}".into()),
+                ..plan()
+            }),
+            other => Err(NodeError::InvalidInput(format!("unknown mode {other}"))),
+        }
+    }
+}
+
+stepwell_guest::bindings::__export_node_world!(Hostile with_types_in stepwell_guest::bindings);

@@ -1,0 +1,272 @@
+//! # stepwell-guest: write stepwell node handlers in Rust
+//!
+//! A node handler is one plain function from an [`Input`] to a [`Plan`]. Export
+//! it with [`export_node!`] and build the crate as a `cdylib` for
+//! `wasm32-wasip2`: the result is a WebAssembly component that the stepwell host
+//! loads from a flow document.
+//!
+//! ```ignore
+//! use serde_json::json;
+//! use stepwell_guest::{export_node, Input, NodeError, Plan};
+//!
+//! fn greet(input: Input) -> Result<Plan, NodeError> {
+//!     let name = input.var_str("name").unwrap_or("World");
+//!     Ok(Plan::complete(json!({ "message": format!("Hello, {name}!") })))
+//! }
+//!
+//! export_node!(greet);
+//! ```
+//!
+//! The handler must be pure: everything it needs is in its input (including the
+//! time, [`Input::now`]); everything it wants done is in its plan. The host gives
+//! guests no filesystem, network, environment, clock or randomness.
+
+use serde_json::{Map, Value};
+
+/// Bindings generated from `wit/stepwell.wit` (the `node` world). Authors do not
+/// need them directly; [`export_node!`] wires a handler to them.
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../wit",
+        world: "node",
+        pub_export_macro: true,
+        export_macro_name: "__export_node_world",
+        default_bindings_module: "stepwell_guest::bindings",
+    });
+}
+
+use bindings::stepwell::flow::types as wit;
+
+/// What the host passes to a node handler for one step of a run.
+#[derive(Debug, Clone)]
+pub struct Input {
+    /// The id of the run being executed.
+    pub run_id: String,
+    /// The id of the run's workflow.
+    pub workflow_id: String,
+    /// The id of the node being executed.
+    pub node_id: String,
+    /// The node's static `config` from the flow document (`Null` when absent).
+    pub config: Value,
+    /// The run's vars.
+    pub vars: Map<String, Value>,
+    /// The current time, RFC 3339 in UTC, chosen by the host.
+    pub now: String,
+    /// 1 for the first attempt of this step.
+    pub attempt: u32,
+}
+
+impl Input {
+    /// The var `key` as a string, if it is one.
+    pub fn var_str(&self, key: &str) -> Option<&str> {
+        self.vars.get(key).and_then(Value::as_str)
+    }
+
+    /// The value at a dotted path in the vars (`"user_input.text"`), if present.
+    pub fn var_path(&self, path: &str) -> Option<&Value> {
+        let mut parts = path.split('.');
+        let mut cur = self.vars.get(parts.next()?)?;
+        for part in parts {
+            cur = match cur {
+                Value::Object(map) => map.get(part)?,
+                Value::Array(items) => items.get(part.parse::<usize>().ok()?)?,
+                _ => return None,
+            };
+        }
+        Some(cur)
+    }
+
+    /// The config field `key`, if the config is an object that has it.
+    pub fn config_field(&self, key: &str) -> Option<&Value> {
+        self.config.get(key)
+    }
+}
+
+/// A request for the host to do something durable (wait, emit an event, start a
+/// child run, ...). See `docs/flows.md` for every kind and its payload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Effect {
+    /// The effect type, such as `"ask_user"`.
+    pub kind: String,
+    /// The effect's payload (a JSON object).
+    pub payload: Value,
+    /// Where the result (or the resumed wait's payload) lands in the vars.
+    pub result_key: Option<String>,
+}
+
+impl Effect {
+    /// An effect of any kind with the given payload.
+    pub fn new(kind: impl Into<String>, payload: Value) -> Self {
+        Effect {
+            kind: kind.into(),
+            payload,
+            result_key: None,
+        }
+    }
+
+    /// Write the effect's result to this key of the vars.
+    pub fn result_key(mut self, key: impl Into<String>) -> Self {
+        self.result_key = Some(key.into());
+        self
+    }
+
+    /// Ask a person: the run waits until it is resumed with their answer.
+    pub fn ask_user(prompt: impl Into<String>) -> Self {
+        Effect::new("ask_user", serde_json::json!({ "prompt": prompt.into() }))
+    }
+
+    /// Wait until an RFC 3339 time.
+    pub fn wait_until(until: impl Into<String>) -> Self {
+        Effect::new("wait_until", serde_json::json!({ "until": until.into() }))
+    }
+
+    /// Wait for an event delivered under `wait_key` (by `emit_event` or a resume).
+    pub fn wait_event(wait_key: impl Into<String>) -> Self {
+        Effect::new(
+            "wait_event",
+            serde_json::json!({ "wait_key": wait_key.into() }),
+        )
+    }
+
+    /// Emit an event: every run waiting on `name` is resumed with `payload`.
+    pub fn emit_event(name: impl Into<String>, payload: Value) -> Self {
+        Effect::new(
+            "emit_event",
+            serde_json::json!({ "name": name.into(), "payload": payload }),
+        )
+    }
+}
+
+/// What a node handler returns: what happens next.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// A shallow patch of the vars: each key replaces the key of the same name,
+    /// `Null` removes it.
+    pub vars: Option<Map<String, Value>>,
+    /// An effect for the host to execute before moving on.
+    pub effect: Option<Effect>,
+    /// The node (or route label) to run next.
+    pub next_node: Option<String>,
+    /// Finish the run with this output.
+    pub complete_output: Option<Value>,
+}
+
+impl Plan {
+    /// Follow the node's `next` route from the flow document.
+    pub fn follow() -> Self {
+        Plan::default()
+    }
+
+    /// Go to node (or route label) `node` next.
+    pub fn goto(node: impl Into<String>) -> Self {
+        Plan {
+            next_node: Some(node.into()),
+            ..Plan::default()
+        }
+    }
+
+    /// Finish the run with `output`.
+    pub fn complete(output: Value) -> Self {
+        Plan {
+            complete_output: Some(output),
+            ..Plan::default()
+        }
+    }
+
+    /// Set var `key` to `value` (adds to the vars patch).
+    pub fn set(mut self, key: impl Into<String>, value: Value) -> Self {
+        self.vars
+            .get_or_insert_with(Map::new)
+            .insert(key.into(), value);
+        self
+    }
+
+    /// Ask the host to execute `effect` first.
+    pub fn with_effect(mut self, effect: Effect) -> Self {
+        self.effect = Some(effect);
+        self
+    }
+}
+
+/// Why a node handler could not produce a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeError {
+    /// The config or vars are not what the node needs.
+    InvalidInput(String),
+    /// Any other failure.
+    Failed(String),
+}
+
+impl NodeError {
+    /// A [`NodeError::InvalidInput`] with this message.
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        NodeError::InvalidInput(msg.into())
+    }
+
+    /// A [`NodeError::Failed`] with this message.
+    pub fn failed(msg: impl Into<String>) -> Self {
+        NodeError::Failed(msg.into())
+    }
+}
+
+/// Converts between the WIT types and the SDK types and calls `handler`.
+/// Used by [`export_node!`]; not part of the stable API.
+#[doc(hidden)]
+pub fn __dispatch(
+    handler: fn(Input) -> Result<Plan, NodeError>,
+    input: wit::NodeInput,
+) -> Result<wit::StepPlan, wit::NodeError> {
+    let config = serde_json::from_str(&input.config)
+        .map_err(|e| wit::NodeError::InvalidInput(format!("config is not JSON: {e}")))?;
+    let vars = match serde_json::from_str(&input.vars) {
+        Ok(Value::Object(map)) => map,
+        Ok(_) => return Err(wit::NodeError::InvalidInput("vars is not an object".into())),
+        Err(e) => return Err(wit::NodeError::InvalidInput(format!("vars is not JSON: {e}"))),
+    };
+    let input = Input {
+        run_id: input.run_id,
+        workflow_id: input.workflow_id,
+        node_id: input.node_id,
+        config,
+        vars,
+        now: input.now,
+        attempt: input.attempt,
+    };
+    match handler(input) {
+        Ok(plan) => Ok(wit::StepPlan {
+            vars: plan.vars.map(|v| Value::Object(v).to_string()),
+            effect: plan.effect.map(|e| wit::Effect {
+                kind: e.kind,
+                payload: e.payload.to_string(),
+                result_key: e.result_key,
+            }),
+            next_node: plan.next_node,
+            complete_output: plan.complete_output.map(|v| v.to_string()),
+        }),
+        Err(NodeError::InvalidInput(m)) => Err(wit::NodeError::InvalidInput(m)),
+        Err(NodeError::Failed(m)) => Err(wit::NodeError::Failed(m)),
+    }
+}
+
+/// Export `handler` (a `fn(Input) -> Result<Plan, NodeError>`) as the node
+/// handler of this component. Call it once, at the crate root.
+#[macro_export]
+macro_rules! export_node {
+    ($handler:path) => {
+        struct __StepwellNode;
+
+        impl $crate::bindings::Guest for __StepwellNode {
+            fn handle(
+                input: $crate::bindings::stepwell::flow::types::NodeInput,
+            ) -> ::core::result::Result<
+                $crate::bindings::stepwell::flow::types::StepPlan,
+                $crate::bindings::stepwell::flow::types::NodeError,
+            > {
+                $crate::__dispatch($handler, input)
+            }
+        }
+
+        $crate::bindings::__export_node_world!(__StepwellNode with_types_in $crate::bindings);
+    };
+}

@@ -1,0 +1,185 @@
+//! The benchmarks behind `stepwell bench`: medians over repeated runs, all in
+//! one process so the figures compare.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{json, Map, Value};
+
+use crate::core::Result;
+use crate::store::{MemoryStore, SqliteStore, Store};
+use crate::wasm::{EngineConfig, NodeCall, WasmEngine};
+use crate::{Error, Runtime, RunStatus, StartOptions};
+
+/// What to measure with, and how long.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// The repository's `flows/` directory (the example components).
+    pub flows_dir: PathBuf,
+    /// Node dispatches measured.
+    pub dispatch_samples: usize,
+    /// Nodes in the chain.
+    pub chain_len: usize,
+    /// Times each chain run is repeated (the median is reported).
+    pub chain_repeats: usize,
+    /// Ask / resume cycles per batch.
+    pub cycles_per_batch: usize,
+    /// Batches of cycles (the median is reported).
+    pub cycle_batches: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            flows_dir: PathBuf::from("flows"),
+            dispatch_samples: 5_000,
+            chain_len: 1_000,
+            chain_repeats: 5,
+            cycles_per_batch: 500,
+            cycle_batches: 5,
+        }
+    }
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mid = xs.len() / 2;
+    if xs.len() % 2 == 1 {
+        xs[mid]
+    } else {
+        (xs[mid - 1] + xs[mid]) / 2.0
+    }
+}
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "stepwell-bench-{tag}-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| Error::invalid("bench", e.to_string()))?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn write_chain(dir: &Path, component: &Path, len: usize) -> Result<()> {
+    let mut nodes = Map::new();
+    for i in 0..len {
+        let mut node = json!({ "component": component });
+        if i + 1 < len {
+            node["next"] = json!(format!("n{}", i + 1));
+        } else {
+            node["config"] = json!({ "last": true });
+        }
+        nodes.insert(format!("n{i}"), node);
+    }
+    let doc = json!({ "workflow_id": "bench.chain", "entry": "n0", "nodes": nodes });
+    std::fs::write(dir.join("flow.json"), doc.to_string())
+        .map_err(|e| Error::invalid("bench", e.to_string()))
+}
+
+fn runtime(store: Arc<dyn Store>, engine: &WasmEngine) -> Result<Runtime> {
+    Runtime::builder(store).engine(engine.clone()).build()
+}
+
+/// Runs every benchmark and returns the figures as one JSON object.
+pub fn run(options: &BenchOptions) -> Result<Value> {
+    let scratch = Scratch::new("run")?;
+    let engine = WasmEngine::new(EngineConfig {
+        cache_dir: Some(scratch.0.join("cache")),
+        ..EngineConfig::default()
+    })?;
+    let step = options.flows_dir.join("examples/chain/step.wasm");
+    let step = step
+        .canonicalize()
+        .map_err(|e| Error::invalid("flows_dir", format!("{}: {e} (build the guests first: scripts/build-guests)", step.display())))?;
+
+    // 1. Dispatch: instantiate + call of a trivial node.
+    let component = engine.load_node(&step)?;
+    let call = NodeCall {
+        run_id: "bench",
+        workflow_id: "bench",
+        node_id: "n0",
+        config_json: "null",
+        vars_json: "{\"i\":1}",
+        now: "2026-01-01T00:00:00.000000Z",
+        attempt: 1,
+    };
+    for _ in 0..200 {
+        component.call(&call).map_err(|e| Error::invalid("bench", e.to_string()))?;
+    }
+    let mut samples = Vec::with_capacity(options.dispatch_samples);
+    for _ in 0..options.dispatch_samples {
+        let t = Instant::now();
+        component.call(&call).map_err(|e| Error::invalid("bench", e.to_string()))?;
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let dispatch_p50 = median(samples);
+
+    // 2. A chain of WASM nodes, in memory and on SQLite.
+    let chain_dir = scratch.0.join("chain");
+    std::fs::create_dir_all(&chain_dir).map_err(|e| Error::invalid("bench", e.to_string()))?;
+    write_chain(&chain_dir, &step, options.chain_len)?;
+    let chain = |store: Arc<dyn Store>| -> Result<f64> {
+        let rt = runtime(store, &engine)?;
+        rt.load_bundle(&chain_dir)?;
+        let mut rates = Vec::new();
+        for _ in 0..options.chain_repeats {
+            let id = rt.start("bench.chain", StartOptions::default())?;
+            let t = Instant::now();
+            let state = rt.tick(&id)?;
+            let secs = t.elapsed().as_secs_f64();
+            if state.status != RunStatus::Completed {
+                return Err(Error::invalid("bench", format!("chain ended {:?}: {:?}", state.status, state.error)));
+            }
+            rates.push(options.chain_len as f64 / secs);
+        }
+        Ok(median(rates))
+    };
+    let chain_memory = chain(Arc::new(MemoryStore::new()))?;
+    let chain_sqlite = chain(Arc::new(SqliteStore::open(scratch.0.join("chain.sqlite"))?))?;
+
+    // 3. Start, park on ask_user, resume, complete: on SQLite.
+    let rt = runtime(Arc::new(SqliteStore::open(scratch.0.join("ask.sqlite"))?), &engine)?;
+    let bundle = rt.load_bundle(&options.flows_dir.join("examples/ask-user"))?;
+    let mut rates = Vec::new();
+    for _ in 0..options.cycle_batches {
+        let t = Instant::now();
+        for _ in 0..options.cycles_per_batch {
+            let id = rt.start(&bundle.main_workflow_id, StartOptions::default())?;
+            let parked = rt.tick(&id)?;
+            let key = parked
+                .waiting
+                .as_ref()
+                .map(|w| w.wait_key.clone())
+                .ok_or_else(|| Error::invalid("bench", "ask-user did not park"))?;
+            let done = rt.resume(&id, &key, json!({ "text": "Bob" }))?;
+            if done.status != RunStatus::Completed {
+                return Err(Error::invalid("bench", "ask-user did not complete"));
+            }
+        }
+        rates.push(options.cycles_per_batch as f64 / t.elapsed().as_secs_f64());
+    }
+    let cycles = median(rates);
+
+    let round = |x: f64, d: i32| (x * 10f64.powi(d)).round() / 10f64.powi(d);
+    Ok(json!({
+        "node_dispatch_us_p50": round(dispatch_p50, 2),
+        "chain_steps_per_s_memory": round(chain_memory, 0),
+        "chain_steps_per_s_sqlite": round(chain_sqlite, 0),
+        "ask_resume_cycles_per_s_sqlite": round(cycles, 0),
+    }))
+}

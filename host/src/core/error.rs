@@ -1,0 +1,81 @@
+//! The errors the runtime API returns. Each has a stable reason code
+//! ([`Error::reason_code`]) matching the reference implementation's codes where
+//! one exists.
+
+/// What went wrong with a runtime call. Nothing is written when a call fails
+/// with one of these, except where the variant says otherwise.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No run has this id.
+    #[error("run_not_found: no run with id {run_id:?}")]
+    RunNotFound {
+        /// The id that was asked for.
+        run_id: String,
+    },
+    /// A resume that came too late or for the wrong wait: the run is no longer
+    /// waiting (someone resumed it first), or waits on another key.
+    #[error("stale_resume: run {run_id}: {reason}")]
+    StaleResume {
+        /// The run that was to be resumed.
+        run_id: String,
+        /// Why the resume was refused ("Run is not waiting", ...).
+        reason: String,
+    },
+    /// A run id was already used by a run with a different identity.
+    #[error("identity_conflict: run {run_id} already exists with a different {field}")]
+    IdentityConflict {
+        /// The explicit run id.
+        run_id: String,
+        /// The first identity field that differs (`workflow_id`, `session_id`, ...).
+        field: String,
+    },
+    /// A flow document is invalid.
+    #[error(transparent)]
+    Flow(#[from] crate::flow::FlowError),
+    /// No loaded bundle defines this workflow.
+    #[error("unknown_workflow: no loaded flow defines workflow {workflow_id:?}")]
+    UnknownWorkflow {
+        /// The workflow id that was asked for.
+        workflow_id: String,
+    },
+    /// An argument is invalid (a malformed run id, a payload of the wrong type, ...).
+    #[error("invalid_input: {field}: {message}")]
+    InvalidInput {
+        /// The argument or field at fault.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A WebAssembly component could not be loaded.
+    #[error(transparent)]
+    Wasm(#[from] crate::wasm::LoadError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+impl Error {
+    /// The stable reason code of this error (`stale_resume`, `identity_conflict`, ...).
+    pub fn reason_code(&self) -> &'static str {
+        match self {
+            Error::RunNotFound { .. } => "run_not_found",
+            Error::StaleResume { .. } => "stale_resume",
+            Error::IdentityConflict { .. } => "identity_conflict",
+            Error::Flow(_) => "invalid_definition",
+            Error::UnknownWorkflow { .. } => "unknown_workflow",
+            Error::InvalidInput { .. } => "invalid_input",
+            Error::Wasm(_) => "component_load_failed",
+            Error::Store(e) => e.reason_code(),
+        }
+    }
+
+    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A convenience alias for runtime results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,849 @@
+//! The durable step loop: `start`, `tick`, `resume`, `cancel_run`, and the
+//! driver pass that moves due and finished waits along.
+//!
+//! Every transition obeys one ordering law: the ledger records of a
+//! transition are appended before the run save that makes it true, and the
+//! save is the commit point ([`Store::commit`]). A crash leaves the ledger
+//! ahead of the state, never behind it.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use parking_lot::RwLock;
+use serde_json::{json, Map, Value};
+
+use super::clock::{format_time, Clock, SystemClock};
+use super::locks::{RunLockGuard, RunLocks};
+use super::model::{
+    EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus,
+    WaitReason,
+};
+use super::{Error, Result};
+use crate::effects::{self, subworkflow, EffectContext, Outcome};
+use crate::flow::{self, template, Bundle, Node, NodeKind, Workflow};
+use crate::store::{RunQuery, Store};
+use crate::wasm::{vars_json, NodeCall, WasmEngine};
+
+/// Defaults written into a new run's `vars._limits` (the reference
+/// runtime's keys), and the runtime's own bounds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeConfig {
+    /// The most node steps one `tick` executes before returning a still
+    /// running run (a later tick continues).
+    pub max_steps_per_tick: u64,
+    /// `_limits.max_iterations`.
+    pub max_iterations: u64,
+    /// `_limits.max_tokens`.
+    pub max_tokens: u64,
+    /// `_limits.max_history_messages` (-1 = unlimited).
+    pub max_history_messages: i64,
+    /// `_limits.warn_iterations_pct`.
+    pub warn_iterations_pct: u64,
+    /// `_limits.warn_tokens_pct`.
+    pub warn_tokens_pct: u64,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            max_steps_per_tick: 100_000,
+            max_iterations: 20,
+            max_tokens: 32_768,
+            max_history_messages: -1,
+            warn_iterations_pct: 80,
+            warn_tokens_pct: 80,
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// The `_limits` object a new run starts with.
+    pub fn limits_value(&self) -> Value {
+        json!({
+            "max_iterations": self.max_iterations,
+            "current_iteration": 0,
+            "max_tokens": self.max_tokens,
+            "max_output_tokens": null,
+            "max_input_tokens": null,
+            "estimated_tokens_used": 0,
+            "max_history_messages": self.max_history_messages,
+            "warn_iterations_pct": self.warn_iterations_pct,
+            "warn_tokens_pct": self.warn_tokens_pct,
+        })
+    }
+}
+
+/// How a run is started.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StartOptions {
+    /// The run's initial vars.
+    pub vars: Map<String, Value>,
+    /// An explicit run id (`[A-Za-z0-9_-]+`): created only if free; the same
+    /// identity returns the existing run, another is `identity_conflict`.
+    pub run_id: Option<String>,
+    /// Who starts the run.
+    pub actor_id: Option<String>,
+    /// The session the run belongs to.
+    pub session_id: Option<String>,
+    /// The parent run, for child runs.
+    pub parent_run_id: Option<String>,
+}
+
+/// What one [`Runtime::drive_once`] pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriveReport {
+    /// Runs whose due time wait or event deadline was resolved.
+    pub due_resumed: Vec<String>,
+    /// Running runs that were ticked (async children, interrupted runs).
+    pub ticked: Vec<String>,
+    /// Parents resumed (or failed) because their child ended.
+    pub parents_resumed: Vec<String>,
+    /// Runs the pass could not move, with why.
+    pub errors: Vec<(String, String)>,
+}
+
+impl DriveReport {
+    /// Whether the pass moved anything.
+    pub fn moved_anything(&self) -> bool {
+        !(self.due_resumed.is_empty() && self.ticked.is_empty() && self.parents_resumed.is_empty())
+    }
+}
+
+/// Builds a [`Runtime`].
+pub struct RuntimeBuilder {
+    store: Arc<dyn Store>,
+    engine: Option<WasmEngine>,
+    clock: Arc<dyn Clock>,
+    config: RuntimeConfig,
+}
+
+impl RuntimeBuilder {
+    /// The wasm engine (default: a new engine without an on-disk cache).
+    pub fn engine(mut self, engine: WasmEngine) -> Self {
+        self.engine = Some(engine);
+        self
+    }
+
+    /// The clock (default: the system clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(mut self, config: RuntimeConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Builds the runtime.
+    pub fn build(self) -> Result<Runtime> {
+        let engine = match self.engine {
+            Some(e) => e,
+            None => WasmEngine::new(Default::default())?,
+        };
+        Ok(Runtime {
+            inner: Arc::new(Inner {
+                store: self.store,
+                engine,
+                clock: self.clock,
+                config: self.config,
+                workflows: RwLock::new(HashMap::new()),
+                locks: RunLocks::default(),
+            }),
+        })
+    }
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    engine: WasmEngine,
+    clock: Arc<dyn Clock>,
+    config: RuntimeConfig,
+    workflows: RwLock<HashMap<String, Arc<Workflow>>>,
+    locks: RunLocks,
+}
+
+/// The durable runtime: executes runs of loaded workflows against a store.
+/// Cloning is cheap and shares everything.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").finish_non_exhaustive()
+    }
+}
+
+/// Where a step sends the run.
+enum Target {
+    Node(String),
+    Complete(Value),
+    /// No route: a waiting effect completes the run with the resume payload,
+    /// a completed effect with its result.
+    End,
+}
+
+fn valid_run_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 200
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+impl Runtime {
+    /// Starts building a runtime over `store`.
+    pub fn builder(store: Arc<dyn Store>) -> RuntimeBuilder {
+        RuntimeBuilder {
+            store,
+            engine: None,
+            clock: Arc::new(SystemClock),
+            config: RuntimeConfig::default(),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &dyn Store {
+        &*self.inner.store
+    }
+
+    /// The wasm engine.
+    pub fn engine(&self) -> &WasmEngine {
+        &self.inner.engine
+    }
+
+    /// The clock.
+    pub fn now(&self) -> DateTime<Utc> {
+        self.inner.clock.now()
+    }
+
+    /// Takes the per-run lock that `tick` and `resume` take. Hold it around
+    /// your own read-modify-save of a run so a tick cannot overwrite it.
+    pub fn run_lock(&self, run_id: &str) -> RunLockGuard<'_> {
+        self.inner.locks.lock(run_id)
+    }
+
+    /// Loads the bundle at `dir` (validating every flow file and compiling its
+    /// components), registers its workflows, and records in the store where
+    /// they come from, so another process can resume their runs. Nothing is
+    /// registered or recorded if any file is invalid.
+    pub fn load_bundle(&self, dir: &Path) -> Result<Bundle> {
+        let bundle = flow::load_bundle(dir, &self.inner.engine)?;
+        for wf in &bundle.workflows {
+            self.store().put_bundle(&wf.workflow_id, &bundle.dir)?;
+        }
+        let mut map = self.inner.workflows.write();
+        for wf in &bundle.workflows {
+            map.insert(wf.workflow_id.clone(), wf.clone());
+        }
+        Ok(bundle)
+    }
+
+    /// Registers an already loaded workflow.
+    pub fn register(&self, workflow: Arc<Workflow>) {
+        self.inner
+            .workflows
+            .write()
+            .insert(workflow.workflow_id.clone(), workflow);
+    }
+
+    /// The workflow `workflow_id`: registered, or loaded from the bundle the
+    /// store recorded for it.
+    pub fn workflow(&self, workflow_id: &str) -> Result<Arc<Workflow>> {
+        if let Some(wf) = self.inner.workflows.read().get(workflow_id) {
+            return Ok(wf.clone());
+        }
+        if let Some(dir) = self.store().bundle_dir(workflow_id)? {
+            self.load_bundle(&dir)?;
+            if let Some(wf) = self.inner.workflows.read().get(workflow_id) {
+                return Ok(wf.clone());
+            }
+        }
+        Err(Error::UnknownWorkflow {
+            workflow_id: workflow_id.to_string(),
+        })
+    }
+
+    /// Creates a run of `workflow_id` (status `running`, at the entry node)
+    /// and returns its id. `vars._limits` is filled in when absent. Does not
+    /// execute anything: call [`Runtime::tick`].
+    pub fn start(&self, workflow_id: &str, options: StartOptions) -> Result<String> {
+        let wf = self.workflow(workflow_id)?;
+        if let Some(id) = &options.run_id {
+            if !valid_run_id(id) {
+                return Err(Error::invalid(
+                    "run_id",
+                    format!("{id:?} is not a valid run id ([A-Za-z0-9_-]+, at most 200)"),
+                ));
+            }
+        }
+        let explicit = options.run_id.is_some();
+        let run_id = options
+            .run_id
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let mut vars = options.vars;
+        vars.entry("_limits")
+            .or_insert_with(|| self.inner.config.limits_value());
+        let now = format_time(self.now());
+        let run = RunState {
+            run_id: run_id.clone(),
+            workflow_id: wf.workflow_id.clone(),
+            status: RunStatus::Running,
+            current_node: Some(wf.entry.clone()),
+            vars,
+            waiting: None,
+            output: None,
+            error: None,
+            created_at: now.clone(),
+            updated_at: now,
+            actor_id: options.actor_id,
+            session_id: options.session_id,
+            parent_run_id: options.parent_run_id,
+        };
+        let (existing, created) = self.store().create_if_absent(&run)?;
+        if !created {
+            if !explicit {
+                return Err(Error::invalid("run_id", "a generated run id collided"));
+            }
+            if let Some(field) = identity_mismatch(&existing, &run) {
+                return Err(Error::IdentityConflict {
+                    run_id,
+                    field: field.to_string(),
+                });
+            }
+        }
+        Ok(run_id)
+    }
+
+    /// The run's current state.
+    pub fn get_state(&self, run_id: &str) -> Result<RunState> {
+        self.store()
+            .load_run(run_id)?
+            .ok_or_else(|| Error::RunNotFound {
+                run_id: run_id.to_string(),
+            })
+    }
+
+    /// The run's ledger, oldest first.
+    pub fn get_ledger(&self, run_id: &str) -> Result<Vec<StepRecord>> {
+        self.get_state(run_id)?;
+        Ok(self.store().list_records(run_id)?)
+    }
+
+    /// The runs matching `query`, oldest first.
+    pub fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>> {
+        Ok(self.store().list_runs(query)?)
+    }
+
+    /// Executes the run until it waits, ends, or has taken
+    /// `max_steps_per_tick` steps. A waiting run whose time wait is due (or
+    /// whose event deadline passed) is moved on first. Returns the saved state.
+    pub fn tick(&self, run_id: &str) -> Result<RunState> {
+        self.tick_with(run_id, self.inner.config.max_steps_per_tick)
+    }
+
+    /// [`Runtime::tick`] with an explicit step budget.
+    pub fn tick_with(&self, run_id: &str, max_steps: u64) -> Result<RunState> {
+        let _lock = self.run_lock(run_id);
+        let mut run = self.get_state(run_id)?;
+        if run.status == RunStatus::Waiting && !self.resolve_due(&mut run)? {
+            return Ok(run);
+        }
+        if run.status != RunStatus::Running {
+            return Ok(run);
+        }
+        let wf = self.workflow(&run.workflow_id)?;
+        let mut steps = 0;
+        while run.status == RunStatus::Running && steps < max_steps {
+            self.step(&wf, &mut run)?;
+            steps += 1;
+        }
+        Ok(run)
+    }
+
+    /// Resumes the run's current wait with `payload`: checks that the run
+    /// waits on `wait_key`, writes the payload to the wait's `result_key`,
+    /// commits, then ticks from the wait's `resume_to_node`. A wait is
+    /// resumed at most once: a run that is not waiting, or waits on another
+    /// key, gets [`Error::StaleResume`] and is left unchanged.
+    pub fn resume(&self, run_id: &str, wait_key: &str, payload: Value) -> Result<RunState> {
+        {
+            let _lock = self.run_lock(run_id);
+            let mut run = self.get_state(run_id)?;
+            let Some(wait) = run.waiting.as_ref().filter(|_| run.status == RunStatus::Waiting)
+            else {
+                return Err(Error::StaleResume {
+                    run_id: run_id.to_string(),
+                    reason: format!("Run is not waiting (status {})", run.status.as_str()),
+                });
+            };
+            if wait.wait_key != wait_key {
+                return Err(Error::StaleResume {
+                    run_id: run_id.to_string(),
+                    reason: format!(
+                        "Run waits on key {:?}, not {wait_key:?}",
+                        wait.wait_key
+                    ),
+                });
+            }
+            let record = self.end_wait(&mut run, payload, "resumed");
+            self.store().commit(&[record], &run)?;
+        }
+        self.tick(run_id)
+    }
+
+    /// Cancels the run (and its unfinished children): status `cancelled`, a
+    /// `cancelled` ledger record, no further step. An ended run is returned
+    /// unchanged.
+    pub fn cancel_run(&self, run_id: &str, reason: Option<&str>) -> Result<RunState> {
+        let run = {
+            let _lock = self.run_lock(run_id);
+            let mut run = self.get_state(run_id)?;
+            if run.status.is_terminal() {
+                return Ok(run);
+            }
+            let now = format_time(self.now());
+            let error = format!("cancelled: {}", reason.unwrap_or("cancelled by request"));
+            let record = StepRecord {
+                status: StepStatus::Cancelled,
+                error: Some(error.clone()),
+                ended_at: Some(now.clone()),
+                ..self.record(&run, run.current_node.clone(), &now)
+            };
+            run.status = RunStatus::Cancelled;
+            run.error = Some(error);
+            run.waiting = None;
+            run.updated_at = now;
+            self.store().commit(&[record], &run)?;
+            run
+        };
+        let children = self.store().list_runs(&RunQuery {
+            parent_run_id: Some(run_id.to_string()),
+            ..RunQuery::default()
+        })?;
+        for child in children.iter().filter(|c| !c.status.is_terminal()) {
+            self.cancel_run(&child.run_id, Some(&format!("parent run {run_id} was cancelled")))?;
+        }
+        Ok(run)
+    }
+
+    /// One pass of the driver: resolves due time waits and event deadlines,
+    /// ticks running runs (async children, runs a crash interrupted), and
+    /// resumes (or fails) parents whose child ended. Errors of single runs are
+    /// collected in the report; only a failing store stops the pass.
+    pub fn drive_once(&self) -> Result<DriveReport> {
+        let mut report = DriveReport::default();
+        for run in self.store().list_due_waits(self.now())? {
+            match self.tick(&run.run_id) {
+                Ok(_) => report.due_resumed.push(run.run_id),
+                Err(e) => report.errors.push((run.run_id, e.to_string())),
+            }
+        }
+        let running = self.store().list_runs(&RunQuery {
+            status: Some(RunStatus::Running),
+            ..RunQuery::default()
+        })?;
+        for run in running {
+            match self.tick(&run.run_id) {
+                Ok(_) => report.ticked.push(run.run_id),
+                Err(e) => report.errors.push((run.run_id, e.to_string())),
+            }
+        }
+        let parents = self.store().list_runs(&RunQuery {
+            status: Some(RunStatus::Waiting),
+            wait_reason: Some(WaitReason::Subworkflow),
+            ..RunQuery::default()
+        })?;
+        for parent in parents {
+            match self.resume_parent(&parent) {
+                Ok(true) => report.parents_resumed.push(parent.run_id),
+                Ok(false) => {}
+                Err(e) => report.errors.push((parent.run_id, e.to_string())),
+            }
+        }
+        Ok(report)
+    }
+
+    /// Resumes (or fails) `parent` if the child it waits on has ended.
+    fn resume_parent(&self, parent: &RunState) -> Result<bool> {
+        let Some(wait) = &parent.waiting else {
+            return Ok(false);
+        };
+        let Some(child_id) = wait.wait_key.strip_prefix("subworkflow:") else {
+            return Ok(false);
+        };
+        let Some(child) = self.store().load_run(child_id)? else {
+            return Ok(false);
+        };
+        match child.status {
+            RunStatus::Completed => {
+                match self.resume(&parent.run_id, &wait.wait_key, subworkflow::child_result(&child)) {
+                    Ok(_) | Err(Error::StaleResume { .. }) => Ok(true),
+                    Err(e) => Err(e),
+                }
+            }
+            RunStatus::Failed | RunStatus::Cancelled => {
+                let _lock = self.run_lock(&parent.run_id);
+                let mut run = self.get_state(&parent.run_id)?;
+                if run.status != RunStatus::Waiting
+                    || run.waiting.as_ref().map(|w| &w.wait_key) != Some(&wait.wait_key)
+                {
+                    return Ok(false);
+                }
+                let now = format_time(self.now());
+                let message = subworkflow::child_failure(&child);
+                let record = StepRecord {
+                    status: StepStatus::Failed,
+                    error: Some(message.clone()),
+                    ended_at: Some(now.clone()),
+                    ..self.record(&run, run.current_node.clone(), &now)
+                };
+                run.waiting = None;
+                fail(&mut run, message, &now);
+                self.store().commit(&[record], &run)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// If the waiting `run` is due (a time wait whose time came, an event
+    /// wait past its deadline), ends the wait and commits. Returns whether
+    /// the run is running again.
+    fn resolve_due(&self, run: &mut RunState) -> Result<bool> {
+        let Some(wait) = &run.waiting else {
+            return Ok(false);
+        };
+        let Some(until) = wait.until.as_deref() else {
+            return Ok(false);
+        };
+        let due = super::clock::parse_time(until).map_err(|e| Error::invalid("waiting.until", e))?;
+        if due > self.now() {
+            return Ok(false);
+        }
+        let payload = match wait.reason {
+            WaitReason::Until => json!({ "until": until }),
+            WaitReason::Event => json!({ "timed_out": true }),
+            _ => return Ok(false),
+        };
+        let record = self.end_wait(run, payload, "due");
+        self.store().commit(&[record], run)?;
+        Ok(run.status == RunStatus::Running)
+    }
+
+    /// Ends `run`'s wait with `payload` (in memory) and returns the ledger
+    /// record of it.
+    fn end_wait(&self, run: &mut RunState, payload: Value, how: &str) -> StepRecord {
+        let now = format_time(self.now());
+        let wait = run.waiting.take().expect("end_wait on a waiting run");
+        if let Some(key) = &wait.result_key {
+            template::assign(&mut run.vars, key, payload.clone());
+        }
+        let record = StepRecord {
+            status: StepStatus::Completed,
+            result: Some(json!({
+                how: { "wait_key": wait.wait_key, "reason": wait.reason, "payload": payload }
+            })),
+            ended_at: Some(now.clone()),
+            ..self.record(run, run.current_node.clone(), &now)
+        };
+        match wait.resume_to_node {
+            Some(node) => {
+                run.status = RunStatus::Running;
+                run.current_node = Some(node);
+            }
+            None => complete(run, payload),
+        }
+        run.updated_at = now;
+        record
+    }
+
+    fn record(&self, run: &RunState, node_id: Option<String>, started_at: &str) -> StepRecord {
+        StepRecord {
+            step_id: uuid::Uuid::new_v4().to_string(),
+            run_id: run.run_id.clone(),
+            node_id,
+            status: StepStatus::Completed,
+            effect: None,
+            result: None,
+            error: None,
+            started_at: started_at.to_string(),
+            ended_at: None,
+            attempt: 1,
+            idempotency_key: None,
+        }
+    }
+
+    /// Executes the run's current node and commits the step.
+    fn step(&self, wf: &Workflow, run: &mut RunState) -> Result<()> {
+        let now = self.now();
+        let started_at = format_time(now);
+        let Some(node_id) = run.current_node.clone() else {
+            return self.fail_step(run, None, &started_at, "invalid_state: a running run has no current node".into());
+        };
+        let Some(node) = wf.nodes.get(&node_id) else {
+            let msg = format!(
+                "unknown_node: workflow {} has no node {node_id:?}",
+                wf.workflow_id
+            );
+            return self.fail_step(run, Some(node_id), &started_at, msg);
+        };
+        let plan = match self.plan(wf, node, run, &started_at) {
+            Ok(plan) => plan,
+            Err(msg) => return self.fail_step(run, Some(node_id), &started_at, msg),
+        };
+        if let Some(patch) = plan.vars {
+            if let Some(key) = patch.keys().find(|k| k.starts_with("_runtime")) {
+                let msg = format!("guest_bad_output: node {node_id} tried to set the host-owned var {key:?}");
+                return self.fail_step(run, Some(node_id), &started_at, msg);
+            }
+            for (k, v) in patch {
+                if v.is_null() {
+                    run.vars.remove(&k);
+                } else {
+                    run.vars.insert(k, v);
+                }
+            }
+        }
+        let target = if let Some(out) = plan.complete_output {
+            Target::Complete(out)
+        } else if let Some(next) = &plan.next_node {
+            let resolved = node.resolve_route(next);
+            if !wf.nodes.contains_key(resolved) {
+                let msg = format!(
+                    "guest_bad_output: node {node_id} routed to {next:?}, which is neither a route label nor a node of workflow {}",
+                    wf.workflow_id
+                );
+                return self.fail_step(run, Some(node_id), &started_at, msg);
+            }
+            Target::Node(resolved.to_string())
+        } else if let Some(next) = &node.next {
+            Target::Node(next.clone())
+        } else if plan.effect.is_some() {
+            Target::End
+        } else {
+            let msg = format!(
+                "guest_bad_output: node {node_id} chose no next node, did not complete the run, and has no `next` route"
+            );
+            return self.fail_step(run, Some(node_id), &started_at, msg);
+        };
+
+        let mut records = Vec::with_capacity(2);
+        if let Some(effect) = plan.effect {
+            let seq = next_effect_seq(run);
+            let effect_record = EffectRecord {
+                kind: effect.kind.clone(),
+                payload: effect.payload.clone(),
+                result_key: effect.result_key.clone(),
+            };
+            let base = StepRecord {
+                status: StepStatus::Started,
+                effect: Some(effect_record),
+                idempotency_key: Some(format!("{}:{seq}", run.run_id)),
+                ..self.record(run, Some(node_id.clone()), &started_at)
+            };
+            records.push(base.clone());
+            let outcome = {
+                let ctx = EffectContext {
+                    runtime: self,
+                    run,
+                    seq,
+                    now,
+                };
+                effects::execute(&ctx, &effect)?
+            };
+            let ended_at = format_time(self.now());
+            match outcome {
+                Outcome::Completed(result) => {
+                    if let Some(key) = &effect.result_key {
+                        template::assign(&mut run.vars, key, result.clone());
+                    }
+                    records.push(StepRecord {
+                        step_id: uuid::Uuid::new_v4().to_string(),
+                        status: StepStatus::Completed,
+                        result: Some(result.clone()),
+                        ended_at: Some(ended_at.clone()),
+                        ..base
+                    });
+                    self.go(run, target, Some(result));
+                }
+                Outcome::Waiting(mut wait) => {
+                    wait.resume_to_node = match target {
+                        Target::Node(n) => Some(n),
+                        Target::End => None,
+                        Target::Complete(_) => {
+                            return self.fail_with(run, records, base, &ended_at, format!(
+                                "guest_bad_output: node {node_id} both completes the run and waits ({})",
+                                effect.kind
+                            ));
+                        }
+                    };
+                    wait.result_key = effect.result_key.clone();
+                    records.push(StepRecord {
+                        step_id: uuid::Uuid::new_v4().to_string(),
+                        status: StepStatus::Waiting,
+                        result: Some(json!({ "wait": wait })),
+                        ended_at: Some(ended_at.clone()),
+                        ..base
+                    });
+                    run.status = RunStatus::Waiting;
+                    run.waiting = Some(wait);
+                }
+                Outcome::Failed(msg) => {
+                    return self.fail_with(run, records, base, &ended_at, msg);
+                }
+            }
+            run.updated_at = ended_at;
+        } else {
+            let result = match &target {
+                Target::Node(n) => json!({ "next_node": n }),
+                Target::Complete(out) => json!({ "complete_output": out }),
+                Target::End => Value::Null,
+            };
+            records.push(StepRecord {
+                result: Some(result),
+                ended_at: Some(started_at.clone()),
+                ..self.record(run, Some(node_id), &started_at)
+            });
+            self.go(run, target, None);
+            run.updated_at = started_at;
+        }
+        self.store().commit(&records, run)?;
+        Ok(())
+    }
+
+    /// Asks the node for its plan.
+    fn plan(&self, wf: &Workflow, node: &Node, run: &RunState, now: &str) -> std::result::Result<StepPlan, String> {
+        match &node.kind {
+            NodeKind::Component {
+                component,
+                config_json,
+            } => {
+                let vars = vars_json(&run.vars);
+                component
+                    .call(&NodeCall {
+                        run_id: &run.run_id,
+                        workflow_id: &wf.workflow_id,
+                        node_id: &node.id,
+                        config_json,
+                        vars_json: &vars,
+                        now,
+                        attempt: 1,
+                    })
+                    .map_err(|e| format!("{} (node {} of workflow {})", e, node.id, wf.workflow_id))
+            }
+            NodeKind::Effect {
+                kind,
+                payload,
+                result_key,
+            } => Ok(StepPlan {
+                effect: Some(EffectRequest {
+                    kind: kind.clone(),
+                    payload: template::render(payload, &run.vars),
+                    result_key: result_key.clone(),
+                }),
+                ..StepPlan::default()
+            }),
+            NodeKind::Complete { output } => Ok(StepPlan {
+                complete_output: Some(template::render(output, &run.vars)),
+                ..StepPlan::default()
+            }),
+        }
+    }
+
+    fn go(&self, run: &mut RunState, target: Target, effect_result: Option<Value>) {
+        match target {
+            Target::Node(n) => run.current_node = Some(n),
+            Target::Complete(out) => complete(run, out),
+            Target::End => complete(run, effect_result.unwrap_or(Value::Null)),
+        }
+    }
+
+    fn fail_step(&self, run: &mut RunState, node_id: Option<String>, started_at: &str, msg: String) -> Result<()> {
+        let record = StepRecord {
+            status: StepStatus::Failed,
+            error: Some(msg.clone()),
+            ended_at: Some(started_at.to_string()),
+            ..self.record(run, node_id, started_at)
+        };
+        fail(run, msg, started_at);
+        self.store().commit(&[record], run)?;
+        Ok(())
+    }
+
+    fn fail_with(
+        &self,
+        run: &mut RunState,
+        mut records: Vec<StepRecord>,
+        base: StepRecord,
+        ended_at: &str,
+        msg: String,
+    ) -> Result<()> {
+        records.push(StepRecord {
+            step_id: uuid::Uuid::new_v4().to_string(),
+            status: StepStatus::Failed,
+            error: Some(msg.clone()),
+            ended_at: Some(ended_at.to_string()),
+            ..base
+        });
+        fail(run, msg, ended_at);
+        self.store().commit(&records, run)?;
+        Ok(())
+    }
+}
+
+fn complete(run: &mut RunState, output: Value) {
+    run.status = RunStatus::Completed;
+    run.output = Some(output);
+    run.current_node = None;
+    run.waiting = None;
+}
+
+fn fail(run: &mut RunState, msg: String, now: &str) {
+    run.status = RunStatus::Failed;
+    run.error = Some(msg);
+    run.updated_at = now.to_string();
+}
+
+/// Bumps and returns `vars._runtime.effect_seq`.
+fn next_effect_seq(run: &mut RunState) -> u64 {
+    let rt = run
+        .vars
+        .entry("_runtime")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !rt.is_object() {
+        *rt = Value::Object(Map::new());
+    }
+    let map = rt.as_object_mut().expect("made an object above");
+    let seq = map.get("effect_seq").and_then(Value::as_u64).unwrap_or(0) + 1;
+    map.insert("effect_seq".into(), json!(seq));
+    seq
+}
+
+/// The first identity field on which two runs with one id differ.
+fn identity_mismatch(existing: &RunState, requested: &RunState) -> Option<&'static str> {
+    let meta = |r: &RunState, key: &str| {
+        r.vars
+            .get("_meta")
+            .and_then(|m| m.get(key))
+            .cloned()
+    };
+    if existing.workflow_id != requested.workflow_id {
+        Some("workflow_id")
+    } else if existing.session_id != requested.session_id {
+        Some("session_id")
+    } else if existing.parent_run_id != requested.parent_run_id {
+        Some("parent_run_id")
+    } else if meta(existing, "occurrence") != meta(requested, "occurrence") {
+        Some("vars._meta.occurrence")
+    } else if meta(existing, "creation_digest") != meta(requested, "creation_digest") {
+        Some("vars._meta.creation_digest")
+    } else {
+        None
+    }
+}

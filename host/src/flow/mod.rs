@@ -1,0 +1,379 @@
+//! Flow documents: the JSON files that describe workflows, and bundles (a
+//! directory of them together with their components).
+//!
+//! The format is documented in `docs/flows.md`. A bundle is a directory whose
+//! `flow.json` is its main workflow; any `*.flow.json` beside it defines more
+//! workflows of the same bundle (for example the children a subworkflow node
+//! starts). Components are named by paths relative to the flow file.
+
+pub mod template;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::effects::EFFECT_KINDS;
+use crate::wasm::{NodeComponent, WasmEngine};
+
+/// The file name of a bundle's main workflow.
+pub const MAIN_FLOW_FILE: &str = "flow.json";
+
+/// An invalid flow document or bundle: names the file and the field at fault.
+/// Reason code `invalid_definition`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowError {
+    /// The file at fault (a flow file, or the bundle directory).
+    pub path: PathBuf,
+    /// The field inside the file (`nodes.greet.next`); empty for the whole file.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl FlowError {
+    fn new(path: &Path, field: impl Into<String>, message: impl Into<String>) -> Self {
+        FlowError {
+            path: path.to_path_buf(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for FlowError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid_definition: {}", self.path.display())?;
+        if !self.field.is_empty() {
+            write!(f, ": {}", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for FlowError {}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FlowDoc {
+    workflow_id: String,
+    #[serde(default)]
+    #[allow(dead_code)]
+    description: Option<String>,
+    entry: String,
+    nodes: BTreeMap<String, NodeDoc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeDoc {
+    #[serde(default)]
+    #[allow(dead_code)]
+    description: Option<String>,
+    #[serde(default)]
+    component: Option<String>,
+    #[serde(default)]
+    config: Option<Value>,
+    #[serde(default)]
+    effect: Option<String>,
+    #[serde(default)]
+    payload: Option<Value>,
+    #[serde(default)]
+    result_key: Option<String>,
+    #[serde(default)]
+    complete: Option<Value>,
+    #[serde(default)]
+    next: Option<String>,
+    #[serde(default)]
+    routes: BTreeMap<String, String>,
+}
+
+/// A loaded, validated workflow: ready to run.
+#[derive(Debug)]
+pub struct Workflow {
+    /// The workflow's id.
+    pub workflow_id: String,
+    /// The node a new run starts at.
+    pub entry: String,
+    /// The nodes, by id.
+    pub nodes: HashMap<String, Node>,
+    /// The flow file it was loaded from.
+    pub source: PathBuf,
+}
+
+/// One node of a [`Workflow`].
+#[derive(Debug)]
+pub struct Node {
+    /// The node's id.
+    pub id: String,
+    /// What the node does.
+    pub kind: NodeKind,
+    /// The default next node.
+    pub next: Option<String>,
+    /// Route labels a component may return as its next node, mapped to node ids.
+    pub routes: BTreeMap<String, String>,
+}
+
+/// What a node does.
+#[derive(Debug)]
+pub enum NodeKind {
+    /// Calls a WebAssembly component's `handle`.
+    Component {
+        /// The component, compiled and pre-instantiated.
+        component: Arc<NodeComponent>,
+        /// The node's static config, as the JSON text passed to the guest.
+        config_json: String,
+    },
+    /// Requests a built-in effect with a payload template.
+    Effect {
+        /// The effect kind.
+        kind: String,
+        /// The payload template (see [`template`]).
+        payload: Value,
+        /// Where the effect's result is written.
+        result_key: Option<String>,
+    },
+    /// Completes the run with an output template.
+    Complete {
+        /// The output template.
+        output: Value,
+    },
+}
+
+impl Node {
+    /// Resolves a next-node name returned by a component: a route label of
+    /// this node, or a node id.
+    pub fn resolve_route<'a>(&'a self, name: &'a str) -> &'a str {
+        self.routes.get(name).map(String::as_str).unwrap_or(name)
+    }
+}
+
+/// The workflows of one bundle directory.
+#[derive(Debug)]
+pub struct Bundle {
+    /// The bundle directory (canonical).
+    pub dir: PathBuf,
+    /// The main workflow's id (from `flow.json`).
+    pub main_workflow_id: String,
+    /// Every workflow of the bundle, main first.
+    pub workflows: Vec<Arc<Workflow>>,
+}
+
+/// Loads and validates every flow file of the bundle at `dir`, compiling (or
+/// loading from the cache) each component it names.
+pub fn load_bundle(dir: &Path, engine: &WasmEngine) -> Result<Bundle, FlowError> {
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| FlowError::new(dir, "", format!("cannot open the bundle directory: {e}")))?;
+    let main = dir.join(MAIN_FLOW_FILE);
+    if !main.is_file() {
+        return Err(FlowError::new(
+            &dir,
+            "",
+            format!("no {MAIN_FLOW_FILE} in this directory"),
+        ));
+    }
+    let mut files = vec![main];
+    let mut extra: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| FlowError::new(&dir, "", format!("cannot list the directory: {e}")))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(".flow.json"))
+        })
+        .collect();
+    extra.sort();
+    files.extend(extra);
+
+    let mut workflows: Vec<Arc<Workflow>> = Vec::new();
+    for file in files {
+        let wf = load_flow_file(&file, engine)?;
+        if let Some(prev) = workflows.iter().find(|w| w.workflow_id == wf.workflow_id) {
+            return Err(FlowError::new(
+                &file,
+                "workflow_id",
+                format!(
+                    "{:?} is already defined by {}",
+                    wf.workflow_id,
+                    prev.source.display()
+                ),
+            ));
+        }
+        workflows.push(Arc::new(wf));
+    }
+    Ok(Bundle {
+        dir,
+        main_workflow_id: workflows[0].workflow_id.clone(),
+        workflows,
+    })
+}
+
+/// Loads and validates one flow file.
+pub fn load_flow_file(path: &Path, engine: &WasmEngine) -> Result<Workflow, FlowError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| FlowError::new(path, "", format!("cannot read the file: {e}")))?;
+    let doc: FlowDoc = {
+        let mut de = serde_json::Deserializer::from_str(&text);
+        serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let field = e.path().to_string();
+            let field = if field == "." { String::new() } else { field };
+            FlowError::new(path, field, e.inner().to_string())
+        })?
+    };
+    build_workflow(path, doc, engine)
+}
+
+fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '@' | ':'))
+}
+
+fn build_workflow(path: &Path, doc: FlowDoc, engine: &WasmEngine) -> Result<Workflow, FlowError> {
+    let err = |field: String, msg: String| FlowError::new(path, field, msg);
+    if !valid_id(&doc.workflow_id) {
+        return Err(err(
+            "workflow_id".into(),
+            format!(
+                "{:?} is not a valid id (letters, digits and _ - . @ : only)",
+                doc.workflow_id
+            ),
+        ));
+    }
+    if doc.nodes.is_empty() {
+        return Err(err("nodes".into(), "a workflow needs at least one node".into()));
+    }
+    if !doc.nodes.contains_key(&doc.entry) {
+        return Err(err(
+            "entry".into(),
+            format!("the entry node {:?} is not defined in nodes", doc.entry),
+        ));
+    }
+    let base = path.parent().unwrap_or(Path::new("."));
+    let mut nodes = HashMap::with_capacity(doc.nodes.len());
+    for (id, n) in &doc.nodes {
+        let field = |f: &str| {
+            if f.is_empty() {
+                format!("nodes.{id}")
+            } else {
+                format!("nodes.{id}.{f}")
+            }
+        };
+        if !valid_id(id) {
+            return Err(err(field(""), format!("{id:?} is not a valid node id")));
+        }
+        let kinds = [
+            n.component.is_some(),
+            n.effect.is_some(),
+            n.complete.is_some(),
+        ]
+        .iter()
+        .filter(|b| **b)
+        .count();
+        if kinds != 1 {
+            return Err(err(
+                field(""),
+                "a node needs exactly one of `component`, `effect` or `complete`".into(),
+            ));
+        }
+        if let Some(next) = &n.next {
+            if !doc.nodes.contains_key(next) {
+                return Err(err(
+                    field("next"),
+                    format!("routes to unknown node {next:?}"),
+                ));
+            }
+        }
+        for (label, target) in &n.routes {
+            if !doc.nodes.contains_key(target) {
+                return Err(err(
+                    field(&format!("routes.{label}")),
+                    format!("routes to unknown node {target:?}"),
+                ));
+            }
+        }
+        let kind = if let Some(component) = &n.component {
+            if n.payload.is_some() || n.result_key.is_some() {
+                return Err(err(
+                    field(""),
+                    "`payload` and `result_key` belong to effect nodes, not component nodes"
+                        .into(),
+                ));
+            }
+            let file = base.join(component);
+            if !file.is_file() {
+                return Err(err(
+                    field("component"),
+                    format!(
+                        "component file {} not found (build the guests: scripts/build-guests)",
+                        file.display()
+                    ),
+                ));
+            }
+            let component = engine
+                .load_node(&file)
+                .map_err(|e| err(field("component"), e.to_string()))?;
+            let config = n.config.clone().unwrap_or(Value::Null);
+            NodeKind::Component {
+                component,
+                config_json: config.to_string(),
+            }
+        } else if let Some(kind) = &n.effect {
+            if n.config.is_some() || !n.routes.is_empty() {
+                return Err(err(
+                    field(""),
+                    "`config` and `routes` belong to component nodes, not effect nodes".into(),
+                ));
+            }
+            if !EFFECT_KINDS.contains(&kind.as_str()) {
+                return Err(err(
+                    field("effect"),
+                    format!(
+                        "unknown effect {kind:?} (known: {})",
+                        EFFECT_KINDS.join(", ")
+                    ),
+                ));
+            }
+            let payload = n.payload.clone().unwrap_or_else(|| Value::Object(Default::default()));
+            if !payload.is_object() {
+                return Err(err(field("payload"), "must be a JSON object".into()));
+            }
+            NodeKind::Effect {
+                kind: kind.clone(),
+                payload,
+                result_key: n.result_key.clone(),
+            }
+        } else {
+            if n.next.is_some() || !n.routes.is_empty() || n.config.is_some() || n.payload.is_some()
+            {
+                return Err(err(
+                    field(""),
+                    "a `complete` node ends the run: it takes no `next`, `routes`, `config` or `payload`"
+                        .into(),
+                ));
+            }
+            NodeKind::Complete {
+                output: n.complete.clone().unwrap_or(Value::Null),
+            }
+        };
+        nodes.insert(
+            id.clone(),
+            Node {
+                id: id.clone(),
+                kind,
+                next: n.next.clone(),
+                routes: n.routes.clone(),
+            },
+        );
+    }
+    Ok(Workflow {
+        workflow_id: doc.workflow_id,
+        entry: doc.entry,
+        nodes,
+        source: path.to_path_buf(),
+    })
+}

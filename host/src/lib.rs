@@ -1,0 +1,45 @@
+//! # stepwell
+//!
+//! A durable, WebAssembly-sandboxed workflow host. A workflow is a graph of
+//! nodes; each run of it is a persisted state machine that executes node by
+//! node, waits (for a person, a time, an event, a child run) for as long as
+//! it must, and continues after a restart. Every step lands in an
+//! append-only ledger.
+//!
+//! Node logic is WebAssembly: components implementing the `node` world of
+//! `wit/stepwell.wit`, run in a sandbox bounded in time and memory. The host
+//! executes every effect they ask for.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use stepwell::{Runtime, StartOptions, SqliteStore};
+//!
+//! # fn main() -> Result<(), stepwell::Error> {
+//! let store = Arc::new(SqliteStore::open(".stepwell/stepwell.sqlite")?);
+//! let runtime = Runtime::builder(store).build()?;
+//! let bundle = runtime.load_bundle("flows/examples/hello".as_ref())?;
+//! let mut options = StartOptions::default();
+//! options.vars.insert("name".into(), "Alice".into());
+//! let run_id = runtime.start(&bundle.main_workflow_id, options)?;
+//! let state = runtime.tick(&run_id)?;
+//! assert_eq!(state.output, Some(serde_json::json!({"message": "Hello, Alice!"})));
+//! # Ok(()) }
+//! ```
+
+pub mod bench;
+pub mod core;
+pub mod effects;
+pub mod flow;
+pub mod host;
+pub mod store;
+pub mod wasm;
+
+pub use crate::core::clock::{Clock, ManualClock, SystemClock};
+pub use crate::core::model::{
+    EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus,
+    WaitReason, WaitState,
+};
+pub use crate::core::runtime::{DriveReport, Runtime, RuntimeBuilder, RuntimeConfig, StartOptions};
+pub use crate::core::{Error, Result};
+pub use crate::store::{MemoryStore, RunQuery, SqliteStore, Store, StoreError};
+pub use crate::wasm::{EngineConfig, GuestError, SandboxLimits, WasmEngine};

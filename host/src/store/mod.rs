@@ -1,0 +1,162 @@
+//! Where runs and ledgers live. One [`Store`] trait, several backends:
+//! [`MemoryStore`] (tests, embedding) and [`SqliteStore`] (the embedded
+//! default: one file, WAL).
+//!
+//! The trait is shaped for more than one host process: every write is either
+//! a whole-run save, an atomic create-if-absent, or an append, and
+//! [`Store::commit`] gives a backend one place to make a step's ledger records
+//! and its run save atomic. A backend shared by several hosts (PostgreSQL with
+//! per-run leases) implements the same calls.
+
+mod memory;
+mod sqlite;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use chrono::{DateTime, Utc};
+
+use crate::core::model::{RunState, RunStatus, StepRecord, WaitReason};
+
+pub use memory::MemoryStore;
+pub use sqlite::SqliteStore;
+
+/// The store failed: an I/O or database error, corrupt data, or a schema this
+/// version cannot read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreError {
+    /// `store_io`, `store_corrupt` or `store_schema`.
+    pub code: &'static str,
+    /// What happened, naming the file (and line or row) where known.
+    pub message: String,
+}
+
+impl StoreError {
+    /// An I/O or database failure.
+    pub fn io(message: impl Into<String>) -> Self {
+        StoreError {
+            code: "store_io",
+            message: message.into(),
+        }
+    }
+
+    /// Stored data that cannot be read back.
+    pub fn corrupt(message: impl Into<String>) -> Self {
+        StoreError {
+            code: "store_corrupt",
+            message: message.into(),
+        }
+    }
+
+    /// The reason code.
+    pub fn reason_code(&self) -> &'static str {
+        self.code
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// Filters for [`Store::list_runs`]. Every set field must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunQuery {
+    /// Only runs with this status.
+    pub status: Option<RunStatus>,
+    /// Only waiting runs with this wait reason.
+    pub wait_reason: Option<WaitReason>,
+    /// Only waiting runs with this wait key.
+    pub wait_key: Option<String>,
+    /// Only runs of this workflow.
+    pub workflow_id: Option<String>,
+    /// Only children of this run.
+    pub parent_run_id: Option<String>,
+    /// At most this many runs.
+    pub limit: Option<usize>,
+}
+
+impl RunQuery {
+    /// Whether `run` passes every filter (the limit aside).
+    pub fn matches(&self, run: &RunState) -> bool {
+        self.status.is_none_or(|s| run.status == s)
+            && self
+                .wait_reason
+                .is_none_or(|r| run.waiting.as_ref().is_some_and(|w| w.reason == r))
+            && self
+                .wait_key
+                .as_deref()
+                .is_none_or(|k| run.waiting.as_ref().is_some_and(|w| w.wait_key == k))
+            && self
+                .workflow_id
+                .as_deref()
+                .is_none_or(|w| run.workflow_id == w)
+            && self
+                .parent_run_id
+                .as_deref()
+                .is_none_or(|p| run.parent_run_id.as_deref() == Some(p))
+    }
+}
+
+/// Runs, their ledgers, and the bundles their workflows come from.
+pub trait Store: Send + Sync {
+    /// The run with this id, if any.
+    fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError>;
+
+    /// Saves a run, replacing the stored copy. The commit point of every
+    /// transition: a transition is true when this returns.
+    fn save_run(&self, run: &RunState) -> Result<(), StoreError>;
+
+    /// Creates `run` only if its id is free. Returns the stored run and
+    /// whether this call created it; an existing run is returned untouched.
+    fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError>;
+
+    /// The runs matching `query`, oldest first.
+    fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError>;
+
+    /// Waiting runs whose time has come at `now`: `until` waits that are due,
+    /// and event waits whose deadline has passed.
+    fn list_due_waits(&self, now: DateTime<Utc>) -> Result<Vec<RunState>, StoreError>;
+
+    /// Appends records to their runs' ledgers.
+    fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError>;
+
+    /// A run's ledger, oldest first.
+    fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
+
+    /// Commits one step: appends `records`, then saves `run`. The default does
+    /// exactly that, in that order (a crash in between leaves the ledger ahead
+    /// of the state, the recoverable direction); a transactional backend does
+    /// both at once.
+    fn commit(&self, records: &[StepRecord], run: &RunState) -> Result<(), StoreError> {
+        if !records.is_empty() {
+            self.append_records(records)?;
+        }
+        self.save_run(run)
+    }
+
+    /// Remembers that `workflow_id` is defined by the bundle at `dir`, so
+    /// another process can load it to resume the workflow's runs.
+    fn put_bundle(&self, workflow_id: &str, dir: &std::path::Path) -> Result<(), StoreError>;
+
+    /// The bundle directory that defines `workflow_id`, if one was recorded.
+    fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError>;
+}
+
+/// The due time of a run's wait, if it has one that the driver must watch.
+pub(crate) fn wait_due_at(run: &RunState) -> Option<DateTime<Utc>> {
+    let w = run.waiting.as_ref()?;
+    if run.status != RunStatus::Waiting {
+        return None;
+    }
+    match w.reason {
+        WaitReason::Until | WaitReason::Event => w
+            .until
+            .as_deref()
+            .and_then(|u| crate::core::clock::parse_time(u).ok()),
+        _ => None,
+    }
+}

@@ -1,0 +1,237 @@
+//! The engine: compilation, the on-disk cache of compiled components, the
+//! epoch ticker that enforces time limits, and the linker guests are
+//! instantiated against.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine};
+
+use super::node::{GuestState, NodeComponent, NodePre};
+use super::{LoadError, SandboxLimits};
+
+/// How often the epoch ticker advances the engine's epoch: the granularity
+/// of time limits.
+const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// How a [`WasmEngine`] is set up.
+#[derive(Debug, Clone, Default)]
+pub struct EngineConfig {
+    /// Where compiled components are cached, keyed by the SHA-256 of the
+    /// component and the engine's compatibility hash. `None` disables the
+    /// on-disk cache (components are still compiled once per engine).
+    pub cache_dir: Option<PathBuf>,
+    /// The bounds of every guest call.
+    pub limits: SandboxLimits,
+}
+
+/// Where a loaded component's compiled code came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadOrigin {
+    /// Compiled by this engine now (and written to the cache, if any).
+    Compiled,
+    /// Read from the on-disk cache: no compilation happened.
+    DiskCache,
+}
+
+struct Ticker {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+struct Shared {
+    engine: Engine,
+    linker: Linker<GuestState>,
+    config: EngineConfig,
+    loaded: Mutex<HashMap<[u8; 32], Arc<NodeComponent>>>,
+    _ticker: Ticker,
+}
+
+/// Compiles, caches, pre-instantiates and calls WebAssembly components.
+///
+/// Cloning is cheap (one shared engine). Creating one starts a small
+/// background thread that advances the epoch every 5 ms; it stops when the
+/// last clone is dropped.
+#[derive(Clone)]
+pub struct WasmEngine {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for WasmEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmEngine")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WasmEngine {
+    /// Creates an engine. Fails only if wasmtime cannot be configured on this
+    /// machine.
+    pub fn new(config: EngineConfig) -> Result<Self, LoadError> {
+        let mut wt = Config::new();
+        wt.epoch_interruption(true);
+        wt.wasm_component_model(true);
+        let engine = Engine::new(&wt).map_err(|e| LoadError {
+            path: PathBuf::new(),
+            message: format!("cannot create the wasm engine: {e:#}"),
+        })?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| LoadError {
+            path: PathBuf::new(),
+            message: format!("cannot link WASI: {e:#}"),
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = {
+            let stop = stop.clone();
+            let weak = engine.weak();
+            std::thread::Builder::new()
+                .name("stepwell-epoch".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(EPOCH_TICK);
+                        match weak.upgrade() {
+                            Some(engine) => engine.increment_epoch(),
+                            None => break,
+                        }
+                    }
+                })
+                .map_err(|e| LoadError {
+                    path: PathBuf::new(),
+                    message: format!("cannot start the epoch thread: {e}"),
+                })?
+        };
+        Ok(WasmEngine {
+            shared: Arc::new(Shared {
+                engine,
+                linker,
+                config,
+                loaded: Mutex::new(HashMap::new()),
+                _ticker: Ticker {
+                    stop,
+                    handle: Some(handle),
+                },
+            }),
+        })
+    }
+
+    /// The limits every guest call runs under.
+    pub fn limits(&self) -> SandboxLimits {
+        self.shared.config.limits
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.shared.engine
+    }
+
+    /// The number of epoch ticks a call may run for.
+    pub(crate) fn deadline_ticks(&self) -> u64 {
+        let tick = EPOCH_TICK.as_micros().max(1) as u64;
+        (self.limits().time_limit.as_micros() as u64).div_ceil(tick) + 1
+    }
+
+    /// Loads the node component at `path`: compiles it (or reads the compiled
+    /// code from the cache) and pre-instantiates it against the `node` world.
+    /// A component with the same content loaded before by this engine is
+    /// returned as is.
+    pub fn load_node(&self, path: &Path) -> Result<Arc<NodeComponent>, LoadError> {
+        let fail = |message: String| LoadError {
+            path: path.to_path_buf(),
+            message,
+        };
+        let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+        let digest: [u8; 32] = Sha256::digest(&bytes).into();
+        if let Some(found) = self.lock_loaded().get(&digest) {
+            return Ok(found.clone());
+        }
+        let (component, origin) = self.compile_cached(&bytes, &digest).map_err(fail)?;
+        let pre = self
+            .shared
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| fail(format!("cannot link the component: {e:#}")))?;
+        let pre = NodePre::new(pre).map_err(|e| {
+            fail(format!(
+                "does not implement the stepwell:flow/node world: {e:#}"
+            ))
+        })?;
+        let node = Arc::new(NodeComponent::new(
+            path.to_path_buf(),
+            hex::encode(digest),
+            origin,
+            pre,
+            self.clone(),
+        ));
+        self.lock_loaded().insert(digest, node.clone());
+        Ok(node)
+    }
+
+    fn lock_loaded(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Arc<NodeComponent>>> {
+        self.shared
+            .loaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn compile_cached(
+        &self,
+        bytes: &[u8],
+        digest: &[u8; 32],
+    ) -> Result<(Component, LoadOrigin), String> {
+        let engine = &self.shared.engine;
+        let cache_file = self.shared.config.cache_dir.as_ref().map(|dir| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            engine.precompile_compatibility_hash().hash(&mut h);
+            dir.join(format!("{}-{:016x}.cwasm", hex::encode(digest), h.finish()))
+        });
+        if let Some(file) = &cache_file {
+            if file.is_file() {
+                // SAFETY: the cache directory holds only files this function
+                // wrote with `Component::serialize` for this engine
+                // configuration (the file name carries the compatibility
+                // hash); wasmtime also checks the header and version.
+                if let Ok(c) = unsafe { Component::deserialize_file(engine, file) } {
+                    return Ok((c, LoadOrigin::DiskCache));
+                }
+            }
+        }
+        let component = Component::from_binary(engine, bytes)
+            .map_err(|e| format!("not a valid WebAssembly component: {e:#}"))?;
+        if let Some(file) = &cache_file {
+            // The cache is an optimisation: failing to write it is not an error.
+            let _ = write_atomically(file, &component);
+        }
+        Ok((component, LoadOrigin::Compiled))
+    }
+}
+
+fn write_atomically(file: &Path, component: &Component) -> std::io::Result<()> {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let bytes = component
+        .serialize()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        file.file_name().and_then(|n| n.to_str()).unwrap_or("c"),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, file)
+}

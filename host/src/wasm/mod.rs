@@ -1,0 +1,130 @@
+//! The WebAssembly side of the host: one [`WasmEngine`] compiles components
+//! (once, with an on-disk cache), pre-instantiates them, and calls them inside
+//! a sandbox bounded in time and memory.
+//!
+//! Guests get an empty WASI context: no preopened directories, no environment
+//! or arguments, no network, no inherited stdio. Their clocks read the Unix
+//! epoch and their random source is a fixed, seeded stream, so a guest that
+//! looks for the time or for entropy gets a deterministic answer; the real
+//! time reaches a guest only as the `now` field of its input.
+
+mod engine;
+mod node;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use engine::{EngineConfig, LoadOrigin, WasmEngine};
+pub use node::{NodeCall, NodeComponent};
+pub(crate) use node::vars_json;
+
+/// The bounds every guest call runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxLimits {
+    /// Wall time one call (instantiation included) may take.
+    pub time_limit: Duration,
+    /// The most linear memory one instance may grow to, in bytes.
+    pub memory_limit_bytes: usize,
+    /// The most table elements one instance may hold.
+    pub table_elements_limit: usize,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> Self {
+        SandboxLimits {
+            time_limit: Duration::from_secs(2),
+            memory_limit_bytes: 256 << 20,
+            table_elements_limit: 100_000,
+        }
+    }
+}
+
+/// A component could not be loaded (read, compiled, or matched against the
+/// world it must implement). Reason code `component_load_failed`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadError {
+    /// The component file.
+    pub path: PathBuf,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "component_load_failed: {}: {}",
+            self.path.display(),
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// Why a guest call did not produce a usable plan. The run whose step it was
+/// fails with this error; the host and every other run are unaffected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestError {
+    /// The call ran past [`SandboxLimits::time_limit`].
+    Timeout {
+        /// The limit, in milliseconds.
+        limit_ms: u64,
+    },
+    /// The guest tried to grow its memory past [`SandboxLimits::memory_limit_bytes`].
+    MemoryLimit {
+        /// The limit, in bytes.
+        limit_bytes: usize,
+    },
+    /// The guest trapped (a panic, `unreachable`, a stack overflow, ...).
+    Trap {
+        /// The trap, and what the guest wrote to stderr, if anything.
+        message: String,
+    },
+    /// The guest returned output that does not parse or has the wrong shape.
+    BadOutput {
+        /// Which field, and what is wrong with it.
+        message: String,
+    },
+    /// The node reported `invalid-input`.
+    InvalidInput(String),
+    /// The node reported `failed`.
+    Failed(String),
+}
+
+impl GuestError {
+    /// The reason code (`guest_timeout`, `guest_memory_limit`, `guest_trap`,
+    /// `guest_bad_output`, `node_invalid_input`, `node_failed`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            GuestError::Timeout { .. } => "guest_timeout",
+            GuestError::MemoryLimit { .. } => "guest_memory_limit",
+            GuestError::Trap { .. } => "guest_trap",
+            GuestError::BadOutput { .. } => "guest_bad_output",
+            GuestError::InvalidInput(_) => "node_invalid_input",
+            GuestError::Failed(_) => "node_failed",
+        }
+    }
+}
+
+impl fmt::Display for GuestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.code())?;
+        match self {
+            GuestError::Timeout { limit_ms } => {
+                write!(f, "the guest ran past its time limit of {limit_ms} ms")
+            }
+            GuestError::MemoryLimit { limit_bytes } => write!(
+                f,
+                "the guest tried to grow its memory past the limit of {} MiB",
+                limit_bytes >> 20
+            ),
+            GuestError::Trap { message } => write!(f, "the guest trapped: {message}"),
+            GuestError::BadOutput { message } => write!(f, "the guest returned {message}"),
+            GuestError::InvalidInput(m) | GuestError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for GuestError {}
