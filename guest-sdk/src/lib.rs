@@ -222,7 +222,11 @@ pub fn __dispatch(
     let vars = match serde_json::from_str(&input.vars) {
         Ok(Value::Object(map)) => map,
         Ok(_) => return Err(wit::NodeError::InvalidInput("vars is not an object".into())),
-        Err(e) => return Err(wit::NodeError::InvalidInput(format!("vars is not JSON: {e}"))),
+        Err(e) => {
+            return Err(wit::NodeError::InvalidInput(format!(
+                "vars is not JSON: {e}"
+            )))
+        }
     };
     let input = Input {
         run_id: input.run_id,

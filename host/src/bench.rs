@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use crate::core::Result;
 use crate::store::{MemoryStore, SqliteStore, Store};
 use crate::wasm::{EngineConfig, NodeCall, WasmEngine};
-use crate::{Error, Runtime, RunStatus, StartOptions};
+use crate::{Error, RunStatus, Runtime, StartOptions};
 
 /// What to measure with, and how long.
 #[derive(Debug, Clone)]
@@ -27,6 +27,9 @@ pub struct BenchOptions {
     pub cycles_per_batch: usize,
     /// Batches of cycles (the median is reported).
     pub cycle_batches: usize,
+    /// Run only the benchmarks whose figure names contain this text
+    /// (`dispatch`, `chain`, `memory`, `sqlite`, `cycles`).
+    pub only: Option<String>,
 }
 
 impl Default for BenchOptions {
@@ -38,6 +41,7 @@ impl Default for BenchOptions {
             chain_repeats: 5,
             cycles_per_batch: 500,
             cycle_batches: 5,
+            only: None,
         }
     }
 }
@@ -103,31 +107,50 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         ..EngineConfig::default()
     })?;
     let step = options.flows_dir.join("examples/chain/step.wasm");
-    let step = step
-        .canonicalize()
-        .map_err(|e| Error::invalid("flows_dir", format!("{}: {e} (build the guests first: scripts/build-guests)", step.display())))?;
+    let step = step.canonicalize().map_err(|e| {
+        Error::invalid(
+            "flows_dir",
+            format!(
+                "{}: {e} (build the guests first: scripts/build-guests)",
+                step.display()
+            ),
+        )
+    })?;
+
+    let want = |key: &str| options.only.as_deref().is_none_or(|o| key.contains(o));
+    let mut figures = Map::new();
+    let round = |x: f64, d: i32| (x * 10f64.powi(d)).round() / 10f64.powi(d);
 
     // 1. Dispatch: instantiate + call of a trivial node.
     let component = engine.load_node(&step)?;
-    let call = NodeCall {
-        run_id: "bench",
-        workflow_id: "bench",
-        node_id: "n0",
-        config_json: "null",
-        vars_json: "{\"i\":1}",
-        now: "2026-01-01T00:00:00.000000Z",
-        attempt: 1,
-    };
-    for _ in 0..200 {
-        component.call(&call).map_err(|e| Error::invalid("bench", e.to_string()))?;
+    if want("node_dispatch_us_p50") {
+        let call = NodeCall {
+            run_id: "bench",
+            workflow_id: "bench",
+            node_id: "n0",
+            config_json: "null",
+            vars_json: "{\"i\":1}",
+            now: "2026-01-01T00:00:00.000000Z",
+            attempt: 1,
+        };
+        for _ in 0..200 {
+            component
+                .call(&call)
+                .map_err(|e| Error::invalid("bench", e.to_string()))?;
+        }
+        let mut samples = Vec::with_capacity(options.dispatch_samples);
+        for _ in 0..options.dispatch_samples {
+            let t = Instant::now();
+            component
+                .call(&call)
+                .map_err(|e| Error::invalid("bench", e.to_string()))?;
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        figures.insert(
+            "node_dispatch_us_p50".into(),
+            json!(round(median(samples), 2)),
+        );
     }
-    let mut samples = Vec::with_capacity(options.dispatch_samples);
-    for _ in 0..options.dispatch_samples {
-        let t = Instant::now();
-        component.call(&call).map_err(|e| Error::invalid("bench", e.to_string()))?;
-        samples.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    let dispatch_p50 = median(samples);
 
     // 2. A chain of WASM nodes, in memory and on SQLite.
     let chain_dir = scratch.0.join("chain");
@@ -143,17 +166,32 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             let state = rt.tick(&id)?;
             let secs = t.elapsed().as_secs_f64();
             if state.status != RunStatus::Completed {
-                return Err(Error::invalid("bench", format!("chain ended {:?}: {:?}", state.status, state.error)));
+                return Err(Error::invalid(
+                    "bench",
+                    format!("chain ended {:?}: {:?}", state.status, state.error),
+                ));
             }
             rates.push(options.chain_len as f64 / secs);
         }
         Ok(median(rates))
     };
-    let chain_memory = chain(Arc::new(MemoryStore::new()))?;
-    let chain_sqlite = chain(Arc::new(SqliteStore::open(scratch.0.join("chain.sqlite"))?))?;
+    if want("chain_steps_per_s_memory") {
+        let rate = chain(Arc::new(MemoryStore::new()))?;
+        figures.insert("chain_steps_per_s_memory".into(), json!(round(rate, 0)));
+    }
+    if want("chain_steps_per_s_sqlite") {
+        let rate = chain(Arc::new(SqliteStore::open(scratch.0.join("chain.sqlite"))?))?;
+        figures.insert("chain_steps_per_s_sqlite".into(), json!(round(rate, 0)));
+    }
+    if !want("ask_resume_cycles_per_s_sqlite") {
+        return Ok(Value::Object(figures));
+    }
 
     // 3. Start, park on ask_user, resume, complete: on SQLite.
-    let rt = runtime(Arc::new(SqliteStore::open(scratch.0.join("ask.sqlite"))?), &engine)?;
+    let rt = runtime(
+        Arc::new(SqliteStore::open(scratch.0.join("ask.sqlite"))?),
+        &engine,
+    )?;
     let bundle = rt.load_bundle(&options.flows_dir.join("examples/ask-user"))?;
     let mut rates = Vec::new();
     for _ in 0..options.cycle_batches {
@@ -173,13 +211,9 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         }
         rates.push(options.cycles_per_batch as f64 / t.elapsed().as_secs_f64());
     }
-    let cycles = median(rates);
-
-    let round = |x: f64, d: i32| (x * 10f64.powi(d)).round() / 10f64.powi(d);
-    Ok(json!({
-        "node_dispatch_us_p50": round(dispatch_p50, 2),
-        "chain_steps_per_s_memory": round(chain_memory, 0),
-        "chain_steps_per_s_sqlite": round(chain_sqlite, 0),
-        "ask_resume_cycles_per_s_sqlite": round(cycles, 0),
-    }))
+    figures.insert(
+        "ask_resume_cycles_per_s_sqlite".into(),
+        json!(round(median(rates), 0)),
+    );
+    Ok(Value::Object(figures))
 }

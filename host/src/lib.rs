@@ -36,8 +36,8 @@ pub mod wasm;
 
 pub use crate::core::clock::{Clock, ManualClock, SystemClock};
 pub use crate::core::model::{
-    EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus,
-    WaitReason, WaitState,
+    EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus, WaitReason,
+    WaitState,
 };
 pub use crate::core::runtime::{DriveReport, Runtime, RuntimeBuilder, RuntimeConfig, StartOptions};
 pub use crate::core::{Error, Result};

@@ -107,6 +107,9 @@ enum Command {
         /// Fewer samples: a quick look, not a measurement.
         #[arg(long)]
         quick: bool,
+        /// Run only the benchmarks whose figure names contain this text.
+        #[arg(long)]
+        only: Option<String>,
     },
 }
 
@@ -152,10 +155,7 @@ fn print_run(run: &RunState, json: bool) {
             WaitReason::Subworkflow => {
                 println!("the driver resumes it when the child ends: stepwell drive")
             }
-            _ => println!(
-                "resume with: stepwell resume {} --payload JSON",
-                run.run_id
-            ),
+            _ => println!("resume with: stepwell resume {} --payload JSON", run.run_id),
         }
     }
     if let Some(out) = &run.output {
@@ -167,9 +167,10 @@ fn print_run(run: &RunState, json: bool) {
 }
 
 fn execute(cli: Cli) -> Result<(), Error> {
-    if let Command::Bench { flows, quick } = &cli.command {
+    if let Command::Bench { flows, quick, only } = &cli.command {
         let mut options = stepwell::bench::BenchOptions {
             flows_dir: flows.clone(),
+            only: only.clone(),
             ..Default::default()
         };
         if *quick {
@@ -223,10 +224,11 @@ fn execute(cli: Cli) -> Result<(), Error> {
             payload,
             wait_key,
         } => {
-            let payload: Value = serde_json::from_str(&payload).map_err(|e| Error::InvalidInput {
-                field: "--payload".into(),
-                message: format!("is not JSON: {e}"),
-            })?;
+            let payload: Value =
+                serde_json::from_str(&payload).map_err(|e| Error::InvalidInput {
+                    field: "--payload".into(),
+                    message: format!("is not JSON: {e}"),
+                })?;
             let key = match wait_key {
                 Some(k) => k,
                 None => {
@@ -236,7 +238,10 @@ fn execute(cli: Cli) -> Result<(), Error> {
                         _ => {
                             return Err(Error::StaleResume {
                                 run_id,
-                                reason: format!("Run is not waiting (status {})", run.status.as_str()),
+                                reason: format!(
+                                    "Run is not waiting (status {})",
+                                    run.status.as_str()
+                                ),
                             })
                         }
                     }
@@ -248,7 +253,10 @@ fn execute(cli: Cli) -> Result<(), Error> {
         Command::Ledger { run_id } => {
             let records = rt.get_ledger(&run_id)?;
             if cli.json {
-                println!("{}", serde_json::to_string_pretty(&records).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&records).unwrap_or_default()
+                );
             } else {
                 for r in records {
                     let what = r
@@ -301,7 +309,10 @@ fn execute(cli: Cli) -> Result<(), Error> {
             };
             let runs = rt.list_runs(&query)?;
             if cli.json {
-                println!("{}", serde_json::to_string_pretty(&runs).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&runs).unwrap_or_default()
+                );
             } else {
                 for r in runs {
                     let wait = r

@@ -17,8 +17,7 @@ use serde_json::{json, Map, Value};
 use super::clock::{format_time, Clock, SystemClock};
 use super::locks::{RunLockGuard, RunLocks};
 use super::model::{
-    EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus,
-    WaitReason,
+    EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus, WaitReason,
 };
 use super::{Error, Result};
 use crate::effects::{self, subworkflow, EffectContext, Outcome};
@@ -354,6 +353,11 @@ impl Runtime {
         if run.status == RunStatus::Waiting && !self.resolve_due(&mut run)? {
             return Ok(run);
         }
+        self.run_steps(run, max_steps)
+    }
+
+    /// Steps the (locked) run until it stops running or `max_steps` ran.
+    fn run_steps(&self, mut run: RunState, max_steps: u64) -> Result<RunState> {
         if run.status != RunStatus::Running {
             return Ok(run);
         }
@@ -372,29 +376,29 @@ impl Runtime {
     /// resumed at most once: a run that is not waiting, or waits on another
     /// key, gets [`Error::StaleResume`] and is left unchanged.
     pub fn resume(&self, run_id: &str, wait_key: &str, payload: Value) -> Result<RunState> {
-        {
-            let _lock = self.run_lock(run_id);
-            let mut run = self.get_state(run_id)?;
-            let Some(wait) = run.waiting.as_ref().filter(|_| run.status == RunStatus::Waiting)
-            else {
-                return Err(Error::StaleResume {
-                    run_id: run_id.to_string(),
-                    reason: format!("Run is not waiting (status {})", run.status.as_str()),
-                });
-            };
-            if wait.wait_key != wait_key {
-                return Err(Error::StaleResume {
-                    run_id: run_id.to_string(),
-                    reason: format!(
-                        "Run waits on key {:?}, not {wait_key:?}",
-                        wait.wait_key
-                    ),
-                });
-            }
-            let record = self.end_wait(&mut run, payload, "resumed");
-            self.store().commit(&[record], &run)?;
+        let _lock = self.run_lock(run_id);
+        let mut run = self.get_state(run_id)?;
+        let Some(wait) = run
+            .waiting
+            .as_ref()
+            .filter(|_| run.status == RunStatus::Waiting)
+        else {
+            return Err(Error::StaleResume {
+                run_id: run_id.to_string(),
+                reason: format!("Run is not waiting (status {})", run.status.as_str()),
+            });
+        };
+        if wait.wait_key != wait_key {
+            return Err(Error::StaleResume {
+                run_id: run_id.to_string(),
+                reason: format!("Run waits on key {:?}, not {wait_key:?}", wait.wait_key),
+            });
         }
-        self.tick(run_id)
+        let record = self.end_wait(&mut run, payload, "resumed");
+        self.store().commit(&[record], &run)?;
+        // The resume is committed; carry on from the state in hand (the lock
+        // is re-entrant, and a tick would take it anyway).
+        self.run_steps(run, self.inner.config.max_steps_per_tick)
     }
 
     /// Cancels the run (and its unfinished children): status `cancelled`, a
@@ -427,7 +431,10 @@ impl Runtime {
             ..RunQuery::default()
         })?;
         for child in children.iter().filter(|c| !c.status.is_terminal()) {
-            self.cancel_run(&child.run_id, Some(&format!("parent run {run_id} was cancelled")))?;
+            self.cancel_run(
+                &child.run_id,
+                Some(&format!("parent run {run_id} was cancelled")),
+            )?;
         }
         Ok(run)
     }
@@ -482,7 +489,11 @@ impl Runtime {
         };
         match child.status {
             RunStatus::Completed => {
-                match self.resume(&parent.run_id, &wait.wait_key, subworkflow::child_result(&child)) {
+                match self.resume(
+                    &parent.run_id,
+                    &wait.wait_key,
+                    subworkflow::child_result(&child),
+                ) {
                     Ok(_) | Err(Error::StaleResume { .. }) => Ok(true),
                     Err(e) => Err(e),
                 }
@@ -522,7 +533,8 @@ impl Runtime {
         let Some(until) = wait.until.as_deref() else {
             return Ok(false);
         };
-        let due = super::clock::parse_time(until).map_err(|e| Error::invalid("waiting.until", e))?;
+        let due =
+            super::clock::parse_time(until).map_err(|e| Error::invalid("waiting.until", e))?;
         if due > self.now() {
             return Ok(false);
         }
@@ -584,7 +596,12 @@ impl Runtime {
         let now = self.now();
         let started_at = format_time(now);
         let Some(node_id) = run.current_node.clone() else {
-            return self.fail_step(run, None, &started_at, "invalid_state: a running run has no current node".into());
+            return self.fail_step(
+                run,
+                None,
+                &started_at,
+                "invalid_state: a running run has no current node".into(),
+            );
         };
         let Some(node) = wf.nodes.get(&node_id) else {
             let msg = format!(
@@ -599,7 +616,9 @@ impl Runtime {
         };
         if let Some(patch) = plan.vars {
             if let Some(key) = patch.keys().find(|k| k.starts_with("_runtime")) {
-                let msg = format!("guest_bad_output: node {node_id} tried to set the host-owned var {key:?}");
+                let msg = format!(
+                    "guest_bad_output: node {node_id} tried to set the host-owned var {key:?}"
+                );
                 return self.fail_step(run, Some(node_id), &started_at, msg);
             }
             for (k, v) in patch {
@@ -718,7 +737,13 @@ impl Runtime {
     }
 
     /// Asks the node for its plan.
-    fn plan(&self, wf: &Workflow, node: &Node, run: &RunState, now: &str) -> std::result::Result<StepPlan, String> {
+    fn plan(
+        &self,
+        wf: &Workflow,
+        node: &Node,
+        run: &RunState,
+        now: &str,
+    ) -> std::result::Result<StepPlan, String> {
         match &node.kind {
             NodeKind::Component {
                 component,
@@ -764,7 +789,13 @@ impl Runtime {
         }
     }
 
-    fn fail_step(&self, run: &mut RunState, node_id: Option<String>, started_at: &str, msg: String) -> Result<()> {
+    fn fail_step(
+        &self,
+        run: &mut RunState,
+        node_id: Option<String>,
+        started_at: &str,
+        msg: String,
+    ) -> Result<()> {
         let record = StepRecord {
             status: StepStatus::Failed,
             error: Some(msg.clone()),
@@ -827,12 +858,7 @@ fn next_effect_seq(run: &mut RunState) -> u64 {
 
 /// The first identity field on which two runs with one id differ.
 fn identity_mismatch(existing: &RunState, requested: &RunState) -> Option<&'static str> {
-    let meta = |r: &RunState, key: &str| {
-        r.vars
-            .get("_meta")
-            .and_then(|m| m.get(key))
-            .cloned()
-    };
+    let meta = |r: &RunState, key: &str| r.vars.get("_meta").and_then(|m| m.get(key)).cloned();
     if existing.workflow_id != requested.workflow_id {
         Some("workflow_id")
     } else if existing.session_id != requested.session_id {

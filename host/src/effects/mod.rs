@@ -74,9 +74,7 @@ pub(crate) fn execute(ctx: &EffectContext<'_>, effect: &EffectRequest) -> Result
 
 /// An `invalid_effect` failure naming the payload field.
 pub(crate) fn invalid(kind: &str, field: &str, message: &str) -> Outcome {
-    Outcome::Failed(format!(
-        "invalid_effect: {kind}.payload.{field}: {message}"
-    ))
+    Outcome::Failed(format!("invalid_effect: {kind}.payload.{field}: {message}"))
 }
 
 /// The optional string field `key` of a payload.

@@ -10,8 +10,7 @@ use crate::core::{Error, Result};
 /// The namespace of the default child run ids (uuid5 of
 /// `"<parent_run_id>:subworkflow:<effect_seq>"`): a step replayed after a
 /// crash asks for the same child and re-attaches to it.
-pub const SUBWORKFLOW_NAMESPACE: uuid::Uuid =
-    uuid::uuid!("6b1f7c0e-2d4a-5c3b-9e8f-1a2b3c4d5e6f");
+pub const SUBWORKFLOW_NAMESPACE: uuid::Uuid = uuid::uuid!("6b1f7c0e-2d4a-5c3b-9e8f-1a2b3c4d5e6f");
 
 /// The wait key of a parent waiting on child `child_run_id`.
 pub fn wait_key(child_run_id: &str) -> String {
@@ -47,7 +46,10 @@ pub fn child_failure(child: &RunState) -> String {
 /// `run_id` names the child explicitly (create-if-absent, identity-checked);
 /// by default the id is derived from the parent's id and the effect's
 /// sequence number. A child that failed fails the parent.
-pub(crate) fn start_subworkflow(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Result<Outcome> {
+pub(crate) fn start_subworkflow(
+    ctx: &EffectContext<'_>,
+    p: &Map<String, Value>,
+) -> Result<Outcome> {
     let k = "start_subworkflow";
     let workflow_id = match opt_str(k, p, "workflow_id") {
         Ok(Some(w)) => w.to_string(),
@@ -83,9 +85,11 @@ pub(crate) fn start_subworkflow(ctx: &EffectContext<'_>, p: &Map<String, Value>)
     };
     let child_id = match ctx.runtime.start(&workflow_id, options) {
         Ok(id) => id,
-        Err(e @ (Error::IdentityConflict { .. }
-        | Error::UnknownWorkflow { .. }
-        | Error::InvalidInput { .. })) => return Ok(Outcome::Failed(e.to_string())),
+        Err(
+            e @ (Error::IdentityConflict { .. }
+            | Error::UnknownWorkflow { .. }
+            | Error::InvalidInput { .. }),
+        ) => return Ok(Outcome::Failed(e.to_string())),
         Err(e) => return Err(e),
     };
     if is_async && !wait {

@@ -245,7 +245,10 @@ fn build_workflow(path: &Path, doc: FlowDoc, engine: &WasmEngine) -> Result<Work
         ));
     }
     if doc.nodes.is_empty() {
-        return Err(err("nodes".into(), "a workflow needs at least one node".into()));
+        return Err(err(
+            "nodes".into(),
+            "a workflow needs at least one node".into(),
+        ));
     }
     if !doc.nodes.contains_key(&doc.entry) {
         return Err(err(
@@ -300,8 +303,7 @@ fn build_workflow(path: &Path, doc: FlowDoc, engine: &WasmEngine) -> Result<Work
             if n.payload.is_some() || n.result_key.is_some() {
                 return Err(err(
                     field(""),
-                    "`payload` and `result_key` belong to effect nodes, not component nodes"
-                        .into(),
+                    "`payload` and `result_key` belong to effect nodes, not component nodes".into(),
                 ));
             }
             let file = base.join(component);
@@ -338,7 +340,10 @@ fn build_workflow(path: &Path, doc: FlowDoc, engine: &WasmEngine) -> Result<Work
                     ),
                 ));
             }
-            let payload = n.payload.clone().unwrap_or_else(|| Value::Object(Default::default()));
+            let payload = n
+                .payload
+                .clone()
+                .unwrap_or_else(|| Value::Object(Default::default()));
             if !payload.is_object() {
                 return Err(err(field("payload"), "must be a JSON object".into()));
             }

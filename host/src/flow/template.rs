@@ -92,6 +92,9 @@ mod tests {
         assign(&mut vars, "a.b", json!(1));
         assign(&mut vars, "top", json!(true));
         assign(&mut vars, "top.inner", json!(2));
-        assert_eq!(Value::Object(vars), json!({"a": {"b": 1}, "top": {"inner": 2}}));
+        assert_eq!(
+            Value::Object(vars),
+            json!({"a": {"b": 1}, "top": {"inner": 2}})
+        );
     }
 }

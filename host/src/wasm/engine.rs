@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use super::node::{GuestState, NodeComponent, NodePre};
 use super::{LoadError, SandboxLimits};
@@ -60,6 +60,9 @@ struct Shared {
     linker: Linker<GuestState>,
     config: EngineConfig,
     loaded: Mutex<HashMap<[u8; 32], Arc<NodeComponent>>>,
+    /// Files already loaded, with the size and modification time seen then,
+    /// so loading a file again does not re-read and re-hash it.
+    by_path: Mutex<HashMap<PathBuf, (u64, std::time::SystemTime, Arc<NodeComponent>)>>,
     _ticker: Ticker,
 }
 
@@ -85,13 +88,16 @@ impl WasmEngine {
     /// Creates an engine. Fails only if wasmtime cannot be configured on this
     /// machine.
     pub fn new(config: EngineConfig) -> Result<Self, LoadError> {
-        let mut wt = Config::new();
-        wt.epoch_interruption(true);
-        wt.wasm_component_model(true);
-        let engine = Engine::new(&wt).map_err(|e| LoadError {
-            path: PathBuf::new(),
-            message: format!("cannot create the wasm engine: {e:#}"),
-        })?;
+        // The pooling allocator keeps instance slots (memories, tables) warm
+        // between calls, which makes a fresh instance per call cheap. If this
+        // machine cannot reserve the pool's address space, fall back to
+        // allocating on demand.
+        let engine = Engine::new(&engine_config(&config.limits, true))
+            .or_else(|_| Engine::new(&engine_config(&config.limits, false)))
+            .map_err(|e| LoadError {
+                path: PathBuf::new(),
+                message: format!("cannot create the wasm engine: {e:#}"),
+            })?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| LoadError {
             path: PathBuf::new(),
@@ -123,6 +129,7 @@ impl WasmEngine {
                 linker,
                 config,
                 loaded: Mutex::new(HashMap::new()),
+                by_path: Mutex::new(HashMap::new()),
                 _ticker: Ticker {
                     stop,
                     handle: Some(handle),
@@ -155,10 +162,32 @@ impl WasmEngine {
             path: path.to_path_buf(),
             message,
         };
+        let stamp = std::fs::metadata(path)
+            .and_then(|m| Ok((m.len(), m.modified()?)))
+            .map_err(|e| fail(format!("cannot read: {e}")))?;
+        let by_path = |node: &Arc<NodeComponent>| {
+            self.shared
+                .by_path
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(path.to_path_buf(), (stamp.0, stamp.1, node.clone()));
+        };
+        if let Some((len, modified, node)) = self
+            .shared
+            .by_path
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(path)
+        {
+            if (*len, *modified) == stamp {
+                return Ok(node.clone());
+            }
+        }
         let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
         let digest: [u8; 32] = Sha256::digest(&bytes).into();
-        if let Some(found) = self.lock_loaded().get(&digest) {
-            return Ok(found.clone());
+        if let Some(found) = self.lock_loaded().get(&digest).cloned() {
+            by_path(&found);
+            return Ok(found);
         }
         let (component, origin) = self.compile_cached(&bytes, &digest).map_err(fail)?;
         let pre = self
@@ -179,14 +208,12 @@ impl WasmEngine {
             self.clone(),
         ));
         self.lock_loaded().insert(digest, node.clone());
+        by_path(&node);
         Ok(node)
     }
 
     fn lock_loaded(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Arc<NodeComponent>>> {
-        self.shared
-            .loaded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.shared.loaded.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn compile_cached(
@@ -219,6 +246,42 @@ impl WasmEngine {
         }
         Ok((component, LoadOrigin::Compiled))
     }
+}
+
+/// How many guest instances may exist at once (each call holds one while it
+/// runs): the bound on concurrent guest calls of one engine.
+const POOL_INSTANCES: u32 = 128;
+
+/// Bytes of each memory and table kept resident between calls.
+const KEEP_RESIDENT: usize = 2 << 20;
+
+fn engine_config(limits: &SandboxLimits, pooling: bool) -> Config {
+    let mut wt = Config::new();
+    wt.epoch_interruption(true);
+    wt.wasm_component_model(true);
+    if pooling {
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_component_instances(POOL_INSTANCES)
+            .total_core_instances(POOL_INSTANCES * 8)
+            .total_memories(POOL_INSTANCES * 2)
+            .total_tables(POOL_INSTANCES * 8)
+            .total_stacks(POOL_INSTANCES)
+            .max_core_instances_per_component(64)
+            .max_memories_per_component(8)
+            .max_tables_per_component(64)
+            .max_memory_size(limits.memory_limit_bytes)
+            .table_elements(limits.table_elements_limit)
+            .max_component_instance_size(1 << 20)
+            .max_core_instance_size(4 << 20)
+            // Reset the pages a call touched with memset rather than
+            // madvise, so the next call does not fault them in again; with
+            // PAGEMAP_SCAN (Linux 6.7+) only the touched pages are reset.
+            .linear_memory_keep_resident(KEEP_RESIDENT)
+            .table_keep_resident(KEEP_RESIDENT)
+            .pagemap_scan(wasmtime::Enabled::Auto);
+        wt.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    }
+    wt
 }
 
 fn write_atomically(file: &Path, component: &Component) -> std::io::Result<()> {

@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use engine::{EngineConfig, LoadOrigin, WasmEngine};
-pub use node::{NodeCall, NodeComponent};
 pub(crate) use node::vars_json;
+pub use node::{NodeCall, NodeComponent};
 
 /// The bounds every guest call runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,9 @@ use serde_json::{Map, Value};
 use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, Store, Trap};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{
+    HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
+};
 
 use super::{GuestError, LoadOrigin, SandboxLimits, WasmEngine};
 use crate::core::model::{EffectRequest, StepPlan};
@@ -20,8 +22,8 @@ mod bindings {
     });
 }
 
-pub(super) use bindings::NodePre;
 use bindings::stepwell::flow::types as wit;
+pub(super) use bindings::NodePre;
 
 /// How much of a guest's stderr is kept for error messages.
 const STDERR_CAPACITY: usize = 4096;

@@ -7,7 +7,9 @@ fn greet(input: Input) -> Result<Plan, NodeError> {
         .var_path("user_input.text")
         .and_then(|v| v.as_str())
         .unwrap_or("Unknown");
-    Ok(Plan::complete(json!({ "greeting": format!("Hello, {name}!") })))
+    Ok(Plan::complete(
+        json!({ "greeting": format!("Hello, {name}!") }),
+    ))
 }
 
 export_node!(greet);

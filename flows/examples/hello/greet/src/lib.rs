@@ -4,7 +4,9 @@ use stepwell_guest::{export_node, Input, NodeError, Plan};
 
 fn greet(input: Input) -> Result<Plan, NodeError> {
     let name = input.var_str("name").unwrap_or("World");
-    Ok(Plan::complete(json!({ "message": format!("Hello, {name}!") })))
+    Ok(Plan::complete(
+        json!({ "message": format!("Hello, {name}!") }),
+    ))
 }
 
 export_node!(greet);
