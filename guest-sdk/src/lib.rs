@@ -19,13 +19,15 @@
 //!
 //! The handler must be pure: everything it needs is in its input (including the
 //! time, [`Input::now`]); everything it wants done is in its plan. The host gives
-//! guests no filesystem, network, environment, clock or randomness.
+//! guests no filesystem, network or environment; a guest that reads a clock
+//! gets the Unix epoch, and its random source is a fixed, seeded stream.
 
 use serde_json::{Map, Value};
 
 /// Bindings generated from `wit/stepwell.wit` (the `node` world). Authors do not
 /// need them directly; [`export_node!`] wires a handler to them.
 #[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
 pub mod bindings {
     wit_bindgen::generate!({
         path: "../wit",

@@ -99,7 +99,9 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         interval_ms: u64,
     },
-    /// Measure the host and print the figures.
+    /// Measure the host and print the figures (medians). Uses its own scratch
+    /// stores and the default guest limits: --db and the --guest-* flags do
+    /// not apply.
     Bench {
         /// The repository's flows/ directory.
         #[arg(long, default_value = "flows")]

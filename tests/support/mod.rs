@@ -1,1 +1,187 @@
+//! Shared helpers of the integration tests: where the repository's flows
+//! are, runtimes over each store, and scratch bundles written on the fly.
 
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use stepwell::{
+    Clock, EngineConfig, ManualClock, MemoryStore, Runtime, SandboxLimits, SqliteStore, Store,
+    WasmEngine,
+};
+use tempfile::TempDir;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The bundle directory of an example flow, checking its components were built.
+pub fn example(name: &str) -> PathBuf {
+    let dir = repo().join("flows/examples").join(name);
+    assert!(
+        repo().join("flows/examples/hello/greet.wasm").is_file(),
+        "the guest components are not built: run scripts/build-guests first"
+    );
+    dir
+}
+
+/// A component of an example, by its path under flows/examples.
+pub fn component(rel: &str) -> PathBuf {
+    let p = repo().join("flows/examples").join(rel);
+    assert!(
+        p.is_file(),
+        "{} missing: run scripts/build-guests",
+        p.display()
+    );
+    p
+}
+
+/// Where the tests cache compiled components (shared by the test binaries).
+pub fn cache_dir() -> PathBuf {
+    repo().join("target/stepwell-test-cache")
+}
+
+/// One engine per test binary, with the default limits.
+pub fn engine() -> WasmEngine {
+    static ENGINE: OnceLock<WasmEngine> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            WasmEngine::new(EngineConfig {
+                cache_dir: Some(cache_dir()),
+                limits: SandboxLimits::default(),
+            })
+            .expect("engine")
+        })
+        .clone()
+}
+
+/// An engine with tight limits, for hostile guests.
+pub fn strict_engine(time: Duration, memory_mib: usize) -> WasmEngine {
+    WasmEngine::new(EngineConfig {
+        cache_dir: Some(cache_dir()),
+        limits: SandboxLimits {
+            time_limit: time,
+            memory_limit_bytes: memory_mib << 20,
+            ..SandboxLimits::default()
+        },
+    })
+    .expect("engine")
+}
+
+/// The stores every kernel test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// [`MemoryStore`].
+    Memory,
+    /// [`SqliteStore`] in a temporary directory.
+    Sqlite,
+}
+
+/// A runtime and what keeps its files alive.
+pub struct Host {
+    /// The runtime.
+    pub rt: Runtime,
+    /// The store it runs on.
+    pub store: Arc<dyn Store>,
+    /// Scratch space: the database (SQLite) and scratch bundles.
+    pub dir: TempDir,
+}
+
+impl Host {
+    /// A runtime on `backend` with the system clock.
+    pub fn new(backend: Backend) -> Host {
+        Host::build(backend, None, engine())
+    }
+
+    /// A runtime on `backend` with a manual clock.
+    pub fn with_clock(backend: Backend, clock: Arc<ManualClock>) -> Host {
+        Host::build(backend, Some(clock), engine())
+    }
+
+    /// A runtime on `backend` with its own engine.
+    pub fn with_engine(backend: Backend, engine: WasmEngine) -> Host {
+        Host::build(backend, None, engine)
+    }
+
+    fn build(backend: Backend, clock: Option<Arc<ManualClock>>, engine: WasmEngine) -> Host {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> = match backend {
+            Backend::Memory => Arc::new(MemoryStore::new()),
+            Backend::Sqlite => {
+                Arc::new(SqliteStore::open(dir.path().join("db.sqlite")).expect("open"))
+            }
+        };
+        let mut b = Runtime::builder(store.clone()).engine(engine);
+        if let Some(c) = clock {
+            b = b.clock(c as Arc<dyn Clock>);
+        }
+        Host {
+            rt: b.build().expect("runtime"),
+            store,
+            dir,
+        }
+    }
+
+    /// Loads an example bundle and returns its main workflow id.
+    pub fn load(&self, example_name: &str) -> String {
+        self.rt
+            .load_bundle(&example(example_name))
+            .expect("load bundle")
+            .main_workflow_id
+    }
+
+    /// Writes a scratch bundle (file name -> flow document) and loads it.
+    pub fn load_scratch(&self, name: &str, files: &[(&str, Value)]) -> String {
+        let dir = write_bundle(self.dir.path(), name, files);
+        self.rt
+            .load_bundle(&dir)
+            .expect("load scratch bundle")
+            .main_workflow_id
+    }
+}
+
+/// Writes a bundle directory `name` under `root` holding `files`.
+pub fn write_bundle(root: &Path, name: &str, files: &[(&str, Value)]) -> PathBuf {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    for (file, doc) in files {
+        std::fs::write(dir.join(file), serde_json::to_string_pretty(doc).unwrap()).expect("write");
+    }
+    dir
+}
+
+/// A JSON object as vars.
+pub fn vars(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        other => panic!("vars must be an object, got {other}"),
+    }
+}
+
+/// A manual clock at a fixed, round start time.
+pub fn manual_clock() -> Arc<ManualClock> {
+    use chrono::TimeZone;
+    Arc::new(ManualClock::new(
+        chrono::Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap(),
+    ))
+}
+
+/// Runs a test body once per backend: `store_tests!(name, ...)` expects a
+/// function `fn name(b: Backend)` for each name and generates
+/// `memory::name` and `sqlite::name` tests.
+#[macro_export]
+macro_rules! store_tests {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $( #[test] fn $name() { super::$name($crate::Backend::Memory) } )*
+        }
+        mod sqlite {
+            $( #[test] fn $name() { super::$name($crate::Backend::Sqlite) } )*
+        }
+    };
+}

@@ -2,8 +2,11 @@
 //! for its check and commit, so a wait is resumed at most once and a tick
 //! never overwrites a concurrent change. Re-entrant, so a tick that resumes
 //! other runs (an event) or runs a child (a subworkflow) can meet its own run
-//! again without deadlocking. Per process: several processes on one store
-//! need leases (see docs/storage.md).
+//! again without deadlocking. The table belongs to one [`Runtime`] (share
+//! the runtime, it is cheap to clone); several runtimes or processes on one
+//! store need leases (see docs/storage.md).
+//!
+//! [`Runtime`]: crate::Runtime
 
 use std::collections::HashMap;
 use std::sync::Arc;

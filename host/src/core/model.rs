@@ -136,8 +136,9 @@ pub struct RunState {
     pub workflow_id: String,
     /// Where the run is in its lifecycle.
     pub status: RunStatus,
-    /// The node executed next (running), or the node that issued the wait
-    /// (waiting); `None` once the run has ended.
+    /// The node executed next (running), the node that issued the wait
+    /// (waiting), or the node where a failed or cancelled run stopped; `None`
+    /// once the run has completed.
     pub current_node: Option<String>,
     /// The run's variables: a JSON object.
     pub vars: Map<String, Value>,

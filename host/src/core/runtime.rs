@@ -286,6 +286,12 @@ impl Runtime {
             .run_id
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let mut vars = options.vars;
+        if vars.contains_key("_runtime") {
+            return Err(Error::invalid(
+                "vars._runtime",
+                "is owned by the host and cannot be set at start",
+            ));
+        }
         vars.entry("_limits")
             .or_insert_with(|| self.inner.config.limits_value());
         let now = format_time(self.now());
@@ -394,6 +400,9 @@ impl Runtime {
                 reason: format!("Run waits on key {:?}, not {wait_key:?}", wait.wait_key),
             });
         }
+        // Load the workflow first: a resume that cannot continue is refused
+        // before anything is written.
+        self.workflow(&run.workflow_id)?;
         let record = self.end_wait(&mut run, payload, "resumed");
         self.store().commit(&[record], &run)?;
         // The resume is committed; carry on from the state in hand (the lock
@@ -447,6 +456,7 @@ impl Runtime {
         let mut report = DriveReport::default();
         for run in self.store().list_due_waits(self.now())? {
             match self.tick(&run.run_id) {
+                Ok(after) if after.waiting == run.waiting => {}
                 Ok(_) => report.due_resumed.push(run.run_id),
                 Err(e) => report.errors.push((run.run_id, e.to_string())),
             }
@@ -652,6 +662,17 @@ impl Runtime {
             return self.fail_step(run, Some(node_id), &started_at, msg);
         };
 
+        if let Some(key) = plan
+            .effect
+            .as_ref()
+            .and_then(|e| e.result_key.as_deref())
+            .filter(|k| k.starts_with("_runtime"))
+        {
+            let msg = format!(
+                "guest_bad_output: node {node_id} asked for an effect result in the host-owned var {key:?}"
+            );
+            return self.fail_step(run, Some(node_id), &started_at, msg);
+        }
         let mut records = Vec::with_capacity(2);
         if let Some(effect) = plan.effect {
             let seq = next_effect_seq(run);
@@ -711,7 +732,7 @@ impl Runtime {
                         ..base
                     });
                     run.status = RunStatus::Waiting;
-                    run.waiting = Some(wait);
+                    run.waiting = Some(*wait);
                 }
                 Outcome::Failed(msg) => {
                     return self.fail_with(run, records, base, &ended_at, msg);

@@ -9,8 +9,10 @@ use crate::store::RunQuery;
 
 /// `emit_event {name, payload?}`: resumes every run waiting (reason `event`)
 /// on the key `name`, each with `payload` (default `null`), and ticks them.
-/// The result is `{"name", "delivered", "run_ids"}`. A listener that another
-/// caller resumed first is skipped, not an error.
+/// The result is `{"name", "delivered", "run_ids"}`, plus `refused` (run id
+/// and error) for listeners that could not continue (their workflow cannot be
+/// loaded): those stay waiting, untouched. A listener that another caller
+/// resumed first is skipped, not an error.
 pub(crate) fn emit_event(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Result<Outcome> {
     let name = match opt_str("emit_event", p, "name") {
         Ok(Some(n)) => n.to_string(),
@@ -25,6 +27,7 @@ pub(crate) fn emit_event(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Res
         ..RunQuery::default()
     })?;
     let mut delivered = Vec::new();
+    let mut refused = Vec::new();
     for listener in listeners {
         if listener.run_id == ctx.run.run_id {
             continue;
@@ -32,12 +35,19 @@ pub(crate) fn emit_event(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Res
         match ctx.runtime.resume(&listener.run_id, &name, payload.clone()) {
             Ok(_) => delivered.push(listener.run_id),
             Err(Error::StaleResume { .. }) => {}
-            Err(e) => return Err(e),
+            Err(e @ Error::Store(_)) => return Err(e),
+            // A listener whose workflow cannot be loaded is left waiting,
+            // untouched; the others still get the event.
+            Err(e) => refused.push(json!({ "run_id": listener.run_id, "error": e.to_string() })),
         }
     }
-    Ok(Outcome::Completed(json!({
+    let mut result = json!({
         "name": name,
         "delivered": delivered.len(),
         "run_ids": delivered,
-    })))
+    });
+    if !refused.is_empty() {
+        result["refused"] = Value::Array(refused);
+    }
+    Ok(Outcome::Completed(result))
 }

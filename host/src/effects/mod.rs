@@ -36,7 +36,7 @@ pub enum Outcome {
     /// Done; this is the result.
     Completed(Value),
     /// The run must wait (the runtime fills in `resume_to_node` and `result_key`).
-    Waiting(WaitState),
+    Waiting(Box<WaitState>),
     /// The effect failed; the message starts with a reason code.
     Failed(String),
 }
@@ -55,7 +55,10 @@ pub(crate) struct EffectContext<'a> {
 /// [`Outcome::Failed`].
 pub(crate) fn execute(ctx: &EffectContext<'_>, effect: &EffectRequest) -> Result<Outcome> {
     let Some(payload) = effect.payload.as_object() else {
-        return Ok(invalid(&effect.kind, "payload", "must be a JSON object"));
+        return Ok(Outcome::Failed(format!(
+            "invalid_effect: {}.payload: must be a JSON object",
+            effect.kind
+        )));
     };
     match effect.kind.as_str() {
         "ask_user" => Ok(waits::ask_user(ctx, payload)),

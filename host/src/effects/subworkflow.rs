@@ -61,8 +61,15 @@ pub(crate) fn start_subworkflow(
         Some(Value::Object(m)) => m.clone(),
         Some(_) => return Ok(invalid(k, "vars", "must be a JSON object")),
     };
-    let flag = |name: &str| p.get(name).and_then(Value::as_bool).unwrap_or(false);
-    let (is_async, wait) = (flag("async"), flag("wait"));
+    let flag = |name: &str| match p.get(name) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(invalid(k, name, "must be a boolean")),
+    };
+    let (is_async, wait) = match (flag("async"), flag("wait")) {
+        (Ok(a), Ok(w)) => (a, w),
+        (Err(o), _) | (_, Err(o)) => return Ok(o),
+    };
     let run_id = match opt_str(k, p, "run_id") {
         Ok(Some(id)) => id.to_string(),
         Ok(None) => uuid::Uuid::new_v5(
@@ -103,7 +110,7 @@ pub(crate) fn start_subworkflow(
     Ok(match child.status {
         RunStatus::Completed => Outcome::Completed(child_result(&child)),
         RunStatus::Failed | RunStatus::Cancelled => Outcome::Failed(child_failure(&child)),
-        RunStatus::Running | RunStatus::Waiting => Outcome::Waiting(WaitState {
+        RunStatus::Running | RunStatus::Waiting => Outcome::Waiting(Box::new(WaitState {
             reason: WaitReason::Subworkflow,
             wait_key: wait_key(&child_id),
             until: None,
@@ -112,6 +119,6 @@ pub(crate) fn start_subworkflow(
             prompt: None,
             choices: None,
             details: Some(json!({ "sub_run_id": child_id, "sub_workflow_id": workflow_id })),
-        }),
+        })),
     })
 }

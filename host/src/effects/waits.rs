@@ -54,7 +54,7 @@ pub(crate) fn ask_user(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Outco
     w.prompt = Some(prompt);
     w.choices = choices;
     w.details = p.get("details").cloned();
-    Outcome::Waiting(w)
+    Outcome::Waiting(Box::new(w))
 }
 
 /// `answer_user {message}`: shows a message to a person; does not wait. The
@@ -89,7 +89,7 @@ pub(crate) fn wait_event(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Out
         },
     }
     w.details = p.get("details").cloned();
-    Outcome::Waiting(w)
+    Outcome::Waiting(Box::new(w))
 }
 
 /// `wait_until {until | seconds}`: waits (reason `until`) until an RFC 3339
@@ -115,5 +115,5 @@ pub(crate) fn wait_until(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Out
     }
     let mut w = wait(WaitReason::Until, format!("until:{until_s}"));
     w.until = Some(until_s);
-    Outcome::Waiting(w)
+    Outcome::Waiting(Box::new(w))
 }

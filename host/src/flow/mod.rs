@@ -83,12 +83,18 @@ struct NodeDoc {
     payload: Option<Value>,
     #[serde(default)]
     result_key: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     complete: Option<Value>,
     #[serde(default)]
     next: Option<String>,
     #[serde(default)]
     routes: BTreeMap<String, String>,
+}
+
+/// Deserialises a field that may hold `null` as `Some(Null)`: present, unlike
+/// a missing field.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 /// A loaded, validated workflow: ready to run.
@@ -340,6 +346,16 @@ fn build_workflow(path: &Path, doc: FlowDoc, engine: &WasmEngine) -> Result<Work
                     ),
                 ));
             }
+            if let Some(key) = n
+                .result_key
+                .as_deref()
+                .filter(|k| k.starts_with("_runtime"))
+            {
+                return Err(err(
+                    field("result_key"),
+                    format!("{key:?} is owned by the host"),
+                ));
+            }
             let payload = n
                 .payload
                 .clone()
@@ -353,11 +369,15 @@ fn build_workflow(path: &Path, doc: FlowDoc, engine: &WasmEngine) -> Result<Work
                 result_key: n.result_key.clone(),
             }
         } else {
-            if n.next.is_some() || !n.routes.is_empty() || n.config.is_some() || n.payload.is_some()
+            if n.next.is_some()
+                || !n.routes.is_empty()
+                || n.config.is_some()
+                || n.payload.is_some()
+                || n.result_key.is_some()
             {
                 return Err(err(
                     field(""),
-                    "a `complete` node ends the run: it takes no `next`, `routes`, `config` or `payload`"
+                    "a `complete` node ends the run: it takes no `next`, `routes`, `config`, `payload` or `result_key`"
                         .into(),
                 ));
             }

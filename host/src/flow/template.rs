@@ -24,18 +24,6 @@ pub fn render(template: &Value, vars: &Map<String, Value>) -> Value {
     }
 }
 
-/// Whether `template` contains any `{"$var": ...}` reference (a template
-/// without one is rendered once, at load time).
-pub fn is_static(template: &Value) -> bool {
-    match template {
-        Value::Object(map) => {
-            !(map.len() == 1 && map.contains_key("$var")) && map.values().all(is_static)
-        }
-        Value::Array(items) => items.iter().all(is_static),
-        _ => true,
-    }
-}
-
 /// The value at a dotted path (`user_input.text`, `items.0`) of `vars`.
 pub fn lookup<'a>(vars: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
     let mut parts = path.split('.');
@@ -82,8 +70,8 @@ mod tests {
         let vars = vars.as_object().unwrap();
         let t = json!({"k": {"$var": "a.b.1.c"}, "m": [{"$var": "n"}, 3], "z": {"$var": "nope"}});
         assert_eq!(render(&t, vars), json!({"k": "x", "m": [2, 3], "z": null}));
-        assert!(!is_static(&t));
-        assert!(is_static(&json!({"$var": "x", "other": 1})));
+        let not_a_reference = json!({"$var": "n", "other": 1});
+        assert_eq!(render(&not_a_reference, vars), not_a_reference);
     }
 
     #[test]

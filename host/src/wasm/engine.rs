@@ -55,6 +55,9 @@ impl Drop for Ticker {
     }
 }
 
+/// A loaded file's size and modification time, and what it loaded as.
+type PathStamp = (u64, std::time::SystemTime, Arc<NodeComponent>);
+
 struct Shared {
     engine: Engine,
     linker: Linker<GuestState>,
@@ -62,7 +65,7 @@ struct Shared {
     loaded: Mutex<HashMap<[u8; 32], Arc<NodeComponent>>>,
     /// Files already loaded, with the size and modification time seen then,
     /// so loading a file again does not re-read and re-hash it.
-    by_path: Mutex<HashMap<PathBuf, (u64, std::time::SystemTime, Arc<NodeComponent>)>>,
+    by_path: Mutex<HashMap<PathBuf, PathStamp>>,
     _ticker: Ticker,
 }
 

@@ -23,9 +23,9 @@ fn plan() -> StepPlan {
 }
 
 #[allow(unconditional_recursion)]
-fn recurse(depth: u64, buf: [u8; 256]) -> u64 {
+fn recurse(buf: [u8; 256]) -> u64 {
     black_box(&buf);
-    recurse(depth + 1, black_box(buf)) + 1
+    recurse(black_box(buf)) + 1
 }
 
 fn probe() -> String {
@@ -78,7 +78,7 @@ impl stepwell_guest::bindings::Guest for Hostile {
                 }
             }
             "stack" => {
-                let n = recurse(0, [0u8; 256]);
+                let n = recurse([0u8; 256]);
                 Err(NodeError::Failed(format!("returned {n}")))
             }
             "trap" => core::arch::wasm32::unreachable(),

@@ -1,0 +1,264 @@
+//! The `stepwell` binary, run as a new user would: each command in its own
+//! process, on the embedded SQLite default.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{json, Value};
+use stepwell_tests::example;
+
+fn binary() -> PathBuf {
+    // target/<profile>/deps/cli-<hash> -> target/<profile>/stepwell
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("stepwell");
+    assert!(
+        bin.is_file(),
+        "{} not built: run `cargo build --release -p stepwell` first",
+        bin.display()
+    );
+    bin
+}
+
+struct Cli {
+    cwd: tempfile::TempDir,
+}
+
+impl Cli {
+    fn new() -> Cli {
+        Cli {
+            cwd: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(binary());
+        c.args(args)
+            .current_dir(self.cwd.path())
+            .env_remove("STEPWELL_DB");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    /// Runs and expects success; returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "stepwell {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        serde_json::from_str(&self.ok(&all)).unwrap()
+    }
+
+    /// Runs and expects failure (exit status 1); returns stderr.
+    fn fails(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert_eq!(out.status.code(), Some(1), "stepwell {args:?} should fail");
+        String::from_utf8(out.stderr).unwrap()
+    }
+}
+
+fn ex(name: &str) -> String {
+    example(name).display().to_string()
+}
+
+#[test]
+fn hello_runs_on_the_embedded_default_store() {
+    let cli = Cli::new();
+    let out = cli.ok(&["run", &ex("hello"), "--vars", r#"{"name": "Alice"}"#]);
+    assert!(out.contains("status completed"), "{out}");
+    assert!(
+        out.contains(r#"output: {"message":"Hello, Alice!"}"#),
+        "{out}"
+    );
+    assert!(cli.cwd.path().join(".stepwell/stepwell.sqlite").is_file());
+    assert!(
+        cli.cwd.path().join(".stepwell/cache").is_dir(),
+        "compiled components are cached"
+    );
+    let listed = cli.json(&["list"]);
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn ask_user_is_parked_by_one_process_and_resumed_by_another() {
+    let cli = Cli::new();
+    let parked = cli.json(&["run", &ex("ask-user")]);
+    assert_eq!(parked["status"], "waiting");
+    assert_eq!(parked["waiting"]["prompt"], "What is your name?");
+    let id = parked["run_id"].as_str().unwrap().to_string();
+
+    let waiting = cli.json(&["list", "--status", "waiting", "--wait-reason", "user"]);
+    assert_eq!(waiting[0]["run_id"], id.as_str());
+
+    let err = cli.fails(&[
+        "resume",
+        &id,
+        "--payload",
+        r#"{"text": "Bob"}"#,
+        "--wait-key",
+        "wrong",
+    ]);
+    assert!(err.contains("stale_resume"), "{err}");
+    assert_eq!(
+        cli.json(&["status", &id])["status"],
+        "waiting",
+        "a wrong key changes nothing"
+    );
+
+    let done = cli.json(&["resume", &id, "--payload", r#"{"text": "Bob"}"#]);
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["output"], json!({"greeting": "Hello, Bob!"}));
+
+    let err = cli.fails(&["resume", &id, "--payload", r#"{"text": "Eve"}"#]);
+    assert!(
+        err.contains("stale_resume") && err.contains("Run is not waiting"),
+        "{err}"
+    );
+
+    let ledger = cli.json(&["ledger", &id]);
+    let statuses: Vec<_> = ledger
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["started", "waiting", "completed", "completed"]);
+    let text = cli.ok(&["ledger", &id]);
+    assert_eq!(text.lines().count(), 4, "{text}");
+}
+
+#[test]
+fn the_database_can_be_chosen_by_flag_or_environment() {
+    let cli = Cli::new();
+    let db = cli.cwd.path().join("elsewhere/x.sqlite");
+    cli.ok(&["--db", db.to_str().unwrap(), "run", &ex("hello")]);
+    assert!(db.is_file());
+    let env_db = cli.cwd.path().join("env.sqlite");
+    let out = cli
+        .cmd(&["run", &ex("hello"), "--json"])
+        .env("STEPWELL_DB", &env_db)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(env_db.is_file());
+    assert!(!cli.cwd.path().join(".stepwell/stepwell.sqlite").exists());
+}
+
+#[test]
+fn errors_are_typed_and_name_what_is_wrong() {
+    let cli = Cli::new();
+    let bad = cli.cwd.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(
+        bad.join("flow.json"),
+        r#"{"workflow_id": "bad", "entry": "a", "nodes": {"a": {"complete": 1, "next": "zz"}}}"#,
+    )
+    .unwrap();
+    let err = cli.fails(&["run", bad.to_str().unwrap()]);
+    assert!(
+        err.contains("invalid_definition")
+            && err.contains("bad/flow.json")
+            && err.contains("nodes.a"),
+        "{err}"
+    );
+    assert!(
+        cli.json(&["list"]).as_array().unwrap().is_empty(),
+        "nothing was started"
+    );
+
+    let err = cli.fails(&["resume", "no-such-run", "--payload", "{}"]);
+    assert!(err.contains("run_not_found"), "{err}");
+    let err = cli.fails(&["run", &ex("hello"), "--vars", "[1]"]);
+    assert!(
+        err.contains("invalid_input: --vars: must be a JSON object"),
+        "{err}"
+    );
+    let err = cli.fails(&["status", "nope", "--json"]);
+    let v: Value = serde_json::from_str(err.trim()).unwrap();
+    assert_eq!(v["error"]["code"], "run_not_found");
+}
+
+#[test]
+fn drive_resumes_a_due_wait() {
+    let cli = Cli::new();
+    let parked = cli.json(&["run", &ex("wait-until"), "--vars", r#"{"seconds": 0.3}"#]);
+    assert_eq!(parked["status"], "waiting");
+    assert_eq!(parked["waiting"]["reason"], "until");
+    let id = parked["run_id"].as_str().unwrap().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let report = cli.json(&["drive", "--once"]);
+    assert_eq!(report["due_resumed"], json!([id]));
+    let done = cli.json(&["status", &id]);
+    assert_eq!(done["output"], json!({"ok": true}));
+}
+
+#[test]
+fn subworkflows_events_and_the_python_node_work_from_the_cli() {
+    let cli = Cli::new();
+    let sub = cli.json(&["run", &ex("subworkflow"), "--vars", r#"{"text": "hey"}"#]);
+    assert_eq!(sub["output"], json!({"shouted": "HEY"}));
+
+    let waiter = cli.json(&["run", &ex("event")]);
+    assert_eq!(waiter["waiting"]["wait_key"], "order.paid");
+    let emitted = cli.json(&[
+        "run",
+        &ex("event"),
+        "--workflow",
+        "event.emitter",
+        "--vars",
+        r#"{"payload": {"order": 7}}"#,
+    ]);
+    assert_eq!(emitted["output"]["delivered"], 1);
+    let resumed = cli.json(&["status", waiter["run_id"].as_str().unwrap()]);
+    assert_eq!(resumed["output"], json!({"received": {"order": 7}}));
+
+    let py = cli.json(&["run", &ex("hello-py"), "--vars", r#"{"name": "Ada"}"#]);
+    assert_eq!(
+        py["output"],
+        json!({"message": "Hello, Ada!", "language": "python"})
+    );
+}
+
+#[test]
+fn the_runaway_example_fails_within_the_time_limit() {
+    let cli = Cli::new();
+    let t = std::time::Instant::now();
+    let run = cli.json(&["--guest-time-ms", "300", "run", &ex("runaway")]);
+    assert_eq!(run["status"], "failed");
+    assert!(
+        run["error"].as_str().unwrap().starts_with("guest_timeout"),
+        "{run}"
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(10));
+    // The store is fine afterwards.
+    assert_eq!(cli.json(&["run", &ex("hello")])["status"], "completed");
+}
+
+#[test]
+fn bench_prints_the_four_figures() {
+    let cli = Cli::new();
+    let flows: &Path = &stepwell_tests::repo().join("flows");
+    let figures = cli.json(&["bench", "--quick", "--flows", flows.to_str().unwrap()]);
+    for key in [
+        "node_dispatch_us_p50",
+        "chain_steps_per_s_memory",
+        "chain_steps_per_s_sqlite",
+        "ask_resume_cycles_per_s_sqlite",
+    ] {
+        let v = figures[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing in {figures}"));
+        assert!(v > 0.0, "{key} = {v}");
+    }
+}

@@ -1,0 +1,855 @@
+//! The durable step loop through the library API, on every store: start,
+//! tick, resume (at most once), waits, events, subworkflows, cancel, and the
+//! crash-ordering law.
+
+use std::sync::{Arc, Barrier};
+
+use serde_json::{json, Value};
+use stepwell::{
+    Error, MemoryStore, RunQuery, RunState, RunStatus, Runtime, StartOptions, StepRecord,
+    StepStatus, Store, StoreError, WaitReason,
+};
+use stepwell_tests::{component, manual_clock, store_tests, vars, Backend, Host};
+
+fn start(h: &Host, wf: &str, v: Value) -> String {
+    h.rt.start(
+        wf,
+        StartOptions {
+            vars: vars(v),
+            ..StartOptions::default()
+        },
+    )
+    .expect("start")
+}
+
+fn statuses(records: &[StepRecord]) -> Vec<&'static str> {
+    records.iter().map(|r| r.status.as_str()).collect()
+}
+
+fn hello_completes_with_greeting(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load("hello");
+    let id = start(&h, &wf, json!({"name": "Alice"}));
+    assert_eq!(h.rt.get_state(&id).unwrap().status, RunStatus::Running);
+    let state = h.rt.tick(&id).unwrap();
+    assert_eq!(state.status, RunStatus::Completed);
+    assert_eq!(state.output, Some(json!({"message": "Hello, Alice!"})));
+    assert_eq!(
+        h.rt.get_state(&id).unwrap(),
+        state,
+        "the returned state is the saved one"
+    );
+    let ledger = h.rt.get_ledger(&id).unwrap();
+    assert_eq!(statuses(&ledger), ["completed"]);
+    assert_eq!(ledger[0].node_id.as_deref(), Some("greet"));
+    // Ticking an ended run changes nothing.
+    assert_eq!(h.rt.tick(&id).unwrap(), state);
+    assert_eq!(h.rt.get_ledger(&id).unwrap().len(), 1);
+}
+
+fn limits_are_set_at_start(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load("hello");
+    let id = start(&h, &wf, json!({}));
+    let limits = h.rt.get_state(&id).unwrap().vars["_limits"].clone();
+    for key in [
+        "max_iterations",
+        "current_iteration",
+        "max_tokens",
+        "max_output_tokens",
+        "max_input_tokens",
+        "estimated_tokens_used",
+        "max_history_messages",
+        "warn_iterations_pct",
+        "warn_tokens_pct",
+    ] {
+        assert!(
+            limits.get(key).is_some(),
+            "_limits.{key} missing in {limits}"
+        );
+    }
+    assert_eq!(limits["max_iterations"], json!(20));
+    // Caller-provided limits are kept.
+    let id = start(&h, &wf, json!({"_limits": {"max_iterations": 3}}));
+    assert_eq!(
+        h.rt.get_state(&id).unwrap().vars["_limits"],
+        json!({"max_iterations": 3})
+    );
+}
+
+fn ask_user_parks_and_resume_completes(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load("ask-user");
+    let id = start(&h, &wf, json!({}));
+    let parked = h.rt.tick(&id).unwrap();
+    assert_eq!(parked.status, RunStatus::Waiting);
+    let wait = parked.waiting.clone().unwrap();
+    assert_eq!(wait.reason, WaitReason::User);
+    assert_eq!(wait.prompt.as_deref(), Some("What is your name?"));
+    assert_eq!(wait.result_key.as_deref(), Some("user_input"));
+    assert_eq!(wait.resume_to_node.as_deref(), Some("greet"));
+    assert_eq!(parked.current_node.as_deref(), Some("ask"));
+    assert_eq!(h.rt.get_state(&id).unwrap(), parked);
+    // A tick of a parked run changes nothing.
+    assert_eq!(h.rt.tick(&id).unwrap(), parked);
+
+    let done =
+        h.rt.resume(&id, &wait.wait_key, json!({"text": "Bob"}))
+            .unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(done.output, Some(json!({"greeting": "Hello, Bob!"})));
+    assert_eq!(done.vars["user_input"], json!({"text": "Bob"}));
+    assert!(done.waiting.is_none());
+    let ledger = h.rt.get_ledger(&id).unwrap();
+    assert_eq!(
+        statuses(&ledger),
+        ["started", "waiting", "completed", "completed"]
+    );
+    assert_eq!(ledger[0].effect.as_ref().unwrap().kind, "ask_user");
+    assert_eq!(ledger[0].idempotency_key, ledger[1].idempotency_key);
+    assert!(ledger[0].idempotency_key.is_some());
+    assert_eq!(
+        ledger[2].result.as_ref().unwrap()["resumed"]["payload"],
+        json!({"text": "Bob"})
+    );
+    assert_eq!(ledger[3].node_id.as_deref(), Some("greet"));
+}
+
+fn a_second_resume_is_stale_and_changes_nothing(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load("ask-user");
+    let id = start(&h, &wf, json!({}));
+    let key = h.rt.tick(&id).unwrap().waiting.unwrap().wait_key;
+    h.rt.resume(&id, &key, json!({"text": "Bob"})).unwrap();
+    let before = (h.rt.get_state(&id).unwrap(), h.rt.get_ledger(&id).unwrap());
+    match h.rt.resume(&id, &key, json!({"text": "Eve"})) {
+        Err(e @ Error::StaleResume { .. }) => {
+            assert_eq!(e.reason_code(), "stale_resume");
+            assert!(e.to_string().contains("Run is not waiting"), "{e}");
+        }
+        other => panic!("expected a stale resume, got {other:?}"),
+    }
+    assert_eq!(
+        (h.rt.get_state(&id).unwrap(), h.rt.get_ledger(&id).unwrap()),
+        before
+    );
+}
+
+fn a_wrong_wait_key_is_refused_and_changes_nothing(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load("ask-user");
+    let id = start(&h, &wf, json!({}));
+    let parked = h.rt.tick(&id).unwrap();
+    let ledger = h.rt.get_ledger(&id).unwrap();
+    let err =
+        h.rt.resume(&id, "not-the-key", json!({"text": "Bob"}))
+            .unwrap_err();
+    assert!(matches!(err, Error::StaleResume { .. }), "{err:?}");
+    assert!(err.to_string().contains("not-the-key"), "{err}");
+    assert_eq!(h.rt.get_state(&id).unwrap(), parked);
+    assert_eq!(h.rt.get_ledger(&id).unwrap(), ledger);
+}
+
+fn unknown_runs_are_not_found(b: Backend) {
+    let h = Host::new(b);
+    h.load("ask-user");
+    for err in [
+        h.rt.resume("nope", "k", json!({})).unwrap_err(),
+        h.rt.tick("nope").unwrap_err(),
+        h.rt.get_state("nope").unwrap_err(),
+        h.rt.get_ledger("nope").unwrap_err(),
+        h.rt.cancel_run("nope", None).unwrap_err(),
+    ] {
+        assert!(matches!(err, Error::RunNotFound { .. }), "{err:?}");
+        assert_eq!(err.reason_code(), "run_not_found");
+    }
+    assert!(h.rt.list_runs(&RunQuery::default()).unwrap().is_empty());
+}
+
+fn concurrent_resumes_of_one_wait_succeed_once(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load("ask-user");
+    let id = start(&h, &wf, json!({}));
+    let key = h.rt.tick(&id).unwrap().waiting.unwrap().wait_key;
+    let n = 8;
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let (rt, id, key, barrier) = (h.rt.clone(), id.clone(), key.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                rt.resume(&id, &key, json!({"text": format!("caller {i}")}))
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|t| t.join().unwrap()).collect();
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    let stale = results
+        .iter()
+        .filter(|r| matches!(r, Err(Error::StaleResume { .. })))
+        .count();
+    assert_eq!((ok, stale), (1, n - 1), "{results:?}");
+    let ledger = h.rt.get_ledger(&id).unwrap();
+    let greets = ledger
+        .iter()
+        .filter(|r| r.node_id.as_deref() == Some("greet"))
+        .count();
+    assert_eq!(greets, 1, "the resumed node ran exactly once");
+}
+
+fn wait_until_is_resumed_by_the_driver_when_due(b: Backend) {
+    let clock = manual_clock();
+    let h = Host::with_clock(b, clock.clone());
+    let wf = h.load("wait-until");
+    let id = start(&h, &wf, json!({"seconds": 60}));
+    let parked = h.rt.tick(&id).unwrap();
+    assert_eq!(parked.status, RunStatus::Waiting);
+    let wait = parked.waiting.unwrap();
+    assert_eq!(wait.reason, WaitReason::Until);
+    assert_eq!(wait.until.as_deref(), Some("2026-11-30T09:01:00.000000Z"));
+
+    clock.advance(chrono::Duration::seconds(59));
+    let report = h.rt.drive_once().unwrap();
+    assert!(report.due_resumed.is_empty(), "{report:?}");
+    assert_eq!(h.rt.get_state(&id).unwrap().status, RunStatus::Waiting);
+
+    clock.advance(chrono::Duration::seconds(1));
+    let report = h.rt.drive_once().unwrap();
+    assert_eq!(report.due_resumed, vec![id.clone()]);
+    let done = h.rt.get_state(&id).unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(done.output, Some(json!({"ok": true})));
+    // The default of 2 seconds.
+    let id = start(&h, &wf, json!({}));
+    let until = h.rt.tick(&id).unwrap().waiting.unwrap().until.unwrap();
+    assert_eq!(until, "2026-11-30T09:01:02.000000Z");
+    clock.advance(chrono::Duration::seconds(2));
+    assert_eq!(
+        h.rt.tick(&id).unwrap().status,
+        RunStatus::Completed,
+        "a tick resolves a due wait"
+    );
+}
+
+fn deadline_flow() -> Value {
+    json!({
+        "workflow_id": "deadline",
+        "entry": "wait",
+        "nodes": {
+            "wait": {
+                "effect": "wait_event",
+                "payload": {"wait_key": {"$var": "key"}, "until": {"$var": "deadline"}},
+                "result_key": "event",
+                "next": "done"
+            },
+            "done": {"complete": {"$var": "event"}}
+        }
+    })
+}
+
+fn an_event_wait_times_out_at_its_deadline(b: Backend) {
+    let clock = manual_clock();
+    let h = Host::with_clock(b, clock.clone());
+    let wf = h.load_scratch("deadline", &[("flow.json", deadline_flow())]);
+    let id = start(
+        &h,
+        &wf,
+        json!({"key": "k1", "deadline": "2026-11-30T10:30:00+01:00"}),
+    );
+    let parked = h.rt.tick(&id).unwrap();
+    let wait = parked.waiting.unwrap();
+    assert_eq!(
+        (wait.reason, wait.wait_key.as_str()),
+        (WaitReason::Event, "k1")
+    );
+    assert_eq!(
+        wait.until.as_deref(),
+        Some("2026-11-30T09:30:00.000000Z"),
+        "normalised to UTC"
+    );
+    clock.advance(chrono::Duration::minutes(29));
+    assert!(h.rt.drive_once().unwrap().due_resumed.is_empty());
+    clock.advance(chrono::Duration::minutes(1));
+    let report = h.rt.drive_once().unwrap();
+    assert_eq!(report.due_resumed, vec![id.clone()]);
+    let done = h.rt.get_state(&id).unwrap();
+    assert_eq!(done.output, Some(json!({"timed_out": true})));
+
+    // A deadline already past resolves at once, without parking.
+    let id = start(
+        &h,
+        &wf,
+        json!({"key": "k0", "deadline": "2026-11-30T09:00:00Z"}),
+    );
+    assert_eq!(
+        h.rt.tick(&id).unwrap().output,
+        Some(json!({"timed_out": true}))
+    );
+
+    // An event before the deadline wins.
+    let id = start(
+        &h,
+        &wf,
+        json!({"key": "k2", "deadline": "2026-11-30T10:30:00Z"}),
+    );
+    h.rt.tick(&id).unwrap();
+    let done = h.rt.resume(&id, "k2", json!({"paid": true})).unwrap();
+    assert_eq!(done.output, Some(json!({"paid": true})));
+    clock.advance(chrono::Duration::hours(1));
+    assert!(h.rt.drive_once().unwrap().due_resumed.is_empty());
+}
+
+fn emit_event_resumes_every_waiting_run(b: Backend) {
+    let h = Host::new(b);
+    let waiter = h.load("event");
+    let a = start(&h, &waiter, json!({}));
+    let c = start(&h, &waiter, json!({}));
+    for id in [&a, &c] {
+        let w = h.rt.tick(id).unwrap().waiting.unwrap();
+        assert_eq!(
+            (w.reason, w.wait_key.as_str()),
+            (WaitReason::Event, "order.paid")
+        );
+        assert_eq!(w.details, Some(json!({"kind": "order"})));
+    }
+    let waiting =
+        h.rt.list_runs(&RunQuery {
+            status: Some(RunStatus::Waiting),
+            wait_reason: Some(WaitReason::Event),
+            ..RunQuery::default()
+        })
+        .unwrap();
+    assert_eq!(waiting.len(), 2);
+
+    let emitter = start(&h, "event.emitter", json!({"payload": {"order": 42}}));
+    let out = h.rt.tick(&emitter).unwrap();
+    assert_eq!(out.status, RunStatus::Completed);
+    assert_eq!(out.output.as_ref().unwrap()["delivered"], json!(2));
+    for id in [&a, &c] {
+        let s = h.rt.get_state(id).unwrap();
+        assert_eq!(s.status, RunStatus::Completed);
+        assert_eq!(s.output, Some(json!({"received": {"order": 42}})));
+    }
+    // Nobody is listening any more.
+    let again = start(&h, "event.emitter", json!({"payload": 1}));
+    assert_eq!(
+        h.rt.tick(&again).unwrap().output.unwrap()["delivered"],
+        json!(0)
+    );
+}
+
+fn a_sync_subworkflow_completes_with_the_child_output(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load("subworkflow");
+    let id = start(&h, &wf, json!({"text": "hi"}));
+    let done = h.rt.tick(&id).unwrap();
+    assert_eq!(done.status, RunStatus::Completed, "{:?}", done.error);
+    assert_eq!(done.output, Some(json!({"shouted": "HI"})));
+    let child_id = done.vars["child"]["sub_run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let child = h.rt.get_state(&child_id).unwrap();
+    assert_eq!(child.parent_run_id.as_deref(), Some(id.as_str()));
+    assert_eq!(child.workflow_id, "subworkflow.child");
+    assert_eq!(child.status, RunStatus::Completed);
+    let children =
+        h.rt.list_runs(&RunQuery {
+            parent_run_id: Some(id.clone()),
+            ..RunQuery::default()
+        })
+        .unwrap();
+    assert_eq!(children.len(), 1);
+}
+
+fn explicit_child_ids_are_created_once_and_identity_checked(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load("subworkflow");
+    let p1 = start(&h, &wf, json!({"text": "one", "child_run_id": "child-1"}));
+    let done = h.rt.tick(&p1).unwrap();
+    assert_eq!(done.output, Some(json!({"shouted": "ONE"})));
+    let child = h.rt.get_state("child-1").unwrap();
+    assert_eq!(child.parent_run_id.as_deref(), Some(p1.as_str()));
+
+    // Another parent asking for the same child id: a different identity.
+    let p2 = start(&h, &wf, json!({"text": "two", "child_run_id": "child-1"}));
+    let failed = h.rt.tick(&p2).unwrap();
+    assert_eq!(failed.status, RunStatus::Failed);
+    let error = failed.error.unwrap();
+    assert!(error.starts_with("identity_conflict"), "{error}");
+    assert!(error.contains("parent_run_id"), "{error}");
+    assert_eq!(
+        h.rt.get_state("child-1").unwrap(),
+        child,
+        "the existing child is untouched"
+    );
+
+    // The same identity through the API returns the existing run untouched.
+    let same =
+        h.rt.start(
+            "subworkflow.child",
+            StartOptions {
+                vars: vars(json!({"text": "ignored"})),
+                run_id: Some("child-1".into()),
+                parent_run_id: Some(p1.clone()),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(same, "child-1");
+    assert_eq!(h.rt.get_state("child-1").unwrap(), child);
+    // A different workflow under that id is a conflict.
+    let err =
+        h.rt.start(
+            "subworkflow",
+            StartOptions {
+                run_id: Some("child-1".into()),
+                parent_run_id: Some(p1.clone()),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::IdentityConflict { field, .. } if field == "workflow_id"),
+        "{err:?}"
+    );
+    assert_eq!(err.reason_code(), "identity_conflict");
+    // The host's bookkeeping cannot be seeded by a caller.
+    let err =
+        h.rt.start(
+            "subworkflow",
+            StartOptions {
+                vars: vars(json!({"_runtime": {"effect_seq": 99}})),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidInput { field, .. } if field == "vars._runtime"),
+        "{err:?}"
+    );
+    // Malformed explicit ids are refused before anything is written.
+    let err =
+        h.rt.start(
+            "subworkflow",
+            StartOptions {
+                run_id: Some("no spaces/allowed".into()),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidInput { field, .. } if field == "run_id"),
+        "{err:?}"
+    );
+}
+
+fn async_flows() -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "flow.json",
+            json!({
+                "workflow_id": "parent",
+                "entry": "start",
+                "nodes": {
+                    "start": {
+                        "effect": "start_subworkflow",
+                        "payload": {"workflow_id": "asker", "async": true, "wait": {"$var": "wait"}},
+                        "result_key": "child",
+                        "next": "done"
+                    },
+                    "done": {"complete": {"$var": "child"}}
+                }
+            }),
+        ),
+        (
+            "asker.flow.json",
+            json!({
+                "workflow_id": "asker",
+                "entry": "ask",
+                "nodes": {
+                    "ask": {
+                        "effect": "ask_user",
+                        "payload": {"prompt": "Go?", "wait_key": "go"},
+                        "result_key": "answer",
+                        "next": "done"
+                    },
+                    "done": {"complete": {"answer": {"$var": "answer.text"}}}
+                }
+            }),
+        ),
+    ]
+}
+
+fn an_async_child_resumes_its_waiting_parent_through_the_driver(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load_scratch("async", &async_flows());
+    let parent = start(&h, &wf, json!({"wait": true}));
+    let parked = h.rt.tick(&parent).unwrap();
+    let wait = parked.waiting.unwrap();
+    assert_eq!(wait.reason, WaitReason::Subworkflow);
+    let child = wait.details.unwrap()["sub_run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(wait.wait_key, format!("subworkflow:{child}"));
+    assert_eq!(
+        h.rt.get_state(&child).unwrap().status,
+        RunStatus::Running,
+        "async: not ticked by the parent"
+    );
+
+    let report = h.rt.drive_once().unwrap();
+    assert_eq!(report.ticked, vec![child.clone()]);
+    assert_eq!(h.rt.get_state(&child).unwrap().status, RunStatus::Waiting);
+    assert!(report.parents_resumed.is_empty());
+
+    h.rt.resume(&child, "go", json!({"text": "yes"})).unwrap();
+    let report = h.rt.drive_once().unwrap();
+    assert_eq!(report.parents_resumed, vec![parent.clone()]);
+    let done = h.rt.get_state(&parent).unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(
+        done.output,
+        Some(json!({"sub_run_id": child, "output": {"answer": "yes"}}))
+    );
+}
+
+fn a_cancelled_child_fails_its_waiting_parent(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load_scratch("async", &async_flows());
+    let parent = start(&h, &wf, json!({"wait": true}));
+    let wait = h.rt.tick(&parent).unwrap().waiting.unwrap();
+    let child = wait.details.unwrap()["sub_run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    h.rt.cancel_run(&child, Some("not needed")).unwrap();
+    let report = h.rt.drive_once().unwrap();
+    assert_eq!(report.parents_resumed, vec![parent.clone()]);
+    let failed = h.rt.get_state(&parent).unwrap();
+    assert_eq!(failed.status, RunStatus::Failed);
+    assert!(failed.error.unwrap().starts_with("subworkflow_failed"));
+    assert_eq!(
+        h.rt.get_ledger(&parent).unwrap().last().unwrap().status,
+        StepStatus::Failed
+    );
+}
+
+fn a_fire_and_forget_child_runs_on_its_own(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load_scratch("async", &async_flows());
+    let parent = start(&h, &wf, json!({"wait": false}));
+    let done = h.rt.tick(&parent).unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    let child = done.output.unwrap()["sub_run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(h.rt.get_state(&child).unwrap().status, RunStatus::Running);
+    h.rt.drive_once().unwrap();
+    assert_eq!(h.rt.get_state(&child).unwrap().status, RunStatus::Waiting);
+}
+
+fn vars_query_and_answer_user_complete_at_once(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load_scratch(
+        "misc",
+        &[(
+            "flow.json",
+            json!({
+                "workflow_id": "misc",
+                "entry": "tell",
+                "nodes": {
+                    "tell": {"effect": "answer_user", "payload": {"message": "working on it"}, "result_key": "told", "next": "one"},
+                    "one": {"effect": "vars_query", "payload": {"path": "deep.x.1"}, "result_key": "q1", "next": "many"},
+                    "many": {"effect": "vars_query", "payload": {"paths": ["deep.x", "missing"]}, "result_key": "q2", "next": "done"},
+                    "done": {"complete": {"told": {"$var": "told"}, "q1": {"$var": "q1"}, "q2": {"$var": "q2"}}}
+                }
+            }),
+        )],
+    );
+    let id = start(&h, &wf, json!({"deep": {"x": [1, 2]}}));
+    let done = h.rt.tick(&id).unwrap();
+    assert_eq!(
+        done.output,
+        Some(
+            json!({"told": {"message": "working on it"}, "q1": 2, "q2": {"deep.x": [1, 2], "missing": null}})
+        )
+    );
+    assert_eq!(done.vars["_runtime"]["effect_seq"], json!(3));
+    let kinds: Vec<_> =
+        h.rt.get_ledger(&id)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.status == StepStatus::Completed)
+            .filter_map(|r| r.effect.map(|e| e.kind))
+            .collect();
+    assert_eq!(kinds, ["answer_user", "vars_query", "vars_query"]);
+}
+
+fn an_invalid_effect_payload_fails_the_run_naming_the_field(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load_scratch(
+        "bad-effect",
+        &[(
+            "flow.json",
+            json!({"workflow_id": "bad-effect", "entry": "ask",
+                   "nodes": {"ask": {"effect": "ask_user", "payload": {"question": "?"}}}}),
+        )],
+    );
+    let id = start(&h, &wf, json!({}));
+    let failed = h.rt.tick(&id).unwrap();
+    assert_eq!(failed.status, RunStatus::Failed);
+    assert_eq!(
+        failed.error.as_deref(),
+        Some("invalid_effect: ask_user.payload.prompt: is required")
+    );
+    assert_eq!(
+        statuses(&h.rt.get_ledger(&id).unwrap()),
+        ["started", "failed"]
+    );
+
+    let wf = h.load_scratch(
+        "bad-async",
+        &[(
+            "flow.json",
+            json!({"workflow_id": "bad-async", "entry": "go",
+                   "nodes": {"go": {"effect": "start_subworkflow", "payload": {"workflow_id": "bad-async", "async": "yes"}}}}),
+        )],
+    );
+    let id = start(&h, &wf, json!({}));
+    let failed = h.rt.tick(&id).unwrap();
+    assert_eq!(
+        failed.error.as_deref(),
+        Some("invalid_effect: start_subworkflow.payload.async: must be a boolean")
+    );
+    assert!(h
+        .rt
+        .list_runs(&RunQuery {
+            parent_run_id: Some(id),
+            ..RunQuery::default()
+        })
+        .unwrap()
+        .is_empty());
+}
+
+fn cancel_stops_a_waiting_run(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load("ask-user");
+    let id = start(&h, &wf, json!({}));
+    let key = h.rt.tick(&id).unwrap().waiting.unwrap().wait_key;
+    let cancelled = h.rt.cancel_run(&id, Some("changed my mind")).unwrap();
+    assert_eq!(cancelled.status, RunStatus::Cancelled);
+    assert_eq!(
+        cancelled.error.as_deref(),
+        Some("cancelled: changed my mind")
+    );
+    assert_eq!(
+        h.rt.get_ledger(&id).unwrap().last().unwrap().status,
+        StepStatus::Cancelled
+    );
+    assert!(matches!(
+        h.rt.resume(&id, &key, json!({})),
+        Err(Error::StaleResume { .. })
+    ));
+    // Cancelling again returns the ended run unchanged.
+    assert_eq!(h.rt.cancel_run(&id, None).unwrap(), cancelled);
+}
+
+fn routes(b: Backend, with_route: bool) -> RunState {
+    let h = Host::new(b);
+    let hostile = component("runaway/hostile.wasm");
+    let mut spin = json!({"component": hostile, "config": {"mode": "unknown_next"}});
+    if with_route {
+        spin["routes"] = json!({"nowhere": "end"});
+    }
+    let wf = h.load_scratch(
+        "routes",
+        &[(
+            "flow.json",
+            json!({"workflow_id": "routes", "entry": "spin",
+                   "nodes": {"spin": spin, "end": {"complete": "routed"}}}),
+        )],
+    );
+    let id = start(&h, &wf, json!({}));
+    h.rt.tick(&id).unwrap()
+}
+
+fn route_labels_map_to_nodes(b: Backend) {
+    let done = routes(b, true);
+    assert_eq!(done.output, Some(json!("routed")));
+    let failed = routes(b, false);
+    assert_eq!(failed.status, RunStatus::Failed);
+    let error = failed.error.unwrap();
+    assert!(
+        error.starts_with("guest_bad_output") && error.contains("\"nowhere\""),
+        "{error}"
+    );
+}
+
+fn list_filters_by_status_and_wait_reason(b: Backend) {
+    let h = Host::new(b);
+    let hello = h.load("hello");
+    let ask = h.load("ask-user");
+    let done = start(&h, &hello, json!({}));
+    h.rt.tick(&done).unwrap();
+    let parked = start(&h, &ask, json!({}));
+    h.rt.tick(&parked).unwrap();
+    let fresh = start(&h, &hello, json!({}));
+    let ids = |q: RunQuery| -> Vec<String> {
+        h.rt.list_runs(&q)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect()
+    };
+    assert_eq!(
+        ids(RunQuery::default()),
+        vec![done.clone(), parked.clone(), fresh.clone()]
+    );
+    assert_eq!(
+        ids(RunQuery {
+            status: Some(RunStatus::Completed),
+            ..Default::default()
+        }),
+        vec![done.clone()]
+    );
+    assert_eq!(
+        ids(RunQuery {
+            status: Some(RunStatus::Running),
+            ..Default::default()
+        }),
+        vec![fresh.clone()]
+    );
+    assert_eq!(
+        ids(RunQuery {
+            wait_reason: Some(WaitReason::User),
+            ..Default::default()
+        }),
+        vec![parked.clone()]
+    );
+    assert!(ids(RunQuery {
+        wait_reason: Some(WaitReason::Event),
+        ..Default::default()
+    })
+    .is_empty());
+    assert_eq!(
+        ids(RunQuery {
+            workflow_id: Some(hello.clone()),
+            limit: Some(1),
+            ..Default::default()
+        }),
+        vec![done]
+    );
+}
+
+store_tests!(
+    hello_completes_with_greeting,
+    limits_are_set_at_start,
+    ask_user_parks_and_resume_completes,
+    a_second_resume_is_stale_and_changes_nothing,
+    a_wrong_wait_key_is_refused_and_changes_nothing,
+    unknown_runs_are_not_found,
+    concurrent_resumes_of_one_wait_succeed_once,
+    wait_until_is_resumed_by_the_driver_when_due,
+    an_event_wait_times_out_at_its_deadline,
+    emit_event_resumes_every_waiting_run,
+    a_sync_subworkflow_completes_with_the_child_output,
+    explicit_child_ids_are_created_once_and_identity_checked,
+    an_async_child_resumes_its_waiting_parent_through_the_driver,
+    a_cancelled_child_fails_its_waiting_parent,
+    a_fire_and_forget_child_runs_on_its_own,
+    vars_query_and_answer_user_complete_at_once,
+    an_invalid_effect_payload_fails_the_run_naming_the_field,
+    cancel_stops_a_waiting_run,
+    route_labels_map_to_nodes,
+    list_filters_by_status_and_wait_reason,
+);
+
+/// A store whose run saves fail on demand: a crash between the ledger append
+/// and the save of a transition.
+struct SaveFails {
+    inner: MemoryStore,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl Store for SaveFails {
+    fn load_run(&self, id: &str) -> Result<Option<RunState>, StoreError> {
+        self.inner.load_run(id)
+    }
+    fn save_run(&self, run: &RunState) -> Result<(), StoreError> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::io("injected: the process died before the save"));
+        }
+        self.inner.save_run(run)
+    }
+    fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
+        self.inner.create_if_absent(run)
+    }
+    fn list_runs(&self, q: &RunQuery) -> Result<Vec<RunState>, StoreError> {
+        self.inner.list_runs(q)
+    }
+    fn list_due_waits(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<RunState>, StoreError> {
+        self.inner.list_due_waits(now)
+    }
+    fn append_records(&self, r: &[StepRecord]) -> Result<(), StoreError> {
+        self.inner.append_records(r)
+    }
+    fn list_records(&self, id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.inner.list_records(id)
+    }
+    fn put_bundle(&self, w: &str, d: &std::path::Path) -> Result<(), StoreError> {
+        self.inner.put_bundle(w, d)
+    }
+    fn bundle_dir(&self, w: &str) -> Result<Option<std::path::PathBuf>, StoreError> {
+        self.inner.bundle_dir(w)
+    }
+}
+
+#[test]
+fn a_crash_between_append_and_save_leaves_the_ledger_ahead_and_replay_converges() {
+    let store = Arc::new(SaveFails {
+        inner: MemoryStore::new(),
+        fail: false.into(),
+    });
+    let rt = Runtime::builder(store.clone())
+        .engine(stepwell_tests::engine())
+        .build()
+        .unwrap();
+    let wf = rt
+        .load_bundle(&stepwell_tests::example("ask-user"))
+        .unwrap()
+        .main_workflow_id;
+    let id = rt.start(&wf, StartOptions::default()).unwrap();
+    let key = rt.tick(&id).unwrap().waiting.unwrap().wait_key;
+
+    store.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = rt.resume(&id, &key, json!({"text": "Bob"})).unwrap_err();
+    assert_eq!(err.reason_code(), "store_io");
+    // The evidence is ahead of the truth: the resume record is in the
+    // ledger, the saved state still waits.
+    let state = rt.get_state(&id).unwrap();
+    assert_eq!(state.status, RunStatus::Waiting);
+    let ledger = rt.get_ledger(&id).unwrap();
+    assert_eq!(statuses(&ledger), ["started", "waiting", "completed"]);
+
+    // "Restart": the same resume is accepted again and the run converges to
+    // the output of an uninterrupted run.
+    store.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    let done = rt.resume(&id, &key, json!({"text": "Bob"})).unwrap();
+    assert_eq!(done.output, Some(json!({"greeting": "Hello, Bob!"})));
+    let ledger = rt.get_ledger(&id).unwrap();
+    let terminal = ledger
+        .iter()
+        .filter(|r| {
+            r.result
+                .as_ref()
+                .is_some_and(|v| v.get("complete_output").is_some())
+        })
+        .count();
+    assert_eq!(terminal, 1, "the terminal record exactly once");
+}

@@ -1,0 +1,205 @@
+//! Durability across processes: a run parked by one runtime (or process) is
+//! resumed by another on the same SQLite file; compiled components are
+//! cached on disk; a database from a newer schema is refused.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use stepwell::wasm::LoadOrigin;
+use stepwell::{
+    EngineConfig, RunStatus, Runtime, SandboxLimits, SqliteStore, StartOptions, Store, WasmEngine,
+};
+use stepwell_tests::example;
+
+fn runtime_on(path: &std::path::Path, cache: &std::path::Path) -> Runtime {
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(path).unwrap());
+    let engine = WasmEngine::new(EngineConfig {
+        cache_dir: Some(cache.to_path_buf()),
+        limits: SandboxLimits::default(),
+    })
+    .unwrap();
+    Runtime::builder(store).engine(engine).build().unwrap()
+}
+
+#[test]
+fn a_run_parked_before_a_restart_is_resumed_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("stepwell.sqlite");
+    let cache = dir.path().join("cache");
+    let (id, key) = {
+        let rt = runtime_on(&db, &cache);
+        let wf = rt
+            .load_bundle(&example("ask-user"))
+            .unwrap()
+            .main_workflow_id;
+        let id = rt.start(&wf, StartOptions::default()).unwrap();
+        let parked = rt.tick(&id).unwrap();
+        assert_eq!(parked.status, RunStatus::Waiting);
+        (id, parked.waiting.unwrap().wait_key)
+    }; // everything of the first host is dropped here
+
+    // A new host that never loaded the bundle: it finds the workflow through
+    // the store.
+    let rt = runtime_on(&db, &cache);
+    let state = rt.get_state(&id).unwrap();
+    assert_eq!(state.status, RunStatus::Waiting);
+    let done = rt.resume(&id, &key, json!({"text": "Bob"})).unwrap();
+    assert_eq!(done.output, Some(json!({"greeting": "Hello, Bob!"})));
+    assert_eq!(rt.get_ledger(&id).unwrap().len(), 4);
+}
+
+#[test]
+fn compiled_components_are_read_from_the_disk_cache_by_a_second_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let config = EngineConfig {
+        cache_dir: Some(cache.clone()),
+        limits: SandboxLimits::default(),
+    };
+    let greet = example("hello").join("greet.wasm");
+    let first = WasmEngine::new(config.clone())
+        .unwrap()
+        .load_node(&greet)
+        .unwrap();
+    assert_eq!(first.origin(), LoadOrigin::Compiled);
+    let cached: Vec<_> = std::fs::read_dir(&cache).unwrap().collect();
+    assert_eq!(cached.len(), 1, "one compiled file in the cache");
+    let second = WasmEngine::new(config).unwrap().load_node(&greet).unwrap();
+    assert_eq!(second.origin(), LoadOrigin::DiskCache);
+    assert_eq!(first.digest(), second.digest());
+
+    // A corrupted cache file is not trusted: the component is compiled again.
+    let file = std::fs::read_dir(&cache)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::write(&file, b"garbage").unwrap();
+    let third = WasmEngine::new(EngineConfig {
+        cache_dir: Some(cache.clone()),
+        limits: SandboxLimits::default(),
+    })
+    .unwrap()
+    .load_node(&greet)
+    .unwrap();
+    assert_eq!(third.origin(), LoadOrigin::Compiled);
+}
+
+#[test]
+fn a_database_from_a_newer_schema_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("newer.sqlite");
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute_batch("CREATE TABLE future (x); PRAGMA user_version = 99;")
+            .unwrap();
+    }
+    let err = SqliteStore::open(&db).unwrap_err();
+    assert_eq!(err.code, "store_schema");
+    assert!(
+        err.message.contains("newer.sqlite") && err.message.contains("99"),
+        "{err}"
+    );
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 99);
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'runs'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(tables, 0, "nothing was created in it");
+}
+
+#[test]
+fn a_corrupt_run_row_is_reported_with_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.sqlite");
+    let rt = runtime_on(&db, &dir.path().join("cache"));
+    let wf = rt.load_bundle(&example("hello")).unwrap().main_workflow_id;
+    let good = rt.start(&wf, StartOptions::default()).unwrap();
+    let bad = rt.start(&wf, StartOptions::default()).unwrap();
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute("UPDATE runs SET data = '{broken' WHERE run_id = ?1", [&bad])
+            .unwrap();
+    }
+    let err = rt.get_state(&bad).unwrap_err();
+    assert_eq!(err.reason_code(), "store_corrupt");
+    assert!(err.to_string().contains(&bad), "{err}");
+    // The rest of the store stays readable.
+    assert_eq!(rt.tick(&good).unwrap().status, RunStatus::Completed);
+}
+
+#[test]
+fn a_resume_that_cannot_continue_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.sqlite");
+    let cache = dir.path().join("cache");
+    let bundle = dir.path().join("ask-copy");
+    std::fs::create_dir_all(&bundle).unwrap();
+    for f in ["flow.json", "greet.wasm"] {
+        std::fs::copy(example("ask-user").join(f), bundle.join(f)).unwrap();
+    }
+    let waiter = dir.path().join("waiter");
+    std::fs::create_dir_all(&waiter).unwrap();
+    std::fs::write(
+        waiter.join("flow.json"),
+        json!({"workflow_id": "waiter", "entry": "w",
+               "nodes": {"w": {"effect": "wait_event", "payload": {"wait_key": "ping"}}}})
+        .to_string(),
+    )
+    .unwrap();
+    let (asker, listener) = {
+        let rt = runtime_on(&db, &cache);
+        rt.load_bundle(&bundle).unwrap();
+        rt.load_bundle(&waiter).unwrap();
+        let a = rt.start("ask-user", StartOptions::default()).unwrap();
+        rt.tick(&a).unwrap();
+        let w = rt.start("waiter", StartOptions::default()).unwrap();
+        rt.tick(&w).unwrap();
+        (a, w)
+    };
+    // The bundles are gone when a new host comes up.
+    std::fs::remove_dir_all(&bundle).unwrap();
+    std::fs::remove_dir_all(&waiter).unwrap();
+    let rt = runtime_on(&db, &cache);
+    let before = (
+        rt.get_state(&asker).unwrap(),
+        rt.get_ledger(&asker).unwrap(),
+    );
+    let key = before.0.waiting.clone().unwrap().wait_key;
+    let err = rt.resume(&asker, &key, json!({"text": "Bob"})).unwrap_err();
+    assert_eq!(err.reason_code(), "invalid_definition", "{err}");
+    assert!(err.to_string().contains("ask-copy"), "{err}");
+    assert_eq!(
+        (
+            rt.get_state(&asker).unwrap(),
+            rt.get_ledger(&asker).unwrap()
+        ),
+        before
+    );
+
+    // An event for a listener that cannot continue: the listener stays
+    // waiting, and the emitter says so.
+    let emitter = dir.path().join("emitter");
+    std::fs::create_dir_all(&emitter).unwrap();
+    std::fs::write(
+        emitter.join("flow.json"),
+        json!({"workflow_id": "emitter", "entry": "e",
+               "nodes": {"e": {"effect": "emit_event", "payload": {"name": "ping"}}}})
+        .to_string(),
+    )
+    .unwrap();
+    rt.load_bundle(&emitter).unwrap();
+    let e = rt.start("emitter", StartOptions::default()).unwrap();
+    let out = rt.tick(&e).unwrap().output.unwrap();
+    assert_eq!(out["delivered"], json!(0), "{out}");
+    assert_eq!(out["refused"][0]["run_id"], json!(listener), "{out}");
+    assert_eq!(rt.get_state(&listener).unwrap().status, RunStatus::Waiting);
+}

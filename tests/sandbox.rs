@@ -1,0 +1,218 @@
+//! Hostile and broken guests fail only their own run, quickly, with a ledger
+//! record and an error that says which limit or what output; the host keeps
+//! serving every other run.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use stepwell::{RunState, RunStatus, StartOptions, StepStatus};
+use stepwell_tests::{component, strict_engine, Backend, Host};
+
+const TIME_LIMIT: Duration = Duration::from_millis(500);
+const MEMORY_MIB: usize = 64;
+
+fn host(b: Backend) -> Host {
+    Host::with_engine(b, strict_engine(TIME_LIMIT, MEMORY_MIB))
+}
+
+/// Runs the hostile component in `mode` as the only node of a flow.
+fn run_mode(h: &Host, mode: &str) -> RunState {
+    let flow = json!({
+        "workflow_id": format!("hostile-{mode}"),
+        "entry": "node",
+        "nodes": {
+            "node": {"component": component("runaway/hostile.wasm"), "config": {"mode": mode}, "next": "end"},
+            "end": {"complete": "reached the end"}
+        }
+    });
+    let wf = h.load_scratch(&format!("hostile-{mode}"), &[("flow.json", flow)]);
+    let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+    h.rt.tick(&id).unwrap()
+}
+
+fn assert_failed(h: &Host, run: &RunState, code: &str) -> String {
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.error.clone().unwrap();
+    assert!(error.starts_with(code), "expected {code}, got {error}");
+    assert!(
+        error.contains("node node") && error.contains("workflow hostile-"),
+        "names the node and its workflow: {error}"
+    );
+    let ledger = h.rt.get_ledger(&run.run_id).unwrap();
+    let last = ledger.last().unwrap();
+    assert_eq!(last.status, StepStatus::Failed);
+    assert_eq!(last.error.as_ref(), Some(&error));
+    assert_eq!(
+        h.rt.get_state(&run.run_id).unwrap(),
+        *run,
+        "the failure is saved"
+    );
+    error
+}
+
+/// After a hostile guest, the same host still runs a well-behaved flow.
+fn still_serves(h: &Host) {
+    let wf = h.load("hello");
+    let id =
+        h.rt.start(
+            &wf,
+            StartOptions {
+                vars: serde_json::from_value(json!({"name": "after"})).unwrap(),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        h.rt.tick(&id).unwrap().output,
+        Some(json!({"message": "Hello, after!"}))
+    );
+}
+
+fn a_guest_that_never_returns_is_stopped_at_its_time_limit(b: Backend) {
+    let h = host(b);
+    let t = Instant::now();
+    let run = run_mode(&h, "loop");
+    let took = t.elapsed();
+    let error = assert_failed(&h, &run, "guest_timeout");
+    assert!(error.contains("time limit of 500 ms"), "{error}");
+    assert!(took >= TIME_LIMIT, "stopped after {took:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "stopped within seconds, took {took:?}"
+    );
+    still_serves(&h);
+}
+
+fn the_runaway_example_fails_only_its_own_run(b: Backend) {
+    let h = host(b);
+    let wf = h.load("runaway");
+    let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+    let run = h.rt.tick(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(run.error.unwrap().starts_with("guest_timeout"));
+    still_serves(&h);
+}
+
+fn a_guest_that_allocates_without_bound_hits_the_memory_limit(b: Backend) {
+    let h = host(b);
+    let run = run_mode(&h, "alloc");
+    let error = assert_failed(&h, &run, "guest_memory_limit");
+    assert!(error.contains("64 MiB"), "{error}");
+    still_serves(&h);
+}
+
+fn traps_panics_and_stack_overflows_are_reported(b: Backend) {
+    let h = host(b);
+    let error = assert_failed(&h, &run_mode(&h, "trap"), "guest_trap");
+    assert!(error.contains("unreachable"), "{error}");
+    let error = assert_failed(&h, &run_mode(&h, "panic"), "guest_trap");
+    assert!(
+        error.contains("the hostile node panicked on purpose"),
+        "stderr is kept: {error}"
+    );
+    let error = assert_failed(&h, &run_mode(&h, "stack"), "guest_trap");
+    assert!(error.contains("stack"), "{error}");
+    still_serves(&h);
+}
+
+fn output_that_does_not_parse_is_refused(b: Backend) {
+    let h = host(b);
+    let error = assert_failed(&h, &run_mode(&h, "bad_json"), "guest_bad_output");
+    assert!(
+        error.contains("step-plan.complete-output") && error.contains("not JSON"),
+        "{error}"
+    );
+    let error = assert_failed(&h, &run_mode(&h, "bad_vars"), "guest_bad_output");
+    assert!(
+        error.contains("step-plan.vars") && error.contains("an array"),
+        "{error}"
+    );
+    let error = assert_failed(&h, &run_mode(&h, "unknown_next"), "guest_bad_output");
+    assert!(error.contains("nowhere"), "{error}");
+    let error = assert_failed(&h, &run_mode(&h, "no_such_mode"), "node_invalid_input");
+    assert!(error.contains("unknown mode"), "{error}");
+    still_serves(&h);
+}
+
+fn the_sandbox_has_no_filesystem_environment_network_or_clock(b: Backend) {
+    let h = host(b);
+    let flow = json!({
+        "workflow_id": "probe",
+        "entry": "node",
+        "nodes": {"node": {"component": component("runaway/hostile.wasm"), "config": {"mode": "probe"}}}
+    });
+    let wf = h.load_scratch("probe", &[("flow.json", flow)]);
+    std::env::set_var("STEPWELL_SECRET_FOR_TEST", "x");
+    let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+    let run = h.rt.tick(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    let seen: Value = run.output.unwrap();
+    assert_eq!(seen["env_count"], json!(0), "{seen}");
+    assert_eq!(seen["args_count"], json!(0), "{seen}");
+    assert!(
+        seen["fs_root"].as_str().unwrap().starts_with("error"),
+        "{seen}"
+    );
+    assert!(
+        seen["fs_relative"].as_str().unwrap().starts_with("error"),
+        "{seen}"
+    );
+    assert!(seen["net"].as_str().unwrap().starts_with("error"), "{seen}");
+    assert_eq!(
+        seen["clock_unix_secs"],
+        json!(0),
+        "the guest clock reads the epoch: {seen}"
+    );
+}
+
+fn a_runaway_guest_does_not_block_other_runs(b: Backend) {
+    let h = host(b);
+    let wf = h.load("runaway");
+    let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+    let rt = h.rt.clone();
+    let spinner = std::thread::spawn(move || rt.tick(&id).unwrap());
+    // While the runaway spins on one thread, other runs complete here.
+    let t = Instant::now();
+    for _ in 0..20 {
+        still_serves(&h);
+    }
+    assert!(
+        t.elapsed() < TIME_LIMIT,
+        "served while the runaway ran ({:?})",
+        t.elapsed()
+    );
+    let run = spinner.join().unwrap();
+    assert!(run.error.unwrap().starts_with("guest_timeout"));
+}
+
+stepwell_tests::store_tests!(
+    a_guest_that_never_returns_is_stopped_at_its_time_limit,
+    the_runaway_example_fails_only_its_own_run,
+    a_guest_that_allocates_without_bound_hits_the_memory_limit,
+    traps_panics_and_stack_overflows_are_reported,
+    output_that_does_not_parse_is_refused,
+    the_sandbox_has_no_filesystem_environment_network_or_clock,
+    a_runaway_guest_does_not_block_other_runs,
+);
+
+#[test]
+fn a_file_that_is_not_a_component_is_refused_at_load() {
+    let h = host(Backend::Memory);
+    let dir = h.dir.path().join("junk");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("junk.wasm"), b"definitely not wasm").unwrap();
+    std::fs::write(
+        dir.join("flow.json"),
+        json!({"workflow_id": "junk", "entry": "n", "nodes": {"n": {"component": "junk.wasm"}}})
+            .to_string(),
+    )
+    .unwrap();
+    let err = h.rt.load_bundle(&dir).unwrap_err();
+    let msg = err.to_string();
+    assert_eq!(err.reason_code(), "invalid_definition");
+    assert!(
+        msg.contains("flow.json") && msg.contains("nodes.n.component"),
+        "{msg}"
+    );
+    assert!(msg.contains("not a valid WebAssembly component"), "{msg}");
+}
