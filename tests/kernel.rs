@@ -830,19 +830,27 @@ fn a_crash_between_append_and_save_leaves_the_ledger_ahead_and_replay_converges(
     store.fail.store(true, std::sync::atomic::Ordering::SeqCst);
     let err = rt.resume(&id, &key, json!({"text": "Bob"})).unwrap_err();
     assert_eq!(err.reason_code(), "store_io");
-    // The evidence is ahead of the truth: the resume record is in the
-    // ledger, the saved state still waits.
+    // The evidence is ahead of the truth: the resume and the step it led to
+    // are in the ledger, the saved state still waits.
     let state = rt.get_state(&id).unwrap();
     assert_eq!(state.status, RunStatus::Waiting);
-    let ledger = rt.get_ledger(&id).unwrap();
-    assert_eq!(statuses(&ledger), ["started", "waiting", "completed"]);
+    let ahead = rt.get_ledger(&id).unwrap();
+    assert_eq!(
+        statuses(&ahead),
+        ["started", "waiting", "completed", "completed"]
+    );
 
-    // "Restart": the same resume is accepted again and the run converges to
-    // the output of an uninterrupted run.
+    // "Restart": the same resume is accepted again, the run converges to the
+    // output of an uninterrupted run, and the replayed records are not
+    // appended twice (idempotency keys).
     store.fail.store(false, std::sync::atomic::Ordering::SeqCst);
     let done = rt.resume(&id, &key, json!({"text": "Bob"})).unwrap();
     assert_eq!(done.output, Some(json!({"greeting": "Hello, Bob!"})));
     let ledger = rt.get_ledger(&id).unwrap();
+    assert_eq!(
+        statuses(&ledger),
+        ["started", "waiting", "completed", "completed"]
+    );
     let terminal = ledger
         .iter()
         .filter(|r| {
@@ -852,4 +860,49 @@ fn a_crash_between_append_and_save_leaves_the_ledger_ahead_and_replay_converges(
         })
         .count();
     assert_eq!(terminal, 1, "the terminal record exactly once");
+    assert_eq!(
+        ledger[3].idempotency_key.as_deref(),
+        Some(format!("{id}:terminal").as_str())
+    );
+    assert_eq!(
+        ledger[2].idempotency_key, ledger[0].idempotency_key,
+        "a resume completes its effect"
+    );
+}
+
+fn run_starts_and_ticks_in_one_call(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load("ask-user");
+    let parked = h.rt.run(&wf, StartOptions::default()).expect("run");
+    assert_eq!(parked.status, RunStatus::Waiting);
+    assert_eq!(
+        h.rt.get_state(&parked.run_id).unwrap(),
+        parked,
+        "created and saved"
+    );
+    assert_eq!(
+        statuses(&h.rt.get_ledger(&parked.run_id).unwrap()),
+        ["started", "waiting"]
+    );
+    // With an explicit id: create-if-absent, then the same identity again
+    // returns the existing run as it is.
+    let explicit = StartOptions {
+        run_id: Some("named-run".into()),
+        ..StartOptions::default()
+    };
+    let first = h.rt.run(&wf, explicit.clone()).unwrap();
+    assert_eq!(first.run_id, "named-run");
+    assert_eq!(h.rt.run(&wf, explicit).unwrap(), first);
+}
+
+mod run_api {
+    use super::*;
+    #[test]
+    fn memory() {
+        run_starts_and_ticks_in_one_call(Backend::Memory)
+    }
+    #[test]
+    fn sqlite() {
+        run_starts_and_ticks_in_one_call(Backend::Sqlite)
+    }
 }

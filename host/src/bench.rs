@@ -38,7 +38,7 @@ impl Default for BenchOptions {
             flows_dir: PathBuf::from("flows"),
             dispatch_samples: 5_000,
             chain_len: 1_000,
-            chain_repeats: 5,
+            chain_repeats: 25,
             cycles_per_batch: 500,
             cycle_batches: 5,
             only: None,
@@ -197,8 +197,8 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
     for _ in 0..options.cycle_batches {
         let t = Instant::now();
         for _ in 0..options.cycles_per_batch {
-            let id = rt.start(&bundle.main_workflow_id, StartOptions::default())?;
-            let parked = rt.tick(&id)?;
+            let parked = rt.run(&bundle.main_workflow_id, StartOptions::default())?;
+            let id = parked.run_id.clone();
             let key = parked
                 .waiting
                 .as_ref()

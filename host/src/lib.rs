@@ -20,8 +20,8 @@
 //! let bundle = runtime.load_bundle("flows/examples/hello".as_ref())?;
 //! let mut options = StartOptions::default();
 //! options.vars.insert("name".into(), "Alice".into());
-//! let run_id = runtime.start(&bundle.main_workflow_id, options)?;
-//! let state = runtime.tick(&run_id)?;
+//! // `run` starts the run and ticks it until it waits or ends.
+//! let state = runtime.run(&bundle.main_workflow_id, options)?;
 //! assert_eq!(state.output, Some(serde_json::json!({"message": "Hello, Alice!"})));
 //! # Ok(()) }
 //! ```

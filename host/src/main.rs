@@ -211,7 +211,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 None => Map::new(),
             };
             let wf = workflow.unwrap_or(bundle.main_workflow_id);
-            let id = rt.start(
+            let state = rt.run(
                 &wf,
                 StartOptions {
                     vars,
@@ -219,7 +219,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
                     ..StartOptions::default()
                 },
             )?;
-            print_run(&rt.tick(&id)?, cli.json);
+            print_run(&state, cli.json);
         }
         Command::Resume {
             run_id,
@@ -261,11 +261,12 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 );
             } else {
                 for r in records {
-                    let what = r
-                        .effect
-                        .as_ref()
-                        .map(|e| e.kind.clone())
-                        .unwrap_or_else(|| "node".into());
+                    let what = match (&r.effect, &r.result) {
+                        (Some(e), _) => e.kind.clone(),
+                        (None, Some(v)) if v.get("resumed").is_some() => "resume".into(),
+                        (None, Some(v)) if v.get("due").is_some() => "due".into(),
+                        _ => "node".into(),
+                    };
                     let detail = r
                         .error
                         .clone()

@@ -272,6 +272,44 @@ impl Runtime {
     /// and returns its id. `vars._limits` is filled in when absent. Does not
     /// execute anything: call [`Runtime::tick`].
     pub fn start(&self, workflow_id: &str, options: StartOptions) -> Result<String> {
+        let explicit = options.run_id.is_some();
+        let run = self.new_run(workflow_id, options)?;
+        let (existing, created) = self.store().create_if_absent(&run)?;
+        if !created {
+            if !explicit {
+                return Err(Error::invalid("run_id", "a generated run id collided"));
+            }
+            if let Some(field) = identity_mismatch(&existing, &run) {
+                return Err(Error::IdentityConflict {
+                    run_id: run.run_id,
+                    field: field.to_string(),
+                });
+            }
+        }
+        Ok(run.run_id)
+    }
+
+    /// Starts a run and ticks it until it waits or ends: [`Runtime::start`]
+    /// then [`Runtime::tick`], returning the saved state (its `run_id` is the
+    /// new run's id).
+    ///
+    /// Without an explicit run id, the run is created by the commit of its
+    /// first step (one store commit instead of two): if the process dies
+    /// during that step, the run never existed, and the caller, who never got
+    /// its id, loses nothing. With an explicit id it is `start` (create if
+    /// absent, identity-checked) followed by `tick`.
+    pub fn run(&self, workflow_id: &str, options: StartOptions) -> Result<RunState> {
+        if options.run_id.is_some() || self.inner.config.max_steps_per_tick == 0 {
+            let id = self.start(workflow_id, options)?;
+            return self.tick(&id);
+        }
+        let run = self.new_run(workflow_id, options)?;
+        let _lock = self.run_lock(&run.run_id);
+        self.run_steps(run, self.inner.config.max_steps_per_tick, Vec::new())
+    }
+
+    /// A new run of `workflow_id` (not stored).
+    fn new_run(&self, workflow_id: &str, options: StartOptions) -> Result<RunState> {
         let wf = self.workflow(workflow_id)?;
         if let Some(id) = &options.run_id {
             if !valid_run_id(id) {
@@ -281,7 +319,6 @@ impl Runtime {
                 ));
             }
         }
-        let explicit = options.run_id.is_some();
         let run_id = options
             .run_id
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
@@ -295,8 +332,8 @@ impl Runtime {
         vars.entry("_limits")
             .or_insert_with(|| self.inner.config.limits_value());
         let now = format_time(self.now());
-        let run = RunState {
-            run_id: run_id.clone(),
+        Ok(RunState {
+            run_id,
             workflow_id: wf.workflow_id.clone(),
             status: RunStatus::Running,
             current_node: Some(wf.entry.clone()),
@@ -309,20 +346,7 @@ impl Runtime {
             actor_id: options.actor_id,
             session_id: options.session_id,
             parent_run_id: options.parent_run_id,
-        };
-        let (existing, created) = self.store().create_if_absent(&run)?;
-        if !created {
-            if !explicit {
-                return Err(Error::invalid("run_id", "a generated run id collided"));
-            }
-            if let Some(field) = identity_mismatch(&existing, &run) {
-                return Err(Error::IdentityConflict {
-                    run_id,
-                    field: field.to_string(),
-                });
-            }
-        }
-        Ok(run_id)
+        })
     }
 
     /// The run's current state.
@@ -356,21 +380,39 @@ impl Runtime {
     pub fn tick_with(&self, run_id: &str, max_steps: u64) -> Result<RunState> {
         let _lock = self.run_lock(run_id);
         let mut run = self.get_state(run_id)?;
-        if run.status == RunStatus::Waiting && !self.resolve_due(&mut run)? {
-            return Ok(run);
+        let mut pending = Vec::new();
+        if run.status == RunStatus::Waiting {
+            match self.resolve_due(&mut run)? {
+                Some(record) => pending.push(record),
+                None => return Ok(run),
+            }
         }
-        self.run_steps(run, max_steps)
+        self.run_steps(run, max_steps, pending)
     }
 
     /// Steps the (locked) run until it stops running or `max_steps` ran.
-    fn run_steps(&self, mut run: RunState, max_steps: u64) -> Result<RunState> {
-        if run.status != RunStatus::Running {
+    ///
+    /// `pending` holds the record of a wait that just ended (a resume, a due
+    /// time): it commits together with the first step, in one store commit,
+    /// so a resume costs one commit, not two. Until that commit the run is
+    /// still waiting in the store; the lock, held throughout, keeps any
+    /// other resume of this runtime out.
+    fn run_steps(
+        &self,
+        mut run: RunState,
+        max_steps: u64,
+        mut pending: Vec<StepRecord>,
+    ) -> Result<RunState> {
+        if run.status != RunStatus::Running || max_steps == 0 {
+            if !pending.is_empty() {
+                self.store().commit(&pending, &run)?;
+            }
             return Ok(run);
         }
         let wf = self.workflow(&run.workflow_id)?;
         let mut steps = 0;
         while run.status == RunStatus::Running && steps < max_steps {
-            self.step(&wf, &mut run)?;
+            self.step(&wf, &mut run, std::mem::take(&mut pending))?;
             steps += 1;
         }
         Ok(run)
@@ -404,10 +446,9 @@ impl Runtime {
         // before anything is written.
         self.workflow(&run.workflow_id)?;
         let record = self.end_wait(&mut run, payload, "resumed");
-        self.store().commit(&[record], &run)?;
-        // The resume is committed; carry on from the state in hand (the lock
-        // is re-entrant, and a tick would take it anyway).
-        self.run_steps(run, self.inner.config.max_steps_per_tick)
+        // The resume commits with the first step it leads to; the lock is
+        // held until then.
+        self.run_steps(run, self.inner.config.max_steps_per_tick, vec![record])
     }
 
     /// Cancels the run (and its unfinished children): status `cancelled`, a
@@ -426,6 +467,7 @@ impl Runtime {
                 status: StepStatus::Cancelled,
                 error: Some(error.clone()),
                 ended_at: Some(now.clone()),
+                idempotency_key: Some(terminal_key(&run.run_id)),
                 ..self.record(&run, run.current_node.clone(), &now)
             };
             run.status = RunStatus::Cancelled;
@@ -522,6 +564,7 @@ impl Runtime {
                     status: StepStatus::Failed,
                     error: Some(message.clone()),
                     ended_at: Some(now.clone()),
+                    idempotency_key: Some(terminal_key(&run.run_id)),
                     ..self.record(&run, run.current_node.clone(), &now)
                 };
                 run.waiting = None;
@@ -534,28 +577,26 @@ impl Runtime {
     }
 
     /// If the waiting `run` is due (a time wait whose time came, an event
-    /// wait past its deadline), ends the wait and commits. Returns whether
-    /// the run is running again.
-    fn resolve_due(&self, run: &mut RunState) -> Result<bool> {
+    /// wait past its deadline), ends the wait in memory and returns the
+    /// record of it, for the caller to commit.
+    fn resolve_due(&self, run: &mut RunState) -> Result<Option<StepRecord>> {
         let Some(wait) = &run.waiting else {
-            return Ok(false);
+            return Ok(None);
         };
         let Some(until) = wait.until.as_deref() else {
-            return Ok(false);
+            return Ok(None);
         };
         let due =
             super::clock::parse_time(until).map_err(|e| Error::invalid("waiting.until", e))?;
         if due > self.now() {
-            return Ok(false);
+            return Ok(None);
         }
         let payload = match wait.reason {
             WaitReason::Until => json!({ "until": until }),
             WaitReason::Event => json!({ "timed_out": true }),
-            _ => return Ok(false),
+            _ => return Ok(None),
         };
-        let record = self.end_wait(run, payload, "due");
-        self.store().commit(&[record], run)?;
-        Ok(run.status == RunStatus::Running)
+        Ok(Some(self.end_wait(run, payload, "due")))
     }
 
     /// Ends `run`'s wait with `payload` (in memory) and returns the ledger
@@ -566,12 +607,14 @@ impl Runtime {
         if let Some(key) = &wait.result_key {
             template::assign(&mut run.vars, key, payload.clone());
         }
+        // The end of a wait completes the effect that started it: same key.
         let record = StepRecord {
             status: StepStatus::Completed,
             result: Some(json!({
                 how: { "wait_key": wait.wait_key, "reason": wait.reason, "payload": payload }
             })),
             ended_at: Some(now.clone()),
+            idempotency_key: effect_key(run),
             ..self.record(run, run.current_node.clone(), &now)
         };
         match wait.resume_to_node {
@@ -602,12 +645,14 @@ impl Runtime {
     }
 
     /// Executes the run's current node and commits the step.
-    fn step(&self, wf: &Workflow, run: &mut RunState) -> Result<()> {
+    /// `records` starts with the pending records to commit with this step.
+    fn step(&self, wf: &Workflow, run: &mut RunState, mut records: Vec<StepRecord>) -> Result<()> {
         let now = self.now();
         let started_at = format_time(now);
         let Some(node_id) = run.current_node.clone() else {
             return self.fail_step(
                 run,
+                records,
                 None,
                 &started_at,
                 "invalid_state: a running run has no current node".into(),
@@ -618,18 +663,18 @@ impl Runtime {
                 "unknown_node: workflow {} has no node {node_id:?}",
                 wf.workflow_id
             );
-            return self.fail_step(run, Some(node_id), &started_at, msg);
+            return self.fail_step(run, records, Some(node_id), &started_at, msg);
         };
         let plan = match self.plan(wf, node, run, &started_at) {
             Ok(plan) => plan,
-            Err(msg) => return self.fail_step(run, Some(node_id), &started_at, msg),
+            Err(msg) => return self.fail_step(run, records, Some(node_id), &started_at, msg),
         };
         if let Some(patch) = plan.vars {
             if let Some(key) = patch.keys().find(|k| k.starts_with("_runtime")) {
                 let msg = format!(
                     "guest_bad_output: node {node_id} tried to set the host-owned var {key:?}"
                 );
-                return self.fail_step(run, Some(node_id), &started_at, msg);
+                return self.fail_step(run, records, Some(node_id), &started_at, msg);
             }
             for (k, v) in patch {
                 if v.is_null() {
@@ -648,7 +693,7 @@ impl Runtime {
                     "guest_bad_output: node {node_id} routed to {next:?}, which is neither a route label nor a node of workflow {}",
                     wf.workflow_id
                 );
-                return self.fail_step(run, Some(node_id), &started_at, msg);
+                return self.fail_step(run, records, Some(node_id), &started_at, msg);
             }
             Target::Node(resolved.to_string())
         } else if let Some(next) = &node.next {
@@ -659,7 +704,7 @@ impl Runtime {
             let msg = format!(
                 "guest_bad_output: node {node_id} chose no next node, did not complete the run, and has no `next` route"
             );
-            return self.fail_step(run, Some(node_id), &started_at, msg);
+            return self.fail_step(run, records, Some(node_id), &started_at, msg);
         };
 
         if let Some(key) = plan
@@ -671,9 +716,8 @@ impl Runtime {
             let msg = format!(
                 "guest_bad_output: node {node_id} asked for an effect result in the host-owned var {key:?}"
             );
-            return self.fail_step(run, Some(node_id), &started_at, msg);
+            return self.fail_step(run, records, Some(node_id), &started_at, msg);
         }
-        let mut records = Vec::with_capacity(2);
         if let Some(effect) = plan.effect {
             let seq = next_effect_seq(run);
             let effect_record = EffectRecord {
@@ -740,14 +784,18 @@ impl Runtime {
             }
             run.updated_at = ended_at;
         } else {
-            let result = match &target {
-                Target::Node(n) => json!({ "next_node": n }),
-                Target::Complete(out) => json!({ "complete_output": out }),
-                Target::End => Value::Null,
+            let (result, key) = match &target {
+                Target::Node(n) => (json!({ "next_node": n }), None),
+                Target::Complete(out) => (
+                    json!({ "complete_output": out }),
+                    Some(terminal_key(&run.run_id)),
+                ),
+                Target::End => (Value::Null, Some(terminal_key(&run.run_id))),
             };
             records.push(StepRecord {
                 result: Some(result),
                 ended_at: Some(started_at.clone()),
+                idempotency_key: key,
                 ..self.record(run, Some(node_id), &started_at)
             });
             self.go(run, target, None);
@@ -813,18 +861,20 @@ impl Runtime {
     fn fail_step(
         &self,
         run: &mut RunState,
+        mut records: Vec<StepRecord>,
         node_id: Option<String>,
         started_at: &str,
         msg: String,
     ) -> Result<()> {
-        let record = StepRecord {
+        records.push(StepRecord {
             status: StepStatus::Failed,
             error: Some(msg.clone()),
             ended_at: Some(started_at.to_string()),
+            idempotency_key: Some(terminal_key(&run.run_id)),
             ..self.record(run, node_id, started_at)
-        };
+        });
         fail(run, msg, started_at);
-        self.store().commit(&[record], run)?;
+        self.store().commit(&records, run)?;
         Ok(())
     }
 
@@ -860,6 +910,18 @@ fn fail(run: &mut RunState, msg: String, now: &str) {
     run.status = RunStatus::Failed;
     run.error = Some(msg);
     run.updated_at = now.to_string();
+}
+
+/// The idempotency key of the run's latest effect (`<run_id>:<effect_seq>`).
+fn effect_key(run: &RunState) -> Option<String> {
+    let seq = run.vars.get("_runtime")?.get("effect_seq")?.as_u64()?;
+    Some(format!("{}:{seq}", run.run_id))
+}
+
+/// The idempotency key of the record that ends a run without an effect
+/// (completed, failed or cancelled): a run ends once.
+fn terminal_key(run_id: &str) -> String {
+    format!("{run_id}:terminal")
 }
 
 /// Bumps and returns `vars._runtime.effect_seq`.

@@ -89,6 +89,24 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    fn commit(&self, records: &[StepRecord], run: &RunState) -> Result<(), StoreError> {
+        // Atomic: both locks are held, so nobody sees the ledger ahead.
+        let mut ledgers = self.ledgers.write();
+        let mut runs = self.runs.write();
+        for r in records {
+            ledgers.entry(r.run_id.clone()).or_default().push(r.clone());
+        }
+        match runs.get_mut(&run.run_id) {
+            Some(slot) => slot.1 = run.clone(),
+            None => {
+                drop(runs);
+                drop(ledgers);
+                return self.save_run(run);
+            }
+        }
+        Ok(())
+    }
+
     fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
         Ok(self.ledgers.read().get(run_id).cloned().unwrap_or_default())
     }

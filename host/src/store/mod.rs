@@ -127,13 +127,19 @@ pub trait Store: Send + Sync {
     /// A run's ledger, oldest first.
     fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
 
-    /// Commits one step: appends `records`, then saves `run`. The default does
-    /// exactly that, in that order (a crash in between leaves the ledger ahead
-    /// of the state, the recoverable direction); a transactional backend does
-    /// both at once.
+    /// Commits one transition: appends `records`, then saves `run`.
+    ///
+    /// The default does exactly that, in that order: a crash in between
+    /// leaves the ledger ahead of the state, the recoverable direction. The
+    /// replay that follows produces the same records again, so the default
+    /// skips every record whose idempotency key and status are already in
+    /// the run's ledger: effect records and terminal records land once. A
+    /// backend that commits both atomically (SQLite, memory) can never be
+    /// ahead and needs no such check.
     fn commit(&self, records: &[StepRecord], run: &RunState) -> Result<(), StoreError> {
         if !records.is_empty() {
-            self.append_records(records)?;
+            let fresh = without_replayed(self, records)?;
+            self.append_records(&fresh)?;
         }
         self.save_run(run)
     }
@@ -144,6 +150,33 @@ pub trait Store: Send + Sync {
 
     /// The bundle directory that defines `workflow_id`, if one was recorded.
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError>;
+}
+
+/// `records` less those (keyed) whose run, idempotency key and status are
+/// already in the store's ledger.
+fn without_replayed<S: Store + ?Sized>(
+    store: &S,
+    records: &[StepRecord],
+) -> Result<Vec<StepRecord>, StoreError> {
+    let mut fresh = Vec::with_capacity(records.len());
+    let mut seen: Option<(String, Vec<StepRecord>)> = None;
+    for r in records {
+        let Some(key) = &r.idempotency_key else {
+            fresh.push(r.clone());
+            continue;
+        };
+        if seen.as_ref().is_none_or(|(id, _)| *id != r.run_id) {
+            seen = Some((r.run_id.clone(), store.list_records(&r.run_id)?));
+        }
+        let ledger = &seen.as_ref().expect("loaded above").1;
+        let replayed = ledger
+            .iter()
+            .any(|old| old.idempotency_key.as_ref() == Some(key) && old.status == r.status);
+        if !replayed {
+            fresh.push(r.clone());
+        }
+    }
+    Ok(fresh)
 }
 
 /// The due time of a run's wait, if it has one that the driver must watch.

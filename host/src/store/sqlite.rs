@@ -47,6 +47,41 @@ CREATE TABLE IF NOT EXISTS bundles (
 );
 ";
 
+/// A run as a `runs` row. Every statement on `runs` binds these columns as
+/// ?1 run_id, ?2 workflow_id, ?3 status, ?4 wait_reason, ?5 wait_key,
+/// ?6 wait_due_us, ?7 parent_run_id, ?8 session_id, ?9 data.
+struct RunRow<'a> {
+    run: &'a RunState,
+    data: String,
+    due: Option<i64>,
+}
+
+impl<'a> RunRow<'a> {
+    fn new(run: &'a RunState) -> rusqlite::Result<Self> {
+        Ok(RunRow {
+            run,
+            data: serde_json::to_string(run)
+                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?,
+            due: wait_due_at(run).map(|t| t.timestamp_micros()),
+        })
+    }
+
+    fn execute(&self, conn: &Connection, sql: &str) -> rusqlite::Result<usize> {
+        let (run, w) = (self.run, self.run.waiting.as_ref());
+        conn.prepare_cached(sql)?.execute(params![
+            run.run_id,
+            run.workflow_id,
+            run.status.as_str(),
+            w.map(|w| w.reason.as_str()),
+            w.map(|w| w.wait_key.as_str()),
+            self.due,
+            run.parent_run_id,
+            run.session_id,
+            self.data,
+        ])
+    }
+}
+
 /// Runs and ledgers in one SQLite database file. Runs list in creation
 /// order (the row id, which an update keeps).
 pub struct SqliteStore {
@@ -82,7 +117,7 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(|e| db_err(&path, e))?;
         // Checkpoint (and fsync) every ~16 MiB of WAL instead of every 4 MiB.
-        conn.pragma_update(None, "wal_autocheckpoint", 4096)
+        conn.pragma_update(None, "wal_autocheckpoint", 16384)
             .map_err(|e| db_err(&path, e))?;
         conn.pragma_update(None, "mmap_size", 256i64 << 20)
             .map_err(|e| db_err(&path, e))?;
@@ -125,59 +160,32 @@ impl SqliteStore {
     }
 
     fn upsert(&self, conn: &Connection, run: &RunState) -> Result<(), StoreError> {
-        let data = serde_json::to_string(run).map_err(|e| self.err(e))?;
-        let w = run.waiting.as_ref();
-        let due = wait_due_at(run).map(|t| t.timestamp_micros());
+        let row = RunRow::new(run).map_err(|e| self.err(e))?;
         // Most saves (a step of a running run) change only the data. Setting
         // only `data` when the indexed columns already hold the new values
         // leaves every index untouched: fewer pages written per commit.
-        let unchanged = conn
-            .prepare_cached(
-                "UPDATE runs SET data = ?1 WHERE run_id = ?2 AND status = ?3
-                 AND wait_reason IS ?4 AND wait_key IS ?5 AND wait_due_us IS ?6
-                 AND workflow_id = ?7 AND parent_run_id IS ?8 AND session_id IS ?9",
+        let unchanged = row
+            .execute(
+                conn,
+                "UPDATE runs SET data = ?9 WHERE run_id = ?1 AND workflow_id = ?2
+                 AND status = ?3 AND wait_reason IS ?4 AND wait_key IS ?5
+                 AND wait_due_us IS ?6 AND parent_run_id IS ?7 AND session_id IS ?8",
             )
-            .and_then(|mut st| {
-                st.execute(params![
-                    data,
-                    run.run_id,
-                    run.status.as_str(),
-                    w.map(|w| w.reason.as_str()),
-                    w.map(|w| w.wait_key.as_str()),
-                    due,
-                    run.workflow_id,
-                    run.parent_run_id,
-                    run.session_id,
-                ])
-            })
             .map_err(|e| self.err(e))?;
-        if unchanged == 1 {
-            return Ok(());
+        if unchanged == 0 {
+            row.execute(
+                conn,
+                "INSERT INTO runs (run_id, workflow_id, status, wait_reason, wait_key,
+                                   wait_due_us, parent_run_id, session_id, data)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT(run_id) DO UPDATE SET
+                    workflow_id = excluded.workflow_id, status = excluded.status,
+                    wait_reason = excluded.wait_reason, wait_key = excluded.wait_key,
+                    wait_due_us = excluded.wait_due_us, parent_run_id = excluded.parent_run_id,
+                    session_id = excluded.session_id, data = excluded.data",
+            )
+            .map_err(|e| self.err(e))?;
         }
-        conn.prepare_cached(
-            "INSERT INTO runs (run_id, workflow_id, status, wait_reason, wait_key, wait_due_us,
-                               parent_run_id, session_id, data)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-             ON CONFLICT(run_id) DO UPDATE SET
-                workflow_id = excluded.workflow_id, status = excluded.status,
-                wait_reason = excluded.wait_reason, wait_key = excluded.wait_key,
-                wait_due_us = excluded.wait_due_us, parent_run_id = excluded.parent_run_id,
-                session_id = excluded.session_id, data = excluded.data",
-        )
-        .and_then(|mut st| {
-            st.execute(params![
-                run.run_id,
-                run.workflow_id,
-                run.status.as_str(),
-                w.map(|w| w.reason.as_str()),
-                w.map(|w| w.wait_key.as_str()),
-                due,
-                run.parent_run_id,
-                run.session_id,
-                data
-            ])
-        })
-        .map_err(|e| self.err(e))?;
         Ok(())
     }
 
@@ -235,27 +243,15 @@ impl Store for SqliteStore {
     fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
         let mut conn = self.conn.lock();
         let tx = conn.transaction().map_err(|e| self.err(e))?;
-        let data = serde_json::to_string(run).map_err(|e| self.err(e))?;
-        let w = run.waiting.as_ref();
-        let created = tx
-            .prepare_cached(
-                "INSERT INTO runs (run_id, workflow_id, status, wait_reason, wait_key, wait_due_us,
-                                   parent_run_id, session_id, data)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-                 ON CONFLICT(run_id) DO NOTHING",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    run.run_id,
-                    run.workflow_id,
-                    run.status.as_str(),
-                    w.map(|w| w.reason.as_str()),
-                    w.map(|w| w.wait_key.as_str()),
-                    wait_due_at(run).map(|t| t.timestamp_micros()),
-                    run.parent_run_id,
-                    run.session_id,
-                    data
-                ])
+        let created = RunRow::new(run)
+            .and_then(|row| {
+                row.execute(
+                    &tx,
+                    "INSERT INTO runs (run_id, workflow_id, status, wait_reason, wait_key,
+                                       wait_due_us, parent_run_id, session_id, data)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                     ON CONFLICT(run_id) DO NOTHING",
+                )
             })
             .map_err(|e| self.err(e))?;
         if created == 1 {

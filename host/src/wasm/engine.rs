@@ -280,7 +280,7 @@ fn engine_config(limits: &SandboxLimits, pooling: bool) -> Config {
             // madvise, so the next call does not fault them in again; with
             // PAGEMAP_SCAN (Linux 6.7+) only the touched pages are reset.
             .linear_memory_keep_resident(KEEP_RESIDENT)
-            .table_keep_resident(KEEP_RESIDENT)
+            .table_keep_resident(64 << 10)
             .pagemap_scan(wasmtime::Enabled::Auto);
         wt.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
