@@ -262,3 +262,134 @@ fn bench_prints_the_four_figures() {
         assert!(v > 0.0, "{key} = {v}");
     }
 }
+
+#[test]
+fn triggers_list_validate_preview_and_call() {
+    let cli = Cli::new();
+    let plugins = stepwell_tests::repo().join("flows/triggers/plugins");
+    let listed = cli.json(&[
+        "triggers",
+        "list",
+        "--trigger-dir",
+        plugins.to_str().unwrap(),
+    ]);
+    let names: Vec<_> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["available"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("schedule@1".to_string(), true),
+            ("manual@1".to_string(), true),
+            ("cron@1".to_string(), true)
+        ]
+    );
+    assert_eq!(listed[2]["descriptor"]["kind"], "time");
+
+    // A broken plugin beside cron: listed unavailable, cron still works.
+    let dir = cli.cwd.path().join("plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(plugins.join("cron.wasm"), dir.join("cron.wasm")).unwrap();
+    std::fs::write(dir.join("broken.wasm"), b"\0asm garbage").unwrap();
+    let out = cli
+        .cmd(&["triggers", "list", "--json"])
+        .env("STEPWELL_TRIGGER_DIR", &dir)
+        .output()
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let broken = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "broken.wasm")
+        .unwrap();
+    assert_eq!(broken["available"], false);
+    assert!(broken["reason"]
+        .as_str()
+        .unwrap()
+        .contains("not a valid WebAssembly component"));
+    let preview = cli.json(&[
+        "triggers",
+        "preview",
+        "cron@1",
+        "--trigger-dir",
+        dir.to_str().unwrap(),
+        "--config",
+        r#"{"expression": "0 9 * * 1-5", "timezone": "Europe/Paris"}"#,
+        "--from",
+        "2026-11-27T00:00:00Z",
+        "--count",
+        "2",
+    ]);
+    let at: Vec<_> = preview["fires"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["payload"]["local_time"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        at,
+        ["2026-11-27T09:00:00+01:00", "2026-11-30T09:00:00+01:00"]
+    );
+
+    let validated = cli.json(&[
+        "triggers",
+        "validate",
+        "schedule@1",
+        "--config",
+        r#"{"every": "1h"}"#,
+        "--now",
+        "2026-11-30T09:00:00Z",
+    ]);
+    assert_eq!(validated["start_at"], "2026-11-30T09:00:00Z");
+    let err = cli.fails(&[
+        "triggers",
+        "validate",
+        "schedule@1",
+        "--config",
+        r#"{"every": "1x"}"#,
+        "--json",
+    ]);
+    let err: Value = serde_json::from_str(err.trim()).unwrap();
+    assert_eq!(err["error"]["code"], "invalid_definition");
+    assert_eq!(err["error"]["field"], "trigger.config.every");
+
+    let text = cli.ok(&[
+        "triggers",
+        "preview",
+        "schedule@1",
+        "--config",
+        r#"{"every": "15m"}"#,
+        "--from",
+        "2026-11-30T09:00:00Z",
+        "--count",
+        "3",
+    ]);
+    assert_eq!(text.lines().count(), 4, "{text}");
+    assert!(
+        text.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("2026-11-30T09:15:00Z"),
+        "{text}"
+    );
+
+    let admitted = cli.json(&[
+        "triggers", "call", "schedule@1", "admit", "--input",
+        r#"{"binding": {"binding_id": "b", "config": {"start_at": "2026-11-30T09:00:00Z", "every": "1h"}}, "state": {"next_tick": 0, "admitted": 0}, "now": "2026-11-30T11:00:00Z"}"#,
+    ]);
+    assert_eq!(admitted["admission"]["event_id"], "schedule@1:b:2");
+    let err = cli.fails(&["triggers", "call", "cron@1", "prepare", "--input", "{}"]);
+    assert!(
+        err.contains("unknown_trigger_source"),
+        "cron is only a plugin: {err}"
+    );
+}

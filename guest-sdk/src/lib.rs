@@ -24,6 +24,8 @@
 
 use serde_json::{Map, Value};
 
+pub mod trigger;
+
 /// Bindings generated from `wit/stepwell.wit` (the `node` world). Authors do not
 /// need them directly; [`export_node!`] wires a handler to them.
 #[doc(hidden)]

@@ -28,7 +28,7 @@ pub struct BenchOptions {
     /// Batches of cycles (the median is reported).
     pub cycle_batches: usize,
     /// Run only the benchmarks whose figure names contain this text
-    /// (`dispatch`, `chain`, `memory`, `sqlite`, `cycles`).
+    /// (`dispatch`, `chain`, `memory`, `sqlite`, `cycles`, `trigger`).
     pub only: Option<String>,
 }
 
@@ -183,11 +183,38 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         let rate = chain(Arc::new(SqliteStore::open(scratch.0.join("chain.sqlite"))?))?;
         figures.insert("chain_steps_per_s_sqlite".into(), json!(round(rate, 0)));
     }
+    // 3. One `prepare` call on schedule@1, through the component.
+    if want("trigger_prepare_us_p50") {
+        let registry = crate::triggers::TriggerRegistry::load(&engine, None)?;
+        let source = registry.get("schedule@1")?;
+        let now = "2026-11-30T09:00:00Z";
+        let config = source.validate(&json!({"every": "5m"}), now)?;
+        let binding = crate::triggers::Binding {
+            binding_id: "bench".into(),
+            source_id: "schedule".into(),
+            source_version: 1,
+            config,
+        };
+        let state = source.initial_state(&binding, now)?;
+        for _ in 0..200 {
+            source.prepare(&binding, &state, now)?;
+        }
+        let mut samples = Vec::with_capacity(options.dispatch_samples);
+        for _ in 0..options.dispatch_samples {
+            let t = Instant::now();
+            source.prepare(&binding, &state, now)?;
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        figures.insert(
+            "trigger_prepare_us_p50".into(),
+            json!(round(median(samples), 2)),
+        );
+    }
     if !want("ask_resume_cycles_per_s_sqlite") {
         return Ok(Value::Object(figures));
     }
 
-    // 3. Start, park on ask_user, resume, complete: on SQLite.
+    // 4. Start, park on ask_user, resume, complete: on SQLite.
     let rt = runtime(
         Arc::new(SqliteStore::open(scratch.0.join("ask.sqlite"))?),
         &engine,

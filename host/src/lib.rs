@@ -32,6 +32,7 @@ pub mod effects;
 pub mod flow;
 pub mod host;
 pub mod store;
+pub mod triggers;
 pub mod wasm;
 
 pub use crate::core::clock::{Clock, ManualClock, SystemClock};

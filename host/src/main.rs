@@ -99,6 +99,15 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         interval_ms: u64,
     },
+    /// Trigger sources: list them, validate a config, preview fire times,
+    /// call one method.
+    Triggers {
+        /// A folder of third-party trigger-source components (*.wasm).
+        #[arg(long, global = true, env = stepwell::triggers::PLUGIN_DIR_ENV)]
+        trigger_dir: Option<PathBuf>,
+        #[command(subcommand)]
+        command: TriggerCommand,
+    },
     /// Measure the host and print the figures (medians). Uses its own scratch
     /// stores and the default guest limits: --db and the --guest-* flags do
     /// not apply.
@@ -113,6 +122,157 @@ enum Command {
         #[arg(long)]
         only: Option<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum TriggerCommand {
+    /// List every source with its descriptor and availability.
+    List,
+    /// Validate a config; prints it with its defaults filled in.
+    Validate {
+        /// SOURCE@VERSION, for example schedule@1.
+        source: String,
+        /// The config, a JSON object.
+        #[arg(long)]
+        config: String,
+        /// The creation time (default: now), RFC 3339.
+        #[arg(long)]
+        now: Option<String>,
+    },
+    /// Print the next fire times, as the source computes them.
+    Preview {
+        /// SOURCE@VERSION.
+        source: String,
+        /// The config, a JSON object.
+        #[arg(long)]
+        config: String,
+        /// Start from this time (default: now), RFC 3339.
+        #[arg(long)]
+        from: Option<String>,
+        /// How many fire times.
+        #[arg(long, default_value_t = 5)]
+        count: usize,
+    },
+    /// Call one method (validate, initial-state, prepare, admit, rearm,
+    /// normalize) with its arguments as one JSON object; print the result.
+    Call {
+        /// SOURCE@VERSION.
+        source: String,
+        /// The method.
+        method: String,
+        /// The arguments, for example {"binding": {...}, "state": {...}, "now": "..."}.
+        #[arg(long)]
+        input: String,
+    },
+}
+
+fn parse_time_arg(
+    field: &str,
+    text: Option<String>,
+) -> Result<chrono::DateTime<chrono::Utc>, Error> {
+    match text {
+        None => Ok(chrono::Utc::now()),
+        Some(t) => stepwell::core::clock::parse_time(&t).map_err(|m| Error::InvalidInput {
+            field: field.into(),
+            message: m,
+        }),
+    }
+}
+
+fn parse_json(field: &str, text: &str) -> Result<Value, Error> {
+    serde_json::from_str(text).map_err(|e| Error::InvalidInput {
+        field: field.into(),
+        message: format!("is not JSON: {e}"),
+    })
+}
+
+fn triggers(
+    spec: &StoreSpec,
+    limits: SandboxLimits,
+    dir: Option<PathBuf>,
+    command: TriggerCommand,
+    json: bool,
+) -> Result<(), Error> {
+    let engine = stepwell::WasmEngine::new(stepwell::EngineConfig {
+        cache_dir: Some(spec.cache_dir()),
+        limits,
+    })?;
+    let registry = stepwell::triggers::TriggerRegistry::load(&engine, dir.as_deref())?;
+    let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default();
+    match command {
+        TriggerCommand::List => {
+            if json {
+                println!("{}", pretty(&serde_json::json!(registry.entries())));
+            } else {
+                for e in registry.entries() {
+                    let origin = match &e.origin {
+                        stepwell::triggers::Origin::Builtin => "builtin".to_string(),
+                        stepwell::triggers::Origin::Plugin(p) => p.display().to_string(),
+                    };
+                    let label = e
+                        .descriptor
+                        .as_ref()
+                        .map(|d| d.label.as_str())
+                        .unwrap_or("-");
+                    match &e.reason {
+                        None => println!("{:16} available    {label}  ({origin})", e.name),
+                        Some(r) => println!("{:16} unavailable  {r}  ({origin})", e.name),
+                    }
+                }
+            }
+        }
+        TriggerCommand::Validate {
+            source,
+            config,
+            now,
+        } => {
+            let now = parse_time_arg("--now", now)?;
+            let config = parse_json("--config", &config)?;
+            let out = registry.call(
+                &source,
+                "validate",
+                &serde_json::json!({"config": config}),
+                now,
+            )?;
+            println!("{}", if json { out.to_string() } else { pretty(&out) });
+        }
+        TriggerCommand::Preview {
+            source,
+            config,
+            from,
+            count,
+        } => {
+            let from = parse_time_arg("--from", from)?;
+            let preview =
+                registry.preview(&source, &parse_json("--config", &config)?, from, count)?;
+            if json {
+                println!("{}", pretty(&serde_json::json!(preview)));
+            } else {
+                for f in &preview.fires {
+                    println!("{}  {}  {}", f.fired_at, f.event_id, f.payload);
+                }
+                println!(
+                    "({} fire times; ends: {})",
+                    preview.fires.len(),
+                    preview.end
+                );
+            }
+        }
+        TriggerCommand::Call {
+            source,
+            method,
+            input,
+        } => {
+            let out = registry.call(
+                &source,
+                &method,
+                &parse_json("--input", &input)?,
+                chrono::Utc::now(),
+            )?;
+            println!("{}", if json { out.to_string() } else { pretty(&out) });
+        }
+    }
+    Ok(())
 }
 
 fn parse_object(field: &str, text: &str) -> Result<Map<String, Value>, Error> {
@@ -197,6 +357,13 @@ fn execute(cli: Cli) -> Result<(), Error> {
         memory_limit_bytes: cli.guest_memory_mib << 20,
         ..SandboxLimits::default()
     };
+    if let Command::Triggers {
+        trigger_dir,
+        command,
+    } = cli.command
+    {
+        return triggers(&spec, limits, trigger_dir, command, cli.json);
+    }
     let rt = open_runtime(&spec, limits)?;
     match cli.command {
         Command::Run {
@@ -365,7 +532,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             }
             std::thread::sleep(Duration::from_millis(interval_ms));
         },
-        Command::Bench { .. } => unreachable!("handled above"),
+        Command::Bench { .. } | Command::Triggers { .. } => unreachable!("handled above"),
     }
     Ok(())
 }
@@ -377,10 +544,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if json {
-                eprintln!(
-                    "{}",
-                    serde_json::json!({ "error": { "code": e.reason_code(), "message": e.to_string() } })
-                );
+                let detail = match &e {
+                    Error::Trigger(t) => t.to_json(),
+                    _ => serde_json::json!({ "code": e.reason_code(), "message": e.to_string() }),
+                };
+                eprintln!("{}", serde_json::json!({ "error": detail }));
             } else {
                 eprintln!("error: {e}");
             }

@@ -185,3 +185,29 @@ macro_rules! store_tests {
         }
     };
 }
+
+/// A trigger registry over the shared engine, with `plugins` (file name,
+/// component path) copied into a fresh plugin folder (kept alive by the
+/// returned directory).
+pub fn trigger_registry(
+    plugins: &[(&str, PathBuf)],
+) -> (stepwell::triggers::TriggerRegistry, TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, src) in plugins {
+        std::fs::copy(src, dir.path().join(name)).expect("copy plugin");
+    }
+    let registry =
+        stepwell::triggers::TriggerRegistry::load(&engine(), Some(dir.path())).expect("registry");
+    (registry, dir)
+}
+
+/// A trigger component shipped in the repository (`flows/triggers/<rel>`).
+pub fn trigger_component(rel: &str) -> PathBuf {
+    let p = repo().join("flows/triggers").join(rel);
+    assert!(
+        p.is_file(),
+        "{} missing: run scripts/build-guests",
+        p.display()
+    );
+    p
+}

@@ -52,6 +52,9 @@ pub enum Error {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// A trigger source refused a call, failed, or cannot be found.
+    #[error(transparent)]
+    Trigger(#[from] crate::triggers::TriggerError),
 }
 
 impl Error {
@@ -66,6 +69,7 @@ impl Error {
             Error::InvalidInput { .. } => "invalid_input",
             Error::Wasm(_) => "component_load_failed",
             Error::Store(e) => e.reason_code(),
+            Error::Trigger(e) => e.reason_code(),
         }
     }
 

@@ -11,10 +11,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::node::{GuestState, NodeComponent, NodePre};
+use super::node::{NodeComponent, NodePre};
+use super::sandbox::GuestState;
+use super::trigger::{TriggerComponent, TriggerSourcePre};
 use super::{LoadError, SandboxLimits};
 
 /// How often the epoch ticker advances the engine's epoch: the granularity
@@ -66,6 +68,7 @@ struct Shared {
     /// Files already loaded, with the size and modification time seen then,
     /// so loading a file again does not re-read and re-hash it.
     by_path: Mutex<HashMap<PathBuf, PathStamp>>,
+    triggers: Mutex<HashMap<[u8; 32], Arc<TriggerComponent>>>,
     _ticker: Ticker,
 }
 
@@ -133,6 +136,7 @@ impl WasmEngine {
                 config,
                 loaded: Mutex::new(HashMap::new()),
                 by_path: Mutex::new(HashMap::new()),
+                triggers: Mutex::new(HashMap::new()),
                 _ticker: Ticker {
                     stop,
                     handle: Some(handle),
@@ -192,17 +196,7 @@ impl WasmEngine {
             by_path(&found);
             return Ok(found);
         }
-        let (component, origin) = self.compile_cached(&bytes, &digest).map_err(fail)?;
-        let pre = self
-            .shared
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| fail(format!("cannot link the component: {e:#}")))?;
-        let pre = NodePre::new(pre).map_err(|e| {
-            fail(format!(
-                "does not implement the stepwell:flow/node world: {e:#}"
-            ))
-        })?;
+        let (pre, origin) = self.instantiate_pre(&bytes, &digest, "node", NodePre::new, fail)?;
         let node = Arc::new(NodeComponent::new(
             path.to_path_buf(),
             hex::encode(digest),
@@ -213,6 +207,70 @@ impl WasmEngine {
         self.lock_loaded().insert(digest, node.clone());
         by_path(&node);
         Ok(node)
+    }
+
+    /// Loads a trigger-source component from its bytes (`label` names it in
+    /// errors: a file path, or `builtin:<name>`), pre-instantiated against the
+    /// `trigger-source` world. The same bytes load once per engine.
+    pub fn load_trigger_bytes(
+        &self,
+        bytes: &[u8],
+        label: &Path,
+    ) -> Result<Arc<TriggerComponent>, LoadError> {
+        let fail = |message: String| LoadError {
+            path: label.to_path_buf(),
+            message,
+        };
+        let digest: [u8; 32] = Sha256::digest(bytes).into();
+        let memo = || {
+            self.shared
+                .triggers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+        };
+        if let Some(found) = memo().get(&digest) {
+            return Ok(found.clone());
+        }
+        let (pre, origin) = self.instantiate_pre(
+            bytes,
+            &digest,
+            "trigger-source",
+            TriggerSourcePre::new,
+            fail,
+        )?;
+        let source = Arc::new(TriggerComponent::new(
+            label.to_path_buf(),
+            hex::encode(digest),
+            origin,
+            pre,
+            self.clone(),
+        ));
+        memo().insert(digest, source.clone());
+        Ok(source)
+    }
+
+    /// Compiles (or reads from the cache) and pre-instantiates a component,
+    /// then checks it against `world` with that world's `Pre` constructor.
+    fn instantiate_pre<P>(
+        &self,
+        bytes: &[u8],
+        digest: &[u8; 32],
+        world: &str,
+        typed: impl FnOnce(InstancePre<GuestState>) -> wasmtime::Result<P>,
+        fail: impl Fn(String) -> LoadError,
+    ) -> Result<(P, LoadOrigin), LoadError> {
+        let (component, origin) = self.compile_cached(bytes, digest).map_err(&fail)?;
+        let pre = self
+            .shared
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| fail(format!("cannot link the component: {e:#}")))?;
+        let pre = typed(pre).map_err(|e| {
+            fail(format!(
+                "does not implement the stepwell:flow/{world} world: {e:#}"
+            ))
+        })?;
+        Ok((pre, origin))
     }
 
     fn lock_loaded(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Arc<NodeComponent>>> {

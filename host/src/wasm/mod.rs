@@ -10,6 +10,8 @@
 
 mod engine;
 mod node;
+mod sandbox;
+mod trigger;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -18,6 +20,7 @@ use std::time::Duration;
 pub use engine::{EngineConfig, LoadOrigin, WasmEngine};
 pub(crate) use node::vars_json;
 pub use node::{NodeCall, NodeComponent};
+pub use trigger::TriggerComponent;
 
 /// The bounds every guest call runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

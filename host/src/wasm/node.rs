@@ -1,18 +1,11 @@
-//! Node components: the `node` world's bindings, the per-call sandbox state,
-//! and the call itself.
+//! Node components: the `node` world's bindings and the call itself.
 
 use std::path::{Path, PathBuf};
 
-use rand::SeedableRng;
 use serde_json::{Map, Value};
-use wasmtime::component::ResourceTable;
-use wasmtime::{ResourceLimiter, Store, Trap};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::{
-    HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
-};
 
-use super::{GuestError, LoadOrigin, SandboxLimits, WasmEngine};
+use super::sandbox::{classify, new_store, GuestState};
+use super::{GuestError, LoadOrigin, WasmEngine};
 use crate::core::model::{EffectRequest, StepPlan};
 
 mod bindings {
@@ -24,100 +17,6 @@ mod bindings {
 
 use bindings::stepwell::flow::types as wit;
 pub(super) use bindings::NodePre;
-
-/// How much of a guest's stderr is kept for error messages.
-const STDERR_CAPACITY: usize = 4096;
-
-/// The state of one guest call's store: an empty WASI context and the
-/// resource limiter.
-pub(crate) struct GuestState {
-    wasi: WasiCtx,
-    table: ResourceTable,
-    limiter: Limiter,
-}
-
-impl WasiView for GuestState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-struct Limiter {
-    memory_limit: usize,
-    table_limit: usize,
-    memory_exceeded: bool,
-}
-
-impl ResourceLimiter for Limiter {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if desired > self.memory_limit {
-            self.memory_exceeded = true;
-            return Ok(false);
-        }
-        Ok(true)
-    }
-
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(desired <= self.table_limit)
-    }
-}
-
-/// A clock stopped at the Unix epoch: what guests see if they read a clock.
-struct EpochClock;
-
-impl HostWallClock for EpochClock {
-    fn resolution(&self) -> std::time::Duration {
-        std::time::Duration::from_secs(1)
-    }
-    fn now(&self) -> std::time::Duration {
-        std::time::Duration::ZERO
-    }
-}
-
-impl HostMonotonicClock for EpochClock {
-    fn resolution(&self) -> u64 {
-        1_000_000_000
-    }
-    fn now(&self) -> u64 {
-        0
-    }
-}
-
-fn sandbox(limits: &SandboxLimits, stderr: MemoryOutputPipe) -> GuestState {
-    let wasi = WasiCtxBuilder::new()
-        .stderr(stderr)
-        .wall_clock(EpochClock)
-        .monotonic_clock(EpochClock)
-        .secure_random(rand::rngs::StdRng::seed_from_u64(0))
-        .insecure_random(rand::rngs::StdRng::seed_from_u64(0))
-        .insecure_random_seed(0)
-        .allow_tcp(false)
-        .allow_udp(false)
-        .allow_ip_name_lookup(false)
-        .build();
-    GuestState {
-        wasi,
-        table: ResourceTable::new(),
-        limiter: Limiter {
-            memory_limit: limits.memory_limit_bytes,
-            table_limit: limits.table_elements_limit,
-            memory_exceeded: false,
-        },
-    }
-}
 
 /// What the host passes to a node for one step.
 #[derive(Debug, Clone, Copy)]
@@ -194,11 +93,7 @@ impl NodeComponent {
     /// Calls the node's `handle` in a fresh sandboxed instance and checks
     /// what it returns.
     pub fn call(&self, call: &NodeCall<'_>) -> Result<StepPlan, GuestError> {
-        let limits = self.engine.limits();
-        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
-        let mut store = Store::new(self.engine.engine(), sandbox(&limits, stderr.clone()));
-        store.limiter(|s| &mut s.limiter);
-        store.set_epoch_deadline(self.engine.deadline_ticks());
+        let (mut store, stderr) = new_store(&self.engine);
         let input = wit::NodeInput {
             run_id: call.run_id.to_string(),
             workflow_id: call.workflow_id.to_string(),
@@ -216,40 +111,9 @@ impl NodeComponent {
             Ok(Ok(plan)) => parse_plan(plan),
             Ok(Err(wit::NodeError::InvalidInput(m))) => Err(GuestError::InvalidInput(m)),
             Ok(Err(wit::NodeError::Failed(m))) => Err(GuestError::Failed(m)),
-            Err(err) => Err(classify(err, &store, &limits, &stderr)),
+            Err(err) => Err(classify(err, &store, &self.engine.limits(), &stderr)),
         }
     }
-}
-
-fn classify(
-    err: wasmtime::Error,
-    store: &Store<GuestState>,
-    limits: &SandboxLimits,
-    stderr: &MemoryOutputPipe,
-) -> GuestError {
-    if store.data().limiter.memory_exceeded {
-        return GuestError::MemoryLimit {
-            limit_bytes: limits.memory_limit_bytes,
-        };
-    }
-    if let Some(Trap::Interrupt) = err.downcast_ref::<Trap>() {
-        return GuestError::Timeout {
-            limit_ms: limits.time_limit.as_millis() as u64,
-        };
-    }
-    let mut message = match err.downcast_ref::<Trap>() {
-        Some(trap) => trap.to_string(),
-        None => format!("{err:#}"),
-    };
-    let out = stderr.contents();
-    let text = String::from_utf8_lossy(&out);
-    let text = text.trim();
-    if !text.is_empty() {
-        message.push_str(" (stderr: ");
-        message.push_str(text);
-        message.push(')');
-    }
-    GuestError::Trap { message }
 }
 
 fn parse_json(field: &str, text: &str) -> Result<Value, GuestError> {

@@ -1,0 +1,25 @@
+//! Embeds the built-in trigger sources (`schedule@1`, `manual@1`) in the
+//! library: they are components built from `flows/triggers/builtin/` by
+//! `scripts/build-guests`, which must run before the host is built.
+
+use std::path::Path;
+
+fn main() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../flows/triggers/builtin");
+    println!("cargo:rerun-if-changed={}", dir.display());
+    for name in ["schedule", "manual"] {
+        let file = dir.join(format!("{name}.wasm"));
+        println!("cargo:rerun-if-changed={}", file.display());
+        let file = file.canonicalize().unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: build the guest components first (scripts/build-guests)",
+                file.display()
+            )
+        });
+        println!(
+            "cargo:rustc-env=STEPWELL_BUILTIN_{}={}",
+            name.to_uppercase(),
+            file.display()
+        );
+    }
+}

@@ -1,0 +1,706 @@
+//! Trigger sources as components: the registry (built-ins, plugins, broken
+//! plugins), `schedule@1` and `manual@1` semantics, property tests of the
+//! fixed grid, coalescing, `count`, `until` and `rearm`, and `cron@1` across
+//! daylight-saving transitions.
+
+use chrono::{DateTime, Duration, TimeZone, Timelike, Utc};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use stepwell::triggers::{Origin, TriggerError, TriggerRegistry};
+use stepwell_tests::{engine, trigger_component, trigger_registry};
+
+fn registry() -> TriggerRegistry {
+    TriggerRegistry::load(&engine(), None).expect("built-ins load")
+}
+
+fn t(s: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+}
+
+fn fmt(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+}
+
+#[test]
+fn the_built_in_sources_are_listed_and_available() {
+    let r = registry();
+    let names: Vec<_> = r
+        .entries()
+        .iter()
+        .map(|e| (e.name.as_str(), e.available))
+        .collect();
+    assert_eq!(names, [("schedule@1", true), ("manual@1", true)]);
+    for e in r.entries() {
+        assert_eq!(e.origin, Origin::Builtin);
+        let d = e.descriptor.as_ref().unwrap();
+        assert!(d.config_schema.is_object() && d.event_schema.is_object());
+    }
+    let kinds: Vec<_> = r
+        .entries()
+        .iter()
+        .map(|e| json!(e.descriptor.as_ref().unwrap().kind))
+        .collect();
+    assert_eq!(kinds, [json!("time"), json!("manual")]);
+}
+
+#[test]
+fn a_broken_plugin_folder_leaves_every_other_source_working() {
+    let junk = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(junk.path(), b"not a component").unwrap();
+    let node = stepwell_tests::component("hello/greet.wasm");
+    let (r, _dir) = trigger_registry(&[
+        ("a-broken.wasm", junk.path().to_path_buf()),
+        ("b-cron.wasm", trigger_component("plugins/cron.wasm")),
+        ("c-cron-again.wasm", trigger_component("plugins/cron.wasm")),
+        (
+            "d-dup-schedule.wasm",
+            trigger_component("builtin/schedule.wasm"),
+        ),
+        ("e-looping.wasm", trigger_component("testing/looping.wasm")),
+        (
+            "f-bad.wasm",
+            trigger_component("testing/bad-descriptor.wasm"),
+        ),
+        ("g-a-node.wasm", node),
+    ]);
+    let entries: Vec<_> = r
+        .entries()
+        .iter()
+        .map(|e| {
+            (
+                e.name.clone(),
+                e.available,
+                e.reason.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let find = |name: &str| {
+        entries
+            .iter()
+            .find(|e| e.0 == name)
+            .unwrap_or_else(|| panic!("{name} in {entries:?}"))
+            .clone()
+    };
+    assert!(find("schedule@1").1 && find("manual@1").1);
+    assert!(find("a-broken.wasm")
+        .2
+        .contains("not a valid WebAssembly component"));
+    let crons: Vec<_> = entries.iter().filter(|e| e.0 == "cron@1").collect();
+    assert_eq!(crons.len(), 2);
+    assert!(crons[0].1, "the first cron@1 is available");
+    assert!(
+        !crons[1].1 && crons[1].2.contains("duplicates cron@1"),
+        "{crons:?}"
+    );
+    let dup = entries
+        .iter()
+        .filter(|e| e.0 == "schedule@1")
+        .nth(1)
+        .unwrap();
+    assert!(
+        !dup.1
+            && dup
+                .2
+                .contains("duplicates schedule@1 from the built-in source"),
+        "{dup:?}"
+    );
+    let looping = find("e-looping.wasm");
+    assert!(
+        !looping.1 && looping.2.contains("guest_timeout"),
+        "{looping:?}"
+    );
+    let bad = find("f-bad.wasm");
+    assert!(!bad.1 && bad.2.contains("descriptor.id"), "{bad:?}");
+    let node = find("g-a-node.wasm");
+    assert!(
+        !node.1 && node.2.contains("trigger-source world"),
+        "{node:?}"
+    );
+
+    // The others keep working; the broken ones cannot be selected.
+    let now = t("2026-11-30T09:00:00Z");
+    let p = r
+        .preview("cron@1", &json!({"expression": "0 * * * *"}), now, 2)
+        .unwrap();
+    assert_eq!(p.fires.len(), 2);
+    let p = r
+        .preview("schedule@1", &json!({"every": "1h"}), now, 2)
+        .unwrap();
+    assert_eq!(p.fires.len(), 2);
+    assert!(matches!(
+        r.get("nope@1"),
+        Err(TriggerError::UnknownSource(_))
+    ));
+    assert!(matches!(r.get("schedule"), Err(TriggerError::Input { .. })));
+}
+
+#[test]
+fn plugin_calls_run_under_the_time_limit() {
+    // bad-descriptor's prepare loops forever: called directly, outside the
+    // registry, it is stopped like a node.
+    let engine = stepwell_tests::strict_engine(std::time::Duration::from_millis(300), 64);
+    let bytes = std::fs::read(trigger_component("testing/bad-descriptor.wasm")).unwrap();
+    let source = engine
+        .load_trigger_bytes(&bytes, "bad.wasm".as_ref())
+        .unwrap();
+    let binding = stepwell::triggers::Binding {
+        binding_id: "b".into(),
+        source_id: "bad".into(),
+        source_version: 1,
+        config: json!({}),
+    };
+    let err = source
+        .prepare(&binding, &json!({}), "2026-11-30T09:00:00Z")
+        .unwrap_err();
+    assert_eq!(err.reason_code(), "guest_timeout", "{err}");
+}
+
+#[test]
+fn missing_plugin_folder_is_an_input_error() {
+    let err = TriggerRegistry::load(&engine(), Some("/no/such/folder".as_ref())).unwrap_err();
+    assert_eq!(err.reason_code(), "invalid_input");
+    assert!(err.to_string().contains("/no/such/folder"));
+}
+
+fn validate(config: Value) -> Result<Value, TriggerError> {
+    registry().call(
+        "schedule@1",
+        "validate",
+        &json!({"config": config, "now": "2026-11-30T09:00:00+01:00"}),
+        Utc::now(),
+    )
+}
+
+#[test]
+fn schedule_validation_names_the_field() {
+    let ok = validate(json!({"every": "15m"})).unwrap();
+    assert_eq!(
+        ok,
+        json!({"start_at": "2026-11-30T08:00:00Z", "anchor": "2026-11-30T08:00:00Z", "every": "15m"}),
+        "start_at defaults to the creation time, anchor to start_at"
+    );
+    let cases = [
+        (
+            json!({"every": "0m"}),
+            "trigger.config.every",
+            "invalid_definition",
+        ),
+        (
+            json!({"every": "15"}),
+            "trigger.config.every",
+            "invalid_definition",
+        ),
+        (
+            json!({"every": "1w"}),
+            "trigger.config.every",
+            "invalid_definition",
+        ),
+        (
+            json!({"every": "01h"}),
+            "trigger.config.every",
+            "invalid_definition",
+        ),
+        (
+            json!({"every": "367d"}),
+            "trigger.config.every",
+            "invalid_definition",
+        ),
+        (
+            json!({"every": "8785h"}),
+            "trigger.config.every",
+            "invalid_definition",
+        ),
+        (
+            json!({"start_at": "2026-11-30T09:00:00"}),
+            "trigger.config.start_at",
+            "invalid_definition",
+        ),
+        (
+            json!({"start_at": "2026-11-30T09:00:00Z", "until": "2026-11-30T09:00:00Z"}),
+            "trigger.config.until",
+            "invalid_definition",
+        ),
+        (
+            json!({"count": 0}),
+            "trigger.config.count",
+            "invalid_definition",
+        ),
+        (
+            json!({"count": 1000001, "every": "1s"}),
+            "trigger.config.count",
+            "invalid_definition",
+        ),
+        (
+            json!({"count": 2}),
+            "trigger.config.count",
+            "invalid_definition",
+        ),
+        (
+            json!({"count": "3", "every": "1s"}),
+            "trigger.config.count",
+            "invalid_definition",
+        ),
+        (
+            json!({"anchor": "2026-01-01T00:00:00Z", "every": "1h"}),
+            "trigger.config.anchor",
+            "unsupported_feature",
+        ),
+        (
+            json!({"cron": "* * * * *"}),
+            "trigger.config.cron",
+            "invalid_definition",
+        ),
+    ];
+    for (config, field, code) in cases {
+        match validate(config.clone()) {
+            Err(e @ (TriggerError::Invalid { .. } | TriggerError::Unsupported { .. })) => {
+                assert_eq!(e.reason_code(), code, "{config}: {e}");
+                assert_eq!(e.to_json()["field"], field, "{config}: {e}");
+            }
+            other => panic!("{config} should be refused, got {other:?}"),
+        }
+    }
+    assert!(validate(json!({"every": "366d", "count": 1000000})).is_ok());
+    assert!(validate(json!({"count": 1})).is_ok());
+}
+
+#[test]
+fn manual_fires_only_when_asked() {
+    let r = registry();
+    let now = Utc::now();
+    assert_eq!(
+        r.call("manual@1", "validate", &json!({"config": {}}), now)
+            .unwrap(),
+        json!({})
+    );
+    let err = r
+        .call(
+            "manual@1",
+            "validate",
+            &json!({"config": {"every": "1h"}}),
+            now,
+        )
+        .unwrap_err();
+    assert_eq!(err.to_json()["field"], "trigger.config.every");
+    let b = json!({"binding_id": "b1", "config": {}});
+    assert_eq!(
+        r.call(
+            "manual@1",
+            "prepare",
+            &json!({"binding": b, "state": {}}),
+            now
+        )
+        .unwrap(),
+        json!({"kind": "idle"})
+    );
+    let admitted = r
+        .call(
+            "manual@1",
+            "admit",
+            &json!({"binding": b, "state": {}}),
+            now,
+        )
+        .unwrap();
+    assert_eq!(admitted["admission"], Value::Null);
+    let env = r
+        .call(
+            "manual@1",
+            "normalize",
+            &json!({"binding": b, "event_id": "manual:cmd-7", "fired_at": "2026-11-30T09:00:00Z", "payload": {"by": "me"}}),
+            now,
+        )
+        .unwrap();
+    assert_eq!(
+        env,
+        json!({"event_id": "manual:cmd-7", "source_id": "manual", "source_version": 1,
+               "fired_at": "2026-11-30T09:00:00Z", "payload": {"by": "me"}, "binding_id": "b1"})
+    );
+    let err = r
+        .call(
+            "manual@1",
+            "normalize",
+            &json!({"binding": b, "event_id": "cmd-7", "fired_at": "x"}),
+            now,
+        )
+        .unwrap_err();
+    assert_eq!(err.to_json()["field"], "event_id");
+    let p = r.preview("manual@1", &json!({}), now, 3).unwrap();
+    assert_eq!((p.fires.len(), p.end), (0, "idle"));
+}
+
+#[test]
+fn schedule_coalesces_missed_ticks_into_one_admission() {
+    let r = registry();
+    let b = json!({"binding_id": "b1", "config": {"start_at": "2026-11-30T09:00:00Z", "anchor": "2026-11-30T09:00:00Z", "every": "1h"}});
+    let call = |m: &str, input: Value| r.call("schedule@1", m, &input, Utc::now()).unwrap();
+    let state = call("initial-state", json!({"binding": b}));
+    assert_eq!(
+        call("prepare", json!({"binding": b, "state": state})),
+        json!({"kind": "until", "until": "2026-11-30T09:00:00Z"})
+    );
+    // Down from 08:00 to 13:30: ticks 0..=4 were due; one admission, for 4.
+    let out = call(
+        "admit",
+        json!({"binding": b, "state": state, "now": "2026-11-30T13:30:00Z"}),
+    );
+    assert_eq!(out["admission"]["event_id"], "schedule@1:b1:4");
+    assert_eq!(
+        out["admission"]["payload"],
+        json!({"tick": 4, "scheduled_at": "2026-11-30T13:00:00Z",
+               "coalesced": {"first_tick": 0, "last_tick": 4, "missed_count": 4}})
+    );
+    // The grid did not drift: the next tick is 14:00, not 14:30.
+    let next = call("prepare", json!({"binding": b, "state": out["state"]}));
+    assert_eq!(
+        next,
+        json!({"kind": "until", "until": "2026-11-30T14:00:00Z"})
+    );
+    // On time: no coalesced block.
+    let on_time = call(
+        "admit",
+        json!({"binding": b, "state": out["state"], "now": "2026-11-30T14:00:07Z"}),
+    );
+    assert_eq!(
+        on_time["admission"]["payload"],
+        json!({"tick": 5, "scheduled_at": "2026-11-30T14:00:00Z"})
+    );
+    // rearm skips every tick at or before now and admits nothing.
+    let rearmed = call(
+        "rearm",
+        json!({"binding": b, "state": on_time["state"], "now": "2026-11-30T18:00:00Z"}),
+    );
+    assert_eq!(rearmed, json!({"next_tick": 10, "admitted": 2}));
+    let nothing = call(
+        "admit",
+        json!({"binding": b, "state": rearmed, "now": "2026-11-30T18:59:59Z"}),
+    );
+    assert_eq!(nothing["admission"], Value::Null);
+}
+
+/// The expected behaviour, computed independently of the component.
+struct Model {
+    anchor: i64,
+    every: Option<i64>,
+    until: Option<i64>,
+    count: Option<u64>,
+    next: u64,
+    admitted: u64,
+}
+
+impl Model {
+    fn tick(&self, k: u64) -> Option<i64> {
+        let t = match self.every {
+            None if k > 0 => return None,
+            None => self.anchor,
+            Some(e) => self.anchor + k as i64 * e,
+        };
+        (self.until.is_none_or(|u| t < u)).then_some(t)
+    }
+    /// The last existing tick at or before `now`.
+    fn last_due(&self, now: i64) -> Option<u64> {
+        if now < self.anchor {
+            return None;
+        }
+        let mut k = match self.every {
+            None => 0,
+            Some(e) => ((now - self.anchor) / e) as u64,
+        };
+        while k > 0 && self.tick(k).is_none() {
+            k -= 1;
+        }
+        self.tick(k).map(|_| k)
+    }
+    fn exhausted(&self) -> bool {
+        self.count.is_some_and(|c| self.admitted >= c) || self.tick(self.next).is_none()
+    }
+}
+
+fn secs(s: &str) -> i64 {
+    t(s).timestamp()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Random configs and random clocks: every admission is on the grid, one
+    /// per call however many ticks were missed, with exact coalesced counts;
+    /// `count` and `until` are exact; `rearm` never fires the past.
+    #[test]
+    fn schedule_follows_its_grid(
+        start_off in 0i64..(30 * 86_400),
+        n in 1i64..120,
+        unit in prop::sample::select(vec![1i64, 60, 3_600, 86_400]),
+        one_shot in any::<bool>(),
+        count in prop::option::of(1u64..12),
+        until_ticks in prop::option::of(1i64..40),
+        steps in prop::collection::vec((0i64..4, 0i64..1_000, any::<bool>()), 1..40),
+    ) {
+        let r = registry();
+        let every = if one_shot { None } else { Some(n * unit) };
+        let count = if every.is_none() { count.map(|_| 1) } else { count };
+        let anchor = secs("2026-01-01T00:00:00Z") + start_off;
+        let until = until_ticks.map(|k| anchor + k * every.unwrap_or(3_600));
+        let mut config = json!({"start_at": fmt(Utc.timestamp_opt(anchor, 0).unwrap())});
+        if let Some(e) = every { config["every"] = json!(format!("{}{}", e / unit, match unit { 1 => "s", 60 => "m", 3_600 => "h", _ => "d" })); }
+        if let Some(u) = until { config["until"] = json!(fmt(Utc.timestamp_opt(u, 0).unwrap())); }
+        if let Some(c) = count { config["count"] = json!(c); }
+        let call = |m: &str, input: Value| r.call("schedule@1", m, &input, Utc::now());
+        let validated = call("validate", json!({"config": config, "now": fmt(Utc.timestamp_opt(anchor - 10, 0).unwrap())})).unwrap();
+        let b = json!({"binding_id": "bb", "config": validated});
+        let mut state = call("initial-state", json!({"binding": b})).unwrap();
+        let mut model = Model { anchor, every, until, count, next: 0, admitted: 0 };
+        let mut now = anchor - 5;
+        let span = every.unwrap_or(3_600);
+        for (jumps, jitter, pause) in steps {
+            now += jumps * span + jitter * span / 1_000;
+            let now_s = fmt(Utc.timestamp_opt(now, 0).unwrap());
+            if pause {
+                // A paused automation resumed now: no catch-up.
+                state = call("rearm", json!({"binding": b, "state": state, "now": now_s})).unwrap();
+                if let Some(k) = model.last_due(now) { model.next = model.next.max(k + 1); }
+                let again = call("admit", json!({"binding": b, "state": state, "now": now_s})).unwrap();
+                prop_assert_eq!(&again["admission"], &Value::Null, "rearm left something due at {}", now_s);
+                match call("prepare", json!({"binding": b, "state": state, "now": now_s})).unwrap() {
+                    w if w["kind"] == "until" => prop_assert!(secs(w["until"].as_str().unwrap()) > now, "prepare after rearm: {}", w),
+                    w => prop_assert_eq!(&w["kind"], "exhausted"),
+                }
+                continue;
+            }
+            let out = call("admit", json!({"binding": b, "state": state, "now": now_s})).unwrap();
+            let expected = if model.exhausted() { None } else { model.last_due(now).filter(|k| *k >= model.next) };
+            match (expected, &out["admission"]) {
+                (None, Value::Null) => {}
+                (Some(last), a) => {
+                    prop_assert_eq!(&a["event_id"], &json!(format!("schedule@1:bb:{last}")));
+                    let p = &a["payload"];
+                    prop_assert_eq!(&p["tick"], &json!(last));
+                    prop_assert_eq!(secs(p["scheduled_at"].as_str().unwrap()), model.tick(last).unwrap(), "on the grid");
+                    if last > model.next {
+                        prop_assert_eq!(&p["coalesced"], &json!({"first_tick": model.next, "last_tick": last, "missed_count": last - model.next}));
+                    } else {
+                        prop_assert!(p.get("coalesced").is_none());
+                    }
+                    if let Some(u) = until { prop_assert!(model.tick(last).unwrap() < u, "until is exclusive"); }
+                    model.next = last + 1;
+                    model.admitted += 1;
+                }
+                (None, a) => prop_assert!(false, "unexpected admission {} at {}", a, now_s),
+            }
+            state = out["state"].clone();
+            prop_assert_eq!(&state, &json!({"next_tick": model.next, "admitted": model.admitted}));
+        }
+        if let Some(c) = count { prop_assert!(model.admitted <= c, "count is a ceiling"); }
+        // Run the clock far past everything: exactly as many admissions as the
+        // model allows, then exhausted (when bounded).
+        let far = now + 400 * 86_400 * 5;
+        let out = call("admit", json!({"binding": b, "state": state, "now": fmt(Utc.timestamp_opt(far, 0).unwrap())})).unwrap();
+        let expected = if model.exhausted() { None } else { model.last_due(far).filter(|k| *k >= model.next) };
+        prop_assert_eq!(out["admission"].is_null(), expected.is_none());
+        if let Some(k) = expected { model.next = k + 1; model.admitted += 1; }
+        if count.is_some() || until.is_some() || every.is_none() {
+            let w = call("prepare", json!({"binding": b, "state": out["state"]})).unwrap();
+            if model.exhausted() { prop_assert_eq!(&w["kind"], "exhausted"); }
+        }
+    }
+}
+
+#[test]
+fn count_and_until_are_exact_at_their_boundaries() {
+    let r = registry();
+    let from = t("2026-11-30T09:00:00Z");
+    let p = r
+        .preview(
+            "schedule@1",
+            &json!({"start_at": "2026-11-30T09:00:00Z", "every": "10m", "count": 3}),
+            from,
+            10,
+        )
+        .unwrap();
+    assert_eq!(p.fires.len(), 3);
+    assert_eq!(p.end, "exhausted");
+    // until is exclusive: a tick exactly at until does not fire.
+    let p = r
+        .preview("schedule@1", &json!({"start_at": "2026-11-30T09:00:00Z", "every": "10m", "until": "2026-11-30T09:30:00Z"}), from, 10)
+        .unwrap();
+    let at: Vec<_> = p
+        .fires
+        .iter()
+        .map(|f| f.payload["scheduled_at"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        at,
+        [
+            "2026-11-30T09:00:00Z",
+            "2026-11-30T09:10:00Z",
+            "2026-11-30T09:20:00Z"
+        ]
+    );
+    // Without every: one firing, at start_at.
+    let p = r
+        .preview(
+            "schedule@1",
+            &json!({"start_at": "2026-12-01T00:00:00+01:00"}),
+            from,
+            10,
+        )
+        .unwrap();
+    assert_eq!(p.fires.len(), 1);
+    assert_eq!(p.fires[0].payload["scheduled_at"], "2026-11-30T23:00:00Z");
+}
+
+fn cron_registry() -> (TriggerRegistry, tempfile::TempDir) {
+    trigger_registry(&[("cron.wasm", trigger_component("plugins/cron.wasm"))])
+}
+
+fn cron_fires(
+    r: &TriggerRegistry,
+    expr: &str,
+    tz: &str,
+    from: &str,
+    n: usize,
+) -> Vec<(DateTime<Utc>, String)> {
+    let p = r
+        .preview(
+            "cron@1",
+            &json!({"expression": expr, "timezone": tz}),
+            t(from),
+            n,
+        )
+        .unwrap();
+    p.fires
+        .iter()
+        .map(|f| {
+            (
+                t(f.payload["scheduled_at"].as_str().unwrap()),
+                f.payload["local_time"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn cron_handles_the_daylight_saving_gap_and_repeat() {
+    let (r, _d) = cron_registry();
+    // Europe/Paris springs forward on 2026-03-29 at 02:00 (to 03:00): 02:30
+    // does not exist that day and fires at 03:00 CEST.
+    let f = cron_fires(&r, "30 2 * * *", "Europe/Paris", "2026-03-28T00:00:00Z", 3);
+    let local: Vec<_> = f.iter().map(|x| x.1.as_str()).collect();
+    assert_eq!(
+        local,
+        [
+            "2026-03-28T02:30:00+01:00",
+            "2026-03-29T03:00:00+02:00",
+            "2026-03-30T02:30:00+02:00"
+        ]
+    );
+    // It falls back on 2026-10-25 at 03:00 (to 02:00): 02:30 happens twice
+    // and fires once, at the first.
+    let f = cron_fires(&r, "30 2 * * *", "Europe/Paris", "2026-10-24T12:00:00Z", 2);
+    assert_eq!(f[0].0, t("2026-10-25T00:30:00Z"));
+    assert_eq!(f[1].0, t("2026-10-26T01:30:00Z"));
+    // Every weekday at 09:00 Paris time, across the change: 08:00Z in winter,
+    // 07:00Z in summer.
+    let f = cron_fires(&r, "0 9 * * 1-5", "Europe/Paris", "2026-03-26T00:00:00Z", 4);
+    let utc: Vec<_> = f.iter().map(|x| fmt(x.0)).collect();
+    assert_eq!(
+        utc,
+        [
+            "2026-03-26T08:00:00Z",
+            "2026-03-27T08:00:00Z",
+            "2026-03-30T07:00:00Z",
+            "2026-03-31T07:00:00Z"
+        ]
+    );
+    // New York, an hourly expression over the November repeat: the repeated
+    // 01:00 fires once.
+    let f = cron_fires(
+        &r,
+        "0 * * * *",
+        "America/New_York",
+        "2026-11-01T03:30:00Z",
+        4,
+    );
+    let local: Vec<_> = f.iter().map(|x| x.1.as_str()).collect();
+    assert_eq!(
+        local,
+        [
+            "2026-11-01T00:00:00-04:00",
+            "2026-11-01T01:00:00-04:00",
+            "2026-11-01T02:00:00-05:00",
+            "2026-11-01T03:00:00-05:00"
+        ]
+    );
+}
+
+#[test]
+fn cron_validation_names_the_field() {
+    let (r, _d) = cron_registry();
+    for (config, field) in [
+        (
+            json!({"expression": "0 9 * *"}),
+            "trigger.config.expression",
+        ),
+        (
+            json!({"expression": "61 9 * * *"}),
+            "trigger.config.expression",
+        ),
+        (
+            json!({"expression": "0 9 * * MON-XYZ"}),
+            "trigger.config.expression",
+        ),
+        (
+            json!({"expression": "0 9 * * *", "timezone": "Mars/Olympus"}),
+            "trigger.config.timezone",
+        ),
+        (json!({"timezone": "UTC"}), "trigger.config.expression"),
+        (
+            json!({"expression": "0 9 * * *", "every": "1h"}),
+            "trigger.config.every",
+        ),
+    ] {
+        let err = r
+            .call("cron@1", "validate", &json!({"config": config}), Utc::now())
+            .unwrap_err();
+        assert_eq!(err.to_json()["field"], field, "{config}: {err}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A daily cron fires exactly once on every local day of a year, whatever
+    /// the daylight-saving transitions, at the expression's wall time except
+    /// when that time does not exist (then right after the gap).
+    #[test]
+    fn a_daily_cron_fires_once_per_local_day(
+        minute in 0u32..60,
+        hour in 0u32..24,
+        tz in prop::sample::select(vec!["Europe/Paris", "America/New_York", "Australia/Sydney", "UTC"]),
+        start_day in 0i64..365,
+    ) {
+        let (r, _d) = cron_registry();
+        let from = t("2026-01-01T12:00:00Z") + Duration::days(start_day);
+        let tzv: chrono_tz::Tz = tz.parse().unwrap();
+        let fires = cron_fires(&r, &format!("{minute} {hour} * * *"), tz, &fmt(from), 370);
+        prop_assert_eq!(fires.len(), 370);
+        let mut days = std::collections::BTreeSet::new();
+        for w in fires.windows(2) {
+            prop_assert!(w[0].0 < w[1].0, "strictly increasing");
+        }
+        for (at, _) in &fires {
+            let local = at.with_timezone(&tzv);
+            prop_assert!(days.insert(local.date_naive()), "one firing per local day: {} twice", local.date_naive());
+            let on_time = (local.hour(), local.minute()) == (hour, minute);
+            // Otherwise the wall time did not exist: it fired at the end of
+            // the gap, less than 3 hours later.
+            let shifted = local.minute() == 0 && {
+                let wall = local.date_naive().and_hms_opt(hour, minute, 0).unwrap();
+                tzv.from_local_datetime(&wall).single().is_none()
+                    && tzv.from_local_datetime(&wall).earliest().is_none()
+            };
+            prop_assert!(on_time || shifted, "{} local {} for {:02}:{:02}", at, local, hour, minute);
+        }
+        let consecutive = days.iter().zip(days.iter().skip(1)).all(|(a, b)| *b == a.succ_opt().unwrap());
+        prop_assert!(consecutive, "no local day skipped");
+    }
+}
