@@ -393,3 +393,84 @@ fn triggers_list_validate_preview_and_call() {
         "cron is only a plugin: {err}"
     );
 }
+
+#[test]
+fn ledger_verify_finds_the_first_tampered_record() {
+    let cli = Cli::new();
+    let parked = cli.json(&["run", &ex("ask-user")]);
+    let id = parked["run_id"].as_str().unwrap().to_string();
+    cli.ok(&["resume", &id, "--payload", r#"{"text": "Bob"}"#]);
+    let ok = cli.ok(&["ledger", &id, "--verify"]);
+    assert!(ok.starts_with("ok: 4 records, chain intact"), "{ok}");
+    let report = cli.json(&["ledger", &id, "--verify"]);
+    assert_eq!(report["ok"], true);
+
+    // Change the third record behind the host's back.
+    let db = cli.cwd.path().join(".stepwell/stepwell.sqlite");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let data: String = conn
+        .query_row(
+            "SELECT data FROM ledger WHERE run_id = ?1 AND seq = 3",
+            [&id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let forged = data.replace("Bob", "Eve");
+    assert_ne!(forged, data);
+    conn.execute(
+        "UPDATE ledger SET data = ?1 WHERE run_id = ?2 AND seq = 3",
+        rusqlite::params![forged, id],
+    )
+    .unwrap();
+    drop(conn);
+    let out = cli.run(&["ledger", &id, "--verify"]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("broken: record 3 of 4") && text.contains("changed"),
+        "{text}"
+    );
+
+    // Remove the second record: the third no longer follows the first.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute(
+        "UPDATE ledger SET data = ?1 WHERE run_id = ?2 AND seq = 3",
+        rusqlite::params![data, id],
+    )
+    .unwrap();
+    conn.execute("DELETE FROM ledger WHERE run_id = ?1 AND seq = 2", [&id])
+        .unwrap();
+    drop(conn);
+    let out = cli.run(&["ledger", &id, "--verify", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["break"]["index"], 2);
+    assert_eq!(v["break"]["problem"], "removed or reordered");
+}
+
+#[test]
+fn the_store_can_be_json_files_or_memory() {
+    let cli = Cli::new();
+    let dir = cli.cwd.path().join("json-store");
+    let spec = format!("json:{}", dir.display());
+    let parked = cli.json(&["--store", &spec, "run", &ex("ask-user")]);
+    let id = parked["run_id"].as_str().unwrap().to_string();
+    assert!(dir.join(format!("run_{id}.json")).is_file());
+    let done = cli.json(&[
+        "--store",
+        &spec,
+        "resume",
+        &id,
+        "--payload",
+        r#"{"text": "Jo"}"#,
+    ]);
+    assert_eq!(done["output"], json!({"greeting": "Hello, Jo!"}));
+    assert!(cli
+        .ok(&["--store", &spec, "ledger", &id, "--verify"])
+        .starts_with("ok: 4 records"));
+    let mem = cli.json(&["--store", "memory", "run", &ex("hello")]);
+    assert_eq!(mem["status"], "completed");
+    let err = cli.fails(&["--store", "postgres://x", "list"]);
+    assert!(err.contains("--store"), "{err}");
+    assert!(!cli.cwd.path().join(".stepwell/stepwell.sqlite").exists());
+}

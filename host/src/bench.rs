@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde_json::{json, Map, Value};
 
 use crate::core::Result;
-use crate::store::{MemoryStore, SqliteStore, Store};
+use crate::store::{JsonFileStore, MemoryStore, SqliteStore, Store};
 use crate::wasm::{EngineConfig, NodeCall, WasmEngine};
 use crate::{Error, RunStatus, Runtime, StartOptions};
 
@@ -28,7 +28,8 @@ pub struct BenchOptions {
     /// Batches of cycles (the median is reported).
     pub cycle_batches: usize,
     /// Run only the benchmarks whose figure names contain this text
-    /// (`dispatch`, `chain`, `memory`, `sqlite`, `cycles`, `trigger`).
+    /// (`dispatch`, `chain`, `memory`, `sqlite`, `json`, `ledger`, `cycles`,
+    /// `trigger`).
     pub only: Option<String>,
 }
 
@@ -178,6 +179,41 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
     if want("chain_steps_per_s_memory") {
         let rate = chain(Arc::new(MemoryStore::new()))?;
         figures.insert("chain_steps_per_s_memory".into(), json!(round(rate, 0)));
+    }
+    if want("chain_steps_per_s_json") {
+        let rate = chain(Arc::new(JsonFileStore::open(scratch.0.join("chain-json"))?))?;
+        figures.insert("chain_steps_per_s_json".into(), json!(round(rate, 0)));
+    }
+    if want("ledger_append_per_s_sqlite") {
+        let store = SqliteStore::open(scratch.0.join("ledger.sqlite"))?;
+        let record = |run: &str, n: usize| crate::StepRecord {
+            step_id: format!("{run}-{n}"),
+            run_id: run.to_string(),
+            node_id: Some("n".into()),
+            status: crate::StepStatus::Completed,
+            effect: None,
+            result: Some(json!({ "next_node": "m" })),
+            error: None,
+            started_at: "2026-11-30T09:00:00.000000Z".into(),
+            ended_at: Some("2026-11-30T09:00:00.000000Z".into()),
+            attempt: 1,
+            idempotency_key: None,
+            prev_hash: None,
+            record_hash: None,
+        };
+        let mut rates = Vec::new();
+        for batch in 0..options.chain_repeats {
+            let run = format!("bench-ledger-{batch}");
+            let t = Instant::now();
+            for n in 0..options.chain_len {
+                store.append_records(&[record(&run, n)])?;
+            }
+            rates.push(options.chain_len as f64 / t.elapsed().as_secs_f64());
+        }
+        figures.insert(
+            "ledger_append_per_s_sqlite".into(),
+            json!(round(median(rates), 0)),
+        );
     }
     if want("chain_steps_per_s_sqlite") {
         let rate = chain(Arc::new(SqliteStore::open(scratch.0.join("chain.sqlite"))?))?;

@@ -1,12 +1,12 @@
 //! Setting up a runtime the way the `stepwell` binary does: the embedded
-//! SQLite store at `.stepwell/stepwell.sqlite` (or a path you give), with the
-//! compiled-component cache beside it.
+//! SQLite store at `.stepwell/stepwell.sqlite` (or another store you name),
+//! with the compiled-component cache beside it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::core::Result;
-use crate::store::{MemoryStore, SqliteStore, Store};
+use crate::core::{Error, Result};
+use crate::store::{JsonFileStore, MemoryStore, SqliteStore, Store};
 use crate::wasm::{EngineConfig, SandboxLimits, WasmEngine};
 use crate::Runtime;
 
@@ -23,19 +23,37 @@ pub enum StoreSpec {
     Memory,
     /// A SQLite database file.
     Sqlite(PathBuf),
+    /// A folder of JSON files.
+    Json(PathBuf),
 }
 
 impl StoreSpec {
+    /// Parses `memory`, `sqlite:PATH` or `json:DIR` (the `--store` syntax).
+    pub fn parse(text: &str) -> Result<StoreSpec> {
+        let bad = || Error::InvalidInput {
+            field: "--store".into(),
+            message: format!("{text:?} is not memory, sqlite:PATH or json:DIR"),
+        };
+        match text.split_once(':') {
+            None if text == "memory" => Ok(StoreSpec::Memory),
+            Some(("sqlite", p)) if !p.is_empty() => Ok(StoreSpec::Sqlite(p.into())),
+            Some(("json", p)) if !p.is_empty() => Ok(StoreSpec::Json(p.into())),
+            _ => Err(bad()),
+        }
+    }
+
     /// Opens the store.
     pub fn open(&self) -> Result<Arc<dyn Store>> {
         Ok(match self {
             StoreSpec::Memory => Arc::new(MemoryStore::new()),
             StoreSpec::Sqlite(path) => Arc::new(SqliteStore::open(path)?),
+            StoreSpec::Json(dir) => Arc::new(JsonFileStore::open(dir)?),
         })
     }
 
     /// Where compiled components are cached for this store: `cache/` beside
-    /// the database, or `.stepwell/cache` for the memory store.
+    /// the database, `cache/` inside a JSON store folder, or
+    /// `.stepwell/cache` for the memory store.
     pub fn cache_dir(&self) -> PathBuf {
         match self {
             StoreSpec::Memory => Path::new(".stepwell").join("cache"),
@@ -44,6 +62,7 @@ impl StoreSpec {
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."))
                 .join("cache"),
+            StoreSpec::Json(dir) => dir.join("cache"),
         }
     }
 }

@@ -16,6 +16,9 @@ struct Cli {
     /// The SQLite database (default .stepwell/stepwell.sqlite under the current directory).
     #[arg(long, global = true, env = DB_ENV)]
     db: Option<PathBuf>,
+    /// The store: memory, sqlite:PATH or json:DIR (overrides --db).
+    #[arg(long, global = true, env = "STEPWELL_STORE")]
+    store: Option<String>,
     /// Print machine-readable JSON.
     #[arg(long, global = true)]
     json: bool,
@@ -65,6 +68,10 @@ enum Command {
     Ledger {
         /// The run.
         run_id: String,
+        /// Check the hash chain instead: report the first record that was
+        /// changed, removed or reordered (exit status 1 when one was).
+        #[arg(long)]
+        verify: bool,
     },
     /// List runs.
     List {
@@ -351,7 +358,10 @@ fn execute(cli: Cli) -> Result<(), Error> {
         }
         return Ok(());
     }
-    let spec = StoreSpec::Sqlite(cli.db.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DB)));
+    let spec = match &cli.store {
+        Some(text) => StoreSpec::parse(text)?,
+        None => StoreSpec::Sqlite(cli.db.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DB))),
+    };
     let limits = SandboxLimits {
         time_limit: Duration::from_millis(cli.guest_time_ms),
         memory_limit_bytes: cli.guest_memory_mib << 20,
@@ -419,7 +429,45 @@ fn execute(cli: Cli) -> Result<(), Error> {
             print_run(&rt.resume(&run_id, &key, payload)?, cli.json);
         }
         Command::Status { run_id } => print_run(&rt.get_state(&run_id)?, cli.json),
-        Command::Ledger { run_id } => {
+        Command::Ledger {
+            run_id,
+            verify: true,
+        } => {
+            let count = rt.get_ledger(&run_id)?.len();
+            match rt.verify_ledger(&run_id)? {
+                Ok(head) => {
+                    if cli.json {
+                        println!(
+                            "{}",
+                            serde_json::json!({"ok": true, "records": count, "head": head})
+                        );
+                    } else {
+                        println!(
+                            "ok: {count} records, chain intact (head {})",
+                            head.as_deref().unwrap_or("-")
+                        );
+                    }
+                }
+                Err(b) => {
+                    if cli.json {
+                        println!(
+                            "{}",
+                            serde_json::json!({"ok": false, "records": count, "break": b})
+                        );
+                    } else {
+                        println!(
+                            "broken: record {} of {count} ({}) was {}",
+                            b.index, b.step_id, b.problem
+                        );
+                    }
+                    return Err(Error::Store(stepwell::StoreError::corrupt(format!(
+                        "the ledger of run {run_id} fails verification at record {} ({})",
+                        b.index, b.problem
+                    ))));
+                }
+            }
+        }
+        Command::Ledger { run_id, .. } => {
             let records = rt.get_ledger(&run_id)?;
             if cli.json {
                 println!(

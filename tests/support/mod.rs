@@ -80,6 +80,8 @@ pub enum Backend {
     Memory,
     /// [`SqliteStore`] in a temporary directory.
     Sqlite,
+    /// [`stepwell::JsonFileStore`] in a temporary directory.
+    Json,
 }
 
 /// A runtime and what keeps its files alive.
@@ -114,6 +116,9 @@ impl Host {
             Backend::Memory => Arc::new(MemoryStore::new()),
             Backend::Sqlite => {
                 Arc::new(SqliteStore::open(dir.path().join("db.sqlite")).expect("open"))
+            }
+            Backend::Json => {
+                Arc::new(stepwell::JsonFileStore::open(dir.path().join("store")).expect("open"))
             }
         };
         let mut b = Runtime::builder(store.clone()).engine(engine);
@@ -173,7 +178,7 @@ pub fn manual_clock() -> Arc<ManualClock> {
 
 /// Runs a test body once per backend: `store_tests!(name, ...)` expects a
 /// function `fn name(b: Backend)` for each name and generates
-/// `memory::name` and `sqlite::name` tests.
+/// `memory::name`, `sqlite::name` and `json::name` tests.
 #[macro_export]
 macro_rules! store_tests {
     ($($name:ident),* $(,)?) => {
@@ -182,6 +187,9 @@ macro_rules! store_tests {
         }
         mod sqlite {
             $( #[test] fn $name() { super::$name($crate::Backend::Sqlite) } )*
+        }
+        mod json {
+            $( #[test] fn $name() { super::$name($crate::Backend::Json) } )*
         }
     };
 }

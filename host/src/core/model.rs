@@ -234,6 +234,15 @@ pub struct StepRecord {
     /// this run is attempted (`<run_id>:<effect_seq>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// The `record_hash` of the run's previous ledger record (`None` for the
+    /// first). Set by the store when it appends the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev_hash: Option<String>,
+    /// SHA-256 (hex) of this record with `prev_hash` set and `record_hash`
+    /// empty: the tamper-evident chain ([`crate::store::verify_chain`]). Set
+    /// by the store when it appends the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_hash: Option<String>,
 }
 
 /// What a node decided: the Rust form of the WIT `step-plan`, parsed and

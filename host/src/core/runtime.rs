@@ -364,6 +364,16 @@ impl Runtime {
         Ok(self.store().list_records(run_id)?)
     }
 
+    /// Checks the run's ledger hash chain: `Ok(Ok(head))` with the hash of
+    /// the newest record, or `Ok(Err(break))` naming the first record that
+    /// was changed, removed or reordered.
+    pub fn verify_ledger(
+        &self,
+        run_id: &str,
+    ) -> Result<std::result::Result<Option<String>, crate::store::ChainBreak>> {
+        Ok(crate::store::verify_chain(&self.get_ledger(run_id)?))
+    }
+
     /// The runs matching `query`, oldest first.
     pub fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>> {
         Ok(self.store().list_runs(query)?)
@@ -641,6 +651,8 @@ impl Runtime {
             ended_at: None,
             attempt: 1,
             idempotency_key: None,
+            prev_hash: None,
+            record_hash: None,
         }
     }
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use parking_lot::RwLock;
 
-use super::{wait_due_at, RunQuery, Store, StoreError};
+use super::{link, wait_due_at, RunQuery, Store, StoreError};
 use crate::core::model::{RunState, StepRecord};
 
 /// Runs and ledgers in process memory.
@@ -29,6 +29,16 @@ impl MemoryStore {
         let mut s = self.next_seq.write();
         *s += 1;
         *s
+    }
+}
+
+fn append_chained(ledgers: &mut HashMap<String, Vec<StepRecord>>, records: &[StepRecord]) {
+    for r in records {
+        let ledger = ledgers.entry(r.run_id.clone()).or_default();
+        let mut head = ledger.last().and_then(|l| l.record_hash.clone());
+        let mut r = r.clone();
+        link(&mut head, &mut r);
+        ledger.push(r);
     }
 }
 
@@ -73,19 +83,16 @@ impl Store for MemoryStore {
 
     fn list_due_waits(&self, now: DateTime<Utc>) -> Result<Vec<RunState>, StoreError> {
         let runs = self.runs.read();
-        let mut due: Vec<&(u64, RunState)> = runs
+        let mut due: Vec<(DateTime<Utc>, u64, &RunState)> = runs
             .values()
-            .filter(|(_, r)| wait_due_at(r).is_some_and(|t| t <= now))
+            .filter_map(|(seq, r)| wait_due_at(r).filter(|t| *t <= now).map(|t| (t, *seq, r)))
             .collect();
-        due.sort_by_key(|(seq, _)| *seq);
-        Ok(due.into_iter().map(|(_, r)| r.clone()).collect())
+        due.sort_by_key(|(t, seq, _)| (*t, *seq));
+        Ok(due.into_iter().map(|(_, _, r)| r.clone()).collect())
     }
 
     fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError> {
-        let mut ledgers = self.ledgers.write();
-        for r in records {
-            ledgers.entry(r.run_id.clone()).or_default().push(r.clone());
-        }
+        append_chained(&mut self.ledgers.write(), records);
         Ok(())
     }
 
@@ -93,9 +100,7 @@ impl Store for MemoryStore {
         // Atomic: both locks are held, so nobody sees the ledger ahead.
         let mut ledgers = self.ledgers.write();
         let mut runs = self.runs.write();
-        for r in records {
-            ledgers.entry(r.run_id.clone()).or_default().push(r.clone());
-        }
+        append_chained(&mut ledgers, records);
         match runs.get_mut(&run.run_id) {
             Some(slot) => slot.1 = run.clone(),
             None => {

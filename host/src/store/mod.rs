@@ -1,6 +1,6 @@
 //! Where runs and ledgers live. One [`Store`] trait, several backends:
-//! [`MemoryStore`] (tests, embedding) and [`SqliteStore`] (the embedded
-//! default: one file, WAL).
+//! [`MemoryStore`] (tests, embedding), [`JsonFileStore`] (a folder of JSON
+//! files) and [`SqliteStore`] (the embedded default: one file, WAL).
 //!
 //! The trait is shaped for more than one host process: every write is either
 //! a whole-run save, an atomic create-if-absent, or an append, and
@@ -8,6 +8,7 @@
 //! and its run save atomic. A backend shared by several hosts (PostgreSQL with
 //! per-run leases) implements the same calls.
 
+mod json_files;
 mod memory;
 mod sqlite;
 
@@ -15,9 +16,11 @@ use std::fmt;
 use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
+use serde::Serialize;
 
 use crate::core::model::{RunState, RunStatus, StepRecord, WaitReason};
 
+pub use json_files::JsonFileStore;
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;
 
@@ -118,10 +121,12 @@ pub trait Store: Send + Sync {
     fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError>;
 
     /// Waiting runs whose time has come at `now`: `until` waits that are due,
-    /// and event waits whose deadline has passed.
+    /// and event waits whose deadline has passed; the earliest due first.
     fn list_due_waits(&self, now: DateTime<Utc>) -> Result<Vec<RunState>, StoreError>;
 
-    /// Appends records to their runs' ledgers.
+    /// Appends records to their runs' ledgers, linking each into its run's
+    /// hash chain ([`link`]): `prev_hash` and `record_hash` are set by the
+    /// store, whatever the caller put there.
     fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError>;
 
     /// A run's ledger, oldest first.
@@ -150,6 +155,76 @@ pub trait Store: Send + Sync {
 
     /// The bundle directory that defines `workflow_id`, if one was recorded.
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError>;
+}
+
+/// The hash of `record` in its run's chain: SHA-256 (hex) of its JSON with
+/// `prev_hash` set to `prev` and `record_hash` empty.
+pub fn chain_hash(prev: Option<&str>, record: &StepRecord) -> String {
+    use sha2::{Digest, Sha256};
+    let mut r = record.clone();
+    r.prev_hash = prev.map(str::to_string);
+    r.record_hash = None;
+    let bytes = serde_json::to_vec(&r).unwrap_or_default();
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Links `record` after `head` (the hash of the run's last record), moves
+/// `head` to it, and returns the record's JSON as stored. Stores call this
+/// as they append.
+pub fn link(head: &mut Option<String>, record: &mut StepRecord) -> String {
+    use sha2::{Digest, Sha256};
+    record.prev_hash = head.clone();
+    record.record_hash = None;
+    let mut json = serde_json::to_string(&*record).unwrap_or_default();
+    let hash = hex::encode(Sha256::digest(json.as_bytes()));
+    // `record_hash` is the last field: the stored form is the hashed form
+    // with it added, which saves serialising the record twice.
+    if json.ends_with('}') {
+        json.pop();
+        json.push_str(&format!(",\"record_hash\":\"{hash}\"}}"));
+    }
+    record.record_hash = Some(hash.clone());
+    *head = Some(hash);
+    json
+}
+
+/// Where a ledger's hash chain breaks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChainBreak {
+    /// The 1-based position of the first bad record.
+    pub index: usize,
+    /// Its step id.
+    pub step_id: String,
+    /// `changed` (its content does not match its hash), `removed or reordered`
+    /// (it does not follow the record before it), or `unchained` (it has no
+    /// hash).
+    pub problem: &'static str,
+}
+
+/// Checks a run's ledger, oldest first. Returns the hash of the last record
+/// (the head), or the first record that was changed, removed or reordered.
+/// Removing the newest records leaves a shorter valid chain: keep the head
+/// somewhere else to detect that.
+pub fn verify_chain(records: &[StepRecord]) -> Result<Option<String>, ChainBreak> {
+    let mut head: Option<String> = None;
+    for (i, r) in records.iter().enumerate() {
+        let fail = |problem| ChainBreak {
+            index: i + 1,
+            step_id: r.step_id.clone(),
+            problem,
+        };
+        let Some(hash) = &r.record_hash else {
+            return Err(fail("unchained"));
+        };
+        if r.prev_hash != head {
+            return Err(fail("removed or reordered"));
+        }
+        if chain_hash(r.prev_hash.as_deref(), r) != *hash {
+            return Err(fail("changed"));
+        }
+        head = Some(hash.clone());
+    }
+    Ok(head)
 }
 
 /// `records` less those (keyed) whose run, idempotency key and status are

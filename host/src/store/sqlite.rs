@@ -12,12 +12,12 @@ use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{wait_due_at, RunQuery, Store, StoreError};
+use super::{link, wait_due_at, RunQuery, Store, StoreError};
 use crate::core::model::{RunState, StepRecord};
 
 /// The schema version this build writes. A database with a higher
 /// `user_version` was written by a newer stepwell and is refused.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS ledger (
     run_id  TEXT NOT NULL,
     seq     INTEGER NOT NULL,
     data    TEXT NOT NULL,
+    hash    TEXT,
     PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS bundles (
@@ -134,6 +135,15 @@ impl SqliteStore {
             });
         }
         conn.execute_batch(SCHEMA).map_err(|e| db_err(&path, e))?;
+        // Version 1 had no hash column: add it (old records stay unchained).
+        let has_hash: bool = conn
+            .prepare("SELECT 1 FROM pragma_table_info('ledger') WHERE name = 'hash'")
+            .and_then(|mut st| st.exists([]))
+            .map_err(|e| db_err(&path, e))?;
+        if !has_hash {
+            conn.execute_batch("ALTER TABLE ledger ADD COLUMN hash TEXT")
+                .map_err(|e| db_err(&path, e))?;
+        }
         if version < SCHEMA_VERSION {
             conn.pragma_update(None, "user_version", SCHEMA_VERSION)
                 .map_err(|e| db_err(&path, e))?;
@@ -190,15 +200,35 @@ impl SqliteStore {
     }
 
     fn append_on(&self, conn: &Connection, records: &[StepRecord]) -> Result<(), StoreError> {
-        let mut st = conn
+        // Each run's last (seq, hash), read once per run and batch.
+        let mut heads: Vec<(&str, i64, Option<String>)> = Vec::new();
+        let mut last = conn
             .prepare_cached(
-                "INSERT INTO ledger (run_id, seq, data) VALUES (?1,
-                 (SELECT COALESCE(MAX(seq), 0) + 1 FROM ledger WHERE run_id = ?1), ?2)",
+                "SELECT seq, hash FROM ledger WHERE run_id = ?1 ORDER BY seq DESC LIMIT 1",
             )
             .map_err(|e| self.err(e))?;
+        let mut insert = conn
+            .prepare_cached("INSERT INTO ledger (run_id, seq, data, hash) VALUES (?1, ?2, ?3, ?4)")
+            .map_err(|e| self.err(e))?;
         for r in records {
-            let data = serde_json::to_string(r).map_err(|e| self.err(e))?;
-            st.execute(params![r.run_id, data])
+            let i = match heads.iter().position(|h| h.0 == r.run_id) {
+                Some(i) => i,
+                None => {
+                    let (seq, hash) = last
+                        .query_row([&r.run_id], |row| Ok((row.get(0)?, row.get(1)?)))
+                        .optional()
+                        .map_err(|e| self.err(e))?
+                        .unwrap_or((0, None));
+                    heads.push((&r.run_id, seq, hash));
+                    heads.len() - 1
+                }
+            };
+            let head = &mut heads[i];
+            let mut r = r.clone();
+            let data = link(&mut head.2, &mut r);
+            head.1 += 1;
+            insert
+                .execute(params![r.run_id, head.1, data, head.2])
                 .map_err(|e| self.err(e))?;
         }
         Ok(())

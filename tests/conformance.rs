@@ -1,0 +1,455 @@
+//! One store contract, one conformance suite: the same calls return the same
+//! answers on the memory, SQLite and JSON-file stores.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use stepwell::{
+    JsonFileStore, MemoryStore, RunQuery, RunState, RunStatus, SqliteStore, StepRecord, StepStatus,
+    Store, WaitReason, WaitState,
+};
+use stepwell_tests::{store_tests, Backend};
+
+struct Fixture {
+    store: Arc<dyn Store>,
+    dir: tempfile::TempDir,
+    backend: Backend,
+}
+
+fn open(backend: Backend, dir: &std::path::Path) -> Arc<dyn Store> {
+    match backend {
+        Backend::Memory => Arc::new(MemoryStore::new()),
+        Backend::Sqlite => Arc::new(SqliteStore::open(dir.join("db.sqlite")).unwrap()),
+        Backend::Json => Arc::new(JsonFileStore::open(dir.join("store")).unwrap()),
+    }
+}
+
+fn fixture(backend: Backend) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    Fixture {
+        store: open(backend, dir.path()),
+        dir,
+        backend,
+    }
+}
+
+fn run(id: &str, workflow: &str) -> RunState {
+    RunState {
+        run_id: id.into(),
+        workflow_id: workflow.into(),
+        status: RunStatus::Running,
+        current_node: Some("a".into()),
+        vars: serde_json::from_value(json!({"n": 1})).unwrap(),
+        waiting: None,
+        output: None,
+        error: None,
+        created_at: "2026-11-30T09:00:00.000000Z".into(),
+        updated_at: "2026-11-30T09:00:00.000000Z".into(),
+        actor_id: None,
+        session_id: None,
+        parent_run_id: None,
+    }
+}
+
+fn waiting(mut r: RunState, reason: WaitReason, key: &str, until: Option<&str>) -> RunState {
+    r.status = RunStatus::Waiting;
+    r.waiting = Some(WaitState {
+        reason,
+        wait_key: key.into(),
+        until: until.map(str::to_string),
+        resume_to_node: Some("b".into()),
+        result_key: Some("r".into()),
+        prompt: None,
+        choices: None,
+        details: None,
+    });
+    r
+}
+
+fn record(run_id: &str, n: u32, key: Option<&str>) -> StepRecord {
+    StepRecord {
+        step_id: format!("{run_id}-step-{n}"),
+        run_id: run_id.into(),
+        node_id: Some(format!("n{n}")),
+        status: StepStatus::Completed,
+        effect: None,
+        result: Some(json!({"n": n})),
+        error: None,
+        started_at: "2026-11-30T09:00:00.000000Z".into(),
+        ended_at: None,
+        attempt: 1,
+        idempotency_key: key.map(str::to_string),
+        prev_hash: None,
+        record_hash: None,
+    }
+}
+
+fn ids(runs: Vec<RunState>) -> Vec<String> {
+    runs.into_iter().map(|r| r.run_id).collect()
+}
+
+fn runs_load_and_save(b: Backend) {
+    let f = fixture(b);
+    assert_eq!(f.store.load_run("r1").unwrap(), None);
+    let mut r = run("r1", "wf");
+    f.store.save_run(&r).unwrap();
+    assert_eq!(f.store.load_run("r1").unwrap(), Some(r.clone()));
+    r.status = RunStatus::Completed;
+    r.output = Some(json!({"ok": true}));
+    r.current_node = None;
+    f.store.save_run(&r).unwrap();
+    assert_eq!(f.store.load_run("r1").unwrap(), Some(r));
+    assert_eq!(
+        ids(f.store.list_runs(&RunQuery::default()).unwrap()),
+        ["r1"]
+    );
+}
+
+fn create_if_absent_never_overwrites(b: Backend) {
+    let f = fixture(b);
+    let first = run("r1", "wf");
+    let (stored, created) = f.store.create_if_absent(&first).unwrap();
+    assert!(created);
+    assert_eq!(stored, first);
+    let mut other = run("r1", "another");
+    other.vars.insert("n".into(), json!(2));
+    let (stored, created) = f.store.create_if_absent(&other).unwrap();
+    assert!(!created);
+    assert_eq!(stored, first, "the existing run is returned untouched");
+    assert_eq!(f.store.load_run("r1").unwrap(), Some(first));
+}
+
+fn list_runs_filters_orders_and_limits(b: Backend) {
+    let f = fixture(b);
+    let mut child = run("c", "wf.child");
+    child.parent_run_id = Some("a".into());
+    let all = [
+        run("a", "wf"),
+        waiting(run("b", "wf"), WaitReason::User, "ask:1", None),
+        child,
+        waiting(run("d", "other"), WaitReason::Event, "order.paid", None),
+        waiting(run("e", "wf"), WaitReason::Event, "other.key", None),
+    ];
+    for r in &all {
+        f.store.create_if_absent(r).unwrap();
+    }
+    // An update keeps the creation order.
+    let mut a = all[0].clone();
+    a.status = RunStatus::Completed;
+    f.store.save_run(&a).unwrap();
+    let q = |q: RunQuery| ids(f.store.list_runs(&q).unwrap());
+    assert_eq!(q(RunQuery::default()), ["a", "b", "c", "d", "e"]);
+    assert_eq!(
+        q(RunQuery {
+            status: Some(RunStatus::Waiting),
+            ..Default::default()
+        }),
+        ["b", "d", "e"]
+    );
+    assert_eq!(
+        q(RunQuery {
+            status: Some(RunStatus::Completed),
+            ..Default::default()
+        }),
+        ["a"]
+    );
+    assert_eq!(
+        q(RunQuery {
+            wait_reason: Some(WaitReason::Event),
+            ..Default::default()
+        }),
+        ["d", "e"]
+    );
+    assert_eq!(
+        q(RunQuery {
+            status: Some(RunStatus::Waiting),
+            wait_reason: Some(WaitReason::Event),
+            wait_key: Some("order.paid".into()),
+            ..Default::default()
+        }),
+        ["d"]
+    );
+    assert_eq!(
+        q(RunQuery {
+            workflow_id: Some("wf".into()),
+            ..Default::default()
+        }),
+        ["a", "b", "e"]
+    );
+    assert_eq!(
+        q(RunQuery {
+            parent_run_id: Some("a".into()),
+            ..Default::default()
+        }),
+        ["c"]
+    );
+    assert_eq!(
+        q(RunQuery {
+            limit: Some(2),
+            ..Default::default()
+        }),
+        ["a", "b"]
+    );
+    assert_eq!(
+        q(RunQuery {
+            status: Some(RunStatus::Cancelled),
+            ..Default::default()
+        }),
+        Vec::<String>::new()
+    );
+}
+
+fn due_waits_include_deadline_carrying_event_waits(b: Backend) {
+    let f = fixture(b);
+    let runs = [
+        waiting(
+            run("late-until", "wf"),
+            WaitReason::Until,
+            "until:x",
+            Some("2026-11-30T10:00:00.000000Z"),
+        ),
+        waiting(
+            run("early-until", "wf"),
+            WaitReason::Until,
+            "until:y",
+            Some("2026-11-30T08:00:00.000000Z"),
+        ),
+        waiting(
+            run("event-deadline", "wf"),
+            WaitReason::Event,
+            "k",
+            Some("2026-11-30T09:00:00.000000Z"),
+        ),
+        waiting(run("event-open", "wf"), WaitReason::Event, "k", None),
+        waiting(run("user", "wf"), WaitReason::User, "ask", None),
+        waiting(
+            run("future", "wf"),
+            WaitReason::Until,
+            "until:z",
+            Some("2026-12-01T00:00:00.000000Z"),
+        ),
+    ];
+    for r in &runs {
+        f.store.create_if_absent(r).unwrap();
+    }
+    let now = chrono::DateTime::parse_from_rfc3339("2026-11-30T10:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    assert_eq!(
+        ids(f.store.list_due_waits(now).unwrap()),
+        ["early-until", "event-deadline", "late-until"]
+    );
+    // A run that stopped waiting is no longer due.
+    let mut moved = runs[1].clone();
+    moved.status = RunStatus::Running;
+    moved.waiting = None;
+    f.store.save_run(&moved).unwrap();
+    assert_eq!(
+        ids(f.store.list_due_waits(now).unwrap()),
+        ["event-deadline", "late-until"]
+    );
+}
+
+fn ledgers_append_in_order_per_run(b: Backend) {
+    let f = fixture(b);
+    f.store
+        .append_records(&[
+            record("r1", 1, None),
+            record("r2", 1, None),
+            record("r1", 2, None),
+        ])
+        .unwrap();
+    f.store
+        .append_records(&[record("r1", 3, Some("r1:1"))])
+        .unwrap();
+    let steps = |id: &str| -> Vec<String> {
+        f.store
+            .list_records(id)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.step_id)
+            .collect()
+    };
+    assert_eq!(steps("r1"), ["r1-step-1", "r1-step-2", "r1-step-3"]);
+    assert_eq!(steps("r2"), ["r2-step-1"]);
+    assert!(steps("nobody").is_empty());
+    let stored = f.store.list_records("r1").unwrap();
+    let mut plain = stored[2].clone();
+    (plain.prev_hash, plain.record_hash) = (None, None);
+    assert_eq!(plain, record("r1", 3, Some("r1:1")));
+    // The store chained them: each record names the one before it.
+    assert_eq!(stored[0].prev_hash, None);
+    assert_eq!(stored[1].prev_hash, stored[0].record_hash);
+    assert_eq!(stored[2].prev_hash, stored[1].record_hash);
+    assert!(stepwell::store::verify_chain(&stored).is_ok());
+}
+
+fn commit_saves_both_and_replays_land_once(b: Backend) {
+    let f = fixture(b);
+    let mut r = run("r1", "wf");
+    f.store.create_if_absent(&r).unwrap();
+    r.current_node = Some("b".into());
+    let records = [record("r1", 1, None), record("r1", 2, Some("r1:terminal"))];
+    f.store.commit(&records, &r).unwrap();
+    assert_eq!(f.store.load_run("r1").unwrap(), Some(r.clone()));
+    assert_eq!(f.store.list_records("r1").unwrap().len(), 2);
+    // A transition replayed after a crash: keyed records are not appended
+    // twice by a non-atomic backend; an atomic one never gets here twice,
+    // but must accept a fresh transition.
+    f.store
+        .commit(&[record("r1", 3, Some("r1:1"))], &r)
+        .unwrap();
+    assert_eq!(f.store.list_records("r1").unwrap().len(), 3);
+}
+
+fn bundles_are_recorded(b: Backend) {
+    let f = fixture(b);
+    assert_eq!(f.store.bundle_dir("wf").unwrap(), None);
+    f.store.put_bundle("wf", "/a/b".as_ref()).unwrap();
+    f.store.put_bundle("wf", "/c/d".as_ref()).unwrap();
+    f.store.put_bundle("other", "/e".as_ref()).unwrap();
+    assert_eq!(f.store.bundle_dir("wf").unwrap(), Some("/c/d".into()));
+}
+
+fn a_reopened_store_has_everything(b: Backend) {
+    let f = fixture(b);
+    if f.backend == Backend::Memory {
+        return; // nothing survives by design
+    }
+    f.store
+        .create_if_absent(&waiting(run("r1", "wf"), WaitReason::User, "k", None))
+        .unwrap();
+    f.store.append_records(&[record("r1", 1, None)]).unwrap();
+    f.store.put_bundle("wf", "/x".as_ref()).unwrap();
+    let again = open(f.backend, f.dir.path());
+    assert_eq!(
+        again.load_run("r1").unwrap(),
+        f.store.load_run("r1").unwrap()
+    );
+    assert_eq!(again.list_records("r1").unwrap().len(), 1);
+    assert_eq!(again.bundle_dir("wf").unwrap(), Some("/x".into()));
+    // Two objects on one store see each other's new runs.
+    again.create_if_absent(&run("r2", "wf")).unwrap();
+    assert_eq!(
+        ids(f.store.list_runs(&RunQuery::default()).unwrap()),
+        ["r1", "r2"]
+    );
+}
+
+store_tests!(
+    runs_load_and_save,
+    create_if_absent_never_overwrites,
+    list_runs_filters_orders_and_limits,
+    due_waits_include_deadline_carrying_event_waits,
+    ledgers_append_in_order_per_run,
+    commit_saves_both_and_replays_land_once,
+    bundles_are_recorded,
+    a_reopened_store_has_everything,
+);
+
+#[test]
+fn json_files_are_named_per_run_and_crash_leftovers_are_cleaned() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = JsonFileStore::open(&path).unwrap();
+    store.create_if_absent(&run("r1", "wf")).unwrap();
+    store.append_records(&[record("r1", 1, None)]).unwrap();
+    assert!(path.join("run_r1.json").is_file());
+    assert!(path.join("ledger_r1.jsonl").is_file());
+    std::fs::write(path.join(".tmp-999-1"), b"half a run").unwrap();
+    drop(store);
+    JsonFileStore::open(&path).unwrap();
+    assert!(
+        !path.join(".tmp-999-1").exists(),
+        "temp files are removed at open"
+    );
+}
+
+#[test]
+fn corrupt_json_files_are_reported_with_path_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = JsonFileStore::open(&path).unwrap();
+    for id in ["good", "bad"] {
+        store.create_if_absent(&run(id, "wf")).unwrap();
+        store
+            .append_records(&[record(id, 1, None), record(id, 2, None)])
+            .unwrap();
+    }
+    std::fs::write(path.join("run_bad.json"), b"{not json").unwrap();
+    let ledger = path.join("ledger_bad.jsonl");
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let first = text.lines().next().unwrap();
+    std::fs::write(&ledger, format!("{first}\n{{broken line\n")).unwrap();
+
+    let err = store.load_run("bad").unwrap_err();
+    assert_eq!(err.code, "store_corrupt");
+    assert!(err.message.contains("run_bad.json"), "{err}");
+    let err = store.list_records("bad").unwrap_err();
+    assert!(
+        err.message.contains("ledger_bad.jsonl:2"),
+        "names the line: {err}"
+    );
+    // The rest of the store stays readable.
+    assert!(store.load_run("good").unwrap().is_some());
+    assert_eq!(store.list_records("good").unwrap().len(), 2);
+}
+
+#[test]
+fn a_json_store_from_a_newer_format_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    std::fs::create_dir_all(&path).unwrap();
+    let meta = r#"{"format": "stepwell.json-files", "version": 7}"#;
+    std::fs::write(path.join("stepwell-store.json"), meta).unwrap();
+    let err = JsonFileStore::open(&path).unwrap_err();
+    assert_eq!(err.code, "store_schema");
+    assert_eq!(
+        std::fs::read_to_string(path.join("stepwell-store.json")).unwrap(),
+        meta
+    );
+}
+
+fn the_ledger_chain_reports_the_first_tampered_record(b: Backend) {
+    let f = fixture(b);
+    let batch: Vec<_> = (1..=5).map(|n| record("r1", n, None)).collect();
+    f.store.append_records(&batch[..2]).unwrap();
+    f.store.append_records(&batch[2..]).unwrap();
+    let good = f.store.list_records("r1").unwrap();
+    let head = stepwell::store::verify_chain(&good).unwrap();
+    assert_eq!(head, good[4].record_hash);
+
+    let mut changed = good.clone();
+    changed[2].result = Some(json!({"n": 999}));
+    let b3 = stepwell::store::verify_chain(&changed).unwrap_err();
+    assert_eq!((b3.index, b3.problem), (3, "changed"));
+
+    let mut removed = good.clone();
+    removed.remove(1);
+    let b2 = stepwell::store::verify_chain(&removed).unwrap_err();
+    assert_eq!(
+        (b2.index, b2.problem, b2.step_id.as_str()),
+        (2, "removed or reordered", "r1-step-3")
+    );
+
+    let mut reordered = good.clone();
+    reordered.swap(3, 4);
+    let b4 = stepwell::store::verify_chain(&reordered).unwrap_err();
+    assert_eq!((b4.index, b4.problem), (4, "removed or reordered"));
+}
+
+mod chain {
+    use super::*;
+    #[test]
+    fn memory() {
+        the_ledger_chain_reports_the_first_tampered_record(Backend::Memory)
+    }
+    #[test]
+    fn sqlite() {
+        the_ledger_chain_reports_the_first_tampered_record(Backend::Sqlite)
+    }
+    #[test]
+    fn json() {
+        the_ledger_chain_reports_the_first_tampered_record(Backend::Json)
+    }
+}
