@@ -1,0 +1,168 @@
+//! The crash harness: a run of each scenario is aborted at every persistence
+//! point (before the write, after it, and, for the non-atomic JSON store, in
+//! the middle of a commit), a new host restarts on the same store and drives
+//! it, and the harness checks: the same terminal output as an uninterrupted
+//! run, the terminal ledger record exactly once, one child per explicit id,
+//! and an intact ledger hash chain.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+use stepwell::{JsonFileStore, RunQuery, SqliteStore, Store};
+
+fn host() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("crash-host");
+    assert!(bin.is_file(), "{} not built", bin.display());
+    bin
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Sqlite,
+    Json,
+}
+
+fn spec(kind: Kind, dir: &std::path::Path) -> String {
+    match kind {
+        Kind::Sqlite => format!("sqlite:{}", dir.join("db.sqlite").display()),
+        Kind::Json => format!("json:{}", dir.join("store").display()),
+    }
+}
+
+fn open(kind: Kind, dir: &std::path::Path) -> Box<dyn Store> {
+    match kind {
+        Kind::Sqlite => Box::new(SqliteStore::open(dir.join("db.sqlite")).unwrap()),
+        Kind::Json => Box::new(JsonFileStore::open(dir.join("store")).unwrap()),
+    }
+}
+
+/// Runs the host; returns its stdout when it completed, None when it crashed.
+fn run(
+    kind: Kind,
+    dir: &std::path::Path,
+    scenario: &str,
+    crash: Option<(usize, &str)>,
+) -> Option<Value> {
+    let mut cmd = Command::new(host());
+    cmd.arg(spec(kind, dir)).arg(scenario);
+    if let Some((n, phase)) = crash {
+        cmd.arg(n.to_string()).arg(phase);
+    }
+    let out = cmd.output().unwrap();
+    if out.status.success() {
+        Some(serde_json::from_slice(&out.stdout).unwrap())
+    } else {
+        assert!(
+            crash.is_some(),
+            "an uninterrupted host failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        None
+    }
+}
+
+/// What must be the same after any crash and recovery.
+fn outcome(kind: Kind, dir: &std::path::Path, root: &str) -> Value {
+    let store = open(kind, dir);
+    let run = store.load_run(root).unwrap().expect("the root run exists");
+    let mut children = Vec::new();
+    let mut terminal_records = Vec::new();
+    let mut ids = vec![root.to_string()];
+    ids.extend(
+        store
+            .list_runs(&RunQuery {
+                parent_run_id: Some(root.into()),
+                ..RunQuery::default()
+            })
+            .unwrap()
+            .into_iter()
+            .map(|c| {
+                children.push(c.run_id.clone());
+                c.run_id
+            }),
+    );
+    for id in &ids {
+        let ledger = store.list_records(id).unwrap();
+        stepwell::store::verify_chain(&ledger)
+            .unwrap_or_else(|b| panic!("{id}: chain broken: {b:?}"));
+        let ends = ledger
+            .iter()
+            .filter(|r| {
+                r.result
+                    .as_ref()
+                    .is_some_and(|v| v.get("complete_output").is_some())
+            })
+            .count();
+        terminal_records.push(ends);
+    }
+    serde_json::json!({
+        "status": run.status.as_str(),
+        "output": run.output,
+        "children": children,
+        "terminal_records": terminal_records,
+    })
+}
+
+fn harness(kind: Kind, scenario: &str, root: &str, phases: &[&str]) {
+    let clean = tempfile::tempdir().unwrap();
+    let points = run(kind, clean.path(), scenario, None).unwrap()["points"]
+        .as_u64()
+        .unwrap() as usize;
+    let expected = outcome(kind, clean.path(), root);
+    assert_eq!(expected["status"], "completed", "{expected}");
+    assert!(points >= 3, "{scenario}: only {points} persistence points");
+    let mut crashed = 0;
+    for n in 1..=points {
+        for phase in phases {
+            let dir = tempfile::tempdir().unwrap();
+            if run(kind, dir.path(), scenario, Some((n, phase))).is_none() {
+                crashed += 1;
+            }
+            run(kind, dir.path(), scenario, None).expect("recovery completes");
+            let got = outcome(kind, dir.path(), root);
+            assert_eq!(
+                got, expected,
+                "{kind:?} {scenario}: crash at point {n} ({phase})"
+            );
+        }
+    }
+    assert!(
+        crashed >= points,
+        "{kind:?} {scenario}: the faults fired ({crashed} crashes)"
+    );
+}
+
+#[test]
+fn chain_survives_a_crash_at_every_point() {
+    harness(Kind::Sqlite, "chain", "crash-chain", &["before", "after"]);
+    harness(
+        Kind::Json,
+        "chain",
+        "crash-chain",
+        &["before", "after", "mid"],
+    );
+}
+
+#[test]
+fn ask_user_survives_a_crash_at_every_point() {
+    harness(Kind::Sqlite, "ask", "crash-ask", &["before", "after"]);
+    harness(Kind::Json, "ask", "crash-ask", &["before", "after", "mid"]);
+}
+
+#[test]
+fn a_subworkflow_with_an_explicit_child_id_gets_exactly_one_child() {
+    harness(
+        Kind::Sqlite,
+        "subworkflow",
+        "crash-sub",
+        &["before", "after"],
+    );
+    harness(
+        Kind::Json,
+        "subworkflow",
+        "crash-sub",
+        &["before", "after", "mid"],
+    );
+}
