@@ -474,3 +474,38 @@ fn the_store_can_be_json_files_or_memory() {
     assert!(err.contains("--store"), "{err}");
     assert!(!cli.cwd.path().join(".stepwell/stepwell.sqlite").exists());
 }
+
+#[test]
+fn ledger_follow_streams_records_until_the_run_ends() {
+    let cli = Cli::new();
+    let parked = cli.json(&["run", &ex("ask-user")]);
+    let id = parked["run_id"].as_str().unwrap().to_string();
+    let mut follower = cli
+        .cmd(&["ledger", &id, "--follow", "--poll-ms", "50"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        follower.try_wait().unwrap().is_none(),
+        "still following a waiting run"
+    );
+    cli.ok(&["resume", &id, "--payload", r#"{"text": "Bob"}"#]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while follower.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            follower.kill().unwrap();
+            panic!("--follow did not stop after the run ended");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = follower.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<_> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    assert!(
+        lines[3].contains("greet") && lines[3].contains("Hello, Bob!"),
+        "{text}"
+    );
+}

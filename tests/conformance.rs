@@ -453,3 +453,99 @@ mod chain {
         the_ledger_chain_reports_the_first_tampered_record(Backend::Json)
     }
 }
+
+fn inbox(b: Backend, dir: &std::path::Path) -> Arc<dyn stepwell::CommandStore> {
+    match b {
+        Backend::Memory => Arc::new(stepwell::MemoryCommandStore::new()),
+        Backend::Sqlite => Arc::new(SqliteStore::open(dir.join("db.sqlite")).unwrap()),
+        Backend::Json => Arc::new(stepwell::JsonlCommandStore::open(dir.join("inbox")).unwrap()),
+    }
+}
+
+fn command(id: &str, kind: &str) -> stepwell::CommandRecord {
+    stepwell::CommandRecord {
+        command_id: id.into(),
+        seq: 0,
+        kind: kind.into(),
+        target: Some("auto-1".into()),
+        payload: json!({"why": kind}),
+        created_at: "2026-11-30T09:00:00Z".into(),
+    }
+}
+
+fn the_command_inbox_is_idempotent_and_ordered(b: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let inbox = inbox(b, dir.path());
+    let a = inbox.append_command(&command("c1", "pause")).unwrap();
+    assert_eq!((a.accepted, a.duplicate, a.seq), (true, false, 1));
+    let b2 = inbox.append_command(&command("c2", "run_now")).unwrap();
+    assert_eq!(b2.seq, 2);
+    // A retried append is recognised, never applied twice.
+    let again = inbox.append_command(&command("c1", "pause")).unwrap();
+    assert_eq!(
+        (again.accepted, again.duplicate, again.seq),
+        (false, true, 1)
+    );
+    let all = inbox.commands_after(0, 10).unwrap();
+    assert_eq!(
+        all.iter()
+            .map(|c| (c.command_id.as_str(), c.seq))
+            .collect::<Vec<_>>(),
+        [("c1", 1), ("c2", 2)]
+    );
+    assert_eq!(all[1].payload, json!({"why": "run_now"}));
+    assert_eq!(inbox.commands_after(1, 10).unwrap().len(), 1);
+    assert_eq!(inbox.commands_after(0, 1).unwrap().len(), 1);
+    assert_eq!(inbox.find_command("c2").unwrap().unwrap().kind, "run_now");
+    assert_eq!(inbox.find_command("nope").unwrap(), None);
+    assert_eq!(inbox.cursor("worker").unwrap(), 0);
+    inbox.set_cursor("worker", 1).unwrap();
+    assert_eq!(inbox.cursor("worker").unwrap(), 1);
+    assert_eq!(inbox.cursor("other").unwrap(), 0);
+    if b != Backend::Memory {
+        drop(inbox);
+        let reopened = inbox_reopen(b, dir.path());
+        assert_eq!(reopened.cursor("worker").unwrap(), 1);
+        assert_eq!(
+            reopened
+                .append_command(&command("c2", "run_now"))
+                .unwrap()
+                .seq,
+            2
+        );
+        assert_eq!(
+            reopened
+                .append_command(&command("c3", "resume"))
+                .unwrap()
+                .seq,
+            3
+        );
+    }
+}
+
+fn inbox_reopen(b: Backend, dir: &std::path::Path) -> Arc<dyn stepwell::CommandStore> {
+    inbox(b, dir)
+}
+
+fn concurrent_retries_are_accepted_once(b: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let inbox = inbox(b, dir.path());
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let inbox = inbox.clone();
+            std::thread::spawn(move || inbox.append_command(&command("same", "pause")).unwrap())
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(results.iter().filter(|r| r.accepted).count(), 1);
+    assert!(results.iter().all(|r| r.seq == 1));
+    assert_eq!(inbox.commands_after(0, 10).unwrap().len(), 1);
+}
+
+mod commands {
+    use super::*;
+    store_tests!(
+        the_command_inbox_is_idempotent_and_ordered,
+        concurrent_retries_are_accepted_once
+    );
+}

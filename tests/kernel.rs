@@ -906,3 +906,36 @@ mod run_api {
         run_starts_and_ticks_in_one_call(Backend::Sqlite)
     }
 }
+
+fn subscribers_see_records_as_they_are_committed(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load("ask-user");
+    let all = h.rt.subscribe_ledger(None);
+    let none = h.rt.subscribe_ledger(Some("some-other-run"));
+    let parked = h.rt.run(&wf, StartOptions::default()).unwrap();
+    let seen: Vec<_> = all.try_iter().map(|r| r.status.as_str()).collect();
+    assert_eq!(seen, ["started", "waiting"]);
+    let key = parked.waiting.unwrap().wait_key;
+    h.rt.resume(&parked.run_id, &key, json!({"text": "Bob"}))
+        .unwrap();
+    let seen: Vec<_> = all
+        .try_iter()
+        .map(|r| (r.status.as_str(), r.node_id.unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("completed", "ask".to_string()),
+            ("completed", "greet".to_string())
+        ]
+    );
+    assert_eq!(none.try_iter().count(), 0);
+    // A dropped receiver unsubscribes; the runtime keeps working.
+    drop(all);
+    h.rt.run(&wf, StartOptions::default()).unwrap();
+}
+
+mod subscriptions {
+    use super::*;
+    store_tests!(subscribers_see_records_as_they_are_committed);
+}

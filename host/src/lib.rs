@@ -42,5 +42,8 @@ pub use crate::core::model::{
 };
 pub use crate::core::runtime::{DriveReport, Runtime, RuntimeBuilder, RuntimeConfig, StartOptions};
 pub use crate::core::{Error, Result};
-pub use crate::store::{JsonFileStore, MemoryStore, RunQuery, SqliteStore, Store, StoreError};
+pub use crate::store::{
+    CommandRecord, CommandStore, JsonFileStore, JsonlCommandStore, MemoryCommandStore, MemoryStore,
+    RunQuery, SqliteStore, Store, StoreError,
+};
 pub use crate::wasm::{EngineConfig, GuestError, SandboxLimits, WasmEngine};

@@ -72,6 +72,13 @@ enum Command {
         /// changed, removed or reordered (exit status 1 when one was).
         #[arg(long)]
         verify: bool,
+        /// Keep printing new records as they are appended (by any process),
+        /// until the run ends.
+        #[arg(long, conflicts_with = "verify")]
+        follow: bool,
+        /// With --follow: how often to look, in milliseconds.
+        #[arg(long, default_value_t = 200)]
+        poll_ms: u64,
     },
     /// List runs.
     List {
@@ -296,6 +303,32 @@ fn parse_object(field: &str, text: &str) -> Result<Map<String, Value>, Error> {
     }
 }
 
+fn print_record(r: &stepwell::StepRecord, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(r).unwrap_or_default());
+        return;
+    }
+    let what = match (&r.effect, &r.result) {
+        (Some(e), _) => e.kind.clone(),
+        (None, Some(v)) if v.get("resumed").is_some() => "resume".into(),
+        (None, Some(v)) if v.get("due").is_some() => "due".into(),
+        _ => "node".into(),
+    };
+    let detail = r
+        .error
+        .clone()
+        .or_else(|| r.result.as_ref().map(|v| v.to_string()))
+        .unwrap_or_default();
+    println!(
+        "{}  {:10} {:16} {:18} {}",
+        r.started_at,
+        r.status.as_str(),
+        r.node_id.as_deref().unwrap_or("-"),
+        what,
+        detail
+    );
+}
+
 fn print_run(run: &RunState, json: bool) {
     if json {
         println!("{}", serde_json::to_string_pretty(run).unwrap_or_default());
@@ -432,6 +465,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
         Command::Ledger {
             run_id,
             verify: true,
+            ..
         } => {
             let count = rt.get_ledger(&run_id)?.len();
             match rt.verify_ledger(&run_id)? {
@@ -467,35 +501,37 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 }
             }
         }
-        Command::Ledger { run_id, .. } => {
-            let records = rt.get_ledger(&run_id)?;
-            if cli.json {
+        Command::Ledger {
+            run_id,
+            follow,
+            poll_ms,
+            ..
+        } => {
+            if cli.json && !follow {
+                let records = rt.get_ledger(&run_id)?;
                 println!(
                     "{}",
                     serde_json::to_string_pretty(&records).unwrap_or_default()
                 );
-            } else {
-                for r in records {
-                    let what = match (&r.effect, &r.result) {
-                        (Some(e), _) => e.kind.clone(),
-                        (None, Some(v)) if v.get("resumed").is_some() => "resume".into(),
-                        (None, Some(v)) if v.get("due").is_some() => "due".into(),
-                        _ => "node".into(),
-                    };
-                    let detail = r
-                        .error
-                        .clone()
-                        .or_else(|| r.result.as_ref().map(|v| v.to_string()))
-                        .unwrap_or_default();
-                    println!(
-                        "{}  {:10} {:16} {:18} {}",
-                        r.started_at,
-                        r.status.as_str(),
-                        r.node_id.as_deref().unwrap_or("-"),
-                        what,
-                        detail
-                    );
+                return Ok(());
+            }
+            let mut shown = 0;
+            loop {
+                let records = rt.get_ledger(&run_id)?;
+                for r in &records[shown.min(records.len())..] {
+                    print_record(r, cli.json);
                 }
+                shown = shown.max(records.len());
+                if !follow || rt.get_state(&run_id)?.status.is_terminal() {
+                    // One more look: records of the final commit.
+                    let last = rt.get_ledger(&run_id)?;
+                    for r in &last[shown.min(last.len())..] {
+                        print_record(r, cli.json);
+                    }
+                    break;
+                }
+                std::io::Write::flush(&mut std::io::stdout()).ok();
+                std::thread::sleep(Duration::from_millis(poll_ms));
             }
         }
         Command::List {

@@ -151,6 +151,7 @@ impl RuntimeBuilder {
                 config: self.config,
                 workflows: RwLock::new(HashMap::new()),
                 locks: RunLocks::default(),
+                subscribers: parking_lot::Mutex::new(Vec::new()),
             }),
         })
     }
@@ -163,6 +164,12 @@ struct Inner {
     config: RuntimeConfig,
     workflows: RwLock<HashMap<String, Arc<Workflow>>>,
     locks: RunLocks,
+    subscribers: parking_lot::Mutex<Vec<Subscriber>>,
+}
+
+struct Subscriber {
+    run_id: Option<String>,
+    sender: std::sync::mpsc::Sender<StepRecord>,
 }
 
 /// The durable runtime: executes runs of loaded workflows against a store.
@@ -349,6 +356,36 @@ impl Runtime {
         })
     }
 
+    /// Subscribes to ledger records as this runtime commits them: every
+    /// record of `run_id`, or of every run with `None`, in commit order,
+    /// delivered after the commit returned. Records committed by other
+    /// processes are not seen (poll the store for those, as
+    /// `stepwell ledger --follow` does). Dropping the receiver unsubscribes.
+    pub fn subscribe_ledger(&self, run_id: Option<&str>) -> std::sync::mpsc::Receiver<StepRecord> {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        self.inner.subscribers.lock().push(Subscriber {
+            run_id: run_id.map(str::to_string),
+            sender,
+        });
+        receiver
+    }
+
+    /// Commits a transition ([`Store::commit`]) and then hands its records
+    /// to the subscribers.
+    fn commit(&self, records: &[StepRecord], run: &RunState) -> Result<()> {
+        self.store().commit(records, run)?;
+        let mut subscribers = self.inner.subscribers.lock();
+        if !subscribers.is_empty() {
+            subscribers.retain(|s| {
+                records
+                    .iter()
+                    .filter(|r| s.run_id.as_deref().is_none_or(|id| id == r.run_id))
+                    .all(|r| s.sender.send(r.clone()).is_ok())
+            });
+        }
+        Ok(())
+    }
+
     /// The run's current state.
     pub fn get_state(&self, run_id: &str) -> Result<RunState> {
         self.store()
@@ -415,7 +452,7 @@ impl Runtime {
     ) -> Result<RunState> {
         if run.status != RunStatus::Running || max_steps == 0 {
             if !pending.is_empty() {
-                self.store().commit(&pending, &run)?;
+                self.commit(&pending, &run)?;
             }
             return Ok(run);
         }
@@ -484,7 +521,7 @@ impl Runtime {
             run.error = Some(error);
             run.waiting = None;
             run.updated_at = now;
-            self.store().commit(&[record], &run)?;
+            self.commit(&[record], &run)?;
             run
         };
         let children = self.store().list_runs(&RunQuery {
@@ -579,7 +616,7 @@ impl Runtime {
                 };
                 run.waiting = None;
                 fail(&mut run, message, &now);
-                self.store().commit(&[record], &run)?;
+                self.commit(&[record], &run)?;
                 Ok(true)
             }
             _ => Ok(false),
@@ -813,7 +850,7 @@ impl Runtime {
             self.go(run, target, None);
             run.updated_at = started_at;
         }
-        self.store().commit(&records, run)?;
+        self.commit(&records, run)?;
         Ok(())
     }
 
@@ -886,7 +923,7 @@ impl Runtime {
             ..self.record(run, node_id, started_at)
         });
         fail(run, msg, started_at);
-        self.store().commit(&records, run)?;
+        self.commit(&records, run)?;
         Ok(())
     }
 
@@ -906,7 +943,7 @@ impl Runtime {
             ..base
         });
         fail(run, msg, ended_at);
-        self.store().commit(&records, run)?;
+        self.commit(&records, run)?;
         Ok(())
     }
 }

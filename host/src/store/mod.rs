@@ -8,6 +8,7 @@
 //! and its run save atomic. A backend shared by several hosts (PostgreSQL with
 //! per-run leases) implements the same calls.
 
+pub mod commands;
 mod json_files;
 mod memory;
 mod sqlite;
@@ -20,6 +21,9 @@ use serde::Serialize;
 
 use crate::core::model::{RunState, RunStatus, StepRecord, WaitReason};
 
+pub use commands::{
+    AppendResult, CommandRecord, CommandStore, JsonlCommandStore, MemoryCommandStore,
+};
 pub use json_files::JsonFileStore;
 pub use memory::MemoryStore;
 pub use sqlite::SqliteStore;

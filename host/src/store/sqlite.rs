@@ -42,6 +42,15 @@ CREATE TABLE IF NOT EXISTS ledger (
     hash    TEXT,
     PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS commands (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    command_id  TEXT NOT NULL UNIQUE,
+    data        TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS command_cursors (
+    consumer TEXT PRIMARY KEY,
+    seq      INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS bundles (
     workflow_id TEXT PRIMARY KEY,
     dir         TEXT NOT NULL
@@ -394,5 +403,105 @@ impl Store for SqliteStore {
             .and_then(|mut st| st.query_row([workflow_id], |r| r.get(0)).optional())
             .map_err(|e| self.err(e))?;
         Ok(dir.map(PathBuf::from))
+    }
+}
+
+impl super::CommandStore for SqliteStore {
+    fn append_command(
+        &self,
+        command: &super::CommandRecord,
+    ) -> Result<super::AppendResult, StoreError> {
+        let mut conn = self.conn.lock();
+        let tx = conn.transaction().map_err(|e| self.err(e))?;
+        let existing: Option<i64> = tx
+            .prepare_cached("SELECT seq FROM commands WHERE command_id = ?1")
+            .and_then(|mut st| st.query_row([&command.command_id], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))?;
+        if let Some(seq) = existing {
+            return Ok(super::AppendResult {
+                accepted: false,
+                duplicate: true,
+                seq: seq as u64,
+            });
+        }
+        tx.prepare_cached("INSERT INTO commands (command_id, data) VALUES (?1, '')")
+            .and_then(|mut st| st.execute([&command.command_id]))
+            .map_err(|e| self.err(e))?;
+        let seq = tx.last_insert_rowid() as u64;
+        let data = serde_json::to_string(&super::CommandRecord {
+            seq,
+            ..command.clone()
+        })
+        .map_err(|e| self.err(e))?;
+        tx.prepare_cached("UPDATE commands SET data = ?1 WHERE seq = ?2")
+            .and_then(|mut st| st.execute(params![data, seq as i64]))
+            .map_err(|e| self.err(e))?;
+        tx.commit().map_err(|e| self.err(e))?;
+        Ok(super::AppendResult {
+            accepted: true,
+            duplicate: false,
+            seq,
+        })
+    }
+
+    fn commands_after(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<super::CommandRecord>, StoreError> {
+        let conn = self.conn.lock();
+        let mut st = conn
+            .prepare_cached("SELECT seq, data FROM commands WHERE seq > ?1 ORDER BY seq LIMIT ?2")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![after as i64, limit as i64], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+            })
+            .map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, data) = row.map_err(|e| self.err(e))?;
+            out.push(serde_json::from_str(&data).map_err(|e| {
+                StoreError::corrupt(format!("{}: command {seq}: {e}", self.path.display()))
+            })?);
+        }
+        Ok(out)
+    }
+
+    fn find_command(&self, command_id: &str) -> Result<Option<super::CommandRecord>, StoreError> {
+        let conn = self.conn.lock();
+        let data: Option<String> = conn
+            .prepare_cached("SELECT data FROM commands WHERE command_id = ?1")
+            .and_then(|mut st| st.query_row([command_id], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))?;
+        data.map(|d| {
+            serde_json::from_str(&d).map_err(|e| {
+                StoreError::corrupt(format!(
+                    "{}: command {command_id}: {e}",
+                    self.path.display()
+                ))
+            })
+        })
+        .transpose()
+    }
+
+    fn cursor(&self, consumer: &str) -> Result<u64, StoreError> {
+        let conn = self.conn.lock();
+        let seq: Option<i64> = conn
+            .prepare_cached("SELECT seq FROM command_cursors WHERE consumer = ?1")
+            .and_then(|mut st| st.query_row([consumer], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))?;
+        Ok(seq.unwrap_or(0) as u64)
+    }
+
+    fn set_cursor(&self, consumer: &str, seq: u64) -> Result<(), StoreError> {
+        let conn = self.conn.lock();
+        conn.prepare_cached(
+            "INSERT INTO command_cursors (consumer, seq) VALUES (?1, ?2)
+             ON CONFLICT(consumer) DO UPDATE SET seq = excluded.seq",
+        )
+        .and_then(|mut st| st.execute(params![consumer, seq as i64]))
+        .map_err(|e| self.err(e))?;
+        Ok(())
     }
 }
