@@ -63,12 +63,17 @@ fn run(
     }
 }
 
-/// What must be the same after any crash and recovery.
-fn outcome(kind: Kind, dir: &std::path::Path, root: &str) -> Value {
+/// What must be the same after any crash and recovery, for every root run.
+fn outcome(kind: Kind, dir: &std::path::Path, roots: &[&str]) -> Value {
+    Value::Array(roots.iter().map(|r| outcome_of(kind, dir, r)).collect())
+}
+
+fn outcome_of(kind: Kind, dir: &std::path::Path, root: &str) -> Value {
     let store = open(kind, dir);
     let run = store.load_run(root).unwrap().expect("the root run exists");
     let mut children = Vec::new();
     let mut terminal_records = Vec::new();
+    let mut resumes = Vec::new();
     let mut ids = vec![root.to_string()];
     ids.extend(
         store
@@ -96,22 +101,43 @@ fn outcome(kind: Kind, dir: &std::path::Path, root: &str) -> Value {
             })
             .count();
         terminal_records.push(ends);
+        resumes.push(
+            ledger
+                .iter()
+                .filter(|r| {
+                    r.result
+                        .as_ref()
+                        .is_some_and(|v| v.get("resumed").is_some())
+                })
+                .count(),
+        );
     }
     serde_json::json!({
         "status": run.status.as_str(),
         "output": run.output,
         "children": children,
         "terminal_records": terminal_records,
+        "resumes": resumes,
     })
 }
 
-fn harness(kind: Kind, scenario: &str, root: &str, phases: &[&str]) {
+fn harness(kind: Kind, scenario: &str, roots: &[&str], phases: &[&str]) {
     let clean = tempfile::tempdir().unwrap();
     let points = run(kind, clean.path(), scenario, None).unwrap()["points"]
         .as_u64()
         .unwrap() as usize;
-    let expected = outcome(kind, clean.path(), root);
-    assert_eq!(expected["status"], "completed", "{expected}");
+    let expected = outcome(kind, clean.path(), roots);
+    for o in expected.as_array().unwrap() {
+        assert_eq!(o["status"], "completed", "{expected}");
+        assert!(
+            o["terminal_records"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n == 1),
+            "{expected}"
+        );
+    }
     assert!(points >= 3, "{scenario}: only {points} persistence points");
     let mut crashed = 0;
     for n in 1..=points {
@@ -121,7 +147,7 @@ fn harness(kind: Kind, scenario: &str, root: &str, phases: &[&str]) {
                 crashed += 1;
             }
             run(kind, dir.path(), scenario, None).expect("recovery completes");
-            let got = outcome(kind, dir.path(), root);
+            let got = outcome(kind, dir.path(), roots);
             assert_eq!(
                 got, expected,
                 "{kind:?} {scenario}: crash at point {n} ({phase})"
@@ -136,19 +162,29 @@ fn harness(kind: Kind, scenario: &str, root: &str, phases: &[&str]) {
 
 #[test]
 fn chain_survives_a_crash_at_every_point() {
-    harness(Kind::Sqlite, "chain", "crash-chain", &["before", "after"]);
+    harness(
+        Kind::Sqlite,
+        "chain",
+        &["crash-chain"],
+        &["before", "after"],
+    );
     harness(
         Kind::Json,
         "chain",
-        "crash-chain",
+        &["crash-chain"],
         &["before", "after", "mid"],
     );
 }
 
 #[test]
 fn ask_user_survives_a_crash_at_every_point() {
-    harness(Kind::Sqlite, "ask", "crash-ask", &["before", "after"]);
-    harness(Kind::Json, "ask", "crash-ask", &["before", "after", "mid"]);
+    harness(Kind::Sqlite, "ask", &["crash-ask"], &["before", "after"]);
+    harness(
+        Kind::Json,
+        "ask",
+        &["crash-ask"],
+        &["before", "after", "mid"],
+    );
 }
 
 #[test]
@@ -156,13 +192,32 @@ fn a_subworkflow_with_an_explicit_child_id_gets_exactly_one_child() {
     harness(
         Kind::Sqlite,
         "subworkflow",
-        "crash-sub",
+        &["crash-sub"],
         &["before", "after"],
     );
     harness(
         Kind::Json,
         "subworkflow",
-        "crash-sub",
+        &["crash-sub"],
+        &["before", "after", "mid"],
+    );
+}
+
+#[test]
+fn an_event_is_delivered_once_and_its_result_reused_after_a_crash() {
+    // The emitter's result (delivered 1) is the same after any crash: a
+    // replayed emit_event reuses its recorded outcome instead of emitting
+    // again, and the listener is resumed exactly once.
+    harness(
+        Kind::Sqlite,
+        "event",
+        &["crash-emitter", "crash-waiter"],
+        &["before", "after"],
+    );
+    harness(
+        Kind::Json,
+        "event",
+        &["crash-emitter", "crash-waiter"],
         &["before", "after", "mid"],
     );
 }

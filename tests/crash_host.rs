@@ -4,7 +4,7 @@
 //! crash-host STORE SCENARIO [CRASH_AT PHASE]
 //! ```
 //!
-//! Runs SCENARIO (`chain`, `ask`, `subworkflow`) on STORE (`sqlite:PATH` or
+//! Runs SCENARIO (`chain`, `ask`, `subworkflow`, `event`) on STORE (`sqlite:PATH` or
 //! `json:DIR`) the way a host recovering from a crash would: every start uses
 //! an explicit id (create-if-absent), a parked run is resumed only if it still
 //! waits, and the driver moves whatever is left. With CRASH_AT = n, the
@@ -181,6 +181,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 json!({"text": "hi", "child_run_id": "crash-child"}),
             )?;
             rt.tick("crash-sub")?;
+        }
+        "event" => {
+            rt.load_bundle(&examples.join("event"))?;
+            start(&rt, "event", "crash-waiter", json!({}))?;
+            rt.tick("crash-waiter")?;
+            start(
+                &rt,
+                "event.emitter",
+                "crash-emitter",
+                json!({"payload": {"order": 7}}),
+            )?;
+            rt.tick("crash-emitter")?;
         }
         other => return Err(format!("unknown scenario {other}").into()),
     }

@@ -374,6 +374,45 @@ impl Runtime {
     /// to the subscribers.
     fn commit(&self, records: &[StepRecord], run: &RunState) -> Result<()> {
         self.store().commit(records, run)?;
+        self.publish(records);
+        Ok(())
+    }
+
+    /// Appends records ahead of the run save that will make their
+    /// transition true (the crash-ordering law's direction).
+    pub(crate) fn append_ahead(&self, records: &[StepRecord]) -> Result<()> {
+        if !records.is_empty() {
+            self.store().append_records(records)?;
+            self.publish(records);
+        }
+        Ok(())
+    }
+
+    /// The outcome of effect `key` as its ledger recorded it, if it ran
+    /// before: a step replayed after a crash reuses it instead of executing
+    /// the effect again.
+    fn recorded_outcome(&self, run_id: &str, key: &str) -> Result<Option<Outcome>> {
+        let ledger = self.store().list_records(run_id)?;
+        let Some(r) = ledger
+            .into_iter()
+            .find(|r| r.idempotency_key.as_deref() == Some(key) && r.status != StepStatus::Started)
+        else {
+            return Ok(None);
+        };
+        Ok(match r.status {
+            StepStatus::Completed => Some(Outcome::Completed(r.result.unwrap_or(Value::Null))),
+            StepStatus::Waiting => r
+                .result
+                .and_then(|v| {
+                    serde_json::from_value::<super::model::WaitState>(v["wait"].clone()).ok()
+                })
+                .map(|w| Outcome::Waiting(Box::new(w))),
+            StepStatus::Failed => Some(Outcome::Failed(r.error.unwrap_or_default())),
+            _ => None,
+        })
+    }
+
+    fn publish(&self, records: &[StepRecord]) {
         let mut subscribers = self.inner.subscribers.lock();
         if !subscribers.is_empty() {
             subscribers.retain(|s| {
@@ -383,7 +422,6 @@ impl Runtime {
                     .all(|r| s.sender.send(r.clone()).is_ok())
             });
         }
-        Ok(())
     }
 
     /// The run's current state.
@@ -471,6 +509,19 @@ impl Runtime {
     /// resumed at most once: a run that is not waiting, or waits on another
     /// key, gets [`Error::StaleResume`] and is left unchanged.
     pub fn resume(&self, run_id: &str, wait_key: &str, payload: Value) -> Result<RunState> {
+        self.resume_by(run_id, wait_key, payload, None)
+    }
+
+    /// [`Runtime::resume`], recording in the resume record which effect
+    /// (`<run_id>:<effect_seq>`) caused it, so a replayed effect can tell
+    /// the listeners it already reached.
+    pub(crate) fn resume_by(
+        &self,
+        run_id: &str,
+        wait_key: &str,
+        payload: Value,
+        cause: Option<&str>,
+    ) -> Result<RunState> {
         let _lock = self.run_lock(run_id);
         let mut run = self.get_state(run_id)?;
         let Some(wait) = run
@@ -492,7 +543,13 @@ impl Runtime {
         // Load the workflow first: a resume that cannot continue is refused
         // before anything is written.
         self.workflow(&run.workflow_id)?;
-        let record = self.end_wait(&mut run, payload, "resumed");
+        let mut record = self.end_wait(&mut run, payload, "resumed");
+        if let (Some(cause), Some(resumed)) = (
+            cause,
+            record.result.as_mut().and_then(|r| r.get_mut("resumed")),
+        ) {
+            resumed["cause"] = Value::String(cause.to_string());
+        }
         // The resume commits with the first step it leads to; the lock is
         // held until then.
         self.run_steps(run, self.inner.config.max_steps_per_tick, vec![record])
@@ -774,21 +831,46 @@ impl Runtime {
                 payload: effect.payload.clone(),
                 result_key: effect.result_key.clone(),
             };
+            let key = format!("{}:{seq}", run.run_id);
+            // Effects that change other runs are not executed twice: their
+            // records are appended as soon as they ran (ahead of this step's
+            // commit), and a step replayed after a crash reuses them.
+            let touches_others = matches!(effect.kind.as_str(), "emit_event" | "start_subworkflow");
+            let reused = if touches_others {
+                self.recorded_outcome(&run.run_id, &key)?
+            } else {
+                None
+            };
+            let replayed = reused.is_some();
             let base = StepRecord {
                 status: StepStatus::Started,
                 effect: Some(effect_record),
-                idempotency_key: Some(format!("{}:{seq}", run.run_id)),
+                idempotency_key: Some(key),
                 ..self.record(run, Some(node_id.clone()), &started_at)
             };
-            records.push(base.clone());
-            let outcome = {
-                let ctx = EffectContext {
-                    runtime: self,
-                    run,
-                    seq,
-                    now,
-                };
-                effects::execute(&ctx, &effect)?
+            if !replayed {
+                // emit_event appends its own started record (with the
+                // listeners it is about to reach).
+                if effect.kind != "emit_event" {
+                    records.push(base.clone());
+                }
+                if touches_others {
+                    let ahead = std::mem::take(&mut records);
+                    self.append_ahead(&ahead)?;
+                }
+            }
+            let outcome = match reused {
+                Some(outcome) => outcome,
+                None => {
+                    let ctx = EffectContext {
+                        runtime: self,
+                        run,
+                        seq,
+                        now,
+                        started: &base,
+                    };
+                    effects::execute(&ctx, &effect)?
+                }
             };
             let ended_at = format_time(self.now());
             match outcome {
@@ -796,13 +878,15 @@ impl Runtime {
                     if let Some(key) = &effect.result_key {
                         template::assign(&mut run.vars, key, result.clone());
                     }
-                    records.push(StepRecord {
-                        step_id: uuid::Uuid::new_v4().to_string(),
-                        status: StepStatus::Completed,
-                        result: Some(result.clone()),
-                        ended_at: Some(ended_at.clone()),
-                        ..base
-                    });
+                    if !replayed {
+                        records.push(StepRecord {
+                            step_id: uuid::Uuid::new_v4().to_string(),
+                            status: StepStatus::Completed,
+                            result: Some(result.clone()),
+                            ended_at: Some(ended_at.clone()),
+                            ..base
+                        });
+                    }
                     self.go(run, target, Some(result));
                 }
                 Outcome::Waiting(mut wait) => {
@@ -817,19 +901,30 @@ impl Runtime {
                         }
                     };
                     wait.result_key = effect.result_key.clone();
-                    records.push(StepRecord {
-                        step_id: uuid::Uuid::new_v4().to_string(),
-                        status: StepStatus::Waiting,
-                        result: Some(json!({ "wait": wait })),
-                        ended_at: Some(ended_at.clone()),
-                        ..base
-                    });
+                    if !replayed {
+                        records.push(StepRecord {
+                            step_id: uuid::Uuid::new_v4().to_string(),
+                            status: StepStatus::Waiting,
+                            result: Some(json!({ "wait": wait })),
+                            ended_at: Some(ended_at.clone()),
+                            ..base
+                        });
+                    }
                     run.status = RunStatus::Waiting;
                     run.waiting = Some(*wait);
                 }
                 Outcome::Failed(msg) => {
+                    if replayed {
+                        fail(run, msg, &ended_at);
+                        self.commit(&records, run)?;
+                        return Ok(());
+                    }
                     return self.fail_with(run, records, base, &ended_at, msg);
                 }
+            }
+            if touches_others && !replayed {
+                let ahead = std::mem::take(&mut records);
+                self.append_ahead(&ahead)?;
             }
             run.updated_at = ended_at;
         } else {

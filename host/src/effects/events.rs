@@ -3,7 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{invalid, opt_str, EffectContext, Outcome};
-use crate::core::model::{RunStatus, WaitReason};
+use crate::core::model::{RunStatus, StepStatus, WaitReason};
 use crate::core::{Error, Result};
 use crate::store::RunQuery;
 
@@ -20,25 +20,61 @@ pub(crate) fn emit_event(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Res
         Err(o) => return Ok(o),
     };
     let payload = p.get("payload").cloned().unwrap_or(Value::Null);
-    let listeners = ctx.runtime.store().list_runs(&RunQuery {
-        status: Some(RunStatus::Waiting),
-        wait_reason: Some(WaitReason::Event),
-        wait_key: Some(name.clone()),
-        ..RunQuery::default()
-    })?;
+    let key = format!("{}:{}", ctx.run.run_id, ctx.seq);
+    // The listeners are fixed, and recorded, before any is resumed: a step
+    // replayed after a crash reaches the same ones, and skips those this
+    // event already resumed.
+    let prior = ctx
+        .runtime
+        .store()
+        .list_records(&ctx.run.run_id)?
+        .into_iter()
+        .find(|r| {
+            r.idempotency_key.as_deref() == Some(key.as_str()) && r.status == StepStatus::Started
+        })
+        .and_then(|r| r.result)
+        .and_then(|v| serde_json::from_value::<Vec<String>>(v["targets"].clone()).ok());
+    let targets = match prior {
+        Some(t) => t,
+        None => {
+            let targets: Vec<String> = ctx
+                .runtime
+                .store()
+                .list_runs(&RunQuery {
+                    status: Some(RunStatus::Waiting),
+                    wait_reason: Some(WaitReason::Event),
+                    wait_key: Some(name.clone()),
+                    ..RunQuery::default()
+                })?
+                .into_iter()
+                .map(|r| r.run_id)
+                .filter(|id| *id != ctx.run.run_id)
+                .collect();
+            let mut started = ctx.started.clone();
+            started.result = Some(json!({ "targets": targets }));
+            ctx.runtime.append_ahead(&[started])?;
+            targets
+        }
+    };
     let mut delivered = Vec::new();
     let mut refused = Vec::new();
-    for listener in listeners {
-        if listener.run_id == ctx.run.run_id {
-            continue;
-        }
-        match ctx.runtime.resume(&listener.run_id, &name, payload.clone()) {
-            Ok(_) => delivered.push(listener.run_id),
-            Err(Error::StaleResume { .. }) => {}
+    for target in targets {
+        match ctx
+            .runtime
+            .resume_by(&target, &name, payload.clone(), Some(&key))
+        {
+            Ok(_) => delivered.push(target),
+            // Not waiting any more: this event reached it before a crash
+            // (its resume record names this effect), or someone else did.
+            Err(Error::StaleResume { .. }) => {
+                if resumed_by(ctx, &target, &key)? {
+                    delivered.push(target);
+                }
+            }
             Err(e @ Error::Store(_)) => return Err(e),
             // A listener whose workflow cannot be loaded is left waiting,
             // untouched; the others still get the event.
-            Err(e) => refused.push(json!({ "run_id": listener.run_id, "error": e.to_string() })),
+            Err(e) => refused.push(json!({ "run_id": target, "error": e.to_string() })),
         }
     }
     let mut result = json!({
@@ -50,4 +86,16 @@ pub(crate) fn emit_event(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Res
         result["refused"] = Value::Array(refused);
     }
     Ok(Outcome::Completed(result))
+}
+
+/// Whether `run_id`'s ledger records a resume caused by effect `key`.
+fn resumed_by(ctx: &EffectContext<'_>, run_id: &str, key: &str) -> Result<bool> {
+    Ok(ctx.runtime.store().list_records(run_id)?.iter().any(|r| {
+        r.result
+            .as_ref()
+            .and_then(|v| v.get("resumed"))
+            .and_then(|v| v.get("cause"))
+            .and_then(Value::as_str)
+            == Some(key)
+    }))
 }

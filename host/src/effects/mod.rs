@@ -48,6 +48,9 @@ pub(crate) struct EffectContext<'a> {
     /// The effect's sequence number in its run (1 for the first effect).
     pub seq: u64,
     pub now: DateTime<Utc>,
+    /// The effect's `started` ledger record, for handlers that append it
+    /// themselves (ahead of the step's commit).
+    pub started: &'a crate::core::model::StepRecord,
 }
 
 /// Executes `effect` for the run in `ctx`. `Err` is kept for failures of the
