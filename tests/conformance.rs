@@ -549,3 +549,155 @@ mod commands {
         concurrent_retries_are_accepted_once
     );
 }
+
+fn attributed(id: &str, parent: Option<&str>, meta: serde_json::Value) -> RunState {
+    let mut r = run(id, "wf");
+    r.parent_run_id = parent.map(str::to_string);
+    r.vars.insert("_meta".into(), meta);
+    r
+}
+
+fn the_run_index_carries_attribution_and_filters(b: Backend) {
+    let f = fixture(b);
+    let mut plain = run("plain", "wf");
+    plain.session_id = Some("s1".into());
+    plain
+        .vars
+        .insert("workspace_root".into(), json!("  /work/x  "));
+    let runs = [
+        plain,
+        attributed(
+            "ctl",
+            None,
+            json!({"automation": {"automation_id": "a1", "role": "controller"}}),
+        ),
+        attributed(
+            "occ-0",
+            Some("ctl"),
+            json!({"automation": {"automation_id": "a1", "role": "occurrence", "occurrence_index": 0}, "session_kind": "automation"}),
+        ),
+        attributed(
+            "occ-1",
+            Some("ctl"),
+            json!({"automation": {"automation_id": "a1", "role": "occurrence", "occurrence_index": 1}, "session_kind": "automation"}),
+        ),
+        attributed(
+            "disc",
+            None,
+            json!({"automation": {"automation_id": "a2", "role": "discussion"}, "session_kind": "discussion"}),
+        ),
+        run("tool-child", "wf"),
+    ];
+    for mut r in runs {
+        if r.run_id == "tool-child" {
+            r.parent_run_id = Some("occ-0".into());
+        }
+        f.store.create_if_absent(&r).unwrap();
+    }
+    let q = |q: stepwell::RunIndexQuery| -> Vec<String> {
+        f.store
+            .list_run_index(&q)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect()
+    };
+    use stepwell::RunIndexQuery as Q;
+    assert_eq!(
+        q(Q {
+            oldest_first: true,
+            ..Q::default()
+        }),
+        ["plain", "ctl", "occ-0", "occ-1", "disc", "tool-child"]
+    );
+    assert_eq!(q(Q::default())[0], "tool-child", "newest first by default");
+    assert_eq!(
+        q(Q {
+            root_only: true,
+            oldest_first: true,
+            ..Q::default()
+        }),
+        ["plain", "occ-0", "occ-1", "disc"]
+    );
+    assert_eq!(
+        q(Q {
+            automation_id: vec!["a1".into()],
+            oldest_first: true,
+            ..Q::default()
+        }),
+        ["ctl", "occ-0", "occ-1"]
+    );
+    assert_eq!(
+        q(Q {
+            automation_id: stepwell::store::filter_values("a1, a2"),
+            role: vec!["occurrence".into(), "discussion".into()],
+            oldest_first: true,
+            ..Q::default()
+        }),
+        ["occ-0", "occ-1", "disc"]
+    );
+    assert_eq!(
+        q(Q {
+            session_kind: vec!["discussion".into()],
+            ..Q::default()
+        }),
+        ["disc"]
+    );
+    assert_eq!(
+        q(Q {
+            session_id: Some("s1".into()),
+            ..Q::default()
+        }),
+        ["plain"]
+    );
+    assert_eq!(
+        q(Q {
+            root_only: true,
+            limit: Some(2),
+            ..Q::default()
+        }),
+        ["disc", "occ-1"]
+    );
+    let rows = f
+        .store
+        .list_run_index(&Q {
+            oldest_first: true,
+            ..Q::default()
+        })
+        .unwrap();
+    assert_eq!(rows[0].workspace_root.as_deref(), Some("/work/x"));
+    assert_eq!(rows[3].occurrence_index, Some(1));
+    assert_eq!(rows[3].role.as_deref(), Some("occurrence"));
+    assert_eq!(rows[1].automation_id.as_deref(), Some("a1"));
+    assert_eq!(rows[5].automation_id, None);
+}
+
+fn ledger_records_are_found_by_idempotency_key(b: Backend) {
+    let f = fixture(b);
+    f.store
+        .append_records(&[
+            record("r1", 1, Some("r1:1")),
+            record("r1", 2, None),
+            record("r1", 3, Some("r1:1")),
+            record("r1", 4, Some("r1:2")),
+        ])
+        .unwrap();
+    let found: Vec<_> = f
+        .store
+        .find_records("r1", "r1:1")
+        .unwrap()
+        .into_iter()
+        .map(|r| r.step_id)
+        .collect();
+    assert_eq!(found, ["r1-step-1", "r1-step-3"]);
+    assert!(f.store.find_records("r1", "r1:9").unwrap().is_empty());
+    assert!(f.store.find_records("nobody", "r1:1").unwrap().is_empty());
+}
+
+mod index {
+    use super::*;
+    store_tests!(
+        the_run_index_carries_attribution_and_filters,
+        ledger_records_are_found_by_idempotency_key
+    );
+}

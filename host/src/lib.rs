@@ -44,6 +44,6 @@ pub use crate::core::runtime::{DriveReport, Runtime, RuntimeBuilder, RuntimeConf
 pub use crate::core::{Error, Result};
 pub use crate::store::{
     CommandRecord, CommandStore, JsonFileStore, JsonlCommandStore, MemoryCommandStore, MemoryStore,
-    RunQuery, SqliteStore, Store, StoreError,
+    RunIndexQuery, RunIndexRow, RunQuery, SqliteStore, Store, StoreError,
 };
 pub use crate::wasm::{EngineConfig, GuestError, SandboxLimits, WasmEngine};

@@ -392,10 +392,11 @@ impl Runtime {
     /// before: a step replayed after a crash reuses it instead of executing
     /// the effect again.
     fn recorded_outcome(&self, run_id: &str, key: &str) -> Result<Option<Outcome>> {
-        let ledger = self.store().list_records(run_id)?;
-        let Some(r) = ledger
+        let Some(r) = self
+            .store()
+            .find_records(run_id, key)?
             .into_iter()
-            .find(|r| r.idempotency_key.as_deref() == Some(key) && r.status != StepStatus::Started)
+            .find(|r| r.status != StepStatus::Started)
         else {
             return Ok(None);
         };

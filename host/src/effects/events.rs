@@ -27,11 +27,9 @@ pub(crate) fn emit_event(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Res
     let prior = ctx
         .runtime
         .store()
-        .list_records(&ctx.run.run_id)?
+        .find_records(&ctx.run.run_id, &key)?
         .into_iter()
-        .find(|r| {
-            r.idempotency_key.as_deref() == Some(key.as_str()) && r.status == StepStatus::Started
-        })
+        .find(|r| r.status == StepStatus::Started)
         .and_then(|r| r.result)
         .and_then(|v| serde_json::from_value::<Vec<String>>(v["targets"].clone()).ok());
     let targets = match prior {

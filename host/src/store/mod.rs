@@ -108,6 +108,132 @@ impl RunQuery {
     }
 }
 
+/// Filters of [`Store::list_run_index`]. Every set field must match; the
+/// three attribution filters match any of their values.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunIndexQuery {
+    /// Only runs with this status.
+    pub status: Option<RunStatus>,
+    /// Only runs of this workflow.
+    pub workflow_id: Option<String>,
+    /// Only runs of this session.
+    pub session_id: Option<String>,
+    /// Only turn roots: runs without a parent, except automation
+    /// controllers, plus automation occurrences.
+    pub root_only: bool,
+    /// At most this many rows.
+    pub limit: Option<usize>,
+    /// Oldest first (default: newest first).
+    pub oldest_first: bool,
+    /// Only runs attributed to one of these automations.
+    pub automation_id: Vec<String>,
+    /// Only runs with one of these roles (`controller`, `occurrence`, ...).
+    pub role: Vec<String>,
+    /// Only runs with one of these session kinds.
+    pub session_kind: Vec<String>,
+}
+
+/// A lightweight row of the run index: a run's identity, status and
+/// attribution, without its vars.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunIndexRow {
+    /// The run.
+    pub run_id: String,
+    /// Its workflow.
+    pub workflow_id: String,
+    /// Its status.
+    pub status: RunStatus,
+    /// Its parent, if it is a child run.
+    pub parent_run_id: Option<String>,
+    /// Its session.
+    pub session_id: Option<String>,
+    /// When it was created.
+    pub created_at: String,
+    /// When it was last saved.
+    pub updated_at: String,
+    /// `vars._meta.automation.automation_id`.
+    pub automation_id: Option<String>,
+    /// `vars._meta.automation.role`.
+    pub role: Option<String>,
+    /// `vars._meta.automation.occurrence_index`.
+    pub occurrence_index: Option<u64>,
+    /// `vars._meta.session_kind`.
+    pub session_kind: Option<String>,
+    /// The run's top-level `vars.workspace_root`, stripped (`None` when
+    /// absent or empty).
+    pub workspace_root: Option<String>,
+}
+
+impl RunIndexRow {
+    /// The index row of `run`.
+    pub fn of(run: &RunState) -> Self {
+        let meta = run.vars.get("_meta");
+        let auto = meta.and_then(|m| m.get("automation"));
+        let text = |v: Option<&serde_json::Value>| v.and_then(|v| v.as_str()).map(str::to_string);
+        RunIndexRow {
+            run_id: run.run_id.clone(),
+            workflow_id: run.workflow_id.clone(),
+            status: run.status,
+            parent_run_id: run.parent_run_id.clone(),
+            session_id: run.session_id.clone(),
+            created_at: run.created_at.clone(),
+            updated_at: run.updated_at.clone(),
+            automation_id: text(auto.and_then(|a| a.get("automation_id"))),
+            role: text(auto.and_then(|a| a.get("role"))),
+            occurrence_index: auto
+                .and_then(|a| a.get("occurrence_index"))
+                .and_then(|v| v.as_u64()),
+            session_kind: text(meta.and_then(|m| m.get("session_kind"))),
+            workspace_root: run
+                .vars
+                .get("workspace_root")
+                .and_then(|v| v.as_str())
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty()),
+        }
+    }
+
+    /// Whether this run is a turn root (see [`RunIndexQuery::root_only`]).
+    pub fn is_turn_root(&self) -> bool {
+        match self.role.as_deref() {
+            Some("controller") => false,
+            Some("occurrence") => true,
+            _ => self.parent_run_id.is_none(),
+        }
+    }
+}
+
+impl RunIndexQuery {
+    /// Whether `row` passes every filter (the limit aside).
+    pub fn matches(&self, row: &RunIndexRow) -> bool {
+        let any = |wanted: &[String], value: &Option<String>| {
+            wanted.is_empty() || value.as_ref().is_some_and(|v| wanted.contains(v))
+        };
+        self.status.is_none_or(|s| row.status == s)
+            && self
+                .workflow_id
+                .as_ref()
+                .is_none_or(|w| row.workflow_id == *w)
+            && self
+                .session_id
+                .as_ref()
+                .is_none_or(|s| row.session_id.as_ref() == Some(s))
+            && (!self.root_only || row.is_turn_root())
+            && any(&self.automation_id, &row.automation_id)
+            && any(&self.role, &row.role)
+            && any(&self.session_kind, &row.session_kind)
+    }
+}
+
+/// Splits a comma-separated filter value (`"a,b"`) into its values.
+pub fn filter_values(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
 /// Runs, their ledgers, and the bundles their workflows come from.
 pub trait Store: Send + Sync {
     /// The run with this id, if any.
@@ -135,6 +261,40 @@ pub trait Store: Send + Sync {
 
     /// A run's ledger, oldest first.
     fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
+
+    /// The run's ledger records carrying `idempotency_key`, oldest first.
+    fn find_records(
+        &self,
+        run_id: &str,
+        idempotency_key: &str,
+    ) -> Result<Vec<StepRecord>, StoreError> {
+        Ok(self
+            .list_records(run_id)?
+            .into_iter()
+            .filter(|r| r.idempotency_key.as_deref() == Some(idempotency_key))
+            .collect())
+    }
+
+    /// The run index: lightweight rows with attribution, filtered by
+    /// `query`, newest first unless `oldest_first`. The default reads every
+    /// run through [`Store::list_runs`]: the same answers on every backend.
+    fn list_run_index(&self, query: &RunIndexQuery) -> Result<Vec<RunIndexRow>, StoreError> {
+        let mut rows: Vec<RunIndexRow> = self
+            .list_runs(&RunQuery {
+                status: query.status,
+                workflow_id: query.workflow_id.clone(),
+                ..RunQuery::default()
+            })?
+            .iter()
+            .map(RunIndexRow::of)
+            .filter(|row| query.matches(row))
+            .collect();
+        if !query.oldest_first {
+            rows.reverse();
+        }
+        rows.truncate(query.limit.unwrap_or(usize::MAX));
+        Ok(rows)
+    }
 
     /// Commits one transition: appends `records`, then saves `run`.
     ///
