@@ -509,3 +509,32 @@ fn ledger_follow_streams_records_until_the_run_ends() {
         "{text}"
     );
 }
+
+#[test]
+fn snapshots_are_created_listed_and_restored() {
+    let cli = Cli::new();
+    let parked = cli.json(&["run", &ex("ask-user")]);
+    let id = parked["run_id"].as_str().unwrap().to_string();
+    let snap = cli.json(&[
+        "snapshot", "create", &id, "--name", "asked", "--tag", "demo",
+    ]);
+    let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
+    assert!(cli
+        .cwd
+        .path()
+        .join(format!(".stepwell/snapshots/snapshot_{snap_id}.json"))
+        .is_file());
+    cli.ok(&["resume", &id, "--payload", r#"{"text": "Bob"}"#]);
+    let listed = cli.json(&["snapshot", "list", "--run", &id, "--tag", "demo"]);
+    assert_eq!(listed[0]["snapshot_id"], snap_id.as_str());
+    assert!(cli
+        .json(&["snapshot", "list", "--text", "nothing-like-this"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let restored = cli.json(&["snapshot", "restore", &snap_id]);
+    assert_eq!(restored["status"], "waiting");
+    let done = cli.json(&["resume", &id, "--payload", r#"{"text": "Eve"}"#]);
+    assert_eq!(done["output"], json!({"greeting": "Hello, Eve!"}));
+    assert!(cli.ok(&["ledger", &id, "--verify"]).starts_with("ok: "));
+}

@@ -701,3 +701,112 @@ mod index {
         ledger_records_are_found_by_idempotency_key
     );
 }
+
+fn snapshot(
+    id: &str,
+    run_id: &str,
+    name: &str,
+    tags: &[&str],
+    at: &str,
+) -> stepwell::store::Snapshot {
+    stepwell::store::Snapshot {
+        snapshot_id: id.into(),
+        run_id: run_id.into(),
+        step_id: None,
+        name: name.into(),
+        description: format!("{name} description"),
+        tags: tags.iter().map(|t| t.to_string()).collect(),
+        created_at: at.into(),
+        run_state: run(run_id, "wf"),
+    }
+}
+
+fn snapshot_stores_search_by_run_tag_and_text(json_files: bool) {
+    use stepwell::store::{SnapshotQuery as Q, SnapshotStore};
+    let dir = tempfile::tempdir().unwrap();
+    let store: Box<dyn SnapshotStore> = if json_files {
+        Box::new(stepwell::store::JsonSnapshotStore::open(dir.path().join("snaps")).unwrap())
+    } else {
+        Box::new(stepwell::store::MemorySnapshotStore::new())
+    };
+    store
+        .save_snapshot(&snapshot(
+            "s1",
+            "r1",
+            "Before deploy",
+            &["prod"],
+            "2026-11-30T09:00:00Z",
+        ))
+        .unwrap();
+    store
+        .save_snapshot(&snapshot(
+            "s2",
+            "r1",
+            "after",
+            &["prod", "ok"],
+            "2026-11-30T10:00:00Z",
+        ))
+        .unwrap();
+    store
+        .save_snapshot(&snapshot(
+            "s3",
+            "r2",
+            "other run",
+            &[],
+            "2026-11-30T11:00:00Z",
+        ))
+        .unwrap();
+    let ids = |q: Q| -> Vec<String> {
+        store
+            .search_snapshots(&q)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.snapshot_id)
+            .collect()
+    };
+    assert_eq!(ids(Q::default()), ["s3", "s2", "s1"], "newest first");
+    assert_eq!(
+        ids(Q {
+            run_id: Some("r1".into()),
+            ..Q::default()
+        }),
+        ["s2", "s1"]
+    );
+    assert_eq!(
+        ids(Q {
+            tag: Some("ok".into()),
+            ..Q::default()
+        }),
+        ["s2"]
+    );
+    assert_eq!(
+        ids(Q {
+            text: Some("DEPLOY".into()),
+            ..Q::default()
+        }),
+        ["s1"]
+    );
+    assert_eq!(
+        ids(Q {
+            text: Some("description".into()),
+            limit: Some(2),
+            ..Q::default()
+        }),
+        ["s3", "s2"]
+    );
+    assert_eq!(store.load_snapshot("s2").unwrap().unwrap().name, "after");
+    assert!(store.delete_snapshot("s2").unwrap());
+    assert!(!store.delete_snapshot("s2").unwrap());
+    assert_eq!(store.load_snapshot("s2").unwrap(), None);
+    assert_eq!(store.load_snapshot("../etc/passwd").unwrap(), None);
+}
+
+#[test]
+fn memory_snapshots_search() {
+    snapshot_stores_search_by_run_tag_and_text(false);
+}
+
+#[test]
+fn json_snapshots_search() {
+    snapshot_stores_search_by_run_tag_and_text(true);
+}

@@ -51,6 +51,24 @@ impl StoreSpec {
         })
     }
 
+    /// The snapshot store that goes with this store: `snapshots/` beside the
+    /// database or inside the JSON store folder, in memory for the memory
+    /// store.
+    pub fn snapshots(&self) -> Result<Box<dyn crate::store::SnapshotStore>> {
+        Ok(match self {
+            StoreSpec::Memory => Box::new(crate::store::MemorySnapshotStore::new()),
+            StoreSpec::Sqlite(path) => Box::new(crate::store::JsonSnapshotStore::open(
+                path.parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."))
+                    .join("snapshots"),
+            )?),
+            StoreSpec::Json(dir) => Box::new(crate::store::JsonSnapshotStore::open(
+                dir.join("snapshots"),
+            )?),
+        })
+    }
+
     /// Where compiled components are cached for this store: `cache/` beside
     /// the database, `cache/` inside a JSON store folder, or
     /// `.stepwell/cache` for the memory store.

@@ -113,6 +113,11 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         interval_ms: u64,
     },
+    /// Snapshots: named bookmarks of a run's state.
+    Snapshot {
+        #[command(subcommand)]
+        command: SnapshotCommand,
+    },
     /// Trigger sources: list them, validate a config, preview fire times,
     /// call one method.
     Triggers {
@@ -135,6 +140,41 @@ enum Command {
         /// Run only the benchmarks whose figure names contain this text.
         #[arg(long)]
         only: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotCommand {
+    /// Take a snapshot of a run's current state.
+    Create {
+        /// The run.
+        run_id: String,
+        /// A short name.
+        #[arg(long)]
+        name: String,
+        /// A longer description.
+        #[arg(long, default_value = "")]
+        description: String,
+        /// A tag (repeat for several).
+        #[arg(long = "tag")]
+        tags: Vec<String>,
+    },
+    /// List snapshots, newest first.
+    List {
+        /// Only snapshots of this run.
+        #[arg(long)]
+        run: Option<String>,
+        /// Only snapshots with this tag.
+        #[arg(long)]
+        tag: Option<String>,
+        /// Only snapshots whose name or description contains this text.
+        #[arg(long)]
+        text: Option<String>,
+    },
+    /// Make a snapshot's state the run's state again.
+    Restore {
+        /// The snapshot.
+        snapshot_id: String,
     },
 }
 
@@ -616,6 +656,59 @@ fn execute(cli: Cli) -> Result<(), Error> {
             }
             std::thread::sleep(Duration::from_millis(interval_ms));
         },
+        Command::Snapshot { command } => {
+            let snapshots = spec.snapshots()?;
+            match command {
+                SnapshotCommand::Create {
+                    run_id,
+                    name,
+                    description,
+                    tags,
+                } => {
+                    let s = rt.create_snapshot(&*snapshots, &run_id, &name, &description, tags)?;
+                    if cli.json {
+                        println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+                    } else {
+                        println!(
+                            "snapshot {}  {}  of run {} ({})",
+                            s.snapshot_id,
+                            s.name,
+                            s.run_id,
+                            s.run_state.status.as_str()
+                        );
+                    }
+                }
+                SnapshotCommand::List { run, tag, text } => {
+                    let found = snapshots.search_snapshots(&stepwell::store::SnapshotQuery {
+                        run_id: run,
+                        tag,
+                        text,
+                        limit: None,
+                    })?;
+                    if cli.json {
+                        println!(
+                            "{}",
+                            serde_json::to_string_pretty(&found).unwrap_or_default()
+                        );
+                    } else {
+                        for s in found {
+                            println!(
+                                "{}  {}  run {}  {}  [{}]  {}",
+                                s.snapshot_id,
+                                s.created_at,
+                                s.run_id,
+                                s.name,
+                                s.tags.join(","),
+                                s.run_state.status.as_str()
+                            );
+                        }
+                    }
+                }
+                SnapshotCommand::Restore { snapshot_id } => {
+                    print_run(&rt.restore_snapshot(&*snapshots, &snapshot_id)?, cli.json)
+                }
+            }
+        }
         Command::Bench { .. } | Command::Triggers { .. } => unreachable!("handled above"),
     }
     Ok(())

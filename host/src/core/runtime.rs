@@ -425,6 +425,82 @@ impl Runtime {
         }
     }
 
+    /// Takes a snapshot of the run's current state into `snapshots`.
+    pub fn create_snapshot(
+        &self,
+        snapshots: &dyn crate::store::SnapshotStore,
+        run_id: &str,
+        name: &str,
+        description: &str,
+        tags: Vec<String>,
+    ) -> Result<crate::store::Snapshot> {
+        let _lock = self.run_lock(run_id);
+        let run = self.get_state(run_id)?;
+        let snapshot = crate::store::Snapshot {
+            snapshot_id: uuid::Uuid::new_v4().to_string(),
+            run_id: run_id.to_string(),
+            step_id: self
+                .store()
+                .list_records(run_id)?
+                .last()
+                .map(|r| r.step_id.clone()),
+            name: name.to_string(),
+            description: description.to_string(),
+            tags,
+            created_at: format_time(self.now()),
+            run_state: run,
+        };
+        snapshots.save_snapshot(&snapshot)?;
+        Ok(snapshot)
+    }
+
+    /// Restores a snapshot: its run state becomes the run's state again,
+    /// under the run's lock, with a `completed` ledger record
+    /// `{"restored": {"snapshot_id", "name", "step_id"}}` as evidence. The
+    /// host cannot make this safe if the workflow changed since the snapshot.
+    pub fn restore_snapshot(
+        &self,
+        snapshots: &dyn crate::store::SnapshotStore,
+        snapshot_id: &str,
+    ) -> Result<RunState> {
+        let snapshot = snapshots.load_snapshot(snapshot_id)?.ok_or_else(|| {
+            Error::invalid(
+                "snapshot_id",
+                format!("no snapshot with id {snapshot_id:?}"),
+            )
+        })?;
+        let _lock = self.run_lock(&snapshot.run_id);
+        let current = self.store().load_run(&snapshot.run_id)?;
+        let mut run = snapshot.run_state.clone();
+        let restores = [Some(&run), current.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.vars.get("_runtime")?.get("restores")?.as_u64())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let rt = run
+            .vars
+            .entry("_runtime")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(map) = rt.as_object_mut() {
+            map.insert("restores".into(), json!(restores));
+        }
+        let now = format_time(self.now());
+        run.updated_at = now.clone();
+        let record = StepRecord {
+            result: Some(json!({ "restored": {
+                "snapshot_id": snapshot.snapshot_id,
+                "name": snapshot.name,
+                "step_id": snapshot.step_id,
+            }})),
+            ended_at: Some(now.clone()),
+            ..self.record(&run, run.current_node.clone(), &now)
+        };
+        self.commit(&[record], &run)?;
+        Ok(run)
+    }
+
     /// The run's current state.
     pub fn get_state(&self, run_id: &str) -> Result<RunState> {
         self.store()
@@ -572,7 +648,7 @@ impl Runtime {
                 status: StepStatus::Cancelled,
                 error: Some(error.clone()),
                 ended_at: Some(now.clone()),
-                idempotency_key: Some(terminal_key(&run.run_id)),
+                idempotency_key: Some(terminal_key(&run)),
                 ..self.record(&run, run.current_node.clone(), &now)
             };
             run.status = RunStatus::Cancelled;
@@ -669,7 +745,7 @@ impl Runtime {
                     status: StepStatus::Failed,
                     error: Some(message.clone()),
                     ended_at: Some(now.clone()),
-                    idempotency_key: Some(terminal_key(&run.run_id)),
+                    idempotency_key: Some(terminal_key(&run)),
                     ..self.record(&run, run.current_node.clone(), &now)
                 };
                 run.waiting = None;
@@ -832,7 +908,7 @@ impl Runtime {
                 payload: effect.payload.clone(),
                 result_key: effect.result_key.clone(),
             };
-            let key = format!("{}:{seq}", run.run_id);
+            let key = effect_idempotency_key(run, seq);
             // Effects that change other runs are not executed twice: their
             // records are appended as soon as they ran (ahead of this step's
             // commit), and a step replayed after a crash reuses them.
@@ -931,11 +1007,10 @@ impl Runtime {
         } else {
             let (result, key) = match &target {
                 Target::Node(n) => (json!({ "next_node": n }), None),
-                Target::Complete(out) => (
-                    json!({ "complete_output": out }),
-                    Some(terminal_key(&run.run_id)),
-                ),
-                Target::End => (Value::Null, Some(terminal_key(&run.run_id))),
+                Target::Complete(out) => {
+                    (json!({ "complete_output": out }), Some(terminal_key(run)))
+                }
+                Target::End => (Value::Null, Some(terminal_key(run))),
             };
             records.push(StepRecord {
                 result: Some(result),
@@ -1015,7 +1090,7 @@ impl Runtime {
             status: StepStatus::Failed,
             error: Some(msg.clone()),
             ended_at: Some(started_at.to_string()),
-            idempotency_key: Some(terminal_key(&run.run_id)),
+            idempotency_key: Some(terminal_key(run)),
             ..self.record(run, node_id, started_at)
         });
         fail(run, msg, started_at);
@@ -1060,13 +1135,33 @@ fn fail(run: &mut RunState, msg: String, now: &str) {
 /// The idempotency key of the run's latest effect (`<run_id>:<effect_seq>`).
 fn effect_key(run: &RunState) -> Option<String> {
     let seq = run.vars.get("_runtime")?.get("effect_seq")?.as_u64()?;
-    Some(format!("{}:{seq}", run.run_id))
+    Some(effect_idempotency_key(run, seq))
+}
+
+/// The key prefix of a run's records: its id, plus `~<n>` once a snapshot
+/// was restored `n` times (a restored run repeats effect numbers, and its
+/// new records must not pass for replays of the old ones).
+fn key_prefix(run: &RunState) -> String {
+    match run
+        .vars
+        .get("_runtime")
+        .and_then(|r| r.get("restores"))
+        .and_then(Value::as_u64)
+    {
+        Some(n) if n > 0 => format!("{}~{n}", run.run_id),
+        _ => run.run_id.clone(),
+    }
+}
+
+/// The idempotency key of effect `seq` of `run` (`<run_id>:<seq>`).
+pub(crate) fn effect_idempotency_key(run: &RunState, seq: u64) -> String {
+    format!("{}:{seq}", key_prefix(run))
 }
 
 /// The idempotency key of the record that ends a run without an effect
 /// (completed, failed or cancelled): a run ends once.
-fn terminal_key(run_id: &str) -> String {
-    format!("{run_id}:terminal")
+fn terminal_key(run: &RunState) -> String {
+    format!("{}:terminal", key_prefix(run))
 }
 
 /// Bumps and returns `vars._runtime.effect_seq`.

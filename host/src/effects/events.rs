@@ -20,7 +20,7 @@ pub(crate) fn emit_event(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Res
         Err(o) => return Ok(o),
     };
     let payload = p.get("payload").cloned().unwrap_or(Value::Null);
-    let key = format!("{}:{}", ctx.run.run_id, ctx.seq);
+    let key = crate::core::runtime::effect_idempotency_key(ctx.run, ctx.seq);
     // The listeners are fixed, and recorded, before any is resumed: a step
     // replayed after a crash reaches the same ones, and skips those this
     // event already resumed.

@@ -11,6 +11,7 @@
 pub mod commands;
 mod json_files;
 mod memory;
+pub mod snapshots;
 mod sqlite;
 
 use std::fmt;
@@ -26,6 +27,9 @@ pub use commands::{
 };
 pub use json_files::JsonFileStore;
 pub use memory::MemoryStore;
+pub use snapshots::{
+    JsonSnapshotStore, MemorySnapshotStore, Snapshot, SnapshotQuery, SnapshotStore,
+};
 pub use sqlite::SqliteStore;
 
 /// The store failed: an I/O or database error, corrupt data, or a schema this
