@@ -810,3 +810,67 @@ fn memory_snapshots_search() {
 fn json_snapshots_search() {
     snapshot_stores_search_by_run_tag_and_text(true);
 }
+
+fn artifact_store_is_content_addressed(files: bool) {
+    use stepwell::ArtifactStore;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Box<dyn ArtifactStore> = if files {
+        Box::new(stepwell::FileArtifactStore::open(dir.path().join("artifacts")).unwrap())
+    } else {
+        Box::new(stepwell::MemoryArtifactStore::new())
+    };
+    let a = store
+        .put(
+            b"{\"big\":true}",
+            "application/json",
+            Some("r1"),
+            "2026-11-30T09:00:00Z",
+        )
+        .unwrap();
+    let again = store
+        .put(
+            b"{\"big\":true}",
+            "application/json",
+            Some("r2"),
+            "2026-11-30T10:00:00Z",
+        )
+        .unwrap();
+    assert_eq!(
+        a, again,
+        "the same content is stored once, with its first metadata"
+    );
+    assert_eq!(
+        a.artifact_id,
+        stepwell::store::artifacts::artifact_id(b"{\"big\":true}")
+    );
+    assert_eq!((a.size, a.run_id.as_deref()), (12, Some("r1")));
+    assert_eq!(
+        store.get(&a.artifact_id).unwrap().unwrap(),
+        b"{\"big\":true}"
+    );
+    assert_eq!(store.meta(&a.artifact_id).unwrap().unwrap(), a);
+    let other = store
+        .put(b"other", "text/plain", None, "2026-11-30T09:00:00Z")
+        .unwrap();
+    assert_ne!(other.artifact_id, a.artifact_id);
+    assert_eq!(store.get(&"0".repeat(64)).unwrap(), None);
+    assert_eq!(store.get("../../etc/passwd").unwrap(), None);
+    if files {
+        let shard = dir.path().join("artifacts").join(&a.artifact_id[..2]);
+        let names: Vec<_> = std::fs::read_dir(&shard)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "content and metadata: {names:?}");
+    }
+}
+
+#[test]
+fn memory_artifacts() {
+    artifact_store_is_content_addressed(false);
+}
+
+#[test]
+fn file_artifacts() {
+    artifact_store_is_content_addressed(true);
+}

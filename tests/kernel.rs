@@ -1011,3 +1011,77 @@ mod snapshots_on_stores {
     use super::*;
     store_tests!(a_snapshot_restores_a_known_good_state);
 }
+
+fn large_values_are_offloaded_to_artifacts_and_loaded_back(b: Backend) {
+    let base = Host::new(b);
+    let artifacts = Arc::new(stepwell::MemoryArtifactStore::new());
+    let rt = Runtime::builder(base.store.clone())
+        .engine(stepwell_tests::engine())
+        .artifacts(artifacts.clone(), 200)
+        .build()
+        .unwrap();
+    let wf = rt
+        .load_bundle(&stepwell_tests::example("hello"))
+        .unwrap()
+        .main_workflow_id;
+    let name = "x".repeat(1000);
+    let big_meta = json!({"occurrence": "o".repeat(500)});
+    let done = rt
+        .run(
+            &wf,
+            StartOptions {
+                vars: vars(json!({"name": name, "small": 1, "_meta": big_meta})),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap();
+    let message = format!("Hello, {name}!");
+    assert_eq!(done.output, Some(json!({"message": message})));
+    // As stored: references; identity metadata inline.
+    let raw = base.store.load_run(&done.run_id).unwrap().unwrap();
+    let name_ref = raw.vars["name"]["$artifact"]
+        .as_str()
+        .expect("name offloaded")
+        .to_string();
+    assert_eq!(raw.vars["small"], json!(1));
+    assert_eq!(raw.vars["_meta"], big_meta, "_meta stays inline");
+    assert!(
+        raw.output.as_ref().unwrap().get("$artifact").is_some(),
+        "output offloaded"
+    );
+    let meta = stepwell::ArtifactStore::meta(&*artifacts, &name_ref)
+        .unwrap()
+        .unwrap();
+    assert_eq!(meta.size as usize, name.len() + 2);
+    assert_eq!(meta.run_id.as_deref(), Some(done.run_id.as_str()));
+    // As read: loaded back, transparently.
+    assert_eq!(rt.get_state(&done.run_id).unwrap(), done);
+    let raw_ledger = base.store.list_records(&done.run_id).unwrap();
+    assert!(
+        raw_ledger[0]
+            .result
+            .as_ref()
+            .unwrap()
+            .get("$artifact")
+            .is_some(),
+        "record result offloaded"
+    );
+    let ledger = rt.get_ledger(&done.run_id).unwrap();
+    assert_eq!(
+        ledger[0].result,
+        Some(json!({"complete_output": {"message": message}}))
+    );
+    assert!(
+        rt.verify_ledger(&done.run_id).unwrap().is_ok(),
+        "the chain covers the stored form"
+    );
+    assert_eq!(
+        rt.list_runs(&RunQuery::default()).unwrap()[0].vars["name"],
+        json!(name)
+    );
+}
+
+mod artifacts_on_stores {
+    use super::*;
+    store_tests!(large_values_are_offloaded_to_artifacts_and_loaded_back);
+}

@@ -13,6 +13,10 @@ use crate::Runtime;
 /// The default database, relative to the current directory.
 pub const DEFAULT_DB: &str = ".stepwell/stepwell.sqlite";
 
+/// Values larger than this (as JSON) are kept as artifacts by the CLI's
+/// runtime.
+pub const DEFAULT_OFFLOAD_BYTES: usize = 256 << 10;
+
 /// The environment variable that overrides [`DEFAULT_DB`].
 pub const DB_ENV: &str = "STEPWELL_DB";
 
@@ -51,6 +55,24 @@ impl StoreSpec {
         })
     }
 
+    /// The artifact store that goes with this store: `artifacts/` beside the
+    /// database or inside the JSON store folder, in memory for the memory
+    /// store.
+    pub fn artifacts(&self) -> Result<Arc<dyn crate::store::ArtifactStore>> {
+        Ok(match self {
+            StoreSpec::Memory => Arc::new(crate::store::MemoryArtifactStore::new()),
+            StoreSpec::Sqlite(path) => Arc::new(crate::store::FileArtifactStore::open(
+                path.parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."))
+                    .join("artifacts"),
+            )?),
+            StoreSpec::Json(dir) => Arc::new(crate::store::FileArtifactStore::open(
+                dir.join("artifacts"),
+            )?),
+        })
+    }
+
     /// The snapshot store that goes with this store: `snapshots/` beside the
     /// database or inside the JSON store folder, in memory for the memory
     /// store.
@@ -86,12 +108,16 @@ impl StoreSpec {
 }
 
 /// Opens the store and builds a runtime over it with an engine that caches
-/// compiled components on disk.
+/// compiled components on disk, and the store's artifact store for values
+/// larger than [`DEFAULT_OFFLOAD_BYTES`].
 pub fn open_runtime(spec: &StoreSpec, limits: SandboxLimits) -> Result<Runtime> {
     let store = spec.open()?;
     let engine = WasmEngine::new(EngineConfig {
         cache_dir: Some(spec.cache_dir()),
         limits,
     })?;
-    Runtime::builder(store).engine(engine).build()
+    Runtime::builder(store)
+        .engine(engine)
+        .artifacts(spec.artifacts()?, DEFAULT_OFFLOAD_BYTES)
+        .build()
 }

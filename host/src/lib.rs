@@ -43,7 +43,8 @@ pub use crate::core::model::{
 pub use crate::core::runtime::{DriveReport, Runtime, RuntimeBuilder, RuntimeConfig, StartOptions};
 pub use crate::core::{Error, Result};
 pub use crate::store::{
-    CommandRecord, CommandStore, JsonFileStore, JsonlCommandStore, MemoryCommandStore, MemoryStore,
-    RunIndexQuery, RunIndexRow, RunQuery, SqliteStore, Store, StoreError,
+    ArtifactMeta, ArtifactStore, CommandRecord, CommandStore, FileArtifactStore, JsonFileStore,
+    JsonlCommandStore, MemoryArtifactStore, MemoryCommandStore, MemoryStore, RunIndexQuery,
+    RunIndexRow, RunQuery, SqliteStore, Store, StoreError,
 };
 pub use crate::wasm::{EngineConfig, GuestError, SandboxLimits, WasmEngine};

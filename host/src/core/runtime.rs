@@ -116,9 +116,26 @@ pub struct RuntimeBuilder {
     engine: Option<WasmEngine>,
     clock: Arc<dyn Clock>,
     config: RuntimeConfig,
+    offloader: Option<crate::store::artifacts::Offloader>,
 }
 
 impl RuntimeBuilder {
+    /// Keeps values larger than `threshold_bytes` (as JSON) in `artifacts`:
+    /// top-level vars (except `_meta`, `_limits`, `_runtime`), a run's
+    /// output, effect payloads and record results are stored as
+    /// `{"$artifact": id}` and loaded back when read.
+    pub fn artifacts(
+        mut self,
+        artifacts: Arc<dyn crate::store::ArtifactStore>,
+        threshold_bytes: usize,
+    ) -> Self {
+        self.offloader = Some(crate::store::artifacts::Offloader {
+            store: artifacts,
+            threshold: threshold_bytes,
+        });
+        self
+    }
+
     /// The wasm engine (default: a new engine without an on-disk cache).
     pub fn engine(mut self, engine: WasmEngine) -> Self {
         self.engine = Some(engine);
@@ -149,6 +166,7 @@ impl RuntimeBuilder {
                 engine,
                 clock: self.clock,
                 config: self.config,
+                offloader: self.offloader,
                 workflows: RwLock::new(HashMap::new()),
                 locks: RunLocks::default(),
                 subscribers: parking_lot::Mutex::new(Vec::new()),
@@ -162,6 +180,7 @@ struct Inner {
     engine: WasmEngine,
     clock: Arc<dyn Clock>,
     config: RuntimeConfig,
+    offloader: Option<crate::store::artifacts::Offloader>,
     workflows: RwLock<HashMap<String, Arc<Workflow>>>,
     locks: RunLocks,
     subscribers: parking_lot::Mutex<Vec<Subscriber>>,
@@ -210,6 +229,7 @@ impl Runtime {
             engine: None,
             clock: Arc::new(SystemClock),
             config: RuntimeConfig::default(),
+            offloader: None,
         }
     }
 
@@ -281,7 +301,13 @@ impl Runtime {
     pub fn start(&self, workflow_id: &str, options: StartOptions) -> Result<String> {
         let explicit = options.run_id.is_some();
         let run = self.new_run(workflow_id, options)?;
-        let (existing, created) = self.store().create_if_absent(&run)?;
+        let stored = match &self.inner.offloader {
+            Some(o) => o.offload_run(&run, &run.created_at)?,
+            None => None,
+        };
+        let (existing, created) = self
+            .store()
+            .create_if_absent(stored.as_ref().unwrap_or(&run))?;
         if !created {
             if !explicit {
                 return Err(Error::invalid("run_id", "a generated run id collided"));
@@ -373,7 +399,18 @@ impl Runtime {
     /// Commits a transition ([`Store::commit`]) and then hands its records
     /// to the subscribers.
     fn commit(&self, records: &[StepRecord], run: &RunState) -> Result<()> {
-        self.store().commit(records, run)?;
+        match &self.inner.offloader {
+            None => self.store().commit(records, run)?,
+            Some(o) => {
+                let now = run.updated_at.clone();
+                let stored_records = o.offload_records(records, &now)?;
+                let stored_run = o.offload_run(run, &now)?;
+                self.store().commit(
+                    stored_records.as_deref().unwrap_or(records),
+                    stored_run.as_ref().unwrap_or(run),
+                )?;
+            }
+        }
         self.publish(records);
         Ok(())
     }
@@ -382,7 +419,15 @@ impl Runtime {
     /// transition true (the crash-ordering law's direction).
     pub(crate) fn append_ahead(&self, records: &[StepRecord]) -> Result<()> {
         if !records.is_empty() {
-            self.store().append_records(records)?;
+            match &self.inner.offloader {
+                None => self.store().append_records(records)?,
+                Some(o) => {
+                    let now = format_time(self.now());
+                    let stored = o.offload_records(records, &now)?;
+                    self.store()
+                        .append_records(stored.as_deref().unwrap_or(records))?;
+                }
+            }
             self.publish(records);
         }
         Ok(())
@@ -393,7 +438,6 @@ impl Runtime {
     /// the effect again.
     fn recorded_outcome(&self, run_id: &str, key: &str) -> Result<Option<Outcome>> {
         let Some(r) = self
-            .store()
             .find_records(run_id, key)?
             .into_iter()
             .find(|r| r.status != StepStatus::Started)
@@ -501,19 +545,40 @@ impl Runtime {
         Ok(run)
     }
 
-    /// The run's current state.
+    /// The run's current state (offloaded values loaded back).
     pub fn get_state(&self, run_id: &str) -> Result<RunState> {
-        self.store()
-            .load_run(run_id)?
-            .ok_or_else(|| Error::RunNotFound {
-                run_id: run_id.to_string(),
-            })
+        self.load_run(run_id)?.ok_or_else(|| Error::RunNotFound {
+            run_id: run_id.to_string(),
+        })
     }
 
-    /// The run's ledger, oldest first.
+    /// The run with this id, if any, offloaded values loaded back.
+    fn load_run(&self, run_id: &str) -> Result<Option<RunState>> {
+        let mut run = self.store().load_run(run_id)?;
+        if let (Some(o), Some(r)) = (&self.inner.offloader, run.as_mut()) {
+            o.load_run(r)?;
+        }
+        Ok(run)
+    }
+
+    /// The run's ledger, oldest first (offloaded values loaded back; the
+    /// stored form, with references, is what the hash chain covers).
     pub fn get_ledger(&self, run_id: &str) -> Result<Vec<StepRecord>> {
         self.get_state(run_id)?;
-        Ok(self.store().list_records(run_id)?)
+        let mut records = self.store().list_records(run_id)?;
+        if let Some(o) = &self.inner.offloader {
+            o.load_records(&mut records)?;
+        }
+        Ok(records)
+    }
+
+    /// The run's records carrying `key`, offloaded values loaded back.
+    pub(crate) fn find_records(&self, run_id: &str, key: &str) -> Result<Vec<StepRecord>> {
+        let mut records = self.store().find_records(run_id, key)?;
+        if let Some(o) = &self.inner.offloader {
+            o.load_records(&mut records)?;
+        }
+        Ok(records)
     }
 
     /// Checks the run's ledger hash chain: `Ok(Ok(head))` with the hash of
@@ -523,12 +588,21 @@ impl Runtime {
         &self,
         run_id: &str,
     ) -> Result<std::result::Result<Option<String>, crate::store::ChainBreak>> {
-        Ok(crate::store::verify_chain(&self.get_ledger(run_id)?))
+        self.get_state(run_id)?;
+        Ok(crate::store::verify_chain(
+            &self.store().list_records(run_id)?,
+        ))
     }
 
-    /// The runs matching `query`, oldest first.
+    /// The runs matching `query`, oldest first (offloaded values loaded back).
     pub fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>> {
-        Ok(self.store().list_runs(query)?)
+        let mut runs = self.store().list_runs(query)?;
+        if let Some(o) = &self.inner.offloader {
+            for r in &mut runs {
+                o.load_run(r)?;
+            }
+        }
+        Ok(runs)
     }
 
     /// Executes the run until it waits, ends, or has taken
@@ -717,7 +791,7 @@ impl Runtime {
         let Some(child_id) = wait.wait_key.strip_prefix("subworkflow:") else {
             return Ok(false);
         };
-        let Some(child) = self.store().load_run(child_id)? else {
+        let Some(child) = self.load_run(child_id)? else {
             return Ok(false);
         };
         match child.status {

@@ -26,7 +26,6 @@ pub(crate) fn emit_event(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Res
     // event already resumed.
     let prior = ctx
         .runtime
-        .store()
         .find_records(&ctx.run.run_id, &key)?
         .into_iter()
         .find(|r| r.status == StepStatus::Started)
@@ -88,7 +87,7 @@ pub(crate) fn emit_event(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Res
 
 /// Whether `run_id`'s ledger records a resume caused by effect `key`.
 fn resumed_by(ctx: &EffectContext<'_>, run_id: &str, key: &str) -> Result<bool> {
-    Ok(ctx.runtime.store().list_records(run_id)?.iter().any(|r| {
+    Ok(ctx.runtime.get_ledger(run_id)?.iter().any(|r| {
         r.result
             .as_ref()
             .and_then(|v| v.get("resumed"))

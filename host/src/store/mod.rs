@@ -8,6 +8,7 @@
 //! and its run save atomic. A backend shared by several hosts (PostgreSQL with
 //! per-run leases) implements the same calls.
 
+pub mod artifacts;
 pub mod commands;
 mod json_files;
 mod memory;
@@ -22,6 +23,7 @@ use serde::Serialize;
 
 use crate::core::model::{RunState, RunStatus, StepRecord, WaitReason};
 
+pub use artifacts::{ArtifactMeta, ArtifactStore, FileArtifactStore, MemoryArtifactStore};
 pub use commands::{
     AppendResult, CommandRecord, CommandStore, JsonlCommandStore, MemoryCommandStore,
 };

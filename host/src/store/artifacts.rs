@@ -1,0 +1,324 @@
+//! Artifacts: large values kept by reference. An artifact store holds bytes
+//! content-addressed (the id is the SHA-256 of the content, so storing the
+//! same content twice stores it once) with metadata; a reference in JSON is
+//! `{"$artifact": "<id>"}`.
+//!
+//! The runtime uses it to keep run state and ledger records bounded: with an
+//! artifact store and a threshold configured ([`crate::RuntimeBuilder::artifacts`]),
+//! every top-level var, effect payload or record result larger than the
+//! threshold is stored as an artifact and replaced by its reference when
+//! saved, and loaded back when read. Identity metadata (`vars._meta`) and the
+//! host's own vars (`_limits`, `_runtime`) always stay inline.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::StoreError;
+
+/// What an artifact store knows about an artifact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactMeta {
+    /// The SHA-256 of the content, in hex.
+    pub artifact_id: String,
+    /// The content's media type (`application/json` for offloaded values).
+    pub content_type: String,
+    /// The content's size in bytes.
+    pub size: u64,
+    /// The run it was stored for, if any.
+    pub run_id: Option<String>,
+    /// When it was first stored (RFC 3339).
+    pub created_at: String,
+}
+
+/// Where artifacts are kept.
+pub trait ArtifactStore: Send + Sync {
+    /// Stores `content` (once: the same content gets the same id) and
+    /// returns its metadata.
+    fn put(
+        &self,
+        content: &[u8],
+        content_type: &str,
+        run_id: Option<&str>,
+        created_at: &str,
+    ) -> Result<ArtifactMeta, StoreError>;
+    /// The content of an artifact.
+    fn get(&self, artifact_id: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// The metadata of an artifact.
+    fn meta(&self, artifact_id: &str) -> Result<Option<ArtifactMeta>, StoreError>;
+}
+
+/// The id of `content`.
+pub fn artifact_id(content: &[u8]) -> String {
+    hex::encode(Sha256::digest(content))
+}
+
+/// `{"$artifact": id}`.
+pub fn artifact_ref(artifact_id: &str) -> Value {
+    serde_json::json!({ "$artifact": artifact_id })
+}
+
+/// The artifact id, if `v` is exactly a reference.
+pub fn as_artifact_ref(v: &Value) -> Option<&str> {
+    match v {
+        Value::Object(m) if m.len() == 1 => m.get("$artifact").and_then(Value::as_str),
+        _ => None,
+    }
+}
+
+/// Artifacts in process memory.
+#[derive(Debug, Default)]
+pub struct MemoryArtifactStore {
+    items: Mutex<HashMap<String, (ArtifactMeta, Vec<u8>)>>,
+}
+
+impl MemoryArtifactStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl ArtifactStore for MemoryArtifactStore {
+    fn put(
+        &self,
+        content: &[u8],
+        content_type: &str,
+        run_id: Option<&str>,
+        created_at: &str,
+    ) -> Result<ArtifactMeta, StoreError> {
+        let id = artifact_id(content);
+        let mut items = self.items.lock();
+        let entry = items.entry(id.clone()).or_insert_with(|| {
+            (
+                ArtifactMeta {
+                    artifact_id: id,
+                    content_type: content_type.into(),
+                    size: content.len() as u64,
+                    run_id: run_id.map(str::to_string),
+                    created_at: created_at.into(),
+                },
+                content.to_vec(),
+            )
+        });
+        Ok(entry.0.clone())
+    }
+
+    fn get(&self, artifact_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.items.lock().get(artifact_id).map(|e| e.1.clone()))
+    }
+
+    fn meta(&self, artifact_id: &str) -> Result<Option<ArtifactMeta>, StoreError> {
+        Ok(self.items.lock().get(artifact_id).map(|e| e.0.clone()))
+    }
+}
+
+/// Artifacts as files: `<dir>/<first two hex digits>/<id>` and `<id>.json`
+/// (the metadata) beside it. Content is written to a temp file and renamed:
+/// a crash never leaves a partial artifact under its id.
+#[derive(Debug)]
+pub struct FileArtifactStore {
+    dir: PathBuf,
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> StoreError {
+    StoreError::io(format!("{}: {e}", path.display()))
+}
+
+impl FileArtifactStore {
+    /// Opens (creating if needed) the folder.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+        Ok(FileArtifactStore { dir })
+    }
+
+    fn path(&self, id: &str) -> Option<PathBuf> {
+        let ok = id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit());
+        ok.then(|| self.dir.join(&id[..2]).join(id))
+    }
+
+    fn write(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
+        fs::rename(&tmp, path).map_err(|e| io(path, e))
+    }
+}
+
+impl ArtifactStore for FileArtifactStore {
+    fn put(
+        &self,
+        content: &[u8],
+        content_type: &str,
+        run_id: Option<&str>,
+        created_at: &str,
+    ) -> Result<ArtifactMeta, StoreError> {
+        let id = artifact_id(content);
+        if let Some(meta) = self.meta(&id)? {
+            return Ok(meta);
+        }
+        let path = self.path(&id).expect("a SHA-256 names a file");
+        let parent = path.parent().expect("a shard folder");
+        fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+        let meta = ArtifactMeta {
+            artifact_id: id,
+            content_type: content_type.into(),
+            size: content.len() as u64,
+            run_id: run_id.map(str::to_string),
+            created_at: created_at.into(),
+        };
+        Self::write(&path, content)?;
+        let meta_bytes = serde_json::to_vec(&meta).map_err(|e| io(&path, e))?;
+        Self::write(&path.with_extension("json"), &meta_bytes)?;
+        Ok(meta)
+    }
+
+    fn get(&self, artifact_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(path) = self.path(artifact_id) else {
+            return Ok(None);
+        };
+        match fs::read(&path) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path, e)),
+        }
+    }
+
+    fn meta(&self, artifact_id: &str) -> Result<Option<ArtifactMeta>, StoreError> {
+        let Some(path) = self.path(artifact_id).map(|p| p.with_extension("json")) else {
+            return Ok(None);
+        };
+        match fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| StoreError::corrupt(format!("{}: {e}", path.display()))),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path, e)),
+        }
+    }
+}
+
+/// Offloads and loads back large values, for the runtime.
+pub(crate) struct Offloader {
+    pub store: std::sync::Arc<dyn ArtifactStore>,
+    pub threshold: usize,
+}
+
+/// Vars that always stay inline.
+const INLINE_VARS: [&str; 3] = ["_meta", "_limits", "_runtime"];
+
+impl Offloader {
+    /// `value` as a reference if its JSON is larger than the threshold.
+    fn offload(&self, value: &Value, run_id: &str, now: &str) -> Result<Option<Value>, StoreError> {
+        if as_artifact_ref(value).is_some() {
+            return Ok(None);
+        }
+        let bytes = serde_json::to_vec(value).map_err(|e| StoreError::io(e.to_string()))?;
+        if bytes.len() <= self.threshold {
+            return Ok(None);
+        }
+        let meta = self
+            .store
+            .put(&bytes, "application/json", Some(run_id), now)?;
+        Ok(Some(artifact_ref(&meta.artifact_id)))
+    }
+
+    /// `value` loaded back if it is a reference.
+    fn load(&self, value: &mut Value) -> Result<(), StoreError> {
+        if let Some(id) = as_artifact_ref(value).map(str::to_string) {
+            let bytes = self.store.get(&id)?.ok_or_else(|| {
+                StoreError::corrupt(format!("artifact {id} is referenced but missing"))
+            })?;
+            *value = serde_json::from_slice(&bytes)
+                .map_err(|e| StoreError::corrupt(format!("artifact {id}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// The run as it is stored: large top-level vars offloaded.
+    pub fn offload_run(
+        &self,
+        run: &crate::core::model::RunState,
+        now: &str,
+    ) -> Result<Option<crate::core::model::RunState>, StoreError> {
+        let mut out: Option<crate::core::model::RunState> = None;
+        for (k, v) in &run.vars {
+            if INLINE_VARS.contains(&k.as_str()) {
+                continue;
+            }
+            if let Some(r) = self.offload(v, &run.run_id, now)? {
+                out.get_or_insert_with(|| run.clone())
+                    .vars
+                    .insert(k.clone(), r);
+            }
+        }
+        if let Some(output) = &run.output {
+            if let Some(r) = self.offload(output, &run.run_id, now)? {
+                out.get_or_insert_with(|| run.clone()).output = Some(r);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A stored run with its references loaded back.
+    pub fn load_run(&self, run: &mut crate::core::model::RunState) -> Result<(), StoreError> {
+        for (k, v) in run.vars.iter_mut() {
+            if !INLINE_VARS.contains(&k.as_str()) {
+                self.load(v)?;
+            }
+        }
+        if let Some(o) = run.output.as_mut() {
+            self.load(o)?;
+        }
+        Ok(())
+    }
+
+    /// The records as they are stored: large results and payloads offloaded.
+    pub fn offload_records(
+        &self,
+        records: &[crate::core::model::StepRecord],
+        now: &str,
+    ) -> Result<Option<Vec<crate::core::model::StepRecord>>, StoreError> {
+        let mut out: Option<Vec<crate::core::model::StepRecord>> = None;
+        for (i, r) in records.iter().enumerate() {
+            if let Some(v) = &r.result {
+                if let Some(rf) = self.offload(v, &r.run_id, now)? {
+                    out.get_or_insert_with(|| records.to_vec())[i].result = Some(rf);
+                }
+            }
+            if let Some(e) = &r.effect {
+                if let Some(rf) = self.offload(&e.payload, &r.run_id, now)? {
+                    if let Some(eff) = out.get_or_insert_with(|| records.to_vec())[i]
+                        .effect
+                        .as_mut()
+                    {
+                        eff.payload = rf;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stored records with their references loaded back.
+    pub fn load_records(
+        &self,
+        records: &mut [crate::core::model::StepRecord],
+    ) -> Result<(), StoreError> {
+        for r in records {
+            if let Some(v) = r.result.as_mut() {
+                self.load(v)?;
+            }
+            if let Some(e) = r.effect.as_mut() {
+                self.load(&mut e.payload)?;
+            }
+        }
+        Ok(())
+    }
+}
