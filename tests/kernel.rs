@@ -1085,3 +1085,97 @@ mod artifacts_on_stores {
     use super::*;
     store_tests!(large_values_are_offloaded_to_artifacts_and_loaded_back);
 }
+
+fn a_failed_effect_is_retried_with_backoff_then_fails_the_run(b: Backend) {
+    let clock = manual_clock();
+    let base = Host::with_clock(b, clock.clone());
+    let mut config = stepwell::RuntimeConfig::default();
+    config.retries.insert(
+        "ask_user".into(),
+        stepwell::RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: std::time::Duration::from_secs(10),
+            factor: 2.0,
+            max_backoff: std::time::Duration::from_secs(60),
+        },
+    );
+    let rt = Runtime::builder(base.store.clone())
+        .engine(stepwell_tests::engine())
+        .clock(clock.clone())
+        .config(config)
+        .build()
+        .unwrap();
+    let dir = stepwell_tests::write_bundle(
+        base.dir.path(),
+        "flaky",
+        &[(
+            "flow.json",
+            json!({"workflow_id": "flaky", "entry": "ask",
+                   "nodes": {"ask": {"effect": "ask_user", "payload": {"prompt": {"$var": "prompt"}}, "result_key": "a", "next": "done"},
+                             "done": {"complete": {"$var": "a"}}}}),
+        )],
+    );
+    rt.load_bundle(&dir).unwrap();
+    // Fails twice (no prompt), is retried after 10 s then 20 s, fails a third time.
+    let first = rt.run("flaky", StartOptions::default()).unwrap();
+    assert_eq!(first.status, RunStatus::Waiting);
+    let wait = first.waiting.clone().unwrap();
+    assert_eq!(
+        (wait.reason, wait.wait_key.as_str()),
+        (WaitReason::Until, "retry:ask:2")
+    );
+    assert_eq!(wait.until.as_deref(), Some("2026-11-30T09:00:10.000000Z"));
+    clock.advance(chrono::Duration::seconds(9));
+    assert!(rt.drive_once().unwrap().due_resumed.is_empty());
+    clock.advance(chrono::Duration::seconds(1));
+    rt.drive_once().unwrap();
+    let second = rt.get_state(&first.run_id).unwrap();
+    assert_eq!(
+        second.waiting.as_ref().unwrap().until.as_deref(),
+        Some("2026-11-30T09:00:30.000000Z")
+    );
+    clock.advance(chrono::Duration::seconds(20));
+    rt.drive_once().unwrap();
+    let failed = rt.get_state(&first.run_id).unwrap();
+    assert_eq!(failed.status, RunStatus::Failed);
+    assert_eq!(
+        failed.error.as_deref(),
+        Some("invalid_effect: ask_user.payload.prompt: is required (after 3 attempts)")
+    );
+    let attempts: Vec<_> = rt
+        .get_ledger(&first.run_id)
+        .unwrap()
+        .iter()
+        .filter(|r| r.effect.is_some())
+        .map(|r| (r.status.as_str(), r.attempt))
+        .collect();
+    assert_eq!(
+        attempts,
+        [
+            ("started", 1),
+            ("failed", 1),
+            ("started", 2),
+            ("failed", 2),
+            ("started", 3),
+            ("failed", 3)
+        ]
+    );
+
+    // A retry that succeeds moves on, and the next node starts again at attempt 1.
+    let ok = rt
+        .run(
+            "flaky",
+            StartOptions {
+                vars: vars(json!({"prompt": "Go?"})),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(ok.waiting.unwrap().reason, WaitReason::User);
+    assert!(ok.vars["_runtime"].get("attempt").is_none());
+}
+
+mod retries {
+    use super::*;
+    store_tests!(a_failed_effect_is_retried_with_backoff_then_fails_the_run);
+}

@@ -40,7 +40,9 @@ pub use crate::core::model::{
     EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus, WaitReason,
     WaitState,
 };
-pub use crate::core::runtime::{DriveReport, Runtime, RuntimeBuilder, RuntimeConfig, StartOptions};
+pub use crate::core::runtime::{
+    DriveReport, RetryPolicy, Runtime, RuntimeBuilder, RuntimeConfig, StartOptions,
+};
 pub use crate::core::{Error, Result};
 pub use crate::store::{
     ArtifactMeta, ArtifactStore, CommandRecord, CommandStore, FileArtifactStore, JsonFileStore,

@@ -42,6 +42,33 @@ pub struct RuntimeConfig {
     pub warn_iterations_pct: u64,
     /// `_limits.warn_tokens_pct`.
     pub warn_tokens_pct: u64,
+    /// Retry policies for failed effects, by effect kind. An effect without
+    /// one fails its run at the first failure.
+    pub retries: HashMap<String, RetryPolicy>,
+}
+
+/// How a failed effect is retried: the run waits (a durable time wait, reason
+/// `until`, key `retry:<node>:<attempt>`) for the backoff, then executes the
+/// node again with the next attempt number; after `max_attempts` failures
+/// the run fails.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in all, at least 1.
+    pub max_attempts: u32,
+    /// The wait before the second attempt.
+    pub initial_backoff: std::time::Duration,
+    /// Each further wait is the previous one times this (at least 1).
+    pub factor: f64,
+    /// No wait is longer than this.
+    pub max_backoff: std::time::Duration,
+}
+
+impl RetryPolicy {
+    /// The wait after failed attempt `attempt` (1 for the first).
+    pub fn backoff(&self, attempt: u32) -> std::time::Duration {
+        let factor = self.factor.max(1.0).powi(attempt.saturating_sub(1) as i32);
+        self.initial_backoff.mul_f64(factor).min(self.max_backoff)
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -53,6 +80,7 @@ impl Default for RuntimeConfig {
             max_history_messages: -1,
             warn_iterations_pct: 80,
             warn_tokens_pct: 80,
+            retries: HashMap::new(),
         }
     }
 }
@@ -997,6 +1025,7 @@ impl Runtime {
                 status: StepStatus::Started,
                 effect: Some(effect_record),
                 idempotency_key: Some(key),
+                attempt: current_attempt(run),
                 ..self.record(run, Some(node_id.clone()), &started_at)
             };
             if !replayed {
@@ -1061,6 +1090,7 @@ impl Runtime {
                             ..base
                         });
                     }
+                    set_attempt(run, 1);
                     run.status = RunStatus::Waiting;
                     run.waiting = Some(*wait);
                 }
@@ -1069,6 +1099,16 @@ impl Runtime {
                         fail(run, msg, &ended_at);
                         self.commit(&records, run)?;
                         return Ok(());
+                    }
+                    let attempt = current_attempt(run);
+                    if let Some(policy) = self.inner.config.retries.get(&effect.kind) {
+                        if attempt < policy.max_attempts {
+                            return self.retry_later(
+                                run, records, base, &ended_at, msg, &node_id, attempt, policy,
+                            );
+                        }
+                        let msg = format!("{msg} (after {attempt} attempts)");
+                        return self.fail_with(run, records, base, &ended_at, msg);
                     }
                     return self.fail_with(run, records, base, &ended_at, msg);
                 }
@@ -1121,7 +1161,7 @@ impl Runtime {
                         config_json,
                         vars_json: &vars,
                         now,
-                        attempt: 1,
+                        attempt: current_attempt(run),
                     })
                     .map_err(|e| format!("{} (node {} of workflow {})", e, node.id, wf.workflow_id))
             }
@@ -1145,11 +1185,61 @@ impl Runtime {
     }
 
     fn go(&self, run: &mut RunState, target: Target, effect_result: Option<Value>) {
+        set_attempt(run, 1);
         match target {
             Target::Node(n) => run.current_node = Some(n),
             Target::Complete(out) => complete(run, out),
             Target::End => complete(run, effect_result.unwrap_or(Value::Null)),
         }
+    }
+
+    /// Records failed attempt `attempt` and parks the run until its backoff
+    /// has passed; the node then runs again with the next attempt number.
+    #[allow(clippy::too_many_arguments)]
+    fn retry_later(
+        &self,
+        run: &mut RunState,
+        mut records: Vec<StepRecord>,
+        base: StepRecord,
+        ended_at: &str,
+        msg: String,
+        node_id: &str,
+        attempt: u32,
+        policy: &RetryPolicy,
+    ) -> Result<()> {
+        let until = self.now()
+            + chrono::Duration::from_std(policy.backoff(attempt))
+                .unwrap_or(chrono::Duration::zero());
+        let until = format_time(until);
+        let kind = base
+            .effect
+            .as_ref()
+            .map(|e| e.kind.clone())
+            .unwrap_or_default();
+        records.push(StepRecord {
+            step_id: uuid::Uuid::new_v4().to_string(),
+            status: StepStatus::Failed,
+            error: Some(msg.clone()),
+            ended_at: Some(ended_at.to_string()),
+            result: Some(json!({ "retry": { "next_attempt": attempt + 1, "at": until } })),
+            ..base
+        });
+        set_attempt(run, attempt + 1);
+        run.status = RunStatus::Waiting;
+        run.waiting = Some(super::model::WaitState {
+            reason: WaitReason::Until,
+            wait_key: format!("retry:{node_id}:{}", attempt + 1),
+            until: Some(until),
+            resume_to_node: Some(node_id.to_string()),
+            result_key: None,
+            prompt: None,
+            choices: None,
+            details: Some(
+                json!({ "retry": { "effect": kind, "attempt": attempt + 1, "error": msg } }),
+            ),
+        });
+        run.updated_at = ended_at.to_string();
+        self.commit(&records, run)
     }
 
     fn fail_step(
@@ -1236,6 +1326,32 @@ pub(crate) fn effect_idempotency_key(run: &RunState, seq: u64) -> String {
 /// (completed, failed or cancelled): a run ends once.
 fn terminal_key(run: &RunState) -> String {
     format!("{}:terminal", key_prefix(run))
+}
+
+/// The attempt number of the run's current node (`vars._runtime.attempt`).
+fn current_attempt(run: &RunState) -> u32 {
+    run.vars
+        .get("_runtime")
+        .and_then(|r| r.get("attempt"))
+        .and_then(Value::as_u64)
+        .map_or(1, |a| a.max(1) as u32)
+}
+
+/// Sets the attempt number (1 removes it: the first attempt is the default).
+fn set_attempt(run: &mut RunState, attempt: u32) {
+    if attempt <= 1 {
+        if let Some(rt) = run.vars.get_mut("_runtime").and_then(Value::as_object_mut) {
+            rt.remove("attempt");
+        }
+        return;
+    }
+    let rt = run
+        .vars
+        .entry("_runtime")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if let Some(map) = rt.as_object_mut() {
+        map.insert("attempt".into(), json!(attempt));
+    }
 }
 
 /// Bumps and returns `vars._runtime.effect_seq`.
