@@ -551,13 +551,7 @@ impl Runtime {
             .max()
             .unwrap_or(0)
             + 1;
-        let rt = run
-            .vars
-            .entry("_runtime")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Some(map) = rt.as_object_mut() {
-            map.insert("restores".into(), json!(restores));
-        }
+        runtime_vars(&mut run).insert("restores".into(), json!(restores));
         let now = format_time(self.now());
         run.updated_at = now.clone();
         let record = StepRecord {
@@ -1345,17 +1339,20 @@ fn set_attempt(run: &mut RunState, attempt: u32) {
         }
         return;
     }
-    let rt = run
-        .vars
-        .entry("_runtime")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if let Some(map) = rt.as_object_mut() {
-        map.insert("attempt".into(), json!(attempt));
-    }
+    runtime_vars(run).insert("attempt".into(), json!(attempt));
 }
 
 /// Bumps and returns `vars._runtime.effect_seq`.
 fn next_effect_seq(run: &mut RunState) -> u64 {
+    let map = runtime_vars(run);
+    let seq = map.get("effect_seq").and_then(Value::as_u64).unwrap_or(0) + 1;
+    map.insert("effect_seq".into(), json!(seq));
+    seq
+}
+
+/// The run's `vars._runtime` object (created, or replaced if it is not an
+/// object), where the host keeps its bookkeeping.
+fn runtime_vars(run: &mut RunState) -> &mut Map<String, Value> {
     let rt = run
         .vars
         .entry("_runtime")
@@ -1363,10 +1360,7 @@ fn next_effect_seq(run: &mut RunState) -> u64 {
     if !rt.is_object() {
         *rt = Value::Object(Map::new());
     }
-    let map = rt.as_object_mut().expect("made an object above");
-    let seq = map.get("effect_seq").and_then(Value::as_u64).unwrap_or(0) + 1;
-    map.insert("effect_seq".into(), json!(seq));
-    seq
+    rt.as_object_mut().expect("made an object above")
 }
 
 /// The first identity field on which two runs with one id differ.
