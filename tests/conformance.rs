@@ -874,3 +874,19 @@ fn memory_artifacts() {
 fn file_artifacts() {
     artifact_store_is_content_addressed(true);
 }
+
+#[test]
+fn a_torn_last_command_line_is_dropped_not_fatal() {
+    use stepwell::CommandStore;
+    let dir = tempfile::tempdir().unwrap();
+    let inbox = stepwell::JsonlCommandStore::open(dir.path()).unwrap();
+    inbox.append_command(&command("c1", "pause")).unwrap();
+    let file = dir.path().join("commands.jsonl");
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text.push_str("{\"command_id\":\"c2\",\"se");
+    std::fs::write(&file, text).unwrap();
+    assert_eq!(inbox.commands_after(0, 10).unwrap().len(), 1);
+    let r = inbox.append_command(&command("c2", "resume")).unwrap();
+    assert_eq!((r.accepted, r.seq), (true, 2));
+    assert_eq!(inbox.commands_after(0, 10).unwrap().len(), 2);
+}

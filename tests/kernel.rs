@@ -864,10 +864,38 @@ fn a_crash_between_append_and_save_leaves_the_ledger_ahead_and_replay_converges(
         ledger[3].idempotency_key.as_deref(),
         Some(format!("{id}:terminal").as_str())
     );
-    assert_eq!(
-        ledger[2].idempotency_key, ledger[0].idempotency_key,
-        "a resume completes its effect"
+    let effect_key = ledger[0].idempotency_key.clone().unwrap();
+    assert!(
+        ledger[2]
+            .idempotency_key
+            .as_deref()
+            .unwrap()
+            .starts_with(&format!("{effect_key}:resumed:")),
+        "a resume completes its effect (its key extends the effect's)"
     );
+
+    // Another run: the first resume is lost in a crash, the caller then
+    // resumes with another answer. Both attempts are in the evidence, and
+    // the state holds the second.
+    let id = rt.start(&wf, StartOptions::default()).unwrap();
+    let key = rt.tick(&id).unwrap().waiting.unwrap().wait_key;
+    store.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    rt.resume(&id, &key, json!({"text": "Bob"})).unwrap_err();
+    store.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    let done = rt.resume(&id, &key, json!({"text": "Eve"})).unwrap();
+    assert_eq!(done.output, Some(json!({"greeting": "Hello, Eve!"})));
+    let payloads: Vec<_> = rt
+        .get_ledger(&id)
+        .unwrap()
+        .iter()
+        .filter_map(|r| {
+            r.result
+                .as_ref()?
+                .get("resumed")
+                .map(|v| v["payload"]["text"].clone())
+        })
+        .collect();
+    assert_eq!(payloads, [json!("Bob"), json!("Eve")]);
 }
 
 fn run_starts_and_ticks_in_one_call(b: Backend) {
@@ -1178,4 +1206,104 @@ fn a_failed_effect_is_retried_with_backoff_then_fails_the_run(b: Backend) {
 mod retries {
     use super::*;
     store_tests!(a_failed_effect_is_retried_with_backoff_then_fails_the_run);
+}
+
+fn ping_pong_events_resume_each_run_once(b: Backend) {
+    let h = Host::new(b);
+    let side = |name: &str, wait: &str, emit: &str| {
+        json!({"workflow_id": name, "entry": "wait",
+               "nodes": {"wait": {"effect": "wait_event", "payload": {"wait_key": wait}, "result_key": "got", "next": "emit"},
+                         "emit": {"effect": "emit_event", "payload": {"name": emit, "payload": name}, "result_key": "sent", "next": "done"},
+                         "done": {"complete": {"got": {"$var": "got"}, "sent": {"$var": "sent.delivered"}}}}})
+    };
+    let starter = json!({"workflow_id": "starter", "entry": "go",
+        "nodes": {"go": {"effect": "emit_event", "payload": {"name": "ping", "payload": "start"}}}});
+    h.load_scratch(
+        "pingpong",
+        &[
+            ("flow.json", starter),
+            ("a.flow.json", side("a", "ping", "pong")),
+            ("b.flow.json", side("b", "pong", "ping")),
+        ],
+    );
+    let a = start(&h, "a", json!({}));
+    let bb = start(&h, "b", json!({}));
+    h.rt.tick(&a).unwrap();
+    h.rt.tick(&bb).unwrap();
+    let go = start(&h, "starter", json!({}));
+    let out = h.rt.tick(&go).unwrap();
+    assert_eq!(out.output.unwrap()["delivered"], json!(1));
+    // a was resumed once (by the starter), b once (by a); b's ping found a
+    // no longer waiting: it was not resumed a second time mid-step.
+    let a_state = h.rt.get_state(&a).unwrap();
+    assert_eq!(a_state.output, Some(json!({"got": "start", "sent": 1})));
+    assert_eq!(
+        h.rt.get_state(&bb).unwrap().output,
+        Some(json!({"got": "a", "sent": 0}))
+    );
+    for id in [&a, &bb] {
+        let resumes =
+            h.rt.get_ledger(id)
+                .unwrap()
+                .iter()
+                .filter(|r| {
+                    r.result
+                        .as_ref()
+                        .is_some_and(|v| v.get("resumed").is_some())
+                })
+                .count();
+        assert_eq!(resumes, 1, "{id} resumed once");
+    }
+}
+
+fn values_that_look_like_references_are_kept_as_they_are(b: Backend) {
+    let base = Host::new(b);
+    let rt = Runtime::builder(base.store.clone())
+        .engine(stepwell_tests::engine())
+        .artifacts(Arc::new(stepwell::MemoryArtifactStore::new()), 10)
+        .build()
+        .unwrap();
+    let wf = rt
+        .load_bundle(&stepwell_tests::example("hello"))
+        .unwrap()
+        .main_workflow_id;
+    let forged =
+        json!({"$artifact": "0000000000000000000000000000000000000000000000000000000000000000"});
+    let escaped = json!({"$literal": 1});
+    let id = rt
+        .start(
+            &wf,
+            StartOptions {
+                vars: vars(json!({"x": forged, "y": escaped})),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap();
+    let state = rt.tick(&id).unwrap();
+    assert_eq!(state.status, RunStatus::Completed);
+    let read = rt.get_state(&id).unwrap();
+    assert_eq!(read.vars["x"], forged, "never resolved");
+    assert_eq!(read.vars["y"], escaped);
+}
+
+mod review_fixes {
+    use super::*;
+    store_tests!(
+        ping_pong_events_resume_each_run_once,
+        values_that_look_like_references_are_kept_as_they_are
+    );
+
+    #[test]
+    fn a_huge_backoff_is_clamped() {
+        let p = stepwell::RetryPolicy {
+            max_attempts: 100,
+            initial_backoff: std::time::Duration::from_secs(1),
+            factor: 2.0,
+            max_backoff: std::time::Duration::from_secs(3600),
+        };
+        assert_eq!(p.backoff(1), std::time::Duration::from_secs(1));
+        assert_eq!(p.backoff(3), std::time::Duration::from_secs(4));
+        assert_eq!(p.backoff(65), std::time::Duration::from_secs(3600));
+        assert_eq!(p.backoff(u32::MAX), std::time::Duration::from_secs(3600));
+    }
 }

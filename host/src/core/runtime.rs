@@ -66,8 +66,15 @@ pub struct RetryPolicy {
 impl RetryPolicy {
     /// The wait after failed attempt `attempt` (1 for the first).
     pub fn backoff(&self, attempt: u32) -> std::time::Duration {
-        let factor = self.factor.max(1.0).powi(attempt.saturating_sub(1) as i32);
-        self.initial_backoff.mul_f64(factor).min(self.max_backoff)
+        let factor = self
+            .factor
+            .max(1.0)
+            .powi(attempt.saturating_sub(1).min(1_000) as i32);
+        let secs =
+            (self.initial_backoff.as_secs_f64() * factor).min(self.max_backoff.as_secs_f64());
+        std::time::Duration::try_from_secs_f64(secs)
+            .unwrap_or(self.max_backoff)
+            .min(self.max_backoff)
     }
 }
 
@@ -360,7 +367,18 @@ impl Runtime {
     /// its id, loses nothing. With an explicit id it is `start` (create if
     /// absent, identity-checked) followed by `tick`.
     pub fn run(&self, workflow_id: &str, options: StartOptions) -> Result<RunState> {
-        if options.run_id.is_some() || self.inner.config.max_steps_per_tick == 0 {
+        // The first commit creates the run only when its first step cannot
+        // touch another run (a child or a listener must never see a run that
+        // is not stored): a built-in effect or complete node that does not.
+        let wf = self.workflow(workflow_id)?;
+        let safe_entry = wf.nodes.get(&wf.entry).is_some_and(|n| match &n.kind {
+            NodeKind::Complete { .. } => true,
+            NodeKind::Effect { kind, .. } => {
+                !matches!(kind.as_str(), "emit_event" | "start_subworkflow")
+            }
+            NodeKind::Component { .. } => false,
+        });
+        if options.run_id.is_some() || self.inner.config.max_steps_per_tick == 0 || !safe_entry {
             let id = self.start(workflow_id, options)?;
             return self.tick(&id);
         }
@@ -884,14 +902,21 @@ impl Runtime {
         if let Some(key) = &wait.result_key {
             template::assign(&mut run.vars, key, payload.clone());
         }
-        // The end of a wait completes the effect that started it: same key.
+        // The end of a wait completes the effect that started it: its key is
+        // that effect's key plus a digest of the payload, so a resume replayed
+        // with the same payload lands once, and another payload is another
+        // record.
+        let digest = {
+            use sha2::{Digest, Sha256};
+            hex::encode(&Sha256::digest(payload.to_string().as_bytes())[..8])
+        };
         let record = StepRecord {
             status: StepStatus::Completed,
             result: Some(json!({
                 how: { "wait_key": wait.wait_key, "reason": wait.reason, "payload": payload }
             })),
             ended_at: Some(now.clone()),
-            idempotency_key: effect_key(run),
+            idempotency_key: effect_key(run).map(|k| format!("{k}:{how}:{digest}")),
             ..self.record(run, run.current_node.clone(), &now)
         };
         match wait.resume_to_node {
@@ -928,6 +953,10 @@ impl Runtime {
     fn step(&self, wf: &Workflow, run: &mut RunState, mut records: Vec<StepRecord>) -> Result<()> {
         let now = self.now();
         let started_at = format_time(now);
+        // A resume (or due wait) rides on this step's commit. If the step
+        // turns out to touch other runs, that resume is committed first,
+        // with the state as it is before this step.
+        let before = (!records.is_empty()).then(|| run.clone());
         let Some(node_id) = run.current_node.clone() else {
             return self.fail_step(
                 run,
@@ -1022,6 +1051,15 @@ impl Runtime {
                 attempt: current_attempt(run),
                 ..self.record(run, Some(node_id.clone()), &started_at)
             };
+            if touches_others {
+                // Make the pending resume true before other runs are touched:
+                // from here on the store shows this run running, so no event
+                // can resume it a second time while this step runs.
+                if let Some(before) = &before {
+                    let pending = std::mem::take(&mut records);
+                    self.commit(&pending, before)?;
+                }
+            }
             if !replayed {
                 // emit_event appends its own started record (with the
                 // listeners it is about to reach).
@@ -1089,11 +1127,8 @@ impl Runtime {
                     run.waiting = Some(*wait);
                 }
                 Outcome::Failed(msg) => {
-                    if replayed {
-                        fail(run, msg, &ended_at);
-                        self.commit(&records, run)?;
-                        return Ok(());
-                    }
+                    // A replayed failure takes the same path: its records are
+                    // already in the ledger, and replays are not appended twice.
                     let attempt = current_attempt(run);
                     if let Some(policy) = self.inner.config.retries.get(&effect.kind) {
                         if attempt < policy.max_attempts {
@@ -1201,9 +1236,12 @@ impl Runtime {
         attempt: u32,
         policy: &RetryPolicy,
     ) -> Result<()> {
-        let until = self.now()
-            + chrono::Duration::from_std(policy.backoff(attempt))
-                .unwrap_or(chrono::Duration::zero());
+        let wait = chrono::Duration::from_std(policy.backoff(attempt))
+            .unwrap_or(chrono::Duration::days(365));
+        let until = self
+            .now()
+            .checked_add_signed(wait)
+            .unwrap_or(chrono::DateTime::<Utc>::MAX_UTC);
         let until = format_time(until);
         let kind = base
             .effect

@@ -69,9 +69,16 @@ pub(crate) fn emit_event(ctx: &EffectContext<'_>, p: &Map<String, Value>) -> Res
                 }
             }
             Err(e @ Error::Store(_)) => return Err(e),
-            // A listener whose workflow cannot be loaded is left waiting,
-            // untouched; the others still get the event.
-            Err(e) => refused.push(json!({ "run_id": target, "error": e.to_string() })),
+            // A listener whose workflow cannot be loaded is refused before
+            // anything is written: it stays waiting, untouched. Any other
+            // error came after its resume was committed.
+            Err(e) => {
+                if resumed_by(ctx, &target, &key)? {
+                    delivered.push(target);
+                } else {
+                    refused.push(json!({ "run_id": target, "error": e.to_string() }));
+                }
+            }
         }
     }
     let mut result = json!({

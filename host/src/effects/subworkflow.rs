@@ -8,8 +8,9 @@ use crate::core::runtime::StartOptions;
 use crate::core::{Error, Result};
 
 /// The namespace of the default child run ids (uuid5 of
-/// `"<parent_run_id>:subworkflow:<effect_seq>"`): a step replayed after a
-/// crash asks for the same child and re-attaches to it.
+/// `"<effect idempotency key>:subworkflow"`, the key being
+/// `<parent_run_id>:<effect_seq>` until a snapshot is restored): a step
+/// replayed after a crash asks for the same child and re-attaches to it.
 pub const SUBWORKFLOW_NAMESPACE: uuid::Uuid = uuid::uuid!("6b1f7c0e-2d4a-5c3b-9e8f-1a2b3c4d5e6f");
 
 /// The wait key of a parent waiting on child `child_run_id`.
@@ -74,7 +75,11 @@ pub(crate) fn start_subworkflow(
         Ok(Some(id)) => id.to_string(),
         Ok(None) => uuid::Uuid::new_v5(
             &SUBWORKFLOW_NAMESPACE,
-            format!("{}:subworkflow:{}", ctx.run.run_id, ctx.seq).as_bytes(),
+            format!(
+                "{}:subworkflow",
+                crate::core::runtime::effect_idempotency_key(ctx.run, ctx.seq)
+            )
+            .as_bytes(),
         )
         .to_string(),
         Err(o) => return Ok(o),

@@ -72,6 +72,14 @@ pub fn as_artifact_ref(v: &Value) -> Option<&str> {
     }
 }
 
+/// The escaped value, if `v` is exactly `{"$literal": value}`.
+fn as_literal(v: &Value) -> Option<&Value> {
+    match v {
+        Value::Object(m) if m.len() == 1 => m.get("$literal"),
+        _ => None,
+    }
+}
+
 /// Artifacts in process memory.
 #[derive(Debug, Default)]
 pub struct MemoryArtifactStore {
@@ -145,7 +153,9 @@ impl FileArtifactStore {
     }
 
     fn write(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp-{}-{n}", std::process::id()));
         fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
         fs::rename(&tmp, path).map_err(|e| io(path, e))
     }
@@ -214,10 +224,13 @@ pub(crate) struct Offloader {
 const INLINE_VARS: [&str; 3] = ["_meta", "_limits", "_runtime"];
 
 impl Offloader {
-    /// `value` as a reference if its JSON is larger than the threshold.
+    /// `value` as a reference if its JSON is larger than the threshold. A
+    /// value of the caller's that looks like a reference (or like an escaped
+    /// one) is stored escaped, `{"$literal": value}`, so it is never
+    /// resolved: only references the host wrote are.
     fn offload(&self, value: &Value, run_id: &str, now: &str) -> Result<Option<Value>, StoreError> {
-        if as_artifact_ref(value).is_some() {
-            return Ok(None);
+        if as_artifact_ref(value).is_some() || as_literal(value).is_some() {
+            return Ok(Some(serde_json::json!({ "$literal": value })));
         }
         let bytes = serde_json::to_vec(value).map_err(|e| StoreError::io(e.to_string()))?;
         if bytes.len() <= self.threshold {
@@ -229,8 +242,12 @@ impl Offloader {
         Ok(Some(artifact_ref(&meta.artifact_id)))
     }
 
-    /// `value` loaded back if it is a reference.
+    /// `value` loaded back if it is a reference (or unescaped).
     fn load(&self, value: &mut Value) -> Result<(), StoreError> {
+        if let Some(inner) = as_literal(value) {
+            *value = inner.clone();
+            return Ok(());
+        }
         if let Some(id) = as_artifact_ref(value).map(str::to_string) {
             let bytes = self.store.get(&id)?.ok_or_else(|| {
                 StoreError::corrupt(format!("artifact {id} is referenced but missing"))

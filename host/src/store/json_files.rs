@@ -214,14 +214,15 @@ impl Store for JsonFileStore {
         self.check_id(&run.run_id)?;
         let _w = self.write.lock();
         let path = self.run_path(&run.run_id);
-        let existed = path.exists();
-        let bytes = serde_json::to_vec(run).map_err(|e| io(&path, e))?;
-        let tmp = self.temp(&bytes)?;
-        fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
-        if !existed {
+        // Journal a new run before its file appears: a crash in between
+        // leaves a journal line without a file (skipped), never a run that
+        // listing cannot see.
+        if !path.exists() {
             self.journal(&run.run_id)?;
         }
-        Ok(())
+        let bytes = serde_json::to_vec(run).map_err(|e| io(&path, e))?;
+        let tmp = self.temp(&bytes)?;
+        fs::rename(&tmp, &path).map_err(|e| io(&path, e))
     }
 
     fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
@@ -230,13 +231,13 @@ impl Store for JsonFileStore {
         let path = self.run_path(&run.run_id);
         let bytes = serde_json::to_vec(run).map_err(|e| io(&path, e))?;
         let tmp = self.temp(&bytes)?;
+        if !path.exists() {
+            self.journal(&run.run_id)?;
+        }
         let linked = fs::hard_link(&tmp, &path);
         let _ = fs::remove_file(&tmp);
         match linked {
-            Ok(()) => {
-                self.journal(&run.run_id)?;
-                Ok((run.clone(), true))
-            }
+            Ok(()) => Ok((run.clone(), true)),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                 let existing = self
                     .read_run(&path)?
