@@ -92,25 +92,9 @@ fn outcome_of(kind: Kind, dir: &std::path::Path, root: &str) -> Value {
         let ledger = store.list_records(id).unwrap();
         stepwell::store::verify_chain(&ledger)
             .unwrap_or_else(|b| panic!("{id}: chain broken: {b:?}"));
-        let ends = ledger
-            .iter()
-            .filter(|r| {
-                r.result
-                    .as_ref()
-                    .is_some_and(|v| v.get("complete_output").is_some())
-            })
-            .count();
+        let ends = stepwell_tests::count_results(&ledger, "complete_output");
         terminal_records.push(ends);
-        resumes.push(
-            ledger
-                .iter()
-                .filter(|r| {
-                    r.result
-                        .as_ref()
-                        .is_some_and(|v| v.get("resumed").is_some())
-                })
-                .count(),
-        );
+        resumes.push(stepwell_tests::count_results(&ledger, "resumed"));
     }
     serde_json::json!({
         "status": run.status.as_str(),

@@ -851,14 +851,7 @@ fn a_crash_between_append_and_save_leaves_the_ledger_ahead_and_replay_converges(
         statuses(&ledger),
         ["started", "waiting", "completed", "completed"]
     );
-    let terminal = ledger
-        .iter()
-        .filter(|r| {
-            r.result
-                .as_ref()
-                .is_some_and(|v| v.get("complete_output").is_some())
-        })
-        .count();
+    let terminal = stepwell_tests::count_results(&ledger, "complete_output");
     assert_eq!(terminal, 1, "the terminal record exactly once");
     assert_eq!(
         ledger[3].idempotency_key.as_deref(),
@@ -1020,14 +1013,7 @@ fn a_snapshot_restores_a_known_good_state(b: Backend) {
             json!({"greeting": "Hello, Eve!"})
         ]
     );
-    let resumes = ledger
-        .iter()
-        .filter(|r| {
-            r.result
-                .as_ref()
-                .is_some_and(|v| v.get("resumed").is_some())
-        })
-        .count();
+    let resumes = stepwell_tests::count_results(&ledger, "resumed");
     assert_eq!(resumes, 2);
     let err =
         h.rt.restore_snapshot(&snaps, "no-such-snapshot")
@@ -1242,16 +1228,7 @@ fn ping_pong_events_resume_each_run_once(b: Backend) {
         Some(json!({"got": "a", "sent": 0}))
     );
     for id in [&a, &bb] {
-        let resumes =
-            h.rt.get_ledger(id)
-                .unwrap()
-                .iter()
-                .filter(|r| {
-                    r.result
-                        .as_ref()
-                        .is_some_and(|v| v.get("resumed").is_some())
-                })
-                .count();
+        let resumes = stepwell_tests::count_results(&h.rt.get_ledger(id).unwrap(), "resumed");
         assert_eq!(resumes, 1, "{id} resumed once");
     }
 }

@@ -1092,11 +1092,8 @@ impl Runtime {
                     }
                     if !replayed {
                         records.push(StepRecord {
-                            step_id: uuid::Uuid::new_v4().to_string(),
-                            status: StepStatus::Completed,
                             result: Some(result.clone()),
-                            ended_at: Some(ended_at.clone()),
-                            ..base
+                            ..outcome_record(&base, StepStatus::Completed, &ended_at)
                         });
                     }
                     self.go(run, target, Some(result));
@@ -1115,11 +1112,8 @@ impl Runtime {
                     wait.result_key = effect.result_key.clone();
                     if !replayed {
                         records.push(StepRecord {
-                            step_id: uuid::Uuid::new_v4().to_string(),
-                            status: StepStatus::Waiting,
                             result: Some(json!({ "wait": wait })),
-                            ended_at: Some(ended_at.clone()),
-                            ..base
+                            ..outcome_record(&base, StepStatus::Waiting, &ended_at)
                         });
                     }
                     set_attempt(run, 1);
@@ -1249,12 +1243,9 @@ impl Runtime {
             .map(|e| e.kind.clone())
             .unwrap_or_default();
         records.push(StepRecord {
-            step_id: uuid::Uuid::new_v4().to_string(),
-            status: StepStatus::Failed,
             error: Some(msg.clone()),
-            ended_at: Some(ended_at.to_string()),
             result: Some(json!({ "retry": { "next_attempt": attempt + 1, "at": until } })),
-            ..base
+            ..outcome_record(&base, StepStatus::Failed, ended_at)
         });
         set_attempt(run, attempt + 1);
         run.status = RunStatus::Waiting;
@@ -1303,11 +1294,8 @@ impl Runtime {
         msg: String,
     ) -> Result<()> {
         records.push(StepRecord {
-            step_id: uuid::Uuid::new_v4().to_string(),
-            status: StepStatus::Failed,
             error: Some(msg.clone()),
-            ended_at: Some(ended_at.to_string()),
-            ..base
+            ..outcome_record(&base, StepStatus::Failed, ended_at)
         });
         fail(run, msg, ended_at);
         self.commit(&records, run)?;
@@ -1358,6 +1346,17 @@ pub(crate) fn effect_idempotency_key(run: &RunState, seq: u64) -> String {
 /// (completed, failed or cancelled): a run ends once.
 fn terminal_key(run: &RunState) -> String {
     format!("{}:terminal", key_prefix(run))
+}
+
+/// The record that ends effect record `base` (same effect, key and attempt)
+/// with `status`, as of `ended_at`.
+fn outcome_record(base: &StepRecord, status: StepStatus, ended_at: &str) -> StepRecord {
+    StepRecord {
+        step_id: uuid::Uuid::new_v4().to_string(),
+        status,
+        ended_at: Some(ended_at.to_string()),
+        ..base.clone()
+    }
 }
 
 /// The attempt number of the run's current node (`vars._runtime.attempt`).
