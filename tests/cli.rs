@@ -210,7 +210,10 @@ fn subworkflows_events_and_the_python_node_work_from_the_cli() {
     assert_eq!(sub["output"], json!({"shouted": "HEY"}));
 
     let waiter = cli.json(&["run", &ex("event")]);
-    assert_eq!(waiter["waiting"]["wait_key"], "order.paid");
+    assert_eq!(
+        waiter["waiting"]["wait_key"],
+        "evt:global:global:order.paid"
+    );
     let emitted = cli.json(&[
         "run",
         &ex("event"),
@@ -221,7 +224,10 @@ fn subworkflows_events_and_the_python_node_work_from_the_cli() {
     ]);
     assert_eq!(emitted["output"]["delivered"], 1);
     let resumed = cli.json(&["status", waiter["run_id"].as_str().unwrap()]);
-    assert_eq!(resumed["output"], json!({"received": {"order": 7}}));
+    assert_eq!(
+        resumed["output"]["received"]["payload"],
+        json!({"order": 7})
+    );
 
     let py = cli.json(&["run", &ex("hello-py"), "--vars", r#"{"name": "Ada"}"#]);
     assert_eq!(

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use serde_json::json;
 use stepwell::{
-    JsonFileStore, MemoryStore, RunQuery, RunState, RunStatus, SqliteStore, StepRecord, StepStatus,
-    Store, WaitReason, WaitState,
+    Claim, Fence, JsonFileStore, LeaseAfter, LeaseRequest, MemoryStore, RunQuery, RunState,
+    RunStatus, SqliteStore, StepRecord, StepStatus, Store, WaitReason, WaitState,
 };
 use stepwell_tests::{store_tests, Backend};
 
@@ -35,6 +35,7 @@ fn fixture(backend: Backend) -> Fixture {
 
 fn run(id: &str, workflow: &str) -> RunState {
     RunState {
+        version: 1,
         run_id: id.into(),
         workflow_id: workflow.into(),
         status: RunStatus::Running,
@@ -88,17 +89,49 @@ fn ids(runs: Vec<RunState>) -> Vec<String> {
     runs.into_iter().map(|r| r.run_id).collect()
 }
 
-fn runs_load_and_save(b: Backend) {
+fn at(text: &str) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .unwrap()
+        .with_timezone(&chrono::Utc)
+}
+
+fn fence(version: u64, holder: Option<&str>) -> Fence<'_> {
+    Fence {
+        version,
+        holder,
+        take: None,
+    }
+}
+
+/// Commits `r` as the next version after `from`, without a lease.
+fn save(store: &dyn Store, r: &mut RunState, from: u64) {
+    r.version = from + 1;
+    store
+        .commit(&[], r, fence(from, None), LeaseAfter::Release)
+        .unwrap();
+}
+
+fn lease<'a>(holder: &'a str, now: &str, until: &str) -> LeaseRequest<'a> {
+    LeaseRequest {
+        holder,
+        now: at(now),
+        until: at(until),
+        dead_holder: None,
+    }
+}
+
+fn runs_load_and_commit(b: Backend) {
     let f = fixture(b);
     assert_eq!(f.store.load_run("r1").unwrap(), None);
     let mut r = run("r1", "wf");
-    f.store.save_run(&r).unwrap();
+    f.store.create_if_absent(&r).unwrap();
     assert_eq!(f.store.load_run("r1").unwrap(), Some(r.clone()));
     r.status = RunStatus::Completed;
     r.output = Some(json!({"ok": true}));
     r.current_node = None;
-    f.store.save_run(&r).unwrap();
-    assert_eq!(f.store.load_run("r1").unwrap(), Some(r));
+    save(&*f.store, &mut r, 1);
+    assert_eq!(f.store.load_run("r1").unwrap(), Some(r.clone()));
+    assert_eq!(f.store.load_run("r1").unwrap().unwrap().version, 2);
     assert_eq!(
         ids(f.store.list_runs(&RunQuery::default()).unwrap()),
         ["r1"]
@@ -119,6 +152,233 @@ fn create_if_absent_never_overwrites(b: Backend) {
     assert_eq!(f.store.load_run("r1").unwrap(), Some(first));
 }
 
+fn a_commit_lands_only_on_the_version_it_read(b: Backend) {
+    let f = fixture(b);
+    let mut r = run("r1", "wf");
+    f.store.create_if_absent(&r).unwrap();
+    r.current_node = Some("b".into());
+    r.version = 2;
+    f.store
+        .commit(
+            &[record("r1", 1, None)],
+            &r,
+            fence(1, None),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+    // A second writer that also read version 1 loses, and writes nothing:
+    // neither its run nor its records.
+    let mut late = run("r1", "wf");
+    late.current_node = Some("z".into());
+    late.version = 2;
+    let err = f
+        .store
+        .commit(
+            &[record("r1", 2, Some("r1:terminal"))],
+            &late,
+            fence(1, None),
+            LeaseAfter::Release,
+        )
+        .unwrap_err();
+    assert_eq!(err.code, "conflict", "{err}");
+    assert!(err.message.contains("version 2"), "{err}");
+    assert_eq!(f.store.load_run("r1").unwrap(), Some(r.clone()));
+    assert_eq!(f.store.list_records("r1").unwrap().len(), 1);
+    // A commit must save the next version.
+    let mut skip = r.clone();
+    skip.version = 9;
+    assert_eq!(
+        f.store
+            .commit(&[], &skip, fence(2, None), LeaseAfter::Release)
+            .unwrap_err()
+            .code,
+        "conflict"
+    );
+    // Version 0 creates, and only once.
+    let mut fresh = run("r2", "wf");
+    f.store
+        .commit(
+            &[record("r2", 1, None)],
+            &fresh,
+            fence(0, None),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+    assert_eq!(f.store.load_run("r2").unwrap().unwrap().version, 1);
+    fresh.current_node = Some("again".into());
+    assert_eq!(
+        f.store
+            .commit(
+                &[record("r2", 2, None)],
+                &fresh,
+                fence(0, None),
+                LeaseAfter::Release
+            )
+            .unwrap_err()
+            .code,
+        "conflict"
+    );
+    assert_eq!(f.store.list_records("r2").unwrap().len(), 1);
+    // Appends ahead are fenced the same way.
+    assert_eq!(
+        f.store
+            .append_ahead(&[record("r1", 5, None)], fence(1, None))
+            .unwrap_err()
+            .code,
+        "conflict"
+    );
+    f.store
+        .append_ahead(&[record("r1", 5, None)], fence(2, None))
+        .unwrap();
+    assert_eq!(f.store.list_records("r1").unwrap().len(), 2);
+}
+
+fn a_lease_excludes_other_holders_until_it_lapses(b: Backend) {
+    let f = fixture(b);
+    let mut r = run("r1", "wf");
+    f.store.create_if_absent(&r).unwrap();
+    let t0 = "2026-11-30T09:00:00Z";
+    let t1 = "2026-11-30T09:00:30Z";
+    let held = f.store.claim("r1", &lease("A", t0, t1)).unwrap();
+    assert!(
+        matches!(held, Claim::Held(ref run) if run.version == 1),
+        "{held:?}"
+    );
+    // B is kept out while A's lease lives; A may claim again.
+    match f.store.claim("r1", &lease("B", t0, t1)).unwrap() {
+        Claim::Busy { holder, until } => {
+            assert_eq!(holder.as_deref(), Some("A"));
+            assert!(until.unwrap().starts_with("2026-11-30T09:00:30"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        f.store.claim("r1", &lease("A", t0, t1)).unwrap(),
+        Claim::Held(_)
+    ));
+    // A write fenced with B's name does not land; A's does, and keeps the
+    // lease renewed.
+    r.version = 2;
+    assert_eq!(
+        f.store
+            .commit(&[], &r, fence(1, Some("B")), LeaseAfter::Release)
+            .unwrap_err()
+            .code,
+        "conflict"
+    );
+    f.store
+        .commit(
+            &[record("r1", 1, None)],
+            &r,
+            fence(1, Some("A")),
+            LeaseAfter::Renew(at(t1)),
+        )
+        .unwrap();
+    assert!(matches!(
+        f.store.claim("r1", &lease("B", t0, t1)).unwrap(),
+        Claim::Busy { .. }
+    ));
+    // Renewing by someone else changes nothing; A's lease lapses at t1 and
+    // B takes the run over.
+    f.store
+        .renew("B", &["r1".into()], at("2026-11-30T10:00:00Z"))
+        .unwrap();
+    let later = "2026-11-30T09:00:31Z";
+    assert!(matches!(
+        f.store
+            .claim("r1", &lease("B", later, "2026-11-30T09:01:00Z"))
+            .unwrap(),
+        Claim::Held(_)
+    ));
+    // A, stalled past its lease, can no longer write: not its run, not
+    // ahead of it.
+    r.version = 3;
+    assert_eq!(
+        f.store
+            .commit(
+                &[record("r1", 2, None)],
+                &r,
+                fence(2, Some("A")),
+                LeaseAfter::Release
+            )
+            .unwrap_err()
+            .code,
+        "conflict"
+    );
+    assert_eq!(
+        f.store
+            .append_ahead(&[record("r1", 2, None)], fence(2, Some("A")))
+            .unwrap_err()
+            .code,
+        "conflict"
+    );
+    assert_eq!(f.store.list_records("r1").unwrap().len(), 1);
+    // Releasing by a non-holder does nothing; B's release frees the run.
+    f.store.release("r1", "A").unwrap();
+    assert!(matches!(
+        f.store.claim("r1", &lease("C", later, later)).unwrap(),
+        Claim::Busy { .. }
+    ));
+    f.store.release("r1", "B").unwrap();
+    assert!(matches!(
+        f.store.claim("r1", &lease("C", later, later)).unwrap(),
+        Claim::Held(_)
+    ));
+    assert!(matches!(
+        f.store.claim("nobody", &lease("C", later, later)).unwrap(),
+        Claim::Missing
+    ));
+    // A holder known to be dead loses its lease at once, and only it.
+    let dead_c = LeaseRequest {
+        dead_holder: Some("C"),
+        ..lease("D", later, later)
+    };
+    assert!(matches!(
+        f.store.claim("r1", &dead_c).unwrap(),
+        Claim::Held(_)
+    ));
+    assert!(
+        matches!(f.store.claim("r1", &dead_c).unwrap(), Claim::Held(_)),
+        "D holds it now"
+    );
+    let dead_x = LeaseRequest {
+        dead_holder: Some("X"),
+        ..lease("E", later, later)
+    };
+    assert!(matches!(
+        f.store.claim("r1", &dead_x).unwrap(),
+        Claim::Busy { .. }
+    ));
+}
+
+fn a_fence_without_a_holder_lands_and_clears_the_lease(b: Backend) {
+    let f = fixture(b);
+    let mut r = run("r1", "wf");
+    f.store.create_if_absent(&r).unwrap();
+    let (t0, t1) = ("2026-11-30T09:00:00Z", "2026-11-30T09:00:30Z");
+    assert!(matches!(
+        f.store.claim("r1", &lease("A", t0, t1)).unwrap(),
+        Claim::Held(_)
+    ));
+    // A cancel: lands whoever holds the lease, and clears it.
+    r.status = RunStatus::Cancelled;
+    save(&*f.store, &mut r, 1);
+    assert!(matches!(
+        f.store.claim("r1", &lease("B", t0, t1)).unwrap(),
+        Claim::Held(_)
+    ));
+    // A's next write fails.
+    let mut a = r.clone();
+    a.version = 3;
+    assert_eq!(
+        f.store
+            .commit(&[], &a, fence(2, Some("A")), LeaseAfter::Release)
+            .unwrap_err()
+            .code,
+        "conflict"
+    );
+}
+
 fn list_runs_filters_orders_and_limits(b: Backend) {
     let f = fixture(b);
     let mut child = run("c", "wf.child");
@@ -136,7 +396,7 @@ fn list_runs_filters_orders_and_limits(b: Backend) {
     // An update keeps the creation order.
     let mut a = all[0].clone();
     a.status = RunStatus::Completed;
-    f.store.save_run(&a).unwrap();
+    save(&*f.store, &mut a, 1);
     let q = |q: RunQuery| ids(f.store.list_runs(&q).unwrap());
     assert_eq!(q(RunQuery::default()), ["a", "b", "c", "d", "e"]);
     assert_eq!(
@@ -232,22 +492,147 @@ fn due_waits_include_deadline_carrying_event_waits(b: Backend) {
     for r in &runs {
         f.store.create_if_absent(r).unwrap();
     }
-    let now = chrono::DateTime::parse_from_rfc3339("2026-11-30T10:00:00Z")
-        .unwrap()
-        .with_timezone(&chrono::Utc);
+    let now = at("2026-11-30T10:00:00Z");
     assert_eq!(
-        ids(f.store.list_due_waits(now).unwrap()),
+        f.store.list_due(now, 100).unwrap(),
         ["early-until", "event-deadline", "late-until"]
+    );
+    assert_eq!(
+        f.store.list_due(now, 2).unwrap(),
+        ["early-until", "event-deadline"]
     );
     // A run that stopped waiting is no longer due.
     let mut moved = runs[1].clone();
     moved.status = RunStatus::Running;
     moved.waiting = None;
-    f.store.save_run(&moved).unwrap();
+    save(&*f.store, &mut moved, 1);
     assert_eq!(
-        ids(f.store.list_due_waits(now).unwrap()),
+        f.store.list_due(now, 100).unwrap(),
         ["event-deadline", "late-until"]
     );
+}
+
+fn claimable_runs_are_running_and_unleased(b: Backend) {
+    let f = fixture(b);
+    for r in [
+        run("free", "wf"),
+        run("held", "wf"),
+        run("lapsed", "wf"),
+        waiting(run("parked", "wf"), WaitReason::User, "k", None),
+    ] {
+        f.store.create_if_absent(&r).unwrap();
+    }
+    let now = "2026-11-30T09:00:00Z";
+    f.store
+        .claim("held", &lease("A", now, "2026-11-30T09:10:00Z"))
+        .unwrap();
+    f.store
+        .claim("lapsed", &lease("A", now, "2026-11-30T09:00:05Z"))
+        .unwrap();
+    assert_eq!(
+        f.store
+            .list_claimable(at("2026-11-30T09:00:10Z"), 100)
+            .unwrap(),
+        ["free", "lapsed"]
+    );
+    assert_eq!(f.store.list_claimable(at(now), 100).unwrap(), ["free"]);
+    assert_eq!(
+        f.store.list_claimable(at(now), 0).unwrap(),
+        Vec::<String>::new()
+    );
+}
+
+fn quarantined_runs_are_set_aside(b: Backend) {
+    let f = fixture(b);
+    for r in [
+        run("sick", "wf"),
+        run("well", "wf"),
+        waiting(
+            run("due", "wf"),
+            WaitReason::Until,
+            "u",
+            Some("2026-11-30T08:00:00Z"),
+        ),
+    ] {
+        f.store.create_if_absent(&r).unwrap();
+    }
+    f.store
+        .quarantine("sick", "store_corrupt: cannot read")
+        .unwrap();
+    f.store.quarantine("due", "too big").unwrap();
+    f.store.quarantine("due", "again").unwrap();
+    let now = at("2026-11-30T09:00:00Z");
+    assert_eq!(f.store.list_claimable(now, 10).unwrap(), ["well"]);
+    assert!(f.store.list_due(now, 10).unwrap().is_empty());
+    assert_eq!(
+        ids(f.store.list_runs(&RunQuery::default()).unwrap()),
+        ["well"]
+    );
+    assert_eq!(
+        f.store.list_quarantined().unwrap(),
+        [
+            ("sick".to_string(), "store_corrupt: cannot read".to_string()),
+            ("due".to_string(), "too big".to_string())
+        ]
+    );
+    match f
+        .store
+        .claim(
+            "sick",
+            &lease("A", "2026-11-30T09:00:00Z", "2026-11-30T09:01:00Z"),
+        )
+        .unwrap()
+    {
+        Claim::Quarantined { reason } => assert_eq!(reason, "store_corrupt: cannot read"),
+        other => panic!("{other:?}"),
+    }
+    let mut sick = run("sick", "wf");
+    sick.version = 2;
+    assert_eq!(
+        f.store
+            .commit(&[], &sick, fence(1, None), LeaseAfter::Release)
+            .unwrap_err()
+            .code,
+        "conflict"
+    );
+}
+
+fn ended_children_and_orphans_are_found(b: Backend) {
+    let f = fixture(b);
+    let mut done = run("child-done", "wf");
+    done.status = RunStatus::Completed;
+    done.parent_run_id = Some("parent".into());
+    let mut open = run("child-open", "wf");
+    open.parent_run_id = Some("other-parent".into());
+    let mut orphan = run("orphan", "wf");
+    orphan.parent_run_id = Some("cancelled".into());
+    let mut cancelled = run("cancelled", "wf");
+    cancelled.status = RunStatus::Cancelled;
+    for r in [
+        waiting(
+            run("parent", "wf"),
+            WaitReason::Subworkflow,
+            "subworkflow:child-done",
+            None,
+        ),
+        waiting(
+            run("other-parent", "wf"),
+            WaitReason::Subworkflow,
+            "subworkflow:child-open",
+            None,
+        ),
+        done,
+        open,
+        cancelled,
+        orphan,
+    ] {
+        f.store.create_if_absent(&r).unwrap();
+    }
+    assert_eq!(
+        f.store.list_ended_children(10).unwrap(),
+        [("parent".to_string(), "child-done".to_string())]
+    );
+    assert_eq!(f.store.list_orphans(10).unwrap(), ["orphan"]);
 }
 
 fn ledgers_append_in_order_per_run(b: Backend) {
@@ -284,22 +669,55 @@ fn ledgers_append_in_order_per_run(b: Backend) {
     assert!(stepwell::store::verify_chain(&stored).is_ok());
 }
 
-fn commit_saves_both_and_replays_land_once(b: Backend) {
+fn a_replayed_commit_after_records_ahead_lands_once_and_agrees(b: Backend) {
+    // A step whose records landed ahead of its commit (an effect on other
+    // runs, or a non-atomic commit torn by a crash) is replayed: its records
+    // come again with new ids and times. The ledger keeps one copy of each;
+    // a record with the same key but other content (the replay took another
+    // turn) is kept, so the ledger agrees with the state.
     let f = fixture(b);
     let mut r = run("r1", "wf");
     f.store.create_if_absent(&r).unwrap();
-    r.current_node = Some("b".into());
-    let records = [record("r1", 1, None), record("r1", 2, Some("r1:terminal"))];
-    f.store.commit(&records, &r).unwrap();
-    assert_eq!(f.store.load_run("r1").unwrap(), Some(r.clone()));
-    assert_eq!(f.store.list_records("r1").unwrap().len(), 2);
-    // A transition replayed after a crash: keyed records are not appended
-    // twice by a non-atomic backend; an atomic one never gets here twice,
-    // but must accept a fresh transition.
+    let mut first = record("r1", 1, Some("r1:1"));
+    first.status = StepStatus::Started;
+    let mut bob = record("r1", 2, Some("r1:terminal"));
+    bob.result = Some(json!({"complete_output": "Hello, Bob!"}));
     f.store
-        .commit(&[record("r1", 3, Some("r1:1"))], &r)
+        .append_ahead(&[first.clone(), bob.clone()], fence(1, None))
         .unwrap();
-    assert_eq!(f.store.list_records("r1").unwrap().len(), 3);
+    let mut replay = first.clone();
+    replay.step_id = "replayed-1".into();
+    replay.started_at = "2026-11-30T09:05:00.000000Z".into();
+    let mut eve = bob.clone();
+    eve.step_id = "replayed-2".into();
+    eve.result = Some(json!({"complete_output": "Hello, Eve!"}));
+    r.status = RunStatus::Completed;
+    r.output = Some(json!("Hello, Eve!"));
+    r.version = 2;
+    f.store
+        .commit(&[replay, eve], &r, fence(1, None), LeaseAfter::Release)
+        .unwrap();
+    let ledger = f.store.list_records("r1").unwrap();
+    let terminal: Vec<_> = ledger
+        .iter()
+        .filter(|x| x.idempotency_key.as_deref() == Some("r1:terminal"))
+        .map(|x| x.result.clone().unwrap()["complete_output"].clone())
+        .collect();
+    let started = ledger
+        .iter()
+        .filter(|x| x.idempotency_key.as_deref() == Some("r1:1"))
+        .count();
+    if f.backend == Backend::Json {
+        assert_eq!(started, 1, "the replayed started record landed once");
+    } else {
+        assert!(started >= 1);
+    }
+    assert_eq!(
+        terminal.last().unwrap(),
+        "Hello, Eve!",
+        "the ledger's last word agrees with the state"
+    );
+    assert!(stepwell::store::verify_chain(&ledger).is_ok());
 }
 
 fn bundles_are_recorded(b: Backend) {
@@ -328,21 +746,37 @@ fn a_reopened_store_has_everything(b: Backend) {
     );
     assert_eq!(again.list_records("r1").unwrap().len(), 1);
     assert_eq!(again.bundle_dir("wf").unwrap(), Some("/x".into()));
-    // Two objects on one store see each other's new runs.
+    // Two objects on one store see each other's new runs, and each other's
+    // leases.
     again.create_if_absent(&run("r2", "wf")).unwrap();
     assert_eq!(
         ids(f.store.list_runs(&RunQuery::default()).unwrap()),
         ["r1", "r2"]
     );
+    let (t0, t1) = ("2026-11-30T09:00:00Z", "2026-11-30T09:00:30Z");
+    assert!(matches!(
+        again.claim("r2", &lease("A", t0, t1)).unwrap(),
+        Claim::Held(_)
+    ));
+    assert!(matches!(
+        f.store.claim("r2", &lease("B", t0, t1)).unwrap(),
+        Claim::Busy { .. }
+    ));
 }
 
 store_tests!(
-    runs_load_and_save,
+    runs_load_and_commit,
     create_if_absent_never_overwrites,
+    a_commit_lands_only_on_the_version_it_read,
+    a_lease_excludes_other_holders_until_it_lapses,
+    a_fence_without_a_holder_lands_and_clears_the_lease,
     list_runs_filters_orders_and_limits,
     due_waits_include_deadline_carrying_event_waits,
+    claimable_runs_are_running_and_unleased,
+    quarantined_runs_are_set_aside,
+    ended_children_and_orphans_are_found,
     ledgers_append_in_order_per_run,
-    commit_saves_both_and_replays_land_once,
+    a_replayed_commit_after_records_ahead_lands_once_and_agrees,
     bundles_are_recorded,
     a_reopened_store_has_everything,
 );
@@ -356,11 +790,11 @@ fn json_files_are_named_per_run_and_crash_leftovers_are_cleaned() {
     store.append_records(&[record("r1", 1, None)]).unwrap();
     assert!(path.join("run_r1.json").is_file());
     assert!(path.join("ledger_r1.jsonl").is_file());
-    std::fs::write(path.join(".tmp-999-1"), b"half a run").unwrap();
+    std::fs::write(path.join(".tmp-2147483647-1"), b"half a run").unwrap();
     drop(store);
     JsonFileStore::open(&path).unwrap();
     assert!(
-        !path.join(".tmp-999-1").exists(),
+        !path.join(".tmp-2147483647-1").exists(),
         "temp files are removed at open"
     );
 }
@@ -564,34 +998,35 @@ fn the_run_index_carries_attribution_and_filters(b: Backend) {
     plain
         .vars
         .insert("workspace_root".into(), json!("  /work/x  "));
+    let occurrence = |index: i64, role: &str| {
+        json!({"occurrence": {"automation_id": "ctl", "occurrence_index": index,
+            "role": role, "session_kind": "automation"}})
+    };
     let runs = [
         plain,
-        attributed(
-            "ctl",
-            None,
-            json!({"automation": {"automation_id": "a1", "role": "controller"}}),
-        ),
-        attributed(
-            "occ-0",
-            Some("ctl"),
-            json!({"automation": {"automation_id": "a1", "role": "occurrence", "occurrence_index": 0}, "session_kind": "automation"}),
-        ),
-        attributed(
-            "occ-1",
-            Some("ctl"),
-            json!({"automation": {"automation_id": "a1", "role": "occurrence", "occurrence_index": 1}, "session_kind": "automation"}),
-        ),
+        attributed("ctl", None, json!({"automation": {"title": "daily"}})),
+        attributed("occ-1", Some("ctl"), occurrence(1, "occurrence")),
+        attributed("occ-2", Some("ctl"), occurrence(2, "occurrence")),
+        attributed("desc", Some("occ-1"), occurrence(1, "descendant")),
         attributed(
             "disc",
             None,
-            json!({"automation": {"automation_id": "a2", "role": "discussion"}, "session_kind": "discussion"}),
+            json!({"discussion": {"automation_id": "a2", "occurrence_index": 4}}),
         ),
-        run("tool-child", "wf"),
+        attributed(
+            "legacy",
+            None,
+            json!({"schedule": {"kind": "scheduled_run"}}),
+        ),
+        attributed(
+            "odd",
+            None,
+            json!({"occurrence": {"automation_id": 7, "occurrence_index": true,
+                "role": "boss", "session_kind": "weird"}}),
+        ),
+        attributed("tool-child", Some("occ-1"), json!({})),
     ];
-    for mut r in runs {
-        if r.run_id == "tool-child" {
-            r.parent_run_id = Some("occ-0".into());
-        }
+    for r in runs {
         f.store.create_if_absent(&r).unwrap();
     }
     let q = |q: stepwell::RunIndexQuery| -> Vec<String> {
@@ -603,12 +1038,23 @@ fn the_run_index_carries_attribution_and_filters(b: Backend) {
             .collect()
     };
     use stepwell::RunIndexQuery as Q;
+    let all = [
+        "plain",
+        "ctl",
+        "occ-1",
+        "occ-2",
+        "desc",
+        "disc",
+        "legacy",
+        "odd",
+        "tool-child",
+    ];
     assert_eq!(
         q(Q {
             oldest_first: true,
             ..Q::default()
         }),
-        ["plain", "ctl", "occ-0", "occ-1", "disc", "tool-child"]
+        all
     );
     assert_eq!(q(Q::default())[0], "tool-child", "newest first by default");
     assert_eq!(
@@ -617,31 +1063,47 @@ fn the_run_index_carries_attribution_and_filters(b: Backend) {
             oldest_first: true,
             ..Q::default()
         }),
-        ["plain", "occ-0", "occ-1", "disc"]
+        ["plain", "occ-1", "occ-2", "disc", "legacy", "odd"]
     );
     assert_eq!(
         q(Q {
-            automation_id: vec!["a1".into()],
+            automation_id: Some(vec!["ctl".into()]),
             oldest_first: true,
             ..Q::default()
         }),
-        ["ctl", "occ-0", "occ-1"]
+        ["ctl", "occ-1", "occ-2", "desc"]
     );
     assert_eq!(
         q(Q {
-            automation_id: stepwell::store::filter_values("a1, a2"),
-            role: vec!["occurrence".into(), "discussion".into()],
+            automation_id: Some(stepwell::store::filter_values("ctl, a2")),
+            role: Some(vec!["occurrence".into(), "discussion".into()]),
             oldest_first: true,
             ..Q::default()
         }),
-        ["occ-0", "occ-1", "disc"]
+        ["occ-1", "occ-2", "disc"]
     );
     assert_eq!(
         q(Q {
-            session_kind: vec!["discussion".into()],
+            session_kind: Some(vec!["discussion".into()]),
             ..Q::default()
         }),
         ["disc"]
+    );
+    assert_eq!(
+        q(Q {
+            session_kind: Some(vec!["chat".into()]),
+            oldest_first: true,
+            ..Q::default()
+        }),
+        ["plain", "tool-child"]
+    );
+    assert_eq!(
+        q(Q {
+            role: Some(Vec::new()),
+            ..Q::default()
+        }),
+        Vec::<String>::new(),
+        "a filter that ends empty matches nothing"
     );
     assert_eq!(
         q(Q {
@@ -656,7 +1118,7 @@ fn the_run_index_carries_attribution_and_filters(b: Backend) {
             limit: Some(2),
             ..Q::default()
         }),
-        ["disc", "occ-1"]
+        ["odd", "legacy"]
     );
     let rows = f
         .store
@@ -665,11 +1127,51 @@ fn the_run_index_carries_attribution_and_filters(b: Backend) {
             ..Q::default()
         })
         .unwrap();
-    assert_eq!(rows[0].workspace_root.as_deref(), Some("/work/x"));
-    assert_eq!(rows[3].occurrence_index, Some(1));
-    assert_eq!(rows[3].role.as_deref(), Some("occurrence"));
-    assert_eq!(rows[1].automation_id.as_deref(), Some("a1"));
-    assert_eq!(rows[5].automation_id, None);
+    let row = |id: &str| rows.iter().find(|r| r.run_id == id).unwrap().clone();
+    let attribution = |id: &str| {
+        let r = row(id);
+        (r.automation_id, r.role, r.occurrence_index, r.session_kind)
+    };
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(row("plain").workspace_root, s("/work/x"));
+    assert_eq!(attribution("plain"), (None, None, None, s("chat")));
+    assert_eq!(
+        attribution("ctl"),
+        (s("ctl"), s("controller"), None, s("automation"))
+    );
+    assert_eq!(
+        attribution("occ-2"),
+        (s("ctl"), s("occurrence"), Some(2), s("automation"))
+    );
+    assert_eq!(
+        attribution("desc"),
+        (s("ctl"), s("descendant"), Some(1), s("automation"))
+    );
+    assert_eq!(
+        attribution("disc"),
+        (s("a2"), s("discussion"), Some(4), s("discussion"))
+    );
+    assert_eq!(
+        attribution("legacy"),
+        (None, s("legacy_schedule"), None, s("automation"))
+    );
+    assert_eq!(
+        attribution("odd"),
+        (s("7"), s("occurrence"), None, s("occurrence"))
+    );
+    assert_eq!(attribution("tool-child"), (None, None, None, s("chat")));
+    // The index follows the run as it is committed.
+    let mut moved = attributed("occ-2", Some("ctl"), occurrence(2, "occurrence"));
+    moved.status = RunStatus::Completed;
+    save(&*f.store, &mut moved, 1);
+    assert_eq!(row("occ-2").status, RunStatus::Running, "(the old rows)");
+    assert_eq!(
+        q(Q {
+            status: Some(RunStatus::Completed),
+            ..Q::default()
+        }),
+        ["occ-2"]
+    );
 }
 
 fn ledger_records_are_found_by_idempotency_key(b: Backend) {

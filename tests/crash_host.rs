@@ -20,8 +20,8 @@ use std::sync::Arc;
 use serde_json::json;
 use stepwell::host::StoreSpec;
 use stepwell::{
-    EngineConfig, Error, RunQuery, RunState, RunStatus, Runtime, StartOptions, StepRecord, Store,
-    StoreError, WasmEngine,
+    Claim, EngineConfig, Error, Fence, LeaseAfter, LeaseRequest, RunQuery, RunState, RunStatus,
+    Runtime, StartOptions, StepRecord, Store, StoreError, WasmEngine,
 };
 
 #[derive(Clone, Copy, PartialEq)]
@@ -64,20 +64,47 @@ impl Store for FaultStore {
     fn load_run(&self, id: &str) -> Result<Option<RunState>, StoreError> {
         self.inner.load_run(id)
     }
-    fn save_run(&self, run: &RunState) -> Result<(), StoreError> {
-        self.write(|| self.inner.save_run(run))
-    }
     fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
         self.write(|| self.inner.create_if_absent(run))
     }
-    fn list_runs(&self, q: &RunQuery) -> Result<Vec<RunState>, StoreError> {
-        self.inner.list_runs(q)
+    fn claim(&self, id: &str, lease: &LeaseRequest<'_>) -> Result<Claim, StoreError> {
+        self.write(|| self.inner.claim(id, lease))
     }
-    fn list_due_waits(
+    fn renew(
         &self,
-        now: chrono::DateTime<chrono::Utc>,
-    ) -> Result<Vec<RunState>, StoreError> {
-        self.inner.list_due_waits(now)
+        holder: &str,
+        ids: &[String],
+        until: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), StoreError> {
+        // Renewals come from a timer thread: not a numbered point.
+        self.inner.renew(holder, ids, until)
+    }
+    fn release(&self, id: &str, holder: &str) -> Result<(), StoreError> {
+        self.write(|| self.inner.release(id, holder))
+    }
+    fn commit(
+        &self,
+        records: &[StepRecord],
+        run: &RunState,
+        fence: Fence<'_>,
+        lease: LeaseAfter,
+    ) -> Result<(), StoreError> {
+        self.point(Phase::Before);
+        if matches!(self.crash_at, Some((_, Phase::Mid))) {
+            // A non-atomic commit torn in the middle: the ledger is written,
+            // the run is not.
+            let n = self.calls.load(Ordering::SeqCst);
+            if self.crash_at == Some((n, Phase::Mid)) && fence.version > 0 {
+                self.inner.append_ahead(records, fence)?;
+                std::process::abort();
+            }
+        }
+        self.inner.commit(records, run, fence, lease)?;
+        self.point(Phase::After);
+        Ok(())
+    }
+    fn append_ahead(&self, records: &[StepRecord], fence: Fence<'_>) -> Result<(), StoreError> {
+        self.write(|| self.inner.append_ahead(records, fence))
     }
     fn append_records(&self, r: &[StepRecord]) -> Result<(), StoreError> {
         self.write(|| self.inner.append_records(r))
@@ -85,20 +112,40 @@ impl Store for FaultStore {
     fn list_records(&self, id: &str) -> Result<Vec<StepRecord>, StoreError> {
         self.inner.list_records(id)
     }
-    fn commit(&self, records: &[StepRecord], run: &RunState) -> Result<(), StoreError> {
-        self.point(Phase::Before);
-        if matches!(self.crash_at, Some((_, Phase::Mid))) {
-            // A non-atomic commit torn in the middle: the ledger is written,
-            // the run is not.
-            let n = self.calls.load(Ordering::SeqCst);
-            if self.crash_at == Some((n, Phase::Mid)) {
-                self.inner.append_records(records)?;
-                std::process::abort();
-            }
-        }
-        self.inner.commit(records, run)?;
-        self.point(Phase::After);
-        Ok(())
+    fn list_ahead(&self, id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.inner.list_ahead(id)
+    }
+    fn find_records(&self, id: &str, key: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.inner.find_records(id, key)
+    }
+    fn list_runs(&self, q: &RunQuery) -> Result<Vec<RunState>, StoreError> {
+        self.inner.list_runs(q)
+    }
+    fn list_due(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.inner.list_due(now, limit)
+    }
+    fn list_claimable(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.inner.list_claimable(now, limit)
+    }
+    fn list_ended_children(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
+        self.inner.list_ended_children(limit)
+    }
+    fn list_orphans(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.inner.list_orphans(limit)
+    }
+    fn quarantine(&self, id: &str, reason: &str) -> Result<(), StoreError> {
+        self.write(|| self.inner.quarantine(id, reason))
+    }
+    fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
+        self.inner.list_quarantined()
     }
     fn put_bundle(&self, w: &str, d: &Path) -> Result<(), StoreError> {
         self.write(|| self.inner.put_bundle(w, d))
@@ -144,7 +191,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => None,
     };
     let store = Arc::new(FaultStore {
-        inner: spec.open()?,
+        inner: spec.open(None)?,
         calls: AtomicUsize::new(0),
         crash_at,
     });

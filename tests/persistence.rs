@@ -151,7 +151,7 @@ fn a_resume_that_cannot_continue_is_refused_before_anything_is_written() {
     std::fs::write(
         waiter.join("flow.json"),
         json!({"workflow_id": "waiter", "entry": "w",
-               "nodes": {"w": {"effect": "wait_event", "payload": {"wait_key": "ping"}}}})
+               "nodes": {"w": {"effect": "wait_event", "payload": {"name": "ping", "scope": "global"}}}})
         .to_string(),
     )
     .unwrap();
@@ -192,7 +192,7 @@ fn a_resume_that_cannot_continue_is_refused_before_anything_is_written() {
     std::fs::write(
         emitter.join("flow.json"),
         json!({"workflow_id": "emitter", "entry": "e",
-               "nodes": {"e": {"effect": "emit_event", "payload": {"name": "ping"}}}})
+               "nodes": {"e": {"effect": "emit_event", "payload": {"name": "ping", "scope": "global"}}}})
         .to_string(),
     )
     .unwrap();
@@ -200,6 +200,14 @@ fn a_resume_that_cannot_continue_is_refused_before_anything_is_written() {
     let e = rt.start("emitter", StartOptions::default()).unwrap();
     let out = rt.tick(&e).unwrap().output.unwrap();
     assert_eq!(out["delivered"], json!(0), "{out}");
-    assert_eq!(out["refused"][0]["run_id"], json!(listener), "{out}");
+    assert_eq!(out["resumed"][0]["run_id"], json!(listener), "{out}");
+    assert_eq!(out["resumed"][0]["status"], json!("error"), "{out}");
+    assert!(
+        out["resumed"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("invalid_definition"),
+        "{out}"
+    );
     assert_eq!(rt.get_state(&listener).unwrap().status, RunStatus::Waiting);
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::core::{Error, Result};
-use crate::store::{JsonFileStore, MemoryStore, SqliteStore, Store};
+use crate::store::{Durability, JsonFileStore, MemoryStore, SqliteStore, Store};
 use crate::wasm::{EngineConfig, SandboxLimits, WasmEngine};
 use crate::Runtime;
 
@@ -46,12 +46,19 @@ impl StoreSpec {
         }
     }
 
-    /// Opens the store.
-    pub fn open(&self) -> Result<Arc<dyn Store>> {
+    /// Opens the store. `durability` applies to SQLite (`None`: normal) and
+    /// JSON files (`None`: full).
+    pub fn open(&self, durability: Option<Durability>) -> Result<Arc<dyn Store>> {
         Ok(match self {
             StoreSpec::Memory => Arc::new(MemoryStore::new()),
-            StoreSpec::Sqlite(path) => Arc::new(SqliteStore::open(path)?),
-            StoreSpec::Json(dir) => Arc::new(JsonFileStore::open(dir)?),
+            StoreSpec::Sqlite(path) => Arc::new(SqliteStore::open_with(
+                path,
+                durability.unwrap_or(Durability::Normal),
+            )?),
+            StoreSpec::Json(dir) => Arc::new(JsonFileStore::open_with(
+                dir,
+                durability.unwrap_or(Durability::Full),
+            )?),
         })
     }
 
@@ -107,17 +114,29 @@ impl StoreSpec {
     }
 }
 
+/// How [`open_runtime`] sets a host up, beyond the store.
+#[derive(Debug, Clone, Default)]
+pub struct HostOptions {
+    /// The bounds of every guest call.
+    pub limits: SandboxLimits,
+    /// The store's durability (`None`: the store's default).
+    pub durability: Option<Durability>,
+    /// The runtime's configuration.
+    pub config: crate::RuntimeConfig,
+}
+
 /// Opens the store and builds a runtime over it with an engine that caches
 /// compiled components on disk, and the store's artifact store for values
 /// larger than [`DEFAULT_OFFLOAD_BYTES`].
-pub fn open_runtime(spec: &StoreSpec, limits: SandboxLimits) -> Result<Runtime> {
-    let store = spec.open()?;
+pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> {
+    let store = spec.open(options.durability)?;
     let engine = WasmEngine::new(EngineConfig {
         cache_dir: Some(spec.cache_dir()),
-        limits,
+        limits: options.limits,
     })?;
     Runtime::builder(store)
         .engine(engine)
+        .config(options.config.clone())
         .artifacts(spec.artifacts()?, DEFAULT_OFFLOAD_BYTES)
         .build()
 }

@@ -36,17 +36,20 @@ pub mod triggers;
 pub mod wasm;
 
 pub use crate::core::clock::{Clock, ManualClock, SystemClock};
+pub use crate::core::config::{RetryPolicy, RuntimeConfig, StartOptions};
 pub use crate::core::model::{
     EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus, WaitReason,
     WaitState,
 };
-pub use crate::core::runtime::{
-    DriveReport, RetryPolicy, Runtime, RuntimeBuilder, RuntimeConfig, StartOptions,
+pub use crate::core::runtime::{Runtime, RuntimeBuilder};
+pub use crate::core::{DriveReport, Error, Result};
+pub use crate::effects::{
+    Delivery, EffectClass, EffectCx, EffectHandler, EffectRegistry, Failure, Outcome, RunPort,
 };
-pub use crate::core::{Error, Result};
 pub use crate::store::{
-    ArtifactMeta, ArtifactStore, CommandRecord, CommandStore, FileArtifactStore, JsonFileStore,
-    JsonlCommandStore, MemoryArtifactStore, MemoryCommandStore, MemoryStore, RunIndexQuery,
-    RunIndexRow, RunQuery, SqliteStore, Store, StoreError,
+    ArtifactMeta, ArtifactStore, Attribution, Claim, CommandRecord, CommandStore, Durability,
+    Fence, FileArtifactStore, JsonFileStore, JsonlCommandStore, LeaseAfter, LeaseRequest,
+    MemoryArtifactStore, MemoryCommandStore, MemoryStore, RunIndexQuery, RunIndexRow, RunQuery,
+    SqliteStore, Store, StoreError,
 };
 pub use crate::wasm::{EngineConfig, GuestError, SandboxLimits, WasmEngine};

@@ -6,8 +6,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use serde_json::{Map, Value};
-use stepwell::host::{open_runtime, StoreSpec, DB_ENV, DEFAULT_DB};
-use stepwell::{Error, RunQuery, RunState, RunStatus, SandboxLimits, StartOptions, WaitReason};
+use stepwell::host::{open_runtime, HostOptions, StoreSpec, DB_ENV, DEFAULT_DB};
+use stepwell::{
+    Durability, Error, RunQuery, RunState, RunStatus, RuntimeConfig, SandboxLimits, StartOptions,
+    WaitReason,
+};
 
 /// stepwell: a durable, WebAssembly-sandboxed workflow host.
 #[derive(Parser)]
@@ -28,6 +31,14 @@ struct Cli {
     /// Memory limit of one guest instance, in MiB.
     #[arg(long, global = true, default_value_t = 256)]
     guest_memory_mib: usize,
+    /// What a commit survives: normal (a killed process; the SQLite
+    /// default) or full (also a power loss; the JSON-file default).
+    #[arg(long, global = true, env = "STEPWELL_DURABILITY")]
+    durability: Option<String>,
+    /// How long a run's lease lasts unless renewed, in milliseconds: after a
+    /// host dies, its runs wait this long before another host takes them.
+    #[arg(long, global = true, default_value_t = 30_000)]
+    lease_ttl_ms: u64,
     #[command(subcommand)]
     command: Command,
 }
@@ -94,6 +105,10 @@ enum Command {
         /// At most this many runs.
         #[arg(long)]
         limit: Option<usize>,
+        /// List the quarantined runs (set aside because they cannot be
+        /// read or committed) and why, instead.
+        #[arg(long)]
+        quarantined: bool,
     },
     /// Cancel a run and its unfinished children.
     Cancel {
@@ -105,6 +120,7 @@ enum Command {
     },
     /// The driver: resume due time waits and deadlines, tick running runs,
     /// resume the parents of finished children. Loops until interrupted.
+    /// Any number of drivers may run on one store.
     Drive {
         /// Do one pass and exit.
         #[arg(long)]
@@ -440,6 +456,24 @@ fn execute(cli: Cli) -> Result<(), Error> {
         memory_limit_bytes: cli.guest_memory_mib << 20,
         ..SandboxLimits::default()
     };
+    let durability = cli
+        .durability
+        .as_deref()
+        .map(|d| {
+            Durability::parse(d).ok_or_else(|| Error::InvalidInput {
+                field: "--durability".into(),
+                message: format!("{d:?} is not normal or full"),
+            })
+        })
+        .transpose()?;
+    let options = HostOptions {
+        limits,
+        durability,
+        config: RuntimeConfig {
+            lease_ttl: Duration::from_millis(cli.lease_ttl_ms.max(1)),
+            ..RuntimeConfig::default()
+        },
+    };
     if let Command::Triggers {
         trigger_dir,
         command,
@@ -447,7 +481,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
     {
         return triggers(&spec, limits, trigger_dir, command, cli.json);
     }
-    let rt = open_runtime(&spec, limits)?;
+    let rt = open_runtime(&spec, &options)?;
     match cli.command {
         Command::Run {
             flow_dir,
@@ -481,25 +515,13 @@ fn execute(cli: Cli) -> Result<(), Error> {
                     field: "--payload".into(),
                     message: format!("is not JSON: {e}"),
                 })?;
-            let key = match wait_key {
-                Some(k) => k,
-                None => {
-                    let run = rt.get_state(&run_id)?;
-                    match run.waiting {
-                        Some(w) if run.status == RunStatus::Waiting => w.wait_key,
-                        _ => {
-                            return Err(Error::StaleResume {
-                                run_id,
-                                reason: format!(
-                                    "Run is not waiting (status {})",
-                                    run.status.as_str()
-                                ),
-                            })
-                        }
-                    }
-                }
+            // Without a key: whatever the run waits on now, checked and
+            // resumed in one transaction.
+            let state = match wait_key {
+                Some(k) => rt.resume(&run_id, &k, payload)?,
+                None => rt.respond(&run_id, payload)?,
             };
-            print_run(&rt.resume(&run_id, &key, payload)?, cli.json);
+            print_run(&state, cli.json);
         }
         Command::Status { run_id } => print_run(&rt.get_state(&run_id)?, cli.json),
         Command::Ledger {
@@ -575,10 +597,30 @@ fn execute(cli: Cli) -> Result<(), Error> {
             }
         }
         Command::List {
+            quarantined: true, ..
+        } => {
+            let found = rt.store().list_quarantined()?;
+            if cli.json {
+                let rows: Vec<Value> = found
+                    .iter()
+                    .map(|(id, why)| serde_json::json!({"run_id": id, "reason": why}))
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&rows).unwrap_or_default()
+                );
+            } else {
+                for (id, why) in found {
+                    println!("{id}  quarantined  {why}");
+                }
+            }
+        }
+        Command::List {
             status,
             wait_reason,
             workflow,
             limit,
+            quarantined: false,
         } => {
             let query = RunQuery {
                 status: status
@@ -624,33 +666,33 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 }
             }
         }
-        Command::Cancel { run_id, reason } => {
-            print_run(&rt.cancel_run(&run_id, reason.as_deref())?, cli.json)
-        }
+        Command::Cancel { run_id, reason } => print_run(
+            &rt.cancel_run_by(&run_id, reason.as_deref(), "cli")?,
+            cli.json,
+        ),
         Command::Drive { once, interval_ms } => loop {
             let report = rt.drive_once()?;
             if cli.json {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "due_resumed": report.due_resumed,
-                        "ticked": report.ticked,
-                        "parents_resumed": report.parents_resumed,
-                        "errors": report.errors.iter().map(|(id, e)| serde_json::json!({"run_id": id, "error": e})).collect::<Vec<_>>(),
-                    })
-                );
+                println!("{}", serde_json::to_string(&report).unwrap_or_default());
             } else if report.moved_anything() || !report.errors.is_empty() || once {
                 println!(
-                    "due resumed {}  ticked {}  parents resumed {}  errors {}",
+                    "due resumed {}  ticked {}  parents resumed {}  orphans cancelled {}  busy {}  quarantined {}  errors {}",
                     report.due_resumed.len(),
                     report.ticked.len(),
                     report.parents_resumed.len(),
+                    report.orphans_cancelled.len(),
+                    report.busy.len(),
+                    report.quarantined.len(),
                     report.errors.len()
                 );
+                for (id, why) in &report.quarantined {
+                    eprintln!("  {id}: quarantined: {why}");
+                }
                 for (id, e) in &report.errors {
                     eprintln!("  {id}: {e}");
                 }
             }
+            std::io::Write::flush(&mut std::io::stdout()).ok();
             if once {
                 break;
             }
@@ -715,6 +757,9 @@ fn execute(cli: Cli) -> Result<(), Error> {
 }
 
 fn main() -> ExitCode {
+    // Panics inside a run's step fail that run (host_panic) and stay off
+    // stderr; any other panic is reported as usual.
+    stepwell::core::panics::install_quiet_hook();
     let cli = Cli::parse();
     let json = cli.json;
     match execute(cli) {

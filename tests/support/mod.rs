@@ -220,11 +220,12 @@ pub fn trigger_component(rel: &str) -> PathBuf {
     p
 }
 
-/// How many of `ledger`'s records have a result with the top-level key
-/// `key` (`"resumed"`, `"complete_output"`, ...).
+/// How many of `ledger`'s records that are not effect records have a
+/// result with the top-level key `key` (`"resumed"`, `"complete_output"`,
+/// ...).
 pub fn count_results(ledger: &[stepwell::StepRecord], key: &str) -> usize {
     ledger
         .iter()
-        .filter(|r| r.result.as_ref().is_some_and(|v| v.get(key).is_some()))
+        .filter(|r| r.effect.is_none() && r.result.as_ref().is_some_and(|v| v.get(key).is_some()))
         .count()
 }

@@ -5,6 +5,7 @@
 /// What went wrong with a runtime call. Nothing is written when a call fails
 /// with one of these, except where the variant says otherwise.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// No run has this id.
     #[error("run_not_found: no run with id {run_id:?}")]
@@ -19,6 +20,25 @@ pub enum Error {
         /// The run that was to be resumed.
         run_id: String,
         /// Why the resume was refused ("Run is not waiting", ...).
+        reason: String,
+    },
+    /// The run changed under the call, or another thread or process was
+    /// executing it for longer than the call would wait: the call lost a
+    /// race and changed nothing. Trying again later is safe.
+    #[error("conflict: run {run_id}: {reason}")]
+    Conflict {
+        /// The run.
+        run_id: String,
+        /// What the call found.
+        reason: String,
+    },
+    /// The run was set aside because it cannot be read or committed; no
+    /// call executes it.
+    #[error("quarantined: run {run_id}: {reason}")]
+    Quarantined {
+        /// The run.
+        run_id: String,
+        /// Why it was set aside.
         reason: String,
     },
     /// A run id was already used by a run with a different identity.
@@ -63,6 +83,8 @@ impl Error {
         match self {
             Error::RunNotFound { .. } => "run_not_found",
             Error::StaleResume { .. } => "stale_resume",
+            Error::Conflict { .. } => "conflict",
+            Error::Quarantined { .. } => "quarantined",
             Error::IdentityConflict { .. } => "identity_conflict",
             Error::Flow(_) => "invalid_definition",
             Error::UnknownWorkflow { .. } => "unknown_workflow",

@@ -1,10 +1,20 @@
 //! The kernel: the run model, the runtime (start / tick / resume / cancel),
-//! per-run locks, time, and the errors the API returns.
+//! the run transaction, the step machine, the driver, time, and the errors
+//! the API returns.
 
 pub mod clock;
+pub mod config;
+mod driver;
 mod error;
+mod feed;
+pub mod keys;
 pub mod locks;
 pub mod model;
+pub mod panics;
 pub mod runtime;
+mod snapshots;
+mod step;
+mod txn;
 
+pub use driver::DriveReport;
 pub use error::{Error, Result};

@@ -130,6 +130,12 @@ pub struct WaitState {
 /// The durable checkpoint of a run. The run store's copy is the truth.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunState {
+    /// How many times the run was committed (1 once created). Every commit
+    /// names the version it read and lands only if the store still holds
+    /// that version (compare-and-swap): a writer that lost a race changes
+    /// nothing. Serialised first, so a store can read it cheaply.
+    #[serde(default = "first_version")]
+    pub version: u64,
     /// The run's id (`[A-Za-z0-9_-]+`).
     pub run_id: String,
     /// The workflow the run executes.
@@ -158,6 +164,10 @@ pub struct RunState {
     pub session_id: Option<String>,
     /// The run that started this one as a subworkflow, if any.
     pub parent_run_id: Option<String>,
+}
+
+fn first_version() -> u64 {
+    1
 }
 
 /// The status of one ledger record.

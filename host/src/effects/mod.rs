@@ -1,34 +1,104 @@
-//! The built-in effects: what the host does when a node's plan asks for one.
-//! One module per family: [`waits`] (`ask_user`, `answer_user`,
-//! `wait_event`, `wait_until`), [`events`] (`emit_event`), [`subworkflow`]
-//! (`start_subworkflow`) and [`vars_query`].
+//! Effects: what the host does when a node's plan asks for one. Each kind is
+//! an [`EffectHandler`] in an [`EffectRegistry`]; the built-in ones live one
+//! family per module: [`waits`] (`ask_user`, `answer_user`, `wait_event`,
+//! `wait_until`), [`events`] (`emit_event`), [`subworkflow`]
+//! (`start_subworkflow`) and [`vars_query`]. An embedding application
+//! registers its own with [`crate::RuntimeBuilder::effect`].
+//!
+//! Every handler declares its [`EffectClass`], and the runtime applies one
+//! rule by class: a *pure* effect is simply executed again when a step is
+//! replayed after a crash; an effect that *touches other runs* or reaches the
+//! *external* world records its `started` record and its outcome in the
+//! ledger ahead of the step's commit, and a replay reuses the recorded
+//! outcome: it never executes twice.
 //!
 //! An effect either completes at once with a result (written to the
-//! effect's `result_key`), parks the run on a [`WaitState`], or fails the
-//! run with a message that starts with a reason code.
+//! effect's `result_key`), parks the run on a [`WaitState`], or fails with a
+//! typed [`Failure`] (a reason code, a message naming the payload field, and
+//! whether a retry could help).
 
 pub mod events;
 pub mod subworkflow;
 pub mod vars_query;
 pub mod waits;
 
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
-use crate::core::model::{EffectRequest, RunState, WaitState};
-use crate::core::runtime::Runtime;
+use crate::core::config::StartOptions;
+use crate::core::model::{RunState, RunStatus, WaitState};
 use crate::core::Result;
 
-/// Every effect kind the host executes.
-pub const EFFECT_KINDS: &[&str] = &[
-    "ask_user",
-    "answer_user",
-    "wait_event",
-    "wait_until",
-    "emit_event",
-    "start_subworkflow",
-    "vars_query",
-];
+/// What an effect may touch, which decides how a replayed step treats it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EffectClass {
+    /// Reads or changes only its own run (waits, `answer_user`,
+    /// `vars_query`): executed again on replay.
+    Pure,
+    /// Creates or resumes other runs (`emit_event`, `start_subworkflow`):
+    /// recorded ahead of the step's commit, never executed twice.
+    TouchesRuns,
+    /// Reaches the world outside the host (an LLM call, a tool): recorded
+    /// ahead of the step's commit, never executed twice once its outcome is
+    /// recorded. A crash between the call and the record of its outcome
+    /// repeats the call with the same idempotency key
+    /// ([`EffectCx::key`]): pass it on to the outside system.
+    External,
+}
+
+impl EffectClass {
+    /// `pure`, `touches_runs` or `external`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectClass::Pure => "pure",
+            EffectClass::TouchesRuns => "touches_runs",
+            EffectClass::External => "external",
+        }
+    }
+}
+
+/// Why an effect failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The reason code (`invalid_effect`, `limit_exceeded`, ...).
+    pub code: String,
+    /// What went wrong, naming the payload field where one is at fault.
+    pub message: String,
+    /// Whether trying again could succeed (a timeout, a transport error, a
+    /// host resource limit): only such failures are retried by a
+    /// [`crate::RetryPolicy`].
+    pub retryable: bool,
+}
+
+impl Failure {
+    /// A failure that a retry cannot help.
+    pub fn permanent(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Failure {
+            code: code.into(),
+            message: message.into(),
+            retryable: false,
+        }
+    }
+
+    /// A failure that a later attempt may not have.
+    pub fn retryable(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Failure {
+            code: code.into(),
+            message: message.into(),
+            retryable: true,
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
 
 /// What executing an effect led to.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,50 +107,183 @@ pub enum Outcome {
     Completed(Value),
     /// The run must wait (the runtime fills in `resume_to_node` and `result_key`).
     Waiting(Box<WaitState>),
-    /// The effect failed; the message starts with a reason code.
-    Failed(String),
+    /// The effect failed.
+    Failed(Failure),
 }
 
-/// What an effect handler gets besides the effect itself.
-pub(crate) struct EffectContext<'a> {
-    pub runtime: &'a Runtime,
-    pub run: &'a RunState,
-    /// The effect's sequence number in its run (1 for the first effect).
-    pub seq: u64,
-    pub now: DateTime<Utc>,
-    /// The effect's `started` ledger record, for handlers that append it
-    /// themselves (ahead of the step's commit).
-    pub started: &'a crate::core::model::StepRecord,
-}
-
-/// Executes `effect` for the run in `ctx`. `Err` is kept for failures of the
-/// host itself (the store); anything wrong with the effect is an
-/// [`Outcome::Failed`].
-pub(crate) fn execute(ctx: &EffectContext<'_>, effect: &EffectRequest) -> Result<Outcome> {
-    let Some(payload) = effect.payload.as_object() else {
-        return Ok(Outcome::Failed(format!(
-            "invalid_effect: {}.payload: must be a JSON object",
-            effect.kind
-        )));
-    };
-    match effect.kind.as_str() {
-        "ask_user" => Ok(waits::ask_user(ctx, payload)),
-        "answer_user" => Ok(waits::answer_user(payload)),
-        "wait_event" => Ok(waits::wait_event(ctx, payload)),
-        "wait_until" => Ok(waits::wait_until(ctx, payload)),
-        "emit_event" => events::emit_event(ctx, payload),
-        "start_subworkflow" => subworkflow::start_subworkflow(ctx, payload),
-        "vars_query" => Ok(vars_query::vars_query(ctx, payload)),
-        other => Ok(Outcome::Failed(format!(
-            "unsupported_feature: unknown effect {other:?} (known: {})",
-            EFFECT_KINDS.join(", ")
-        ))),
+impl Outcome {
+    /// An `invalid_effect` failure naming the payload field.
+    pub fn invalid(kind: &str, field: &str, message: &str) -> Outcome {
+        Outcome::Failed(Failure::permanent(
+            "invalid_effect",
+            format!("{kind}.payload.{field}: {message}"),
+        ))
     }
 }
 
-/// An `invalid_effect` failure naming the payload field.
-pub(crate) fn invalid(kind: &str, field: &str, message: &str) -> Outcome {
-    Outcome::Failed(format!("invalid_effect: {kind}.payload.{field}: {message}"))
+/// What became of a resume an effect delivered to another run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delivery {
+    /// Resumed now; the listener's status after the resume (and the steps
+    /// it led to, if it was ticked).
+    Resumed(RunStatus),
+    /// This effect had resumed it before (a replay after a crash); its
+    /// status now.
+    AlreadyDelivered(RunStatus),
+    /// It no longer waits on that key (someone else resumed it first).
+    NotWaiting,
+    /// It could not be resumed (its workflow cannot be loaded, it is
+    /// busy past the wait, ...); it is left as it was.
+    Refused(String),
+}
+
+/// What the runtime lets an effect do to other runs. Implemented by the
+/// runtime; every call goes through the same run transaction as the API.
+pub trait RunPort {
+    /// Starts a run (create-if-absent under its explicit id, identity
+    /// checked). Returns its id.
+    fn start_run(&self, workflow_id: &str, options: StartOptions) -> Result<String>;
+    /// Ticks `run_id` inside the current step, `depth` levels deep.
+    fn tick_nested(&self, run_id: &str, depth: u32) -> Result<RunState>;
+    /// The run's state.
+    fn get_run(&self, run_id: &str) -> Result<RunState>;
+    /// Ids of runs waiting (reason `event`) on one of `wait_keys`, oldest
+    /// first.
+    fn event_listeners(&self, wait_keys: &[String]) -> Result<Vec<RunState>>;
+    /// Resumes `run_id`'s wait on `wait_key` with `payload` on behalf of
+    /// effect `cause`, at most once per cause (checked in the listener's
+    /// ledger before resuming, so a replay does not resume a listener that
+    /// waits on the same key again); with `tick`, the listener's steps run
+    /// `depth` levels deep inside the current step.
+    fn deliver(
+        &self,
+        run_id: &str,
+        wait_key: &str,
+        payload: Value,
+        cause: &str,
+        depth: u32,
+        tick: bool,
+    ) -> Result<Delivery>;
+}
+
+/// Everything an effect handler gets besides its payload.
+pub struct EffectCx<'a> {
+    /// The run executing the effect (as it is before the effect).
+    pub run: &'a RunState,
+    /// The effect's sequence number in its run (1 for the first effect).
+    pub seq: u64,
+    /// The effect's idempotency key: the same for every attempt and on
+    /// replay.
+    pub key: &'a str,
+    /// The time of the step.
+    pub now: DateTime<Utc>,
+    /// The attempt number (1 first).
+    pub attempt: u32,
+    /// How deep the step is nested inside other runs' steps (0 for a step
+    /// the API or the driver started).
+    pub depth: u32,
+    /// The deepest nesting allowed: an effect that would nest deeper fails
+    /// with `limit_exceeded`.
+    pub max_depth: u32,
+    /// The scopes `emit_event` may use.
+    pub emit_scopes: &'a [String],
+    /// Other runs.
+    pub runs: &'a dyn RunPort,
+}
+
+impl EffectCx<'_> {
+    /// A `limit_exceeded` failure if nesting one level deeper would pass
+    /// [`EffectCx::max_depth`].
+    pub fn check_depth(&self, kind: &str) -> Option<Outcome> {
+        (self.depth + 1 > self.max_depth).then(|| {
+            Outcome::Failed(Failure::permanent(
+                "limit_exceeded",
+                format!(
+                    "{kind} would nest {} runs deep inside one step (the limit is {}; RuntimeConfig::max_nesting)",
+                    self.depth + 1,
+                    self.max_depth
+                ),
+            ))
+        })
+    }
+}
+
+/// One effect kind.
+pub trait EffectHandler: Send + Sync {
+    /// The kind a plan names (`ask_user`, ...).
+    fn kind(&self) -> &str;
+
+    /// What the effect may touch.
+    fn class(&self) -> EffectClass;
+
+    /// For effects that are not [`EffectClass::Pure`]: fixes what the effect
+    /// is about to do (for example the listeners of an event), before it
+    /// does any of it. The runtime records it in the effect's `started`
+    /// record ahead of the commit; a replay gets the recorded value back in
+    /// [`EffectHandler::execute`] instead of preparing again.
+    fn prepare(&self, cx: &EffectCx<'_>, payload: &Map<String, Value>) -> Result<Option<Value>> {
+        let _ = (cx, payload);
+        Ok(None)
+    }
+
+    /// Executes the effect. `Err` is for failures of the host itself (the
+    /// store); anything wrong with the effect is an [`Outcome::Failed`].
+    fn execute(
+        &self,
+        cx: &EffectCx<'_>,
+        payload: &Map<String, Value>,
+        prepared: Option<&Value>,
+    ) -> Result<Outcome>;
+}
+
+/// The effect kinds a runtime executes.
+#[derive(Clone)]
+pub struct EffectRegistry {
+    handlers: BTreeMap<String, Arc<dyn EffectHandler>>,
+}
+
+impl fmt::Debug for EffectRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.handlers.keys()).finish()
+    }
+}
+
+impl Default for EffectRegistry {
+    fn default() -> Self {
+        Self::builtin()
+    }
+}
+
+impl EffectRegistry {
+    /// The built-in effects.
+    pub fn builtin() -> Self {
+        let mut r = EffectRegistry {
+            handlers: BTreeMap::new(),
+        };
+        r.register(Arc::new(waits::AskUser));
+        r.register(Arc::new(waits::AnswerUser));
+        r.register(Arc::new(waits::WaitEvent));
+        r.register(Arc::new(waits::WaitUntil));
+        r.register(Arc::new(events::EmitEvent));
+        r.register(Arc::new(subworkflow::StartSubworkflow));
+        r.register(Arc::new(vars_query::VarsQuery));
+        r
+    }
+
+    /// Adds (or replaces) the handler of `handler.kind()`.
+    pub fn register(&mut self, handler: Arc<dyn EffectHandler>) {
+        self.handlers.insert(handler.kind().to_string(), handler);
+    }
+
+    /// The handler of `kind`.
+    pub fn get(&self, kind: &str) -> Option<&Arc<dyn EffectHandler>> {
+        self.handlers.get(kind)
+    }
+
+    /// Every kind, sorted.
+    pub fn kinds(&self) -> Vec<String> {
+        self.handlers.keys().cloned().collect()
+    }
 }
 
 /// The optional string field `key` of a payload.
@@ -92,6 +295,19 @@ pub(crate) fn opt_str<'a>(
     match payload.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(invalid(kind, key, "must be a string")),
+        Some(_) => Err(Outcome::invalid(kind, key, "must be a string")),
+    }
+}
+
+/// The optional boolean field `key` of a payload (absent: false).
+pub(crate) fn opt_bool(
+    kind: &str,
+    payload: &Map<String, Value>,
+    key: &str,
+) -> std::result::Result<bool, Outcome> {
+    match payload.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(Outcome::invalid(kind, key, "must be a boolean")),
     }
 }

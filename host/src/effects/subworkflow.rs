@@ -1,10 +1,11 @@
-//! `start_subworkflow`: child runs.
+//! `start_subworkflow`: child runs. Touches other runs.
 
 use serde_json::{json, Map, Value};
 
-use super::{invalid, opt_str, EffectContext, Outcome};
+use super::{opt_bool, opt_str, EffectClass, EffectCx, EffectHandler, Failure, Outcome};
+use crate::core::config::StartOptions;
+use crate::core::keys::{effect_idempotency_key, is_host_owned};
 use crate::core::model::{RunState, RunStatus, WaitReason, WaitState};
-use crate::core::runtime::StartOptions;
 use crate::core::{Error, Result};
 
 /// The namespace of the default child run ids (uuid5 of
@@ -18,104 +19,240 @@ pub fn wait_key(child_run_id: &str) -> String {
     format!("subworkflow:{child_run_id}")
 }
 
-/// What a parent receives when its child completed: `{"sub_run_id", "output"}`.
-pub fn child_result(child: &RunState) -> Value {
-    json!({ "sub_run_id": child.run_id, "output": child.output })
+/// What a parent does when its child fails or is cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnChildFailure {
+    /// Continue with the child's outcome as data ([`child_result`]).
+    Data,
+    /// Fail too, with `subworkflow_failed`.
+    Fail,
 }
 
-/// Why a parent fails when its child failed or was cancelled.
-pub fn child_failure(child: &RunState) -> String {
-    format!(
-        "subworkflow_failed: child run {} ({}) ended {}: {}",
-        child.run_id,
-        child.workflow_id,
-        child.status.as_str(),
-        child.error.as_deref().unwrap_or("no error recorded")
+impl OnChildFailure {
+    /// `data` or `fail`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnChildFailure::Data => "data",
+            OnChildFailure::Fail => "fail",
+        }
+    }
+
+    /// The policy a waiting parent recorded in its wait's details (`data`
+    /// when absent).
+    pub fn of_wait(wait: &WaitState) -> Self {
+        match wait
+            .details
+            .as_ref()
+            .and_then(|d| d.get("on_child_failure"))
+            .and_then(Value::as_str)
+        {
+            Some("fail") => OnChildFailure::Fail,
+            _ => OnChildFailure::Data,
+        }
+    }
+}
+
+/// What a parent receives when its child ended: `{"sub_run_id", "status",
+/// "output"}`, and for a child that failed or was cancelled also `"error"`
+/// and `"cancelled"`, its output being an object with `"success": false`
+/// (and `"cancelled": true`, `"error"`) added to the child's own output
+/// (a non-object output is kept under `"result"`), as the reference runtime
+/// hands it.
+pub fn child_result(child: &RunState) -> Value {
+    if child.status == RunStatus::Completed {
+        return json!({
+            "sub_run_id": child.run_id,
+            "status": "completed",
+            "output": child.output,
+        });
+    }
+    let cancelled = child.status == RunStatus::Cancelled;
+    let mut output = match &child.output {
+        Some(Value::Object(m)) => m.clone(),
+        None | Some(Value::Null) => Map::new(),
+        Some(other) => {
+            let mut m = Map::new();
+            m.insert("result".into(), other.clone());
+            m
+        }
+    };
+    output.entry("success").or_insert(Value::Bool(false));
+    if cancelled {
+        output.entry("cancelled").or_insert(Value::Bool(true));
+    }
+    if let Some(e) = child
+        .error
+        .as_deref()
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
+        output
+            .entry("error")
+            .or_insert_with(|| Value::String(e.to_string()));
+    }
+    json!({
+        "sub_run_id": child.run_id,
+        "status": child.status.as_str(),
+        "output": output,
+        "error": child.error,
+        "cancelled": cancelled,
+    })
+}
+
+/// Why a parent with `on_child_failure: "fail"` fails when its child failed
+/// or was cancelled.
+pub fn child_failure(child: &RunState) -> Failure {
+    Failure::permanent(
+        "subworkflow_failed",
+        format!(
+            "child run {} ({}) ended {}: {}",
+            child.run_id,
+            child.workflow_id,
+            child.status.as_str(),
+            child.error.as_deref().unwrap_or("no error recorded")
+        ),
     )
 }
 
-/// `start_subworkflow {workflow_id, vars?, run_id?, session_id?, async?, wait?}`.
+/// What the parent gets for a child that has ended.
+pub fn ended_child(child: &RunState, policy: OnChildFailure) -> Outcome {
+    if child.status != RunStatus::Completed && policy == OnChildFailure::Fail {
+        Outcome::Failed(child_failure(child))
+    } else {
+        Outcome::Completed(child_result(child))
+    }
+}
+
+/// `start_subworkflow {workflow_id, vars?, run_id?, session_id?, async?,
+/// wait?, on_child_failure?}`.
 ///
-/// - sync (default): the child runs inside this step; its output comes back
-///   as `{"sub_run_id", "output"}`. If the child parks, the parent waits
-///   (reason `subworkflow`, key `subworkflow:<child id>`) until the driver
-///   resumes it when the child ends.
+/// - sync (default): the child runs inside this step; its outcome comes
+///   back as [`child_result`]. If the child parks, the parent waits (reason
+///   `subworkflow`, key `subworkflow:<child id>`) until the driver resumes
+///   it when the child ends.
 /// - `async: true, wait: true`: the child is created and left for the driver;
-///   the parent waits on it.
-/// - `async: true`: fire and forget; the result is `{"sub_run_id"}`.
+///   the parent waits on it (and continues at once if the child already
+///   ended, as on a replay).
+/// - `async: true`: fire and forget; the result is `{"sub_run_id", "async":
+///   true}`.
+///
+/// `on_child_failure` says what a child that failed or was cancelled does
+/// to the parent: `data` (the default of async children) continues with
+/// its outcome as data; `fail` (the default of sync children) fails the
+/// parent with `subworkflow_failed`.
 ///
 /// `run_id` names the child explicitly (create-if-absent, identity-checked);
 /// by default the id is derived from the parent's id and the effect's
-/// sequence number. A child that failed fails the parent.
-pub(crate) fn start_subworkflow(
-    ctx: &EffectContext<'_>,
-    p: &Map<String, Value>,
-) -> Result<Outcome> {
-    let k = "start_subworkflow";
-    let workflow_id = match opt_str(k, p, "workflow_id") {
-        Ok(Some(w)) => w.to_string(),
-        Ok(None) => return Ok(invalid(k, "workflow_id", "is required")),
-        Err(o) => return Ok(o),
-    };
-    let vars = match p.get("vars") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(_) => return Ok(invalid(k, "vars", "must be a JSON object")),
-    };
-    let flag = |name: &str| match p.get(name) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(invalid(k, name, "must be a boolean")),
-    };
-    let (is_async, wait) = match (flag("async"), flag("wait")) {
-        (Ok(a), Ok(w)) => (a, w),
-        (Err(o), _) | (_, Err(o)) => return Ok(o),
-    };
-    let run_id = match opt_str(k, p, "run_id") {
-        Ok(Some(id)) => id.to_string(),
-        Ok(None) => uuid::Uuid::new_v5(
-            &SUBWORKFLOW_NAMESPACE,
-            format!(
-                "{}:subworkflow",
-                crate::core::runtime::effect_idempotency_key(ctx.run, ctx.seq)
-            )
-            .as_bytes(),
-        )
-        .to_string(),
-        Err(o) => return Ok(o),
-    };
-    let session_id = match opt_str(k, p, "session_id") {
-        Ok(s) => s.map(str::to_string).or_else(|| ctx.run.session_id.clone()),
-        Err(o) => return Ok(o),
-    };
-    let options = StartOptions {
-        vars,
-        run_id: Some(run_id),
-        actor_id: ctx.run.actor_id.clone(),
-        session_id,
-        parent_run_id: Some(ctx.run.run_id.clone()),
-    };
-    let child_id = match ctx.runtime.start(&workflow_id, options) {
-        Ok(id) => id,
-        Err(
-            e @ (Error::IdentityConflict { .. }
-            | Error::UnknownWorkflow { .. }
-            | Error::InvalidInput { .. }),
-        ) => return Ok(Outcome::Failed(e.to_string())),
-        Err(e) => return Err(e),
-    };
-    if is_async && !wait {
-        return Ok(Outcome::Completed(json!({ "sub_run_id": child_id })));
+/// sequence number. `vars` may not set host-owned vars (`_runtime`, `_meta`,
+/// `_limits`).
+pub struct StartSubworkflow;
+
+impl EffectHandler for StartSubworkflow {
+    fn kind(&self) -> &str {
+        "start_subworkflow"
     }
-    let child = if is_async {
-        ctx.runtime.get_state(&child_id)?
-    } else {
-        ctx.runtime.tick(&child_id)?
-    };
-    Ok(match child.status {
-        RunStatus::Completed => Outcome::Completed(child_result(&child)),
-        RunStatus::Failed | RunStatus::Cancelled => Outcome::Failed(child_failure(&child)),
-        RunStatus::Running | RunStatus::Waiting => Outcome::Waiting(Box::new(WaitState {
+
+    fn class(&self) -> EffectClass {
+        EffectClass::TouchesRuns
+    }
+
+    fn execute(
+        &self,
+        cx: &EffectCx<'_>,
+        p: &Map<String, Value>,
+        _: Option<&Value>,
+    ) -> Result<Outcome> {
+        let k = "start_subworkflow";
+        macro_rules! field {
+            ($e:expr) => {
+                match $e {
+                    Ok(v) => v,
+                    Err(o) => return Ok(o),
+                }
+            };
+        }
+        let Some(workflow_id) = field!(opt_str(k, p, "workflow_id")).map(str::to_string) else {
+            return Ok(Outcome::invalid(k, "workflow_id", "is required"));
+        };
+        let vars = match p.get("vars") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(_) => return Ok(Outcome::invalid(k, "vars", "must be a JSON object")),
+        };
+        if let Some(key) = vars.keys().find(|k| is_host_owned(k)) {
+            return Ok(Outcome::invalid(
+                k,
+                &format!("vars.{key}"),
+                "is owned by the host and cannot be set by a flow",
+            ));
+        }
+        let is_async = field!(opt_bool(k, p, "async"));
+        let wait = field!(opt_bool(k, p, "wait"));
+        let policy = match field!(opt_str(k, p, "on_child_failure")) {
+            Some("data") => OnChildFailure::Data,
+            Some("fail") => OnChildFailure::Fail,
+            Some(_) => {
+                return Ok(Outcome::invalid(
+                    k,
+                    "on_child_failure",
+                    "must be \"data\" or \"fail\"",
+                ))
+            }
+            None if is_async => OnChildFailure::Data,
+            None => OnChildFailure::Fail,
+        };
+        if !is_async {
+            if let Some(limit) = cx.check_depth(k) {
+                return Ok(limit);
+            }
+        }
+        let run_id = match field!(opt_str(k, p, "run_id")) {
+            Some(id) => id.to_string(),
+            None => uuid::Uuid::new_v5(
+                &SUBWORKFLOW_NAMESPACE,
+                format!("{}:subworkflow", effect_idempotency_key(cx.run, cx.seq)).as_bytes(),
+            )
+            .to_string(),
+        };
+        let session_id = field!(opt_str(k, p, "session_id"))
+            .map(str::to_string)
+            .or_else(|| cx.run.session_id.clone());
+        let options = StartOptions {
+            vars,
+            run_id: Some(run_id),
+            actor_id: cx.run.actor_id.clone(),
+            session_id,
+            parent_run_id: Some(cx.run.run_id.clone()),
+            runtime: Map::new(),
+        };
+        let child_id = match cx.runs.start_run(&workflow_id, options) {
+            Ok(id) => id,
+            Err(
+                e @ (Error::IdentityConflict { .. }
+                | Error::UnknownWorkflow { .. }
+                | Error::InvalidInput { .. }),
+            ) => {
+                return Ok(Outcome::Failed(Failure::permanent(
+                    e.reason_code(),
+                    e.to_string(),
+                )))
+            }
+            Err(e) => return Err(e),
+        };
+        if is_async && !wait {
+            return Ok(Outcome::Completed(
+                json!({ "sub_run_id": child_id, "async": true }),
+            ));
+        }
+        let child = if is_async {
+            cx.runs.get_run(&child_id)?
+        } else {
+            cx.runs.tick_nested(&child_id, cx.depth + 1)?
+        };
+        if child.status.is_terminal() {
+            return Ok(ended_child(&child, policy));
+        }
+        Ok(Outcome::Waiting(Box::new(WaitState {
             reason: WaitReason::Subworkflow,
             wait_key: wait_key(&child_id),
             until: None,
@@ -123,7 +260,12 @@ pub(crate) fn start_subworkflow(
             result_key: None,
             prompt: None,
             choices: None,
-            details: Some(json!({ "sub_run_id": child_id, "sub_workflow_id": workflow_id })),
-        })),
-    })
+            details: Some(json!({
+                "sub_run_id": child_id,
+                "sub_workflow_id": workflow_id,
+                "async": is_async,
+                "on_child_failure": policy.as_str(),
+            })),
+        })))
+    }
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::effects::EFFECT_KINDS;
+use crate::core::keys::is_host_owned;
 use crate::wasm::{NodeComponent, WasmEngine};
 
 /// The file name of a bundle's main workflow.
@@ -170,7 +170,13 @@ pub struct Bundle {
 
 /// Loads and validates every flow file of the bundle at `dir`, compiling (or
 /// loading from the cache) each component it names.
-pub fn load_bundle(dir: &Path, engine: &WasmEngine) -> Result<Bundle, FlowError> {
+///
+/// `effects` are the effect kinds an effect node may name.
+pub fn load_bundle(
+    dir: &Path,
+    engine: &WasmEngine,
+    effects: &[String],
+) -> Result<Bundle, FlowError> {
     let dir = dir
         .canonicalize()
         .map_err(|e| FlowError::new(dir, "", format!("cannot open the bundle directory: {e}")))?;
@@ -197,7 +203,7 @@ pub fn load_bundle(dir: &Path, engine: &WasmEngine) -> Result<Bundle, FlowError>
 
     let mut workflows: Vec<Arc<Workflow>> = Vec::new();
     for file in files {
-        let wf = load_flow_file(&file, engine)?;
+        let wf = load_flow_file(&file, engine, effects)?;
         if let Some(prev) = workflows.iter().find(|w| w.workflow_id == wf.workflow_id) {
             return Err(FlowError::new(
                 &file,
@@ -218,8 +224,13 @@ pub fn load_bundle(dir: &Path, engine: &WasmEngine) -> Result<Bundle, FlowError>
     })
 }
 
-/// Loads and validates one flow file.
-pub fn load_flow_file(path: &Path, engine: &WasmEngine) -> Result<Workflow, FlowError> {
+/// Loads and validates one flow file; `effects` are the effect kinds an
+/// effect node may name.
+pub fn load_flow_file(
+    path: &Path,
+    engine: &WasmEngine,
+    effects: &[String],
+) -> Result<Workflow, FlowError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| FlowError::new(path, "", format!("cannot read the file: {e}")))?;
     let doc: FlowDoc = {
@@ -230,7 +241,7 @@ pub fn load_flow_file(path: &Path, engine: &WasmEngine) -> Result<Workflow, Flow
             FlowError::new(path, field, e.inner().to_string())
         })?
     };
-    build_workflow(path, doc, engine)
+    build_workflow(path, doc, engine, effects)
 }
 
 fn valid_id(s: &str) -> bool {
@@ -239,7 +250,12 @@ fn valid_id(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '@' | ':'))
 }
 
-fn build_workflow(path: &Path, doc: FlowDoc, engine: &WasmEngine) -> Result<Workflow, FlowError> {
+fn build_workflow(
+    path: &Path,
+    doc: FlowDoc,
+    engine: &WasmEngine,
+    effects: &[String],
+) -> Result<Workflow, FlowError> {
     let err = |field: String, msg: String| FlowError::new(path, field, msg);
     if !valid_id(&doc.workflow_id) {
         return Err(err(
@@ -337,20 +353,13 @@ fn build_workflow(path: &Path, doc: FlowDoc, engine: &WasmEngine) -> Result<Work
                     "`config` and `routes` belong to component nodes, not effect nodes".into(),
                 ));
             }
-            if !EFFECT_KINDS.contains(&kind.as_str()) {
+            if !effects.iter().any(|k| k == kind) {
                 return Err(err(
                     field("effect"),
-                    format!(
-                        "unknown effect {kind:?} (known: {})",
-                        EFFECT_KINDS.join(", ")
-                    ),
+                    format!("unknown effect {kind:?} (known: {})", effects.join(", ")),
                 ));
             }
-            if let Some(key) = n
-                .result_key
-                .as_deref()
-                .filter(|k| k.starts_with("_runtime"))
-            {
+            if let Some(key) = n.result_key.as_deref().filter(|k| is_host_owned(k)) {
                 return Err(err(
                     field("result_key"),
                     format!("{key:?} is owned by the host"),

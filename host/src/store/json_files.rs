@@ -1,52 +1,99 @@
 //! The JSON-file store: one folder, `run_<id>.json` per run and
 //! `ledger_<id>.jsonl` per ledger, readable with any text tool.
 //!
+//! - Every write to a run happens under an exclusive advisory lock
+//!   (`flock`) on `run_<id>.lock`, taken by every process that writes the
+//!   folder: the fence (the run's `version`, its lease) is checked, the
+//!   ledger appended and the run file replaced while no other writer can
+//!   interleave. The lock file also holds the run's lease (holder and
+//!   expiry) and where its ledger ended at the last save.
 //! - A run is created only if its id is free: a fully written temp file is
 //!   published with an atomic hard link, which never replaces an existing
-//!   run file (a filesystem without hard links gets an error, never an
-//!   overwrite). Saves write a temp file and rename it over the run file.
+//!   run file. Saves write a temp file and rename it over the run file.
+//! - The ledger is appended before the run file is replaced (a crash in
+//!   between leaves the ledger ahead of the state); a replayed step does not
+//!   append a record whose content the ledger already holds under the same
+//!   idempotency key. A line torn by a crash (no final newline) is ignored
+//!   by readers and cut off by the next append.
+//! - With [`Durability::Full`] (the default of [`JsonFileStore::open`])
+//!   each file is synced before the rename or link that makes it visible,
+//!   and the folder after: a power loss cannot reverse the ledger-then-state
+//!   order.
 //! - A creation journal, `.runs_created.log`, lists run ids in creation
-//!   order; several store objects (or processes) on one folder see each
-//!   other's runs through it. One writer process per folder is supported.
+//!   order; several processes on one folder see each other's runs through it.
+//! - `run_<id>.quarantine` sets a run aside (its content is the reason).
 //! - Temp files a crash left behind are removed when the store opens.
-//! - A ledger line is appended with one `write` of the whole line; a line
-//!   that does not parse is reported with its file and line number, and the
-//!   rest of the store stays readable.
 //! - `stepwell-store.json` records the format version; a folder written by a
 //!   newer stepwell is refused.
 //!
-//! Process-crash safe (a completed write survives the process); no `fsync`,
-//! so a power loss may lose the last writes. Listing and the due-wait scan
-//! read every run file: this backend is for small deployments, inspection
-//! and tests; use SQLite for volume.
+//! Listing and the due-wait scan read every run file: this backend is for
+//! small deployments, inspection and tests; use SQLite for volume.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 
-use super::{link, wait_due_at, RunQuery, Store, StoreError};
-use crate::core::model::{RunState, StepRecord};
+use super::{
+    check_next_version, is_replay_of, link, wait_due_at, Claim, Durability, Fence, LeaseAfter,
+    LeaseRequest, RunQuery, Store, StoreError,
+};
+use crate::core::clock::format_time;
+use crate::core::model::{RunState, RunStatus, StepRecord};
 
 /// The format version this build writes.
 pub const FORMAT_VERSION: u64 = 1;
 const META_FILE: &str = "stepwell-store.json";
 const JOURNAL: &str = ".runs_created.log";
 const BUNDLES: &str = "bundles.json";
+const STORE_LOCK: &str = ".store.lock";
 const TMP_PREFIX: &str = ".tmp-";
 
+/// A hook called at named points inside the store's writes
+/// (`ledger-appended`, `run-temp-written`, `run-published`,
+/// `lease-written`): the crash harness aborts the process there to prove
+/// that a write torn at any point recovers.
+pub type CrashPoints = Arc<dyn Fn(&'static str) + Send + Sync>;
+
+/// What `run_<id>.lock` holds besides being the lock.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct LockData {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    holder: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    until_us: Option<i64>,
+    /// The ledger's length in bytes at the last run save, and the hash of
+    /// its last record then: what follows was appended ahead of the state.
+    #[serde(default)]
+    ledger_len: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    head: Option<String>,
+}
+
 /// Runs and ledgers as JSON files in one folder.
-#[derive(Debug)]
 pub struct JsonFileStore {
     dir: PathBuf,
-    /// Serialises this object's writes (one writer process per folder), and
-    /// remembers the hash of each ledger's last record.
-    write: Mutex<HashMap<String, Option<String>>>,
+    durability: Durability,
+    /// Serialises this object's writes (file locks exclude other processes
+    /// and other store objects, not the threads sharing one).
+    write: Mutex<()>,
     tmp_seq: AtomicU64,
+    crash_points: Option<CrashPoints>,
+}
+
+impl std::fmt::Debug for JsonFileStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonFileStore")
+            .field("dir", &self.dir)
+            .field("durability", &self.durability)
+            .finish_non_exhaustive()
+    }
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> StoreError {
@@ -61,10 +108,61 @@ fn safe_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// An exclusive lock on a file, released when dropped (or when the process
+/// dies).
+struct Locked {
+    file: File,
+    path: PathBuf,
+}
+
+impl Locked {
+    fn open(path: PathBuf) -> Result<Locked, StoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| io(&path, e))?;
+        file.lock()
+            .map_err(|e| io(&path, format!("cannot lock: {e}")))?;
+        Ok(Locked { file, path })
+    }
+
+    fn read(&mut self) -> LockData {
+        let mut text = String::new();
+        let _ = self.file.seek(SeekFrom::Start(0));
+        let _ = self.file.read_to_string(&mut text);
+        // A lock file torn by a crash holds no lease.
+        serde_json::from_str(&text).unwrap_or_default()
+    }
+
+    fn write(&mut self, data: &LockData) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(data).map_err(|e| io(&self.path, e))?;
+        self.file
+            .seek(SeekFrom::Start(0))
+            .and_then(|_| self.file.write_all(&bytes))
+            .and_then(|_| self.file.set_len(bytes.len() as u64))
+            .map_err(|e| io(&self.path, e))
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        let _ = self.file.unlock();
+    }
+}
+
 impl JsonFileStore {
-    /// Opens (creating if needed) the store folder `dir`: checks its format
-    /// version and removes temp files a crash left behind.
+    /// Opens (creating if needed) the store folder `dir` with
+    /// [`Durability::Full`]: checks its format version and removes temp
+    /// files a crash left behind.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(dir, Durability::Full)
+    }
+
+    /// [`JsonFileStore::open`] with a durability setting.
+    pub fn open_with(dir: impl AsRef<Path>, durability: Durability) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
         let meta = dir.join(META_FILE);
@@ -96,21 +194,46 @@ impl JsonFileStore {
             }
             Err(e) => return Err(io(&meta, e)),
         }
-        for entry in fs::read_dir(&dir).map_err(|e| io(&dir, e))?.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
-                let _ = fs::remove_file(entry.path());
+        let store = JsonFileStore {
+            dir,
+            durability,
+            write: Mutex::new(()),
+            tmp_seq: AtomicU64::new(0),
+            crash_points: None,
+        };
+        // Temp files of writers that died (a live writer's are its own).
+        for entry in fs::read_dir(&store.dir)
+            .map_err(|e| io(&store.dir, e))?
+            .flatten()
+        {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if let Some(rest) = name.strip_prefix(TMP_PREFIX) {
+                let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+                if pid.is_none_or(|p| !process_alive(p)) {
+                    let _ = fs::remove_file(entry.path());
+                }
             }
         }
-        Ok(JsonFileStore {
-            dir,
-            write: Mutex::new(HashMap::new()),
-            tmp_seq: AtomicU64::new(0),
-        })
+        Ok(store)
+    }
+
+    /// Calls `points` at named points inside every write (see
+    /// [`CrashPoints`]). For crash tests.
+    pub fn with_crash_points(mut self, points: CrashPoints) -> Self {
+        self.crash_points = Some(points);
+        self
     }
 
     /// The store folder.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    fn point(&self, name: &'static str) {
+        if let Some(p) = &self.crash_points {
+            p(name);
+        }
     }
 
     fn run_path(&self, run_id: &str) -> PathBuf {
@@ -121,13 +244,46 @@ impl JsonFileStore {
         self.dir.join(format!("ledger_{run_id}.jsonl"))
     }
 
-    /// Writes `bytes` to a fresh temp file in the folder and returns its path.
+    fn quarantine_path(&self, run_id: &str) -> PathBuf {
+        self.dir.join(format!("run_{run_id}.quarantine"))
+    }
+
+    fn run_lock(&self, run_id: &str) -> Result<Locked, StoreError> {
+        Locked::open(self.dir.join(format!("run_{run_id}.lock")))
+    }
+
+    fn store_lock(&self) -> Result<Locked, StoreError> {
+        Locked::open(self.dir.join(STORE_LOCK))
+    }
+
+    fn sync(&self, file: &File, path: &Path) -> Result<(), StoreError> {
+        if self.durability == Durability::Full {
+            file.sync_data().map_err(|e| io(path, e))?;
+        }
+        Ok(())
+    }
+
+    fn sync_dir(&self) -> Result<(), StoreError> {
+        if self.durability == Durability::Full {
+            File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io(&self.dir, e))?;
+        }
+        Ok(())
+    }
+
+    /// Writes `bytes` to a fresh temp file in the folder (synced with
+    /// [`Durability::Full`]) and returns its path.
     fn temp(&self, bytes: &[u8]) -> Result<PathBuf, StoreError> {
         let n = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
-        let path = self
-            .dir
-            .join(format!("{TMP_PREFIX}{}-{n}", std::process::id()));
-        fs::write(&path, bytes).map_err(|e| io(&path, e))?;
+        let path = self.dir.join(format!(
+            "{TMP_PREFIX}{}-{n}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        let mut f = File::create(&path).map_err(|e| io(&path, e))?;
+        f.write_all(bytes).map_err(|e| io(&path, e))?;
+        self.sync(&f, &path)?;
         Ok(path)
     }
 
@@ -152,6 +308,27 @@ impl JsonFileStore {
         }
     }
 
+    /// The stored run's version (`None`: no run file), read from the start
+    /// of the file where the runtime writes it.
+    fn stored_version(&self, run_id: &str) -> Result<Option<u64>, StoreError> {
+        let path = self.run_path(run_id);
+        let mut head = [0u8; 48];
+        let n = match File::open(&path) {
+            Ok(mut f) => f.read(&mut head).map_err(|e| io(&path, e))?,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(&path, e)),
+        };
+        let text = std::str::from_utf8(&head[..n]).unwrap_or("");
+        if let Some(rest) = text.strip_prefix("{\"version\":") {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if let Ok(v) = digits.parse() {
+                return Ok(Some(v));
+            }
+        }
+        // Written by hand or by an older stepwell: read it whole.
+        Ok(self.read_run(&path)?.map(|r| r.version))
+    }
+
     /// Run ids in creation order, from the journal.
     fn created(&self) -> Result<Vec<String>, StoreError> {
         let path = self.dir.join(JOURNAL);
@@ -163,7 +340,7 @@ impl JsonFileStore {
         let mut seen = HashMap::new();
         let mut ids = Vec::new();
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-            if seen.insert(line.to_string(), ()).is_none() {
+            if safe_id(line) && seen.insert(line.to_string(), ()).is_none() {
                 ids.push(line.to_string());
             }
         }
@@ -178,17 +355,153 @@ impl JsonFileStore {
             .open(&path)
             .map_err(|e| io(&path, e))?;
         f.write_all(format!("{run_id}\n").as_bytes())
-            .map_err(|e| io(&path, e))
+            .map_err(|e| io(&path, e))?;
+        self.sync(&f, &path)
     }
 
-    fn all_runs(&self) -> Result<Vec<RunState>, StoreError> {
-        let mut out = Vec::new();
+    /// Every readable, unquarantined run in creation order; and the ids of
+    /// those that cannot be read.
+    fn scan(&self) -> Result<(Vec<RunState>, Vec<String>), StoreError> {
+        let mut runs = Vec::new();
+        let mut unreadable = Vec::new();
         for id in self.created()? {
-            if let Some(run) = self.read_run(&self.run_path(&id))? {
-                out.push(run);
+            if self.quarantine_path(&id).exists() {
+                continue;
+            }
+            match self.read_run(&self.run_path(&id)) {
+                Ok(Some(run)) => runs.push(run),
+                Ok(None) => {}
+                Err(_) => unreadable.push(id),
             }
         }
-        Ok(out)
+        Ok((runs, unreadable))
+    }
+
+    /// Publishes a new run file for `run` (journal line first), failing if
+    /// one exists.
+    fn publish_new(&self, run: &RunState) -> Result<bool, StoreError> {
+        let path = self.run_path(&run.run_id);
+        let bytes = serde_json::to_vec(run).map_err(|e| io(&path, e))?;
+        let tmp = self.temp(&bytes)?;
+        // Journal a new run before its file appears: a crash in between
+        // leaves a journal line without a file (skipped), never a run that
+        // listing cannot see.
+        if !path.exists() {
+            self.journal(&run.run_id)?;
+        }
+        self.point("run-temp-written");
+        let linked = fs::hard_link(&tmp, &path);
+        let _ = fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {
+                self.sync_dir()?;
+                self.point("run-published");
+                Ok(true)
+            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(io(&path, format!("cannot publish the run file: {e}"))),
+        }
+    }
+
+    /// Replaces the run file of `run`.
+    fn replace(&self, run: &RunState) -> Result<(), StoreError> {
+        let path = self.run_path(&run.run_id);
+        let bytes = serde_json::to_vec(run).map_err(|e| io(&path, e))?;
+        let tmp = self.temp(&bytes)?;
+        self.point("run-temp-written");
+        fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+        self.sync_dir()?;
+        self.point("run-published");
+        Ok(())
+    }
+
+    /// Checks `fence` against the stored run, under its lock.
+    fn check(&self, run_id: &str, lock: &LockData, fence: &Fence<'_>) -> Result<(), StoreError> {
+        if self.quarantine_path(run_id).exists() {
+            return Err(StoreError::conflict(format!("run {run_id} is quarantined")));
+        }
+        let stored = self.stored_version(run_id)?;
+        match (fence.version, stored) {
+            (0, None) => Ok(()),
+            (0, Some(_)) => Err(StoreError::conflict(format!("run {run_id} already exists"))),
+            (_, None) => Err(StoreError::conflict(format!("run {run_id} does not exist"))),
+            (v, Some(s)) if s != v => Err(StoreError::conflict(format!(
+                "run {run_id} is at version {s}, not {v} (changed by another writer)"
+            ))),
+            (_, Some(_)) => {
+                let lease = match (&lock.holder, lock.until_us) {
+                    (Some(h), Some(u)) => Some((
+                        h.as_str(),
+                        DateTime::from_timestamp_micros(u).unwrap_or(DateTime::<Utc>::MAX_UTC),
+                    )),
+                    _ => None,
+                };
+                if fence.admits(lease) {
+                    Ok(())
+                } else {
+                    Err(StoreError::conflict(format!(
+                        "run {run_id} is leased by {}, not {}",
+                        lock.holder.as_deref().unwrap_or("nobody"),
+                        fence.holder.unwrap_or("-")
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Appends the records of one run under its lock: cuts off a line torn
+    /// by a crash, skips replays of records appended ahead since the last
+    /// save, links the rest into the chain. Returns the new length and head.
+    fn append_locked(
+        &self,
+        run_id: &str,
+        lock: &LockData,
+        records: &[StepRecord],
+    ) -> Result<(u64, Option<String>), StoreError> {
+        let path = self.ledger_path(run_id);
+        let mut f = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(|e| io(&path, e))?;
+        let len = f.metadata().map_err(|e| io(&path, e))?.len();
+        // What was appended since the last save (ahead of the state, or
+        // torn): read it to find the head and the replays.
+        let (mut head, ahead, good_len) = if len == lock.ledger_len && len > 0 {
+            (lock.head.clone(), Vec::new(), len)
+        } else {
+            let from = if lock.ledger_len <= len && lock.head.is_some() {
+                lock.ledger_len
+            } else {
+                0
+            };
+            let (records, end) = read_lines(&mut f, &path, from)?;
+            let head = records
+                .last()
+                .and_then(|r| r.record_hash.clone())
+                .or(if from > 0 { lock.head.clone() } else { None });
+            (head, records, end)
+        };
+        if good_len < len {
+            // A torn last line: cut it off before appending after it.
+            f.set_len(good_len).map_err(|e| io(&path, e))?;
+        }
+        let mut text = String::new();
+        for r in records {
+            if ahead.iter().any(|old| is_replay_of(r, old)) {
+                continue;
+            }
+            let mut r = r.clone();
+            text.push_str(&link(&mut head, &mut r));
+            text.push('\n');
+        }
+        if !text.is_empty() {
+            f.write_all(text.as_bytes()).map_err(|e| io(&path, e))?;
+            self.sync(&f, &path)?;
+        }
+        self.point("ledger-appended");
+        Ok((good_len + text.len() as u64, head))
     }
 
     fn bundles(&self) -> Result<HashMap<String, PathBuf>, StoreError> {
@@ -202,6 +515,49 @@ impl JsonFileStore {
     }
 }
 
+/// Reads ledger lines from byte `from`: the records, and where the last
+/// complete line ends (a final line without a newline is torn).
+fn read_lines(f: &mut File, path: &Path, from: u64) -> Result<(Vec<StepRecord>, u64), StoreError> {
+    f.seek(SeekFrom::Start(from)).map_err(|e| io(path, e))?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).map_err(|e| io(path, e))?;
+    let complete = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    let mut out = Vec::new();
+    for (n, line) in bytes[..complete].split(|b| *b == b'\n').enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        out.push(serde_json::from_slice(line).map_err(|e| {
+            StoreError::corrupt(format!(
+                "{}: record {} after byte {from}: {e}",
+                path.display(),
+                n + 1
+            ))
+        })?);
+    }
+    Ok((out, from + complete as u64))
+}
+
+/// The runs of `records`, each once, in order of first appearance.
+fn run_ids(records: &[StepRecord]) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for r in records {
+        if !out.contains(&r.run_id.as_str()) {
+            out.push(&r.run_id);
+        }
+    }
+    out
+}
+
+/// Whether process `pid` is alive (on Linux; elsewhere, assumed alive).
+fn process_alive(pid: u32) -> bool {
+    if cfg!(target_os = "linux") {
+        Path::new(&format!("/proc/{pid}")).exists()
+    } else {
+        true
+    }
+}
+
 impl Store for JsonFileStore {
     fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError> {
         if !safe_id(run_id) {
@@ -210,103 +566,193 @@ impl Store for JsonFileStore {
         self.read_run(&self.run_path(run_id))
     }
 
-    fn save_run(&self, run: &RunState) -> Result<(), StoreError> {
-        self.check_id(&run.run_id)?;
-        let _w = self.write.lock();
-        let path = self.run_path(&run.run_id);
-        // Journal a new run before its file appears: a crash in between
-        // leaves a journal line without a file (skipped), never a run that
-        // listing cannot see.
-        if !path.exists() {
-            self.journal(&run.run_id)?;
-        }
-        let bytes = serde_json::to_vec(run).map_err(|e| io(&path, e))?;
-        let tmp = self.temp(&bytes)?;
-        fs::rename(&tmp, &path).map_err(|e| io(&path, e))
-    }
-
     fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
         self.check_id(&run.run_id)?;
         let _w = self.write.lock();
-        let path = self.run_path(&run.run_id);
-        let bytes = serde_json::to_vec(run).map_err(|e| io(&path, e))?;
-        let tmp = self.temp(&bytes)?;
-        if !path.exists() {
-            self.journal(&run.run_id)?;
+        let _lock = self.run_lock(&run.run_id)?;
+        if self.publish_new(run)? {
+            return Ok((run.clone(), true));
         }
-        let linked = fs::hard_link(&tmp, &path);
-        let _ = fs::remove_file(&tmp);
-        match linked {
-            Ok(()) => Ok((run.clone(), true)),
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                let existing = self
-                    .read_run(&path)?
-                    .ok_or_else(|| io(&path, "exists but vanished while being read"))?;
-                Ok((existing, false))
+        let existing = self
+            .read_run(&self.run_path(&run.run_id))?
+            .ok_or_else(|| io(&self.run_path(&run.run_id), "exists but vanished"))?;
+        Ok((existing, false))
+    }
+
+    fn claim(&self, run_id: &str, lease: &LeaseRequest<'_>) -> Result<Claim, StoreError> {
+        if !safe_id(run_id) {
+            return Ok(Claim::Missing);
+        }
+        let _w = self.write.lock();
+        let mut lock = self.run_lock(run_id)?;
+        if let Ok(reason) = fs::read_to_string(self.quarantine_path(run_id)) {
+            return Ok(Claim::Quarantined { reason });
+        }
+        let Some(run) = self.read_run(&self.run_path(run_id))? else {
+            return Ok(Claim::Missing);
+        };
+        let mut data = lock.read();
+        if let (Some(h), Some(u)) = (&data.holder, data.until_us) {
+            if DateTime::from_timestamp_micros(u).is_none_or(|u| lease.blocked_by(h, u)) {
+                return Ok(Claim::Busy {
+                    holder: Some(h.clone()),
+                    until: DateTime::from_timestamp_micros(u).map(format_time),
+                });
             }
-            Err(e) => Err(io(&path, format!("cannot publish the run file: {e}"))),
         }
+        data.holder = Some(lease.holder.to_string());
+        data.until_us = Some(lease.until.timestamp_micros());
+        lock.write(&data)?;
+        self.point("lease-written");
+        Ok(Claim::Held(Box::new(run)))
     }
 
-    fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
-        Ok(self
-            .all_runs()?
-            .into_iter()
-            .filter(|r| query.matches(r))
-            .take(query.limit.unwrap_or(usize::MAX))
-            .collect())
+    fn renew(
+        &self,
+        holder: &str,
+        run_ids: &[String],
+        until: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let _w = self.write.lock();
+        for id in run_ids.iter().filter(|id| safe_id(id)) {
+            let mut lock = self.run_lock(id)?;
+            let mut data = lock.read();
+            if data.holder.as_deref() == Some(holder) {
+                data.until_us = Some(until.timestamp_micros());
+                lock.write(&data)?;
+            }
+        }
+        Ok(())
     }
 
-    fn list_due_waits(&self, now: DateTime<Utc>) -> Result<Vec<RunState>, StoreError> {
-        let mut due: Vec<(DateTime<Utc>, RunState)> = self
-            .all_runs()?
-            .into_iter()
-            .filter_map(|r| wait_due_at(&r).filter(|t| *t <= now).map(|t| (t, r)))
-            .collect();
-        due.sort_by_key(|(t, _)| *t); // stable: creation order among equals
-        Ok(due.into_iter().map(|(_, r)| r).collect())
+    fn release(&self, run_id: &str, holder: &str) -> Result<(), StoreError> {
+        if !safe_id(run_id) {
+            return Ok(());
+        }
+        let _w = self.write.lock();
+        let mut lock = self.run_lock(run_id)?;
+        let mut data = lock.read();
+        if data.holder.as_deref() == Some(holder) {
+            data.holder = None;
+            data.until_us = None;
+            lock.write(&data)?;
+        }
+        Ok(())
+    }
+
+    fn commit(
+        &self,
+        records: &[StepRecord],
+        run: &RunState,
+        fence: Fence<'_>,
+        lease: LeaseAfter,
+    ) -> Result<(), StoreError> {
+        self.check_id(&run.run_id)?;
+        check_next_version(run, &fence)?;
+        if let Some(r) = records.iter().find(|r| r.run_id != run.run_id) {
+            return Err(StoreError::io(format!(
+                "a commit of run {} carries a record of run {}",
+                run.run_id, r.run_id
+            )));
+        }
+        let _w = self.write.lock();
+        let mut lock = self.run_lock(&run.run_id)?;
+        let mut data = lock.read();
+        self.check(&run.run_id, &data, &fence)?;
+        let (len, head) = self.append_locked(&run.run_id, &data, records)?;
+        if fence.version == 0 {
+            if !self.publish_new(run)? {
+                return Err(StoreError::conflict(format!(
+                    "run {} already exists",
+                    run.run_id
+                )));
+            }
+        } else {
+            self.replace(run)?;
+        }
+        data.ledger_len = len;
+        data.head = head;
+        match (lease, fence.holder) {
+            (LeaseAfter::Renew(until), Some(h)) => {
+                data.holder = Some(h.to_string());
+                data.until_us = Some(until.timestamp_micros());
+            }
+            _ => {
+                data.holder = None;
+                data.until_us = None;
+            }
+        }
+        lock.write(&data)?;
+        self.point("lease-written");
+        Ok(())
+    }
+
+    fn append_ahead(&self, records: &[StepRecord], fence: Fence<'_>) -> Result<(), StoreError> {
+        let _w = self.write.lock();
+        let runs = run_ids(records);
+        for run_id in runs {
+            self.check_id(run_id)?;
+            let mut lock = self.run_lock(run_id)?;
+            let data = lock.read();
+            self.check(run_id, &data, &fence)?;
+            let mine: Vec<StepRecord> = records
+                .iter()
+                .filter(|r| r.run_id == run_id)
+                .cloned()
+                .collect();
+            // The lock file keeps the length at the last save: these records
+            // stay "ahead" until the commit that makes them true, and a
+            // replay is checked against them.
+            self.append_locked(run_id, &data, &mine)?;
+        }
+        Ok(())
     }
 
     fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError> {
-        let mut heads = self.write.lock();
-        let mut by_run: Vec<(&str, String)> = Vec::new();
-        let mut pending: HashMap<&str, Option<String>> = HashMap::new();
-        for r in records {
-            self.check_id(&r.run_id)?;
-            let head = match pending.get_mut(r.run_id.as_str()) {
-                Some(h) => h,
-                None => {
-                    let known = match heads.get(&r.run_id) {
-                        Some(h) => h.clone(),
-                        None => self
-                            .list_records(&r.run_id)?
-                            .last()
-                            .and_then(|l| l.record_hash.clone()),
-                    };
-                    pending.entry(r.run_id.as_str()).or_insert(known)
-                }
-            };
-            let mut r2 = r.clone();
-            let line = link(head, &mut r2);
-            match by_run.iter_mut().find(|(id, _)| *id == r.run_id) {
-                Some((_, buf)) => {
-                    buf.push_str(&line);
-                    buf.push('\n');
-                }
-                None => by_run.push((&r.run_id, format!("{line}\n"))),
-            }
-        }
-        for (run_id, text) in by_run {
-            let path = self.ledger_path(run_id);
-            let mut f = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .map_err(|e| io(&path, e))?;
-            f.write_all(text.as_bytes()).map_err(|e| io(&path, e))?;
-            heads.insert(run_id.to_string(), pending.get(run_id).cloned().flatten());
+        let _w = self.write.lock();
+        let runs = run_ids(records);
+        for run_id in runs {
+            self.check_id(run_id)?;
+            let mut lock = self.run_lock(run_id)?;
+            let mut data = lock.read();
+            let mine: Vec<StepRecord> = records
+                .iter()
+                .filter(|r| r.run_id == run_id)
+                .cloned()
+                .collect();
+            // Unfenced evidence: it belongs to no transition, so it moves the
+            // saved length on (nothing to replay).
+            let (len, head) = self.append_locked(run_id, &data, &mine)?;
+            data.ledger_len = len;
+            data.head = head;
+            lock.write(&data)?;
         }
         Ok(())
+    }
+
+    fn list_ahead(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        if !safe_id(run_id) {
+            return Ok(Vec::new());
+        }
+        let lock_path = self.dir.join(format!("run_{run_id}.lock"));
+        let data: LockData = fs::read(&lock_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let path = self.ledger_path(run_id);
+        let mut f = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&path, e)),
+        };
+        // Without a record of the last save (an older store), everything
+        // may be ahead.
+        let from = if data.head.is_some() {
+            data.ledger_len
+        } else {
+            0
+        };
+        Ok(read_lines(&mut f, &path, from)?.0)
     }
 
     fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
@@ -320,28 +766,107 @@ impl Store for JsonFileStore {
             Err(e) => return Err(io(&path, e)),
         };
         let mut out = Vec::new();
-        for (n, line) in BufReader::new(file).lines().enumerate() {
-            let line = line.map_err(|e| io(&path, e))?;
+        let mut reader = BufReader::new(file);
+        let mut line = String::new();
+        let mut n = 0;
+        loop {
+            line.clear();
+            let read = reader.read_line(&mut line).map_err(|e| io(&path, e))?;
+            if read == 0 || !line.ends_with('\n') {
+                // The end, or a last line torn by a crash: not a record.
+                break;
+            }
+            n += 1;
             if line.trim().is_empty() {
                 continue;
             }
             out.push(
-                serde_json::from_str(&line).map_err(|e| {
-                    StoreError::corrupt(format!("{}:{}: {e}", path.display(), n + 1))
-                })?,
+                serde_json::from_str(&line)
+                    .map_err(|e| StoreError::corrupt(format!("{}:{n}: {e}", path.display())))?,
             );
+        }
+        Ok(out)
+    }
+
+    fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
+        Ok(self
+            .scan()?
+            .0
+            .into_iter()
+            .filter(|r| query.matches(r))
+            .take(query.limit.unwrap_or(usize::MAX))
+            .collect())
+    }
+
+    fn list_due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
+        let mut due: Vec<(DateTime<Utc>, String)> = self
+            .scan()?
+            .0
+            .into_iter()
+            .filter_map(|r| wait_due_at(&r).filter(|t| *t <= now).map(|t| (t, r.run_id)))
+            .collect();
+        due.sort_by_key(|(t, _)| *t); // stable: creation order among equals
+        Ok(due.into_iter().take(limit).map(|(_, id)| id).collect())
+    }
+
+    fn list_claimable(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
+        let (runs, unreadable) = self.scan()?;
+        let mut out = Vec::new();
+        for run in runs.into_iter().filter(|r| r.status == RunStatus::Running) {
+            let lease = fs::read(self.dir.join(format!("run_{}.lock", run.run_id)))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<LockData>(&b).ok())
+                .unwrap_or_default();
+            let free = match (&lease.holder, lease.until_us) {
+                (Some(_), Some(u)) => u < now.timestamp_micros(),
+                _ => true,
+            };
+            if free {
+                out.push(run.run_id);
+            }
+        }
+        // Unreadable runs are listed too: their claim reports the damage.
+        out.extend(unreadable);
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {
+        self.check_id(run_id)?;
+        let _w = self.write.lock();
+        let _lock = self.run_lock(run_id)?;
+        let path = self.quarantine_path(run_id);
+        if path.exists() {
+            return Ok(());
+        }
+        let tmp = self.temp(reason.as_bytes())?;
+        fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+        self.sync_dir()
+    }
+
+    fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let mut out = Vec::new();
+        for id in self.created()? {
+            if let Ok(reason) = fs::read_to_string(self.quarantine_path(&id)) {
+                out.push((id, reason));
+            }
         }
         Ok(out)
     }
 
     fn put_bundle(&self, workflow_id: &str, dir: &Path) -> Result<(), StoreError> {
         let _w = self.write.lock();
+        let _store = self.store_lock()?;
         let mut map = self.bundles()?;
+        if map.get(workflow_id).map(PathBuf::as_path) == Some(dir) {
+            return Ok(());
+        }
         map.insert(workflow_id.to_string(), dir.to_path_buf());
         let path = self.dir.join(BUNDLES);
         let bytes = serde_json::to_vec_pretty(&map).map_err(|e| io(&path, e))?;
         let tmp = self.temp(&bytes)?;
-        fs::rename(&tmp, &path).map_err(|e| io(&path, e))
+        fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+        self.sync_dir()
     }
 
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError> {

@@ -1,34 +1,51 @@
 //! The in-memory store: for tests and for embedding hosts that persist
-//! elsewhere. Nothing survives the process.
+//! elsewhere. Nothing survives the process. It keeps the same run
+//! transaction as the persistent stores (versions, fences, leases), so code
+//! tested on it behaves the same on them.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
-use parking_lot::RwLock;
+use parking_lot::Mutex;
 
-use super::{link, wait_due_at, RunQuery, Store, StoreError};
-use crate::core::model::{RunState, StepRecord};
+use super::{
+    check_next_version, link, wait_due_at, Claim, Fence, LeaseAfter, LeaseRequest, RunQuery, Store,
+    StoreError,
+};
+use crate::core::clock::format_time;
+use crate::core::model::{RunState, RunStatus, StepRecord};
 
-/// Runs and ledgers in process memory.
+/// One stored run: creation order, state, lease.
+#[derive(Debug)]
+struct Slot {
+    seq: u64,
+    run: RunState,
+    lease: Option<(String, DateTime<Utc>)>,
+    /// The length of the run's ledger at its last commit.
+    committed: usize,
+}
+
+#[derive(Debug, Default)]
+struct Tables {
+    runs: HashMap<String, Slot>,
+    ledgers: HashMap<String, Vec<StepRecord>>,
+    quarantined: Vec<(String, String)>,
+    next_seq: u64,
+}
+
+/// Runs and ledgers in process memory. One lock guards everything, so every
+/// commit is atomic.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    runs: RwLock<HashMap<String, (u64, RunState)>>,
-    ledgers: RwLock<HashMap<String, Vec<StepRecord>>>,
-    bundles: RwLock<HashMap<String, PathBuf>>,
-    next_seq: RwLock<u64>,
+    tables: Mutex<Tables>,
+    bundles: Mutex<HashMap<String, PathBuf>>,
 }
 
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    fn seq(&self) -> u64 {
-        let mut s = self.next_seq.write();
-        *s += 1;
-        *s
     }
 }
 
@@ -42,88 +59,268 @@ fn append_chained(ledgers: &mut HashMap<String, Vec<StepRecord>>, records: &[Ste
     }
 }
 
-impl Store for MemoryStore {
-    fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError> {
-        Ok(self.runs.read().get(run_id).map(|(_, r)| r.clone()))
+impl Tables {
+    fn quarantine_reason(&self, run_id: &str) -> Option<&str> {
+        self.quarantined
+            .iter()
+            .find(|(id, _)| id == run_id)
+            .map(|(_, why)| why.as_str())
     }
 
-    fn save_run(&self, run: &RunState) -> Result<(), StoreError> {
-        let seq = self.seq();
-        let mut runs = self.runs.write();
-        match runs.get_mut(&run.run_id) {
-            Some(slot) => slot.1 = run.clone(),
-            None => {
-                runs.insert(run.run_id.clone(), (seq, run.clone()));
+    /// Checks `fence` against the stored run `run_id`.
+    fn check(&self, run_id: &str, fence: &Fence<'_>) -> Result<(), StoreError> {
+        if let Some(reason) = self.quarantine_reason(run_id) {
+            return Err(StoreError::conflict(format!(
+                "run {run_id} is quarantined: {reason}"
+            )));
+        }
+        let slot = self.runs.get(run_id);
+        match (fence.version, slot) {
+            (0, None) => Ok(()),
+            (0, Some(_)) => Err(StoreError::conflict(format!("run {run_id} already exists"))),
+            (_, None) => Err(StoreError::conflict(format!("run {run_id} does not exist"))),
+            (v, Some(slot)) => {
+                if slot.run.version != v {
+                    return Err(StoreError::conflict(format!(
+                        "run {run_id} is at version {}, not {v}",
+                        slot.run.version
+                    )));
+                }
+                let lease = slot.lease.as_ref().map(|(h, u)| (h.as_str(), *u));
+                if !fence.admits(lease) {
+                    return Err(StoreError::conflict(format!(
+                        "run {run_id} is leased by {}, not {}",
+                        lease.map_or("nobody", |l| l.0),
+                        fence.holder.unwrap_or("-")
+                    )));
+                }
+                Ok(())
             }
         }
-        Ok(())
+    }
+}
+
+impl Store for MemoryStore {
+    fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError> {
+        Ok(self.tables.lock().runs.get(run_id).map(|s| s.run.clone()))
     }
 
     fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
-        let seq = self.seq();
-        let mut runs = self.runs.write();
-        if let Some((_, existing)) = runs.get(&run.run_id) {
-            return Ok((existing.clone(), false));
+        let mut t = self.tables.lock();
+        if let Some(slot) = t.runs.get(&run.run_id) {
+            return Ok((slot.run.clone(), false));
         }
-        runs.insert(run.run_id.clone(), (seq, run.clone()));
+        t.next_seq += 1;
+        let seq = t.next_seq;
+        t.runs.insert(
+            run.run_id.clone(),
+            Slot {
+                seq,
+                run: run.clone(),
+                lease: None,
+                committed: 0,
+            },
+        );
         Ok((run.clone(), true))
     }
 
-    fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
-        let runs = self.runs.read();
-        let mut found: Vec<&(u64, RunState)> =
-            runs.values().filter(|(_, r)| query.matches(r)).collect();
-        found.sort_by_key(|(seq, _)| *seq);
-        Ok(found
-            .into_iter()
-            .take(query.limit.unwrap_or(usize::MAX))
-            .map(|(_, r)| r.clone())
-            .collect())
+    fn claim(&self, run_id: &str, lease: &LeaseRequest<'_>) -> Result<Claim, StoreError> {
+        let mut t = self.tables.lock();
+        if let Some(reason) = t.quarantine_reason(run_id) {
+            return Ok(Claim::Quarantined {
+                reason: reason.to_string(),
+            });
+        }
+        let Some(slot) = t.runs.get_mut(run_id) else {
+            return Ok(Claim::Missing);
+        };
+        if let Some((holder, until)) = &slot.lease {
+            if lease.blocked_by(holder, *until) {
+                return Ok(Claim::Busy {
+                    holder: Some(holder.clone()),
+                    until: Some(format_time(*until)),
+                });
+            }
+        }
+        slot.lease = Some((lease.holder.to_string(), lease.until));
+        Ok(Claim::Held(Box::new(slot.run.clone())))
     }
 
-    fn list_due_waits(&self, now: DateTime<Utc>) -> Result<Vec<RunState>, StoreError> {
-        let runs = self.runs.read();
-        let mut due: Vec<(DateTime<Utc>, u64, &RunState)> = runs
-            .values()
-            .filter_map(|(seq, r)| wait_due_at(r).filter(|t| *t <= now).map(|t| (t, *seq, r)))
-            .collect();
-        due.sort_by_key(|(t, seq, _)| (*t, *seq));
-        Ok(due.into_iter().map(|(_, _, r)| r.clone()).collect())
-    }
-
-    fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError> {
-        append_chained(&mut self.ledgers.write(), records);
-        Ok(())
-    }
-
-    fn commit(&self, records: &[StepRecord], run: &RunState) -> Result<(), StoreError> {
-        // Atomic: both locks are held, so nobody sees the ledger ahead.
-        let mut ledgers = self.ledgers.write();
-        let mut runs = self.runs.write();
-        append_chained(&mut ledgers, records);
-        match runs.get_mut(&run.run_id) {
-            Some(slot) => slot.1 = run.clone(),
-            None => {
-                drop(runs);
-                drop(ledgers);
-                return self.save_run(run);
+    fn renew(
+        &self,
+        holder: &str,
+        run_ids: &[String],
+        until: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let mut t = self.tables.lock();
+        for id in run_ids {
+            if let Some(slot) = t.runs.get_mut(id) {
+                if let Some((h, u)) = slot.lease.as_mut() {
+                    if h == holder {
+                        *u = until;
+                    }
+                }
             }
         }
         Ok(())
     }
 
+    fn release(&self, run_id: &str, holder: &str) -> Result<(), StoreError> {
+        let mut t = self.tables.lock();
+        if let Some(slot) = t.runs.get_mut(run_id) {
+            if slot.lease.as_ref().is_some_and(|(h, _)| h == holder) {
+                slot.lease = None;
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(
+        &self,
+        records: &[StepRecord],
+        run: &RunState,
+        fence: Fence<'_>,
+        lease: LeaseAfter,
+    ) -> Result<(), StoreError> {
+        check_next_version(run, &fence)?;
+        let mut t = self.tables.lock();
+        t.check(&run.run_id, &fence)?;
+        let lease = match (lease, fence.holder) {
+            (LeaseAfter::Renew(until), Some(h)) => Some((h.to_string(), until)),
+            _ => None,
+        };
+        append_chained(&mut t.ledgers, records);
+        let committed = t.ledgers.get(&run.run_id).map_or(0, Vec::len);
+        match t.runs.get_mut(&run.run_id) {
+            Some(slot) => {
+                slot.run = run.clone();
+                slot.lease = lease;
+                slot.committed = committed;
+            }
+            None => {
+                t.next_seq += 1;
+                let seq = t.next_seq;
+                t.runs.insert(
+                    run.run_id.clone(),
+                    Slot {
+                        seq,
+                        run: run.clone(),
+                        lease,
+                        committed,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn append_ahead(&self, records: &[StepRecord], fence: Fence<'_>) -> Result<(), StoreError> {
+        let mut t = self.tables.lock();
+        for r in records {
+            t.check(&r.run_id, &fence)?;
+        }
+        append_chained(&mut t.ledgers, records);
+        Ok(())
+    }
+
+    fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError> {
+        append_chained(&mut self.tables.lock().ledgers, records);
+        Ok(())
+    }
+
+    fn list_ahead(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        let t = self.tables.lock();
+        let from = t.runs.get(run_id).map_or(0, |s| s.committed);
+        Ok(t.ledgers
+            .get(run_id)
+            .map(|l| l.get(from..).unwrap_or_default().to_vec())
+            .unwrap_or_default())
+    }
+
     fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
-        Ok(self.ledgers.read().get(run_id).cloned().unwrap_or_default())
+        Ok(self
+            .tables
+            .lock()
+            .ledgers
+            .get(run_id)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
+        let t = self.tables.lock();
+        let mut found: Vec<&Slot> = t
+            .runs
+            .values()
+            .filter(|s| query.matches(&s.run) && t.quarantine_reason(&s.run.run_id).is_none())
+            .collect();
+        found.sort_by_key(|s| s.seq);
+        Ok(found
+            .into_iter()
+            .take(query.limit.unwrap_or(usize::MAX))
+            .map(|s| s.run.clone())
+            .collect())
+    }
+
+    fn list_due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
+        let t = self.tables.lock();
+        let mut due: Vec<(DateTime<Utc>, u64, &str)> = t
+            .runs
+            .values()
+            .filter(|s| t.quarantine_reason(&s.run.run_id).is_none())
+            .filter_map(|s| {
+                wait_due_at(&s.run)
+                    .filter(|at| *at <= now)
+                    .map(|at| (at, s.seq, s.run.run_id.as_str()))
+            })
+            .collect();
+        due.sort();
+        Ok(due
+            .into_iter()
+            .take(limit)
+            .map(|(_, _, id)| id.to_string())
+            .collect())
+    }
+
+    fn list_claimable(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
+        let t = self.tables.lock();
+        let mut found: Vec<&Slot> = t
+            .runs
+            .values()
+            .filter(|s| {
+                s.run.status == RunStatus::Running
+                    && s.lease.as_ref().is_none_or(|(_, until)| *until < now)
+                    && t.quarantine_reason(&s.run.run_id).is_none()
+            })
+            .collect();
+        found.sort_by_key(|s| s.seq);
+        Ok(found
+            .into_iter()
+            .take(limit)
+            .map(|s| s.run.run_id.clone())
+            .collect())
+    }
+
+    fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {
+        let mut t = self.tables.lock();
+        if t.quarantine_reason(run_id).is_none() {
+            t.quarantined.push((run_id.to_string(), reason.to_string()));
+        }
+        Ok(())
+    }
+
+    fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
+        Ok(self.tables.lock().quarantined.clone())
     }
 
     fn put_bundle(&self, workflow_id: &str, dir: &Path) -> Result<(), StoreError> {
         self.bundles
-            .write()
+            .lock()
             .insert(workflow_id.to_string(), dir.to_path_buf());
         Ok(())
     }
 
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError> {
-        Ok(self.bundles.read().get(workflow_id).cloned())
+        Ok(self.bundles.lock().get(workflow_id).cloned())
     }
 }

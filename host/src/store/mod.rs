@@ -34,11 +34,11 @@ pub use snapshots::{
 };
 pub use sqlite::SqliteStore;
 
-/// The store failed: an I/O or database error, corrupt data, or a schema this
-/// version cannot read.
+/// The store failed: an I/O or database error, corrupt data, a schema this
+/// version cannot read, or a write whose fence no longer holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreError {
-    /// `store_io`, `store_corrupt` or `store_schema`.
+    /// `store_io`, `store_corrupt`, `store_schema` or `conflict`.
     pub code: &'static str,
     /// What happened, naming the file (and line or row) where known.
     pub message: String,
@@ -61,6 +61,21 @@ impl StoreError {
         }
     }
 
+    /// A write whose [`Fence`] no longer holds: the run changed (or its
+    /// lease passed to another holder) since the writer read it. Nothing was
+    /// written.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        StoreError {
+            code: "conflict",
+            message: message.into(),
+        }
+    }
+
+    /// Whether this is a [`StoreError::conflict`].
+    pub fn is_conflict(&self) -> bool {
+        self.code == "conflict"
+    }
+
     /// The reason code.
     pub fn reason_code(&self) -> &'static str {
         self.code
@@ -74,6 +89,123 @@ impl fmt::Display for StoreError {
 }
 
 impl std::error::Error for StoreError {}
+
+/// A request for a run's lease: whoever executes a run's steps holds it, so
+/// no other process (or runtime) executes them at the same time.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseRequest<'a> {
+    /// Who asks (unique per runtime: host, process and a random part).
+    pub holder: &'a str,
+    /// The time of the request: a lease whose expiry is before it has
+    /// lapsed and can be taken over.
+    pub now: DateTime<Utc>,
+    /// When the lease lapses unless it is renewed.
+    pub until: DateTime<Utc>,
+    /// A holder known to be dead (its process is gone): its lease is taken
+    /// over at once instead of at its expiry. Only that holder's lease: if
+    /// someone else took the run in between, the claim is busy.
+    pub dead_holder: Option<&'a str>,
+}
+
+impl LeaseRequest<'_> {
+    /// Whether a lease held by `holder` until `until` keeps this request
+    /// out.
+    pub fn blocked_by(&self, holder: &str, until: DateTime<Utc>) -> bool {
+        holder != self.holder && until >= self.now && Some(holder) != self.dead_holder
+    }
+}
+
+/// What [`Store::claim`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// The lease is the caller's now. This is the run as stored; its
+    /// `version` is the fence of the caller's next write.
+    Held(Box<RunState>),
+    /// Another holder has the lease and it has not lapsed.
+    Busy {
+        /// Who holds it, if the store knows.
+        holder: Option<String>,
+        /// Until when (RFC 3339), if the store knows.
+        until: Option<String>,
+    },
+    /// The run is quarantined (see [`Store::quarantine`]): nobody executes it.
+    Quarantined {
+        /// Why.
+        reason: String,
+    },
+    /// No run has this id.
+    Missing,
+}
+
+/// The precondition of a write to one run: what its writer saw. A write
+/// whose fence no longer holds changes nothing and fails with
+/// [`StoreError::conflict`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence<'a> {
+    /// The version the writer read; 0 means the run must not exist yet (the
+    /// write creates it).
+    pub version: u64,
+    /// The lease the writer holds (or takes, see [`Fence::take`]). `None`
+    /// for a write that needs no lease (a cancel): it lands whoever holds
+    /// the lease, and clears it.
+    pub holder: Option<&'a str>,
+    /// With a holder: the write takes the lease if it is free or lapsed at
+    /// this time (or already the holder's), instead of requiring that the
+    /// holder has it. A resume takes the lease with its first commit.
+    pub take: Option<DateTime<Utc>>,
+}
+
+impl<'a> Fence<'a> {
+    /// A write by the holder of the run's lease.
+    pub fn held(version: u64, holder: &'a str) -> Self {
+        Fence {
+            version,
+            holder: Some(holder),
+            take: None,
+        }
+    }
+
+    /// A write that takes the lease for `holder` if nobody else holds a
+    /// live one at `now`.
+    pub fn take(version: u64, holder: &'a str, now: DateTime<Utc>) -> Self {
+        Fence {
+            version,
+            holder: Some(holder),
+            take: Some(now),
+        }
+    }
+
+    /// A write that needs no lease (it lands whoever holds it, and clears
+    /// it).
+    pub fn unleased(version: u64) -> Self {
+        Fence {
+            version,
+            holder: None,
+            take: None,
+        }
+    }
+
+    /// Whether a run whose lease is `lease` (holder and expiry) lets this
+    /// write land.
+    pub fn admits(&self, lease: Option<(&str, DateTime<Utc>)>) -> bool {
+        match (self.holder, self.take, lease) {
+            (None, _, _) => true,
+            (Some(h), _, Some((held_by, _))) if held_by == h => true,
+            (Some(_), Some(_), None) => true,
+            (Some(_), Some(now), Some((_, until))) => until < now,
+            (Some(_), None, _) => false,
+        }
+    }
+}
+
+/// What a commit does with the writer's lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseAfter {
+    /// Keep it, renewed until this time (the writer goes on executing).
+    Renew(DateTime<Utc>),
+    /// Give it up (the writer stops executing this run).
+    Release,
+}
 
 /// Filters for [`Store::list_runs`]. Every set field must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -131,12 +263,13 @@ pub struct RunIndexQuery {
     pub limit: Option<usize>,
     /// Oldest first (default: newest first).
     pub oldest_first: bool,
-    /// Only runs attributed to one of these automations.
-    pub automation_id: Vec<String>,
+    /// Only runs attributed to one of these automations (`None`: no
+    /// filter; an empty list matches nothing, as in the reference).
+    pub automation_id: Option<Vec<String>>,
     /// Only runs with one of these roles (`controller`, `occurrence`, ...).
-    pub role: Vec<String>,
+    pub role: Option<Vec<String>>,
     /// Only runs with one of these session kinds.
-    pub session_kind: Vec<String>,
+    pub session_kind: Option<Vec<String>>,
 }
 
 /// A lightweight row of the run index: a run's identity, status and
@@ -157,25 +290,127 @@ pub struct RunIndexRow {
     pub created_at: String,
     /// When it was last saved.
     pub updated_at: String,
-    /// `vars._meta.automation.automation_id`.
+    /// The automation the run belongs to (see [`Attribution`]).
     pub automation_id: Option<String>,
-    /// `vars._meta.automation.role`.
+    /// `controller`, `occurrence`, `descendant`, `discussion` or
+    /// `legacy_schedule`; `None` for a plain run.
     pub role: Option<String>,
-    /// `vars._meta.automation.occurrence_index`.
-    pub occurrence_index: Option<u64>,
-    /// `vars._meta.session_kind`.
+    /// The occurrence the run belongs to, for occurrences, their
+    /// descendants and discussions.
+    pub occurrence_index: Option<i64>,
+    /// `chat`, `automation`, `occurrence` or `discussion`.
     pub session_kind: Option<String>,
     /// The run's top-level `vars.workspace_root`, stripped (`None` when
     /// absent or empty).
     pub workspace_root: Option<String>,
 }
 
+/// A run's attribution, derived from its inline `vars._meta` by the rule of
+/// the reference runtime (seed 003 "Run attribution"), first match wins:
+///
+/// | `_meta` has | automation_id | role | occurrence_index | session_kind |
+/// |---|---|---|---|---|
+/// | `automation` (object) | the run's own id | `controller` | - | `automation` |
+/// | `occurrence` (object) | its `automation_id` | its `role` if `occurrence` or `descendant`, else `occurrence` | its `occurrence_index` (integers only) | its `session_kind` if `automation`, `occurrence` or `chat`, else `occurrence` |
+/// | `discussion` (object) | its `automation_id` | `discussion` | its `occurrence_index` | `discussion` |
+/// | `schedule.kind == "scheduled_run"` | - | `legacy_schedule` | - | `automation` |
+/// | otherwise | - | - | - | `chat` |
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Attribution {
+    /// See [`RunIndexRow::automation_id`].
+    pub automation_id: Option<String>,
+    /// See [`RunIndexRow::role`].
+    pub role: Option<String>,
+    /// See [`RunIndexRow::occurrence_index`].
+    pub occurrence_index: Option<i64>,
+    /// See [`RunIndexRow::session_kind`].
+    pub session_kind: Option<String>,
+    /// See [`RunIndexRow::workspace_root`].
+    pub workspace_root: Option<String>,
+}
+
+impl Attribution {
+    /// The attribution of `run`.
+    pub fn of(run: &RunState) -> Self {
+        use serde_json::Value;
+        // A string (stripped, non-empty) or an integer, as text; booleans
+        // and other values are not ids.
+        let text = |v: Option<&Value>| -> Option<String> {
+            match v? {
+                Value::String(s) => Some(s.trim().to_string()).filter(|s| !s.is_empty()),
+                Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+                _ => None,
+            }
+        };
+        let index = |v: Option<&Value>| v.and_then(Value::as_i64);
+        let one_of = |v: Option<&Value>, allowed: &[&str], default: &str| -> Option<String> {
+            Some(
+                v.and_then(Value::as_str)
+                    .filter(|s| allowed.contains(s))
+                    .unwrap_or(default)
+                    .to_string(),
+            )
+        };
+        let workspace_root = run
+            .vars
+            .get("workspace_root")
+            .and_then(Value::as_str)
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty());
+        let meta = run.vars.get("_meta").and_then(Value::as_object);
+        let section = |name: &str| meta.and_then(|m| m.get(name)).and_then(Value::as_object);
+        let mut a = if section("automation").is_some() {
+            Attribution {
+                automation_id: Some(run.run_id.clone()),
+                role: Some("controller".into()),
+                session_kind: Some("automation".into()),
+                ..Attribution::default()
+            }
+        } else if let Some(o) = section("occurrence") {
+            Attribution {
+                automation_id: text(o.get("automation_id")),
+                role: one_of(o.get("role"), &["occurrence", "descendant"], "occurrence"),
+                occurrence_index: index(o.get("occurrence_index")),
+                session_kind: one_of(
+                    o.get("session_kind"),
+                    &["automation", "occurrence", "chat"],
+                    "occurrence",
+                ),
+                ..Attribution::default()
+            }
+        } else if let Some(d) = section("discussion") {
+            Attribution {
+                automation_id: text(d.get("automation_id")),
+                role: Some("discussion".into()),
+                occurrence_index: index(d.get("occurrence_index")),
+                session_kind: Some("discussion".into()),
+                ..Attribution::default()
+            }
+        } else if section("schedule")
+            .and_then(|s| s.get("kind"))
+            .and_then(Value::as_str)
+            == Some("scheduled_run")
+        {
+            Attribution {
+                role: Some("legacy_schedule".into()),
+                session_kind: Some("automation".into()),
+                ..Attribution::default()
+            }
+        } else {
+            Attribution {
+                session_kind: Some("chat".into()),
+                ..Attribution::default()
+            }
+        };
+        a.workspace_root = workspace_root;
+        a
+    }
+}
+
 impl RunIndexRow {
     /// The index row of `run`.
     pub fn of(run: &RunState) -> Self {
-        let meta = run.vars.get("_meta");
-        let auto = meta.and_then(|m| m.get("automation"));
-        let text = |v: Option<&serde_json::Value>| v.and_then(|v| v.as_str()).map(str::to_string);
+        let a = Attribution::of(run);
         RunIndexRow {
             run_id: run.run_id.clone(),
             workflow_id: run.workflow_id.clone(),
@@ -184,27 +419,21 @@ impl RunIndexRow {
             session_id: run.session_id.clone(),
             created_at: run.created_at.clone(),
             updated_at: run.updated_at.clone(),
-            automation_id: text(auto.and_then(|a| a.get("automation_id"))),
-            role: text(auto.and_then(|a| a.get("role"))),
-            occurrence_index: auto
-                .and_then(|a| a.get("occurrence_index"))
-                .and_then(|v| v.as_u64()),
-            session_kind: text(meta.and_then(|m| m.get("session_kind"))),
-            workspace_root: run
-                .vars
-                .get("workspace_root")
-                .and_then(|v| v.as_str())
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty()),
+            automation_id: a.automation_id,
+            role: a.role,
+            occurrence_index: a.occurrence_index,
+            session_kind: a.session_kind,
+            workspace_root: a.workspace_root,
         }
     }
 
-    /// Whether this run is a turn root (see [`RunIndexQuery::root_only`]).
+    /// Whether this run is a turn root (see [`RunIndexQuery::root_only`]):
+    /// an occurrence, or a run without a parent that is not a controller.
     pub fn is_turn_root(&self) -> bool {
         match self.role.as_deref() {
             Some("controller") => false,
             Some("occurrence") => true,
-            _ => self.parent_run_id.is_none(),
+            _ => self.parent_run_id.as_deref().is_none_or(str::is_empty),
         }
     }
 }
@@ -212,8 +441,9 @@ impl RunIndexRow {
 impl RunIndexQuery {
     /// Whether `row` passes every filter (the limit aside).
     pub fn matches(&self, row: &RunIndexRow) -> bool {
-        let any = |wanted: &[String], value: &Option<String>| {
-            wanted.is_empty() || value.as_ref().is_some_and(|v| wanted.contains(v))
+        let any = |wanted: &Option<Vec<String>>, value: &Option<String>| match wanted {
+            None => true,
+            Some(w) => value.as_ref().is_some_and(|v| w.contains(v)),
         };
         self.status.is_none_or(|s| row.status == s)
             && self
@@ -241,34 +471,99 @@ pub fn filter_values(text: &str) -> Vec<String> {
 }
 
 /// Runs, their ledgers, and the bundles their workflows come from.
+///
+/// # The run transaction
+///
+/// Every change to a run goes through one protocol that holds across
+/// threads, processes and (with a shared database) machines:
+///
+/// - each run has a `version` ([`RunState::version`]); every write names
+///   the version it read in a [`Fence`] and lands only if the store still
+///   holds it (compare-and-swap), bumping it by one. A writer that lost a
+///   race gets [`StoreError::conflict`] and nothing it wrote is kept;
+/// - whoever executes a run's steps first takes its lease ([`Store::claim`]),
+///   renews it while it works ([`Store::renew`]) and gives it up with its
+///   last commit ([`LeaseAfter::Release`]) or [`Store::release`]. A lease
+///   held by a process that died lapses (at its expiry, or at once where the
+///   backend can tell) and another holder takes the run over. A write fenced
+///   with a holder lands only while that holder has the lease, so a holder
+///   that stalled past its expiry cannot overwrite its successor.
+///
+/// The backends implement it with what each has: SQLite with `BEGIN
+/// IMMEDIATE` transactions and lease columns, JSON files with advisory file
+/// locks, memory under its locks. A backend shared by several machines
+/// (PostgreSQL: row locks or a lease column with `SKIP LOCKED`) implements
+/// the same calls. `tests/conformance.rs` holds every backend to them,
+/// across OS processes where the backend persists.
 pub trait Store: Send + Sync {
     /// The run with this id, if any.
     fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError>;
 
-    /// Saves a run, replacing the stored copy. The commit point of every
-    /// transition: a transition is true when this returns.
-    fn save_run(&self, run: &RunState) -> Result<(), StoreError>;
-
-    /// Creates `run` only if its id is free. Returns the stored run and
-    /// whether this call created it; an existing run is returned untouched.
+    /// Creates `run` (its `version` must be 1) only if its id is free.
+    /// Returns the stored run and whether this call created it; an existing
+    /// run is returned untouched.
     fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError>;
 
-    /// The runs matching `query`, oldest first.
-    fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError>;
+    /// Takes the run's lease for `lease.holder` if it is free, lapsed, or
+    /// already the holder's, and returns the run as stored. Never waits.
+    fn claim(&self, run_id: &str, lease: &LeaseRequest<'_>) -> Result<Claim, StoreError>;
 
-    /// Waiting runs whose time has come at `now`: `until` waits that are due,
-    /// and event waits whose deadline has passed; the earliest due first.
-    fn list_due_waits(&self, now: DateTime<Utc>) -> Result<Vec<RunState>, StoreError>;
+    /// Extends `holder`'s leases on `run_ids` until `until`. Runs whose lease
+    /// is no longer the holder's are left alone (their next fenced write
+    /// fails).
+    fn renew(
+        &self,
+        holder: &str,
+        run_ids: &[String],
+        until: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
 
-    /// Appends records to their runs' ledgers, linking each into its run's
-    /// hash chain ([`link`]): `prev_hash` and `record_hash` are set by the
-    /// store, whatever the caller put there.
+    /// Gives up `holder`'s lease on the run (nothing if it is not theirs).
+    fn release(&self, run_id: &str, holder: &str) -> Result<(), StoreError>;
+
+    /// Commits one transition of a run, atomically where the backend can:
+    /// appends `records` to the run's ledger and saves `run`, whose
+    /// `version` must be `fence.version + 1`, if the stored run still has
+    /// `fence.version` (and, with a holder, that holder's lease); with
+    /// `fence.version == 0`, creates the run. Then does `lease` with the
+    /// writer's lease. When the fence does not hold, nothing is written:
+    /// [`StoreError::conflict`].
+    ///
+    /// A backend that cannot make the append and the save one atomic write
+    /// (JSON files) appends first and saves after: a crash in between
+    /// leaves the ledger ahead of the state, the recoverable direction, and
+    /// the replay that follows does not append a record whose content the
+    /// ledger already holds under the same idempotency key.
+    fn commit(
+        &self,
+        records: &[StepRecord],
+        run: &RunState,
+        fence: Fence<'_>,
+        lease: LeaseAfter,
+    ) -> Result<(), StoreError>;
+
+    /// Appends records ahead of the commit that will make their transition
+    /// true (an effect on other runs or on the outside world records what it
+    /// did as soon as it did it), if `fence` still holds.
+    fn append_ahead(&self, records: &[StepRecord], fence: Fence<'_>) -> Result<(), StoreError>;
+
+    /// Appends records without a fence: for evidence that belongs to no
+    /// transition (tests, benchmarks, imports). Each record is linked into
+    /// its run's hash chain ([`link`]).
     fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError>;
 
     /// A run's ledger, oldest first.
     fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
 
+    /// The run's records appended after its last commit, oldest first:
+    /// what an effect on other runs or the world recorded ahead of a commit
+    /// that has not happened (yet, or ever: the process died). A step
+    /// replayed after a crash finds its effect's outcome here.
+    fn list_ahead(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
+
     /// The run's ledger records carrying `idempotency_key`, oldest first.
+    /// The default reads the whole ledger; SQLite answers keys of resumes
+    /// another run's effect caused (`resumed-by:...`) from an index.
     fn find_records(
         &self,
         run_id: &str,
@@ -281,9 +576,88 @@ pub trait Store: Send + Sync {
             .collect())
     }
 
+    /// The runs matching `query`, oldest first. Runs that cannot be read
+    /// (corrupt) and quarantined runs are left out.
+    fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError>;
+
+    /// Ids of waiting runs whose time has come at `now` (due `until` waits,
+    /// event waits past their deadline), the earliest due first, at most
+    /// `limit`. Quarantined runs are left out.
+    fn list_due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError>;
+
+    /// Ids of `running` runs nobody holds a live lease on at `now` (new
+    /// runs, async children, runs whose executor died), oldest first, at
+    /// most `limit`. A backend that cannot read a run may list it too, so
+    /// that its claim reports the damage. Quarantined runs are left out.
+    fn list_claimable(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError>;
+
+    /// `(parent, child)` pairs of parents waiting (reason `subworkflow`) on
+    /// a child that has ended, at most `limit`. The default reads every
+    /// waiting parent and its child.
+    fn list_ended_children(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
+        let mut out = Vec::new();
+        for parent in self.list_runs(&RunQuery {
+            status: Some(RunStatus::Waiting),
+            wait_reason: Some(WaitReason::Subworkflow),
+            ..RunQuery::default()
+        })? {
+            let Some(child) = parent
+                .waiting
+                .as_ref()
+                .and_then(|w| w.wait_key.strip_prefix("subworkflow:"))
+            else {
+                continue;
+            };
+            if let Ok(Some(c)) = self.load_run(child) {
+                if c.status.is_terminal() {
+                    out.push((parent.run_id.clone(), c.run_id));
+                    if out.len() >= limit {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Ids of unfinished runs whose parent was cancelled (a crash between a
+    /// parent's cancel and its children's), at most `limit`. The default
+    /// reads every unfinished child and its parent.
+    fn list_orphans(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+        let mut out = Vec::new();
+        for status in [RunStatus::Running, RunStatus::Waiting] {
+            for run in self.list_runs(&RunQuery {
+                status: Some(status),
+                ..RunQuery::default()
+            })? {
+                let Some(parent) = &run.parent_run_id else {
+                    continue;
+                };
+                if let Ok(Some(p)) = self.load_run(parent) {
+                    if p.status == RunStatus::Cancelled {
+                        out.push(run.run_id);
+                        if out.len() >= limit {
+                            return Ok(out);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets the run aside with `reason`: it is no longer listed, claimed or
+    /// driven (a run that cannot be read or committed must not stop the
+    /// driver). Works on a run whose stored state cannot be decoded.
+    fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError>;
+
+    /// Quarantined runs and why, in the order they were set aside.
+    fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError>;
+
     /// The run index: lightweight rows with attribution, filtered by
     /// `query`, newest first unless `oldest_first`. The default reads every
-    /// run through [`Store::list_runs`]: the same answers on every backend.
+    /// run through [`Store::list_runs`]; SQLite answers from indexed
+    /// columns without reading any run's vars.
     fn list_run_index(&self, query: &RunIndexQuery) -> Result<Vec<RunIndexRow>, StoreError> {
         let mut rows: Vec<RunIndexRow> = self
             .list_runs(&RunQuery {
@@ -302,29 +676,27 @@ pub trait Store: Send + Sync {
         Ok(rows)
     }
 
-    /// Commits one transition: appends `records`, then saves `run`.
-    ///
-    /// The default does exactly that, in that order: a crash in between
-    /// leaves the ledger ahead of the state, the recoverable direction. The
-    /// replay that follows produces the same records again, so the default
-    /// skips every record whose idempotency key and status are already in
-    /// the run's ledger: effect records and terminal records land once. A
-    /// backend that commits both atomically (SQLite, memory) can never be
-    /// ahead and needs no such check.
-    fn commit(&self, records: &[StepRecord], run: &RunState) -> Result<(), StoreError> {
-        if !records.is_empty() {
-            let fresh = without_replayed(self, records)?;
-            self.append_records(&fresh)?;
-        }
-        self.save_run(run)
-    }
-
     /// Remembers that `workflow_id` is defined by the bundle at `dir`, so
     /// another process can load it to resume the workflow's runs.
     fn put_bundle(&self, workflow_id: &str, dir: &std::path::Path) -> Result<(), StoreError>;
 
     /// The bundle directory that defines `workflow_id`, if one was recorded.
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError>;
+}
+
+/// Checks that `run.version` follows `fence.version`, as [`Store::commit`]
+/// requires.
+pub(crate) fn check_next_version(run: &RunState, fence: &Fence<'_>) -> Result<(), StoreError> {
+    if run.version != fence.version + 1 {
+        return Err(StoreError::conflict(format!(
+            "run {}: a commit fenced at version {} must save version {}, not {}",
+            run.run_id,
+            fence.version,
+            fence.version + 1,
+            run.version
+        )));
+    }
+    Ok(())
 }
 
 /// The hash of `record` in its run's chain: SHA-256 (hex) of its JSON with
@@ -397,33 +769,6 @@ pub fn verify_chain(records: &[StepRecord]) -> Result<Option<String>, ChainBreak
     Ok(head)
 }
 
-/// `records` less those (keyed) whose run, idempotency key and status are
-/// already in the store's ledger.
-fn without_replayed<S: Store + ?Sized>(
-    store: &S,
-    records: &[StepRecord],
-) -> Result<Vec<StepRecord>, StoreError> {
-    let mut fresh = Vec::with_capacity(records.len());
-    let mut seen: Option<(String, Vec<StepRecord>)> = None;
-    for r in records {
-        let Some(key) = &r.idempotency_key else {
-            fresh.push(r.clone());
-            continue;
-        };
-        if seen.as_ref().is_none_or(|(id, _)| *id != r.run_id) {
-            seen = Some((r.run_id.clone(), store.list_records(&r.run_id)?));
-        }
-        let ledger = &seen.as_ref().expect("loaded above").1;
-        let replayed = ledger
-            .iter()
-            .any(|old| old.idempotency_key.as_ref() == Some(key) && old.status == r.status);
-        if !replayed {
-            fresh.push(r.clone());
-        }
-    }
-    Ok(fresh)
-}
-
 /// The due time of a run's wait, if it has one that the driver must watch.
 pub(crate) fn wait_due_at(run: &RunState) -> Option<DateTime<Utc>> {
     let w = run.waiting.as_ref()?;
@@ -436,5 +781,47 @@ pub(crate) fn wait_due_at(run: &RunState) -> Option<DateTime<Utc>> {
             .as_deref()
             .and_then(|u| crate::core::clock::parse_time(u).ok()),
         _ => None,
+    }
+}
+
+/// Whether `new` is a replay of the recorded `old`: the same run, key,
+/// status, node, effect, result, error and attempt (a step executed again
+/// after a crash produces the same records with new ids and times).
+pub(crate) fn is_replay_of(new: &StepRecord, old: &StepRecord) -> bool {
+    new.idempotency_key.is_some()
+        && new.idempotency_key == old.idempotency_key
+        && new.run_id == old.run_id
+        && new.status == old.status
+        && new.node_id == old.node_id
+        && new.attempt == old.attempt
+        && new.effect == old.effect
+        && new.result == old.result
+        && new.error == old.error
+}
+
+/// How hard a store works to keep the last commits through a power loss or
+/// an OS crash (a killed process loses no committed step either way).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// SQLite `synchronous=NORMAL` (the SQLite default): commits are synced
+    /// at WAL checkpoints only, so a power loss may roll back the last
+    /// transactions (never corrupting the database, never reordering them).
+    /// JSON files: no fsync.
+    #[default]
+    Normal,
+    /// SQLite `synchronous=FULL`: every commit is synced before it returns.
+    /// JSON files: every file is synced before the rename that publishes
+    /// it, and the folder after.
+    Full,
+}
+
+impl Durability {
+    /// Parses `normal` or `full`.
+    pub fn parse(text: &str) -> Option<Durability> {
+        match text {
+            "normal" => Some(Durability::Normal),
+            "full" => Some(Durability::Full),
+            _ => None,
+        }
     }
 }

@@ -1,23 +1,35 @@
-//! The SQLite store: the embedded default. One database file in WAL mode; a
-//! step's ledger records and its run save commit in one transaction.
+//! The SQLite store: the embedded default. One database file in WAL mode.
 //!
-//! Process-crash safe (WAL with `synchronous=NORMAL`): a committed step
-//! survives a killed process. A power loss may lose the last transactions
-//! but never corrupts the database.
+//! Every write is one `BEGIN IMMEDIATE` transaction: it takes SQLite's write
+//! lock before it reads, so two processes never both read a run and both
+//! write it; a step's ledger records and its run save commit together, and
+//! the run's `version` column is compared and bumped in the same statement
+//! (the [`Store`] run transaction). Leases are two columns of the run's row
+//! (`lease_holder`, `lease_until_us`).
+//!
+//! Process-crash safe: a committed step survives a killed process. With
+//! [`Durability::Normal`] (the default, `synchronous=NORMAL`) a power loss
+//! may roll back the last transactions but never corrupts the database;
+//! with [`Durability::Full`] every commit is on disk when it returns.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::{link, wait_due_at, RunQuery, Store, StoreError};
-use crate::core::model::{RunState, StepRecord};
+use super::{
+    check_next_version, link, wait_due_at, Attribution, Claim, Durability, Fence, LeaseAfter,
+    LeaseRequest, RunIndexQuery, RunIndexRow, RunQuery, Store, StoreError,
+};
+use crate::core::clock::format_time;
+use crate::core::model::{RunState, RunStatus, StepRecord};
 
 /// The schema version this build writes. A database with a higher
-/// `user_version` was written by a newer stepwell and is refused.
-pub const SCHEMA_VERSION: i64 = 2;
+/// `user_version` was written by a newer stepwell and is refused; an older
+/// one is migrated when opened.
+pub const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -31,10 +43,6 @@ CREATE TABLE IF NOT EXISTS runs (
     session_id    TEXT,
     data          TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS runs_open ON runs(status, wait_reason, wait_key)
-    WHERE status IN ('running', 'waiting');
-CREATE INDEX IF NOT EXISTS runs_due ON runs(wait_due_us) WHERE wait_due_us IS NOT NULL;
-CREATE INDEX IF NOT EXISTS runs_parent ON runs(parent_run_id) WHERE parent_run_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS ledger (
     run_id  TEXT NOT NULL,
     seq     INTEGER NOT NULL,
@@ -57,38 +65,132 @@ CREATE TABLE IF NOT EXISTS bundles (
 );
 ";
 
-/// A run as a `runs` row. Every statement on `runs` binds these columns as
-/// ?1 run_id, ?2 workflow_id, ?3 status, ?4 wait_reason, ?5 wait_key,
-/// ?6 wait_due_us, ?7 parent_run_id, ?8 session_id, ?9 data.
+/// Columns added after schema 1, with their types: added to an older
+/// database when it is opened.
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
+    ("ledger", "hash", "TEXT"),
+    ("ledger", "idem_key", "TEXT"),
+    ("runs", "version", "INTEGER NOT NULL DEFAULT 1"),
+    ("runs", "lease_holder", "TEXT"),
+    ("runs", "lease_until_us", "INTEGER"),
+    ("runs", "automation_id", "TEXT"),
+    ("runs", "role", "TEXT"),
+    ("runs", "occurrence_index", "INTEGER"),
+    ("runs", "session_kind", "TEXT"),
+    ("runs", "workspace_root", "TEXT"),
+    ("runs", "created_at", "TEXT"),
+    ("runs", "updated_at", "TEXT"),
+    ("runs", "quarantine", "TEXT"),
+    ("runs", "ledger_seq", "INTEGER"),
+];
+
+const INDEXES: &str = "
+CREATE INDEX IF NOT EXISTS runs_open ON runs(status, wait_reason, wait_key)
+    WHERE status IN ('running', 'waiting');
+CREATE INDEX IF NOT EXISTS runs_due ON runs(wait_due_us) WHERE wait_due_us IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_parent ON runs(parent_run_id) WHERE parent_run_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_automation ON runs(automation_id, role, occurrence_index)
+    WHERE automation_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_session ON runs(session_id, role) WHERE session_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_quarantine ON runs(quarantine) WHERE quarantine IS NOT NULL;
+CREATE INDEX IF NOT EXISTS ledger_caused ON ledger(run_id, idem_key)
+    WHERE idem_key LIKE 'resumed-by:%';
+";
+
+/// The columns every statement on `runs` binds, as ?1 run_id,
+/// ?2 workflow_id, ?3 status, ?4 wait_reason, ?5 wait_key, ?6 wait_due_us,
+/// ?7 parent_run_id, ?8 session_id, ?9 data, ?10 version,
+/// ?11 automation_id, ?12 role, ?13 occurrence_index, ?14 session_kind,
+/// ?15 workspace_root, ?16 created_at, ?17 updated_at, ?18 lease_holder,
+/// ?19 lease_until_us, ?20 the fenced version, ?21 the fence's holder,
+/// ?22 the time a taking fence takes a lapsed lease at, ?23 the ledger's
+/// last seq after the commit.
+const INSERT_RUN: &str = "INSERT INTO runs (run_id, workflow_id, status, wait_reason, wait_key,
+        wait_due_us, parent_run_id, session_id, data, version, automation_id, role,
+        occurrence_index, session_kind, workspace_root, created_at, updated_at,
+        lease_holder, lease_until_us, ledger_seq)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?23)
+    ON CONFLICT(run_id) DO NOTHING";
+
+/// A save that changes no indexed column sets only the data, version,
+/// times and lease: no index page is written.
+const UPDATE_DATA: &str = "UPDATE runs SET data = ?9, version = ?10, updated_at = ?17,
+        lease_holder = ?18, lease_until_us = ?19, ledger_seq = ?23
+    WHERE run_id = ?1 AND version = ?20 AND (?21 IS NULL OR lease_holder = ?21
+        OR (?22 IS NOT NULL AND (lease_holder IS NULL OR lease_until_us < ?22)))
+      AND quarantine IS NULL
+      AND workflow_id = ?2 AND status = ?3 AND wait_reason IS ?4 AND wait_key IS ?5
+      AND wait_due_us IS ?6 AND parent_run_id IS ?7 AND session_id IS ?8
+      AND automation_id IS ?11 AND role IS ?12 AND occurrence_index IS ?13
+      AND session_kind IS ?14 AND workspace_root IS ?15";
+
+const UPDATE_ALL: &str = "UPDATE runs SET workflow_id = ?2, status = ?3, wait_reason = ?4,
+        wait_key = ?5, wait_due_us = ?6, parent_run_id = ?7, session_id = ?8, data = ?9,
+        version = ?10, automation_id = ?11, role = ?12, occurrence_index = ?13,
+        session_kind = ?14, workspace_root = ?15, updated_at = ?17, lease_holder = ?18,
+        lease_until_us = ?19, ledger_seq = ?23
+    WHERE run_id = ?1 AND version = ?20 AND (?21 IS NULL OR lease_holder = ?21
+        OR (?22 IS NOT NULL AND (lease_holder IS NULL OR lease_until_us < ?22)))
+      AND quarantine IS NULL";
+
+/// A run as a `runs` row.
 struct RunRow<'a> {
     run: &'a RunState,
     data: String,
     due: Option<i64>,
+    attribution: Attribution,
 }
 
 impl<'a> RunRow<'a> {
-    fn new(run: &'a RunState) -> rusqlite::Result<Self> {
+    fn new(run: &'a RunState) -> Result<Self, StoreError> {
         Ok(RunRow {
             run,
             data: serde_json::to_string(run)
-                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?,
+                .map_err(|e| StoreError::io(format!("run {}: cannot encode: {e}", run.run_id)))?,
             due: wait_due_at(run).map(|t| t.timestamp_micros()),
+            attribution: Attribution::of(run),
         })
     }
 
-    fn execute(&self, conn: &Connection, sql: &str) -> rusqlite::Result<usize> {
-        let (run, w) = (self.run, self.run.waiting.as_ref());
-        conn.prepare_cached(sql)?.execute(params![
-            run.run_id,
-            run.workflow_id,
-            run.status.as_str(),
-            w.map(|w| w.reason.as_str()),
-            w.map(|w| w.wait_key.as_str()),
-            self.due,
-            run.parent_run_id,
-            run.session_id,
-            self.data,
-        ])
+    fn execute(
+        &self,
+        conn: &Connection,
+        sql: &str,
+        lease: (Option<&str>, Option<i64>),
+        fence: &Fence<'_>,
+        ledger_seq: Option<i64>,
+    ) -> rusqlite::Result<usize> {
+        let (run, w, a) = (self.run, self.run.waiting.as_ref(), &self.attribution);
+        let take = fence.take.map(|t| t.timestamp_micros());
+        let values: [&dyn rusqlite::ToSql; 23] = [
+            &run.run_id,
+            &run.workflow_id,
+            &run.status.as_str(),
+            &w.map(|w| w.reason.as_str()),
+            &w.map(|w| w.wait_key.as_str()),
+            &self.due,
+            &run.parent_run_id,
+            &run.session_id,
+            &self.data,
+            &(run.version as i64),
+            &a.automation_id,
+            &a.role,
+            &a.occurrence_index,
+            &a.session_kind,
+            &a.workspace_root,
+            &run.created_at,
+            &run.updated_at,
+            &lease.0,
+            &lease.1,
+            &(fence.version as i64),
+            &fence.holder,
+            &take,
+            &ledger_seq,
+        ];
+        let mut st = conn.prepare_cached(sql)?;
+        // Each statement uses the columns up to its highest parameter.
+        let n = st.parameter_count();
+        st.execute(rusqlite::params_from_iter(values.into_iter().take(n)))
     }
 }
 
@@ -113,27 +215,37 @@ fn db_err(path: &Path, e: impl std::fmt::Display) -> StoreError {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path`, and its parent
-    /// directory. Refuses a database written by a newer schema.
+    /// directory, with [`Durability::Normal`]. Refuses a database written by
+    /// a newer schema; migrates an older one.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(path, Durability::Normal)
+    }
+
+    /// [`SqliteStore::open`] with a durability setting.
+    pub fn open_with(path: impl AsRef<Path>, durability: Durability) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| db_err(dir, e))?;
         }
-        let conn = Connection::open(&path).map_err(|e| db_err(&path, e))?;
-        conn.busy_timeout(Duration::from_secs(10))
-            .map_err(|e| db_err(&path, e))?;
+        let err = |e: rusqlite::Error| db_err(&path, e);
+        let mut conn = Connection::open(&path).map_err(err)?;
+        conn.busy_timeout(Duration::from_secs(10)).map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| db_err(&path, e))?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(|e| db_err(&path, e))?;
-        // Checkpoint (and fsync) every ~16 MiB of WAL instead of every 4 MiB.
+            .map_err(err)?;
+        let sync = match durability {
+            Durability::Normal => "NORMAL",
+            Durability::Full => "FULL",
+        };
+        conn.pragma_update(None, "synchronous", sync).map_err(err)?;
+        // Checkpoint (and sync) every 16,384 pages (64 MiB) of WAL instead
+        // of every 1,000.
         conn.pragma_update(None, "wal_autocheckpoint", 16384)
-            .map_err(|e| db_err(&path, e))?;
+            .map_err(err)?;
         conn.pragma_update(None, "mmap_size", 256i64 << 20)
-            .map_err(|e| db_err(&path, e))?;
+            .map_err(err)?;
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(|e| db_err(&path, e))?;
+            .map_err(err)?;
         if version > SCHEMA_VERSION {
             return Err(StoreError {
                 code: "store_schema",
@@ -143,19 +255,8 @@ impl SqliteStore {
                 ),
             });
         }
-        conn.execute_batch(SCHEMA).map_err(|e| db_err(&path, e))?;
-        // Version 1 had no hash column: add it (old records stay unchained).
-        let has_hash: bool = conn
-            .prepare("SELECT 1 FROM pragma_table_info('ledger') WHERE name = 'hash'")
-            .and_then(|mut st| st.exists([]))
-            .map_err(|e| db_err(&path, e))?;
-        if !has_hash {
-            conn.execute_batch("ALTER TABLE ledger ADD COLUMN hash TEXT")
-                .map_err(|e| db_err(&path, e))?;
-        }
         if version < SCHEMA_VERSION {
-            conn.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .map_err(|e| db_err(&path, e))?;
+            migrate(&mut conn, version).map_err(err)?;
         }
         Ok(SqliteStore {
             path,
@@ -172,43 +273,134 @@ impl SqliteStore {
         db_err(&self.path, e)
     }
 
-    fn decode_run(&self, run_id: &str, data: &str) -> Result<RunState, StoreError> {
-        serde_json::from_str(data).map_err(|e| {
+    fn decode_run(&self, run_id: &str, data: &str, version: i64) -> Result<RunState, StoreError> {
+        let mut run: RunState = serde_json::from_str(data).map_err(|e| {
             StoreError::corrupt(format!("{}: runs row {run_id:?}: {e}", self.path.display()))
+        })?;
+        run.version = version as u64;
+        Ok(run)
+    }
+
+    /// Runs one write transaction, taking SQLite's write lock first.
+    fn write<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.conn.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| self.err(e))?;
+        let out = f(&tx)?;
+        tx.commit().map_err(|e| self.err(e))?;
+        Ok(out)
+    }
+
+    /// Why a fenced write to `run_id` did not land.
+    fn conflict(&self, conn: &Connection, run_id: &str, fence: &Fence<'_>) -> StoreError {
+        let found: Option<(i64, Option<String>, Option<String>)> = conn
+            .prepare_cached("SELECT version, lease_holder, quarantine FROM runs WHERE run_id = ?1")
+            .and_then(|mut st| {
+                st.query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .optional()
+            })
+            .unwrap_or(None);
+        StoreError::conflict(match found {
+            None if fence.version == 0 => format!("run {run_id}: cannot be created"),
+            None => format!("run {run_id} does not exist"),
+            Some(_) if fence.version == 0 => format!("run {run_id} already exists"),
+            Some((_, _, Some(q))) => format!("run {run_id} is quarantined: {q}"),
+            Some((v, _, _)) if v as u64 != fence.version => format!(
+                "run {run_id} is at version {v}, not {} (changed by another writer)",
+                fence.version
+            ),
+            Some((_, holder, _)) => format!(
+                "run {run_id} is leased by {}, not {}",
+                holder.as_deref().unwrap_or("nobody"),
+                fence.holder.unwrap_or("-")
+            ),
         })
     }
 
-    fn upsert(&self, conn: &Connection, run: &RunState) -> Result<(), StoreError> {
-        let row = RunRow::new(run).map_err(|e| self.err(e))?;
-        // Most saves (a step of a running run) change only the data. Setting
-        // only `data` when the indexed columns already hold the new values
-        // leaves every index untouched: fewer pages written per commit.
-        let unchanged = row
-            .execute(
-                conn,
-                "UPDATE runs SET data = ?9 WHERE run_id = ?1 AND workflow_id = ?2
-                 AND status = ?3 AND wait_reason IS ?4 AND wait_key IS ?5
-                 AND wait_due_us IS ?6 AND parent_run_id IS ?7 AND session_id IS ?8",
-            )
-            .map_err(|e| self.err(e))?;
-        if unchanged == 0 {
-            row.execute(
-                conn,
-                "INSERT INTO runs (run_id, workflow_id, status, wait_reason, wait_key,
-                                   wait_due_us, parent_run_id, session_id, data)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-                 ON CONFLICT(run_id) DO UPDATE SET
-                    workflow_id = excluded.workflow_id, status = excluded.status,
-                    wait_reason = excluded.wait_reason, wait_key = excluded.wait_key,
-                    wait_due_us = excluded.wait_due_us, parent_run_id = excluded.parent_run_id,
-                    session_id = excluded.session_id, data = excluded.data",
-            )
-            .map_err(|e| self.err(e))?;
+    fn save(
+        &self,
+        tx: &Connection,
+        run: &RunState,
+        fence: &Fence<'_>,
+        lease: LeaseAfter,
+        ledger_seq: i64,
+    ) -> Result<(), StoreError> {
+        let row = RunRow::new(run)?;
+        let lease = match (lease, fence.holder) {
+            (LeaseAfter::Renew(until), Some(h)) => (Some(h), Some(until.timestamp_micros())),
+            _ => (None, None),
+        };
+        let seq = Some(ledger_seq);
+        let n = if fence.version == 0 {
+            row.execute(tx, INSERT_RUN, lease, fence, seq)
+        } else {
+            match row.execute(tx, UPDATE_DATA, lease, fence, seq) {
+                Ok(0) => row.execute(tx, UPDATE_ALL, lease, fence, seq),
+                other => other,
+            }
+        }
+        .map_err(|e| self.err(e))?;
+        if n == 0 {
+            return Err(self.conflict(tx, &run.run_id, fence));
         }
         Ok(())
     }
 
-    fn append_on(&self, conn: &Connection, records: &[StepRecord]) -> Result<(), StoreError> {
+    /// The seq of the run's last ledger record (0 for none).
+    fn last_seq(&self, conn: &Connection, run_id: &str) -> Result<i64, StoreError> {
+        conn.prepare_cached("SELECT seq FROM ledger WHERE run_id = ?1 ORDER BY seq DESC LIMIT 1")
+            .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
+            .map(|seq| seq.unwrap_or(0))
+            .map_err(|e| self.err(e))
+    }
+
+    /// Checks `fence` for each run of `records` (appends ahead).
+    fn check_fence(
+        &self,
+        tx: &Connection,
+        records: &[StepRecord],
+        fence: &Fence<'_>,
+    ) -> Result<(), StoreError> {
+        let mut checked: Vec<&str> = Vec::new();
+        for r in records {
+            if checked.contains(&r.run_id.as_str()) {
+                continue;
+            }
+            let ok = tx
+                .prepare_cached(
+                    "SELECT 1 FROM runs WHERE run_id = ?1 AND version = ?2
+                       AND (?3 IS NULL OR lease_holder = ?3
+                         OR (?4 IS NOT NULL AND (lease_holder IS NULL OR lease_until_us < ?4)))
+                       AND quarantine IS NULL",
+                )
+                .and_then(|mut st| {
+                    st.exists(params![
+                        r.run_id,
+                        fence.version as i64,
+                        fence.holder,
+                        fence.take.map(|t| t.timestamp_micros())
+                    ])
+                })
+                .map_err(|e| self.err(e))?;
+            if !ok {
+                return Err(self.conflict(tx, &r.run_id, fence));
+            }
+            checked.push(&r.run_id);
+        }
+        Ok(())
+    }
+
+    /// Appends `records`, linking each into its run's chain; returns each
+    /// run's last seq.
+    fn append_on(
+        &self,
+        conn: &Connection,
+        records: &[StepRecord],
+    ) -> Result<Vec<(String, i64)>, StoreError> {
         // Each run's last (seq, hash), read once per run and batch.
         let mut heads: Vec<(&str, i64, Option<String>)> = Vec::new();
         let mut last = conn
@@ -217,7 +409,9 @@ impl SqliteStore {
             )
             .map_err(|e| self.err(e))?;
         let mut insert = conn
-            .prepare_cached("INSERT INTO ledger (run_id, seq, data, hash) VALUES (?1, ?2, ?3, ?4)")
+            .prepare_cached(
+                "INSERT INTO ledger (run_id, seq, data, hash, idem_key) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
             .map_err(|e| self.err(e))?;
         for r in records {
             let i = match heads.iter().position(|h| h.0 == r.run_id) {
@@ -237,133 +431,30 @@ impl SqliteStore {
             let data = link(&mut head.2, &mut r);
             head.1 += 1;
             insert
-                .execute(params![r.run_id, head.1, data, head.2])
+                .execute(params![r.run_id, head.1, data, head.2, r.idempotency_key])
                 .map_err(|e| self.err(e))?;
         }
-        Ok(())
+        Ok(heads
+            .into_iter()
+            .map(|(id, seq, _)| (id.to_string(), seq))
+            .collect())
     }
 
-    fn query_runs(
+    fn records(
         &self,
+        run_id: &str,
         sql: &str,
-        args: &[&dyn rusqlite::ToSql],
-    ) -> Result<Vec<RunState>, StoreError> {
+        key: Option<&str>,
+    ) -> Result<Vec<StepRecord>, StoreError> {
         let conn = self.conn.lock();
         let mut st = conn.prepare_cached(sql).map_err(|e| self.err(e))?;
-        let rows = st
-            .query_map(args, |row| {
-                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
-            })
-            .map_err(|e| self.err(e))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (id, data) = row.map_err(|e| self.err(e))?;
-            out.push(self.decode_run(&id, &data)?);
+        let decode =
+            |row: &rusqlite::Row<'_>| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?));
+        let rows = match key {
+            Some(k) => st.query_map(params![run_id, k], decode),
+            None => st.query_map(params![run_id], decode),
         }
-        Ok(out)
-    }
-}
-
-impl Store for SqliteStore {
-    fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError> {
-        let conn = self.conn.lock();
-        let data: Option<String> = conn
-            .prepare_cached("SELECT data FROM runs WHERE run_id = ?1")
-            .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
-            .map_err(|e| self.err(e))?;
-        data.map(|d| self.decode_run(run_id, &d)).transpose()
-    }
-
-    fn save_run(&self, run: &RunState) -> Result<(), StoreError> {
-        let conn = self.conn.lock();
-        self.upsert(&conn, run)
-    }
-
-    fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
-        let mut conn = self.conn.lock();
-        let tx = conn.transaction().map_err(|e| self.err(e))?;
-        let created = RunRow::new(run)
-            .and_then(|row| {
-                row.execute(
-                    &tx,
-                    "INSERT INTO runs (run_id, workflow_id, status, wait_reason, wait_key,
-                                       wait_due_us, parent_run_id, session_id, data)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-                     ON CONFLICT(run_id) DO NOTHING",
-                )
-            })
-            .map_err(|e| self.err(e))?;
-        if created == 1 {
-            tx.commit().map_err(|e| self.err(e))?;
-            return Ok((run.clone(), true));
-        }
-        let existing: String = tx
-            .prepare_cached("SELECT data FROM runs WHERE run_id = ?1")
-            .and_then(|mut st| st.query_row([&run.run_id], |r| r.get(0)))
-            .map_err(|e| self.err(e))?;
-        Ok((self.decode_run(&run.run_id, &existing)?, false))
-    }
-
-    fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
-        let mut sql = String::from("SELECT run_id, data FROM runs WHERE 1=1");
-        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
-        let status = query.status.map(|s| s.as_str());
-        let reason = query.wait_reason.map(|r| r.as_str());
-        if let Some(s) = &status {
-            sql.push_str(&format!(" AND status = ?{}", args.len() + 1));
-            args.push(s);
-        }
-        if let Some(r) = &reason {
-            sql.push_str(&format!(" AND wait_reason = ?{}", args.len() + 1));
-            args.push(r);
-        }
-        if let Some(k) = &query.wait_key {
-            sql.push_str(&format!(" AND wait_key = ?{}", args.len() + 1));
-            args.push(k);
-        }
-        if let Some(w) = &query.workflow_id {
-            sql.push_str(&format!(" AND workflow_id = ?{}", args.len() + 1));
-            args.push(w);
-        }
-        if let Some(p) = &query.parent_run_id {
-            sql.push_str(&format!(" AND parent_run_id = ?{}", args.len() + 1));
-            args.push(p);
-        }
-        sql.push_str(" ORDER BY rowid");
-        let limit = query.limit.map(|l| l as i64);
-        if let Some(l) = &limit {
-            sql.push_str(&format!(" LIMIT ?{}", args.len() + 1));
-            args.push(l);
-        }
-        self.query_runs(&sql, &args)
-    }
-
-    fn list_due_waits(&self, now: DateTime<Utc>) -> Result<Vec<RunState>, StoreError> {
-        let now_us = now.timestamp_micros();
-        self.query_runs(
-            "SELECT run_id, data FROM runs WHERE wait_due_us IS NOT NULL AND wait_due_us <= ?1
-             AND status = 'waiting' ORDER BY wait_due_us, rowid",
-            &[&now_us],
-        )
-    }
-
-    fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError> {
-        let mut conn = self.conn.lock();
-        let tx = conn.transaction().map_err(|e| self.err(e))?;
-        self.append_on(&tx, records)?;
-        tx.commit().map_err(|e| self.err(e))
-    }
-
-    fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
-        let conn = self.conn.lock();
-        let mut st = conn
-            .prepare_cached("SELECT seq, data FROM ledger WHERE run_id = ?1 ORDER BY seq")
-            .map_err(|e| self.err(e))?;
-        let rows = st
-            .query_map([run_id], |row| {
-                Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
-            })
-            .map_err(|e| self.err(e))?;
+        .map_err(|e| self.err(e))?;
         let mut out = Vec::new();
         for row in rows {
             let (seq, data) = row.map_err(|e| self.err(e))?;
@@ -377,12 +468,438 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    fn commit(&self, records: &[StepRecord], run: &RunState) -> Result<(), StoreError> {
-        let mut conn = self.conn.lock();
-        let tx = conn.transaction().map_err(|e| self.err(e))?;
-        self.append_on(&tx, records)?;
-        self.upsert(&tx, run)?;
-        tx.commit().map_err(|e| self.err(e))
+    fn ids(&self, sql: &str, args: &[&dyn rusqlite::ToSql]) -> Result<Vec<String>, StoreError> {
+        let conn = self.conn.lock();
+        let mut st = conn.prepare_cached(sql).map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(args, |row| row.get::<_, String>(0))
+            .map_err(|e| self.err(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.err(e))
+    }
+}
+
+/// Brings a database of schema `from` to [`SCHEMA_VERSION`] in one
+/// transaction: tables, added columns, their values for existing rows
+/// (attribution and times from each run's data, idempotency keys from each
+/// ledger record), indexes.
+fn migrate(conn: &mut Connection, from: i64) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(SCHEMA)?;
+    for (table, column, decl) in ADDED_COLUMNS {
+        let exists = tx
+            .prepare(&format!(
+                "SELECT 1 FROM pragma_table_info('{table}') WHERE name = '{column}'"
+            ))?
+            .exists([])?;
+        if !exists {
+            tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+        }
+    }
+    if from > 0 && from < 3 {
+        tx.execute_batch(
+            "UPDATE ledger SET idem_key = json_extract(data, '$.idempotency_key')
+             WHERE idem_key IS NULL AND json_valid(data)",
+        )?;
+        let rows: Vec<(String, String)> = tx
+            .prepare("SELECT run_id, data FROM runs")?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut update = tx.prepare(
+            "UPDATE runs SET automation_id = ?2, role = ?3, occurrence_index = ?4,
+                session_kind = ?5, workspace_root = ?6, created_at = ?7, updated_at = ?8
+             WHERE run_id = ?1",
+        )?;
+        for (id, data) in rows {
+            // A row that does not decode keeps empty columns; its claim
+            // reports it (and the driver quarantines it).
+            if let Ok(run) = serde_json::from_str::<RunState>(&data) {
+                let a = Attribution::of(&run);
+                update.execute(params![
+                    id,
+                    a.automation_id,
+                    a.role,
+                    a.occurrence_index,
+                    a.session_kind,
+                    a.workspace_root,
+                    run.created_at,
+                    run.updated_at
+                ])?;
+            }
+        }
+    }
+    tx.execute_batch(INDEXES)?;
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()
+}
+
+impl Store for SqliteStore {
+    fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError> {
+        let conn = self.conn.lock();
+        let row: Option<(String, i64)> = conn
+            .prepare_cached("SELECT data, version FROM runs WHERE run_id = ?1")
+            .and_then(|mut st| {
+                st.query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
+            .map_err(|e| self.err(e))?;
+        row.map(|(d, v)| self.decode_run(run_id, &d, v)).transpose()
+    }
+
+    fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
+        self.write(|tx| {
+            let row = RunRow::new(run)?;
+            let created = row
+                .execute(tx, INSERT_RUN, (None, None), &Fence::unleased(0), None)
+                .map_err(|e| self.err(e))?;
+            if created == 1 {
+                return Ok((run.clone(), true));
+            }
+            let (data, version): (String, i64) = tx
+                .prepare_cached("SELECT data, version FROM runs WHERE run_id = ?1")
+                .and_then(|mut st| st.query_row([&run.run_id], |r| Ok((r.get(0)?, r.get(1)?))))
+                .map_err(|e| self.err(e))?;
+            Ok((self.decode_run(&run.run_id, &data, version)?, false))
+        })
+    }
+
+    fn claim(&self, run_id: &str, lease: &LeaseRequest<'_>) -> Result<Claim, StoreError> {
+        self.write(|tx| {
+            type Found = (String, i64, Option<String>, Option<i64>, Option<String>);
+            let found: Option<Found> = tx
+                .prepare_cached(
+                    "SELECT data, version, lease_holder, lease_until_us, quarantine
+                     FROM runs WHERE run_id = ?1",
+                )
+                .and_then(|mut st| {
+                    st.query_row([run_id], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                    })
+                    .optional()
+                })
+                .map_err(|e| self.err(e))?;
+            let Some((data, version, holder, until, quarantine)) = found else {
+                return Ok(Claim::Missing);
+            };
+            if let Some(reason) = quarantine {
+                return Ok(Claim::Quarantined { reason });
+            }
+            if let (Some(h), Some(u)) = (&holder, until) {
+                if DateTime::from_timestamp_micros(u).is_none_or(|u| lease.blocked_by(h, u)) {
+                    return Ok(Claim::Busy {
+                        holder: Some(h.clone()),
+                        until: DateTime::from_timestamp_micros(u).map(format_time),
+                    });
+                }
+            }
+            let run = self.decode_run(run_id, &data, version)?;
+            tx.prepare_cached(
+                "UPDATE runs SET lease_holder = ?2, lease_until_us = ?3 WHERE run_id = ?1",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    run_id,
+                    lease.holder,
+                    lease.until.timestamp_micros()
+                ])
+            })
+            .map_err(|e| self.err(e))?;
+            Ok(Claim::Held(Box::new(run)))
+        })
+    }
+
+    fn renew(
+        &self,
+        holder: &str,
+        run_ids: &[String],
+        until: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        if run_ids.is_empty() {
+            return Ok(());
+        }
+        self.write(|tx| {
+            let mut st = tx
+                .prepare_cached(
+                    "UPDATE runs SET lease_until_us = ?3 WHERE run_id = ?1 AND lease_holder = ?2",
+                )
+                .map_err(|e| self.err(e))?;
+            for id in run_ids {
+                st.execute(params![id, holder, until.timestamp_micros()])
+                    .map_err(|e| self.err(e))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn release(&self, run_id: &str, holder: &str) -> Result<(), StoreError> {
+        let conn = self.conn.lock();
+        conn.prepare_cached(
+            "UPDATE runs SET lease_holder = NULL, lease_until_us = NULL
+             WHERE run_id = ?1 AND lease_holder = ?2",
+        )
+        .and_then(|mut st| st.execute(params![run_id, holder]))
+        .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    fn commit(
+        &self,
+        records: &[StepRecord],
+        run: &RunState,
+        fence: Fence<'_>,
+        lease: LeaseAfter,
+    ) -> Result<(), StoreError> {
+        check_next_version(run, &fence)?;
+        self.write(|tx| {
+            // The records, then the run with where its ledger now ends; a
+            // fence that does not hold rolls both back.
+            let heads = self.append_on(tx, records)?;
+            let seq = match heads.iter().find(|(id, _)| *id == run.run_id) {
+                Some((_, seq)) => *seq,
+                None => self.last_seq(tx, &run.run_id)?,
+            };
+            self.save(tx, run, &fence, lease, seq)
+        })
+    }
+
+    fn append_ahead(&self, records: &[StepRecord], fence: Fence<'_>) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.write(|tx| {
+            self.check_fence(tx, records, &fence)?;
+            self.append_on(tx, records).map(drop)
+        })
+    }
+
+    fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError> {
+        self.write(|tx| self.append_on(tx, records).map(drop))
+    }
+
+    fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.records(
+            run_id,
+            "SELECT seq, data FROM ledger WHERE run_id = ?1 ORDER BY seq",
+            None,
+        )
+    }
+
+    fn list_ahead(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.records(
+            run_id,
+            "SELECT seq, data FROM ledger WHERE run_id = ?1 AND seq > COALESCE(
+                (SELECT ledger_seq FROM runs WHERE run_id = ?1), 0) ORDER BY seq",
+            None,
+        )
+    }
+
+    fn find_records(
+        &self,
+        run_id: &str,
+        idempotency_key: &str,
+    ) -> Result<Vec<StepRecord>, StoreError> {
+        // Keys of resumes another run's effect caused are indexed (a
+        // long-lived listener is checked on every delivery); any other key
+        // is found in the run's part of the ledger.
+        let sql = if idempotency_key.starts_with("resumed-by:") {
+            "SELECT seq, data FROM ledger WHERE run_id = ?1 AND idem_key = ?2
+               AND idem_key LIKE 'resumed-by:%' ORDER BY seq"
+        } else {
+            "SELECT seq, data FROM ledger WHERE run_id = ?1 AND idem_key = ?2 ORDER BY seq"
+        };
+        self.records(run_id, sql, Some(idempotency_key))
+    }
+
+    fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
+        let mut sql =
+            String::from("SELECT run_id, data, version FROM runs WHERE quarantine IS NULL");
+        let status = query.status.map(|s| s.as_str().to_string());
+        let reason = query.wait_reason.map(|r| r.as_str().to_string());
+        let mut args: Vec<&String> = Vec::new();
+        for (column, value) in [
+            ("status", &status),
+            ("wait_reason", &reason),
+            ("wait_key", &query.wait_key),
+            ("workflow_id", &query.workflow_id),
+            ("parent_run_id", &query.parent_run_id),
+        ] {
+            if let Some(v) = value {
+                args.push(v);
+                sql.push_str(&format!(" AND {column} = ?{}", args.len()));
+            }
+        }
+        sql.push_str(" ORDER BY rowid");
+        if let Some(l) = query.limit {
+            sql.push_str(&format!(" LIMIT {l}"));
+        }
+        let conn = self.conn.lock();
+        let mut st = conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(rusqlite::params_from_iter(args), |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, i64>(2)?,
+                ))
+            })
+            .map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, data, version) = row.map_err(|e| self.err(e))?;
+            // A row that does not decode is left out: the rest of the store
+            // stays readable (its claim reports it, the driver quarantines it).
+            if let Ok(run) = self.decode_run(&id, &data, version) {
+                out.push(run);
+            }
+        }
+        Ok(out)
+    }
+
+    fn list_due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.ids(
+            "SELECT run_id FROM runs WHERE wait_due_us IS NOT NULL AND wait_due_us <= ?1
+             AND status = 'waiting' AND quarantine IS NULL ORDER BY wait_due_us, rowid LIMIT ?2",
+            &[&now.timestamp_micros(), &(limit as i64)],
+        )
+    }
+
+    fn list_claimable(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.ids(
+            "SELECT run_id FROM runs WHERE status = 'running'
+             AND (lease_holder IS NULL OR lease_until_us < ?1) AND quarantine IS NULL
+             ORDER BY rowid LIMIT ?2",
+            &[&now.timestamp_micros(), &(limit as i64)],
+        )
+    }
+
+    fn list_ended_children(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
+        let conn = self.conn.lock();
+        let mut st = conn
+            .prepare_cached(
+                "SELECT p.run_id, c.run_id FROM runs p JOIN runs c
+                   ON c.run_id = substr(p.wait_key, 13)
+                 WHERE p.status = 'waiting' AND p.wait_reason = 'subworkflow'
+                   AND p.wait_key LIKE 'subworkflow:%' AND p.quarantine IS NULL
+                   AND c.status IN ('completed', 'failed', 'cancelled')
+                 ORDER BY p.rowid LIMIT ?1",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(|e| self.err(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.err(e))
+    }
+
+    fn list_orphans(&self, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.ids(
+            "SELECT c.run_id FROM runs c JOIN runs p ON p.run_id = c.parent_run_id
+             WHERE c.status IN ('running', 'waiting') AND p.status = 'cancelled'
+               AND c.quarantine IS NULL
+             ORDER BY c.rowid LIMIT ?1",
+            &[&(limit as i64)],
+        )
+    }
+
+    fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {
+        let conn = self.conn.lock();
+        conn.prepare_cached(
+            "UPDATE runs SET quarantine = ?2, lease_holder = NULL, lease_until_us = NULL
+             WHERE run_id = ?1 AND quarantine IS NULL",
+        )
+        .and_then(|mut st| st.execute(params![run_id, reason]))
+        .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let conn = self.conn.lock();
+        let mut st = conn
+            .prepare_cached(
+                "SELECT run_id, quarantine FROM runs WHERE quarantine IS NOT NULL ORDER BY rowid",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(|e| self.err(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.err(e))
+    }
+
+    fn list_run_index(&self, query: &RunIndexQuery) -> Result<Vec<RunIndexRow>, StoreError> {
+        let mut sql = String::from(
+            "SELECT run_id, workflow_id, status, parent_run_id, session_id, created_at,
+                    updated_at, automation_id, role, occurrence_index, session_kind,
+                    workspace_root
+             FROM runs WHERE quarantine IS NULL",
+        );
+        let mut args: Vec<String> = Vec::new();
+        let mut eq = |sql: &mut String, column: &str, value: &Option<String>| {
+            if let Some(v) = value {
+                args.push(v.clone());
+                sql.push_str(&format!(" AND {column} = ?{}", args.len()));
+            }
+        };
+        eq(
+            &mut sql,
+            "status",
+            &query.status.map(|s| s.as_str().to_string()),
+        );
+        eq(&mut sql, "workflow_id", &query.workflow_id);
+        eq(&mut sql, "session_id", &query.session_id);
+        for (column, wanted) in [
+            ("automation_id", &query.automation_id),
+            ("role", &query.role),
+            ("session_kind", &query.session_kind),
+        ] {
+            let Some(values) = wanted else { continue };
+            if values.is_empty() {
+                sql.push_str(" AND 0");
+                continue;
+            }
+            let mut marks = Vec::new();
+            for v in values {
+                args.push(v.clone());
+                marks.push(format!("?{}", args.len()));
+            }
+            sql.push_str(&format!(" AND {column} IN ({})", marks.join(", ")));
+        }
+        if query.root_only {
+            sql.push_str(
+                " AND (role = 'occurrence' OR ((parent_run_id IS NULL OR parent_run_id = '')
+                   AND (role IS NULL OR role <> 'controller')))",
+            );
+        }
+        sql.push_str(if query.oldest_first {
+            " ORDER BY rowid"
+        } else {
+            " ORDER BY rowid DESC"
+        });
+        if let Some(l) = query.limit {
+            sql.push_str(&format!(" LIMIT {l}"));
+        }
+        let conn = self.conn.lock();
+        let mut st = conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(rusqlite::params_from_iter(args.iter()), |r| {
+                Ok(RunIndexRow {
+                    run_id: r.get(0)?,
+                    workflow_id: r.get(1)?,
+                    status: RunStatus::parse(&r.get::<_, String>(2)?).unwrap_or(RunStatus::Failed),
+                    parent_run_id: r.get(3)?,
+                    session_id: r.get(4)?,
+                    created_at: r.get::<_, Option<String>>(5)?.unwrap_or_default(),
+                    updated_at: r.get::<_, Option<String>>(6)?.unwrap_or_default(),
+                    automation_id: r.get(7)?,
+                    role: r.get(8)?,
+                    occurrence_index: r.get(9)?,
+                    session_kind: r.get(10)?,
+                    workspace_root: r.get(11)?,
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.err(e))
     }
 
     fn put_bundle(&self, workflow_id: &str, dir: &Path) -> Result<(), StoreError> {
@@ -411,36 +928,35 @@ impl super::CommandStore for SqliteStore {
         &self,
         command: &super::CommandRecord,
     ) -> Result<super::AppendResult, StoreError> {
-        let mut conn = self.conn.lock();
-        let tx = conn.transaction().map_err(|e| self.err(e))?;
-        let existing: Option<i64> = tx
-            .prepare_cached("SELECT seq FROM commands WHERE command_id = ?1")
-            .and_then(|mut st| st.query_row([&command.command_id], |r| r.get(0)).optional())
+        self.write(|tx| {
+            let existing: Option<i64> = tx
+                .prepare_cached("SELECT seq FROM commands WHERE command_id = ?1")
+                .and_then(|mut st| st.query_row([&command.command_id], |r| r.get(0)).optional())
+                .map_err(|e| self.err(e))?;
+            if let Some(seq) = existing {
+                return Ok(super::AppendResult {
+                    accepted: false,
+                    duplicate: true,
+                    seq: seq as u64,
+                });
+            }
+            tx.prepare_cached("INSERT INTO commands (command_id, data) VALUES (?1, '')")
+                .and_then(|mut st| st.execute([&command.command_id]))
+                .map_err(|e| self.err(e))?;
+            let seq = tx.last_insert_rowid() as u64;
+            let data = serde_json::to_string(&super::CommandRecord {
+                seq,
+                ..command.clone()
+            })
             .map_err(|e| self.err(e))?;
-        if let Some(seq) = existing {
-            return Ok(super::AppendResult {
-                accepted: false,
-                duplicate: true,
-                seq: seq as u64,
-            });
-        }
-        tx.prepare_cached("INSERT INTO commands (command_id, data) VALUES (?1, '')")
-            .and_then(|mut st| st.execute([&command.command_id]))
-            .map_err(|e| self.err(e))?;
-        let seq = tx.last_insert_rowid() as u64;
-        let data = serde_json::to_string(&super::CommandRecord {
-            seq,
-            ..command.clone()
-        })
-        .map_err(|e| self.err(e))?;
-        tx.prepare_cached("UPDATE commands SET data = ?1 WHERE seq = ?2")
-            .and_then(|mut st| st.execute(params![data, seq as i64]))
-            .map_err(|e| self.err(e))?;
-        tx.commit().map_err(|e| self.err(e))?;
-        Ok(super::AppendResult {
-            accepted: true,
-            duplicate: false,
-            seq,
+            tx.prepare_cached("UPDATE commands SET data = ?1 WHERE seq = ?2")
+                .and_then(|mut st| st.execute(params![data, seq as i64]))
+                .map_err(|e| self.err(e))?;
+            Ok(super::AppendResult {
+                accepted: true,
+                duplicate: false,
+                seq,
+            })
         })
     }
 

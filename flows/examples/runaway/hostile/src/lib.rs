@@ -5,8 +5,15 @@
 //! (allocates without bound), `stack` (unbounded recursion), `trap`
 //! (`unreachable`), `panic`, `bad_json` (output that does not parse),
 //! `bad_vars` (a vars patch that is not an object), `unknown_next` (routes to a
-//! node that does not exist), `probe` (reports what the sandbox lets it see),
-//! `ok` (behaves).
+//! node that does not exist), `sleep` (sleeps an hour), `poll` (waits on a
+//! WASI pollable an hour away), `big_output` (returns `config.bytes`, default
+//! 64 MiB, of output), `probe` (reports what the sandbox lets it see; with
+//! `config.port`, tries to connect to that port on 127.0.0.1), `ok` (behaves).
+//!
+//! Two well-behaved modes serve tests of the host: `spin` counts to
+//! `config.iterations` (a slow but finite step) and follows the node's route;
+//! `effect` sets `config.patch` in the vars and asks for `config.effect`
+//! (`{kind, payload, result_key}`), following the node's route.
 use std::hint::black_box;
 
 use stepwell_guest::bindings::stepwell::flow::types::{NodeError, NodeInput, StepPlan};
@@ -28,7 +35,7 @@ fn recurse(buf: [u8; 256]) -> u64 {
     recurse(black_box(buf)) + 1
 }
 
-fn probe() -> String {
+fn probe(port: u64) -> String {
     let env: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
     let args: Vec<String> = std::env::args().collect();
     let fs = match std::fs::read_dir("/") {
@@ -43,7 +50,7 @@ fn probe() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(u64::MAX);
-    let net = match std::net::TcpStream::connect("127.0.0.1:9") {
+    let net = match std::net::TcpStream::connect(("127.0.0.1", port as u16)) {
         Ok(_) => "connected".to_string(),
         Err(e) => format!("error: {e}"),
     };
@@ -97,9 +104,68 @@ impl stepwell_guest::bindings::Guest for Hostile {
                 ..plan()
             }),
             "probe" => Ok(StepPlan {
-                complete_output: Some(probe()),
+                complete_output: Some(probe(
+                    config.get("port").and_then(|p| p.as_u64()).unwrap_or(9),
+                )),
                 ..plan()
             }),
+            "sleep" => {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+                Ok(StepPlan {
+                    complete_output: Some("\"slept\"".into()),
+                    ..plan()
+                })
+            }
+            "poll" => {
+                let hour = wasip2::clocks::monotonic_clock::subscribe_duration(3_600_000_000_000);
+                let ready = wasip2::io::poll::poll(&[&hour]);
+                Ok(StepPlan {
+                    complete_output: Some(format!("{{\"ready\":{}}}", ready.len())),
+                    ..plan()
+                })
+            }
+            "big_output" => {
+                let bytes = config
+                    .get("bytes")
+                    .and_then(|b| b.as_u64())
+                    .unwrap_or(64 << 20) as usize;
+                let mut text = String::with_capacity(bytes + 2);
+                text.push('"');
+                text.extend(std::iter::repeat_n('x', bytes));
+                text.push('"');
+                Ok(StepPlan {
+                    complete_output: Some(text),
+                    ..plan()
+                })
+            }
+            "spin" => {
+                let n = config
+                    .get("iterations")
+                    .and_then(|i| i.as_u64())
+                    .unwrap_or(1_000_000);
+                let mut x: u64 = 0;
+                for i in 0..n {
+                    x = black_box(x.wrapping_add(i));
+                }
+                black_box(x);
+                Ok(plan())
+            }
+            "effect" => {
+                let effect = config.get("effect").cloned().unwrap_or_default();
+                let text = |v: Option<&serde_json::Value>| v.map(|v| v.to_string());
+                Ok(StepPlan {
+                    vars: text(config.get("patch")),
+                    effect: Some(stepwell_guest::bindings::stepwell::flow::types::Effect {
+                        kind: effect["kind"].as_str().unwrap_or("").to_string(),
+                        payload: effect
+                            .get("payload")
+                            .map(|p| p.to_string())
+                            .unwrap_or_else(|| "{}".into()),
+                        result_key: effect["result_key"].as_str().map(str::to_string),
+                    }),
+                    ..plan()
+                })
+            }
             "ok" => Ok(StepPlan {
                 complete_output: Some("{\"ok\":true}".into()),
                 ..plan()

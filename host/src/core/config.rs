@@ -1,0 +1,153 @@
+//! How a runtime is configured ([`RuntimeConfig`], [`RetryPolicy`]) and how a
+//! run is started ([`StartOptions`]).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+/// The runtime's bounds, and the defaults written into a new run's
+/// `vars._limits` (the reference runtime's keys).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeConfig {
+    /// The most node steps one `tick` (or `resume`, or `run`) executes
+    /// before returning a still running run (a later tick continues).
+    pub max_steps_per_tick: u64,
+    /// The most node steps one run may take in its whole life (counted in
+    /// `vars._runtime.node_visits`, so it survives restarts): a flow that
+    /// loops from node to node without ever waiting fails with
+    /// `limit_exceeded` instead of spinning for ever. For comparison,
+    /// Temporal ends a workflow's history at 51,200 events.
+    pub max_node_visits: u64,
+    /// The most node steps the driver gives one run per pass before it
+    /// moves on to the next run, so one busy run cannot starve the others.
+    pub drive_steps_per_run: u64,
+    /// The most runs each part of a driver pass takes on (due waits,
+    /// finished children, running runs): a backlog is worked through in
+    /// batches.
+    pub drive_batch: usize,
+    /// How long a lease lasts unless renewed. A runtime renews the leases it
+    /// holds every third of this; a process that dies leaves its runs to
+    /// others after at most this long.
+    pub lease_ttl: Duration,
+    /// How long `resume`, `tick` and the other calls on one run wait for a
+    /// run another thread or process is executing before they give up with
+    /// `conflict`. The driver never waits: it moves on.
+    pub lease_wait: Duration,
+    /// How deep steps may nest inside other runs' steps: a synchronous
+    /// subworkflow runs its child inside the parent's step, and an event
+    /// runs its listeners inside the emitter's. An effect that would nest
+    /// deeper fails with `limit_exceeded` (a flow that starts itself, two
+    /// workflows starting each other, an event chain).
+    pub max_nesting: u32,
+    /// Effect scopes `emit_event` may use (`run`, `session`, `workflow`,
+    /// `global`); an emit with another scope fails with `invalid_effect`.
+    pub emit_scopes: Vec<String>,
+    /// `_limits.max_iterations`.
+    pub max_iterations: u64,
+    /// `_limits.max_tokens`.
+    pub max_tokens: u64,
+    /// `_limits.max_history_messages` (-1 = unlimited).
+    pub max_history_messages: i64,
+    /// `_limits.warn_iterations_pct`.
+    pub warn_iterations_pct: u64,
+    /// `_limits.warn_tokens_pct`.
+    pub warn_tokens_pct: u64,
+    /// Retry policies for failed effects, by effect kind. An effect without
+    /// one fails its run at the first failure; a failure that says it is not
+    /// retryable fails it whatever the policy.
+    pub retries: HashMap<String, RetryPolicy>,
+}
+
+/// How a failed effect is retried: the run waits (a durable time wait, reason
+/// `until`, key `retry:<node>:<attempt>`) for the backoff, then executes the
+/// node again with the next attempt number and the same idempotency key;
+/// after `max_attempts` failures the run fails. Only failures marked
+/// retryable (timeouts, transport errors, host resource limits) are retried.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in all, at least 1.
+    pub max_attempts: u32,
+    /// The wait before the second attempt.
+    pub initial_backoff: Duration,
+    /// Each further wait is the previous one times this (at least 1).
+    pub factor: f64,
+    /// No wait is longer than this.
+    pub max_backoff: Duration,
+}
+
+impl RetryPolicy {
+    /// The wait after failed attempt `attempt` (1 for the first).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let factor = self
+            .factor
+            .max(1.0)
+            .powi(attempt.saturating_sub(1).min(1_000) as i32);
+        let secs =
+            (self.initial_backoff.as_secs_f64() * factor).min(self.max_backoff.as_secs_f64());
+        Duration::try_from_secs_f64(secs)
+            .unwrap_or(self.max_backoff)
+            .min(self.max_backoff)
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            max_steps_per_tick: 100_000,
+            max_node_visits: 100_000,
+            drive_steps_per_run: 1_000,
+            drive_batch: 256,
+            lease_ttl: Duration::from_secs(30),
+            lease_wait: Duration::from_secs(10),
+            max_nesting: 16,
+            emit_scopes: ["run", "session", "workflow", "global"]
+                .map(String::from)
+                .to_vec(),
+            max_iterations: 20,
+            max_tokens: 32_768,
+            max_history_messages: -1,
+            warn_iterations_pct: 80,
+            warn_tokens_pct: 80,
+            retries: HashMap::new(),
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// The `_limits` object a new run starts with.
+    pub fn limits_value(&self) -> Value {
+        json!({
+            "max_iterations": self.max_iterations,
+            "current_iteration": 0,
+            "max_tokens": self.max_tokens,
+            "max_output_tokens": null,
+            "max_input_tokens": null,
+            "estimated_tokens_used": 0,
+            "max_history_messages": self.max_history_messages,
+            "warn_iterations_pct": self.warn_iterations_pct,
+            "warn_tokens_pct": self.warn_tokens_pct,
+        })
+    }
+}
+
+/// How a run is started.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StartOptions {
+    /// The run's initial vars. `_runtime` is refused here: it belongs to the
+    /// host (see [`StartOptions::runtime`]).
+    pub vars: Map<String, Value>,
+    /// An explicit run id (`[A-Za-z0-9_-]+`): created only if free; the same
+    /// identity returns the existing run, another is `identity_conflict`.
+    pub run_id: Option<String>,
+    /// Who starts the run.
+    pub actor_id: Option<String>,
+    /// The session the run belongs to.
+    pub session_id: Option<String>,
+    /// The parent run, for child runs.
+    pub parent_run_id: Option<String>,
+    /// What the host seeds `vars._runtime` with (its own bookkeeping, for
+    /// example an automation controller's state). Only host code sets this:
+    /// no guest, flow document or CLI argument reaches it.
+    pub runtime: Map<String, Value>,
+}

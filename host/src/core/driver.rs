@@ -1,0 +1,205 @@
+//! The driver: one pass moves along everything that is due. Any number of
+//! drivers (threads, processes, machines) may run passes on one store at
+//! once: each run is claimed before it is touched, so a due wait is
+//! resumed once, a running run is ticked by one driver at a time, and a
+//! finished child's parent is resumed once.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::clock::format_time;
+use super::keys::terminal_key;
+use super::model::{RunState, RunStatus, StepRecord, StepStatus};
+use super::runtime::Runtime;
+use super::txn::lease_now;
+use super::{Error, Result};
+use crate::effects::subworkflow::{self, OnChildFailure};
+use crate::effects::Outcome;
+
+/// What one [`Runtime::drive_once`] pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DriveReport {
+    /// Runs whose due time wait or event deadline was resolved.
+    pub due_resumed: Vec<String>,
+    /// Running runs that were ticked (new and async children, runs whose
+    /// executor died).
+    pub ticked: Vec<String>,
+    /// Parents resumed (or failed) because their child ended.
+    pub parents_resumed: Vec<String>,
+    /// Unfinished children of cancelled parents, cancelled now.
+    pub orphans_cancelled: Vec<String>,
+    /// Runs another executor holds: left to it.
+    pub busy: Vec<String>,
+    /// Runs set aside because they cannot be read or committed, with why.
+    pub quarantined: Vec<(String, String)>,
+    /// Runs the pass could not move, with why.
+    pub errors: Vec<(String, String)>,
+}
+
+impl DriveReport {
+    /// Whether the pass moved anything.
+    pub fn moved_anything(&self) -> bool {
+        !(self.due_resumed.is_empty()
+            && self.ticked.is_empty()
+            && self.parents_resumed.is_empty()
+            && self.orphans_cancelled.is_empty()
+            && self.quarantined.is_empty())
+    }
+}
+
+/// Why the pass took a run on.
+#[derive(Clone, Copy, PartialEq)]
+enum Why {
+    Due,
+    Running,
+}
+
+impl Runtime {
+    /// One pass of the driver: cancels orphans of cancelled parents,
+    /// resolves due time waits and event deadlines, resumes (or fails)
+    /// parents whose child ended, and ticks running runs nobody holds. Each
+    /// run gets at most [`crate::RuntimeConfig::drive_steps_per_run`] steps
+    /// per pass; each part takes at most
+    /// [`crate::RuntimeConfig::drive_batch`] runs. A run that cannot be read
+    /// is quarantined and reported; errors of single runs are collected in
+    /// the report; only a failing store stops the pass.
+    pub fn drive_once(&self) -> Result<DriveReport> {
+        let mut report = DriveReport::default();
+        let batch = self.config().drive_batch.max(1);
+        for id in self.store().list_orphans(batch)? {
+            match self.cancel_run_by(&id, Some("its parent run was cancelled"), "driver") {
+                Ok(_) => report.orphans_cancelled.push(id),
+                Err(e) => report.errors.push((id, e.to_string())),
+            }
+        }
+        for id in self.store().list_due(self.now(), batch)? {
+            self.drive_run(&id, Why::Due, &mut report)?;
+        }
+        for (parent, child) in self.store().list_ended_children(batch)? {
+            match self.resume_parent(&parent, &child) {
+                Ok(true) => report.parents_resumed.push(parent),
+                Ok(false) => {}
+                Err(Error::Conflict { .. }) => report.busy.push(parent),
+                Err(e @ Error::Store(_)) if e.reason_code() != "store_corrupt" => return Err(e),
+                Err(e) => self.quarantine_or_report(&parent, e, &mut report)?,
+            }
+        }
+        for id in self.store().list_claimable(lease_now(), batch)? {
+            self.drive_run(&id, Why::Running, &mut report)?;
+        }
+        Ok(report)
+    }
+
+    /// Claims `id` without waiting and moves it along.
+    fn drive_run(&self, id: &str, why: Why, report: &mut DriveReport) -> Result<()> {
+        let (mut txn, mut run) = match self.claim(id, Duration::ZERO) {
+            Ok(held) => held,
+            Err(Error::Conflict { .. }) => {
+                report.busy.push(id.to_string());
+                return Ok(());
+            }
+            Err(Error::RunNotFound { .. } | Error::Quarantined { .. }) => return Ok(()),
+            Err(e) => return self.quarantine_or_report(id, e, report),
+        };
+        let mut pending = Vec::new();
+        match (why, run.status) {
+            (Why::Due, RunStatus::Waiting) => match self.resolve_due(&mut run) {
+                Ok(Some(record)) => pending.push(record),
+                // Resumed by someone else since it was listed.
+                Ok(None) => return Ok(()),
+                Err(e) => return self.quarantine_or_report(id, e, report),
+            },
+            (Why::Running, RunStatus::Running) => {}
+            _ => return Ok(()),
+        }
+        let budget = self.config().drive_steps_per_run.max(1);
+        match self.run_steps(&mut txn, run, budget, pending, 0) {
+            Ok(_) => match why {
+                Why::Due => report.due_resumed.push(id.to_string()),
+                Why::Running => report.ticked.push(id.to_string()),
+            },
+            Err(Error::Conflict { .. }) => report.busy.push(id.to_string()),
+            Err(e) => {
+                drop(txn);
+                self.quarantine_or_report(id, e, report)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A run the pass could not move: quarantined when its stored state
+    /// cannot be read (it would stop every pass), else reported. A store
+    /// that fails as a whole stops the pass.
+    fn quarantine_or_report(&self, id: &str, e: Error, report: &mut DriveReport) -> Result<()> {
+        match e.reason_code() {
+            "store_corrupt" => {
+                let reason = e.to_string();
+                self.store().quarantine(id, &reason)?;
+                report.quarantined.push((id.to_string(), reason));
+                Ok(())
+            }
+            "store_io" | "store_schema" => Err(e),
+            _ => {
+                report.errors.push((id.to_string(), e.to_string()));
+                Ok(())
+            }
+        }
+    }
+
+    /// Resumes (or fails) `parent` with the outcome of `child`, which has
+    /// ended, if the parent still waits on it. Returns whether it did.
+    fn resume_parent(&self, parent: &str, child: &str) -> Result<bool> {
+        let child = self.get_state(child)?;
+        let (mut txn, mut run) = self.claim(parent, Duration::ZERO)?;
+        let key = subworkflow::wait_key(&child.run_id);
+        let Some(wait) = run
+            .waiting
+            .clone()
+            .filter(|w| run.status == RunStatus::Waiting && w.wait_key == key)
+        else {
+            return Ok(false);
+        };
+        match subworkflow::ended_child(&child, OnChildFailure::of_wait(&wait)) {
+            Outcome::Failed(failure) => {
+                self.fail_waiting(&mut txn, &mut run, failure.to_string())?;
+            }
+            Outcome::Completed(data) => {
+                self.workflow(&run.workflow_id)?;
+                let record = self.end_wait(&mut run, data, "resumed", None);
+                let budget = self.config().drive_steps_per_run.max(1);
+                match self.run_steps(&mut txn, run, budget, vec![record], 0) {
+                    Err(Error::Conflict { .. }) if txn.commits == 0 => return Ok(false),
+                    Err(Error::Conflict { .. }) => {}
+                    Err(e) => return Err(e),
+                    Ok(_) => {}
+                }
+            }
+            Outcome::Waiting(_) => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Fails a held, waiting run with `message` (its wait ends unresumed).
+    fn fail_waiting(
+        &self,
+        txn: &mut super::txn::RunTxn<'_>,
+        run: &mut RunState,
+        message: String,
+    ) -> Result<()> {
+        let now = format_time(self.now());
+        let record = StepRecord {
+            status: StepStatus::Failed,
+            error: Some(message.clone()),
+            ended_at: Some(now.clone()),
+            idempotency_key: Some(terminal_key(run)),
+            ..self.record(run, run.current_node.clone(), &now)
+        };
+        run.waiting = None;
+        run.status = RunStatus::Failed;
+        run.error = Some(message);
+        run.updated_at = now;
+        txn.keep = false;
+        txn.commit(&[record], run)
+    }
+}

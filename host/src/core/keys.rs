@@ -1,0 +1,169 @@
+//! Idempotency keys of ledger records, and the host's bookkeeping in a run's
+//! `vars._runtime`.
+//!
+//! - an effect's key is `<run>:<effect_seq>` (the same for every attempt of
+//!   that effect, and on replay after a crash);
+//! - the record that ends a run without an effect is `<run>:terminal`;
+//! - the record that ends a wait is `<effect key>:resumed:<payload digest>`
+//!   (`:due:` when it came due), or `resumed-by:<cause>` when another run's
+//!   effect (an event) resumed it, so that effect can tell it already did;
+//! - `<run>` is the run id, plus `~<n>` once a snapshot was restored `n`
+//!   times (a restored run repeats effect numbers).
+
+use serde_json::{json, Map, Value};
+
+use super::model::RunState;
+
+/// Vars the host owns: no guest patch, result key, resume payload or child
+/// vars may write them. `_runtime` holds the host's bookkeeping, `_meta` a
+/// run's identity and attribution, `_limits` its budgets.
+pub const HOST_OWNED_VARS: [&str; 3] = ["_runtime", "_meta", "_limits"];
+
+/// Whether the var (or dotted path) `key` is host-owned: its first segment
+/// is one of [`HOST_OWNED_VARS`], or it starts with `_runtime`.
+pub fn is_host_owned(key: &str) -> bool {
+    let first = key.split('.').next().unwrap_or(key);
+    HOST_OWNED_VARS.contains(&first) || key.starts_with("_runtime")
+}
+
+/// The key prefix of a run's records (see the module docs).
+pub(crate) fn key_prefix(run: &RunState) -> String {
+    match run
+        .vars
+        .get("_runtime")
+        .and_then(|r| r.get("restores"))
+        .and_then(Value::as_u64)
+    {
+        Some(n) if n > 0 => format!("{}~{n}", run.run_id),
+        _ => run.run_id.clone(),
+    }
+}
+
+/// The idempotency key of effect `seq` of `run`.
+pub fn effect_idempotency_key(run: &RunState, seq: u64) -> String {
+    format!("{}:{seq}", key_prefix(run))
+}
+
+/// The idempotency key of the run's latest effect.
+pub(crate) fn effect_key(run: &RunState) -> Option<String> {
+    let seq = run.vars.get("_runtime")?.get("effect_seq")?.as_u64()?;
+    Some(effect_idempotency_key(run, seq))
+}
+
+/// The idempotency key of the record that ends a run without an effect
+/// (completed, failed or cancelled): a run ends once.
+pub(crate) fn terminal_key(run: &RunState) -> String {
+    format!("{}:terminal", key_prefix(run))
+}
+
+/// The idempotency key of the resume that effect `cause` (of another run)
+/// delivered.
+pub fn caused_resume_key(cause: &str) -> String {
+    format!("resumed-by:{cause}")
+}
+
+/// The run's `vars._runtime` object (created, or replaced if it is not an
+/// object).
+pub(crate) fn runtime_vars(run: &mut RunState) -> &mut Map<String, Value> {
+    let rt = run
+        .vars
+        .entry("_runtime")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !rt.is_object() {
+        *rt = Value::Object(Map::new());
+    }
+    rt.as_object_mut().expect("made an object above")
+}
+
+fn runtime_u64(run: &RunState, key: &str) -> Option<u64> {
+    run.vars.get("_runtime")?.get(key)?.as_u64()
+}
+
+/// The attempt number of the run's current node (`vars._runtime.attempt`).
+pub(crate) fn current_attempt(run: &RunState) -> u32 {
+    runtime_u64(run, "attempt").map_or(1, |a| a.clamp(1, u32::MAX as u64) as u32)
+}
+
+/// Sets the attempt number (1 removes it, and the retried effect's number:
+/// the first attempt is the default).
+pub(crate) fn set_attempt(run: &mut RunState, attempt: u32) {
+    if attempt <= 1 {
+        if let Some(rt) = run.vars.get_mut("_runtime").and_then(Value::as_object_mut) {
+            rt.remove("attempt");
+            rt.remove("retry_seq");
+        }
+        return;
+    }
+    runtime_vars(run).insert("attempt".into(), json!(attempt));
+}
+
+/// The sequence number of the run's next effect: the retried effect's
+/// number while a retry is under way (every attempt of an effect keeps its
+/// idempotency key), else one more than the last.
+pub(crate) fn next_effect_seq(run: &mut RunState) -> u64 {
+    if let Some(seq) = runtime_u64(run, "retry_seq") {
+        return seq;
+    }
+    let map = runtime_vars(run);
+    let seq = map.get("effect_seq").and_then(Value::as_u64).unwrap_or(0) + 1;
+    map.insert("effect_seq".into(), json!(seq));
+    seq
+}
+
+/// Remembers `seq` as the effect the next attempt retries.
+pub(crate) fn set_retry_seq(run: &mut RunState, seq: u64) {
+    runtime_vars(run).insert("retry_seq".into(), json!(seq));
+}
+
+/// How many node steps the run has taken (`vars._runtime.node_visits`).
+pub(crate) fn node_visits(run: &RunState) -> u64 {
+    runtime_u64(run, "node_visits").unwrap_or(0)
+}
+
+/// Counts one more node step.
+pub(crate) fn count_visit(run: &mut RunState) -> u64 {
+    let map = runtime_vars(run);
+    let n = map.get("node_visits").and_then(Value::as_u64).unwrap_or(0) + 1;
+    map.insert("node_visits".into(), json!(n));
+    n
+}
+
+/// The first identity field on which two runs with one id differ.
+pub(crate) fn identity_mismatch(existing: &RunState, requested: &RunState) -> Option<&'static str> {
+    let meta = |r: &RunState, key: &str| r.vars.get("_meta").and_then(|m| m.get(key)).cloned();
+    if existing.workflow_id != requested.workflow_id {
+        Some("workflow_id")
+    } else if existing.session_id != requested.session_id {
+        Some("session_id")
+    } else if existing.parent_run_id != requested.parent_run_id {
+        Some("parent_run_id")
+    } else if meta(existing, "occurrence") != meta(requested, "occurrence") {
+        Some("vars._meta.occurrence")
+    } else if meta(existing, "creation_digest") != meta(requested, "creation_digest") {
+        Some("vars._meta.creation_digest")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_owned_vars_are_recognised_by_their_first_segment() {
+        for key in [
+            "_runtime",
+            "_runtime.x",
+            "_runtimes",
+            "_meta",
+            "_meta.occurrence",
+            "_limits.max_tokens",
+        ] {
+            assert!(is_host_owned(key), "{key}");
+        }
+        for key in ["meta", "runtime", "x._meta", "_metadata", "limits"] {
+            assert!(!is_host_owned(key), "{key}");
+        }
+    }
+}

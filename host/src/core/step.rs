@@ -1,0 +1,621 @@
+//! The step machine: one node visit of a run, from the node's plan to the
+//! commit of its transition, and the loop that steps a held run.
+
+use serde_json::{json, Value};
+
+use super::clock::format_time;
+use super::config::RetryPolicy;
+use super::keys::{
+    count_visit, current_attempt, effect_idempotency_key, is_host_owned, next_effect_seq,
+    node_visits, set_attempt, set_retry_seq, terminal_key,
+};
+use super::model::{
+    EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus, WaitReason,
+    WaitState,
+};
+use super::runtime::Runtime;
+use super::txn::RunTxn;
+use super::{panics, Result};
+use crate::effects::{EffectClass, EffectCx, Failure, Outcome};
+use crate::flow::{template, Node, NodeKind, Workflow};
+use crate::wasm::{vars_json, NodeCall};
+
+/// Where a step sends the run.
+enum Target {
+    Node(String),
+    Complete(Value),
+    /// No route: a waiting effect completes the run with the resume payload,
+    /// a completed effect with its result.
+    End,
+}
+
+pub(crate) fn complete(run: &mut RunState, output: Value) {
+    run.status = RunStatus::Completed;
+    run.output = Some(output);
+    run.current_node = None;
+    run.waiting = None;
+}
+
+fn fail(run: &mut RunState, msg: String, now: &str) {
+    run.status = RunStatus::Failed;
+    run.error = Some(msg);
+    run.waiting = None;
+    run.updated_at = now.to_string();
+}
+
+/// The record that ends effect record `base` (same effect, key and attempt)
+/// with `status`, as of `ended_at`.
+fn outcome_record(base: &StepRecord, status: StepStatus, ended_at: &str) -> StepRecord {
+    StepRecord {
+        step_id: uuid::Uuid::new_v4().to_string(),
+        status,
+        ended_at: Some(ended_at.to_string()),
+        result: None,
+        ..base.clone()
+    }
+}
+
+/// The outcome an effect's ledger recorded for `attempt`, if it ran before.
+fn recorded_outcome(records: &[StepRecord], attempt: u32) -> Option<Outcome> {
+    let r = records
+        .iter()
+        .find(|r| r.attempt == attempt && r.status != StepStatus::Started)?;
+    match r.status {
+        StepStatus::Completed => Some(Outcome::Completed(r.result.clone().unwrap_or(Value::Null))),
+        StepStatus::Waiting => r
+            .result
+            .as_ref()
+            .and_then(|v| serde_json::from_value::<WaitState>(v["wait"].clone()).ok())
+            .map(|w| Outcome::Waiting(Box::new(w))),
+        StepStatus::Failed => {
+            let error = r.error.clone().unwrap_or_default();
+            let (code, message) = error.split_once(": ").unwrap_or(("effect_failed", &error));
+            let retryable = r
+                .result
+                .as_ref()
+                .and_then(|v| v.get("retryable"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            Some(Outcome::Failed(Failure {
+                code: code.to_string(),
+                message: message.to_string(),
+                retryable,
+            }))
+        }
+        _ => None,
+    }
+}
+
+impl Runtime {
+    /// Steps the held run until it stops running or `max_steps` ran.
+    ///
+    /// `pending` holds the record of a wait that just ended (a resume, a due
+    /// time): it commits together with the first step, in one store commit,
+    /// so a resume costs one commit, not two. Until that commit the run is
+    /// still waiting in the store; the hold keeps every other executor out.
+    ///
+    /// Each step runs under [`panics::catch`]: a panic fails the run with
+    /// `host_panic`. A commit that loses a race returns
+    /// [`Error::Conflict`].
+    pub(crate) fn run_steps(
+        &self,
+        txn: &mut RunTxn<'_>,
+        mut run: RunState,
+        max_steps: u64,
+        mut pending: Vec<StepRecord>,
+        depth: u32,
+    ) -> Result<RunState> {
+        if run.status != RunStatus::Running || max_steps == 0 {
+            if !pending.is_empty() || !txn.exists() {
+                txn.keep = false;
+                txn.commit(&pending, &mut run)?;
+            }
+            return Ok(run);
+        }
+        let wf = self.workflow(&run.workflow_id)?;
+        let mut steps = 0;
+        while run.status == RunStatus::Running && steps < max_steps {
+            txn.keep = steps + 1 < max_steps;
+            let records = std::mem::take(&mut pending);
+            match panics::catch(|| self.step(txn, &wf, &mut run, records, depth)) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(panic) => return self.fail_after_panic(txn, &run.run_id, panic),
+            }
+            steps += 1;
+        }
+        Ok(run)
+    }
+
+    /// Fails the held run with `host_panic` from its last committed state
+    /// (what the panicking step did in memory is dropped).
+    fn fail_after_panic(
+        &self,
+        txn: &mut RunTxn<'_>,
+        run_id: &str,
+        panic: String,
+    ) -> Result<RunState> {
+        let mut run = self.get_state(run_id)?;
+        let now = format_time(self.now());
+        let msg = format!("host_panic: the host failed while executing this run: {panic}");
+        let record = StepRecord {
+            status: StepStatus::Failed,
+            error: Some(msg.clone()),
+            ended_at: Some(now.clone()),
+            idempotency_key: Some(terminal_key(&run)),
+            ..self.record(&run, run.current_node.clone(), &now)
+        };
+        fail(&mut run, msg, &now);
+        txn.keep = false;
+        if !txn.exists() {
+            // The panic came before the run's first commit: it never existed.
+            return Ok(run);
+        }
+        txn.commit(&[record], &mut run)?;
+        Ok(run)
+    }
+
+    /// Executes the run's current node and commits the step. `records`
+    /// starts with the pending records to commit with this step.
+    fn step(
+        &self,
+        txn: &mut RunTxn<'_>,
+        wf: &Workflow,
+        run: &mut RunState,
+        mut records: Vec<StepRecord>,
+        depth: u32,
+    ) -> Result<()> {
+        let now = self.now();
+        let started_at = format_time(now);
+        let Some(node_id) = run.current_node.clone() else {
+            return self.fail_step(
+                txn,
+                run,
+                records,
+                None,
+                &started_at,
+                "invalid_state: a running run has no current node".into(),
+            );
+        };
+        let Some(node) = wf.nodes.get(&node_id) else {
+            let msg = format!(
+                "unknown_node: workflow {} has no node {node_id:?}",
+                wf.workflow_id
+            );
+            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+        };
+        let limit = self.inner.config.max_node_visits;
+        if node_visits(run) >= limit {
+            let msg = format!(
+                "limit_exceeded: the run took {limit} node steps (RuntimeConfig::max_node_visits); a flow that loops must wait somewhere"
+            );
+            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+        }
+        let plan = match self.plan(wf, node, run, &started_at) {
+            Ok(plan) => plan,
+            Err(msg) => return self.fail_step(txn, run, records, Some(node_id), &started_at, msg),
+        };
+        let handler = match &plan.effect {
+            None => None,
+            Some(effect) => match self.inner.effects.get(&effect.kind) {
+                Some(h) => Some(h.clone()),
+                None => {
+                    let msg = format!(
+                        "unsupported_feature: node {node_id} asked for the unknown effect {:?} (known: {})",
+                        effect.kind,
+                        self.inner.effects.kinds().join(", ")
+                    );
+                    return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+                }
+            },
+        };
+        let class = handler.as_ref().map(|h| h.class());
+        if class.is_some_and(|c| c != EffectClass::Pure) && (!records.is_empty() || !txn.exists()) {
+            // Make the pending resume (or the run itself) true before other
+            // runs or the world are touched: from here on the store shows
+            // this run running, so no event can resume it a second time
+            // while this step runs, and no child can see a parent that does
+            // not exist.
+            let keep = txn.keep;
+            txn.keep = true;
+            let pending = std::mem::take(&mut records);
+            txn.commit(&pending, run)?;
+            txn.keep = keep;
+        }
+        count_visit(run);
+        // The patch, and how to take it back if the step's effect fails.
+        let mut undo: Vec<(String, Option<Value>)> = Vec::new();
+        if let Some(patch) = plan.vars {
+            if let Some(key) = patch.keys().find(|k| is_host_owned(k)) {
+                let msg = format!(
+                    "guest_bad_output: node {node_id} tried to set the host-owned var {key:?}"
+                );
+                return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+            }
+            for (k, v) in patch {
+                let old = if v.is_null() {
+                    run.vars.remove(&k)
+                } else {
+                    run.vars.insert(k.clone(), v)
+                };
+                undo.push((k, old));
+            }
+        }
+        let target = if let Some(out) = plan.complete_output {
+            Target::Complete(out)
+        } else if let Some(next) = &plan.next_node {
+            let resolved = node.resolve_route(next);
+            if !wf.nodes.contains_key(resolved) {
+                let msg = format!(
+                    "guest_bad_output: node {node_id} routed to {next:?}, which is neither a route label nor a node of workflow {}",
+                    wf.workflow_id
+                );
+                return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+            }
+            Target::Node(resolved.to_string())
+        } else if let Some(next) = &node.next {
+            Target::Node(next.clone())
+        } else if plan.effect.is_some() {
+            Target::End
+        } else {
+            let msg = format!(
+                "guest_bad_output: node {node_id} chose no next node, did not complete the run, and has no `next` route"
+            );
+            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+        };
+
+        let (Some(effect), Some(handler), Some(class)) = (plan.effect, handler, class) else {
+            let (result, key) = match &target {
+                Target::Node(n) => (json!({ "next_node": n }), None),
+                Target::Complete(out) => {
+                    (json!({ "complete_output": out }), Some(terminal_key(run)))
+                }
+                Target::End => (Value::Null, Some(terminal_key(run))),
+            };
+            records.push(StepRecord {
+                result: Some(result),
+                ended_at: Some(started_at.clone()),
+                idempotency_key: key,
+                ..self.record(run, Some(node_id), &started_at)
+            });
+            go(run, target, None);
+            run.updated_at = started_at;
+            return txn.commit(&records, run);
+        };
+
+        if let Some(key) = effect.result_key.as_deref().filter(|k| is_host_owned(k)) {
+            let msg = format!(
+                "guest_bad_output: node {node_id} asked for an effect result in the host-owned var {key:?}"
+            );
+            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+        }
+        let seq = next_effect_seq(run);
+        let key = effect_idempotency_key(run, seq);
+        let attempt = current_attempt(run);
+        let base = StepRecord {
+            status: StepStatus::Started,
+            effect: Some(EffectRecord {
+                kind: effect.kind.clone(),
+                payload: effect.payload.clone(),
+                result_key: effect.result_key.clone(),
+            }),
+            idempotency_key: Some(key.clone()),
+            attempt,
+            ..self.record(run, Some(node_id.clone()), &started_at)
+        };
+        let ahead = class != EffectClass::Pure && effect.payload.is_object();
+        let (outcome, replayed) = {
+            let cx = EffectCx {
+                run,
+                seq,
+                key: &key,
+                now,
+                attempt,
+                depth,
+                max_depth: self.inner.config.max_nesting,
+                emit_scopes: &self.inner.config.emit_scopes,
+                runs: self,
+            };
+            match effect.payload.as_object() {
+                None => (
+                    Outcome::invalid(&effect.kind, "", "must be a JSON object"),
+                    false,
+                ),
+                Some(payload) if !ahead => (handler.execute(&cx, payload, None)?, false),
+                Some(payload) => {
+                    // Recorded ahead of the commit, reused on replay: an
+                    // effect on other runs or the world never runs twice.
+                    let recorded: Vec<StepRecord> = if txn.exists() {
+                        self.list_ahead(&run.run_id)?
+                            .into_iter()
+                            .filter(|r| r.idempotency_key.as_deref() == Some(key.as_str()))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    match recorded_outcome(&recorded, attempt) {
+                        Some(outcome) => (outcome, true),
+                        None => {
+                            let started = recorded
+                                .iter()
+                                .find(|r| r.attempt == attempt && r.status == StepStatus::Started);
+                            let prepared = match started {
+                                Some(r) => r.result.clone(),
+                                None => {
+                                    let prepared = handler.prepare(&cx, payload)?;
+                                    let mut record = base.clone();
+                                    record.result = prepared.clone();
+                                    txn.append_ahead(&[record])?;
+                                    prepared
+                                }
+                            };
+                            (handler.execute(&cx, payload, prepared.as_ref())?, false)
+                        }
+                    }
+                }
+            }
+        };
+        if !ahead {
+            records.push(base.clone());
+        }
+        let ended_at = format_time(self.now());
+        match outcome {
+            Outcome::Completed(result) => {
+                if let Some(key) = &effect.result_key {
+                    template::assign(&mut run.vars, key, result.clone());
+                }
+                records.push(StepRecord {
+                    result: Some(result.clone()),
+                    ..outcome_record(&base, StepStatus::Completed, &ended_at)
+                });
+                go(run, target, Some(result));
+            }
+            Outcome::Waiting(mut wait) => {
+                wait.resume_to_node = match target {
+                    Target::Node(n) => Some(n),
+                    Target::End => None,
+                    Target::Complete(_) => {
+                        let failure = Failure::permanent(
+                            "guest_bad_output",
+                            format!(
+                                "node {node_id} both completes the run and waits ({})",
+                                effect.kind
+                            ),
+                        );
+                        return self.fail_effect(
+                            txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
+                        );
+                    }
+                };
+                wait.result_key = effect.result_key.clone();
+                records.push(StepRecord {
+                    result: Some(json!({ "wait": wait })),
+                    ..outcome_record(&base, StepStatus::Waiting, &ended_at)
+                });
+                set_attempt(run, 1);
+                run.status = RunStatus::Waiting;
+                run.waiting = Some(*wait);
+            }
+            Outcome::Failed(failure) => {
+                let policy = self.inner.config.retries.get(&effect.kind).copied();
+                if let Some(policy) =
+                    policy.filter(|p| failure.retryable && attempt < p.max_attempts)
+                {
+                    return self.retry_later(
+                        txn, run, records, &base, &ended_at, failure, &node_id, seq, attempt,
+                        &policy, undo, ahead, replayed,
+                    );
+                }
+                let failure = match policy {
+                    Some(_) if failure.retryable => Failure {
+                        message: format!("{} (after {attempt} attempts)", failure.message),
+                        ..failure
+                    },
+                    _ => failure,
+                };
+                return self.fail_effect(
+                    txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
+                );
+            }
+        }
+        if ahead {
+            if !replayed {
+                txn.append_ahead(&records)?;
+            }
+            records.clear();
+        }
+        run.updated_at = ended_at;
+        txn.commit(&records, run)
+    }
+
+    /// Asks the node for its plan.
+    fn plan(
+        &self,
+        wf: &Workflow,
+        node: &Node,
+        run: &RunState,
+        now: &str,
+    ) -> std::result::Result<StepPlan, String> {
+        match &node.kind {
+            NodeKind::Component {
+                component,
+                config_json,
+            } => {
+                let vars = vars_json(&run.vars);
+                component
+                    .call(&NodeCall {
+                        run_id: &run.run_id,
+                        workflow_id: &wf.workflow_id,
+                        node_id: &node.id,
+                        config_json,
+                        vars_json: &vars,
+                        now,
+                        attempt: current_attempt(run),
+                    })
+                    .map_err(|e| format!("{} (node {} of workflow {})", e, node.id, wf.workflow_id))
+            }
+            NodeKind::Effect {
+                kind,
+                payload,
+                result_key,
+            } => Ok(StepPlan {
+                effect: Some(EffectRequest {
+                    kind: kind.clone(),
+                    payload: template::render(payload, &run.vars),
+                    result_key: result_key.clone(),
+                }),
+                ..StepPlan::default()
+            }),
+            NodeKind::Complete { output } => Ok(StepPlan {
+                complete_output: Some(template::render(output, &run.vars)),
+                ..StepPlan::default()
+            }),
+        }
+    }
+
+    /// Records failed attempt `attempt` and parks the run until its backoff
+    /// has passed; the node then runs again with the next attempt number and
+    /// the same effect (same idempotency key). The attempt's vars patch is
+    /// taken back.
+    #[allow(clippy::too_many_arguments)]
+    fn retry_later(
+        &self,
+        txn: &mut RunTxn<'_>,
+        run: &mut RunState,
+        mut records: Vec<StepRecord>,
+        base: &StepRecord,
+        ended_at: &str,
+        failure: Failure,
+        node_id: &str,
+        seq: u64,
+        attempt: u32,
+        policy: &RetryPolicy,
+        undo: Vec<(String, Option<Value>)>,
+        ahead: bool,
+        replayed: bool,
+    ) -> Result<()> {
+        undo_patch(run, undo);
+        let wait = chrono::Duration::from_std(policy.backoff(attempt))
+            .unwrap_or(chrono::Duration::days(365));
+        let until = self
+            .now()
+            .checked_add_signed(wait)
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC)
+            .min(crate::effects::waits::latest_time());
+        let until = format_time(until);
+        let kind = base
+            .effect
+            .as_ref()
+            .map(|e| e.kind.clone())
+            .unwrap_or_default();
+        let msg = failure.to_string();
+        records.push(StepRecord {
+            error: Some(msg.clone()),
+            result: Some(json!({
+                "retryable": true,
+                "retry": { "next_attempt": attempt + 1, "at": until },
+            })),
+            ..outcome_record(base, StepStatus::Failed, ended_at)
+        });
+        if ahead {
+            if !replayed {
+                txn.append_ahead(&records)?;
+            }
+            records.clear();
+        }
+        set_attempt(run, attempt + 1);
+        set_retry_seq(run, seq);
+        run.status = RunStatus::Waiting;
+        run.waiting = Some(WaitState {
+            reason: WaitReason::Until,
+            wait_key: format!("retry:{node_id}:{}", attempt + 1),
+            until: Some(until),
+            resume_to_node: Some(node_id.to_string()),
+            result_key: None,
+            prompt: None,
+            choices: None,
+            details: Some(
+                json!({ "retry": { "effect": kind, "attempt": attempt + 1, "error": msg } }),
+            ),
+        });
+        run.updated_at = ended_at.to_string();
+        txn.commit(&records, run)
+    }
+
+    /// Fails the run at a node, before or without an effect.
+    fn fail_step(
+        &self,
+        txn: &mut RunTxn<'_>,
+        run: &mut RunState,
+        mut records: Vec<StepRecord>,
+        node_id: Option<String>,
+        started_at: &str,
+        msg: String,
+    ) -> Result<()> {
+        records.push(StepRecord {
+            status: StepStatus::Failed,
+            error: Some(msg.clone()),
+            ended_at: Some(started_at.to_string()),
+            idempotency_key: Some(terminal_key(run)),
+            ..self.record(run, node_id, started_at)
+        });
+        fail(run, msg, started_at);
+        txn.commit(&records, run)
+    }
+
+    /// Fails the run because its effect failed; the step's vars patch is
+    /// taken back.
+    #[allow(clippy::too_many_arguments)]
+    fn fail_effect(
+        &self,
+        txn: &mut RunTxn<'_>,
+        run: &mut RunState,
+        mut records: Vec<StepRecord>,
+        base: &StepRecord,
+        ended_at: &str,
+        failure: Failure,
+        undo: Vec<(String, Option<Value>)>,
+        ahead: bool,
+        replayed: bool,
+    ) -> Result<()> {
+        undo_patch(run, undo);
+        let msg = failure.to_string();
+        records.push(StepRecord {
+            error: Some(msg.clone()),
+            result: failure.retryable.then(|| json!({ "retryable": true })),
+            ..outcome_record(base, StepStatus::Failed, ended_at)
+        });
+        if ahead {
+            if !replayed {
+                txn.append_ahead(&records)?;
+            }
+            records.clear();
+        }
+        set_attempt(run, 1);
+        fail(run, msg, ended_at);
+        txn.commit(&records, run)
+    }
+}
+
+fn go(run: &mut RunState, target: Target, effect_result: Option<Value>) {
+    set_attempt(run, 1);
+    match target {
+        Target::Node(n) => run.current_node = Some(n),
+        Target::Complete(out) => complete(run, out),
+        Target::End => complete(run, effect_result.unwrap_or(Value::Null)),
+    }
+}
+
+/// Takes a vars patch back.
+fn undo_patch(run: &mut RunState, undo: Vec<(String, Option<Value>)>) {
+    for (k, old) in undo.into_iter().rev() {
+        match old {
+            Some(v) => {
+                run.vars.insert(k, v);
+            }
+            None => {
+                run.vars.remove(&k);
+            }
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! The run transaction as the runtime drives it: a [`RunTxn`] is one
+//! runtime's hold on one run (the in-process lock, the store lease, the
+//! version it last saw), and every change the runtime makes to a run goes
+//! through one. The [`LeaseKeeper`] renews the leases a runtime holds while
+//! it works.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+
+use super::error::Error;
+use super::locks::{LockRefused, RunLockGuard};
+use super::model::{RunState, RunStatus, StepRecord};
+use super::runtime::Runtime;
+use super::Result;
+use crate::store::{Claim, Fence, LeaseAfter, LeaseRequest, Store, StoreError};
+
+/// Leases are about real time (is the holder still alive?), whatever clock
+/// the runtime shows its runs: they always use the system clock.
+pub(crate) fn lease_now() -> DateTime<Utc> {
+    Utc::now()
+}
+
+/// A holder id unique to this runtime: `<host>:<pid>:<random>`.
+pub(crate) fn new_holder_id() -> String {
+    let host = this_host();
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}:{}:{}", std::process::id(), &random[..8])
+}
+
+/// Whether `holder` (`<host>:<pid>:<random>`) names a process of this host
+/// that no longer runs. Only a holder of this host can be known dead; any
+/// other lease lapses at its expiry.
+pub(crate) fn holder_is_dead(holder: &str) -> bool {
+    let mut parts = holder.rsplitn(3, ':');
+    let (_, Some(pid), Some(host)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    cfg!(target_os = "linux")
+        && host == this_host()
+        && pid != std::process::id()
+        && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn this_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into())
+}
+
+/// The leases a runtime holds, renewed by a background thread every third
+/// of their lifetime until the runtime is dropped.
+pub(crate) struct LeaseKeeper {
+    pub holder: String,
+    pub ttl: Duration,
+    held: Mutex<HashSet<String>>,
+    stop: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl LeaseKeeper {
+    /// A keeper for `holder`, and its renewing thread on `store`.
+    pub fn start(holder: String, ttl: Duration, store: Arc<dyn Store>) -> Arc<LeaseKeeper> {
+        let keeper = Arc::new(LeaseKeeper {
+            holder,
+            ttl,
+            held: Mutex::new(HashSet::new()),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+        });
+        let k = keeper.clone();
+        let period = (ttl / 3).max(Duration::from_millis(10));
+        let _ = std::thread::Builder::new()
+            .name("stepwell-leases".into())
+            .spawn(move || {
+                let mut stop = k.stop.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    let (s, _) = k
+                        .wake
+                        .wait_timeout(stop, period)
+                        .unwrap_or_else(|e| e.into_inner());
+                    stop = s;
+                    if *stop {
+                        break;
+                    }
+                    let ids: Vec<String> = k
+                        .held
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .iter()
+                        .cloned()
+                        .collect();
+                    if !ids.is_empty() {
+                        // A failed renewal is not fatal here: the holder's
+                        // next fenced write tells it the lease is gone.
+                        let _ = store.renew(&k.holder, &ids, lease_now() + k.ttl);
+                    }
+                }
+            });
+        keeper
+    }
+
+    /// Stops the renewing thread.
+    pub fn shutdown(&self) {
+        *self.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.wake.notify_all();
+    }
+
+    fn hold(&self, run_id: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(run_id.to_string());
+    }
+
+    fn drop_hold(&self, run_id: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(run_id);
+    }
+
+    fn until(&self) -> DateTime<Utc> {
+        lease_now() + self.ttl
+    }
+}
+
+/// One runtime's hold on one run. Dropping it gives the lease up.
+pub(crate) struct RunTxn<'a> {
+    rt: &'a Runtime,
+    run_id: String,
+    /// The version the store holds as far as this hold knows (0: the run
+    /// does not exist yet; the first commit creates it).
+    version: u64,
+    /// Whether the store lease is this runtime's.
+    leased: bool,
+    /// Without the lease: whether the next commit takes it (if nobody else
+    /// holds a live one) instead of failing.
+    take: bool,
+    /// Whether the next commit keeps the lease (more steps follow) or gives
+    /// it up.
+    pub keep: bool,
+    /// Commits made through this hold.
+    pub commits: u32,
+    _guard: RunLockGuard<'a>,
+}
+
+fn lock_refused(run_id: &str, why: LockRefused) -> Error {
+    Error::Conflict {
+        run_id: run_id.to_string(),
+        reason: match why {
+            LockRefused::Busy => "another thread of this host is executing the run".into(),
+            LockRefused::Reentered => {
+                "the run is already executing in this thread (an effect cannot re-enter its own run)"
+                    .into()
+            }
+        },
+    }
+}
+
+impl Runtime {
+    /// Takes `run_id` for executing: the in-process lock, then the store
+    /// lease, waiting at most `wait` while another thread or process holds
+    /// either. Returns the hold and the run as stored (offloaded values
+    /// loaded back).
+    pub(crate) fn claim(&self, run_id: &str, wait: Duration) -> Result<(RunTxn<'_>, RunState)> {
+        let deadline = Instant::now() + wait;
+        let guard = self
+            .locks()
+            .lock(run_id, wait)
+            .map_err(|why| lock_refused(run_id, why))?;
+        let keeper = self.keeper();
+        let mut pause = Duration::from_millis(1);
+        let mut dead: Option<String> = None;
+        loop {
+            let now = lease_now();
+            let request = LeaseRequest {
+                holder: &keeper.holder,
+                now,
+                until: now + keeper.ttl,
+                dead_holder: dead.as_deref(),
+            };
+            match self.store().claim(run_id, &request)? {
+                Claim::Held(run) => {
+                    keeper.hold(run_id);
+                    let mut run = *run;
+                    let txn = RunTxn {
+                        rt: self,
+                        run_id: run_id.to_string(),
+                        version: run.version,
+                        leased: true,
+                        take: false,
+                        keep: false,
+                        commits: 0,
+                        _guard: guard,
+                    };
+                    self.load_offloaded(&mut run)?;
+                    return Ok((txn, run));
+                }
+                Claim::Missing => {
+                    return Err(Error::RunNotFound {
+                        run_id: run_id.to_string(),
+                    })
+                }
+                Claim::Quarantined { reason } => {
+                    return Err(Error::Quarantined {
+                        run_id: run_id.to_string(),
+                        reason,
+                    })
+                }
+                Claim::Busy { holder, until } => {
+                    if let Some(h) = holder.as_deref().filter(|h| holder_is_dead(h)) {
+                        if dead.as_deref() != Some(h) {
+                            // Its process is gone: take the run over now.
+                            dead = Some(h.to_string());
+                            continue;
+                        }
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(Error::Conflict {
+                            run_id: run_id.to_string(),
+                            reason: format!(
+                                "the run is being executed by {} (lease until {})",
+                                holder.as_deref().unwrap_or("another holder"),
+                                until.as_deref().unwrap_or("unknown")
+                            ),
+                        });
+                    }
+                    std::thread::sleep(
+                        pause.min(deadline.saturating_duration_since(Instant::now())),
+                    );
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
+    /// A hold on `run_id` without its lease yet: the hold's first commit
+    /// takes the lease (if nobody else holds a live one; else that commit
+    /// is a conflict), and so does a commit before any effect on other
+    /// runs or the world. For a resume, whose first step is usually its
+    /// only one: one store write instead of two. Returns the hold and the
+    /// run as stored.
+    pub(crate) fn hold_taking(
+        &self,
+        run_id: &str,
+        wait: Duration,
+    ) -> Result<(RunTxn<'_>, RunState)> {
+        let guard = self
+            .locks()
+            .lock(run_id, wait)
+            .map_err(|why| lock_refused(run_id, why))?;
+        let run = self.get_state(run_id)?;
+        Ok((
+            RunTxn {
+                rt: self,
+                run_id: run_id.to_string(),
+                version: run.version,
+                leased: false,
+                take: true,
+                keep: false,
+                commits: 0,
+                _guard: guard,
+            },
+            run,
+        ))
+    }
+
+    /// A hold on a run that does not exist yet: its first commit creates
+    /// it (and takes the lease if the run goes on).
+    pub(crate) fn hold_new(&self, run_id: &str) -> Result<RunTxn<'_>> {
+        let guard = self
+            .locks()
+            .lock(run_id, Duration::ZERO)
+            .map_err(|why| lock_refused(run_id, why))?;
+        Ok(RunTxn {
+            rt: self,
+            run_id: run_id.to_string(),
+            version: 0,
+            leased: false,
+            take: false,
+            keep: false,
+            commits: 0,
+            _guard: guard,
+        })
+    }
+}
+
+impl RunTxn<'_> {
+    /// Whether the run exists in the store yet.
+    pub fn exists(&self) -> bool {
+        self.version > 0
+    }
+
+    fn fence(&self) -> Fence<'_> {
+        let holder = &self.rt.keeper().holder;
+        if self.take && !self.leased {
+            Fence::take(self.version, holder, lease_now())
+        } else {
+            Fence::held(self.version, holder)
+        }
+    }
+
+    fn conflict(&self, e: StoreError) -> Error {
+        if e.is_conflict() {
+            Error::Conflict {
+                run_id: self.run_id.clone(),
+                reason: e.message,
+            }
+        } else {
+            Error::Store(e)
+        }
+    }
+
+    /// Commits `records` and `run` (whose version becomes the next one),
+    /// keeping the lease if [`RunTxn::keep`] is set and the run goes on
+    /// running, else giving it up. A fence that no longer holds (another
+    /// writer got there first) is [`Error::Conflict`], and nothing was
+    /// written.
+    pub fn commit(&mut self, records: &[StepRecord], run: &mut RunState) -> Result<()> {
+        let keep = self.keep && run.status == RunStatus::Running;
+        let keeper = self.rt.keeper();
+        let after = if keep {
+            LeaseAfter::Renew(keeper.until())
+        } else {
+            LeaseAfter::Release
+        };
+        run.version = self.version + 1;
+        if let Err(e) = self.rt.store_commit(records, run, self.fence(), after) {
+            run.version = self.version;
+            return Err(match e {
+                Error::Store(e) => self.conflict(e),
+                other => other,
+            });
+        }
+        self.version += 1;
+        self.commits += 1;
+        match (keep, self.leased) {
+            (true, false) => keeper.hold(&self.run_id),
+            (false, true) => keeper.drop_hold(&self.run_id),
+            _ => {}
+        }
+        self.leased = keep;
+        self.take = false;
+        Ok(())
+    }
+
+    /// Appends records ahead of this hold's next commit, if its fence still
+    /// holds.
+    pub fn append_ahead(&self, records: &[StepRecord]) -> Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.rt
+            .store_append_ahead(records, self.fence())
+            .map_err(|e| match e {
+                Error::Store(e) => self.conflict(e),
+                other => other,
+            })
+    }
+}
+
+impl Drop for RunTxn<'_> {
+    fn drop(&mut self) {
+        if self.leased {
+            let keeper = self.rt.keeper();
+            keeper.drop_hold(&self.run_id);
+            // Best effort: a lease that is not given up lapses.
+            let _ = self.rt.store().release(&self.run_id, &keeper.holder);
+        }
+    }
+}
