@@ -1,15 +1,19 @@
-//! The crash harness: a run of each scenario is aborted at every persistence
-//! point (before the write, after it, and, for the non-atomic JSON store, in
-//! the middle of a commit), a new host restarts on the same store and drives
-//! it, and the harness checks: the same terminal output as an uninterrupted
-//! run, the terminal ledger record exactly once, one child per explicit id,
-//! and an intact ledger hash chain.
+//! The crash harness: a host running each scenario is aborted at every
+//! persistence point (before the write, after it, in the middle of a commit,
+//! and, on JSON files, at each point inside the store's own writes); new
+//! hosts restart on the same store (some crashing again during recovery,
+//! some running two at once) until the scenario is done. Every time, the
+//! harness compares the outcome with an uninterrupted run's: each root
+//! run's status and output, its children, and its whole ledger record by
+//! record (content, not counts: node, status, effect, key, attempt, result
+//! and error), with an intact hash chain. An external effect is checked
+//! against the outside world it touched.
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 
-use serde_json::Value;
-use stepwell::{JsonFileStore, RunQuery, SqliteStore, Store};
+use serde_json::{json, Value};
+use stepwell::{JsonFileStore, RunQuery, SqliteStore, StepRecord, Store};
 
 fn host() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -18,91 +22,66 @@ fn host() -> PathBuf {
     bin
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
     Sqlite,
     Json,
 }
 
-fn spec(kind: Kind, dir: &std::path::Path) -> String {
+fn spec(kind: Kind, dir: &Path) -> String {
     match kind {
         Kind::Sqlite => format!("sqlite:{}", dir.join("db.sqlite").display()),
         Kind::Json => format!("json:{}", dir.join("store").display()),
     }
 }
 
-fn open(kind: Kind, dir: &std::path::Path) -> Box<dyn Store> {
+fn open(kind: Kind, dir: &Path) -> Box<dyn Store> {
     match kind {
         Kind::Sqlite => Box::new(SqliteStore::open(dir.join("db.sqlite")).unwrap()),
         Kind::Json => Box::new(JsonFileStore::open(dir.join("store")).unwrap()),
     }
 }
 
-/// Runs the host; returns its stdout when it completed, None when it crashed.
-fn run(
-    kind: Kind,
-    dir: &std::path::Path,
-    scenario: &str,
-    crash: Option<(usize, &str)>,
-) -> Option<Value> {
+/// How a host process ended.
+#[derive(Debug, PartialEq)]
+enum Ended {
+    /// Completed; its report (`points`, `kinds`).
+    Done(Value),
+    /// Aborted at the fault.
+    Crashed,
+    /// Completed without meeting the fault (no such point).
+    NotFired,
+}
+
+fn command(kind: Kind, dir: &Path, scenario: &str, crash: Option<(usize, &str)>) -> Command {
     let mut cmd = Command::new(host());
     cmd.arg(spec(kind, dir)).arg(scenario);
     if let Some((n, phase)) = crash {
         cmd.arg(n.to_string()).arg(phase);
     }
-    let out = cmd.output().unwrap();
-    if out.status.success() {
-        Some(serde_json::from_slice(&out.stdout).unwrap())
-    } else {
-        assert!(
-            crash.is_some(),
-            "an uninterrupted host failed: {}",
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd
+}
+
+fn ended(child: Child, crash: bool) -> Ended {
+    let out = child.wait_with_output().unwrap();
+    match out.status.code() {
+        Some(0) => Ended::Done(serde_json::from_slice(&out.stdout).unwrap()),
+        Some(3) if crash => Ended::NotFired,
+        None if crash => Ended::Crashed,
+        _ => panic!(
+            "the host failed ({:?}): {}",
+            out.status,
             String::from_utf8_lossy(&out.stderr)
-        );
-        None
+        ),
     }
 }
 
-/// What must be the same after any crash and recovery, for every root run.
-fn outcome(kind: Kind, dir: &std::path::Path, roots: &[&str]) -> Value {
-    Value::Array(roots.iter().map(|r| outcome_of(kind, dir, r)).collect())
-}
-
-fn outcome_of(kind: Kind, dir: &std::path::Path, root: &str) -> Value {
-    let store = open(kind, dir);
-    let run = store.load_run(root).unwrap().expect("the root run exists");
-    let mut children = Vec::new();
-    let mut terminal_records = Vec::new();
-    let mut resumes = Vec::new();
-    let mut ids = vec![root.to_string()];
-    ids.extend(
-        store
-            .list_runs(&RunQuery {
-                parent_run_id: Some(root.into()),
-                ..RunQuery::default()
-            })
-            .unwrap()
-            .into_iter()
-            .map(|c| {
-                children.push(c.run_id.clone());
-                c.run_id
-            }),
-    );
-    for id in &ids {
-        let ledger = store.list_records(id).unwrap();
-        stepwell::store::verify_chain(&ledger)
-            .unwrap_or_else(|b| panic!("{id}: chain broken: {b:?}"));
-        let ends = stepwell_tests::count_results(&ledger, "complete_output");
-        terminal_records.push(ends);
-        resumes.push(stepwell_tests::count_results(&ledger, "resumed"));
-    }
-    serde_json::json!({
-        "status": run.status.as_str(),
-        "output": without_times(run.output.clone().unwrap_or_default()),
-        "children": children,
-        "terminal_records": terminal_records,
-        "resumes": resumes,
-    })
+fn run(kind: Kind, dir: &Path, scenario: &str, crash: Option<(usize, &str)>) -> Ended {
+    ended(
+        command(kind, dir, scenario, crash).spawn().unwrap(),
+        crash.is_some(),
+    )
 }
 
 /// `value` less the fields that hold the time something happened.
@@ -110,7 +89,7 @@ fn without_times(value: Value) -> Value {
     match value {
         Value::Object(m) => Value::Object(
             m.into_iter()
-                .filter(|(k, _)| !k.ends_with("_at"))
+                .filter(|(k, _)| !k.ends_with("_at") && k != "until")
                 .map(|(k, v)| (k, without_times(v)))
                 .collect(),
         ),
@@ -119,86 +98,227 @@ fn without_times(value: Value) -> Value {
     }
 }
 
-fn harness(kind: Kind, scenario: &str, roots: &[&str], phases: &[&str]) {
+/// A ledger record's content: what it says happened.
+fn content(r: &StepRecord) -> Value {
+    json!({
+        "node": r.node_id,
+        "status": r.status.as_str(),
+        "effect": r.effect.as_ref().map(|e| without_times(json!({"kind": e.kind, "payload": e.payload}))),
+        "key": r.idempotency_key,
+        "attempt": r.attempt,
+        "result": r.result.clone().map(without_times),
+        "error": r.error,
+    })
+}
+
+/// What must be the same after any crash and recovery, for every root run
+/// and its children.
+fn outcome(kind: Kind, dir: &Path, roots: &[&str]) -> Value {
+    let store = open(kind, dir);
+    let mut out = Vec::new();
+    for root in roots {
+        let run = store.load_run(root).unwrap().expect("the root run exists");
+        let children: Vec<String> = store
+            .list_runs(&RunQuery {
+                parent_run_id: Some(root.to_string()),
+                ..RunQuery::default()
+            })
+            .unwrap()
+            .into_iter()
+            .map(|c| c.run_id)
+            .collect();
+        let mut ledgers = Vec::new();
+        for id in std::iter::once(root.to_string()).chain(children.iter().cloned()) {
+            let ledger = store.list_records(&id).unwrap();
+            stepwell::store::verify_chain(&ledger)
+                .unwrap_or_else(|b| panic!("{id}: chain broken: {b:?}"));
+            ledgers.push(
+                json!({"run": id, "records": ledger.iter().map(content).collect::<Vec<_>>()}),
+            );
+        }
+        out.push(json!({
+            "run": root,
+            "status": run.status.as_str(),
+            "output": without_times(run.output.clone().unwrap_or_default()),
+            "children": children,
+            "ledgers": ledgers,
+        }));
+    }
+    Value::Array(out)
+}
+
+/// The keys the `external` scenario's effect wrote to the outside world.
+fn side_effects(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("side-effects.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+struct Scenario {
+    name: &'static str,
+    roots: &'static [&'static str],
+}
+
+fn phases(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        // A SQLite commit is one transaction: it cannot be torn in two.
+        Kind::Sqlite => &["before", "after"],
+        Kind::Json => &[
+            "before",
+            "after",
+            "mid",
+            "ledger",
+            "temp",
+            "published",
+            "lease",
+        ],
+    }
+}
+
+/// Checks a recovered store against the uninterrupted outcome.
+fn check(kind: Kind, dir: &Path, s: &Scenario, expected: &Value, what: &str) {
+    let got = outcome(kind, dir, s.roots);
+    assert_eq!(&got, expected, "{kind:?} {}: {what}", s.name);
+}
+
+fn harness(kind: Kind, s: Scenario) {
     let clean = tempfile::tempdir().unwrap();
-    let points = run(kind, clean.path(), scenario, None).unwrap()["points"]
-        .as_u64()
-        .unwrap() as usize;
-    let expected = outcome(kind, clean.path(), roots);
-    for o in expected.as_array().unwrap() {
-        assert_eq!(o["status"], "completed", "{expected}");
+    let Ended::Done(report) = run(kind, clean.path(), s.name, None) else {
+        panic!("an uninterrupted host did not complete");
+    };
+    let kinds: Vec<String> = serde_json::from_value(report["kinds"].clone()).unwrap();
+    let points = kinds.len();
+    assert!(points >= 3, "{}: only {points} persistence points", s.name);
+    let expected = outcome(kind, clean.path(), s.roots);
+    let external = s.name == "external";
+    if external {
+        assert_eq!(side_effects(clean.path()).len(), 1);
+    }
+    let mut fired = std::collections::BTreeMap::<&str, usize>::new();
+    for n in 1..=points {
+        for phase in phases(kind) {
+            let dir = tempfile::tempdir().unwrap();
+            let how = run(kind, dir.path(), s.name, Some((n, phase)));
+            match (*phase, &how) {
+                ("before" | "after", Ended::Crashed) => {}
+                ("before" | "after", other) => {
+                    panic!("{phase} fault at {n} did not fire: {other:?}")
+                }
+                ("mid", _) => assert_eq!(
+                    how == Ended::Crashed,
+                    kinds[n - 1] == "commit",
+                    "a torn commit fires exactly at commits ({n}: {})",
+                    kinds[n - 1]
+                ),
+                (_, Ended::Done(_)) => panic!("{phase} at {n}: the host ignored the fault"),
+                _ => {}
+            }
+            if how == Ended::Crashed {
+                *fired.entry(phase).or_default() += 1;
+            } else {
+                continue;
+            }
+            // Now and then the recovery itself crashes, once or twice.
+            if n % 3 == 0 && *phase == "after" {
+                for m in 1..=2 {
+                    run(kind, dir.path(), s.name, Some((m, "after")));
+                }
+            }
+            let recovered = run(kind, dir.path(), s.name, None);
+            assert!(matches!(recovered, Ended::Done(_)), "recovery completes");
+            check(
+                kind,
+                dir.path(),
+                &s,
+                &expected,
+                &format!("crash at point {n} ({phase})"),
+            );
+            if external {
+                let keys = side_effects(dir.path());
+                assert!(
+                    !keys.is_empty() && keys.iter().all(|k| *k == keys[0]),
+                    "{keys:?}"
+                );
+                // Once its outcome is recorded an effect never runs again;
+                // only a crash between the call and that record repeats it
+                // (with the same key).
+                let max = if *phase == "after" { 1 } else { 2 };
+                assert!(
+                    keys.len() <= max,
+                    "{phase} at {n}: the effect ran {} times",
+                    keys.len()
+                );
+            }
+        }
+    }
+    for phase in phases(kind) {
         assert!(
-            o["terminal_records"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|n| n == 1),
-            "{expected}"
+            fired.get(phase).copied().unwrap_or(0) > 0,
+            "{kind:?} {}: no {phase} fault ever fired",
+            s.name
         );
     }
-    assert!(points >= 3, "{scenario}: only {points} persistence points");
-    let mut crashed = 0;
-    for n in 1..=points {
-        for phase in phases {
-            let dir = tempfile::tempdir().unwrap();
-            if run(kind, dir.path(), scenario, Some((n, phase))).is_none() {
-                crashed += 1;
-            }
-            run(kind, dir.path(), scenario, None).expect("recovery completes");
-            let got = outcome(kind, dir.path(), roots);
-            assert_eq!(
-                got, expected,
-                "{kind:?} {scenario}: crash at point {n} ({phase})"
+    assert_eq!(fired["before"], points);
+    assert_eq!(fired["after"], points, "every after fault fired");
+
+    // Two hosts at once on one store, and a crashing host beside a live one.
+    for trial in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let crash = (trial > 0).then_some((points / 2 + trial, "after"));
+        let a = command(kind, dir.path(), s.name, crash).spawn().unwrap();
+        let b = command(kind, dir.path(), s.name, None).spawn().unwrap();
+        ended(a, crash.is_some());
+        assert!(matches!(ended(b, false), Ended::Done(_)));
+        assert!(matches!(
+            run(kind, dir.path(), s.name, None),
+            Ended::Done(_)
+        ));
+        check(
+            kind,
+            dir.path(),
+            &s,
+            &expected,
+            &format!("two hosts at once (trial {trial})"),
+        );
+        if external {
+            let keys = side_effects(dir.path());
+            assert!(
+                keys.len() <= 2 && keys.iter().all(|k| *k == keys[0]),
+                "{keys:?}"
             );
         }
     }
-    assert!(
-        crashed >= points,
-        "{kind:?} {scenario}: the faults fired ({crashed} crashes)"
-    );
+}
+
+fn both(s: fn() -> Scenario) {
+    harness(Kind::Sqlite, s());
+    harness(Kind::Json, s());
 }
 
 #[test]
 fn chain_survives_a_crash_at_every_point() {
-    harness(
-        Kind::Sqlite,
-        "chain",
-        &["crash-chain"],
-        &["before", "after"],
-    );
-    harness(
-        Kind::Json,
-        "chain",
-        &["crash-chain"],
-        &["before", "after", "mid"],
-    );
+    both(|| Scenario {
+        name: "chain",
+        roots: &["crash-chain"],
+    });
 }
 
 #[test]
 fn ask_user_survives_a_crash_at_every_point() {
-    harness(Kind::Sqlite, "ask", &["crash-ask"], &["before", "after"]);
-    harness(
-        Kind::Json,
-        "ask",
-        &["crash-ask"],
-        &["before", "after", "mid"],
-    );
+    both(|| Scenario {
+        name: "ask",
+        roots: &["crash-ask"],
+    });
 }
 
 #[test]
 fn a_subworkflow_with_an_explicit_child_id_gets_exactly_one_child() {
-    harness(
-        Kind::Sqlite,
-        "subworkflow",
-        &["crash-sub"],
-        &["before", "after"],
-    );
-    harness(
-        Kind::Json,
-        "subworkflow",
-        &["crash-sub"],
-        &["before", "after", "mid"],
-    );
+    both(|| Scenario {
+        name: "subworkflow",
+        roots: &["crash-sub"],
+    });
 }
 
 #[test]
@@ -206,16 +326,24 @@ fn an_event_is_delivered_once_and_its_result_reused_after_a_crash() {
     // The emitter's result (delivered 1) is the same after any crash: a
     // replayed emit_event reuses its recorded outcome instead of emitting
     // again, and the listener is resumed exactly once.
-    harness(
-        Kind::Sqlite,
-        "event",
-        &["crash-emitter", "crash-waiter"],
-        &["before", "after"],
-    );
-    harness(
-        Kind::Json,
-        "event",
-        &["crash-emitter", "crash-waiter"],
-        &["before", "after", "mid"],
-    );
+    both(|| Scenario {
+        name: "event",
+        roots: &["crash-emitter", "crash-waiter"],
+    });
+}
+
+#[test]
+fn a_replayed_event_does_not_resume_a_listener_waiting_on_it_again() {
+    both(|| Scenario {
+        name: "event-loop",
+        roots: &["crash-ticker", "crash-looper"],
+    });
+}
+
+#[test]
+fn an_external_effect_runs_once_once_its_outcome_is_recorded() {
+    both(|| Scenario {
+        name: "external",
+        roots: &["crash-external"],
+    });
 }

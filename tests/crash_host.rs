@@ -4,58 +4,85 @@
 //! crash-host STORE SCENARIO [CRASH_AT PHASE]
 //! ```
 //!
-//! Runs SCENARIO (`chain`, `ask`, `subworkflow`, `event`) on STORE (`sqlite:PATH` or
-//! `json:DIR`) the way a host recovering from a crash would: every start uses
-//! an explicit id (create-if-absent), a parked run is resumed only if it still
-//! waits, and the driver moves whatever is left. With CRASH_AT = n, the
-//! process aborts (no destructors, no flushing: like `kill -9`) at the n-th
-//! persistence call: `before` it reaches the store, `after` it returned, or
-//! `mid`-commit (after the ledger append, before the run save). It prints
-//! `{"points": N}`, the number of persistence calls, when it completes.
+//! Runs SCENARIO (`chain`, `ask`, `subworkflow`, `event`, `event-loop`,
+//! `external`) on STORE (`sqlite:PATH` or `json:DIR`) the way a host
+//! recovering from a crash would: every start uses an explicit id
+//! (create-if-absent), a parked run is resumed only if it still waits, and
+//! the driver moves whatever is left.
+//!
+//! With CRASH_AT = n, the process aborts (no destructors, no flushing: like
+//! `kill -9`) at the n-th persistence call (every store write: create,
+//! claim, release, commit, append, quarantine, bundle):
+//!
+//! - `before`: before the call reaches the store;
+//! - `after`: after it returned;
+//! - `mid`: in a commit of an existing run, after its records were appended
+//!   and before the run was saved (a non-atomic commit torn in two);
+//! - `ledger`, `temp`, `published`, `lease` (JSON files only): inside the
+//!   store's own write, at its crash points `ledger-appended`,
+//!   `run-temp-written`, `run-published`, `lease-written`.
+//!
+//! On completion it prints `{"points": N, "kinds": [...]}` (the kind of each
+//! persistence call) and exits 0; if a crash was asked for and never fired,
+//! it exits 3 instead.
+//!
+//! The `external` scenario's effect (`side_effect`, class external) appends
+//! its idempotency key to `side-effects.log` beside the store: the world
+//! outside the host, which the harness checks was touched once.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use serde_json::json;
+use serde_json::{json, Map, Value};
 use stepwell::host::StoreSpec;
 use stepwell::{
-    Claim, EngineConfig, Error, Fence, LeaseAfter, LeaseRequest, RunQuery, RunState, RunStatus,
-    Runtime, StartOptions, StepRecord, Store, StoreError, WasmEngine,
+    Claim, EffectClass, EffectCx, EffectHandler, EngineConfig, Error, Fence, JsonFileStore,
+    LeaseAfter, LeaseRequest, Outcome, RunQuery, RunState, RunStatus, Runtime, StartOptions,
+    StepRecord, Store, StoreError, WasmEngine,
 };
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Phase {
     Before,
     After,
     Mid,
+    /// One of the JSON store's own crash points.
+    Inside(&'static str),
+}
+
+struct Faults {
+    calls: AtomicUsize,
+    crash_at: Option<(usize, Phase)>,
+    kinds: Mutex<Vec<&'static str>>,
+}
+
+impl Faults {
+    fn maybe_crash(&self, n: usize, phase: Phase) {
+        if self.crash_at == Some((n, phase)) {
+            std::process::abort();
+        }
+    }
 }
 
 struct FaultStore {
     inner: Arc<dyn Store>,
-    calls: AtomicUsize,
-    crash_at: Option<(usize, Phase)>,
+    faults: Arc<Faults>,
 }
 
 impl FaultStore {
-    /// Counts a persistence call; aborts if it is the chosen one and `phase`
-    /// is the chosen phase.
-    fn point(&self, phase: Phase) -> usize {
-        let n = if phase == Phase::Before {
-            self.calls.fetch_add(1, Ordering::SeqCst) + 1
-        } else {
-            self.calls.load(Ordering::SeqCst)
-        };
-        if self.crash_at == Some((n, phase)) {
-            std::process::abort();
-        }
-        n
-    }
-
-    fn write<T>(&self, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
-        self.point(Phase::Before);
+    /// Numbers a persistence call and crashes where asked.
+    fn write<T>(
+        &self,
+        kind: &'static str,
+        f: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let n = self.faults.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        self.faults.kinds.lock().unwrap().push(kind);
+        self.faults.maybe_crash(n, Phase::Before);
         let out = f()?;
-        self.point(Phase::After);
+        self.faults.maybe_crash(n, Phase::After);
         Ok(out)
     }
 }
@@ -65,10 +92,10 @@ impl Store for FaultStore {
         self.inner.load_run(id)
     }
     fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
-        self.write(|| self.inner.create_if_absent(run))
+        self.write("create", || self.inner.create_if_absent(run))
     }
     fn claim(&self, id: &str, lease: &LeaseRequest<'_>) -> Result<Claim, StoreError> {
-        self.write(|| self.inner.claim(id, lease))
+        self.write("claim", || self.inner.claim(id, lease))
     }
     fn renew(
         &self,
@@ -80,7 +107,7 @@ impl Store for FaultStore {
         self.inner.renew(holder, ids, until)
     }
     fn release(&self, id: &str, holder: &str) -> Result<(), StoreError> {
-        self.write(|| self.inner.release(id, holder))
+        self.write("release", || self.inner.release(id, holder))
     }
     fn commit(
         &self,
@@ -89,25 +116,29 @@ impl Store for FaultStore {
         fence: Fence<'_>,
         lease: LeaseAfter,
     ) -> Result<(), StoreError> {
-        self.point(Phase::Before);
-        if matches!(self.crash_at, Some((_, Phase::Mid))) {
-            // A non-atomic commit torn in the middle: the ledger is written,
-            // the run is not.
-            let n = self.calls.load(Ordering::SeqCst);
-            if self.crash_at == Some((n, Phase::Mid)) && fence.version > 0 {
+        // A commit that creates its run cannot be torn in two (there is no
+        // run to leave behind).
+        let kind = if fence.version == 0 {
+            "create-commit"
+        } else {
+            "commit"
+        };
+        self.write(kind, || {
+            let n = self.faults.calls.load(Ordering::SeqCst);
+            if self.faults.crash_at == Some((n, Phase::Mid)) && fence.version > 0 {
+                // A non-atomic commit torn in the middle: the ledger is
+                // written, the run is not.
                 self.inner.append_ahead(records, fence)?;
                 std::process::abort();
             }
-        }
-        self.inner.commit(records, run, fence, lease)?;
-        self.point(Phase::After);
-        Ok(())
+            self.inner.commit(records, run, fence, lease)
+        })
     }
     fn append_ahead(&self, records: &[StepRecord], fence: Fence<'_>) -> Result<(), StoreError> {
-        self.write(|| self.inner.append_ahead(records, fence))
+        self.write("append", || self.inner.append_ahead(records, fence))
     }
     fn append_records(&self, r: &[StepRecord]) -> Result<(), StoreError> {
-        self.write(|| self.inner.append_records(r))
+        self.write("append", || self.inner.append_records(r))
     }
     fn list_records(&self, id: &str) -> Result<Vec<StepRecord>, StoreError> {
         self.inner.list_records(id)
@@ -142,20 +173,49 @@ impl Store for FaultStore {
         self.inner.list_orphans(limit)
     }
     fn quarantine(&self, id: &str, reason: &str) -> Result<(), StoreError> {
-        self.write(|| self.inner.quarantine(id, reason))
+        self.write("quarantine", || self.inner.quarantine(id, reason))
     }
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.inner.list_quarantined()
     }
     fn put_bundle(&self, w: &str, d: &Path) -> Result<(), StoreError> {
-        self.write(|| self.inner.put_bundle(w, d))
+        self.write("bundle", || self.inner.put_bundle(w, d))
     }
     fn bundle_dir(&self, w: &str) -> Result<Option<PathBuf>, StoreError> {
         self.inner.bundle_dir(w)
     }
 }
 
-fn start(rt: &Runtime, wf: &str, id: &str, vars: serde_json::Value) -> Result<(), Error> {
+/// The `external` scenario's effect: writes its key to a file (the outside
+/// world) and completes with it.
+struct SideEffect {
+    log: PathBuf,
+}
+
+impl EffectHandler for SideEffect {
+    fn kind(&self) -> &str {
+        "side_effect"
+    }
+    fn class(&self) -> EffectClass {
+        EffectClass::External
+    }
+    fn execute(
+        &self,
+        cx: &EffectCx<'_>,
+        _: &Map<String, Value>,
+        _: Option<&Value>,
+    ) -> stepwell::Result<Outcome> {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("side-effects.log");
+        writeln!(f, "{}", cx.key).expect("write the side effect");
+        Ok(Outcome::Completed(json!({ "key": cx.key })))
+    }
+}
+
+fn start(rt: &Runtime, wf: &str, id: &str, vars: Value) -> Result<(), Error> {
     rt.start(
         wf,
         StartOptions {
@@ -168,12 +228,31 @@ fn start(rt: &Runtime, wf: &str, id: &str, vars: serde_json::Value) -> Result<()
 }
 
 fn settle(rt: &Runtime) -> Result<(), Error> {
-    for _ in 0..10 {
-        if !rt.drive_once()?.moved_anything() {
+    for _ in 0..20 {
+        let report = rt.drive_once()?;
+        if !report.moved_anything() && report.busy.is_empty() {
             break;
+        }
+        if !report.busy.is_empty() {
+            // Another host holds a run: give it a moment.
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
     Ok(())
+}
+
+/// Writes a scratch bundle beside the store (the same files every time).
+fn bundle(root: &Path, name: &str, files: &[(&str, Value)]) -> PathBuf {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, doc) in files {
+        let path = dir.join(file);
+        let text = serde_json::to_string_pretty(doc).unwrap();
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+            std::fs::write(path, text).unwrap();
+        }
+    }
+    dir
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -185,22 +264,57 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             match phase {
                 "before" => Phase::Before,
                 "after" => Phase::After,
-                _ => Phase::Mid,
+                "mid" => Phase::Mid,
+                "ledger" => Phase::Inside("ledger-appended"),
+                "temp" => Phase::Inside("run-temp-written"),
+                "published" => Phase::Inside("run-published"),
+                "lease" => Phase::Inside("lease-written"),
+                other => return Err(format!("unknown phase {other}").into()),
             },
         )),
         _ => None,
     };
-    let store = Arc::new(FaultStore {
-        inner: spec.open(None)?,
+    let faults = Arc::new(Faults {
         calls: AtomicUsize::new(0),
         crash_at,
+        kinds: Mutex::new(Vec::new()),
+    });
+    let root = match &spec {
+        StoreSpec::Sqlite(p) => p.parent().unwrap().to_path_buf(),
+        StoreSpec::Json(d) => d.parent().unwrap().to_path_buf(),
+        StoreSpec::Memory => return Err("a crash harness needs a store that persists".into()),
+    };
+    let inner: Arc<dyn Store> = match &spec {
+        StoreSpec::Json(dir) => {
+            let f = faults.clone();
+            Arc::new(
+                JsonFileStore::open(dir)?.with_crash_points(Arc::new(move |name| {
+                    let n = f.calls.load(Ordering::SeqCst);
+                    if let Some((at, Phase::Inside(point))) = f.crash_at {
+                        if at == n && point == name {
+                            std::process::abort();
+                        }
+                    }
+                })),
+            )
+        }
+        other => other.open(None)?,
+    };
+    let store = Arc::new(FaultStore {
+        inner,
+        faults: faults.clone(),
     });
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let engine = WasmEngine::new(EngineConfig {
         cache_dir: Some(repo.join("target/stepwell-test-cache")),
         ..EngineConfig::default()
     })?;
-    let rt = Runtime::builder(store.clone()).engine(engine).build()?;
+    let rt = Runtime::builder(store.clone())
+        .engine(engine)
+        .effect(Arc::new(SideEffect {
+            log: root.join("side-effects.log"),
+        }))
+        .build()?;
     let examples = repo.join("flows/examples");
     match scenario {
         "chain" => {
@@ -241,9 +355,68 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             )?;
             rt.tick("crash-emitter")?;
         }
+        "event-loop" => {
+            // The listener waits on the same key again once resumed: a
+            // replayed emit must not resume it a second time.
+            let wait = |key: &str, next: &str| {
+                json!({"effect": "wait_event", "payload": {"name": "tick", "scope": "global"},
+                       "result_key": key, "next": next})
+            };
+            let dir = bundle(
+                &root,
+                "event-loop",
+                &[
+                    (
+                        "flow.json",
+                        json!({"workflow_id": "looper", "entry": "first",
+                               "nodes": {"first": wait("e1", "second"), "second": wait("e2", "done"),
+                                         "done": {"complete": {"e1": {"$var": "e1.payload"}, "e2": {"$var": "e2.payload"}}}}}),
+                    ),
+                    (
+                        "ticker.flow.json",
+                        json!({"workflow_id": "ticker", "entry": "emit",
+                               "nodes": {"emit": {"effect": "emit_event",
+                                                  "payload": {"name": "tick", "scope": "global", "payload": {"n": 1}},
+                                                  "result_key": "sent", "next": "done"},
+                                         "done": {"complete": {"$var": "sent.delivered"}}}}),
+                    ),
+                ],
+            );
+            rt.load_bundle(&dir)?;
+            start(&rt, "looper", "crash-looper", json!({}))?;
+            rt.tick("crash-looper")?;
+            start(&rt, "ticker", "crash-ticker", json!({}))?;
+            rt.tick("crash-ticker")?;
+        }
+        "external" => {
+            let dir = bundle(
+                &root,
+                "external",
+                &[(
+                    "flow.json",
+                    json!({"workflow_id": "external", "entry": "call",
+                           "nodes": {"call": {"effect": "side_effect", "payload": {},
+                                              "result_key": "out", "next": "done"},
+                                     "done": {"complete": {"$var": "out"}}}}),
+                )],
+            );
+            rt.load_bundle(&dir)?;
+            start(&rt, "external", "crash-external", json!({}))?;
+            rt.tick("crash-external")?;
+        }
         other => return Err(format!("unknown scenario {other}").into()),
     }
     settle(&rt)?;
-    println!("{}", json!({"points": store.calls.load(Ordering::SeqCst)}));
+    if crash_at.is_some() {
+        // The fault never fired (no such point in this run).
+        std::process::exit(3);
+    }
+    println!(
+        "{}",
+        json!({
+            "points": faults.calls.load(Ordering::SeqCst),
+            "kinds": *faults.kinds.lock().unwrap(),
+        })
+    );
     Ok(())
 }

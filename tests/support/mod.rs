@@ -229,3 +229,34 @@ pub fn count_results(ledger: &[stepwell::StepRecord], key: &str) -> usize {
         .filter(|r| r.effect.is_none() && r.result.as_ref().is_some_and(|v| v.get(key).is_some()))
         .count()
 }
+
+/// The `stepwell` binary (built by `scripts/setup` or `cargo build
+/// --release -p stepwell`), beside this test binary's directory.
+pub fn stepwell_binary() -> PathBuf {
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>/stepwell
+    let exe = std::env::current_exe().expect("current exe");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("stepwell");
+    assert!(
+        bin.is_file(),
+        "{} not built: run `cargo build --release -p stepwell` first",
+        bin.display()
+    );
+    bin
+}
+
+/// Waits until `done` holds, checking every 50 ms, for at most `limit`;
+/// panics with `what` if it never does.
+pub fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < limit,
+            "gave up waiting for {what} after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -188,9 +188,24 @@ impl JsonFileStore {
                 }
             }
             Err(e) if e.kind() == ErrorKind::NotFound => {
+                // Published whole, and only if absent: another process
+                // opening the folder at the same moment never reads half a
+                // description, and the first one wins.
                 let text =
                     serde_json::json!({"format": "stepwell.json-files", "version": FORMAT_VERSION});
-                fs::write(&meta, text.to_string()).map_err(|e| io(&meta, e))?;
+                let tmp = dir.join(format!(
+                    "{TMP_PREFIX}{}-meta-{}",
+                    std::process::id(),
+                    uuid::Uuid::new_v4().simple()
+                ));
+                fs::write(&tmp, text.to_string()).map_err(|e| io(&tmp, e))?;
+                let linked = fs::hard_link(&tmp, &meta);
+                let _ = fs::remove_file(&tmp);
+                match linked {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(io(&meta, e)),
+                }
             }
             Err(e) => return Err(io(&meta, e)),
         }

@@ -784,12 +784,13 @@ pub(crate) fn wait_due_at(run: &RunState) -> Option<DateTime<Utc>> {
     }
 }
 
-/// Whether `new` is a replay of the recorded `old`: the same run, key,
-/// status, node, effect, result, error and attempt (a step executed again
-/// after a crash produces the same records with new ids and times).
+/// Whether `new` is a replay of `old`, a record appended ahead of the last
+/// save: the same run, key, status, node, effect, result, error and attempt
+/// (a step executed again after a crash produces the same records with new
+/// ids and times; a step produces each of its records once, so nothing
+/// else ahead of the state can look the same).
 pub(crate) fn is_replay_of(new: &StepRecord, old: &StepRecord) -> bool {
-    new.idempotency_key.is_some()
-        && new.idempotency_key == old.idempotency_key
+    new.idempotency_key == old.idempotency_key
         && new.run_id == old.run_id
         && new.status == old.status
         && new.node_id == old.node_id

@@ -194,6 +194,12 @@ impl<'a> RunRow<'a> {
     }
 }
 
+/// Why opening a database failed: busy (worth another try) or not.
+enum SetupError {
+    Busy(rusqlite::Error),
+    Other(StoreError),
+}
+
 /// Runs and ledgers in one SQLite database file. Runs list in creation
 /// order (the row id, which an update keeps).
 pub struct SqliteStore {
@@ -227,8 +233,37 @@ impl SqliteStore {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| db_err(dir, e))?;
         }
-        let err = |e: rusqlite::Error| db_err(&path, e);
-        let mut conn = Connection::open(&path).map_err(err)?;
+        // Several processes may open (and create, and migrate) one file at
+        // the same moment: switching to WAL and the first schema need locks
+        // that SQLite's busy handler does not always wait for, so the whole
+        // setup is tried again while the file is busy.
+        let started = std::time::Instant::now();
+        loop {
+            match Self::setup(&path, durability) {
+                Err(SetupError::Busy(e)) if started.elapsed() < Duration::from_secs(10) => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(SetupError::Busy(e)) => return Err(db_err(&path, e)),
+                Err(SetupError::Other(e)) => return Err(e),
+                Ok(conn) => {
+                    return Ok(SqliteStore {
+                        path,
+                        conn: Mutex::new(conn),
+                    })
+                }
+            }
+        }
+    }
+
+    fn setup(path: &Path, durability: Durability) -> Result<Connection, SetupError> {
+        let err = |e: rusqlite::Error| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                SetupError::Busy(e)
+            }
+            _ => SetupError::Other(db_err(path, e)),
+        };
+        let mut conn = Connection::open(path).map_err(err)?;
         conn.busy_timeout(Duration::from_secs(10)).map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(err)?;
@@ -247,21 +282,18 @@ impl SqliteStore {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(err)?;
         if version > SCHEMA_VERSION {
-            return Err(StoreError {
+            return Err(SetupError::Other(StoreError {
                 code: "store_schema",
                 message: format!(
                     "{}: written by a newer stepwell (schema {version}, this build reads up to {SCHEMA_VERSION}); refusing to open it",
                     path.display()
                 ),
-            });
+            }));
         }
         if version < SCHEMA_VERSION {
             migrate(&mut conn, version).map_err(err)?;
         }
-        Ok(SqliteStore {
-            path,
-            conn: Mutex::new(conn),
-        })
+        Ok(conn)
     }
 
     /// The database file.

@@ -1,0 +1,104 @@
+//! `store-worker`: one OS process of the store conformance suite's
+//! cross-process cases (`tests/conformance.rs`, module `processes`).
+//!
+//! ```text
+//! store-worker STORE MODE RUN_ID N
+//! ```
+//!
+//! Adds 1 to `vars.count` of run RUN_ID, N times, each time with one ledger
+//! record, on STORE (`sqlite:PATH` or `json:DIR`), the way a runtime
+//! would:
+//!
+//! - `lease`: claims the run's lease (retrying while another holder has
+//!   it), reads the run, commits with a fence on the version and the lease,
+//!   and gives the lease up with the commit;
+//! - `cas`: reads the run and commits with a fence on the version alone,
+//!   reading again and retrying when another writer got there first.
+//!
+//! Prints `{"conflicts": C, "busy": B}`: the commits that lost a race (and
+//! changed nothing), and the claims that found the lease held.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::json;
+use stepwell::host::StoreSpec;
+use stepwell::{Claim, Fence, LeaseAfter, LeaseRequest, RunState, StepRecord, StepStatus};
+
+fn record(run: &RunState, n: u64, holder: &str) -> StepRecord {
+    StepRecord {
+        step_id: uuid(),
+        run_id: run.run_id.clone(),
+        node_id: Some("count".into()),
+        status: StepStatus::Completed,
+        effect: None,
+        result: Some(json!({ "count": n, "by": holder })),
+        error: None,
+        started_at: "2026-11-30T09:00:00.000000Z".into(),
+        ended_at: None,
+        attempt: 1,
+        idempotency_key: None,
+        prev_hash: None,
+        record_hash: None,
+    }
+}
+
+fn uuid() -> String {
+    format!(
+        "{:x}-{:x}",
+        std::process::id(),
+        Utc::now().timestamp_nanos_opt().unwrap_or(0)
+    )
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let store = StoreSpec::parse(&args[0])?.open(None)?;
+    let (mode, run_id, n): (&str, &str, u64) = (&args[1], &args[2], args[3].parse()?);
+    let holder = format!("worker-{}", std::process::id());
+    let (mut conflicts, mut busy) = (0u64, 0u64);
+    let mut done = 0;
+    while done < n {
+        let now = Utc::now();
+        let mut run = if mode == "lease" {
+            let lease = LeaseRequest {
+                holder: &holder,
+                now,
+                until: now + chrono::Duration::seconds(30),
+                dead_holder: None,
+            };
+            match store.claim(run_id, &lease)? {
+                Claim::Held(run) => *run,
+                Claim::Busy { .. } => {
+                    busy += 1;
+                    std::thread::sleep(Duration::from_micros(200));
+                    continue;
+                }
+                other => return Err(format!("claim: {other:?}").into()),
+            }
+        } else {
+            store.load_run(run_id)?.ok_or("no run")?
+        };
+        let count = run.vars["count"].as_u64().unwrap_or(0) + 1;
+        run.vars.insert("count".into(), json!(count));
+        let read = run.version;
+        run.version = read + 1;
+        let fence = if mode == "lease" {
+            Fence::held(read, &holder)
+        } else {
+            Fence::unleased(read)
+        };
+        match store.commit(
+            &[record(&run, count, &holder)],
+            &run,
+            fence,
+            LeaseAfter::Release,
+        ) {
+            Ok(()) => done += 1,
+            Err(e) if e.is_conflict() => conflicts += 1,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    println!("{}", json!({ "conflicts": conflicts, "busy": busy }));
+    Ok(())
+}
