@@ -540,6 +540,12 @@ fn claimable_runs_are_running_and_unleased(b: Backend) {
         f.store.list_claimable(at(now), 0).unwrap(),
         Vec::<String>::new()
     );
+    let leased = |id: &str| (id.to_string(), "A".to_string());
+    assert_eq!(
+        f.store.list_leased(100).unwrap(),
+        [leased("held"), leased("lapsed")]
+    );
+    assert_eq!(f.store.list_leased(1).unwrap(), [leased("held")]);
 }
 
 fn quarantined_runs_are_set_aside(b: Backend) {
@@ -720,6 +726,52 @@ fn a_replayed_commit_after_records_ahead_lands_once_and_agrees(b: Backend) {
     assert!(stepwell::store::verify_chain(&ledger).is_ok());
 }
 
+fn records_appended_since_the_last_commit_are_ahead(b: Backend) {
+    let f = fixture(b);
+    let mut r = run("r1", "wf");
+    f.store.create_if_absent(&r).unwrap();
+    assert!(f.store.list_ahead("r1").unwrap().is_empty());
+    r.version = 2;
+    f.store
+        .commit(
+            &[record("r1", 1, None)],
+            &r,
+            fence(1, None),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+    assert!(f.store.list_ahead("r1").unwrap().is_empty(), "committed");
+    f.store
+        .append_ahead(
+            &[record("r1", 2, Some("r1:2")), record("r1", 3, Some("r1:2"))],
+            fence(2, None),
+        )
+        .unwrap();
+    f.store.append_records(&[record("r1", 4, None)]).unwrap();
+    let steps = |records: Vec<StepRecord>| -> Vec<String> {
+        records.into_iter().map(|r| r.step_id).collect()
+    };
+    assert_eq!(
+        steps(f.store.list_ahead("r1").unwrap()),
+        ["r1-step-2", "r1-step-3", "r1-step-4"]
+    );
+    r.version = 3;
+    f.store
+        .commit(
+            &[record("r1", 5, None)],
+            &r,
+            fence(2, None),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+    assert!(
+        f.store.list_ahead("r1").unwrap().is_empty(),
+        "a commit makes them true"
+    );
+    assert_eq!(f.store.list_records("r1").unwrap().len(), 5);
+    assert!(f.store.list_ahead("nobody").unwrap().is_empty());
+}
+
 fn bundles_are_recorded(b: Backend) {
     let f = fixture(b);
     assert_eq!(f.store.bundle_dir("wf").unwrap(), None);
@@ -777,6 +829,7 @@ store_tests!(
     ended_children_and_orphans_are_found,
     ledgers_append_in_order_per_run,
     a_replayed_commit_after_records_ahead_lands_once_and_agrees,
+    records_appended_since_the_last_commit_are_ahead,
     bundles_are_recorded,
     a_reopened_store_has_everything,
 );

@@ -172,6 +172,9 @@ impl Store for FaultStore {
     fn list_orphans(&self, limit: usize) -> Result<Vec<String>, StoreError> {
         self.inner.list_orphans(limit)
     }
+    fn list_leased(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
+        self.inner.list_leased(limit)
+    }
     fn quarantine(&self, id: &str, reason: &str) -> Result<(), StoreError> {
         self.write("quarantine", || self.inner.quarantine(id, reason))
     }

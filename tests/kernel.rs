@@ -384,8 +384,10 @@ fn explicit_child_ids_are_created_once_and_identity_checked(b: Backend) {
     let failed = h.rt.tick(&p2).unwrap();
     assert_eq!(failed.status, RunStatus::Failed);
     let error = failed.error.unwrap();
-    assert!(error.starts_with("identity_conflict"), "{error}");
-    assert!(error.contains("parent_run_id"), "{error}");
+    assert_eq!(
+        error,
+        "identity_conflict: run child-1 already exists with a different parent_run_id"
+    );
     assert_eq!(
         h.rt.get_state("child-1").unwrap(),
         child,
@@ -911,6 +913,9 @@ impl Store for SaveFails {
     ) -> Result<Vec<String>, StoreError> {
         self.inner.list_claimable(now, n)
     }
+    fn list_leased(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
+        self.inner.list_leased(limit)
+    }
     fn quarantine(&self, id: &str, why: &str) -> Result<(), StoreError> {
         self.inner.quarantine(id, why)
     }
@@ -1050,6 +1055,10 @@ mod run_api {
     #[test]
     fn sqlite() {
         run_starts_and_ticks_in_one_call(Backend::Sqlite)
+    }
+    #[test]
+    fn json() {
+        run_starts_and_ticks_in_one_call(Backend::Json)
     }
 }
 

@@ -116,24 +116,101 @@ fn a_database_from_a_newer_schema_is_refused_untouched() {
     assert_eq!(tables, 0, "nothing was created in it");
 }
 
-#[test]
-fn a_corrupt_run_row_is_reported_with_its_id() {
+/// A run whose stored state cannot be read: reported with its id when
+/// asked for, left out of listings, quarantined (and reported) by the
+/// driver, and every other run keeps moving.
+fn a_corrupt_run_is_quarantined_and_the_rest_moves_on(json_files: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("db.sqlite");
-    let rt = runtime_on(&db, &dir.path().join("cache"));
+    let spec = if json_files {
+        stepwell::host::StoreSpec::Json(dir.path().join("store"))
+    } else {
+        stepwell::host::StoreSpec::Sqlite(dir.path().join("db.sqlite"))
+    };
+    let rt = stepwell::host::open_runtime(&spec, &Default::default()).unwrap();
     let wf = rt.load_bundle(&example("hello")).unwrap().main_workflow_id;
+    let waiter = rt
+        .load_bundle(&example("wait-until"))
+        .unwrap()
+        .main_workflow_id;
     let good = rt.start(&wf, StartOptions::default()).unwrap();
     let bad = rt.start(&wf, StartOptions::default()).unwrap();
-    {
-        let conn = rusqlite::Connection::open(&db).unwrap();
-        conn.execute("UPDATE runs SET data = '{broken' WHERE run_id = ?1", [&bad])
-            .unwrap();
+    let due = rt
+        .run(
+            &waiter,
+            StartOptions {
+                vars: serde_json::from_value(json!({"seconds": 0.05})).unwrap(),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap()
+        .run_id;
+    match &spec {
+        stepwell::host::StoreSpec::Sqlite(db) => {
+            let conn = rusqlite::Connection::open(db).unwrap();
+            conn.execute("UPDATE runs SET data = '{broken' WHERE run_id = ?1", [&bad])
+                .unwrap();
+        }
+        stepwell::host::StoreSpec::Json(store) => {
+            std::fs::write(store.join(format!("run_{bad}.json")), b"{broken").unwrap();
+        }
+        stepwell::host::StoreSpec::Memory => unreachable!(),
     }
     let err = rt.get_state(&bad).unwrap_err();
     assert_eq!(err.reason_code(), "store_corrupt");
     assert!(err.to_string().contains(&bad), "{err}");
-    // The rest of the store stays readable.
-    assert_eq!(rt.tick(&good).unwrap().status, RunStatus::Completed);
+    // Listings leave it out instead of failing.
+    let listed: Vec<String> = rt
+        .list_runs(&stepwell::RunQuery::default())
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_id)
+        .collect();
+    assert!(
+        listed.contains(&good) && !listed.contains(&bad),
+        "{listed:?}"
+    );
+    // The driver reports and quarantines it, and moves the others.
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    let report = rt.drive_once().unwrap();
+    assert_eq!(
+        report
+            .quarantined
+            .iter()
+            .map(|q| q.run_id.as_str())
+            .collect::<Vec<_>>(),
+        [bad.as_str()],
+        "{report:?}"
+    );
+    assert!(report.quarantined[0].error.starts_with("store_corrupt"));
+    assert_eq!(report.ticked, vec![good.clone()]);
+    assert_eq!(report.due_resumed, vec![due.clone()]);
+    assert_eq!(rt.get_state(&good).unwrap().status, RunStatus::Completed);
+    assert_eq!(rt.get_state(&due).unwrap().status, RunStatus::Completed);
+    assert_eq!(
+        rt.store().list_quarantined().unwrap()[0].0,
+        bad,
+        "it stays set aside"
+    );
+    // The next pass has nothing to say about it.
+    let again = rt.drive_once().unwrap();
+    assert!(
+        again.quarantined.is_empty() && again.errors.is_empty(),
+        "{again:?}"
+    );
+    assert!(matches!(
+        rt.tick(&bad).unwrap_err(),
+        stepwell::Error::Store(_) | stepwell::Error::Quarantined { .. }
+    ));
+}
+
+#[test]
+fn a_corrupt_run_row_is_quarantined_and_the_rest_moves_on() {
+    a_corrupt_run_is_quarantined_and_the_rest_moves_on(false);
+}
+
+#[test]
+fn a_corrupt_run_file_is_quarantined_and_the_rest_moves_on() {
+    a_corrupt_run_is_quarantined_and_the_rest_moves_on(true);
 }
 
 #[test]

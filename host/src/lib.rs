@@ -26,7 +26,6 @@
 //! # Ok(()) }
 //! ```
 
-pub mod bench;
 pub mod core;
 pub mod effects;
 pub mod flow;

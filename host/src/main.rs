@@ -1,5 +1,7 @@
 //! The `stepwell` binary: argument parsing and printing over the library.
 
+mod cli;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -156,6 +158,16 @@ enum Command {
         /// Run only the benchmarks whose figure names contain this text.
         #[arg(long)]
         only: Option<String>,
+    },
+    /// One process of a multi-process benchmark (started by `bench`).
+    #[command(hide = true)]
+    BenchWorker {
+        /// `resume-all`.
+        task: String,
+        /// Its input file.
+        file: PathBuf,
+        /// Who the process is.
+        who: String,
     },
 }
 
@@ -426,7 +438,7 @@ fn print_run(run: &RunState, json: bool) {
 
 fn execute(cli: Cli) -> Result<(), Error> {
     if let Command::Bench { flows, quick, only } = &cli.command {
-        let mut options = stepwell::bench::BenchOptions {
+        let mut options = cli::bench::BenchOptions {
             flows_dir: flows.clone(),
             only: only.clone(),
             ..Default::default()
@@ -436,8 +448,10 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.chain_repeats = 1;
             options.cycles_per_batch = 50;
             options.cycle_batches = 1;
+            options.race_waits = 50;
+            options.drive_runs = 30;
         }
-        let figures = stepwell::bench::run(&options)?;
+        let figures = cli::bench::run(&options)?;
         if cli.json {
             println!("{figures}");
         } else {
@@ -483,6 +497,15 @@ fn execute(cli: Cli) -> Result<(), Error> {
     }
     let rt = open_runtime(&spec, &options)?;
     match cli.command {
+        Command::BenchWorker { task, file, who } => match task.as_str() {
+            "resume-all" => println!("{}", cli::bench::resume_all(&rt, &file, &who)?),
+            other => {
+                return Err(Error::InvalidInput {
+                    field: "task".into(),
+                    message: format!("{other:?} is not a bench task"),
+                })
+            }
+        },
         Command::Run {
             flow_dir,
             vars,
@@ -685,11 +708,11 @@ fn execute(cli: Cli) -> Result<(), Error> {
                     report.quarantined.len(),
                     report.errors.len()
                 );
-                for (id, why) in &report.quarantined {
-                    eprintln!("  {id}: quarantined: {why}");
+                for q in &report.quarantined {
+                    eprintln!("  {}: quarantined: {}", q.run_id, q.error);
                 }
-                for (id, e) in &report.errors {
-                    eprintln!("  {id}: {e}");
+                for e in &report.errors {
+                    eprintln!("  {}: {}", e.run_id, e.error);
                 }
             }
             std::io::Write::flush(&mut std::io::stdout()).ok();

@@ -12,10 +12,19 @@ use super::clock::format_time;
 use super::keys::terminal_key;
 use super::model::{RunState, RunStatus, StepRecord, StepStatus};
 use super::runtime::Runtime;
-use super::txn::lease_now;
+use super::txn::{holder_is_dead, lease_now};
 use super::{Error, Result};
 use crate::effects::subworkflow::{self, OnChildFailure};
 use crate::effects::Outcome;
+
+/// A run a driver pass could not move, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunError {
+    /// The run.
+    pub run_id: String,
+    /// Why (a reason code, then what happened).
+    pub error: String,
+}
 
 /// What one [`Runtime::drive_once`] pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -31,10 +40,10 @@ pub struct DriveReport {
     pub orphans_cancelled: Vec<String>,
     /// Runs another executor holds: left to it.
     pub busy: Vec<String>,
-    /// Runs set aside because they cannot be read or committed, with why.
-    pub quarantined: Vec<(String, String)>,
+    /// Runs set aside because they cannot be read, with why.
+    pub quarantined: Vec<RunError>,
     /// Runs the pass could not move, with why.
-    pub errors: Vec<(String, String)>,
+    pub errors: Vec<RunError>,
 }
 
 impl DriveReport {
@@ -70,7 +79,10 @@ impl Runtime {
         for id in self.store().list_orphans(batch)? {
             match self.cancel_run_by(&id, Some("its parent run was cancelled"), "driver") {
                 Ok(_) => report.orphans_cancelled.push(id),
-                Err(e) => report.errors.push((id, e.to_string())),
+                Err(e) => report.errors.push(RunError {
+                    run_id: id,
+                    error: e.to_string(),
+                }),
             }
         }
         for id in self.store().list_due(self.now(), batch)? {
@@ -81,12 +93,18 @@ impl Runtime {
                 Ok(true) => report.parents_resumed.push(parent),
                 Ok(false) => {}
                 Err(Error::Conflict { .. }) => report.busy.push(parent),
-                Err(e @ Error::Store(_)) if e.reason_code() != "store_corrupt" => return Err(e),
                 Err(e) => self.quarantine_or_report(&parent, e, &mut report)?,
             }
         }
         for id in self.store().list_claimable(lease_now(), batch)? {
             self.drive_run(&id, Why::Running, &mut report)?;
+        }
+        // Runs whose executor died on this host: taken over at once, not at
+        // the end of its lease.
+        for (id, holder) in self.store().list_leased(batch)? {
+            if holder_is_dead(&holder) {
+                self.drive_run(&id, Why::Running, &mut report)?;
+            }
         }
         Ok(report)
     }
@@ -136,12 +154,18 @@ impl Runtime {
             "store_corrupt" => {
                 let reason = e.to_string();
                 self.store().quarantine(id, &reason)?;
-                report.quarantined.push((id.to_string(), reason));
+                report.quarantined.push(RunError {
+                    run_id: id.to_string(),
+                    error: reason,
+                });
                 Ok(())
             }
-            "store_io" | "store_schema" => Err(e),
+            "store_schema" => Err(e),
             _ => {
-                report.errors.push((id.to_string(), e.to_string()));
+                report.errors.push(RunError {
+                    run_id: id.to_string(),
+                    error: e.to_string(),
+                });
                 Ok(())
             }
         }

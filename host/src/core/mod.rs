@@ -16,5 +16,5 @@ mod snapshots;
 mod step;
 mod txn;
 
-pub use driver::DriveReport;
+pub use driver::{DriveReport, RunError};
 pub use error::{Error, Result};

@@ -33,7 +33,7 @@ pub(crate) fn new_holder_id() -> String {
 /// Whether `holder` (`<host>:<pid>:<random>`) names a process of this host
 /// that no longer runs. Only a holder of this host can be known dead; any
 /// other lease lapses at its expiry.
-pub(crate) fn holder_is_dead(holder: &str) -> bool {
+pub fn holder_is_dead(holder: &str) -> bool {
     let mut parts = holder.rsplitn(3, ':');
     let (_, Some(pid), Some(host)) = (parts.next(), parts.next(), parts.next()) else {
         return false;

@@ -17,10 +17,11 @@ use crate::core::Result;
 /// default) reaches the waits of `session_id` (default: the emitter's
 /// session, else its run id), `workflow` those of runs of the emitter's
 /// workflow, `global` every run waiting on the name in scope `global`;
-/// `run` reaches no other run (a record in the emitter's ledger only). A
-/// wait with an explicit `wait_key` is never reached by an event: only an
-/// explicit resume reaches it. A payload that is not an object is delivered
-/// as `{"value": payload}`.
+/// `run` reaches no other run (a record in the emitter's ledger only).
+/// Listeners are matched by their wait key: a wait whose explicit
+/// `wait_key` is not an `evt:` key is never reached by an event, only by an
+/// explicit resume. A payload that is not an object is delivered as
+/// `{"value": payload}`; no payload as `{}`.
 ///
 /// The listeners are fixed, and recorded in the effect's `started` record,
 /// before any is resumed; each is resumed at most once by this event, even

@@ -84,6 +84,19 @@ impl Failure {
         }
     }
 
+    /// The failure an API error stands for (its reason code, and its
+    /// message without the code).
+    pub fn from_error(e: &crate::core::Error) -> Self {
+        let code = e.reason_code();
+        let text = e.to_string();
+        let message = text
+            .strip_prefix(code)
+            .and_then(|t| t.strip_prefix(": "))
+            .unwrap_or(&text)
+            .to_string();
+        Failure::permanent(code, message)
+    }
+
     /// A failure that a later attempt may not have.
     pub fn retryable(code: impl Into<String>, message: impl Into<String>) -> Self {
         Failure {

@@ -231,12 +231,7 @@ impl EffectHandler for StartSubworkflow {
                 e @ (Error::IdentityConflict { .. }
                 | Error::UnknownWorkflow { .. }
                 | Error::InvalidInput { .. }),
-            ) => {
-                return Ok(Outcome::Failed(Failure::permanent(
-                    e.reason_code(),
-                    e.to_string(),
-                )))
-            }
+            ) => return Ok(Outcome::Failed(Failure::from_error(&e))),
             Err(e) => return Err(e),
         };
         if is_async && !wait {

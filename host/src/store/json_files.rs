@@ -465,13 +465,15 @@ impl JsonFileStore {
     }
 
     /// Appends the records of one run under its lock: cuts off a line torn
-    /// by a crash, skips replays of records appended ahead since the last
-    /// save, links the rest into the chain. Returns the new length and head.
+    /// by a crash, skips (with `dedupe`) replays of records appended ahead
+    /// since the last save, links the rest into the chain. Returns the new
+    /// length and head.
     fn append_locked(
         &self,
         run_id: &str,
         lock: &LockData,
         records: &[StepRecord],
+        dedupe: bool,
     ) -> Result<(u64, Option<String>), StoreError> {
         let path = self.ledger_path(run_id);
         let mut f = OpenOptions::new()
@@ -504,7 +506,7 @@ impl JsonFileStore {
         }
         let mut text = String::new();
         for r in records {
-            if ahead.iter().any(|old| is_replay_of(r, old)) {
+            if dedupe && ahead.iter().any(|old| is_replay_of(r, old)) {
                 continue;
             }
             let mut r = r.clone();
@@ -674,7 +676,7 @@ impl Store for JsonFileStore {
         let mut lock = self.run_lock(&run.run_id)?;
         let mut data = lock.read();
         self.check(&run.run_id, &data, &fence)?;
-        let (len, head) = self.append_locked(&run.run_id, &data, records)?;
+        let (len, head) = self.append_locked(&run.run_id, &data, records, true)?;
         if fence.version == 0 {
             if !self.publish_new(run)? {
                 return Err(StoreError::conflict(format!(
@@ -718,29 +720,26 @@ impl Store for JsonFileStore {
             // The lock file keeps the length at the last save: these records
             // stay "ahead" until the commit that makes them true, and a
             // replay is checked against them.
-            self.append_locked(run_id, &data, &mine)?;
+            self.append_locked(run_id, &data, &mine, true)?;
         }
         Ok(())
     }
 
     fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError> {
         let _w = self.write.lock();
-        let runs = run_ids(records);
-        for run_id in runs {
+        for run_id in run_ids(records) {
             self.check_id(run_id)?;
             let mut lock = self.run_lock(run_id)?;
-            let mut data = lock.read();
+            let data = lock.read();
             let mine: Vec<StepRecord> = records
                 .iter()
                 .filter(|r| r.run_id == run_id)
                 .cloned()
                 .collect();
-            // Unfenced evidence: it belongs to no transition, so it moves the
-            // saved length on (nothing to replay).
-            let (len, head) = self.append_locked(run_id, &data, &mine)?;
-            data.ledger_len = len;
-            data.head = head;
-            lock.write(&data)?;
+            // Evidence outside any transition: appended as it is, and (as on
+            // every store) ahead of the state until the run's next commit.
+            self.append_locked(run_id, &data, &mine, false)?;
+            drop(lock);
         }
         Ok(())
     }
@@ -843,6 +842,26 @@ impl Store for JsonFileStore {
         // Unreadable runs are listed too: their claim reports the damage.
         out.extend(unreadable);
         out.truncate(limit);
+        Ok(out)
+    }
+
+    fn list_leased(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
+        let mut out = Vec::new();
+        for run in self.scan()?.0 {
+            if run.status != RunStatus::Running {
+                continue;
+            }
+            let lease = fs::read(self.dir.join(format!("run_{}.lock", run.run_id)))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<LockData>(&b).ok())
+                .unwrap_or_default();
+            if let Some(holder) = lease.holder {
+                out.push((run.run_id, holder));
+                if out.len() >= limit {
+                    break;
+                }
+            }
+        }
         Ok(out)
     }
 

@@ -301,6 +301,26 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    fn list_leased(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
+        let t = self.tables.lock();
+        let mut found: Vec<(u64, String, String)> = t
+            .runs
+            .values()
+            .filter(|s| s.run.status == RunStatus::Running)
+            .filter_map(|s| {
+                s.lease
+                    .as_ref()
+                    .map(|(h, _)| (s.seq, s.run.run_id.clone(), h.clone()))
+            })
+            .collect();
+        found.sort();
+        Ok(found
+            .into_iter()
+            .take(limit)
+            .map(|(_, id, h)| (id, h))
+            .collect())
+    }
+
     fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {
         let mut t = self.tables.lock();
         if t.quarantine_reason(run_id).is_none() {

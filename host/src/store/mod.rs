@@ -591,6 +591,10 @@ pub trait Store: Send + Sync {
     /// that its claim reports the damage. Quarantined runs are left out.
     fn list_claimable(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError>;
 
+    /// `(run, holder)` of `running` runs someone holds a lease on, at most
+    /// `limit`: a driver takes over those whose holder it knows is dead.
+    fn list_leased(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError>;
+
     /// `(parent, child)` pairs of parents waiting (reason `subworkflow`) on
     /// a child that has ended, at most `limit`. The default reads every
     /// waiting parent and its child.
@@ -801,18 +805,18 @@ pub(crate) fn is_replay_of(new: &StepRecord, old: &StepRecord) -> bool {
 }
 
 /// How hard a store works to keep the last commits through a power loss or
-/// an OS crash (a killed process loses no committed step either way).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// an OS crash (a killed process loses no committed step either way). Each
+/// store has its own default: `Normal` for SQLite, `Full` for JSON files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
-    /// SQLite `synchronous=NORMAL` (the SQLite default): commits are synced
-    /// at WAL checkpoints only, so a power loss may roll back the last
-    /// transactions (never corrupting the database, never reordering them).
-    /// JSON files: no fsync.
-    #[default]
+    /// SQLite `synchronous=NORMAL`: commits are synced at WAL checkpoints
+    /// only, so a power loss may roll back the last transactions (never
+    /// corrupting the database, never reordering them). JSON files: no
+    /// fsync, so a power loss may lose or reorder the last writes.
     Normal,
     /// SQLite `synchronous=FULL`: every commit is synced before it returns.
-    /// JSON files: every file is synced before the rename that publishes
-    /// it, and the folder after.
+    /// JSON files: every run file and ledger append is synced before the
+    /// rename (or link) that publishes it, and the folder after.
     Full,
 }
 

@@ -531,7 +531,8 @@ fn migrate(conn: &mut Connection, from: i64) -> rusqlite::Result<()> {
     if from > 0 && from < 3 {
         tx.execute_batch(
             "UPDATE ledger SET idem_key = json_extract(data, '$.idempotency_key')
-             WHERE idem_key IS NULL AND json_valid(data)",
+             WHERE idem_key IS NULL AND json_valid(data);
+             UPDATE runs SET ledger_seq = (SELECT MAX(seq) FROM ledger WHERE ledger.run_id = runs.run_id);",
         )?;
         let rows: Vec<(String, String)> = tx
             .prepare("SELECT run_id, data FROM runs")?
@@ -802,6 +803,22 @@ impl Store for SqliteStore {
              ORDER BY rowid LIMIT ?2",
             &[&now.timestamp_micros(), &(limit as i64)],
         )
+    }
+
+    fn list_leased(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
+        let conn = self.conn.lock();
+        let mut st = conn
+            .prepare_cached(
+                "SELECT run_id, lease_holder FROM runs WHERE status = 'running'
+                   AND lease_holder IS NOT NULL AND quarantine IS NULL
+                 ORDER BY rowid LIMIT ?1",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(|e| self.err(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.err(e))
     }
 
     fn list_ended_children(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {

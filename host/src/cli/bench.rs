@@ -7,10 +7,9 @@ use std::time::Instant;
 
 use serde_json::{json, Map, Value};
 
-use crate::core::Result;
-use crate::store::{JsonFileStore, MemoryStore, SqliteStore, Store};
-use crate::wasm::{EngineConfig, NodeCall, WasmEngine};
-use crate::{Error, RunStatus, Runtime, StartOptions};
+use stepwell::store::{JsonFileStore, MemoryStore, SqliteStore, Store};
+use stepwell::wasm::{EngineConfig, NodeCall, WasmEngine};
+use stepwell::{Error, Result, RunStatus, Runtime, StartOptions};
 
 /// What to measure with, and how long.
 #[derive(Debug, Clone)]
@@ -29,8 +28,16 @@ pub struct BenchOptions {
     pub cycle_batches: usize,
     /// Run only the benchmarks whose figure names contain this text
     /// (`dispatch`, `chain`, `memory`, `sqlite`, `json`, `ledger`, `cycles`,
-    /// `trigger`).
+    /// `trigger`, `conflicts`, `3procs`).
     pub only: Option<String>,
+    /// Waits the two racing processes of `resume_conflicts_per_s_sqlite`
+    /// each try to resume.
+    pub race_waits: usize,
+    /// Runs the three drivers of `drive_runs_per_s_sqlite_3procs` complete.
+    pub drive_runs: usize,
+    /// The `stepwell` binary the multi-process benchmarks start (default:
+    /// this one).
+    pub exe: Option<PathBuf>,
 }
 
 impl Default for BenchOptions {
@@ -43,7 +50,17 @@ impl Default for BenchOptions {
             cycles_per_batch: 500,
             cycle_batches: 5,
             only: None,
+            race_waits: 400,
+            drive_runs: 300,
+            exe: None,
         }
+    }
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> Error {
+    Error::InvalidInput {
+        field: field.into(),
+        message: message.into(),
     }
 }
 
@@ -69,7 +86,7 @@ impl Scratch {
             std::process::id(),
             uuid::Uuid::new_v4().simple()
         ));
-        std::fs::create_dir_all(&dir).map_err(|e| Error::invalid("bench", e.to_string()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| invalid("bench", e.to_string()))?;
         Ok(Scratch(dir))
     }
 }
@@ -93,7 +110,7 @@ fn write_chain(dir: &Path, component: &Path, len: usize) -> Result<()> {
     }
     let doc = json!({ "workflow_id": "bench.chain", "entry": "n0", "nodes": nodes });
     std::fs::write(dir.join("flow.json"), doc.to_string())
-        .map_err(|e| Error::invalid("bench", e.to_string()))
+        .map_err(|e| invalid("bench", e.to_string()))
 }
 
 fn runtime(store: Arc<dyn Store>, engine: &WasmEngine) -> Result<Runtime> {
@@ -109,7 +126,7 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
     })?;
     let step = options.flows_dir.join("examples/chain/step.wasm");
     let step = step.canonicalize().map_err(|e| {
-        Error::invalid(
+        invalid(
             "flows_dir",
             format!(
                 "{}: {e} (build the guests first: scripts/build-guests)",
@@ -137,14 +154,14 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         for _ in 0..200 {
             component
                 .call(&call)
-                .map_err(|e| Error::invalid("bench", e.to_string()))?;
+                .map_err(|e| invalid("bench", e.to_string()))?;
         }
         let mut samples = Vec::with_capacity(options.dispatch_samples);
         for _ in 0..options.dispatch_samples {
             let t = Instant::now();
             component
                 .call(&call)
-                .map_err(|e| Error::invalid("bench", e.to_string()))?;
+                .map_err(|e| invalid("bench", e.to_string()))?;
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
         figures.insert(
@@ -155,7 +172,7 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
 
     // 2. A chain of WASM nodes, in memory and on SQLite.
     let chain_dir = scratch.0.join("chain");
-    std::fs::create_dir_all(&chain_dir).map_err(|e| Error::invalid("bench", e.to_string()))?;
+    std::fs::create_dir_all(&chain_dir).map_err(|e| invalid("bench", e.to_string()))?;
     write_chain(&chain_dir, &step, options.chain_len)?;
     let chain = |store: Arc<dyn Store>| -> Result<f64> {
         let rt = runtime(store, &engine)?;
@@ -167,7 +184,7 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             let state = rt.tick(&id)?;
             let secs = t.elapsed().as_secs_f64();
             if state.status != RunStatus::Completed {
-                return Err(Error::invalid(
+                return Err(invalid(
                     "bench",
                     format!("chain ended {:?}: {:?}", state.status, state.error),
                 ));
@@ -186,11 +203,11 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
     }
     if want("ledger_append_per_s_sqlite") {
         let store = SqliteStore::open(scratch.0.join("ledger.sqlite"))?;
-        let record = |run: &str, n: usize| crate::StepRecord {
+        let record = |run: &str, n: usize| stepwell::StepRecord {
             step_id: format!("{run}-{n}"),
             run_id: run.to_string(),
             node_id: Some("n".into()),
-            status: crate::StepStatus::Completed,
+            status: stepwell::StepStatus::Completed,
             effect: None,
             result: Some(json!({ "next_node": "m" })),
             error: None,
@@ -221,11 +238,11 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
     }
     // 3. One `prepare` call on schedule@1, through the component.
     if want("trigger_prepare_us_p50") {
-        let registry = crate::triggers::TriggerRegistry::load(&engine, None)?;
+        let registry = stepwell::triggers::TriggerRegistry::load(&engine, None)?;
         let source = registry.get("schedule@1")?;
         let now = "2026-11-30T09:00:00Z";
         let config = source.validate(&json!({"every": "5m"}), now)?;
-        let binding = crate::triggers::Binding {
+        let binding = stepwell::triggers::Binding {
             binding_id: "bench".into(),
             source_id: "schedule".into(),
             source_version: 1,
@@ -244,6 +261,20 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         figures.insert(
             "trigger_prepare_us_p50".into(),
             json!(round(median(samples), 2)),
+        );
+    }
+    if want("resume_conflicts_per_s_sqlite") {
+        let rate = resume_conflicts(options, &scratch.0.join("race"))?;
+        figures.insert(
+            "resume_conflicts_per_s_sqlite".into(),
+            json!(round(rate, 0)),
+        );
+    }
+    if want("drive_runs_per_s_sqlite_3procs") {
+        let rate = drive_three(options, &scratch.0.join("drive"))?;
+        figures.insert(
+            "drive_runs_per_s_sqlite_3procs".into(),
+            json!(round(rate, 0)),
         );
     }
     if !want("ask_resume_cycles_per_s_sqlite") {
@@ -266,10 +297,10 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
                 .waiting
                 .as_ref()
                 .map(|w| w.wait_key.clone())
-                .ok_or_else(|| Error::invalid("bench", "ask-user did not park"))?;
+                .ok_or_else(|| invalid("bench", "ask-user did not park"))?;
             let done = rt.resume(&id, &key, json!({ "text": "Bob" }))?;
             if done.status != RunStatus::Completed {
-                return Err(Error::invalid("bench", "ask-user did not complete"));
+                return Err(invalid("bench", "ask-user did not complete"));
             }
         }
         rates.push(options.cycles_per_batch as f64 / t.elapsed().as_secs_f64());
@@ -279,4 +310,141 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         json!(round(median(rates), 0)),
     );
     Ok(Value::Object(figures))
+}
+
+/// The `stepwell` binary the multi-process benchmarks start.
+fn exe(options: &BenchOptions) -> Result<PathBuf> {
+    match &options.exe {
+        Some(p) => Ok(p.clone()),
+        None => std::env::current_exe().map_err(|e| invalid("bench", e.to_string())),
+    }
+}
+
+/// A runtime on the SQLite file `db` the way the CLI opens it.
+fn cli_runtime(db: &Path) -> Result<Runtime> {
+    stepwell::host::open_runtime(
+        &stepwell::host::StoreSpec::Sqlite(db.to_path_buf()),
+        &stepwell::host::HostOptions::default(),
+    )
+}
+
+/// Two processes resume the same `race_waits` parked runs, in the same
+/// order, at the same time: each wait is resumed once, and every other try
+/// is a conflict detected (a stale resume). Returns conflicts per second of
+/// the race.
+fn resume_conflicts(options: &BenchOptions, dir: &Path) -> Result<f64> {
+    std::fs::create_dir_all(dir).map_err(|e| invalid("bench", e.to_string()))?;
+    let db = dir.join("race.sqlite");
+    let rt = cli_runtime(&db)?;
+    let bundle = rt.load_bundle(&options.flows_dir.join("examples/ask-user"))?;
+    let mut ids = Vec::with_capacity(options.race_waits);
+    for _ in 0..options.race_waits {
+        ids.push(
+            rt.run(&bundle.main_workflow_id, StartOptions::default())?
+                .run_id,
+        );
+    }
+    drop(rt);
+    let list = dir.join("runs.txt");
+    std::fs::write(&list, ids.join("\n")).map_err(|e| invalid("bench", e.to_string()))?;
+    let start = Instant::now();
+    let workers: Vec<std::process::Child> = ["A", "B"]
+        .iter()
+        .map(|who| {
+            std::process::Command::new(exe(options)?)
+                .arg("--db")
+                .arg(&db)
+                .args(["bench-worker", "resume-all"])
+                .arg(&list)
+                .arg(who)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| invalid("bench", e.to_string()))
+        })
+        .collect::<Result<_>>()?;
+    let mut conflicts = 0;
+    let mut resumed = 0;
+    for w in workers {
+        let out = w
+            .wait_with_output()
+            .map_err(|e| invalid("bench", e.to_string()))?;
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .map_err(|e| invalid("bench", format!("a race worker failed: {e}")))?;
+        conflicts += report["conflicts"].as_u64().unwrap_or(0);
+        resumed += report["resumed"].as_u64().unwrap_or(0);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if resumed != options.race_waits as u64 {
+        return Err(invalid(
+            "bench",
+            format!("{resumed} resumes of {} waits won", options.race_waits),
+        ));
+    }
+    Ok(conflicts as f64 / secs)
+}
+
+/// Three `stepwell drive` processes complete `drive_runs` chain runs on one
+/// SQLite file. Returns runs completed per second.
+fn drive_three(options: &BenchOptions, dir: &Path) -> Result<f64> {
+    std::fs::create_dir_all(dir).map_err(|e| invalid("bench", e.to_string()))?;
+    let db = dir.join("drive.sqlite");
+    let rt = cli_runtime(&db)?;
+    let bundle = rt.load_bundle(&options.flows_dir.join("examples/chain"))?;
+    let mut ids = Vec::with_capacity(options.drive_runs);
+    for _ in 0..options.drive_runs {
+        ids.push(rt.start(&bundle.main_workflow_id, StartOptions::default())?);
+    }
+    let start = Instant::now();
+    let mut drivers: Vec<std::process::Child> = (0..3)
+        .map(|_| {
+            std::process::Command::new(exe(options)?)
+                .arg("--db")
+                .arg(&db)
+                .args(["drive", "--interval-ms", "5"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| invalid("bench", e.to_string()))
+        })
+        .collect::<Result<_>>()?;
+    let deadline = Instant::now() + std::time::Duration::from_secs(300);
+    let mut left = ids.clone();
+    let outcome = loop {
+        left.retain(|id| {
+            rt.get_state(id)
+                .map(|s| s.status != RunStatus::Completed)
+                .unwrap_or(true)
+        });
+        if left.is_empty() {
+            break Ok(options.drive_runs as f64 / start.elapsed().as_secs_f64());
+        }
+        if Instant::now() > deadline {
+            break Err(invalid(
+                "bench",
+                format!("{} runs never completed", left.len()),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    for d in &mut drivers {
+        let _ = d.kill();
+        let _ = d.wait();
+    }
+    outcome
+}
+
+/// `stepwell bench-worker resume-all FILE WHO`: resumes every run listed in
+/// FILE with `{"text": WHO}`, each once, and prints how many resumes won
+/// and how many found the wait taken (a conflict detected).
+pub fn resume_all(rt: &Runtime, file: &Path, who: &str) -> Result<Value> {
+    let text = std::fs::read_to_string(file).map_err(|e| invalid("bench", e.to_string()))?;
+    let (mut resumed, mut conflicts) = (0u64, 0u64);
+    for id in text.lines().filter(|l| !l.is_empty()) {
+        match rt.respond(id, json!({ "text": who })) {
+            Ok(_) => resumed += 1,
+            Err(Error::StaleResume { .. } | Error::Conflict { .. }) => conflicts += 1,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(json!({ "resumed": resumed, "conflicts": conflicts }))
 }

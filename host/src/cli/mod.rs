@@ -1,0 +1,5 @@
+//! The parts of the `stepwell` binary that are not argument parsing: the
+//! benchmarks behind `stepwell bench` (kept out of the library, so an
+//! application embedding stepwell does not carry them).
+
+pub mod bench;
