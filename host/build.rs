@@ -5,7 +5,10 @@
 use std::path::Path;
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../flows/triggers/builtin");
+    // Read at run time (not `env!`): a build script compiled once is reused
+    // for another checkout of the same sources.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let dir = Path::new(&manifest).join("../flows/triggers/builtin");
     println!("cargo:rerun-if-changed={}", dir.display());
     for name in ["schedule", "manual"] {
         let file = dir.join(format!("{name}.wasm"));

@@ -157,12 +157,38 @@ fn the_sandbox_has_no_filesystem_environment_network_or_clock(b: Backend) {
         seen["fs_relative"].as_str().unwrap().starts_with("error"),
         "{seen}"
     );
-    assert!(seen["net"].as_str().unwrap().starts_with("error"), "{seen}");
+    assert_eq!(seen["net"], Value::Null, "no port, no connection: {seen}");
     assert_eq!(
         seen["clock_unix_secs"],
         json!(0),
         "the guest clock reads the epoch: {seen}"
     );
+
+    // A listener that is really there: the guest's connect traps before
+    // anything reaches it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let flow = json!({
+        "workflow_id": "hostile-probe-net",
+        "entry": "node",
+        "nodes": {"node": {
+            "component": component("runaway/hostile.wasm"),
+            "config": {"mode": "probe", "port": port}
+        }}
+    });
+    let wf = h.load_scratch("hostile-probe-net", &[("flow.json", flow)]);
+    let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+    let error = assert_failed(&h, &h.rt.tick(&id).unwrap(), "guest_trap");
+    assert!(
+        error.contains("wasi:sockets") && error.contains("not available to stepwell guests"),
+        "{error}"
+    );
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the guest reached the listener: {other:?}"),
+    }
+    still_serves(&h);
 }
 
 fn a_runaway_guest_does_not_block_other_runs(b: Backend) {
@@ -186,7 +212,41 @@ fn a_runaway_guest_does_not_block_other_runs(b: Backend) {
     assert!(run.error.unwrap().starts_with("guest_timeout"));
 }
 
+fn state_an_instance_keeps_between_calls_never_fails_a_step(b: Backend) {
+    // Twenty steps on one component in one tick share an instance; each
+    // keeps 8 MiB more, so the instance reaches the 64 MiB limit around the
+    // eighth call. That step is tried again on a fresh instance and the run
+    // completes.
+    let h = host(b);
+    let mut nodes = serde_json::Map::new();
+    for i in 0..20 {
+        let next = if i == 19 {
+            "end".to_string()
+        } else {
+            format!("n{}", i + 1)
+        };
+        nodes.insert(
+            format!("n{i}"),
+            json!({"component": component("runaway/hostile.wasm"),
+                   "config": {"mode": "leak", "bytes": 8 << 20}, "next": next}),
+        );
+    }
+    nodes.insert("end".into(), json!({"complete": {"done": true}}));
+    let flow = json!({"workflow_id": "hostile-leak", "entry": "n0", "nodes": nodes});
+    let wf = h.load_scratch("hostile-leak", &[("flow.json", flow)]);
+    let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+    let run = h.rt.tick(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(run.output, Some(json!({"done": true})));
+    let ledger = h.rt.get_ledger(&id).unwrap();
+    assert!(
+        ledger.iter().all(|r| r.status != StepStatus::Failed),
+        "{ledger:?}"
+    );
+}
+
 stepwell_tests::store_tests!(
+    state_an_instance_keeps_between_calls_never_fails_a_step,
     a_guest_that_never_returns_is_stopped_at_its_time_limit,
     the_runaway_example_fails_only_its_own_run,
     a_guest_that_allocates_without_bound_hits_the_memory_limit,

@@ -19,6 +19,20 @@ pub struct RuntimeConfig {
     /// `limit_exceeded` instead of spinning for ever. For comparison,
     /// Temporal ends a workflow's history at 51,200 events.
     pub max_node_visits: u64,
+    /// The most bytes a run's vars may take as JSON: a step that would call
+    /// a guest with more fails the run with `state_too_large`. Default
+    /// 64 MiB. (Each step can add at most the guest output limit,
+    /// [`crate::SandboxLimits::max_output_bytes`], so a run cannot grow far
+    /// past it.)
+    pub max_state_bytes: usize,
+    /// The most bytes of JSON a resume payload may take (`resume`,
+    /// `respond`, an event's payload): more is refused with
+    /// `invalid_input` before anything is written. Default 8 MiB.
+    pub max_payload_bytes: usize,
+    /// Whether consecutive steps of one run in one tick may call the same
+    /// component through one instance (see [`crate::wasm::NodeSession`]):
+    /// much faster, and safe for pure guests. Default true.
+    pub reuse_instances: bool,
     /// The most node steps the driver gives one run per pass before it
     /// moves on to the next run, so one busy run cannot starve the others.
     pub drive_steps_per_run: u64,
@@ -96,6 +110,9 @@ impl Default for RuntimeConfig {
         RuntimeConfig {
             max_steps_per_tick: 100_000,
             max_node_visits: 100_000,
+            max_state_bytes: 64 << 20,
+            max_payload_bytes: 8 << 20,
+            reuse_instances: true,
             drive_steps_per_run: 1_000,
             drive_batch: 256,
             lease_ttl: Duration::from_secs(30),

@@ -26,6 +26,15 @@ pub fn is_host_owned(key: &str) -> bool {
     HOST_OWNED_VARS.contains(&first) || key.starts_with("_runtime")
 }
 
+/// A fresh, random record id (a UUID v4, hyphenated).
+pub(crate) fn new_step_id() -> String {
+    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    uuid::Uuid::new_v4()
+        .hyphenated()
+        .encode_lower(&mut buf)
+        .to_string()
+}
+
 /// The key prefix of a run's records (see the module docs).
 pub(crate) fn key_prefix(run: &RunState) -> String {
     match run
@@ -65,14 +74,25 @@ pub fn caused_resume_key(cause: &str) -> String {
 /// The run's `vars._runtime` object (created, or replaced if it is not an
 /// object).
 pub(crate) fn runtime_vars(run: &mut RunState) -> &mut Map<String, Value> {
-    let rt = run
-        .vars
-        .entry("_runtime")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if !rt.is_object() {
-        *rt = Value::Object(Map::new());
+    if !run.vars.get("_runtime").is_some_and(Value::is_object) {
+        run.vars
+            .insert("_runtime".into(), Value::Object(Map::new()));
     }
-    rt.as_object_mut().expect("made an object above")
+    run.vars
+        .get_mut("_runtime")
+        .and_then(Value::as_object_mut)
+        .expect("made an object above")
+}
+
+/// Sets the counter `key` of `map` to `n` (in place when it exists: no
+/// allocation on the hot path).
+fn set_counter(map: &mut Map<String, Value>, key: &str, n: u64) {
+    match map.get_mut(key) {
+        Some(v) => *v = Value::from(n),
+        None => {
+            map.insert(key.to_string(), Value::from(n));
+        }
+    }
 }
 
 fn runtime_u64(run: &RunState, key: &str) -> Option<u64> {
@@ -106,7 +126,7 @@ pub(crate) fn next_effect_seq(run: &mut RunState) -> u64 {
     }
     let map = runtime_vars(run);
     let seq = map.get("effect_seq").and_then(Value::as_u64).unwrap_or(0) + 1;
-    map.insert("effect_seq".into(), json!(seq));
+    set_counter(map, "effect_seq", seq);
     seq
 }
 
@@ -124,7 +144,7 @@ pub(crate) fn node_visits(run: &RunState) -> u64 {
 pub(crate) fn count_visit(run: &mut RunState) -> u64 {
     let map = runtime_vars(run);
     let n = map.get("node_visits").and_then(Value::as_u64).unwrap_or(0) + 1;
-    map.insert("node_visits".into(), json!(n));
+    set_counter(map, "node_visits", n);
     n
 }
 

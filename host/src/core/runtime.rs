@@ -573,6 +573,14 @@ impl Runtime {
         tick: bool,
         optimistic: bool,
     ) -> Result<(RunState, bool)> {
+        let limit = self.inner.config.max_payload_bytes;
+        let size = serde_json::to_vec(&payload).map_or(0, |b| b.len());
+        if size > limit {
+            return Err(Error::invalid(
+                "payload",
+                format!("{size} bytes of JSON, over the limit of {limit} (RuntimeConfig::max_payload_bytes)"),
+            ));
+        }
         let wait = self.inner.config.lease_wait;
         let (mut txn, mut run) = if optimistic {
             self.hold_taking(run_id, wait)?
@@ -831,7 +839,7 @@ impl Runtime {
         started_at: &str,
     ) -> StepRecord {
         StepRecord {
-            step_id: uuid::Uuid::new_v4().to_string(),
+            step_id: super::keys::new_step_id(),
             run_id: run.run_id.clone(),
             node_id,
             status: StepStatus::Completed,

@@ -18,7 +18,71 @@ use super::txn::RunTxn;
 use super::{panics, Result};
 use crate::effects::{EffectClass, EffectCx, Failure, Outcome};
 use crate::flow::{template, Node, NodeKind, Workflow};
-use crate::wasm::{vars_json, NodeCall};
+use crate::wasm::{vars_json, GuestError, NodeCall, NodeComponent, NodeSession};
+
+/// The component instances of one run's tick, by component: consecutive
+/// steps that call the same component reuse its instance (a call on a
+/// reused instance that fails is tried again on a fresh one, so state left
+/// in an instance can make a step faster, never make it fail).
+#[derive(Default)]
+pub(crate) struct Sessions {
+    by_component: Vec<NodeSession>,
+}
+
+/// How many calls one instance serves before a fresh one is made.
+const CALLS_PER_SESSION: u32 = 10_000;
+
+impl Sessions {
+    fn call(
+        &mut self,
+        reuse: bool,
+        component: &std::sync::Arc<NodeComponent>,
+        call: &NodeCall<'_>,
+    ) -> Result<StepPlan, GuestError> {
+        if !reuse {
+            return component.call(call);
+        }
+        let i = match self
+            .by_component
+            .iter()
+            .position(|s| std::sync::Arc::ptr_eq(s.component(), component))
+        {
+            Some(i) if self.by_component[i].calls() < CALLS_PER_SESSION => i,
+            found => {
+                if let Some(i) = found {
+                    self.by_component.swap_remove(i);
+                }
+                self.by_component.push(component.session()?);
+                self.by_component.len() - 1
+            }
+        };
+        let reused = self.by_component[i].calls() > 0;
+        let out = self.by_component[i].call(call);
+        if let Err(err) = &out {
+            // Whatever went wrong, the next call gets a fresh instance.
+            self.by_component.swap_remove(i);
+            // What an earlier call left in the instance (a leak that reaches
+            // the memory limit, say) must not fail this step: the step is
+            // tried once more on a fresh instance, whose answer stands. A
+            // timeout is not tried again (it would only double the wait).
+            if reused && !matches!(err, GuestError::Timeout { .. }) {
+                return component.call(call);
+            }
+        }
+        out
+    }
+}
+
+/// The seed of a step's random stream: its run and how many steps the run
+/// took before it (FNV-1a), the same when the step is replayed.
+fn step_seed(run_id: &str, visits: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in run_id.bytes().chain(visits.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
 
 /// Where a step sends the run.
 enum Target {
@@ -47,7 +111,7 @@ fn fail(run: &mut RunState, msg: String, now: &str) {
 /// with `status`, as of `ended_at`.
 fn outcome_record(base: &StepRecord, status: StepStatus, ended_at: &str) -> StepRecord {
     StepRecord {
-        step_id: uuid::Uuid::new_v4().to_string(),
+        step_id: super::keys::new_step_id(),
         status,
         ended_at: Some(ended_at.to_string()),
         result: None,
@@ -105,6 +169,7 @@ impl Runtime {
         mut pending: Vec<StepRecord>,
         depth: u32,
     ) -> Result<RunState> {
+        let mut sessions = Sessions::default();
         if run.status != RunStatus::Running || max_steps == 0 {
             if !pending.is_empty() || !txn.exists() {
                 txn.keep = false;
@@ -117,7 +182,7 @@ impl Runtime {
         while run.status == RunStatus::Running && steps < max_steps {
             txn.keep = steps + 1 < max_steps;
             let records = std::mem::take(&mut pending);
-            match panics::catch(|| self.step(txn, &wf, &mut run, records, depth)) {
+            match panics::catch(|| self.step(txn, &wf, &mut run, records, depth, &mut sessions)) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(e),
                 Err(panic) => return self.fail_after_panic(txn, &run.run_id, panic),
@@ -164,6 +229,7 @@ impl Runtime {
         run: &mut RunState,
         mut records: Vec<StepRecord>,
         depth: u32,
+        sessions: &mut Sessions,
     ) -> Result<()> {
         let now = self.now();
         let started_at = format_time(now);
@@ -191,7 +257,7 @@ impl Runtime {
             );
             return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
         }
-        let plan = match self.plan(wf, node, run, &started_at) {
+        let plan = match self.plan(wf, node, run, &started_at, sessions) {
             Ok(plan) => plan,
             Err(msg) => return self.fail_step(txn, run, records, Some(node_id), &started_at, msg),
         };
@@ -435,23 +501,34 @@ impl Runtime {
         node: &Node,
         run: &RunState,
         now: &str,
+        sessions: &mut Sessions,
     ) -> std::result::Result<StepPlan, String> {
         match &node.kind {
             NodeKind::Component {
                 component,
                 config_json,
+                host_vars,
             } => {
-                let vars = vars_json(&run.vars);
-                component
-                    .call(&NodeCall {
-                        run_id: &run.run_id,
-                        workflow_id: &wf.workflow_id,
-                        node_id: &node.id,
-                        config_json,
-                        vars_json: &vars,
-                        now,
-                        attempt: current_attempt(run),
-                    })
+                let vars = vars_json(&run.vars, *host_vars);
+                let limit = self.inner.config.max_state_bytes;
+                if vars.len() > limit {
+                    return Err(format!(
+                        "state_too_large: the run's vars take {} bytes as JSON, over the limit of {limit} (RuntimeConfig::max_state_bytes; keep large values in artifacts)",
+                        vars.len()
+                    ));
+                }
+                let call = NodeCall {
+                    run_id: &run.run_id,
+                    workflow_id: &wf.workflow_id,
+                    node_id: &node.id,
+                    config_json,
+                    vars_json: &vars,
+                    now,
+                    attempt: current_attempt(run),
+                    seed: step_seed(&run.run_id, node_visits(run)),
+                };
+                sessions
+                    .call(self.inner.config.reuse_instances, component, &call)
                     .map_err(|e| format!("{} (node {} of workflow {})", e, node.id, wf.workflow_id))
             }
             NodeKind::Effect {

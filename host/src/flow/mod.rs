@@ -89,6 +89,8 @@ struct NodeDoc {
     next: Option<String>,
     #[serde(default)]
     routes: BTreeMap<String, String>,
+    #[serde(default)]
+    host_vars: bool,
 }
 
 /// Deserialises a field that may hold `null` as `Some(Null)`: present, unlike
@@ -132,6 +134,9 @@ pub enum NodeKind {
         component: Arc<NodeComponent>,
         /// The node's static config, as the JSON text passed to the guest.
         config_json: String,
+        /// Whether the guest also sees the host's bookkeeping vars
+        /// (`_runtime`, `_limits`); the flow's `host_vars`.
+        host_vars: bool,
     },
     /// Requests a built-in effect with a payload template.
     Effect {
@@ -345,12 +350,14 @@ fn build_workflow(
             NodeKind::Component {
                 component,
                 config_json: config.to_string(),
+                host_vars: n.host_vars,
             }
         } else if let Some(kind) = &n.effect {
-            if n.config.is_some() || !n.routes.is_empty() {
+            if n.config.is_some() || !n.routes.is_empty() || n.host_vars {
                 return Err(err(
                     field(""),
-                    "`config` and `routes` belong to component nodes, not effect nodes".into(),
+                    "`config`, `routes` and `host_vars` belong to component nodes, not effect nodes"
+                        .into(),
                 ));
             }
             if !effects.iter().any(|k| k == kind) {
@@ -383,6 +390,7 @@ fn build_workflow(
                 || n.config.is_some()
                 || n.payload.is_some()
                 || n.result_key.is_some()
+                || n.host_vars
             {
                 return Err(err(
                     field(""),

@@ -2,6 +2,11 @@
 //! elsewhere. Nothing survives the process. It keeps the same run
 //! transaction as the persistent stores (versions, fences, leases), so code
 //! tested on it behaves the same on them.
+//!
+//! Its ledgers are hash-chained like every store's, but lazily: records are
+//! linked (their `prev_hash` and `record_hash` computed, in order) the first
+//! time they are read, not on the hot path of a commit. Nothing outside
+//! the process can change them in between, so the chain is the same.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +34,7 @@ struct Slot {
 #[derive(Debug, Default)]
 struct Tables {
     runs: HashMap<String, Slot>,
-    ledgers: HashMap<String, Vec<StepRecord>>,
+    ledgers: HashMap<String, Ledger>,
     quarantined: Vec<(String, String)>,
     next_seq: u64,
 }
@@ -49,13 +54,36 @@ impl MemoryStore {
     }
 }
 
-fn append_chained(ledgers: &mut HashMap<String, Vec<StepRecord>>, records: &[StepRecord]) {
+/// One run's ledger: its records, the first `linked` of which carry their
+/// hashes.
+#[derive(Debug, Default)]
+struct Ledger {
+    records: Vec<StepRecord>,
+    linked: usize,
+}
+
+impl Ledger {
+    /// Links the records not linked yet, and returns all of them.
+    fn read(&mut self) -> &[StepRecord] {
+        let mut head = self
+            .linked
+            .checked_sub(1)
+            .and_then(|i| self.records[i].record_hash.clone());
+        for r in &mut self.records[self.linked..] {
+            link(&mut head, r);
+        }
+        self.linked = self.records.len();
+        &self.records
+    }
+}
+
+fn append_chained(ledgers: &mut HashMap<String, Ledger>, records: &[StepRecord]) {
     for r in records {
-        let ledger = ledgers.entry(r.run_id.clone()).or_default();
-        let mut head = ledger.last().and_then(|l| l.record_hash.clone());
-        let mut r = r.clone();
-        link(&mut head, &mut r);
-        ledger.push(r);
+        if !ledgers.contains_key(&r.run_id) {
+            ledgers.insert(r.run_id.clone(), Ledger::default());
+        }
+        let ledger = ledgers.get_mut(&r.run_id).expect("inserted above");
+        ledger.records.push(r.clone());
     }
 }
 
@@ -185,17 +213,21 @@ impl Store for MemoryStore {
         check_next_version(run, &fence)?;
         let mut t = self.tables.lock();
         t.check(&run.run_id, &fence)?;
-        let lease = match (lease, fence.holder) {
-            (LeaseAfter::Renew(until), Some(h)) => Some((h.to_string(), until)),
+        let renew = match (lease, fence.holder) {
+            (LeaseAfter::Renew(until), Some(h)) => Some((h, until)),
             _ => None,
         };
         append_chained(&mut t.ledgers, records);
-        let committed = t.ledgers.get(&run.run_id).map_or(0, Vec::len);
+        let committed = t.ledgers.get(&run.run_id).map_or(0, |l| l.records.len());
         match t.runs.get_mut(&run.run_id) {
             Some(slot) => {
                 slot.run = run.clone();
-                slot.lease = lease;
                 slot.committed = committed;
+                match (renew, slot.lease.as_mut()) {
+                    (Some((h, until)), Some(held)) if held.0 == h => held.1 = until,
+                    (Some((h, until)), _) => slot.lease = Some((h.to_string(), until)),
+                    (None, _) => slot.lease = None,
+                }
             }
             None => {
                 t.next_seq += 1;
@@ -205,7 +237,7 @@ impl Store for MemoryStore {
                     Slot {
                         seq,
                         run: run.clone(),
-                        lease,
+                        lease: renew.map(|(h, until)| (h.to_string(), until)),
                         committed,
                     },
                 );
@@ -229,11 +261,11 @@ impl Store for MemoryStore {
     }
 
     fn list_ahead(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
-        let t = self.tables.lock();
+        let mut t = self.tables.lock();
         let from = t.runs.get(run_id).map_or(0, |s| s.committed);
         Ok(t.ledgers
-            .get(run_id)
-            .map(|l| l.get(from..).unwrap_or_default().to_vec())
+            .get_mut(run_id)
+            .map(|l| l.read().get(from..).unwrap_or_default().to_vec())
             .unwrap_or_default())
     }
 
@@ -242,8 +274,8 @@ impl Store for MemoryStore {
             .tables
             .lock()
             .ledgers
-            .get(run_id)
-            .cloned()
+            .get_mut(run_id)
+            .map(|l| l.read().to_vec())
             .unwrap_or_default())
     }
 

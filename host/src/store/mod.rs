@@ -711,7 +711,18 @@ pub fn chain_hash(prev: Option<&str>, record: &StepRecord) -> String {
     r.prev_hash = prev.map(str::to_string);
     r.record_hash = None;
     let bytes = serde_json::to_vec(&r).unwrap_or_default();
-    hex::encode(Sha256::digest(bytes))
+    to_hex(&Sha256::digest(bytes))
+}
+
+/// Lower-case hex of `bytes`.
+fn to_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 15) as usize] as char);
+    }
+    out
 }
 
 /// Links `record` after `head` (the hash of the run's last record), moves
@@ -719,15 +730,17 @@ pub fn chain_hash(prev: Option<&str>, record: &StepRecord) -> String {
 /// as they append.
 pub fn link(head: &mut Option<String>, record: &mut StepRecord) -> String {
     use sha2::{Digest, Sha256};
-    record.prev_hash = head.clone();
+    record.prev_hash = head.take();
     record.record_hash = None;
     let mut json = serde_json::to_string(&*record).unwrap_or_default();
-    let hash = hex::encode(Sha256::digest(json.as_bytes()));
+    let hash = to_hex(&Sha256::digest(json.as_bytes()));
     // `record_hash` is the last field: the stored form is the hashed form
     // with it added, which saves serialising the record twice.
     if json.ends_with('}') {
         json.pop();
-        json.push_str(&format!(",\"record_hash\":\"{hash}\"}}"));
+        json.push_str(",\"record_hash\":\"");
+        json.push_str(&hash);
+        json.push_str("\"}");
     }
     record.record_hash = Some(hash.clone());
     *head = Some(hash);

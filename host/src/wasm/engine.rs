@@ -105,7 +105,7 @@ impl WasmEngine {
                 message: format!("cannot create the wasm engine: {e:#}"),
             })?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| LoadError {
+        super::sandbox::link_wasi(&mut linker).map_err(|e| LoadError {
             path: PathBuf::new(),
             message: format!("cannot link WASI: {e:#}"),
         })?;
@@ -260,9 +260,17 @@ impl WasmEngine {
         fail: impl Fn(String) -> LoadError,
     ) -> Result<(P, LoadOrigin), LoadError> {
         let (component, origin) = self.compile_cached(bytes, digest).map_err(&fail)?;
-        let pre = self
-            .shared
-            .linker
+        // What the component imports beyond what guests get is linked to
+        // functions that trap when called (sockets, for example).
+        let mut linker = self.shared.linker.clone();
+        super::sandbox::link_unknown_as_traps(
+            &mut linker,
+            &component,
+            &self.shared.engine,
+            "stepwell:",
+        )
+        .map_err(|e| fail(format!("cannot link the component: {e:#}")))?;
+        let pre = linker
             .instantiate_pre(&component)
             .map_err(|e| fail(format!("cannot link the component: {e:#}")))?;
         let pre = typed(pre).map_err(|e| {

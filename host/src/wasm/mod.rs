@@ -3,10 +3,12 @@
 //! a sandbox bounded in time and memory.
 //!
 //! Guests get an empty WASI context: no preopened directories, no environment
-//! or arguments, no network, no inherited stdio. Their clocks read the Unix
-//! epoch and their random source is a fixed, seeded stream, so a guest that
-//! looks for the time or for entropy gets a deterministic answer; the real
-//! time reaches a guest only as the `now` field of its input.
+//! or arguments, no network, no inherited stdio. Their clocks are stopped at
+//! the Unix epoch and nothing they can call waits (a sleep or a wait on a
+//! pollable ends the call with `guest_blocked`); their random source is a
+//! stream seeded per step, so a guest that looks for the time or for
+//! entropy gets a deterministic answer. The real time reaches a guest only
+//! as the `now` field of its input. The details are in `sandbox.rs`.
 
 mod engine;
 mod node;
@@ -19,18 +21,23 @@ use std::time::Duration;
 
 pub use engine::{EngineConfig, LoadOrigin, WasmEngine};
 pub(crate) use node::vars_json;
-pub use node::{NodeCall, NodeComponent};
+pub use node::{NodeCall, NodeComponent, NodeSession, HOST_BOOKKEEPING_VARS};
 pub use trigger::TriggerComponent;
 
 /// The bounds every guest call runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SandboxLimits {
-    /// Wall time one call (instantiation included) may take.
+    /// Wall time one call (instantiation included) may take. Default 2 s.
     pub time_limit: Duration,
-    /// The most linear memory one instance may grow to, in bytes.
+    /// The most linear memory an instance may hold, all its memories
+    /// together, in bytes. Default 256 MiB.
     pub memory_limit_bytes: usize,
-    /// The most table elements one instance may hold.
+    /// The most table elements one instance may hold. Default 100,000.
     pub table_elements_limit: usize,
+    /// The most bytes of JSON a call may return (its vars patch, effect
+    /// payload and output together): more is `output_too_large`. Default
+    /// 8 MiB.
+    pub max_output_bytes: usize,
 }
 
 impl Default for SandboxLimits {
@@ -39,6 +46,7 @@ impl Default for SandboxLimits {
             time_limit: Duration::from_secs(2),
             memory_limit_bytes: 256 << 20,
             table_elements_limit: 100_000,
+            max_output_bytes: 8 << 20,
         }
     }
 }
@@ -85,6 +93,19 @@ pub enum GuestError {
         /// The trap, and what the guest wrote to stderr, if anything.
         message: String,
     },
+    /// The guest asked to wait (a sleep, a pollable that is not ready):
+    /// guests cannot wait, so the call ends at once.
+    Blocked {
+        /// What it tried to wait on.
+        what: String,
+    },
+    /// The guest returned more than [`SandboxLimits::max_output_bytes`].
+    OutputTooLarge {
+        /// How many bytes it returned.
+        bytes: usize,
+        /// The limit.
+        limit_bytes: usize,
+    },
     /// The guest returned output that does not parse or has the wrong shape.
     BadOutput {
         /// Which field, and what is wrong with it.
@@ -98,12 +119,15 @@ pub enum GuestError {
 
 impl GuestError {
     /// The reason code (`guest_timeout`, `guest_memory_limit`, `guest_trap`,
-    /// `guest_bad_output`, `node_invalid_input`, `node_failed`).
+    /// `guest_blocked`, `output_too_large`, `guest_bad_output`,
+    /// `node_invalid_input`, `node_failed`).
     pub fn code(&self) -> &'static str {
         match self {
             GuestError::Timeout { .. } => "guest_timeout",
             GuestError::MemoryLimit { .. } => "guest_memory_limit",
             GuestError::Trap { .. } => "guest_trap",
+            GuestError::Blocked { .. } => "guest_blocked",
+            GuestError::OutputTooLarge { .. } => "output_too_large",
             GuestError::BadOutput { .. } => "guest_bad_output",
             GuestError::InvalidInput(_) => "node_invalid_input",
             GuestError::Failed(_) => "node_failed",
@@ -124,6 +148,14 @@ impl fmt::Display for GuestError {
                 limit_bytes >> 20
             ),
             GuestError::Trap { message } => write!(f, "the guest trapped: {message}"),
+            GuestError::Blocked { what } => write!(
+                f,
+                "the guest tried to wait ({what}); guests cannot wait: ask the host for a wait effect"
+            ),
+            GuestError::OutputTooLarge { bytes, limit_bytes } => write!(
+                f,
+                "the guest returned {bytes} bytes of output, over the limit of {limit_bytes}"
+            ),
             GuestError::BadOutput { message } => write!(f, "the guest returned {message}"),
             GuestError::InvalidInput(m) | GuestError::Failed(m) => f.write_str(m),
         }

@@ -1,10 +1,11 @@
 //! Node components: the `node` world's bindings and the call itself.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::sandbox::{classify, new_store, GuestState};
+use super::sandbox::{classify, new_store, prepare_call, GuestState};
 use super::{GuestError, LoadOrigin, WasmEngine};
 use crate::core::model::{EffectRequest, StepPlan};
 
@@ -12,6 +13,9 @@ mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "node",
+        // The input's strings are lowered straight from the host's
+        // buffers, not copied first.
+        ownership: Borrowing { duplicate_if_necessary: false },
     });
 }
 
@@ -27,14 +31,18 @@ pub struct NodeCall<'a> {
     pub workflow_id: &'a str,
     /// The node's id.
     pub node_id: &'a str,
-    /// The node's config, as JSON text.
-    pub config_json: &'a str,
+    /// The node's config, as JSON text. (A `String`: the bindings lower
+    /// it into the guest straight from this buffer.)
+    pub config_json: &'a String,
     /// The run's vars, as JSON text of an object.
-    pub vars_json: &'a str,
+    pub vars_json: &'a String,
     /// The current time, RFC 3339 UTC.
     pub now: &'a str,
     /// The attempt number (1 first).
     pub attempt: u32,
+    /// Seeds the guest's random stream for this call (the same step gets
+    /// the same stream, also when it is replayed).
+    pub seed: u64,
 }
 
 /// A node component, compiled and pre-instantiated: each call instantiates
@@ -91,27 +99,85 @@ impl NodeComponent {
     }
 
     /// Calls the node's `handle` in a fresh sandboxed instance and checks
-    /// what it returns.
-    pub fn call(&self, call: &NodeCall<'_>) -> Result<StepPlan, GuestError> {
+    /// what it returns. (The step loop uses a [`NodeSession`], which keeps
+    /// the instance for the next steps of the same run.)
+    pub fn call(self: &Arc<Self>, call: &NodeCall<'_>) -> Result<StepPlan, GuestError> {
+        self.session()?.call(call)
+    }
+
+    /// A fresh instance of the component in its own sandbox, for the calls
+    /// of one run's tick.
+    pub fn session(self: &Arc<Self>) -> Result<NodeSession, GuestError> {
         let (mut store, stderr) = new_store(&self.engine);
+        match self.pre.instantiate(&mut store) {
+            Ok(node) => Ok(NodeSession {
+                component: self.clone(),
+                store,
+                stderr,
+                node,
+                calls: 0,
+            }),
+            Err(err) => Err(classify(err, &store, &self.engine.limits(), &stderr)),
+        }
+    }
+}
+
+/// An instance of a node component kept for the consecutive calls of one
+/// run within one tick: each call after the first costs a function call,
+/// not an instantiation. Guests are pure, so a call must not depend on what
+/// an earlier call left in the instance; whatever it leaves is seen only by
+/// later steps of the same run in the same tick, never by another run (a
+/// session is never shared between runs, and ends with the tick). After a
+/// call that fails (a trap, a timeout, the memory limit, a wait, bad
+/// output) the step loop drops the session and the next call gets a fresh
+/// instance.
+pub struct NodeSession {
+    component: Arc<NodeComponent>,
+    store: wasmtime::Store<GuestState>,
+    stderr: wasmtime_wasi::p2::pipe::MemoryOutputPipe,
+    node: bindings::Node,
+    calls: u32,
+}
+
+impl std::fmt::Debug for NodeSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeSession")
+            .field("component", &self.component.path)
+            .field("calls", &self.calls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeSession {
+    /// The component this session runs.
+    pub fn component(&self) -> &Arc<NodeComponent> {
+        &self.component
+    }
+
+    /// How many calls this session made.
+    pub fn calls(&self) -> u32 {
+        self.calls
+    }
+
+    /// Calls the node's `handle` and checks what it returns.
+    pub fn call(&mut self, call: &NodeCall<'_>) -> Result<StepPlan, GuestError> {
+        let engine = &self.component.engine;
+        prepare_call(&mut self.store, engine, call.seed);
+        self.calls += 1;
         let input = wit::NodeInput {
-            run_id: call.run_id.to_string(),
-            workflow_id: call.workflow_id.to_string(),
-            node_id: call.node_id.to_string(),
-            config: call.config_json.to_string(),
-            vars: call.vars_json.to_string(),
-            now: call.now.to_string(),
+            run_id: call.run_id,
+            workflow_id: call.workflow_id,
+            node_id: call.node_id,
+            config: call.config_json,
+            vars: call.vars_json,
+            now: call.now,
             attempt: call.attempt,
         };
-        let result = self
-            .pre
-            .instantiate(&mut store)
-            .and_then(|node| node.call_handle(&mut store, &input));
-        match result {
-            Ok(Ok(plan)) => parse_plan(plan),
+        match self.node.call_handle(&mut self.store, input) {
+            Ok(Ok(plan)) => parse_plan(plan, engine.limits().max_output_bytes),
             Ok(Err(wit::NodeError::InvalidInput(m))) => Err(GuestError::InvalidInput(m)),
             Ok(Err(wit::NodeError::Failed(m))) => Err(GuestError::Failed(m)),
-            Err(err) => Err(classify(err, &store, &self.engine.limits(), &stderr)),
+            Err(err) => Err(classify(err, &self.store, &engine.limits(), &self.stderr)),
         }
     }
 }
@@ -122,7 +188,20 @@ fn parse_json(field: &str, text: &str) -> Result<Value, GuestError> {
     })
 }
 
-fn parse_plan(plan: wit::StepPlan) -> Result<StepPlan, GuestError> {
+fn parse_plan(plan: wit::StepPlan, max_bytes: usize) -> Result<StepPlan, GuestError> {
+    let bytes = [&plan.vars, &plan.complete_output, &plan.next_node]
+        .iter()
+        .filter_map(|t| t.as_ref().map(String::len))
+        .sum::<usize>()
+        + plan.effect.as_ref().map_or(0, |e| {
+            e.kind.len() + e.payload.len() + e.result_key.as_ref().map_or(0, String::len)
+        });
+    if bytes > max_bytes {
+        return Err(GuestError::OutputTooLarge {
+            bytes,
+            limit_bytes: max_bytes,
+        });
+    }
     let vars = match plan.vars {
         None => None,
         Some(text) => match parse_json("vars", &text)? {
@@ -185,6 +264,25 @@ fn kind_of(v: &Value) -> &'static str {
 }
 
 /// Serialises vars for a guest call.
-pub(crate) fn vars_json(vars: &Map<String, Value>) -> String {
-    serde_json::to_string(vars).unwrap_or_else(|_| "{}".into())
+/// The host's bookkeeping vars, which a node sees only when its flow entry
+/// asks for them (`host_vars: true`).
+pub const HOST_BOOKKEEPING_VARS: [&str; 2] = ["_runtime", "_limits"];
+
+/// Serialises vars for a guest call, without the host's bookkeeping unless
+/// `host_vars`.
+pub(crate) fn vars_json(vars: &Map<String, Value>, host_vars: bool) -> String {
+    struct ForGuest<'a>(&'a Map<String, Value>, bool);
+    impl serde::Serialize for ForGuest<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut m = s.serialize_map(None)?;
+            for (k, v) in self.0 {
+                if self.1 || !HOST_BOOKKEEPING_VARS.contains(&k.as_str()) {
+                    m.serialize_entry(k, v)?;
+                }
+            }
+            m.end()
+        }
+    }
+    serde_json::to_string(&ForGuest(vars, host_vars)).unwrap_or_else(|_| "{}".into())
 }

@@ -8,17 +8,28 @@
 //! node that does not exist), `sleep` (sleeps an hour), `poll` (waits on a
 //! WASI pollable an hour away), `big_output` (returns `config.bytes`, default
 //! 64 MiB, of output), `probe` (reports what the sandbox lets it see; with
-//! `config.port`, tries to connect to that port on 127.0.0.1), `ok` (behaves).
+//! `config.port`, first tries to connect to that port on 127.0.0.1), `ok`
+//! (behaves).
+//!
+//! `leak` keeps `config.bytes` (default 8 MiB) more of memory on every call
+//! and follows the node's route: an instance reused for many calls reaches
+//! the memory limit, a fresh one never does.
 //!
 //! Two well-behaved modes serve tests of the host: `spin` counts to
 //! `config.iterations` (a slow but finite step) and follows the node's route;
 //! `effect` sets `config.patch` in the vars and asks for `config.effect`
 //! (`{kind, payload, result_key}`), following the node's route.
+use std::cell::RefCell;
 use std::hint::black_box;
 
 use stepwell_guest::bindings::stepwell::flow::types::{NodeError, NodeInput, StepPlan};
 
 struct Hostile;
+
+thread_local! {
+    /// What the `leak` mode keeps from call to call.
+    static LEAKED: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
 
 fn plan() -> StepPlan {
     StepPlan {
@@ -35,7 +46,13 @@ fn recurse(buf: [u8; 256]) -> u64 {
     recurse(black_box(buf)) + 1
 }
 
-fn probe(port: u64) -> String {
+fn probe(port: Option<u64>) -> String {
+    let net = port.map(
+        |port| match std::net::TcpStream::connect(("127.0.0.1", port as u16)) {
+            Ok(_) => "connected".to_string(),
+            Err(e) => format!("error: {e}"),
+        },
+    );
     let env: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
     let args: Vec<String> = std::env::args().collect();
     let fs = match std::fs::read_dir("/") {
@@ -50,10 +67,6 @@ fn probe(port: u64) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(u64::MAX);
-    let net = match std::net::TcpStream::connect(("127.0.0.1", port as u16)) {
-        Ok(_) => "connected".to_string(),
-        Err(e) => format!("error: {e}"),
-    };
     serde_json::json!({
         "env_count": env.len(),
         "args_count": args.len(),
@@ -104,9 +117,7 @@ impl stepwell_guest::bindings::Guest for Hostile {
                 ..plan()
             }),
             "probe" => Ok(StepPlan {
-                complete_output: Some(probe(
-                    config.get("port").and_then(|p| p.as_u64()).unwrap_or(9),
-                )),
+                complete_output: Some(probe(config.get("port").and_then(|p| p.as_u64()))),
                 ..plan()
             }),
             "sleep" => {
@@ -165,6 +176,14 @@ impl stepwell_guest::bindings::Guest for Hostile {
                     }),
                     ..plan()
                 })
+            }
+            "leak" => {
+                let bytes = config
+                    .get("bytes")
+                    .and_then(|b| b.as_u64())
+                    .unwrap_or(8 << 20) as usize;
+                LEAKED.with(|l| l.borrow_mut().push(vec![1u8; bytes]));
+                Ok(plan())
             }
             "ok" => Ok(StepPlan {
                 complete_output: Some("{\"ok\":true}".into()),
