@@ -91,6 +91,27 @@ fn hello_runs_on_the_embedded_default_store() {
 }
 
 #[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    // `stepwell run ... | head -0`: the reader is gone before the first
+    // line; the process ends without a panic or a backtrace.
+    let cli = Cli::new();
+    let mut child = cli
+        .cmd(&["run", &ex("hello"), "--vars", r#"{"name": "Pipe"}"#])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("Broken pipe"), "{stderr}");
+    // The run itself completed: the output was the only casualty.
+    let listed = cli.json(&["list"]);
+    assert_eq!(listed[0]["status"], json!("completed"), "{listed}");
+}
+
+#[test]
 fn ask_user_is_parked_by_one_process_and_resumed_by_another() {
     let cli = Cli::new();
     let parked = cli.json(&["run", &ex("ask-user")]);
@@ -240,7 +261,10 @@ fn subworkflows_events_and_the_python_node_work_from_the_cli() {
 fn the_runaway_example_fails_within_the_time_limit() {
     let cli = Cli::new();
     let t = std::time::Instant::now();
-    let run = cli.json(&["--guest-time-ms", "300", "run", &ex("runaway")]);
+    // The run fails (exit status 1), and is printed as usual.
+    let out = cli.run(&["--guest-time-ms", "300", "--json", "run", &ex("runaway")]);
+    assert_eq!(out.status.code(), Some(1));
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(run["status"], "failed");
     assert!(
         run["error"].as_str().unwrap().starts_with("guest_timeout"),
@@ -266,6 +290,8 @@ fn bench_prints_every_figure() {
         "ask_resume_cycles_per_s_sqlite",
         "resume_conflicts_per_s_sqlite",
         "drive_runs_per_s_sqlite_3procs",
+        "node_instantiate_us_p50",
+        "hostile_contained_per_s",
     ] {
         let v = figures[key]
             .as_f64()

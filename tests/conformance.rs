@@ -548,6 +548,46 @@ fn claimable_runs_are_running_and_unleased(b: Backend) {
     assert_eq!(f.store.list_leased(1).unwrap(), [leased("held")]);
 }
 
+fn deferred_runs_are_listed_after_their_time_and_last(b: Backend) {
+    let f = fixture(b);
+    for r in [
+        run("a", "wf"),
+        run("b", "wf"),
+        run("c", "wf"),
+        waiting(
+            run("due", "wf"),
+            WaitReason::Until,
+            "u",
+            Some("2026-11-30T08:00:00Z"),
+        ),
+    ] {
+        f.store.create_if_absent(&r).unwrap();
+    }
+    let now = at("2026-11-30T09:00:00Z");
+    let later = at("2026-11-30T09:05:00Z");
+    // Set aside for five minutes: not listed before then.
+    let count = f
+        .store
+        .defer("a", &|n| later + chrono::Duration::seconds(n as i64 - 1))
+        .unwrap();
+    assert_eq!(count, 1);
+    assert_eq!(f.store.defer("a", &|_| later).unwrap(), 2, "counted");
+    assert_eq!(f.store.defer("due", &|_| later).unwrap(), 1);
+    assert_eq!(f.store.defer("nobody", &|_| later).unwrap(), 0);
+    assert_eq!(f.store.list_claimable(now, 100).unwrap(), ["b", "c"]);
+    assert!(f.store.list_due(now, 100).unwrap().is_empty());
+    // After its time, a deferred run comes after the never-deferred ones,
+    // and among deferred ones the earliest first.
+    f.store.defer("b", &|_| now).unwrap();
+    assert_eq!(f.store.list_claimable(later, 100).unwrap(), ["c", "b", "a"]);
+    assert_eq!(f.store.list_due(later, 100).unwrap(), ["due"]);
+    // A commit ends the deferral and its count.
+    let mut a = run("a", "wf");
+    save(&*f.store, &mut a, 1);
+    assert_eq!(f.store.list_claimable(now, 100).unwrap(), ["a", "c", "b"]);
+    assert_eq!(f.store.defer("a", &|_| now).unwrap(), 1);
+}
+
 fn quarantined_runs_are_set_aside(b: Backend) {
     let f = fixture(b);
     for r in [
@@ -675,54 +715,54 @@ fn ledgers_append_in_order_per_run(b: Backend) {
     assert!(stepwell::store::verify_chain(&stored).is_ok());
 }
 
-fn a_replayed_commit_after_records_ahead_lands_once_and_agrees(b: Backend) {
-    // A step whose records landed ahead of its commit (an effect on other
-    // runs, or a non-atomic commit torn by a crash) is replayed: its records
-    // come again with new ids and times. The ledger keeps one copy of each;
-    // a record with the same key but other content (the replay took another
-    // turn) is kept, so the ledger agrees with the state.
+fn identical_records_of_successive_commits_all_land(b: Backend) {
+    // A node that loops to itself commits records that differ only in
+    // their ids and times: every one of them is a step and lands.
     let f = fixture(b);
     let mut r = run("r1", "wf");
     f.store.create_if_absent(&r).unwrap();
-    let mut first = record("r1", 1, Some("r1:1"));
-    first.status = StepStatus::Started;
-    let mut bob = record("r1", 2, Some("r1:terminal"));
-    bob.result = Some(json!({"complete_output": "Hello, Bob!"}));
+    for v in 1..=5u64 {
+        let mut same = record("r1", 1, None);
+        same.step_id = format!("visit-{v}");
+        r.version = v + 1;
+        f.store
+            .commit(&[same], &r, fence(v, None), LeaseAfter::Release)
+            .unwrap();
+    }
+    let ledger = f.store.list_records("r1").unwrap();
+    assert_eq!(ledger.len(), 5, "{ledger:?}");
+    assert!(stepwell::store::verify_chain(&ledger).is_ok());
+    assert!(f.store.list_ahead("r1").unwrap().is_empty());
+}
+
+fn evidence_appended_ahead_stays_through_the_next_commit(b: Backend) {
+    // An effect's records land ahead of its commit; the step that commits
+    // after them (perhaps replayed, with another outcome) adds its own: the
+    // evidence stays, in order, and is no longer ahead.
+    let f = fixture(b);
+    let mut r = run("r1", "wf");
+    f.store.create_if_absent(&r).unwrap();
+    let mut started = record("r1", 1, Some("r1:effect"));
+    started.status = StepStatus::Started;
+    let done = record("r1", 2, Some("r1:effect"));
     f.store
-        .append_ahead(&[first.clone(), bob.clone()], fence(1, None))
+        .append_ahead(&[started, done], fence(1, None))
         .unwrap();
-    let mut replay = first.clone();
-    replay.step_id = "replayed-1".into();
-    replay.started_at = "2026-11-30T09:05:00.000000Z".into();
-    let mut eve = bob.clone();
-    eve.step_id = "replayed-2".into();
-    eve.result = Some(json!({"complete_output": "Hello, Eve!"}));
+    assert_eq!(f.store.list_ahead("r1").unwrap().len(), 2);
     r.status = RunStatus::Completed;
-    r.output = Some(json!("Hello, Eve!"));
     r.version = 2;
     f.store
-        .commit(&[replay, eve], &r, fence(1, None), LeaseAfter::Release)
+        .commit(
+            &[record("r1", 3, Some("r1:terminal"))],
+            &r,
+            fence(1, None),
+            LeaseAfter::Release,
+        )
         .unwrap();
     let ledger = f.store.list_records("r1").unwrap();
-    let terminal: Vec<_> = ledger
-        .iter()
-        .filter(|x| x.idempotency_key.as_deref() == Some("r1:terminal"))
-        .map(|x| x.result.clone().unwrap()["complete_output"].clone())
-        .collect();
-    let started = ledger
-        .iter()
-        .filter(|x| x.idempotency_key.as_deref() == Some("r1:1"))
-        .count();
-    if f.backend == Backend::Json {
-        assert_eq!(started, 1, "the replayed started record landed once");
-    } else {
-        assert!(started >= 1);
-    }
-    assert_eq!(
-        terminal.last().unwrap(),
-        "Hello, Eve!",
-        "the ledger's last word agrees with the state"
-    );
+    let steps: Vec<&str> = ledger.iter().map(|x| x.step_id.as_str()).collect();
+    assert_eq!(steps, ["r1-step-1", "r1-step-2", "r1-step-3"]);
+    assert!(f.store.list_ahead("r1").unwrap().is_empty());
     assert!(stepwell::store::verify_chain(&ledger).is_ok());
 }
 
@@ -770,6 +810,10 @@ fn records_appended_since_the_last_commit_are_ahead(b: Backend) {
     );
     assert_eq!(f.store.list_records("r1").unwrap().len(), 5);
     assert!(f.store.list_ahead("nobody").unwrap().is_empty());
+    // Evidence outside any transition, with nothing ahead, is not ahead.
+    f.store.append_records(&[record("r1", 6, None)]).unwrap();
+    assert!(f.store.list_ahead("r1").unwrap().is_empty());
+    assert_eq!(f.store.list_records("r1").unwrap().len(), 6);
 }
 
 fn bundles_are_recorded(b: Backend) {
@@ -825,10 +869,12 @@ store_tests!(
     list_runs_filters_orders_and_limits,
     due_waits_include_deadline_carrying_event_waits,
     claimable_runs_are_running_and_unleased,
+    deferred_runs_are_listed_after_their_time_and_last,
     quarantined_runs_are_set_aside,
     ended_children_and_orphans_are_found,
     ledgers_append_in_order_per_run,
-    a_replayed_commit_after_records_ahead_lands_once_and_agrees,
+    identical_records_of_successive_commits_all_land,
+    evidence_appended_ahead_stays_through_the_next_commit,
     records_appended_since_the_last_commit_are_ahead,
     bundles_are_recorded,
     a_reopened_store_has_everything,
@@ -850,6 +896,111 @@ fn json_files_are_named_per_run_and_crash_leftovers_are_cleaned() {
         !path.join(".tmp-2147483647-1").exists(),
         "temp files are removed at open"
     );
+}
+
+/// A JSON store whose writes panic at the named point once armed (and
+/// only once), and its trigger.
+fn json_store_torn_at(
+    path: &std::path::Path,
+    point: &'static str,
+) -> (JsonFileStore, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let armed = Arc::new(AtomicBool::new(false));
+    let trigger = armed.clone();
+    let store = JsonFileStore::open(path)
+        .unwrap()
+        .with_crash_points(Arc::new(move |name| {
+            if name == point && armed.swap(false, Ordering::SeqCst) {
+                panic!("torn at {name}");
+            }
+        }));
+    (store, trigger)
+}
+
+#[test]
+fn a_json_commit_torn_before_its_run_file_leaves_no_trace() {
+    // The commit of "Bob" dies after its ledger append, before the run file
+    // is replaced: no state reflects it. Readers do not show its records,
+    // and the next commit ("Eve", another turn) cuts them off: the ledger
+    // holds one terminal record, the state's.
+    for point in ["ledger-appended", "run-temp-written"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store");
+        let (store, armed) = json_store_torn_at(&path, point);
+        let mut r = run("r1", "wf");
+        store.create_if_absent(&r).unwrap();
+        r.version = 2;
+        store
+            .commit(
+                &[record("r1", 1, None)],
+                &r,
+                fence(1, None),
+                LeaseAfter::Release,
+            )
+            .unwrap();
+        let mut bob = record("r1", 2, Some("r1:terminal"));
+        bob.result = Some(json!({"complete_output": "Hello, Bob!"}));
+        let mut done = r.clone();
+        done.status = RunStatus::Completed;
+        done.version = 3;
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let torn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.commit(&[bob.clone()], &done, fence(2, None), LeaseAfter::Release)
+        }));
+        assert!(torn.is_err(), "{point}: the commit was torn");
+        assert_eq!(store.load_run("r1").unwrap().unwrap().version, 2);
+        assert_eq!(store.list_records("r1").unwrap().len(), 1, "{point}");
+        assert!(store.list_ahead("r1").unwrap().is_empty(), "{point}");
+
+        let mut eve = bob.clone();
+        eve.step_id = "eve".into();
+        eve.result = Some(json!({"complete_output": "Hello, Eve!"}));
+        let again = JsonFileStore::open(&path).unwrap();
+        again
+            .commit(&[eve], &done, fence(2, None), LeaseAfter::Release)
+            .unwrap();
+        let ledger = again.list_records("r1").unwrap();
+        let steps: Vec<&str> = ledger.iter().map(|x| x.step_id.as_str()).collect();
+        assert_eq!(steps, ["r1-step-1", "eve"], "{point}");
+        assert!(stepwell::store::verify_chain(&ledger).is_ok());
+        let text = std::fs::read_to_string(path.join("ledger_r1.jsonl")).unwrap();
+        assert!(!text.contains("Bob"), "{point}: cut off the file too");
+    }
+}
+
+#[test]
+fn a_json_run_file_without_a_mark_counts_its_whole_ledger() {
+    // A folder written by hand (or an older stepwell): no mark in the run
+    // file. Its ledger counts as committed, and the next commit appends.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = JsonFileStore::open(&path).unwrap();
+    let mut r = run("r1", "wf");
+    store.create_if_absent(&r).unwrap();
+    r.version = 2;
+    store
+        .commit(
+            &[record("r1", 1, None), record("r1", 2, None)],
+            &r,
+            fence(1, None),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+    std::fs::write(path.join("run_r1.json"), serde_json::to_vec(&r).unwrap()).unwrap();
+    assert_eq!(store.list_records("r1").unwrap().len(), 2);
+    assert!(store.list_ahead("r1").unwrap().is_empty());
+    r.version = 3;
+    store
+        .commit(
+            &[record("r1", 3, None)],
+            &r,
+            fence(2, None),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+    let ledger = store.list_records("r1").unwrap();
+    assert_eq!(ledger.len(), 3);
+    assert!(stepwell::store::verify_chain(&ledger).is_ok());
 }
 
 #[test]
@@ -1457,10 +1608,7 @@ mod processes {
     use super::*;
 
     fn worker() -> std::path::PathBuf {
-        let exe = std::env::current_exe().unwrap();
-        let bin = exe.parent().unwrap().parent().unwrap().join("store-worker");
-        assert!(bin.is_file(), "{} not built", bin.display());
-        bin
+        env!("CARGO_BIN_EXE_store-worker").into()
     }
 
     fn race(backend: Backend, mode: &str) -> Vec<serde_json::Value> {
@@ -1479,15 +1627,19 @@ mod processes {
         let mut r = run("counted", "wf");
         r.vars.insert("count".into(), json!(0));
         store.create_if_absent(&r).unwrap();
+        // Both start at once, behind a file.
+        let go = dir.path().join("go");
+        let go_arg = go.display().to_string();
         let children: Vec<_> = (0..2)
             .map(|_| {
                 std::process::Command::new(worker())
-                    .args([spec.as_str(), mode, "counted", "200"])
+                    .args([spec.as_str(), mode, "counted", "200", go_arg.as_str()])
                     .stdout(std::process::Stdio::piped())
                     .spawn()
                     .unwrap()
             })
             .collect();
+        std::fs::write(&go, b"go").unwrap();
         let reports: Vec<serde_json::Value> = children
             .into_iter()
             .map(|c| {
@@ -1515,6 +1667,16 @@ mod processes {
             "one record per commit, in order"
         );
         assert!(stepwell::store::verify_chain(&ledger).is_ok());
+        // The two really overlapped: their commits interleave.
+        let by: Vec<&str> = ledger
+            .iter()
+            .map(|r| r.result.as_ref().unwrap()["by"].as_str().unwrap())
+            .collect();
+        let switches = by.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!(
+            switches >= 2,
+            "the workers ran one after the other: {switches} switches"
+        );
         reports
     }
 
@@ -1522,21 +1684,35 @@ mod processes {
     fn sqlite_leases_exclude_another_process() {
         let reports = race(Backend::Sqlite, "lease");
         assert!(reports.iter().all(|r| r["conflicts"] == 0), "{reports:?}");
+        let busy: u64 = reports.iter().map(|r| r["busy"].as_u64().unwrap()).sum();
+        assert!(busy > 0, "a claim found the other's lease: {reports:?}");
     }
 
     #[test]
     fn sqlite_versions_refuse_a_stale_write_from_another_process() {
-        race(Backend::Sqlite, "cas");
+        let reports = race(Backend::Sqlite, "cas");
+        let lost: u64 = reports
+            .iter()
+            .map(|r| r["conflicts"].as_u64().unwrap())
+            .sum();
+        assert!(lost > 0, "a stale write was refused: {reports:?}");
     }
 
     #[test]
     fn json_leases_exclude_another_process() {
         let reports = race(Backend::Json, "lease");
         assert!(reports.iter().all(|r| r["conflicts"] == 0), "{reports:?}");
+        let busy: u64 = reports.iter().map(|r| r["busy"].as_u64().unwrap()).sum();
+        assert!(busy > 0, "a claim found the other's lease: {reports:?}");
     }
 
     #[test]
     fn json_versions_refuse_a_stale_write_from_another_process() {
-        race(Backend::Json, "cas");
+        let reports = race(Backend::Json, "cas");
+        let lost: u64 = reports
+            .iter()
+            .map(|r| r["conflicts"].as_u64().unwrap())
+            .sum();
+        assert!(lost > 0, "a stale write was refused: {reports:?}");
     }
 }

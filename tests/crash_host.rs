@@ -16,11 +16,10 @@
 //!
 //! - `before`: before the call reaches the store;
 //! - `after`: after it returned;
-//! - `mid`: in a commit of an existing run, after its records were appended
-//!   and before the run was saved (a non-atomic commit torn in two);
 //! - `ledger`, `temp`, `published`, `lease` (JSON files only): inside the
-//!   store's own write, at its crash points `ledger-appended`,
-//!   `run-temp-written`, `run-published`, `lease-written`.
+//!   store's own write, at its crash points `ledger-appended` (a commit torn
+//!   between its ledger append and its run file), `run-temp-written`,
+//!   `run-published`, `lease-written`.
 //!
 //! On completion it prints `{"points": N, "kinds": [...]}` (the kind of each
 //! persistence call) and exits 0; if a crash was asked for and never fired,
@@ -47,7 +46,6 @@ use stepwell::{
 enum Phase {
     Before,
     After,
-    Mid,
     /// One of the JSON store's own crash points.
     Inside(&'static str),
 }
@@ -123,16 +121,7 @@ impl Store for FaultStore {
         } else {
             "commit"
         };
-        self.write(kind, || {
-            let n = self.faults.calls.load(Ordering::SeqCst);
-            if self.faults.crash_at == Some((n, Phase::Mid)) && fence.version > 0 {
-                // A non-atomic commit torn in the middle: the ledger is
-                // written, the run is not.
-                self.inner.append_ahead(records, fence)?;
-                std::process::abort();
-            }
-            self.inner.commit(records, run, fence, lease)
-        })
+        self.write(kind, || self.inner.commit(records, run, fence, lease))
     }
     fn append_ahead(&self, records: &[StepRecord], fence: Fence<'_>) -> Result<(), StoreError> {
         self.write("append", || self.inner.append_ahead(records, fence))
@@ -177,6 +166,13 @@ impl Store for FaultStore {
     }
     fn quarantine(&self, id: &str, reason: &str) -> Result<(), StoreError> {
         self.write("quarantine", || self.inner.quarantine(id, reason))
+    }
+    fn defer(
+        &self,
+        id: &str,
+        until: &dyn Fn(u32) -> chrono::DateTime<chrono::Utc>,
+    ) -> Result<u32, StoreError> {
+        self.write("defer", || self.inner.defer(id, until))
     }
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.inner.list_quarantined()
@@ -267,7 +263,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             match phase {
                 "before" => Phase::Before,
                 "after" => Phase::After,
-                "mid" => Phase::Mid,
                 "ledger" => Phase::Inside("ledger-appended"),
                 "temp" => Phase::Inside("run-temp-written"),
                 "published" => Phase::Inside("run-published"),
@@ -312,8 +307,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cache_dir: Some(repo.join("target/stepwell-test-cache")),
         ..EngineConfig::default()
     })?;
+    // The `loop` scenario's node loops to itself until the visit budget
+    // ends the run: every visit's record has the same content.
+    let config = if scenario == "loop" {
+        stepwell::RuntimeConfig {
+            max_node_visits: 6,
+            ..stepwell::RuntimeConfig::default()
+        }
+    } else {
+        stepwell::RuntimeConfig::default()
+    };
     let rt = Runtime::builder(store.clone())
         .engine(engine)
+        .config(config)
         .effect(Arc::new(SideEffect {
             log: root.join("side-effects.log"),
         }))
@@ -390,6 +396,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             rt.tick("crash-looper")?;
             start(&rt, "ticker", "crash-ticker", json!({}))?;
             rt.tick("crash-ticker")?;
+        }
+        "loop" => {
+            let step = examples.join("chain/step.wasm");
+            let dir = bundle(
+                &root,
+                "loop",
+                &[(
+                    "flow.json",
+                    json!({"workflow_id": "loop", "entry": "n0",
+                           "nodes": {"n0": {"component": step, "next": "n0"}}}),
+                )],
+            );
+            rt.load_bundle(&dir)?;
+            start(&rt, "loop", "crash-loop", json!({}))?;
+            rt.tick("crash-loop")?;
         }
         "external" => {
             let dir = bundle(

@@ -9,7 +9,9 @@ use stepwell::{
     Error, JsonFileStore, RunQuery, RunState, RunStatus, Runtime, StartOptions, StepRecord,
     StepStatus, Store, StoreError, WaitReason,
 };
-use stepwell_tests::{component, manual_clock, store_tests, vars, Backend, Host};
+use stepwell_tests::{
+    component, emitter_flow, listener_flow, manual_clock, store_tests, vars, Backend, Host,
+};
 
 fn start(h: &Host, wf: &str, v: Value) -> String {
     h.rt.start(
@@ -75,6 +77,133 @@ fn limits_are_set_at_start(b: Backend) {
         h.rt.get_state(&id).unwrap().vars["_limits"],
         json!({"max_iterations": 3})
     );
+}
+
+fn host_owned_vars_stay_host_owned(b: Backend) {
+    let h = Host::new(b);
+    let hostile = component("runaway/hostile.wasm");
+    let one_node = |name: &str, node: Value| {
+        h.load_scratch(
+            name,
+            &[(
+                "flow.json",
+                json!({"workflow_id": name, "entry": "n", "nodes": {"n": node}}),
+            )],
+        )
+    };
+    let fails = |wf: &str, vars: Value, code: &str, what: &str| {
+        let id = start(&h, wf, vars);
+        let run = h.rt.tick(&id).unwrap();
+        assert_eq!(run.status, RunStatus::Failed, "{wf}: {run:?}");
+        let error = run.error.unwrap();
+        assert!(
+            error.starts_with(code) && error.contains(what),
+            "{wf}: {error}"
+        );
+        let vars = h.rt.get_state(&id).unwrap().vars;
+        assert!(vars.get("_meta").is_none(), "{wf}: nothing was written");
+    };
+    // A guest's vars patch.
+    for key in ["_runtime", "_meta", "_limits"] {
+        let wf = one_node(
+            &format!("patch{}", key.replace('_', "-")),
+            json!({"component": hostile, "config": {"mode": "effect",
+                    "patch": {key: {"x": 1}}, "effect": {"kind": "vars_query", "payload": {}}}}),
+        );
+        fails(
+            &wf,
+            json!({}),
+            "guest_bad_output",
+            &format!("host-owned var \"{key}\""),
+        );
+    }
+    // An effect's result key, asked for by a guest.
+    let wf = one_node(
+        "result-key",
+        json!({"component": hostile, "config": {"mode": "effect",
+                "effect": {"kind": "vars_query", "payload": {}, "result_key": "_meta"}}}),
+    );
+    fails(
+        &wf,
+        json!({}),
+        "guest_bad_output",
+        "host-owned var \"_meta\"",
+    );
+    // A child's vars.
+    let wf = one_node(
+        "child-vars",
+        json!({"effect": "start_subworkflow",
+               "payload": {"workflow_id": "hello", "vars": {"_runtime": {"x": 1}}}}),
+    );
+    h.load("hello");
+    fails(&wf, json!({}), "invalid_effect", "owned by the host");
+    // A flow's result key is refused when the flow is loaded.
+    let dir = stepwell_tests::write_bundle(
+        h.dir.path(),
+        "flow-key",
+        &[(
+            "flow.json",
+            json!({"workflow_id": "flow-key", "entry": "a", "nodes": {
+                "a": {"effect": "ask_user", "payload": {"prompt": "?"}, "result_key": "_limits"}}}),
+        )],
+    );
+    let err = h.rt.load_bundle(&dir).unwrap_err().to_string();
+    assert!(err.contains("_limits"), "{err}");
+    // The caller cannot seed _runtime through vars; the host can, through
+    // its own option.
+    let wf = one_node(
+        "echo",
+        json!({"component": hostile, "config": {"mode": "echo_vars"}}),
+    );
+    let err =
+        h.rt.start(
+            &wf,
+            StartOptions {
+                vars: vars(json!({"_runtime": {"x": 1}})),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap_err();
+    assert_eq!(err.reason_code(), "invalid_input");
+    let id =
+        h.rt.start(
+            &wf,
+            StartOptions {
+                vars: vars(json!({"name": "x"})),
+                runtime: vars(json!({"automation": {"id": "a1"}})),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap();
+    let done = h.rt.tick(&id).unwrap();
+    assert_eq!(done.vars["_runtime"]["automation"], json!({"id": "a1"}));
+    // A guest sees neither _runtime nor _limits unless its node asks.
+    let seen = done.output.unwrap();
+    assert_eq!(seen["name"], json!("x"));
+    assert!(
+        seen.get("_runtime").is_none() && seen.get("_limits").is_none(),
+        "{seen}"
+    );
+    let wf = one_node(
+        "echo-host",
+        json!({"component": hostile, "config": {"mode": "echo_vars"}, "host_vars": true}),
+    );
+    let id =
+        h.rt.start(
+            &wf,
+            StartOptions {
+                runtime: vars(json!({"automation": {"id": "a2"}})),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap();
+    let seen = h.rt.tick(&id).unwrap().output.unwrap();
+    assert_eq!(
+        seen["_runtime"]["automation"],
+        json!({"id": "a2"}),
+        "{seen}"
+    );
+    assert!(seen.get("_limits").is_some(), "{seen}");
 }
 
 fn ask_user_parks_and_resume_completes(b: Backend) {
@@ -297,6 +426,93 @@ fn an_event_wait_times_out_at_its_deadline(b: Backend) {
     assert_eq!(done.output, Some(json!({"paid": true})));
     clock.advance(chrono::Duration::hours(1));
     assert!(h.rt.drive_once().unwrap().due_resumed.is_empty());
+}
+
+fn an_event_name_cannot_reach_another_workflows_scope(b: Backend) {
+    // Workflow "tenantB" emits "billing:invoice.paid" to its workflow
+    // scope; workflow "tenantB:billing" waits on "invoice.paid" in its own.
+    // Joined with ':' the two keys would be one; they are not.
+    let h = Host::new(b);
+    let load = |name: &str, flow: Value| h.load_scratch(name, &[("flow.json", flow)]);
+    let listener = load(
+        "listener",
+        listener_flow(
+            "tenantB:billing",
+            json!({"name": "invoice.paid", "scope": "workflow"}),
+            json!({"$var": "got"}),
+        ),
+    );
+    let spy = load(
+        "spy",
+        listener_flow(
+            "spy",
+            json!({"wait_key": "evt:workflow:tenantB:billing:invoice.paid"}),
+            json!({"$var": "got"}),
+        ),
+    );
+    let emitter = load(
+        "emitter",
+        emitter_flow(
+            "tenantB",
+            json!({"name": "billing:invoice.paid", "scope": "workflow", "payload": {}}),
+            json!({"$var": "sent"}),
+        ),
+    );
+    let l = start(&h, &listener, json!({}));
+    let waiting = h.rt.tick(&l).unwrap();
+    assert_eq!(
+        waiting.waiting.unwrap().wait_key,
+        "evt:workflow:tenantB%3Abilling:invoice.paid"
+    );
+    // A flow cannot wait on an event key by hand.
+    let s = start(&h, &spy, json!({}));
+    let refused = h.rt.tick(&s).unwrap();
+    assert_eq!(refused.status, RunStatus::Failed);
+    assert!(
+        refused
+            .error
+            .as_deref()
+            .unwrap()
+            .starts_with("invalid_effect: wait_event.payload.wait_key"),
+        "{refused:?}"
+    );
+    let e = start(&h, &emitter, json!({}));
+    let sent = h.rt.tick(&e).unwrap().output.unwrap();
+    assert_eq!(sent["delivered"], json!(0), "{sent}");
+    assert_eq!(
+        sent["wait_key"],
+        json!("evt:workflow:tenantB:billing%3Ainvoice.paid")
+    );
+    assert_eq!(h.rt.get_state(&l).unwrap().status, RunStatus::Waiting);
+
+    // A wildcard listener of a scope gets every name, ':' or not.
+    let any = load(
+        "any",
+        listener_flow(
+            "any",
+            json!({"name": "*", "scope": "global"}),
+            json!({"$var": "got.name"}),
+        ),
+    );
+    let shout = load(
+        "shout",
+        emitter_flow(
+            "shout",
+            json!({"name": "billing:invoice.paid", "scope": "global"}),
+            json!({"$var": "sent.delivered"}),
+        ),
+    );
+    let w = start(&h, &any, json!({}));
+    assert_eq!(
+        h.rt.tick(&w).unwrap().waiting.unwrap().wait_key,
+        "evt:global:global:*"
+    );
+    let e = start(&h, &shout, json!({}));
+    assert_eq!(h.rt.tick(&e).unwrap().output, Some(json!(1)));
+    assert_eq!(
+        h.rt.get_state(&w).unwrap().output,
+        Some(json!("billing:invoice.paid"))
+    );
 }
 
 fn emit_event_resumes_every_waiting_run(b: Backend) {
@@ -556,15 +772,29 @@ fn a_cancelled_child_resumes_its_waiting_parent_with_its_outcome(b: Backend) {
 }
 
 fn a_parent_that_says_fail_fails_with_its_child(b: Backend) {
+    // The child asks, then waits as long as the answer says: an answer that
+    // is not a number fails it (invalid_effect).
     let h = Host::new(b);
-    let wf = h.load_scratch("async", &async_flows());
+    let mut flows = async_flows();
+    flows[1] = (
+        "asker.flow.json",
+        json!({"workflow_id": "asker", "entry": "ask", "nodes": {
+            "ask": {"effect": "ask_user", "payload": {"prompt": "How long?", "wait_key": "go"},
+                    "result_key": "answer", "next": "sleep"},
+            "sleep": {"effect": "wait_until", "payload": {"seconds": {"$var": "answer.text"}},
+                      "next": "done"},
+            "done": {"complete": {"slept": true}}}}),
+    );
+    let wf = h.load_scratch("async", &flows);
     let parent = start(&h, &wf, json!({"wait": true, "on_child_failure": "fail"}));
     let wait = h.rt.tick(&parent).unwrap().waiting.unwrap();
     let child = wait.details.unwrap()["sub_run_id"]
         .as_str()
         .unwrap()
         .to_string();
-    h.rt.cancel_run(&child, Some("not needed")).unwrap();
+    h.rt.tick(&child).unwrap();
+    let failed_child = h.rt.resume(&child, "go", json!({"text": "soon"})).unwrap();
+    assert_eq!(failed_child.status, RunStatus::Failed, "{failed_child:?}");
     let report = h.rt.drive_once().unwrap();
     assert_eq!(report.parents_resumed, vec![parent.clone()]);
     let failed = h.rt.get_state(&parent).unwrap();
@@ -574,6 +804,62 @@ fn a_parent_that_says_fail_fails_with_its_child(b: Backend) {
         h.rt.get_ledger(&parent).unwrap().last().unwrap().status,
         StepStatus::Failed
     );
+
+    // A cancelled child is data even so: whoever cancelled it meant the
+    // child (as in the reference runtime).
+    let parent = start(&h, &wf, json!({"wait": true, "on_child_failure": "fail"}));
+    let wait = h.rt.tick(&parent).unwrap().waiting.unwrap();
+    let child = wait.details.unwrap()["sub_run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    h.rt.cancel_run(&child, Some("not needed")).unwrap();
+    h.rt.drive_once().unwrap();
+    let done = h.rt.get_state(&parent).unwrap();
+    assert_eq!(done.status, RunStatus::Completed, "{done:?}");
+    assert_eq!(done.output.unwrap()["cancelled"], json!(true));
+}
+
+fn a_parent_learns_that_its_child_was_quarantined(b: Backend) {
+    let h = Host::new(b);
+    let wf = h.load_scratch("async", &async_flows());
+    let mut parents = Vec::new();
+    for policy in ["data", "fail"] {
+        let parent = start(&h, &wf, json!({"wait": true, "on_child_failure": policy}));
+        let wait = h.rt.tick(&parent).unwrap().waiting.unwrap();
+        let child = wait.details.unwrap()["sub_run_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        h.store
+            .quarantine(&child, "store_corrupt: unreadable")
+            .unwrap();
+        parents.push((parent, child));
+    }
+    let report = h.rt.drive_once().unwrap();
+    assert_eq!(report.parents_resumed.len(), 2, "{report:?}");
+    let (data, child) = &parents[0];
+    let done = h.rt.get_state(data).unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    let out = done.output.unwrap();
+    assert_eq!(out["sub_run_id"], json!(child));
+    assert_eq!(out["status"], json!("quarantined"));
+    assert_eq!(out["output"]["success"], json!(false));
+    assert!(
+        out["error"].as_str().unwrap().contains("unreadable"),
+        "{out}"
+    );
+    let failed = h.rt.get_state(&parents[1].0).unwrap();
+    assert_eq!(failed.status, RunStatus::Failed);
+    assert!(
+        failed
+            .error
+            .as_deref()
+            .unwrap()
+            .starts_with("subworkflow_failed"),
+        "{failed:?}"
+    );
+    assert!(h.rt.drive_once().unwrap().parents_resumed.is_empty());
 }
 
 fn a_child_that_ended_before_its_parent_waited_is_read_at_once(b: Backend) {
@@ -818,6 +1104,7 @@ store_tests!(
     hello_completes_with_greeting,
     limits_are_set_at_start,
     ask_user_parks_and_resume_completes,
+    host_owned_vars_stay_host_owned,
     a_second_resume_is_stale_and_changes_nothing,
     a_wrong_wait_key_is_refused_and_changes_nothing,
     unknown_runs_are_not_found,
@@ -825,11 +1112,13 @@ store_tests!(
     wait_until_is_resumed_by_the_driver_when_due,
     an_event_wait_times_out_at_its_deadline,
     emit_event_resumes_every_waiting_run,
+    an_event_name_cannot_reach_another_workflows_scope,
     a_sync_subworkflow_completes_with_the_child_output,
     explicit_child_ids_are_created_once_and_identity_checked,
     an_async_child_resumes_its_waiting_parent_through_the_driver,
     a_cancelled_child_resumes_its_waiting_parent_with_its_outcome,
     a_parent_that_says_fail_fails_with_its_child,
+    a_parent_learns_that_its_child_was_quarantined,
     a_child_that_ended_before_its_parent_waited_is_read_at_once,
     a_fire_and_forget_child_runs_on_its_own,
     vars_query_and_answer_user_complete_at_once,
@@ -838,6 +1127,188 @@ store_tests!(
     route_labels_map_to_nodes,
     list_filters_by_status_and_wait_reason,
 );
+
+mod driver {
+    //! The driver's fairness: broken runs set aside, running runs served in turn.
+    use super::*;
+    use stepwell::RuntimeConfig;
+
+    fn a_few_broken_due_runs_never_starve_the_driver(b: Backend) {
+        // Six due runs of a workflow whose bundle is gone fail every time the
+        // driver takes them; a pass takes four runs. They are set aside after
+        // each failure, so the second pass reaches the good runs behind them.
+        let clock = stepwell_tests::manual_clock();
+        let config = RuntimeConfig {
+            drive_batch: 4,
+            ..RuntimeConfig::default()
+        };
+        let h = Host::with_config(b, clock.clone(), config.clone());
+        let steps = stepwell_tests::example("wait-until").join("steps.wasm");
+        let broken = h.load_scratch(
+            "broken",
+            &[(
+                "flow.json",
+                json!({"workflow_id": "broken-wait", "entry": "schedule", "nodes": {
+                    "schedule": {"component": steps, "next": "execute"},
+                    "execute": {"component": steps}}}),
+            )],
+        );
+        let good = h.load("wait-until");
+        let start = |wf: &str, seconds: u64| {
+            let id =
+                h.rt.start(
+                    wf,
+                    StartOptions {
+                        vars: stepwell_tests::vars(json!({"seconds": seconds})),
+                        ..StartOptions::default()
+                    },
+                )
+                .unwrap();
+            assert_eq!(h.rt.tick(&id).unwrap().status, RunStatus::Waiting);
+            id
+        };
+        let bad: Vec<String> = (0..6).map(|_| start(&broken, 1)).collect();
+        let fine: Vec<String> = (0..2).map(|_| start(&good, 2)).collect();
+        std::fs::remove_dir_all(h.dir.path().join("broken")).unwrap();
+        clock.advance(chrono::Duration::seconds(10));
+
+        // Another process: it knows the broken workflow only by its bundle.
+        let rt = h.runtime(Some(clock.clone()), config);
+        let first = rt.drive_once().unwrap();
+        assert_eq!(first.errors.len(), 4, "{first:?}");
+        assert!(first.due_resumed.is_empty(), "{first:?}");
+        assert!(
+            first.errors[0].error.starts_with("invalid_definition"),
+            "{first:?}"
+        );
+        let second = rt.drive_once().unwrap();
+        assert_eq!(second.errors.len(), 2, "{second:?}");
+        let mut resumed = second.due_resumed.clone();
+        resumed.sort();
+        let mut expected = fine.clone();
+        expected.sort();
+        assert_eq!(resumed, expected, "{second:?}");
+        for id in &fine {
+            assert_eq!(rt.get_state(id).unwrap().status, RunStatus::Completed);
+        }
+        // The broken runs wait, set aside: the next pass leaves them be.
+        let third = rt.drive_once().unwrap();
+        assert!(third.errors.is_empty(), "{third:?}");
+        for id in &bad {
+            assert_eq!(rt.get_state(id).unwrap().status, RunStatus::Waiting);
+        }
+        // Their time comes again, and they fail again (the bundle is still
+        // gone): each is set aside longer.
+        clock.advance(chrono::Duration::seconds(2));
+        assert_eq!(rt.drive_once().unwrap().errors.len(), 4);
+    }
+
+    fn the_driver_rotates_through_more_running_runs_than_a_pass_takes(b: Backend) {
+        // Four running chains, two runs and one step per pass: the second pass
+        // serves the two the first did not.
+        let config = RuntimeConfig {
+            drive_batch: 2,
+            drive_steps_per_run: 1,
+            ..RuntimeConfig::default()
+        };
+        let h = Host::with_config(b, stepwell_tests::manual_clock(), config);
+        let wf = h.load("chain");
+        let ids: Vec<String> = (0..4)
+            .map(|_| h.rt.start(&wf, StartOptions::default()).unwrap())
+            .collect();
+        let first = h.rt.drive_once().unwrap().ticked;
+        let second = h.rt.drive_once().unwrap().ticked;
+        assert_eq!(first.len(), 2);
+        let mut all: Vec<String> = first.iter().chain(&second).cloned().collect();
+        all.sort();
+        let mut expected = ids.clone();
+        expected.sort();
+        assert_eq!(all, expected, "first {first:?}, second {second:?}");
+        // And on, until every chain is done.
+        for _ in 0..20 {
+            h.rt.drive_once().unwrap();
+        }
+        for id in &ids {
+            assert_eq!(h.rt.get_state(id).unwrap().status, RunStatus::Completed);
+        }
+    }
+
+    fn listeners_that_answer_an_event_with_itself_end_bounded(b: Backend) {
+        // Twelve runs each answer "ping" with "ping" and wait again: every
+        // emit resumes every other listener, inside the step, without end.
+        // One step executes at most max_cascade_runs others inline (the
+        // rest are resumed and left to the driver, keeping their place in
+        // the chain), and a chain longer than max_nesting fails with
+        // limit_exceeded: the storm ends within a few driver passes.
+        let config = RuntimeConfig {
+            max_cascade_runs: 50,
+            max_nesting: 6,
+            ..RuntimeConfig::default()
+        };
+        let h = Host::with_config(b, stepwell_tests::manual_clock(), config);
+        let wf = h.load_scratch("echo", &stepwell_tests::echo_flows());
+        let echoes: Vec<String> = (0..12)
+            .map(|_| {
+                let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+                h.rt.tick(&id).unwrap();
+                id
+            })
+            .collect();
+        let kick = h.rt.run("kick", StartOptions::default()).unwrap();
+        assert_eq!(kick.status, RunStatus::Completed);
+        let mut passes = 0;
+        while h.rt.drive_once().unwrap().moved_anything() {
+            passes += 1;
+            assert!(passes < 20, "the storm did not end");
+        }
+        let mut failed = 0;
+        let mut records = 0;
+        for id in &echoes {
+            let run = h.rt.get_state(id).unwrap();
+            assert_ne!(run.status, RunStatus::Running, "{run:?}");
+            if run.status == RunStatus::Failed {
+                failed += 1;
+                assert!(run.error.unwrap().starts_with("limit_exceeded"));
+            }
+            records += h.rt.get_ledger(id).unwrap().len();
+        }
+        assert!(failed > 0);
+        assert!(records < 20_000, "{records} records");
+    }
+
+    fn a_sync_child_past_the_cascade_limit_is_left_to_the_driver(b: Backend) {
+        // With no run allowed inline, a sync child is started and left to
+        // the driver; its parent waits for it and goes on when it ends.
+        let config = RuntimeConfig {
+            max_cascade_runs: 0,
+            ..RuntimeConfig::default()
+        };
+        let h = Host::with_config(b, stepwell_tests::manual_clock(), config);
+        let wf = h.load("subworkflow");
+        let parent =
+            h.rt.run(
+                &wf,
+                StartOptions {
+                    vars: stepwell_tests::vars(json!({"text": "hi"})),
+                    ..StartOptions::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(parent.status, RunStatus::Waiting, "{parent:?}");
+        for _ in 0..5 {
+            h.rt.drive_once().unwrap();
+        }
+        let done = h.rt.get_state(&parent.run_id).unwrap();
+        assert_eq!(done.status, RunStatus::Completed, "{done:?}");
+    }
+
+    store_tests!(
+        listeners_that_answer_an_event_with_itself_end_bounded,
+        a_sync_child_past_the_cascade_limit_is_left_to_the_driver,
+        a_few_broken_due_runs_never_starve_the_driver,
+        the_driver_rotates_through_more_running_runs_than_a_pass_takes,
+    );
+}
 
 /// A JSON-file store whose commits tear on demand: the ledger is appended,
 /// then the "process dies" before the run file is replaced.
@@ -879,7 +1350,22 @@ impl Store for SaveFails {
         lease: stepwell::LeaseAfter,
     ) -> Result<(), StoreError> {
         if self.fail.load(std::sync::atomic::Ordering::SeqCst) && fence.version > 0 {
-            self.inner.append_ahead(records, fence)?;
+            // What a commit that dies after its ledger append leaves: the
+            // records' lines past the run file's mark.
+            let path = self
+                .inner
+                .dir()
+                .join(format!("ledger_{}.jsonl", run.run_id));
+            let mut text = String::new();
+            for r in records {
+                text.push_str(&serde_json::to_string(r).unwrap());
+                text.push('\n');
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap();
+            std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
             return Err(StoreError::io("injected: the process died before the save"));
         }
         self.inner.commit(records, run, fence, lease)
@@ -919,6 +1405,13 @@ impl Store for SaveFails {
     fn quarantine(&self, id: &str, why: &str) -> Result<(), StoreError> {
         self.inner.quarantine(id, why)
     }
+    fn defer(
+        &self,
+        id: &str,
+        until: &dyn Fn(u32) -> chrono::DateTime<chrono::Utc>,
+    ) -> Result<u32, StoreError> {
+        self.inner.defer(id, until)
+    }
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.inner.list_quarantined()
     }
@@ -951,19 +1444,22 @@ fn a_crash_between_append_and_save_leaves_the_ledger_ahead_and_replay_converges(
     store.fail.store(true, std::sync::atomic::Ordering::SeqCst);
     let err = rt.resume(&id, &key, json!({"text": "Bob"})).unwrap_err();
     assert_eq!(err.reason_code(), "store_io");
-    // The evidence is ahead of the truth: the resume and the step it led to
-    // are in the ledger, the saved state still waits.
+    // The torn commit's records are in the file, past the run file's mark:
+    // the saved state still waits and the ledger does not show them.
     let state = rt.get_state(&id).unwrap();
     assert_eq!(state.status, RunStatus::Waiting);
-    let ahead = rt.get_ledger(&id).unwrap();
+    let file = store.inner.dir().join(format!("ledger_{id}.jsonl"));
+    assert!(std::fs::read_to_string(&file)
+        .unwrap()
+        .contains("Hello, Bob!"));
     assert_eq!(
-        statuses(&ahead),
-        ["started", "waiting", "completed", "completed"]
+        statuses(&rt.get_ledger(&id).unwrap()),
+        ["started", "waiting"]
     );
 
     // "Restart": the same resume is accepted again, the run converges to the
-    // output of an uninterrupted run, and the replayed records are not
-    // appended twice (idempotency keys).
+    // output of an uninterrupted run, and the torn commit's records are
+    // cut off before the replay's land: none is there twice.
     store.fail.store(false, std::sync::atomic::Ordering::SeqCst);
     let done = rt.resume(&id, &key, json!({"text": "Bob"})).unwrap();
     assert_eq!(done.output, Some(json!({"greeting": "Hello, Bob!"})));
@@ -989,8 +1485,8 @@ fn a_crash_between_append_and_save_leaves_the_ledger_ahead_and_replay_converges(
     );
 
     // Another run: the first resume is lost in a crash, the caller then
-    // resumes with another answer. Both attempts are in the evidence, and
-    // the state holds the second.
+    // resumes with another answer. The lost attempt never became true: the
+    // ledger, like the state, holds only the second.
     let id = rt.start(&wf, StartOptions::default()).unwrap();
     let key = rt.tick(&id).unwrap().waiting.unwrap().wait_key;
     store.fail.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -1009,16 +1505,17 @@ fn a_crash_between_append_and_save_leaves_the_ledger_ahead_and_replay_converges(
                 .map(|v| v["payload"]["text"].clone())
         })
         .collect();
-    assert_eq!(payloads, [json!("Bob"), json!("Eve")]);
-    // The ledger never contradicts the state: the lost Bob commit's terminal
-    // record stays as evidence, but the last word is the one that is true.
-    let last_output = rt
+    assert_eq!(payloads, [json!("Eve")]);
+    let outputs: Vec<_> = rt
         .get_ledger(&id)
         .unwrap()
         .iter()
-        .rev()
-        .find_map(|r| r.result.as_ref()?.get("complete_output").cloned());
-    assert_eq!(last_output, Some(json!({"greeting": "Hello, Eve!"})));
+        .filter_map(|r| r.result.as_ref()?.get("complete_output").cloned())
+        .collect();
+    assert_eq!(outputs, [json!({"greeting": "Hello, Eve!"})]);
+    assert!(rt.verify_ledger(&id).unwrap().is_ok());
+    let text = std::fs::read_to_string(store.inner.dir().join(format!("ledger_{id}.jsonl")));
+    assert!(!text.unwrap().contains("Bob"), "cut off the file too");
 }
 
 fn run_starts_and_ticks_in_one_call(b: Backend) {

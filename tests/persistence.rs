@@ -16,6 +16,7 @@ fn runtime_on(path: &std::path::Path, cache: &std::path::Path) -> Runtime {
     let engine = WasmEngine::new(EngineConfig {
         cache_dir: Some(cache.to_path_buf()),
         limits: SandboxLimits::default(),
+        digests: None,
     })
     .unwrap();
     Runtime::builder(store).engine(engine).build().unwrap()
@@ -55,6 +56,7 @@ fn compiled_components_are_read_from_the_disk_cache_by_a_second_engine() {
     let config = EngineConfig {
         cache_dir: Some(cache.clone()),
         limits: SandboxLimits::default(),
+        digests: None,
     };
     let greet = example("hello").join("greet.wasm");
     let first = WasmEngine::new(config.clone())
@@ -62,28 +64,164 @@ fn compiled_components_are_read_from_the_disk_cache_by_a_second_engine() {
         .load_node(&greet)
         .unwrap();
     assert_eq!(first.origin(), LoadOrigin::Compiled);
-    let cached: Vec<_> = std::fs::read_dir(&cache).unwrap().collect();
-    assert_eq!(cached.len(), 1, "one compiled file in the cache");
+    let mut cached: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    cached.sort();
+    assert_eq!(
+        cached.len(),
+        2,
+        "one compiled file and its digest: {cached:?}"
+    );
+    assert!(cached[0].ends_with(".cwasm") && cached[1].ends_with(".cwasm.sha256"));
     let second = WasmEngine::new(config).unwrap().load_node(&greet).unwrap();
     assert_eq!(second.origin(), LoadOrigin::DiskCache);
     assert_eq!(first.digest(), second.digest());
 
     // A corrupted cache file is not trusted: the component is compiled again.
-    let file = std::fs::read_dir(&cache)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let file = cache.join(&cached[0]);
     std::fs::write(&file, b"garbage").unwrap();
     let third = WasmEngine::new(EngineConfig {
         cache_dir: Some(cache.clone()),
         limits: SandboxLimits::default(),
+        digests: None,
     })
     .unwrap()
     .load_node(&greet)
     .unwrap();
     assert_eq!(third.origin(), LoadOrigin::Compiled);
+}
+
+/// The hello node's greeting for `name`, through `engine` (checks that the
+/// code loaded is the hello component's).
+fn greets(engine: &WasmEngine, name: &str) -> String {
+    let greet = engine
+        .load_node(&example("hello").join("greet.wasm"))
+        .unwrap();
+    let (config, vars) = ("null".to_string(), json!({"name": name}).to_string());
+    let plan = greet
+        .call(&stepwell::wasm::NodeCall {
+            run_id: "r",
+            workflow_id: "hello",
+            node_id: "greet",
+            config_json: &config,
+            vars_json: &vars,
+            now: "2026-11-30T09:00:00.000000Z",
+            attempt: 1,
+            seed: 1,
+        })
+        .unwrap();
+    plan.complete_output.unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Swaps the hello component's cached file for the chain step's: what an
+/// attacker (or a bad copy) could leave in a cache directory.
+fn swap_cached_code(cache: &std::path::Path, engine: &WasmEngine) {
+    let greet = engine
+        .load_node(&example("hello").join("greet.wasm"))
+        .unwrap();
+    let step = engine
+        .load_node(&example("chain").join("step.wasm"))
+        .unwrap();
+    let file = |digest: &str| {
+        std::fs::read_dir(cache)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                let name = p.file_name().unwrap().to_str().unwrap();
+                name.starts_with(digest) && name.ends_with(".cwasm")
+            })
+            .unwrap()
+    };
+    std::fs::copy(file(step.digest()), file(greet.digest())).unwrap();
+}
+
+#[test]
+fn a_cache_file_swapped_for_other_code_is_detected_and_recompiled() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let config = EngineConfig {
+        cache_dir: Some(cache.clone()),
+        ..EngineConfig::default()
+    };
+    let first = WasmEngine::new(config.clone()).unwrap();
+    assert_eq!(greets(&first, "Ann"), "Hello, Ann!");
+    swap_cached_code(&cache, &first);
+    // A new engine finds a file whose digest is not the one recorded: it
+    // compiles the component again instead of running the step's code.
+    let second = WasmEngine::new(config.clone()).unwrap();
+    let greet = second
+        .load_node(&example("hello").join("greet.wasm"))
+        .unwrap();
+    assert_eq!(greet.origin(), LoadOrigin::Compiled);
+    assert_eq!(greets(&second, "Bob"), "Hello, Bob!");
+    // The recompiled file is vouched for again.
+    let third = WasmEngine::new(config).unwrap();
+    let greet = third
+        .load_node(&example("hello").join("greet.wasm"))
+        .unwrap();
+    assert_eq!(greet.origin(), LoadOrigin::DiskCache);
+}
+
+#[test]
+fn a_sqlite_host_keeps_the_cache_digests_in_its_store() {
+    use stepwell::host::{open_runtime, HostOptions, StoreSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = StoreSpec::Sqlite(dir.path().join("stepwell.sqlite"));
+    let cache = spec.cache_dir();
+    let rt = open_runtime(&spec, &HostOptions::default()).unwrap();
+    assert_eq!(greets(rt.engine(), "Ann"), "Hello, Ann!");
+    assert!(
+        !std::fs::read_dir(&cache).unwrap().any(|e| e
+            .unwrap()
+            .path()
+            .extension()
+            .is_some_and(|x| x == "sha256")),
+        "no digest beside the files: the database keeps them"
+    );
+    swap_cached_code(&cache, rt.engine());
+    drop(rt);
+    let rt = open_runtime(&spec, &HostOptions::default()).unwrap();
+    let greet = rt
+        .engine()
+        .load_node(&example("hello").join("greet.wasm"))
+        .unwrap();
+    assert_eq!(greet.origin(), LoadOrigin::Compiled);
+    assert_eq!(greets(rt.engine(), "Bob"), "Hello, Bob!");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_cache_directory_others_may_write_or_own_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = |cache: &std::path::Path| EngineConfig {
+        cache_dir: Some(cache.to_path_buf()),
+        ..EngineConfig::default()
+    };
+    // Created private.
+    let fresh = dir.path().join("a/b/cache");
+    WasmEngine::new(config(&fresh)).unwrap();
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+    // Writable by others: refused, naming it.
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = WasmEngine::new(config(&open)).unwrap_err();
+    assert_eq!(err.path, open);
+    assert!(err.message.contains("writable by others"), "{err}");
+    // Someone else's (only root can give a directory away to check this).
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    if std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).is_ok() {
+        let err = WasmEngine::new(config(&theirs)).unwrap_err();
+        assert!(err.message.contains("belongs to user 65534"), "{err}");
+    }
 }
 
 #[test]

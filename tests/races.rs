@@ -281,6 +281,52 @@ fn a_driver_killed_mid_run_leaves_it_to_another_with_no_step_done_twice() {
 }
 
 #[test]
+fn a_stalled_driver_loses_its_run_when_the_lease_lapses_and_cannot_commit_after() {
+    // A driver stopped (SIGSTOP) is alive but renews nothing: another takes
+    // the run over once the lease lapses (not at once: its holder still
+    // runs). Let go again, the stalled driver's step in flight is refused.
+    let db = Db::new();
+    let rt = db.runtime();
+    rt.load_bundle(&slow_chain(db.dir.path(), 8)).unwrap();
+    let id = rt.start("slow", StartOptions::default()).unwrap();
+    let ttl = ["--lease-ttl-ms", "1500"];
+    let first = db.drivers(1, &ttl);
+    wait_for(
+        "the first driver to be under way",
+        Duration::from_secs(60),
+        || node_visits(&rt.get_ledger(&id).unwrap()).len() >= 2,
+    );
+    let pid = first.0[0].id().to_string();
+    let signal = |sig: &str| {
+        let status = Command::new("kill").args([sig, &pid]).status().unwrap();
+        assert!(status.success(), "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let at_stop = node_visits(&rt.get_ledger(&id).unwrap());
+    assert!(at_stop.len() < 9, "{at_stop:?}");
+    let _second = db.drivers(1, &ttl);
+    wait_for(
+        "another driver to finish the run",
+        Duration::from_secs(120),
+        || rt.get_state(&id).unwrap().status == RunStatus::Completed,
+    );
+    let done = rt.get_ledger(&id).unwrap();
+    signal("-CONT");
+    // The stalled driver wakes in the middle of a step of a run that has
+    // moved on: its commit is refused, and nothing more lands.
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(first);
+    let ledger = rt.get_ledger(&id).unwrap();
+    assert_eq!(ledger, done, "nothing landed after the takeover");
+    let expected: Vec<String> = (0..8)
+        .map(|i| format!("s{i}"))
+        .chain(["done".to_string()])
+        .collect();
+    assert_eq!(node_visits(&ledger), expected, "each node once, in order");
+    assert!(stepwell::store::verify_chain(&ledger).is_ok());
+}
+
+#[test]
 fn a_cancel_from_another_process_is_not_overwritten_by_the_driver() {
     let db = Db::new();
     let rt = db.runtime();
@@ -314,33 +360,30 @@ fn a_cancel_from_another_process_is_not_overwritten_by_the_driver() {
 
 #[test]
 fn a_run_started_beside_a_driver_is_executed_once() {
-    // `stepwell run` (start + tick) in one process while a driver loops in
-    // another: whoever gets the run first executes it, the other leaves it.
+    // `stepwell run` (start + tick) in one process while two drivers loop
+    // in others, on a chain slow enough that a driver can pick the run up
+    // between its creation and its first step: whoever gets the run first
+    // executes it, the others leave it.
     let db = Db::new();
     let rt = db.runtime();
-    rt.load_bundle(&example("chain")).unwrap();
+    let bundle = slow_chain(db.dir.path(), 3);
+    rt.load_bundle(&bundle).unwrap();
     let _drivers = db.drivers(2, &[]);
     let mut ids = Vec::new();
-    for i in 0..10 {
+    for i in 0..4 {
         let id = format!("beside-{i}");
-        let out = db.output(&[
-            "run",
-            example("chain").to_str().unwrap(),
-            "--run-id",
-            &id,
-            "--json",
-        ]);
+        let out = db.output(&["run", bundle.to_str().unwrap(), "--run-id", &id, "--json"]);
         assert!(out.status.success(), "{out:?}");
         ids.push(id);
     }
-    wait_for("every run to complete", Duration::from_secs(60), || {
+    wait_for("every run to complete", Duration::from_secs(120), || {
         ids.iter()
             .all(|id| rt.get_state(id).unwrap().status == RunStatus::Completed)
     });
     for id in &ids {
         assert_eq!(
             node_visits(&rt.get_ledger(id).unwrap()),
-            ["n0", "n1", "n2", "n3", "n4"],
+            ["s0", "s1", "s2", "done"],
             "{id}"
         );
     }

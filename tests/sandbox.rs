@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use stepwell::{RunState, RunStatus, StartOptions, StepStatus};
-use stepwell_tests::{component, strict_engine, Backend, Host};
+use stepwell_tests::{component, strict_engine, wait_for, Backend, Host};
 
 const TIME_LIMIT: Duration = Duration::from_millis(500);
 const MEMORY_MIB: usize = 64;
@@ -98,6 +98,34 @@ fn a_guest_that_allocates_without_bound_hits_the_memory_limit(b: Backend) {
     let run = run_mode(&h, "alloc");
     let error = assert_failed(&h, &run, "guest_memory_limit");
     assert!(error.contains("64 MiB"), "{error}");
+    still_serves(&h);
+}
+
+fn output_over_the_limit_is_refused(b: Backend) {
+    let h = host(b);
+    let run = |bytes: u64| {
+        let flow = json!({
+            "workflow_id": format!("hostile-big-{bytes}"),
+            "entry": "node",
+            "nodes": {"node": {"component": component("runaway/hostile.wasm"),
+                               "config": {"mode": "big_output", "bytes": bytes}}}
+        });
+        let wf = h.load_scratch(&format!("big-{bytes}"), &[("flow.json", flow)]);
+        let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+        h.rt.tick(&id).unwrap()
+    };
+    // Just over the 8 MiB limit: counted and refused.
+    let error = assert_failed(&h, &run((8 << 20) + 1000), "output_too_large");
+    assert!(
+        error.contains("returned 8389610 bytes of output, over the limit of 8388608"),
+        "{error}"
+    );
+    // Far over: the host stops copying it out of the guest.
+    let error = assert_failed(&h, &run(40 << 20), "output_too_large");
+    assert!(error.contains("far more output than the limit"), "{error}");
+    // Within the limit: fine.
+    let ok = run(1 << 20);
+    assert_eq!(ok.status, RunStatus::Completed, "{:?}", ok.error);
     still_serves(&h);
 }
 
@@ -198,16 +226,29 @@ fn a_runaway_guest_does_not_block_other_runs(b: Backend) {
     let wf = h.load("runaway");
     let id = h.rt.start(&wf, StartOptions::default()).unwrap();
     let rt = h.rt.clone();
-    let spinner = std::thread::spawn(move || rt.tick(&id).unwrap());
-    // Let the runaway get going first.
-    std::thread::sleep(Duration::from_millis(200));
+    let runaway = id.clone();
+    let spinner = std::thread::spawn(move || rt.tick(&runaway).unwrap());
+    wait_for(
+        "the runaway to be under way",
+        Duration::from_secs(10),
+        || {
+            h.store
+                .list_leased(10)
+                .unwrap()
+                .iter()
+                .any(|(r, _)| *r == id)
+        },
+    );
+    // Runs served while the store still shows the runaway running (its
+    // step has not ended): they did not wait for it.
+    let mut served_beside = 0;
     for _ in 0..20 {
         still_serves(&h);
+        if h.rt.get_state(&id).unwrap().status == RunStatus::Running {
+            served_beside += 1;
+        }
     }
-    assert!(
-        !spinner.is_finished(),
-        "other runs completed while the runaway spun"
-    );
+    assert!(served_beside > 0, "no run completed while the runaway spun");
     let run = spinner.join().unwrap();
     assert!(run.error.unwrap().starts_with("guest_timeout"));
 }
@@ -251,6 +292,7 @@ stepwell_tests::store_tests!(
     the_runaway_example_fails_only_its_own_run,
     a_guest_that_allocates_without_bound_hits_the_memory_limit,
     traps_panics_and_stack_overflows_are_reported,
+    output_over_the_limit_is_refused,
     output_that_does_not_parse_is_refused,
     the_sandbox_has_no_filesystem_environment_network_or_clock,
     a_runaway_guest_does_not_block_other_runs,

@@ -2,7 +2,7 @@
 //! cross-process cases (`tests/conformance.rs`, module `processes`).
 //!
 //! ```text
-//! store-worker STORE MODE RUN_ID N
+//! store-worker STORE MODE RUN_ID N [GO_FILE]
 //! ```
 //!
 //! Adds 1 to `vars.count` of run RUN_ID, N times, each time with one ledger
@@ -15,8 +15,10 @@
 //! - `cas`: reads the run and commits with a fence on the version alone,
 //!   reading again and retrying when another writer got there first.
 //!
-//! Prints `{"conflicts": C, "busy": B}`: the commits that lost a race (and
-//! changed nothing), and the claims that found the lease held.
+//! With GO_FILE, it starts only once that file exists (so that several
+//! workers start together). Prints `{"conflicts": C, "busy": B}`: the
+//! commits that lost a race (and changed nothing), and the claims that
+//! found the lease held.
 
 use std::time::Duration;
 
@@ -55,6 +57,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let store = StoreSpec::parse(&args[0])?.open(None)?;
     let (mode, run_id, n): (&str, &str, u64) = (&args[1], &args[2], args[3].parse()?);
+    if let Some(go) = args.get(4) {
+        while !std::path::Path::new(go).exists() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     let holder = format!("worker-{}", std::process::id());
     let (mut conflicts, mut busy) = (0u64, 0u64);
     let mut done = 0;
@@ -79,6 +86,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             store.load_run(run_id)?.ok_or("no run")?
         };
+        // Work between the read and the write, as a step does: the window
+        // in which the other worker gets in (SQLite's lock is not fair; a
+        // worker that never pauses would take every turn).
+        std::thread::sleep(Duration::from_micros(300));
         let count = run.vars["count"].as_u64().unwrap_or(0) + 1;
         run.vars.insert("count".into(), json!(count));
         let read = run.version;
@@ -94,7 +105,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             fence,
             LeaseAfter::Release,
         ) {
-            Ok(()) => done += 1,
+            Ok(()) => {
+                done += 1;
+                // Elsewhere for a moment (a driver moves on to other runs),
+                // or this worker would claim again before the other looks.
+                std::thread::sleep(Duration::from_micros(300));
+            }
             Err(e) if e.is_conflict() => conflicts += 1,
             Err(e) => return Err(e.into()),
         }

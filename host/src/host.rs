@@ -129,10 +129,25 @@ pub struct HostOptions {
 /// compiled components on disk, and the store's artifact store for values
 /// larger than [`DEFAULT_OFFLOAD_BYTES`].
 pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> {
-    let store = spec.open(options.durability)?;
+    // A SQLite store also keeps the digests of the compiled files cached
+    // beside it (the cache loads only files they vouch for).
+    let (store, digests): (
+        Arc<dyn Store>,
+        Option<Arc<dyn crate::wasm::CompiledDigests>>,
+    ) = match spec {
+        StoreSpec::Sqlite(path) => {
+            let db = Arc::new(SqliteStore::open_with(
+                path,
+                options.durability.unwrap_or(Durability::Normal),
+            )?);
+            (db.clone(), Some(db))
+        }
+        other => (other.open(options.durability)?, None),
+    };
     let engine = WasmEngine::new(EngineConfig {
         cache_dir: Some(spec.cache_dir()),
         limits: options.limits,
+        digests,
     })?;
     Runtime::builder(store)
         .engine(engine)

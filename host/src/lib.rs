@@ -35,7 +35,7 @@ pub mod triggers;
 pub mod wasm;
 
 pub use crate::core::clock::{Clock, ManualClock, SystemClock};
-pub use crate::core::config::{RetryPolicy, RuntimeConfig, StartOptions};
+pub use crate::core::config::{RetryPolicy, RuntimeConfig, StartOptions, MIN_LEASE_TTL};
 pub use crate::core::model::{
     EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus, WaitReason,
     WaitState,

@@ -278,6 +278,7 @@ fn triggers(
     let engine = stepwell::WasmEngine::new(stepwell::EngineConfig {
         cache_dir: Some(spec.cache_dir()),
         limits,
+        digests: None,
     })?;
     let registry = stepwell::triggers::TriggerRegistry::load(&engine, dir.as_deref())?;
     let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default();
@@ -450,6 +451,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.cycle_batches = 1;
             options.race_waits = 50;
             options.drive_runs = 30;
+            options.hostile_rounds = 5;
         }
         let figures = cli::bench::run(&options)?;
         if cli.json {
@@ -484,7 +486,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
         limits,
         durability,
         config: RuntimeConfig {
-            lease_ttl: Duration::from_millis(cli.lease_ttl_ms.max(1)),
+            lease_ttl: Duration::from_millis(cli.lease_ttl_ms),
             ..RuntimeConfig::default()
         },
     };
@@ -527,6 +529,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 },
             )?;
             print_run(&state, cli.json);
+            note_outcome(&state);
         }
         Command::Resume {
             run_id,
@@ -545,6 +548,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 None => rt.respond(&run_id, payload)?,
             };
             print_run(&state, cli.json);
+            note_outcome(&state);
         }
         Command::Status { run_id } => print_run(&rt.get_state(&run_id)?, cli.json),
         Command::Ledger {
@@ -779,13 +783,35 @@ fn execute(cli: Cli) -> Result<(), Error> {
     Ok(())
 }
 
+/// Whether a run this command executed ended `failed` (the command then
+/// exits 1, having printed the run as usual).
+static RUN_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Notes how a run that `run` or `resume` executed ended.
+fn note_outcome(state: &RunState) {
+    if state.status == RunStatus::Failed {
+        RUN_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 fn main() -> ExitCode {
     // Panics inside a run's step fail that run (host_panic) and stay off
     // stderr; any other panic is reported as usual.
     stepwell::core::panics::install_quiet_hook();
+    // Output piped into a reader that stops early (`stepwell list | head`)
+    // ends the process quietly, as it does other command-line tools,
+    // instead of failing a print. (A long-running server would keep the
+    // signal ignored and handle the error per connection.)
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to the default at start, before
+    // any thread is spawned.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let json = cli.json;
     match execute(cli) {
+        Ok(()) if RUN_FAILED.load(std::sync::atomic::Ordering::Relaxed) => ExitCode::FAILURE,
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if json {

@@ -54,6 +54,7 @@ pub fn engine() -> WasmEngine {
             WasmEngine::new(EngineConfig {
                 cache_dir: Some(cache_dir()),
                 limits: SandboxLimits::default(),
+                digests: None,
             })
             .expect("engine")
         })
@@ -69,6 +70,7 @@ pub fn strict_engine(time: Duration, memory_mib: usize) -> WasmEngine {
             memory_limit_bytes: memory_mib << 20,
             ..SandboxLimits::default()
         },
+        digests: None,
     })
     .expect("engine")
 }
@@ -108,6 +110,33 @@ impl Host {
     /// A runtime on `backend` with its own engine.
     pub fn with_engine(backend: Backend, engine: WasmEngine) -> Host {
         Host::build(backend, None, engine)
+    }
+
+    /// A runtime on `backend` with a manual clock and `config`.
+    pub fn with_config(
+        backend: Backend,
+        clock: Arc<ManualClock>,
+        config: stepwell::RuntimeConfig,
+    ) -> Host {
+        let mut host = Host::build(backend, Some(clock.clone()), engine());
+        host.rt = host.runtime(Some(clock), config);
+        host
+    }
+
+    /// Another runtime on this host's store (no workflow loaded yet), as
+    /// another process would have.
+    pub fn runtime(
+        &self,
+        clock: Option<Arc<ManualClock>>,
+        config: stepwell::RuntimeConfig,
+    ) -> Runtime {
+        let mut b = Runtime::builder(self.store.clone())
+            .engine(self.rt.engine().clone())
+            .config(config);
+        if let Some(c) = clock {
+            b = b.clock(c as Arc<dyn Clock>);
+        }
+        b.build().expect("runtime")
     }
 
     fn build(backend: Backend, clock: Option<Arc<ManualClock>>, engine: WasmEngine) -> Host {
@@ -259,4 +288,42 @@ pub fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A flow that waits for the event `payload` names, then completes with
+/// `complete` (a template over the event's envelope in `got`).
+pub fn listener_flow(workflow_id: &str, payload: Value, complete: Value) -> Value {
+    serde_json::json!({"workflow_id": workflow_id, "entry": "wait", "nodes": {
+        "wait": {"effect": "wait_event", "payload": payload, "result_key": "got", "next": "done"},
+        "done": {"complete": complete}}})
+}
+
+/// A flow that emits the event `payload` describes, then completes with
+/// `complete` (a template over the emit's result in `sent`).
+pub fn emitter_flow(workflow_id: &str, payload: Value, complete: Value) -> Value {
+    serde_json::json!({"workflow_id": workflow_id, "entry": "emit", "nodes": {
+        "emit": {"effect": "emit_event", "payload": payload, "result_key": "sent", "next": "done"},
+        "done": {"complete": complete}}})
+}
+
+/// An event storm: `echo` runs answer the global event `ping` with `ping`
+/// and wait again, for ever; `kick` sends the first one.
+pub fn echo_flows() -> Vec<(&'static str, Value)> {
+    let ping = serde_json::json!({"name": "ping", "scope": "global"});
+    vec![
+        (
+            "flow.json",
+            serde_json::json!({"workflow_id": "echo", "entry": "wait", "nodes": {
+                "wait": {"effect": "wait_event", "payload": ping, "result_key": "got", "next": "emit"},
+                "emit": {"effect": "emit_event", "payload": ping, "result_key": "sent", "next": "wait"}}}),
+        ),
+        (
+            "kick.flow.json",
+            emitter_flow(
+                "kick",
+                ping.clone(),
+                serde_json::json!({"$var": "sent.delivered"}),
+            ),
+        ),
+    ]
 }

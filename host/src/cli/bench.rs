@@ -28,13 +28,16 @@ pub struct BenchOptions {
     pub cycle_batches: usize,
     /// Run only the benchmarks whose figure names contain this text
     /// (`dispatch`, `chain`, `memory`, `sqlite`, `json`, `ledger`, `cycles`,
-    /// `trigger`, `conflicts`, `3procs`).
+    /// `trigger`, `conflicts`, `3procs`, `hostile`).
     pub only: Option<String>,
     /// Waits the two racing processes of `resume_conflicts_per_s_sqlite`
     /// each try to resume.
     pub race_waits: usize,
     /// Runs the three drivers of `drive_runs_per_s_sqlite_3procs` complete.
     pub drive_runs: usize,
+    /// Rounds of the hostile corpus (`hostile_contained_per_s`): each runs
+    /// every fast-failing hostile mode once, then a well-behaved run.
+    pub hostile_rounds: usize,
     /// The `stepwell` binary the multi-process benchmarks start (default:
     /// this one).
     pub exe: Option<PathBuf>,
@@ -52,6 +55,7 @@ impl Default for BenchOptions {
             only: None,
             race_waits: 400,
             drive_runs: 300,
+            hostile_rounds: 60,
             exe: None,
         }
     }
@@ -282,6 +286,10 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             json!(round(median(samples), 2)),
         );
     }
+    if want("hostile_contained_per_s") {
+        let rate = hostile_contained(options, &engine, &scratch.0.join("hostile"))?;
+        figures.insert("hostile_contained_per_s".into(), json!(round(rate, 0)));
+    }
     if want("resume_conflicts_per_s_sqlite") {
         let rate = resume_conflicts(options, &scratch.0.join("race"))?;
         figures.insert(
@@ -466,4 +474,71 @@ pub fn resume_all(rt: &Runtime, file: &Path, who: &str) -> Result<Value> {
         }
     }
     Ok(json!({ "resumed": resumed, "conflicts": conflicts }))
+}
+
+/// The hostile modes that fail fast (a trap, a panic, output that does not
+/// parse, a wait, a stack overflow, output over the limit): the corpus of
+/// `hostile_contained_per_s`. (`loop` and `alloc` cost their time and
+/// memory limits by design, and are left out.)
+const HOSTILE_CORPUS: &[(&str, Option<u64>)] = &[
+    ("trap", None),
+    ("panic", None),
+    ("bad_json", None),
+    ("bad_vars", None),
+    ("unknown_next", None),
+    ("sleep", None),
+    ("poll", None),
+    ("stack", None),
+    ("big_output", Some(9 << 20)),
+];
+
+/// Hostile guest calls contained per second: each round runs every mode of
+/// [`HOSTILE_CORPUS`] as a run of its own on an in-memory store (each must
+/// fail with its typed error), then a well-behaved run (which must
+/// complete: the host still serves).
+fn hostile_contained(options: &BenchOptions, engine: &WasmEngine, dir: &Path) -> Result<f64> {
+    let hostile = options
+        .flows_dir
+        .join("examples/runaway/hostile.wasm")
+        .canonicalize()
+        .map_err(|e| invalid("flows_dir", format!("hostile.wasm: {e}")))?;
+    std::fs::create_dir_all(dir).map_err(|e| invalid("bench", e.to_string()))?;
+    let rt = runtime(Arc::new(MemoryStore::new()), engine)?;
+    for (mode, bytes) in HOSTILE_CORPUS.iter().chain(&[("ok", None)]) {
+        let mut config = json!({ "mode": mode });
+        if let Some(b) = bytes {
+            config["bytes"] = json!(b);
+        }
+        let doc = json!({"workflow_id": format!("bench.hostile.{mode}"), "entry": "n",
+                         "nodes": {"n": {"component": hostile, "config": config, "next": "end"},
+                                   "end": {"complete": {"ok": true}}}});
+        let bundle = dir.join(mode);
+        std::fs::create_dir_all(&bundle).map_err(|e| invalid("bench", e.to_string()))?;
+        std::fs::write(bundle.join("flow.json"), doc.to_string())
+            .map_err(|e| invalid("bench", e.to_string()))?;
+        rt.load_bundle(&bundle)?;
+    }
+    let round = || -> Result<usize> {
+        for (mode, _) in HOSTILE_CORPUS {
+            let state = rt.run(&format!("bench.hostile.{mode}"), StartOptions::default())?;
+            if state.status != RunStatus::Failed {
+                return Err(invalid(
+                    "bench",
+                    format!("hostile mode {mode} was not contained: {:?}", state.status),
+                ));
+            }
+        }
+        let ok = rt.run("bench.hostile.ok", StartOptions::default())?;
+        if ok.status != RunStatus::Completed {
+            return Err(invalid("bench", "the host stopped serving"));
+        }
+        Ok(HOSTILE_CORPUS.len())
+    };
+    round()?;
+    let t = Instant::now();
+    let mut calls = 0;
+    for _ in 0..options.hostile_rounds {
+        calls += round()?;
+    }
+    Ok(calls as f64 / t.elapsed().as_secs_f64())
 }

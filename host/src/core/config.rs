@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
+/// The shortest [`RuntimeConfig::lease_ttl`] a runtime accepts.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(1);
+
 /// The runtime's bounds, and the defaults written into a new run's
 /// `vars._limits` (the reference runtime's keys).
 #[derive(Debug, Clone, PartialEq)]
@@ -40,20 +43,30 @@ pub struct RuntimeConfig {
     /// finished children, running runs): a backlog is worked through in
     /// batches.
     pub drive_batch: usize,
-    /// How long a lease lasts unless renewed. A runtime renews the leases it
-    /// holds every third of this; a process that dies leaves its runs to
-    /// others after at most this long.
+    /// How long a lease lasts unless renewed (at least 1 s). A runtime
+    /// renews the leases it holds every third of this; a process that dies
+    /// leaves its runs to others after at most this long (at once, to a
+    /// driver on the same host that can tell the process is gone).
     pub lease_ttl: Duration,
     /// How long `resume`, `tick` and the other calls on one run wait for a
     /// run another thread or process is executing before they give up with
     /// `conflict`. The driver never waits: it moves on.
     pub lease_wait: Duration,
-    /// How deep steps may nest inside other runs' steps: a synchronous
-    /// subworkflow runs its child inside the parent's step, and an event
-    /// runs its listeners inside the emitter's. An effect that would nest
-    /// deeper fails with `limit_exceeded` (a flow that starts itself, two
-    /// workflows starting each other, an event chain).
+    /// How long a chain of runs setting one another off may get: a
+    /// synchronous subworkflow runs its child inside the parent's step, and
+    /// an event runs its listeners inside the emitter's; a run of the chain
+    /// left to the driver (see `max_cascade_runs`) keeps its place in it.
+    /// An effect that would make the chain longer fails with
+    /// `limit_exceeded` (a flow that starts itself, two workflows starting
+    /// each other, listeners answering an event with the same event).
     pub max_nesting: u32,
+    /// How many other runs one step may execute inside itself, all nesting
+    /// levels together: listeners an `emit_event` resumes, sync children a
+    /// `start_subworkflow` starts (and theirs). Past it, those runs are
+    /// still resumed or started, and left to the driver; a sync parent
+    /// waits for its child. Bounds the work of one step when runs fan out
+    /// (an event that every listener answers with the same event).
+    pub max_cascade_runs: u64,
     /// Effect scopes `emit_event` may use (`run`, `session`, `workflow`,
     /// `global`); an emit with another scope fails with `invalid_effect`.
     pub emit_scopes: Vec<String>,
@@ -118,6 +131,7 @@ impl Default for RuntimeConfig {
             lease_ttl: Duration::from_secs(30),
             lease_wait: Duration::from_secs(10),
             max_nesting: 16,
+            max_cascade_runs: 1_000,
             emit_scopes: ["run", "session", "workflow", "global"]
                 .map(String::from)
                 .to_vec(),

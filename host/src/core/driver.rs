@@ -57,6 +57,9 @@ impl DriveReport {
     }
 }
 
+/// The longest a run the driver cannot move is set aside for.
+const MAX_BACK_OFF_SECS: i64 = 300;
+
 /// Why the pass took a run on.
 #[derive(Clone, Copy, PartialEq)]
 enum Why {
@@ -93,15 +96,18 @@ impl Runtime {
                 Ok(true) => report.parents_resumed.push(parent),
                 Ok(false) => {}
                 Err(Error::Conflict { .. }) => report.busy.push(parent),
-                Err(e) => self.quarantine_or_report(&parent, e, &mut report)?,
+                Err(e) => {
+                    self.quarantine_or_report(&parent, e, &mut report)?;
+                }
             }
         }
         for id in self.store().list_claimable(lease_now(), batch)? {
             self.drive_run(&id, Why::Running, &mut report)?;
         }
         // Runs whose executor died on this host: taken over at once, not at
-        // the end of its lease.
-        for (id, holder) in self.store().list_leased(batch)? {
+        // the end of its lease. (Checking a holder is cheap: look further
+        // than one batch.)
+        for (id, holder) in self.store().list_leased(batch.saturating_mul(16))? {
             if holder_is_dead(&holder) {
                 self.drive_run(&id, Why::Running, &mut report)?;
             }
@@ -118,7 +124,7 @@ impl Runtime {
                 return Ok(());
             }
             Err(Error::RunNotFound { .. } | Error::Quarantined { .. }) => return Ok(()),
-            Err(e) => return self.quarantine_or_report(id, e, report),
+            Err(e) => return self.not_moved(id, why, e, report),
         };
         let mut pending = Vec::new();
         match (why, run.status) {
@@ -126,30 +132,65 @@ impl Runtime {
                 Ok(Some(record)) => pending.push(record),
                 // Resumed by someone else since it was listed.
                 Ok(None) => return Ok(()),
-                Err(e) => return self.quarantine_or_report(id, e, report),
+                Err(e) => return self.not_moved(id, why, e, report),
             },
             (Why::Running, RunStatus::Running) => {}
             _ => return Ok(()),
         }
         let budget = self.config().drive_steps_per_run.max(1);
         match self.run_steps(&mut txn, run, budget, pending, 0) {
-            Ok(_) => match why {
-                Why::Due => report.due_resumed.push(id.to_string()),
-                Why::Running => report.ticked.push(id.to_string()),
-            },
+            Ok(after) => {
+                match why {
+                    Why::Due => report.due_resumed.push(id.to_string()),
+                    Why::Running => report.ticked.push(id.to_string()),
+                }
+                if after.status == RunStatus::Running {
+                    // Used its steps for this pass: behind the runs that
+                    // wait for theirs in the next one.
+                    drop(txn);
+                    self.store().defer(id, &|_| lease_now())?;
+                }
+            }
             Err(Error::Conflict { .. }) => report.busy.push(id.to_string()),
             Err(e) => {
                 drop(txn);
-                self.quarantine_or_report(id, e, report)?;
+                self.not_moved(id, why, e, report)?;
             }
         }
         Ok(())
     }
 
+    /// A run the pass took on but could not move: quarantined, or reported
+    /// and set aside for a while.
+    fn not_moved(&self, id: &str, why: Why, e: Error, report: &mut DriveReport) -> Result<()> {
+        if self.quarantine_or_report(id, e, report)? {
+            self.back_off(id, why)?;
+        }
+        Ok(())
+    }
+
+    /// Sets a run the pass could not move aside for a while, longer each
+    /// time it fails again (1 s, 2 s, 4 s, ... up to 5 minutes), so that a
+    /// few broken runs never fill every pass. A commit of the run (a resume
+    /// from elsewhere, say) ends the back-off.
+    fn back_off(&self, id: &str, why: Why) -> Result<()> {
+        // Due waits are listed by the runtime's clock, running runs by the
+        // system clock.
+        let now = match why {
+            Why::Due => self.now(),
+            Why::Running => lease_now(),
+        };
+        self.store().defer(id, &|failures| {
+            let secs = 1i64 << failures.saturating_sub(1).min(9);
+            now + chrono::Duration::seconds(secs.min(MAX_BACK_OFF_SECS))
+        })?;
+        Ok(())
+    }
+
     /// A run the pass could not move: quarantined when its stored state
-    /// cannot be read (it would stop every pass), else reported. A store
-    /// that fails as a whole stops the pass.
-    fn quarantine_or_report(&self, id: &str, e: Error, report: &mut DriveReport) -> Result<()> {
+    /// cannot be read (it would stop every pass), else reported (returns
+    /// `true`). A store that fails as a whole stops the pass.
+    fn quarantine_or_report(&self, id: &str, e: Error, report: &mut DriveReport) -> Result<bool> {
         match e.reason_code() {
             "store_corrupt" => {
                 let reason = e.to_string();
@@ -158,7 +199,7 @@ impl Runtime {
                     run_id: id.to_string(),
                     error: reason,
                 });
-                Ok(())
+                Ok(false)
             }
             "store_schema" => Err(e),
             _ => {
@@ -166,17 +207,28 @@ impl Runtime {
                     run_id: id.to_string(),
                     error: e.to_string(),
                 });
-                Ok(())
+                Ok(true)
             }
         }
     }
 
     /// Resumes (or fails) `parent` with the outcome of `child`, which has
     /// ended, if the parent still waits on it. Returns whether it did.
-    fn resume_parent(&self, parent: &str, child: &str) -> Result<bool> {
-        let child = self.get_state(child)?;
+    fn resume_parent(&self, parent: &str, child_id: &str) -> Result<bool> {
+        // A quarantined child may not even be readable: its parent learns
+        // that it was set aside.
+        let quarantined = self
+            .store()
+            .list_quarantined()?
+            .into_iter()
+            .find(|(id, _)| id == child_id)
+            .map(|(_, reason)| reason);
+        let child = match quarantined {
+            Some(_) => None,
+            None => Some(self.get_state(child_id)?),
+        };
         let (mut txn, mut run) = self.claim(parent, Duration::ZERO)?;
-        let key = subworkflow::wait_key(&child.run_id);
+        let key = subworkflow::wait_key(child_id);
         let Some(wait) = run
             .waiting
             .clone()
@@ -184,7 +236,14 @@ impl Runtime {
         else {
             return Ok(false);
         };
-        match subworkflow::ended_child(&child, OnChildFailure::of_wait(&wait)) {
+        let policy = OnChildFailure::of_wait(&wait);
+        let outcome = match (&child, &quarantined) {
+            (Some(child), _) => subworkflow::ended_child(child, policy),
+            (None, reason) => {
+                subworkflow::quarantined_child(child_id, reason.as_deref().unwrap_or(""), policy)
+            }
+        };
+        match outcome {
             Outcome::Failed(failure) => {
                 self.fail_waiting(&mut txn, &mut run, failure.to_string())?;
             }

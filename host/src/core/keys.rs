@@ -148,6 +148,27 @@ pub(crate) fn count_visit(run: &mut RunState) -> u64 {
     n
 }
 
+/// The key of `vars._runtime` that carries how deep in a chain of runs set
+/// off by one another a run was resumed or started, when it was left to
+/// the driver rather than executed inline (see
+/// [`crate::RuntimeConfig::max_cascade_runs`]).
+pub(crate) const CASCADE_DEPTH: &str = "cascade_depth";
+
+/// Notes that the run was resumed or started `depth` levels deep in a
+/// chain and left to the driver.
+pub(crate) fn set_cascade_depth(run: &mut RunState, depth: u32) {
+    set_counter(runtime_vars(run), CASCADE_DEPTH, u64::from(depth));
+}
+
+/// Takes the depth [`set_cascade_depth`] noted, if any (the commit that
+/// follows forgets it: only the steps up to the run's next wait continue
+/// that chain).
+pub(crate) fn take_cascade_depth(run: &mut RunState) -> Option<u32> {
+    let d = runtime_u64(run, CASCADE_DEPTH)?;
+    runtime_vars(run).remove(CASCADE_DEPTH);
+    Some(u32::try_from(d).unwrap_or(u32::MAX))
+}
+
 /// The first identity field on which two runs with one id differ.
 pub(crate) fn identity_mismatch(existing: &RunState, requested: &RunState) -> Option<&'static str> {
     let meta = |r: &RunState, key: &str| r.vars.get("_meta").and_then(|m| m.get(key)).cloned();

@@ -2,6 +2,7 @@
 //! the run transaction, the step machine, the driver, time, and the errors
 //! the API returns.
 
+pub(crate) mod cascade;
 pub mod clock;
 pub mod config;
 mod driver;

@@ -88,6 +88,16 @@ impl RuntimeBuilder {
 
     /// Builds the runtime (and starts its lease-renewing thread).
     pub fn build(self) -> Result<Runtime> {
+        if self.config.lease_ttl < super::config::MIN_LEASE_TTL {
+            return Err(Error::InvalidInput {
+                field: "lease_ttl".into(),
+                message: format!(
+                    "{} ms is too short: a lease is renewed every third of it, and must outlast a pause of the process (at least {} ms)",
+                    self.config.lease_ttl.as_millis(),
+                    super::config::MIN_LEASE_TTL.as_millis()
+                ),
+            });
+        }
         let engine = match self.engine {
             Some(e) => e,
             None => WasmEngine::new(Default::default())?,
@@ -641,6 +651,11 @@ impl Runtime {
         // before anything is written.
         self.workflow(&run.workflow_id)?;
         let record = self.end_wait(&mut run, payload, "resumed", cause);
+        if !tick && depth > 0 {
+            // Left to the driver in the middle of a chain of runs setting
+            // one another off: the chain's depth goes with it.
+            super::keys::set_cascade_depth(&mut run, depth);
+        }
         let max = if tick {
             self.inner.config.max_steps_per_tick
         } else {

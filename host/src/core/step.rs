@@ -178,9 +178,23 @@ impl Runtime {
             return Ok(run);
         }
         let wf = self.workflow(&run.workflow_id)?;
+        // A run left to the driver in the middle of a chain continues it at
+        // the depth it was left at (the first commit forgets the note).
+        let depth = match super::keys::take_cascade_depth(&mut run) {
+            Some(d) => depth.max(d),
+            None => depth,
+        };
         let mut steps = 0;
-        while run.status == RunStatus::Running && steps < max_steps {
-            txn.keep = steps + 1 < max_steps;
+        let limit = self.inner.config.max_node_visits;
+        // A tick that uses up the run's visit budget also fails it (one
+        // more step, which refuses), rather than leave that to the next.
+        while run.status == RunStatus::Running && (steps < max_steps || node_visits(&run) >= limit)
+        {
+            // Keep the lease through this commit if another step follows.
+            txn.keep = steps + 1 < max_steps || node_visits(&run) + 1 >= limit;
+            if depth == 0 {
+                super::cascade::start();
+            }
             let records = std::mem::take(&mut pending);
             match panics::catch(|| self.step(txn, &wf, &mut run, records, depth, &mut sessions)) {
                 Ok(Ok(())) => {}
@@ -380,6 +394,7 @@ impl Runtime {
                 depth,
                 max_depth: self.inner.config.max_nesting,
                 emit_scopes: &self.inner.config.emit_scopes,
+                max_cascade: self.inner.config.max_cascade_runs,
                 runs: self,
             };
             match effect.payload.as_object() {

@@ -23,35 +23,83 @@ pub(crate) fn lease_now() -> DateTime<Utc> {
     Utc::now()
 }
 
-/// A holder id unique to this runtime: `<host>:<pid>:<random>`.
+/// A holder id unique to this runtime:
+/// `<host>:<pid>:<start>:<context>:<random>`, where `<start>` is when the
+/// process started (in clock ticks since boot) and `<context>` a digest of
+/// the boot and the PID namespace: together they tell a dead holder from a
+/// live one in another container, and from a new process that got its pid.
 pub(crate) fn new_holder_id() -> String {
-    let host = this_host();
+    let pid = std::process::id();
     let random = uuid::Uuid::new_v4().simple().to_string();
-    format!("{host}:{}:{}", std::process::id(), &random[..8])
+    format!(
+        "{}:{pid}:{}:{}:{}",
+        this_host(),
+        process_start(pid).unwrap_or(0),
+        this_context(),
+        &random[..8]
+    )
 }
 
-/// Whether `holder` (`<host>:<pid>:<random>`) names a process of this host
-/// that no longer runs. Only a holder of this host can be known dead; any
-/// other lease lapses at its expiry.
+/// Whether `holder` (see [`new_holder_id`]) names a process that no longer
+/// runs. Only a holder of this host, booted the same and seeing the same
+/// PIDs, can be known dead: its pid is gone, or belongs to a process that
+/// started at another time. Any other lease lapses at its expiry.
 pub fn holder_is_dead(holder: &str) -> bool {
-    let mut parts = holder.rsplitn(3, ':');
-    let (_, Some(pid), Some(host)) = (parts.next(), parts.next(), parts.next()) else {
+    if !cfg!(target_os = "linux") {
+        return false;
+    }
+    let mut parts = holder.rsplitn(5, ':');
+    let (Some(_), Some(context), Some(start), Some(pid), Some(host)) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
         return false;
     };
-    let Ok(pid) = pid.parse::<u32>() else {
+    let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
         return false;
     };
-    cfg!(target_os = "linux")
-        && host == this_host()
-        && pid != std::process::id()
-        && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    if host != this_host() || context != this_context() || start == 0 {
+        return false;
+    }
+    match process_start(pid) {
+        None => true,
+        Some(now) => now != start,
+    }
+}
+
+/// When process `pid` started, in clock ticks since boot (field 22 of
+/// `/proc/<pid>/stat`); `None` if there is no such process (or no /proc).
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count
+    // from the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// A digest of this boot and this PID namespace: two processes with the
+/// same one see the same pids.
+fn this_context() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let namespace = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in boot.trim().bytes().chain([0]).chain(namespace.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{:08x}", h as u32)
 }
 
 fn this_host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
-        .map(|h| h.trim().to_string())
+        .map(|h| h.trim().replace(':', "_"))
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "host".into())
 }
@@ -77,7 +125,7 @@ impl LeaseKeeper {
             wake: Condvar::new(),
         });
         let k = keeper.clone();
-        let period = (ttl / 3).max(Duration::from_millis(10));
+        let period = ttl / 3;
         let _ = std::thread::Builder::new()
             .name("stepwell-leases".into())
             .spawn(move || {
@@ -376,5 +424,36 @@ impl Drop for RunTxn<'_> {
             // Best effort: a lease that is not given up lapses.
             let _ = self.rt.store().release(&self.run_id, &keeper.holder);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_holder_is_dead_only_when_this_host_can_tell() {
+        let me = new_holder_id();
+        assert!(!holder_is_dead(&me), "this process is alive: {me}");
+        let parts: Vec<&str> = me.split(':').collect();
+        let (host, pid, start, context) = (parts[0], parts[1], parts[2], parts[3]);
+        if !cfg!(target_os = "linux") {
+            return;
+        }
+        // A pid no process has (above the kernel's pid_max).
+        let gone = format!("{host}:4194305:{start}:{context}:abcd1234");
+        assert!(holder_is_dead(&gone));
+        // This pid, started at another time: a process that used it before.
+        let reused = format!("{host}:{pid}:1:{context}:abcd1234");
+        assert!(holder_is_dead(&reused));
+        // Another boot or PID namespace, another host, an older format: only
+        // the lease's expiry can tell.
+        assert!(!holder_is_dead(&format!(
+            "{host}:4194305:{start}:00000000:abcd1234"
+        )));
+        assert!(!holder_is_dead(&format!(
+            "elsewhere:4194305:{start}:{context}:abcd1234"
+        )));
+        assert!(!holder_is_dead(&format!("{host}:4194305:abcd1234")));
     }
 }

@@ -43,12 +43,11 @@ struct Event {
 impl Event {
     /// The key of the scope's wildcard listeners (`evt:<scope>:<id>:*`).
     fn wildcard(&self) -> String {
-        format!(
-            "{}*",
-            self.wait_key
-                .strip_suffix(&self.name)
-                .unwrap_or(&self.wait_key)
-        )
+        // The name is the key's last part (encoded: it holds no ':').
+        match self.wait_key.rsplit_once(':') {
+            Some((scope, _)) => format!("{scope}:*"),
+            None => format!("{}*", self.wait_key),
+        }
     }
 }
 
@@ -178,10 +177,14 @@ impl EffectHandler for EmitEvent {
             } else {
                 ev.wait_key.clone()
             };
-            match cx
-                .runs
-                .deliver(&target, &key, envelope.clone(), cx.key, cx.depth + 1, true)?
-            {
+            match cx.runs.deliver(
+                &target,
+                &key,
+                envelope.clone(),
+                cx.key,
+                cx.depth + 1,
+                cx.take_inline(),
+            )? {
                 Delivery::Resumed(status) => {
                     resumed.push(json!({ "run_id": target, "status": status.as_str() }));
                     delivered_to.push(target);

@@ -200,11 +200,23 @@ pub struct EffectCx<'a> {
     pub max_depth: u32,
     /// The scopes `emit_event` may use.
     pub emit_scopes: &'a [String],
+    /// How many other runs the step this effect belongs to (and the steps
+    /// nested inside it) may execute inline: see
+    /// [`crate::RuntimeConfig::max_cascade_runs`].
+    pub max_cascade: u64,
     /// Other runs.
     pub runs: &'a dyn RunPort,
 }
 
 impl EffectCx<'_> {
+    /// Whether another run (a resumed listener, a sync child) may be
+    /// executed inside this step; counts it if so. Past the limit, the run
+    /// is resumed or started and left to the driver: one step never sets
+    /// off unbounded work, however its runs fan out.
+    pub fn take_inline(&self) -> bool {
+        crate::core::cascade::take(self.max_cascade)
+    }
+
     /// A `limit_exceeded` failure if nesting one level deeper would pass
     /// [`EffectCx::max_depth`].
     pub fn check_depth(&self, kind: &str) -> Option<Outcome> {
@@ -212,7 +224,7 @@ impl EffectCx<'_> {
             Outcome::Failed(Failure::permanent(
                 "limit_exceeded",
                 format!(
-                    "{kind} would nest {} runs deep inside one step (the limit is {}; RuntimeConfig::max_nesting)",
+                    "{kind} would make a chain of runs setting one another off {} deep (the limit is {}; RuntimeConfig::max_nesting)",
                     self.depth + 1,
                     self.max_depth
                 ),

@@ -19,7 +19,9 @@ pub fn wait_key(child_run_id: &str) -> String {
     format!("subworkflow:{child_run_id}")
 }
 
-/// What a parent does when its child fails or is cancelled.
+/// What a parent does when its child fails. A cancelled child always
+/// comes back as data (`"cancelled": true`), as in the reference runtime:
+/// whoever cancelled it meant the child, not its parent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnChildFailure {
     /// Continue with the child's outcome as data ([`child_result`]).
@@ -99,8 +101,29 @@ pub fn child_result(child: &RunState) -> Value {
     })
 }
 
-/// Why a parent with `on_child_failure: "fail"` fails when its child failed
-/// or was cancelled.
+/// What a parent gets for a child the host set aside (quarantined: its
+/// stored state could not be read or committed): with `fail`, it fails
+/// with `subworkflow_failed`; with `data`, it continues with
+/// `{"sub_run_id", "status": "quarantined", "error", "cancelled": false,
+/// "output": {"success": false, "error"}}`.
+pub fn quarantined_child(child_id: &str, reason: &str, policy: OnChildFailure) -> Outcome {
+    let error = format!("quarantined: {reason}");
+    match policy {
+        OnChildFailure::Fail => Outcome::Failed(Failure::permanent(
+            "subworkflow_failed",
+            format!("child run {child_id} was set aside: {error}"),
+        )),
+        OnChildFailure::Data => Outcome::Completed(json!({
+            "sub_run_id": child_id,
+            "status": "quarantined",
+            "output": {"success": false, "error": error},
+            "error": error,
+            "cancelled": false,
+        })),
+    }
+}
+
+/// Why a parent with `on_child_failure: "fail"` fails when its child failed.
 pub fn child_failure(child: &RunState) -> Failure {
     Failure::permanent(
         "subworkflow_failed",
@@ -116,7 +139,7 @@ pub fn child_failure(child: &RunState) -> Failure {
 
 /// What the parent gets for a child that has ended.
 pub fn ended_child(child: &RunState, policy: OnChildFailure) -> Outcome {
-    if child.status != RunStatus::Completed && policy == OnChildFailure::Fail {
+    if child.status == RunStatus::Failed && policy == OnChildFailure::Fail {
         Outcome::Failed(child_failure(child))
     } else {
         Outcome::Completed(child_result(child))
@@ -136,10 +159,10 @@ pub fn ended_child(child: &RunState, policy: OnChildFailure) -> Outcome {
 /// - `async: true`: fire and forget; the result is `{"sub_run_id", "async":
 ///   true}`.
 ///
-/// `on_child_failure` says what a child that failed or was cancelled does
-/// to the parent: `data` (the default of async children) continues with
-/// its outcome as data; `fail` (the default of sync children) fails the
-/// parent with `subworkflow_failed`.
+/// `on_child_failure` says what a child that failed does to the parent:
+/// `data` (the default of async children) continues with its outcome as
+/// data; `fail` (the default of sync children) fails the parent with
+/// `subworkflow_failed`. A cancelled child always comes back as data.
 ///
 /// `run_id` names the child explicitly (create-if-absent, identity-checked);
 /// by default the id is derived from the parent's id and the effect's
@@ -217,13 +240,21 @@ impl EffectHandler for StartSubworkflow {
         let session_id = field!(opt_str(k, p, "session_id"))
             .map(str::to_string)
             .or_else(|| cx.run.session_id.clone());
+        // A sync child runs inside this step, unless the step has set off
+        // as many runs as it may: then the parent waits for it, and the
+        // driver runs it (at the depth it would have had here).
+        let inline = !is_async && cx.take_inline();
+        let mut runtime = Map::new();
+        if !is_async && !inline {
+            runtime.insert(crate::core::keys::CASCADE_DEPTH.into(), json!(cx.depth + 1));
+        }
         let options = StartOptions {
             vars,
             run_id: Some(run_id),
             actor_id: cx.run.actor_id.clone(),
             session_id,
             parent_run_id: Some(cx.run.run_id.clone()),
-            runtime: Map::new(),
+            runtime,
         };
         let child_id = match cx.runs.start_run(&workflow_id, options) {
             Ok(id) => id,
@@ -239,7 +270,7 @@ impl EffectHandler for StartSubworkflow {
                 json!({ "sub_run_id": child_id, "async": true }),
             ));
         }
-        let child = if is_async {
+        let child = if !inline {
             cx.runs.get_run(&child_id)?
         } else {
             cx.runs.tick_nested(&child_id, cx.depth + 1)?

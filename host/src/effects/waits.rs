@@ -167,13 +167,36 @@ pub fn event_wait_key(
     if id.is_empty() {
         return Err(format!("missing scope id for scope {scope:?}"));
     }
-    Ok(format!("evt:{scope}:{id}:{name}"))
+    Ok(format!(
+        "{EVENT_KEY_PREFIX}{scope}:{}:{}",
+        key_part(&id),
+        key_part(name)
+    ))
+}
+
+/// How every event wait key starts. A flow cannot wait on such a key by
+/// giving it as `wait_key`: only a name and a scope lead there.
+pub const EVENT_KEY_PREFIX: &str = "evt:";
+
+/// A scope id or name as a part of an event key: `%` and `:` are
+/// percent-encoded, so that no id and name can make the key of another
+/// scope (a workflow `a` emitting `b:c` must not reach workflow `a:b`'s
+/// wait on `c`). Parts without either (all the reference runtime's usual
+/// names) are unchanged.
+fn key_part(part: &str) -> std::borrow::Cow<'_, str> {
+    if part.contains([':', '%']) {
+        part.replace('%', "%25").replace(':', "%3A").into()
+    } else {
+        part.into()
+    }
 }
 
 /// `wait_event {wait_key | name, scope?, session_id?, until?, details?}`:
 /// waits (reason `event`) until a resume or an `emit_event` delivers a
 /// payload under the key. `wait_key` is used as it is (only an explicit
-/// resume reaches it); `name` (or `event_name`) is keyed by scope (default
+/// resume reaches it; a key starting with `evt:` is refused, so that no
+/// flow can listen in on another scope's events); `name` (or `event_name`)
+/// is keyed by scope (default
 /// `session`) as [`event_wait_key`] says, which is what `emit_event` of the
 /// same name and scope reaches. With `until`, the wait resolves with
 /// `{"timed_out": true}` once the deadline passes.
@@ -198,6 +221,13 @@ impl EffectHandler for WaitEvent {
         let field = |f: &str| opt_str(k, p, f);
         let key = match (field("wait_key"), field("name"), field("event_name")) {
             (Err(o), _, _) | (_, Err(o), _) | (_, _, Err(o)) => return Ok(o),
+            (Ok(Some(key)), _, _) if key.starts_with(EVENT_KEY_PREFIX) => {
+                return Ok(Outcome::invalid(
+                    k,
+                    "wait_key",
+                    "must not start with \"evt:\": the keys of named events belong to emit_event (wait with name and scope instead)",
+                ))
+            }
             (Ok(Some(key)), _, _) => key.to_string(),
             (Ok(None), Ok(Some(name)), _) | (Ok(None), Ok(None), Ok(Some(name))) => {
                 let scope = match field("scope") {

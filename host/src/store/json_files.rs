@@ -6,15 +6,20 @@
 //!   folder: the fence (the run's `version`, its lease) is checked, the
 //!   ledger appended and the run file replaced while no other writer can
 //!   interleave. The lock file also holds the run's lease (holder and
-//!   expiry) and where its ledger ended at the last save.
+//!   expiry); losing it only makes the run claimable.
 //! - A run is created only if its id is free: a fully written temp file is
 //!   published with an atomic hard link, which never replaces an existing
 //!   run file. Saves write a temp file and rename it over the run file.
-//! - The ledger is appended before the run file is replaced (a crash in
-//!   between leaves the ledger ahead of the state); a replayed step does not
-//!   append a record whose content the ledger already holds under the same
-//!   idempotency key. A line torn by a crash (no final newline) is ignored
-//!   by readers and cut off by the next append.
+//! - The run file ends with a `ledger_mark`: how many bytes of the ledger
+//!   its state reflects (`committed`), how many were written on purpose
+//!   (`end`: the committed ones and evidence appended ahead of the state
+//!   since, such as an external effect's outcome) and the hash of the record
+//!   ending there. The ledger is appended before the run file is replaced;
+//!   a crash in between leaves bytes past `end` that no state ever
+//!   reflected, and the next write cuts them off before it appends (as it
+//!   does a line torn by a crash). Readers stop at `end`, so the ledger
+//!   never shows a transition the state does not hold. A run file without
+//!   a mark (written by hand or by stepwell 0.1) counts its whole ledger.
 //! - With [`Durability::Full`] (the default of [`JsonFileStore::open`])
 //!   each file is synced before the rename or link that makes it visible,
 //!   and the folder after: a power loss cannot reverse the ledger-then-state
@@ -41,8 +46,8 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    check_next_version, is_replay_of, link, wait_due_at, Claim, Durability, Fence, LeaseAfter,
-    LeaseRequest, RunQuery, Store, StoreError,
+    check_next_version, link, wait_due_at, Claim, Durability, Fence, LeaseAfter, LeaseRequest,
+    RunQuery, Store, StoreError,
 };
 use crate::core::clock::format_time;
 use crate::core::model::{RunState, RunStatus, StepRecord};
@@ -61,19 +66,68 @@ const TMP_PREFIX: &str = ".tmp-";
 /// that a write torn at any point recovers.
 pub type CrashPoints = Arc<dyn Fn(&'static str) + Send + Sync>;
 
-/// What `run_<id>.lock` holds besides being the lock.
+/// What `run_<id>.lock` holds besides being the lock: the run's lease.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct LockData {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     holder: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     until_us: Option<i64>,
-    /// The ledger's length in bytes at the last run save, and the hash of
-    /// its last record then: what follows was appended ahead of the state.
-    #[serde(default)]
-    ledger_len: u64,
+    /// Deferred until (see [`Store::defer`]), and how many times since the
+    /// last commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    defer_until_us: Option<i64>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    defer_count: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Where a run's ledger stood when its run file was written; kept in the
+/// run file, so it changes with the state in one rename.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct LedgerMark {
+    /// Bytes of the ledger the state reflects (the last commit).
+    committed: u64,
+    /// Bytes of the ledger written on purpose: the committed ones and
+    /// evidence appended ahead of the state since. Anything past it is the
+    /// residue of a write a crash cut short.
+    end: u64,
+    /// The hash of the record that ends at `end`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     head: Option<String>,
+}
+
+/// The name of the run file's last field.
+const MARK_FIELD: &str = "\"ledger_mark\":";
+
+/// A run file's bytes: the run's JSON with the mark as its last field.
+fn run_file_bytes(run: &RunState, mark: &LedgerMark) -> Result<Vec<u8>, serde_json::Error> {
+    let mut bytes = serde_json::to_vec(run)?;
+    // A run serializes as an object with at least its version: splice the
+    // mark in before the closing brace.
+    bytes.pop();
+    bytes.push(b',');
+    bytes.extend_from_slice(MARK_FIELD.as_bytes());
+    serde_json::to_writer(&mut bytes, mark)?;
+    bytes.push(b'}');
+    Ok(bytes)
+}
+
+/// The mark at the end of a run file's bytes, if it has one.
+fn mark_in(bytes: &[u8]) -> Option<LedgerMark> {
+    // The mark is the last field and holds no nested object: find it near
+    // the end rather than parse the whole run.
+    let tail_from = bytes.len().saturating_sub(512);
+    let tail = &bytes[tail_from..];
+    let at = tail
+        .windows(MARK_FIELD.len())
+        .rposition(|w| w == MARK_FIELD.as_bytes())?;
+    let value = &tail[at + MARK_FIELD.len()..];
+    let value = value.strip_suffix(b"}")?;
+    serde_json::from_slice(value).ok()
 }
 
 /// Runs and ledgers as JSON files in one folder.
@@ -263,6 +317,15 @@ impl JsonFileStore {
         self.dir.join(format!("run_{run_id}.quarantine"))
     }
 
+    /// What the run's lock file holds, read without taking the lock (a
+    /// torn or missing file holds nothing).
+    fn lock_data(&self, run_id: &str) -> LockData {
+        fs::read(self.dir.join(format!("run_{run_id}.lock")))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
     fn run_lock(&self, run_id: &str) -> Result<Locked, StoreError> {
         Locked::open(self.dir.join(format!("run_{run_id}.lock")))
     }
@@ -321,6 +384,39 @@ impl JsonFileStore {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io(path, e)),
         }
+    }
+
+    /// The mark at the end of the run file: `None` when there is no run
+    /// file, `Some(None)` when it has no mark (written by hand or by an
+    /// older stepwell).
+    fn stored_mark(&self, run_id: &str) -> Result<Option<Option<LedgerMark>>, StoreError> {
+        let path = self.run_path(run_id);
+        match fs::read(&path) {
+            Ok(bytes) => Ok(Some(mark_in(&bytes))),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path, e)),
+        }
+    }
+
+    /// The mark to append after: the run file's, or for a run file
+    /// without one (or no run file) the whole ledger up to a torn last
+    /// line, as committed.
+    fn write_mark(&self, run_id: &str) -> Result<LedgerMark, StoreError> {
+        if let Some(Some(mark)) = self.stored_mark(run_id)? {
+            return Ok(mark);
+        }
+        let ledger = self.ledger_path(run_id);
+        let mut f = match File::open(&ledger) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(LedgerMark::default()),
+            Err(e) => return Err(io(&ledger, e)),
+        };
+        let (records, end) = read_lines(&mut f, &ledger, 0, u64::MAX)?;
+        Ok(LedgerMark {
+            committed: end,
+            end,
+            head: records.last().and_then(|r| r.record_hash.clone()),
+        })
     }
 
     /// The stored run's version (`None`: no run file), read from the start
@@ -394,9 +490,9 @@ impl JsonFileStore {
 
     /// Publishes a new run file for `run` (journal line first), failing if
     /// one exists.
-    fn publish_new(&self, run: &RunState) -> Result<bool, StoreError> {
+    fn publish_new(&self, run: &RunState, mark: &LedgerMark) -> Result<bool, StoreError> {
         let path = self.run_path(&run.run_id);
-        let bytes = serde_json::to_vec(run).map_err(|e| io(&path, e))?;
+        let bytes = run_file_bytes(run, mark).map_err(|e| io(&path, e))?;
         let tmp = self.temp(&bytes)?;
         // Journal a new run before its file appears: a crash in between
         // leaves a journal line without a file (skipped), never a run that
@@ -419,9 +515,9 @@ impl JsonFileStore {
     }
 
     /// Replaces the run file of `run`.
-    fn replace(&self, run: &RunState) -> Result<(), StoreError> {
+    fn replace(&self, run: &RunState, mark: &LedgerMark) -> Result<(), StoreError> {
         let path = self.run_path(&run.run_id);
-        let bytes = serde_json::to_vec(run).map_err(|e| io(&path, e))?;
+        let bytes = run_file_bytes(run, mark).map_err(|e| io(&path, e))?;
         let tmp = self.temp(&bytes)?;
         self.point("run-temp-written");
         fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
@@ -464,17 +560,16 @@ impl JsonFileStore {
         }
     }
 
-    /// Appends the records of one run under its lock: cuts off a line torn
-    /// by a crash, skips (with `dedupe`) replays of records appended ahead
-    /// since the last save, links the rest into the chain. Returns the new
-    /// length and head.
+    /// Appends the records of one run under its lock, after the bytes
+    /// `mark` vouches for: what lies beyond them (a write a crash cut short,
+    /// or a torn line) is cut off first. Returns the mark's `end` and
+    /// `head` after the append (`committed` is left to the caller).
     fn append_locked(
         &self,
         run_id: &str,
-        lock: &LockData,
+        mark: &LedgerMark,
         records: &[StepRecord],
-        dedupe: bool,
-    ) -> Result<(u64, Option<String>), StoreError> {
+    ) -> Result<LedgerMark, StoreError> {
         let path = self.ledger_path(run_id);
         let mut f = OpenOptions::new()
             .read(true)
@@ -483,32 +578,20 @@ impl JsonFileStore {
             .open(&path)
             .map_err(|e| io(&path, e))?;
         let len = f.metadata().map_err(|e| io(&path, e))?.len();
-        // What was appended since the last save (ahead of the state, or
-        // torn): read it to find the head and the replays.
-        let (mut head, ahead, good_len) = if len == lock.ledger_len && len > 0 {
-            (lock.head.clone(), Vec::new(), len)
-        } else {
-            let from = if lock.ledger_len <= len && lock.head.is_some() {
-                lock.ledger_len
-            } else {
-                0
-            };
-            let (records, end) = read_lines(&mut f, &path, from)?;
-            let head = records
-                .last()
-                .and_then(|r| r.record_hash.clone())
-                .or(if from > 0 { lock.head.clone() } else { None });
-            (head, records, end)
-        };
-        if good_len < len {
-            // A torn last line: cut it off before appending after it.
-            f.set_len(good_len).map_err(|e| io(&path, e))?;
+        if len < mark.end {
+            return Err(StoreError::corrupt(format!(
+                "{}: the ledger holds {len} bytes, but run_{run_id}.json says {} were written",
+                path.display(),
+                mark.end
+            )));
         }
+        if len > mark.end {
+            // Written by a commit that never landed: no state reflects it.
+            f.set_len(mark.end).map_err(|e| io(&path, e))?;
+        }
+        let mut head = mark.head.clone();
         let mut text = String::new();
         for r in records {
-            if dedupe && ahead.iter().any(|old| is_replay_of(r, old)) {
-                continue;
-            }
             let mut r = r.clone();
             text.push_str(&link(&mut head, &mut r));
             text.push('\n');
@@ -518,7 +601,34 @@ impl JsonFileStore {
             self.sync(&f, &path)?;
         }
         self.point("ledger-appended");
-        Ok((good_len + text.len() as u64, head))
+        Ok(LedgerMark {
+            committed: mark.committed,
+            end: mark.end + text.len() as u64,
+            head,
+        })
+    }
+
+    /// Appends evidence ahead of the state under the run's lock and moves
+    /// the run file's mark past it (`commit_too`: as committed as well,
+    /// when nothing else is ahead). A run without a run file gets its
+    /// records appended as they are.
+    fn append_evidence(
+        &self,
+        run_id: &str,
+        records: &[StepRecord],
+        commit_too: bool,
+    ) -> Result<(), StoreError> {
+        let run = self.read_run(&self.run_path(run_id))?;
+        let mark = self.write_mark(run_id)?;
+        let mut after = self.append_locked(run_id, &mark, records)?;
+        let Some(run) = run else {
+            // No run file to keep a mark in: the records stay as written.
+            return Ok(());
+        };
+        if commit_too && mark.committed == mark.end {
+            after.committed = after.end;
+        }
+        self.replace(&run, &after)
     }
 
     fn bundles(&self) -> Result<HashMap<String, PathBuf>, StoreError> {
@@ -532,12 +642,19 @@ impl JsonFileStore {
     }
 }
 
-/// Reads ledger lines from byte `from`: the records, and where the last
+/// Reads ledger lines from byte `from` up to byte `to`: the records, and where the last
 /// complete line ends (a final line without a newline is torn).
-fn read_lines(f: &mut File, path: &Path, from: u64) -> Result<(Vec<StepRecord>, u64), StoreError> {
+fn read_lines(
+    f: &mut File,
+    path: &Path,
+    from: u64,
+    to: u64,
+) -> Result<(Vec<StepRecord>, u64), StoreError> {
     f.seek(SeekFrom::Start(from)).map_err(|e| io(path, e))?;
     let mut bytes = Vec::new();
-    f.read_to_end(&mut bytes).map_err(|e| io(path, e))?;
+    f.take(to.saturating_sub(from))
+        .read_to_end(&mut bytes)
+        .map_err(|e| io(path, e))?;
     let complete = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
     let mut out = Vec::new();
     for (n, line) in bytes[..complete].split(|b| *b == b'\n').enumerate() {
@@ -587,7 +704,7 @@ impl Store for JsonFileStore {
         self.check_id(&run.run_id)?;
         let _w = self.write.lock();
         let _lock = self.run_lock(&run.run_id)?;
-        if self.publish_new(run)? {
+        if self.publish_new(run, &LedgerMark::default())? {
             return Ok((run.clone(), true));
         }
         let existing = self
@@ -676,19 +793,27 @@ impl Store for JsonFileStore {
         let mut lock = self.run_lock(&run.run_id)?;
         let mut data = lock.read();
         self.check(&run.run_id, &data, &fence)?;
-        let (len, head) = self.append_locked(&run.run_id, &data, records, true)?;
+        // A new run starts from an empty ledger (whatever a creation that
+        // never landed wrote is cut off).
+        let mark = if fence.version == 0 {
+            LedgerMark::default()
+        } else {
+            self.write_mark(&run.run_id)?
+        };
+        let mut mark = self.append_locked(&run.run_id, &mark, records)?;
+        mark.committed = mark.end;
         if fence.version == 0 {
-            if !self.publish_new(run)? {
+            if !self.publish_new(run, &mark)? {
                 return Err(StoreError::conflict(format!(
                     "run {} already exists",
                     run.run_id
                 )));
             }
         } else {
-            self.replace(run)?;
+            self.replace(run, &mark)?;
         }
-        data.ledger_len = len;
-        data.head = head;
+        data.defer_until_us = None;
+        data.defer_count = 0;
         match (lease, fence.holder) {
             (LeaseAfter::Renew(until), Some(h)) => {
                 data.holder = Some(h.to_string());
@@ -717,10 +842,9 @@ impl Store for JsonFileStore {
                 .filter(|r| r.run_id == run_id)
                 .cloned()
                 .collect();
-            // The lock file keeps the length at the last save: these records
-            // stay "ahead" until the commit that makes them true, and a
-            // replay is checked against them.
-            self.append_locked(run_id, &data, &mine, true)?;
+            // Ahead of the state until the commit that makes them true; a
+            // replay finds them through list_ahead.
+            self.append_evidence(run_id, &mine, false)?;
         }
         Ok(())
     }
@@ -729,17 +853,15 @@ impl Store for JsonFileStore {
         let _w = self.write.lock();
         for run_id in run_ids(records) {
             self.check_id(run_id)?;
-            let mut lock = self.run_lock(run_id)?;
-            let data = lock.read();
+            let _lock = self.run_lock(run_id)?;
             let mine: Vec<StepRecord> = records
                 .iter()
                 .filter(|r| r.run_id == run_id)
                 .cloned()
                 .collect();
-            // Evidence outside any transition: appended as it is, and (as on
-            // every store) ahead of the state until the run's next commit.
-            self.append_locked(run_id, &data, &mine, false)?;
-            drop(lock);
+            // Evidence outside any transition: not ahead of the state
+            // (unless evidence of a transition in flight is).
+            self.append_evidence(run_id, &mine, true)?;
         }
         Ok(())
     }
@@ -748,31 +870,31 @@ impl Store for JsonFileStore {
         if !safe_id(run_id) {
             return Ok(Vec::new());
         }
-        let lock_path = self.dir.join(format!("run_{run_id}.lock"));
-        let data: LockData = fs::read(&lock_path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
+        let Some(Some(mark)) = self.stored_mark(run_id)? else {
+            // No run, or a run file without a mark: nothing is ahead.
+            return Ok(Vec::new());
+        };
+        if mark.end == mark.committed {
+            return Ok(Vec::new());
+        }
         let path = self.ledger_path(run_id);
         let mut f = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(io(&path, e)),
         };
-        // Without a record of the last save (an older store), everything
-        // may be ahead.
-        let from = if data.head.is_some() {
-            data.ledger_len
-        } else {
-            0
-        };
-        Ok(read_lines(&mut f, &path, from)?.0)
+        Ok(read_lines(&mut f, &path, mark.committed, mark.end)?.0)
     }
 
     fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
         if !safe_id(run_id) {
             return Ok(Vec::new());
         }
+        // Up to the mark's end: what lies past it no state reflects.
+        let end = match self.stored_mark(run_id)? {
+            Some(Some(mark)) => mark.end,
+            _ => u64::MAX,
+        };
         let path = self.ledger_path(run_id);
         let file = match File::open(&path) {
             Ok(f) => f,
@@ -780,7 +902,7 @@ impl Store for JsonFileStore {
             Err(e) => return Err(io(&path, e)),
         };
         let mut out = Vec::new();
-        let mut reader = BufReader::new(file);
+        let mut reader = BufReader::new(file.take(end));
         let mut line = String::new();
         let mut n = 0;
         loop {
@@ -818,6 +940,11 @@ impl Store for JsonFileStore {
             .0
             .into_iter()
             .filter_map(|r| wait_due_at(&r).filter(|t| *t <= now).map(|t| (t, r.run_id)))
+            .filter(|(_, id)| {
+                self.lock_data(id)
+                    .defer_until_us
+                    .is_none_or(|u| u <= now.timestamp_micros())
+            })
             .collect();
         due.sort_by_key(|(t, _)| *t); // stable: creation order among equals
         Ok(due.into_iter().take(limit).map(|(_, id)| id).collect())
@@ -825,20 +952,22 @@ impl Store for JsonFileStore {
 
     fn list_claimable(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
         let (runs, unreadable) = self.scan()?;
-        let mut out = Vec::new();
+        let now_us = now.timestamp_micros();
+        let mut found = Vec::new();
         for run in runs.into_iter().filter(|r| r.status == RunStatus::Running) {
-            let lease = fs::read(self.dir.join(format!("run_{}.lock", run.run_id)))
-                .ok()
-                .and_then(|b| serde_json::from_slice::<LockData>(&b).ok())
-                .unwrap_or_default();
+            let lease = self.lock_data(&run.run_id);
             let free = match (&lease.holder, lease.until_us) {
-                (Some(_), Some(u)) => u < now.timestamp_micros(),
+                (Some(_), Some(u)) => u < now_us,
                 _ => true,
             };
-            if free {
-                out.push(run.run_id);
+            if free && lease.defer_until_us.is_none_or(|u| u <= now_us) {
+                found.push((lease.defer_until_us, run.run_id));
             }
         }
+        // Never deferred first, then deferred longest ago (stable: creation
+        // order among equals).
+        found.sort_by_key(|(defer, _)| *defer);
+        let mut out: Vec<String> = found.into_iter().map(|(_, id)| id).collect();
         // Unreadable runs are listed too: their claim reports the damage.
         out.extend(unreadable);
         out.truncate(limit);
@@ -851,11 +980,7 @@ impl Store for JsonFileStore {
             if run.status != RunStatus::Running {
                 continue;
             }
-            let lease = fs::read(self.dir.join(format!("run_{}.lock", run.run_id)))
-                .ok()
-                .and_then(|b| serde_json::from_slice::<LockData>(&b).ok())
-                .unwrap_or_default();
-            if let Some(holder) = lease.holder {
+            if let Some(holder) = self.lock_data(&run.run_id).holder {
                 out.push((run.run_id, holder));
                 if out.len() >= limit {
                     break;
@@ -863,6 +988,22 @@ impl Store for JsonFileStore {
             }
         }
         Ok(out)
+    }
+
+    fn defer(&self, run_id: &str, until: &dyn Fn(u32) -> DateTime<Utc>) -> Result<u32, StoreError> {
+        if !safe_id(run_id) {
+            return Ok(0);
+        }
+        let _w = self.write.lock();
+        let mut lock = self.run_lock(run_id)?;
+        if !self.run_path(run_id).exists() {
+            return Ok(0);
+        }
+        let mut data = lock.read();
+        data.defer_count = data.defer_count.saturating_add(1);
+        data.defer_until_us = Some(until(data.defer_count).timestamp_micros());
+        lock.write(&data)?;
+        Ok(data.defer_count)
     }
 
     fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {

@@ -29,6 +29,8 @@ struct Slot {
     lease: Option<(String, DateTime<Utc>)>,
     /// The length of the run's ledger at its last commit.
     committed: usize,
+    /// Deferred until, and how many times since the last commit.
+    defer: Option<(DateTime<Utc>, u32)>,
 }
 
 #[derive(Debug, Default)]
@@ -147,6 +149,7 @@ impl Store for MemoryStore {
                 run: run.clone(),
                 lease: None,
                 committed: 0,
+                defer: None,
             },
         );
         Ok((run.clone(), true))
@@ -223,6 +226,7 @@ impl Store for MemoryStore {
             Some(slot) => {
                 slot.run = run.clone();
                 slot.committed = committed;
+                slot.defer = None;
                 match (renew, slot.lease.as_mut()) {
                     (Some((h, until)), Some(held)) if held.0 == h => held.1 = until,
                     (Some((h, until)), _) => slot.lease = Some((h.to_string(), until)),
@@ -239,6 +243,7 @@ impl Store for MemoryStore {
                         run: run.clone(),
                         lease: renew.map(|(h, until)| (h.to_string(), until)),
                         committed,
+                        defer: None,
                     },
                 );
             }
@@ -256,7 +261,26 @@ impl Store for MemoryStore {
     }
 
     fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError> {
-        append_chained(&mut self.tables.lock().ledgers, records);
+        let mut t = self.tables.lock();
+        let t = &mut *t;
+        // Evidence outside any transition is not ahead of the state: a run
+        // with nothing ahead moves its committed mark past it.
+        let before: Vec<(String, usize)> = records
+            .iter()
+            .map(|r| {
+                let len = t.ledgers.get(&r.run_id).map_or(0, |l| l.records.len());
+                (r.run_id.clone(), len)
+            })
+            .collect();
+        append_chained(&mut t.ledgers, records);
+        for (id, len) in before {
+            let now = t.ledgers.get(&id).map_or(0, |l| l.records.len());
+            if let Some(slot) = t.runs.get_mut(&id) {
+                if slot.committed == len {
+                    slot.committed = now;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -300,6 +324,7 @@ impl Store for MemoryStore {
             .runs
             .values()
             .filter(|s| t.quarantine_reason(&s.run.run_id).is_none())
+            .filter(|s| s.defer.is_none_or(|(until, _)| until <= now))
             .filter_map(|s| {
                 wait_due_at(&s.run)
                     .filter(|at| *at <= now)
@@ -323,9 +348,10 @@ impl Store for MemoryStore {
                 s.run.status == RunStatus::Running
                     && s.lease.as_ref().is_none_or(|(_, until)| *until < now)
                     && t.quarantine_reason(&s.run.run_id).is_none()
+                    && s.defer.is_none_or(|(until, _)| until <= now)
             })
             .collect();
-        found.sort_by_key(|s| s.seq);
+        found.sort_by_key(|s| (s.defer.map(|(until, _)| until), s.seq));
         Ok(found
             .into_iter()
             .take(limit)
@@ -338,7 +364,9 @@ impl Store for MemoryStore {
         let mut found: Vec<(u64, String, String)> = t
             .runs
             .values()
-            .filter(|s| s.run.status == RunStatus::Running)
+            .filter(|s| {
+                s.run.status == RunStatus::Running && t.quarantine_reason(&s.run.run_id).is_none()
+            })
             .filter_map(|s| {
                 s.lease
                     .as_ref()
@@ -351,6 +379,16 @@ impl Store for MemoryStore {
             .take(limit)
             .map(|(_, id, h)| (id, h))
             .collect())
+    }
+
+    fn defer(&self, run_id: &str, until: &dyn Fn(u32) -> DateTime<Utc>) -> Result<u32, StoreError> {
+        let mut t = self.tables.lock();
+        let Some(slot) = t.runs.get_mut(run_id) else {
+            return Ok(0);
+        };
+        let count = slot.defer.map_or(0, |(_, n)| n).saturating_add(1);
+        slot.defer = Some((until(count), count));
+        Ok(count)
     }
 
     fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {

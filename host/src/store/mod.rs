@@ -530,10 +530,10 @@ pub trait Store: Send + Sync {
     /// [`StoreError::conflict`].
     ///
     /// A backend that cannot make the append and the save one atomic write
-    /// (JSON files) appends first and saves after: a crash in between
-    /// leaves the ledger ahead of the state, the recoverable direction, and
-    /// the replay that follows does not append a record whose content the
-    /// ledger already holds under the same idempotency key.
+    /// (JSON files) appends first and saves after, with the save marking
+    /// how much of the ledger it reflects: a crash in between leaves
+    /// records no state reflects, which readers do not show and the next
+    /// write cuts off.
     fn commit(
         &self,
         records: &[StepRecord],
@@ -549,7 +549,10 @@ pub trait Store: Send + Sync {
 
     /// Appends records without a fence: for evidence that belongs to no
     /// transition (tests, benchmarks, imports). Each record is linked into
-    /// its run's hash chain ([`link`]).
+    /// its run's hash chain ([`link`]). They are not ahead of the state: a
+    /// run with nothing ahead counts them as committed (after records an
+    /// effect appended ahead, they stay ahead with those until the next
+    /// commit).
     fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError>;
 
     /// A run's ledger, oldest first.
@@ -582,13 +585,15 @@ pub trait Store: Send + Sync {
 
     /// Ids of waiting runs whose time has come at `now` (due `until` waits,
     /// event waits past their deadline), the earliest due first, at most
-    /// `limit`. Quarantined runs are left out.
+    /// `limit`. Quarantined runs and runs deferred past `now` are left out.
     fn list_due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError>;
 
     /// Ids of `running` runs nobody holds a live lease on at `now` (new
-    /// runs, async children, runs whose executor died), oldest first, at
-    /// most `limit`. A backend that cannot read a run may list it too, so
-    /// that its claim reports the damage. Quarantined runs are left out.
+    /// runs, async children, runs whose executor died), at most `limit`:
+    /// never-deferred runs first, then those deferred longest ago, each
+    /// group oldest first. A backend that cannot read a run may list it too,
+    /// so that its claim reports the damage. Quarantined runs and runs
+    /// deferred past `now` are left out.
     fn list_claimable(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError>;
 
     /// `(run, holder)` of `running` runs someone holds a lease on, at most
@@ -596,10 +601,11 @@ pub trait Store: Send + Sync {
     fn list_leased(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError>;
 
     /// `(parent, child)` pairs of parents waiting (reason `subworkflow`) on
-    /// a child that has ended, at most `limit`. The default reads every
-    /// waiting parent and its child.
+    /// a child that has ended or was quarantined, at most `limit`. The
+    /// default reads every waiting parent and its child.
     fn list_ended_children(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
         let mut out = Vec::new();
+        let quarantined = self.list_quarantined()?;
         for parent in self.list_runs(&RunQuery {
             status: Some(RunStatus::Waiting),
             wait_reason: Some(WaitReason::Subworkflow),
@@ -612,12 +618,12 @@ pub trait Store: Send + Sync {
             else {
                 continue;
             };
-            if let Ok(Some(c)) = self.load_run(child) {
-                if c.status.is_terminal() {
-                    out.push((parent.run_id.clone(), c.run_id));
-                    if out.len() >= limit {
-                        break;
-                    }
+            let ended = quarantined.iter().any(|(id, _)| id == child)
+                || matches!(self.load_run(child), Ok(Some(c)) if c.status.is_terminal());
+            if ended {
+                out.push((parent.run_id.clone(), child.to_string()));
+                if out.len() >= limit {
+                    break;
                 }
             }
         }
@@ -654,6 +660,15 @@ pub trait Store: Send + Sync {
     /// driven (a run that cannot be read or committed must not stop the
     /// driver). Works on a run whose stored state cannot be decoded.
     fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError>;
+
+    /// Keeps a run the driver could not move (or has just served) off
+    /// [`Store::list_due`] and [`Store::list_claimable`] for a while: adds
+    /// one to the run's count of deferrals since its last commit, and sets
+    /// it aside until `until(count)`. Returns the count (0: no such run).
+    /// A commit clears both. `list_claimable` lists the runs deferred
+    /// longest ago (and those never deferred) first, so that a driver
+    /// serving more runs than one pass takes rotates through all of them.
+    fn defer(&self, run_id: &str, until: &dyn Fn(u32) -> DateTime<Utc>) -> Result<u32, StoreError>;
 
     /// Quarantined runs and why, in the order they were set aside.
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError>;
@@ -799,22 +814,6 @@ pub(crate) fn wait_due_at(run: &RunState) -> Option<DateTime<Utc>> {
             .and_then(|u| crate::core::clock::parse_time(u).ok()),
         _ => None,
     }
-}
-
-/// Whether `new` is a replay of `old`, a record appended ahead of the last
-/// save: the same run, key, status, node, effect, result, error and attempt
-/// (a step executed again after a crash produces the same records with new
-/// ids and times; a step produces each of its records once, so nothing
-/// else ahead of the state can look the same).
-pub(crate) fn is_replay_of(new: &StepRecord, old: &StepRecord) -> bool {
-    new.idempotency_key == old.idempotency_key
-        && new.run_id == old.run_id
-        && new.status == old.status
-        && new.node_id == old.node_id
-        && new.attempt == old.attempt
-        && new.effect == old.effect
-        && new.result == old.result
-        && new.error == old.error
 }
 
 /// How hard a store works to keep the last commits through a power loss or

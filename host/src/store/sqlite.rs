@@ -29,7 +29,7 @@ use crate::core::model::{RunState, RunStatus, StepRecord};
 /// The schema version this build writes. A database with a higher
 /// `user_version` was written by a newer stepwell and is refused; an older
 /// one is migrated when opened.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -63,6 +63,10 @@ CREATE TABLE IF NOT EXISTS bundles (
     workflow_id TEXT PRIMARY KEY,
     dir         TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS compiled_digests (
+    name    TEXT PRIMARY KEY,
+    sha256  TEXT NOT NULL
+);
 ";
 
 /// Columns added after schema 1, with their types: added to an older
@@ -82,6 +86,8 @@ const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("runs", "updated_at", "TEXT"),
     ("runs", "quarantine", "TEXT"),
     ("runs", "ledger_seq", "INTEGER"),
+    ("runs", "defer_until_us", "INTEGER"),
+    ("runs", "defer_count", "INTEGER"),
 ];
 
 const INDEXES: &str = "
@@ -115,7 +121,8 @@ const INSERT_RUN: &str = "INSERT INTO runs (run_id, workflow_id, status, wait_re
 /// A save that changes no indexed column sets only the data, version,
 /// times and lease: no index page is written.
 const UPDATE_DATA: &str = "UPDATE runs SET data = ?9, version = ?10, updated_at = ?17,
-        lease_holder = ?18, lease_until_us = ?19, ledger_seq = ?23
+        lease_holder = ?18, lease_until_us = ?19, ledger_seq = ?23, defer_until_us = NULL,
+        defer_count = NULL
     WHERE run_id = ?1 AND version = ?20 AND (?21 IS NULL OR lease_holder = ?21
         OR (?22 IS NOT NULL AND (lease_holder IS NULL OR lease_until_us < ?22)))
       AND quarantine IS NULL
@@ -128,7 +135,7 @@ const UPDATE_ALL: &str = "UPDATE runs SET workflow_id = ?2, status = ?3, wait_re
         wait_key = ?5, wait_due_us = ?6, parent_run_id = ?7, session_id = ?8, data = ?9,
         version = ?10, automation_id = ?11, role = ?12, occurrence_index = ?13,
         session_kind = ?14, workspace_root = ?15, updated_at = ?17, lease_holder = ?18,
-        lease_until_us = ?19, ledger_seq = ?23
+        lease_until_us = ?19, ledger_seq = ?23, defer_until_us = NULL, defer_count = NULL
     WHERE run_id = ?1 AND version = ?20 AND (?21 IS NULL OR lease_holder = ?21
         OR (?22 IS NOT NULL AND (lease_holder IS NULL OR lease_until_us < ?22)))
       AND quarantine IS NULL";
@@ -706,7 +713,25 @@ impl Store for SqliteStore {
     }
 
     fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError> {
-        self.write(|tx| self.append_on(tx, records).map(drop))
+        self.write(|tx| {
+            // Evidence outside any transition is not ahead of the state: a
+            // run with nothing ahead moves its committed mark past it.
+            let mut before = Vec::new();
+            for id in records.iter().map(|r| r.run_id.as_str()) {
+                if !before.iter().any(|(b, _)| *b == id) {
+                    before.push((id, self.last_seq(tx, id)?));
+                }
+            }
+            for (id, seq) in self.append_on(tx, records)? {
+                let was = before.iter().find(|(b, _)| *b == id).map_or(0, |b| b.1);
+                tx.execute(
+                    "UPDATE runs SET ledger_seq = ?2 WHERE run_id = ?1 AND COALESCE(ledger_seq, 0) = ?3",
+                    params![id, seq, was],
+                )
+                .map_err(|e| self.err(e))?;
+            }
+            Ok(())
+        })
     }
 
     fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
@@ -791,7 +816,8 @@ impl Store for SqliteStore {
     fn list_due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
         self.ids(
             "SELECT run_id FROM runs WHERE wait_due_us IS NOT NULL AND wait_due_us <= ?1
-             AND status = 'waiting' AND quarantine IS NULL ORDER BY wait_due_us, rowid LIMIT ?2",
+             AND status = 'waiting' AND quarantine IS NULL
+             AND COALESCE(defer_until_us, 0) <= ?1 ORDER BY wait_due_us, rowid LIMIT ?2",
             &[&now.timestamp_micros(), &(limit as i64)],
         )
     }
@@ -800,7 +826,8 @@ impl Store for SqliteStore {
         self.ids(
             "SELECT run_id FROM runs WHERE status = 'running'
              AND (lease_holder IS NULL OR lease_until_us < ?1) AND quarantine IS NULL
-             ORDER BY rowid LIMIT ?2",
+             AND COALESCE(defer_until_us, 0) <= ?1
+             ORDER BY COALESCE(defer_until_us, 0), rowid LIMIT ?2",
             &[&now.timestamp_micros(), &(limit as i64)],
         )
     }
@@ -829,7 +856,8 @@ impl Store for SqliteStore {
                    ON c.run_id = substr(p.wait_key, 13)
                  WHERE p.status = 'waiting' AND p.wait_reason = 'subworkflow'
                    AND p.wait_key LIKE 'subworkflow:%' AND p.quarantine IS NULL
-                   AND c.status IN ('completed', 'failed', 'cancelled')
+                   AND (c.status IN ('completed', 'failed', 'cancelled')
+                        OR c.quarantine IS NOT NULL)
                  ORDER BY p.rowid LIMIT ?1",
             )
             .map_err(|e| self.err(e))?;
@@ -859,6 +887,26 @@ impl Store for SqliteStore {
         .and_then(|mut st| st.execute(params![run_id, reason]))
         .map_err(|e| self.err(e))?;
         Ok(())
+    }
+
+    fn defer(&self, run_id: &str, until: &dyn Fn(u32) -> DateTime<Utc>) -> Result<u32, StoreError> {
+        self.write(|tx| {
+            let count: Option<i64> = tx
+                .prepare_cached(
+                    "UPDATE runs SET defer_count = COALESCE(defer_count, 0) + 1
+                     WHERE run_id = ?1 RETURNING defer_count",
+                )
+                .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
+                .map_err(|e| self.err(e))?;
+            let Some(count) = count else {
+                return Ok(0);
+            };
+            let count = u32::try_from(count).unwrap_or(u32::MAX);
+            tx.prepare_cached("UPDATE runs SET defer_until_us = ?2 WHERE run_id = ?1")
+                .and_then(|mut st| st.execute(params![run_id, until(count).timestamp_micros()]))
+                .map_err(|e| self.err(e))?;
+            Ok(count)
+        })
     }
 
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
@@ -1068,5 +1116,29 @@ impl super::CommandStore for SqliteStore {
         .and_then(|mut st| st.execute(params![consumer, seq as i64]))
         .map_err(|e| self.err(e))?;
         Ok(())
+    }
+}
+
+/// The digests of compiled components the engine cached: a cached file is
+/// loaded only if its digest is the one this database recorded.
+impl crate::wasm::CompiledDigests for SqliteStore {
+    fn vouched(&self, name: &str) -> Option<[u8; 32]> {
+        let conn = self.conn.lock();
+        let text: String = conn
+            .prepare_cached("SELECT sha256 FROM compiled_digests WHERE name = ?1")
+            .and_then(|mut st| st.query_row([name], |r| r.get(0)).optional())
+            .ok()??;
+        hex::decode(text).ok()?.try_into().ok()
+    }
+
+    fn vouch(&self, name: &str, digest: &[u8; 32]) {
+        let _ = self.write(|tx| {
+            tx.prepare_cached(
+                "INSERT INTO compiled_digests (name, sha256) VALUES (?1, ?2)
+                 ON CONFLICT(name) DO UPDATE SET sha256 = excluded.sha256",
+            )
+            .and_then(|mut st| st.execute(params![name, hex::encode(digest)]))
+            .map_err(|e| self.err(e))
+        });
     }
 }

@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use super::cache::{CompileCache, CompiledDigests};
 use super::node::{NodeComponent, NodePre};
 use super::sandbox::GuestState;
 use super::trigger::{TriggerComponent, TriggerSourcePre};
@@ -32,6 +33,10 @@ pub struct EngineConfig {
     pub cache_dir: Option<PathBuf>,
     /// The bounds of every guest call.
     pub limits: SandboxLimits,
+    /// Where the digests of cached compiled files are kept (`None`: beside
+    /// them in the cache directory). A cached file is loaded only if its
+    /// digest matches.
+    pub digests: Option<Arc<dyn CompiledDigests>>,
 }
 
 /// Where a loaded component's compiled code came from.
@@ -69,6 +74,7 @@ struct Shared {
     /// so loading a file again does not re-read and re-hash it.
     by_path: Mutex<HashMap<PathBuf, PathStamp>>,
     triggers: Mutex<HashMap<[u8; 32], Arc<TriggerComponent>>>,
+    cache: Option<CompileCache>,
     _ticker: Ticker,
 }
 
@@ -104,6 +110,15 @@ impl WasmEngine {
                 path: PathBuf::new(),
                 message: format!("cannot create the wasm engine: {e:#}"),
             })?;
+        let cache = match &config.cache_dir {
+            Some(dir) => Some(CompileCache::open(dir, config.digests.clone()).map_err(
+                |message| LoadError {
+                    path: dir.clone(),
+                    message,
+                },
+            )?),
+            None => None,
+        };
         let mut linker = Linker::new(&engine);
         super::sandbox::link_wasi(&mut linker).map_err(|e| LoadError {
             path: PathBuf::new(),
@@ -137,6 +152,7 @@ impl WasmEngine {
                 loaded: Mutex::new(HashMap::new()),
                 by_path: Mutex::new(HashMap::new()),
                 triggers: Mutex::new(HashMap::new()),
+                cache,
                 _ticker: Ticker {
                     stop,
                     handle: Some(handle),
@@ -291,27 +307,23 @@ impl WasmEngine {
         digest: &[u8; 32],
     ) -> Result<(Component, LoadOrigin), String> {
         let engine = &self.shared.engine;
-        let cache_file = self.shared.config.cache_dir.as_ref().map(|dir| {
+        let name = {
             let mut h = std::collections::hash_map::DefaultHasher::new();
             engine.precompile_compatibility_hash().hash(&mut h);
-            dir.join(format!("{}-{:016x}.cwasm", hex::encode(digest), h.finish()))
-        });
-        if let Some(file) = &cache_file {
-            if file.is_file() {
-                // SAFETY: the cache directory holds only files this function
-                // wrote with `Component::serialize` for this engine
-                // configuration (the file name carries the compatibility
-                // hash); wasmtime also checks the header and version.
-                if let Ok(c) = unsafe { Component::deserialize_file(engine, file) } {
-                    return Ok((c, LoadOrigin::DiskCache));
-                }
-            }
+            format!("{}-{:016x}.cwasm", hex::encode(digest), h.finish())
+        };
+        if let Some(c) = self
+            .shared
+            .cache
+            .as_ref()
+            .and_then(|c| c.load(engine, &name))
+        {
+            return Ok((c, LoadOrigin::DiskCache));
         }
         let component = Component::from_binary(engine, bytes)
             .map_err(|e| format!("not a valid WebAssembly component: {e:#}"))?;
-        if let Some(file) = &cache_file {
-            // The cache is an optimisation: failing to write it is not an error.
-            let _ = write_atomically(file, &component);
+        if let Some(cache) = &self.shared.cache {
+            cache.store(&name, &component);
         }
         Ok((component, LoadOrigin::Compiled))
     }
@@ -351,19 +363,4 @@ fn engine_config(limits: &SandboxLimits, pooling: bool) -> Config {
         wt.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     wt
-}
-
-fn write_atomically(file: &Path, component: &Component) -> std::io::Result<()> {
-    let dir = file.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let bytes = component
-        .serialize()
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        file.file_name().and_then(|n| n.to_str()).unwrap_or("c"),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, file)
 }

@@ -10,6 +10,7 @@
 //! entropy gets a deterministic answer. The real time reaches a guest only
 //! as the `now` field of its input. The details are in `sandbox.rs`.
 
+mod cache;
 mod engine;
 mod node;
 mod sandbox;
@@ -19,6 +20,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use cache::CompiledDigests;
 pub use engine::{EngineConfig, LoadOrigin, WasmEngine};
 pub(crate) use node::vars_json;
 pub use node::{NodeCall, NodeComponent, NodeSession, HOST_BOOKKEEPING_VARS};
@@ -101,8 +103,9 @@ pub enum GuestError {
     },
     /// The guest returned more than [`SandboxLimits::max_output_bytes`].
     OutputTooLarge {
-        /// How many bytes it returned.
-        bytes: usize,
+        /// How many bytes it returned (`None`: more than the host would
+        /// copy out of the guest to count them).
+        bytes: Option<usize>,
         /// The limit.
         limit_bytes: usize,
     },
@@ -152,9 +155,19 @@ impl fmt::Display for GuestError {
                 f,
                 "the guest tried to wait ({what}); guests cannot wait: ask the host for a wait effect"
             ),
-            GuestError::OutputTooLarge { bytes, limit_bytes } => write!(
+            GuestError::OutputTooLarge {
+                bytes: Some(bytes),
+                limit_bytes,
+            } => write!(
                 f,
                 "the guest returned {bytes} bytes of output, over the limit of {limit_bytes}"
+            ),
+            GuestError::OutputTooLarge {
+                bytes: None,
+                limit_bytes,
+            } => write!(
+                f,
+                "the guest returned far more output than the limit of {limit_bytes} bytes (the host stopped copying it)"
             ),
             GuestError::BadOutput { message } => write!(f, "the guest returned {message}"),
             GuestError::InvalidInput(m) | GuestError::Failed(m) => f.write_str(m),

@@ -198,7 +198,7 @@ fn parse_plan(plan: wit::StepPlan, max_bytes: usize) -> Result<StepPlan, GuestEr
         });
     if bytes > max_bytes {
         return Err(GuestError::OutputTooLarge {
-            bytes,
+            bytes: Some(bytes),
             limit_bytes: max_bytes,
         });
     }

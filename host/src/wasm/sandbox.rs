@@ -35,6 +35,14 @@ use wasmtime_wasi_io::poll::DynPollable;
 
 use super::{GuestError, SandboxLimits, WasmEngine};
 
+/// What a guest may copy to the host in one call beyond
+/// `max_output_bytes` (the rest of a step plan, a WASI call's arguments).
+const HOSTCALL_MARGIN: usize = 1 << 20;
+
+/// The end of the message wasmtime fails a call with when the host stopped
+/// copying data out of the guest (its hostcall fuel ran out).
+const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
+
 /// How much of a guest's stderr is kept for error messages.
 pub(crate) const STDERR_CAPACITY: usize = 4096;
 
@@ -179,6 +187,16 @@ pub(crate) fn new_store(engine: &WasmEngine) -> (Store<GuestState>, MemoryOutput
     let mut store = Store::new(engine.engine(), sandbox(&engine.limits(), stderr.clone()));
     store.limiter(|s| &mut s.limiter);
     store.set_epoch_deadline(engine.deadline_ticks());
+    // What the host copies out of the guest in one call (its output, or
+    // what it passes to a WASI call) is bounded: past the output limit
+    // (and some room for the rest of the plan), the copy stops and the call
+    // fails. The host never holds more of a guest's output than this.
+    store.set_hostcall_fuel(
+        engine
+            .limits()
+            .max_output_bytes
+            .saturating_add(HOSTCALL_MARGIN),
+    );
     (store, stderr)
 }
 
@@ -479,6 +497,12 @@ pub(crate) fn classify(
     }
     if let Some(Blocked(what)) = err.downcast_ref::<Blocked>() {
         return GuestError::Blocked { what: what.clone() };
+    }
+    if format!("{err:#}").contains(HOSTCALL_FUEL_EXHAUSTED) {
+        return GuestError::OutputTooLarge {
+            bytes: None,
+            limit_bytes: limits.max_output_bytes,
+        };
     }
     let mut message = match err.downcast_ref::<Trap>() {
         Some(trap) => trap.to_string(),

@@ -15,7 +15,8 @@
 //! and follows the node's route: an instance reused for many calls reaches
 //! the memory limit, a fresh one never does.
 //!
-//! Two well-behaved modes serve tests of the host: `spin` counts to
+//! Three well-behaved modes serve tests of the host: `echo_vars` completes
+//! with the vars it was given; `spin` counts to
 //! `config.iterations` (a slow but finite step) and follows the node's route;
 //! `effect` sets `config.patch` in the vars and asks for `config.effect`
 //! (`{kind, payload, result_key}`), following the node's route.
@@ -185,6 +186,10 @@ impl stepwell_guest::bindings::Guest for Hostile {
                 LEAKED.with(|l| l.borrow_mut().push(vec![1u8; bytes]));
                 Ok(plan())
             }
+            "echo_vars" => Ok(StepPlan {
+                complete_output: Some(input.vars.clone()),
+                ..plan()
+            }),
             "ok" => Ok(StepPlan {
                 complete_output: Some("{\"ok\":true}".into()),
                 ..plan()

@@ -1,0 +1,174 @@
+//! The on-disk cache of compiled components, trusted only when proven.
+//!
+//! Compiled code is native code: loading a file of it is as good as running
+//! whatever it holds. So the cache
+//!
+//! - lives in a directory this process's user owns and nobody else may
+//!   write: created `0700`, and refused (with an error naming it) when it
+//!   belongs to another user or is writable by group or others;
+//! - loads a file only when the SHA-256 of its bytes matches the digest
+//!   recorded when this host wrote it ([`CompiledDigests`]: in the run
+//!   store when the host has a SQLite store, else in a `<file>.sha256`
+//!   beside it), and deserializes those very bytes (never the file again);
+//!   a file that does not match is ignored and compiled anew;
+//! - writes through a temp file unique to the process and thread, synced
+//!   before it is renamed into place, and vouches for it only after.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::Component;
+use wasmtime::Engine;
+
+/// Where the digests of compiled files are kept: the host loads a cached
+/// file only if the SHA-256 of its bytes is the one recorded here when the
+/// file was written. Keep it somewhere at least as well guarded as the cache
+/// (the run store is: [`crate::SqliteStore`] implements this).
+pub trait CompiledDigests: Send + Sync + std::fmt::Debug {
+    /// The digest recorded for the compiled file `name`, if any.
+    fn vouched(&self, name: &str) -> Option<[u8; 32]>;
+    /// Records `digest` for the compiled file `name` (a failure only costs
+    /// a compilation later).
+    fn vouch(&self, name: &str, digest: &[u8; 32]);
+}
+
+/// Digests kept beside the cached files, as `<name>.sha256`.
+#[derive(Debug)]
+pub(crate) struct SidecarDigests {
+    dir: PathBuf,
+}
+
+impl CompiledDigests for SidecarDigests {
+    fn vouched(&self, name: &str) -> Option<[u8; 32]> {
+        let text = std::fs::read_to_string(self.dir.join(format!("{name}.sha256"))).ok()?;
+        hex::decode(text.trim()).ok()?.try_into().ok()
+    }
+
+    fn vouch(&self, name: &str, digest: &[u8; 32]) {
+        let _ = write_synced(
+            &self.dir.join(format!("{name}.sha256")),
+            hex::encode(digest).as_bytes(),
+        );
+    }
+}
+
+/// The compile cache of one engine.
+#[derive(Debug)]
+pub(crate) struct CompileCache {
+    dir: PathBuf,
+    digests: Arc<dyn CompiledDigests>,
+}
+
+impl CompileCache {
+    /// Opens (creating `0700` if needed) the cache directory `dir`, refusing
+    /// one this user does not own or others may write. `digests` keeps the
+    /// digests (`None`: beside the files).
+    pub fn open(dir: &Path, digests: Option<Arc<dyn CompiledDigests>>) -> Result<Self, String> {
+        create_private_dir(dir).map_err(|e| format!("cannot create the cache directory: {e}"))?;
+        check_private_dir(dir)?;
+        let digests = digests.unwrap_or_else(|| {
+            Arc::new(SidecarDigests {
+                dir: dir.to_path_buf(),
+            })
+        });
+        Ok(CompileCache {
+            dir: dir.to_path_buf(),
+            digests,
+        })
+    }
+
+    /// The compiled code of the component whose cache file is `name`, if
+    /// the cache holds a file the digests vouch for.
+    pub fn load(&self, engine: &Engine, name: &str) -> Option<Component> {
+        let bytes = std::fs::read(self.dir.join(name)).ok()?;
+        let vouched = self.digests.vouched(name)?;
+        let digest: [u8; 32] = Sha256::digest(&bytes).into();
+        if digest != vouched {
+            return None;
+        }
+        // SAFETY: these bytes are, digest for digest, what this host wrote
+        // with `Component::serialize` for an engine of this configuration
+        // (the name carries the compatibility hash; wasmtime checks its
+        // header and version too). They are deserialized from memory, so
+        // the file cannot change between the check and the load.
+        unsafe { Component::deserialize(engine, &bytes) }.ok()
+    }
+
+    /// Writes the compiled code of `component` as `name` and vouches for
+    /// it. The cache is an optimisation: a failure is not an error.
+    pub fn store(&self, name: &str, component: &Component) {
+        let Ok(bytes) = component.serialize() else {
+            return;
+        };
+        if write_synced(&self.dir.join(name), &bytes).is_ok() {
+            self.digests.vouch(name, &Sha256::digest(&bytes).into());
+        }
+    }
+}
+
+/// Writes `bytes` to `file` through a temp file unique to this process and
+/// call, synced before the rename that publishes it.
+fn write_synced(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.{}-{}.tmp",
+        file.file_name().and_then(|n| n.to_str()).unwrap_or("c"),
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, file)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+#[cfg(unix)]
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+#[cfg(not(unix))]
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)
+}
+
+/// Refuses a cache directory another user owns or others may write.
+#[cfg(unix)]
+fn check_private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir).map_err(|e| format!("cannot read: {e}"))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(format!(
+            "the cache directory belongs to user {}, not to this user ({me}): refusing to load compiled code from it",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "the cache directory is writable by others (mode {:o}): refusing to load compiled code from it (chmod go-w, or remove it)",
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_private_dir(_: &Path) -> Result<(), String> {
+    Ok(())
+}
