@@ -1302,7 +1302,50 @@ mod driver {
         assert_eq!(done.status, RunStatus::Completed, "{done:?}");
     }
 
+    fn async_children_that_start_themselves_stop_at_the_nesting_limit(b: Backend) {
+        // Each run starts two async children of its own workflow: a tree
+        // that doubles with every driver pass. A child is one run further
+        // down its parent's chain, async or not, so the tree stops at
+        // max_nesting levels.
+        let config = RuntimeConfig {
+            max_nesting: 3,
+            ..RuntimeConfig::default()
+        };
+        let h = Host::with_config(b, stepwell_tests::manual_clock(), config);
+        let spawn = |next: &str| {
+            json!({"effect": "start_subworkflow",
+                   "payload": {"workflow_id": "bomb", "async": true}, "next": next})
+        };
+        let wf = h.load_scratch(
+            "bomb",
+            &[(
+                "flow.json",
+                json!({"workflow_id": "bomb", "entry": "a", "nodes": {
+                    "a": spawn("b"), "b": spawn("done"), "done": {"complete": {}}}}),
+            )],
+        );
+        h.rt.run(&wf, StartOptions::default()).unwrap();
+        let mut passes = 0;
+        while h.rt.drive_once().unwrap().moved_anything() {
+            passes += 1;
+            assert!(passes < 20, "the tree kept growing");
+        }
+        let runs = h.rt.list_runs(&RunQuery::default()).unwrap();
+        // The root, and 2 + 4 + 8 children at depths 1 to 3; those at depth
+        // 3 cannot start any.
+        assert_eq!(runs.len(), 15, "{}", runs.len());
+        let failed: Vec<&RunState> = runs
+            .iter()
+            .filter(|r| r.status == RunStatus::Failed)
+            .collect();
+        assert_eq!(failed.len(), 8);
+        assert!(failed
+            .iter()
+            .all(|r| r.error.as_deref().unwrap().starts_with("limit_exceeded")));
+    }
+
     store_tests!(
+        async_children_that_start_themselves_stop_at_the_nesting_limit,
         listeners_that_answer_an_event_with_itself_end_bounded,
         a_sync_child_past_the_cascade_limit_is_left_to_the_driver,
         a_few_broken_due_runs_never_starve_the_driver,

@@ -286,7 +286,43 @@ fn state_an_instance_keeps_between_calls_never_fails_a_step(b: Backend) {
     );
 }
 
+fn a_tick_through_more_components_than_it_keeps_instances_of(b: Backend) {
+    // Ten different components (the hostile one, each copy made distinct by
+    // a custom section), called in turn, twice over, in one tick: the tick
+    // keeps a few instances and lets the least recently used go.
+    let h = host(b);
+    let bytes = std::fs::read(component("runaway/hostile.wasm")).unwrap();
+    let mut nodes = serde_json::Map::new();
+    for i in 0..20u8 {
+        let copy = i % 10;
+        let path = h.dir.path().join(format!("hostile-{copy}.wasm"));
+        if !path.exists() {
+            let mut distinct = bytes.clone();
+            // A custom section named "x" holding one byte.
+            distinct.extend_from_slice(&[0, 3, 1, b'x', copy]);
+            std::fs::write(&path, distinct).unwrap();
+        }
+        let next = if i == 19 {
+            "end".to_string()
+        } else {
+            format!("n{}", i + 1)
+        };
+        nodes.insert(
+            format!("n{i}"),
+            json!({"component": path, "config": {"mode": "spin", "iterations": 10}, "next": next}),
+        );
+    }
+    nodes.insert("end".into(), json!({"complete": {"done": true}}));
+    let flow = json!({"workflow_id": "hostile-many", "entry": "n0", "nodes": nodes});
+    let wf = h.load_scratch("many", &[("flow.json", flow)]);
+    let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+    let run = h.rt.tick(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(h.rt.get_ledger(&id).unwrap().len(), 21);
+}
+
 stepwell_tests::store_tests!(
+    a_tick_through_more_components_than_it_keeps_instances_of,
     state_an_instance_keeps_between_calls_never_fails_a_step,
     a_guest_that_never_returns_is_stopped_at_its_time_limit,
     the_runaway_example_fails_only_its_own_run,

@@ -32,6 +32,11 @@ pub(crate) struct Sessions {
 /// How many calls one instance serves before a fresh one is made.
 const CALLS_PER_SESSION: u32 = 10_000;
 
+/// How many instances one run's tick keeps (the least recently used goes
+/// first): every instance holds a slot of the engine's pool while it is
+/// kept, and runs nested inside a step keep theirs too.
+const SESSIONS_PER_TICK: usize = 4;
+
 impl Sessions {
     fn call(
         &mut self,
@@ -50,17 +55,27 @@ impl Sessions {
             Some(i) if self.by_component[i].calls() < CALLS_PER_SESSION => i,
             found => {
                 if let Some(i) = found {
-                    self.by_component.swap_remove(i);
+                    self.by_component.remove(i);
+                }
+                if self.by_component.len() >= SESSIONS_PER_TICK {
+                    self.by_component.remove(0);
                 }
                 self.by_component.push(component.session()?);
                 self.by_component.len() - 1
             }
         };
+        // Most recently used last.
+        let last = self.by_component.len() - 1;
+        if i != last {
+            let used = self.by_component.remove(i);
+            self.by_component.push(used);
+        }
+        let i = last;
         let reused = self.by_component[i].calls() > 0;
         let out = self.by_component[i].call(call);
         if let Err(err) = &out {
             // Whatever went wrong, the next call gets a fresh instance.
-            self.by_component.swap_remove(i);
+            self.by_component.remove(i);
             // What an earlier call left in the instance (a leak that reaches
             // the memory limit, say) must not fail this step: the step is
             // tried once more on a fresh instance, whose answer stands. A
@@ -180,6 +195,9 @@ impl Runtime {
         let wf = self.workflow(&run.workflow_id)?;
         // A run left to the driver in the middle of a chain continues it at
         // the depth it was left at (the first commit forgets the note).
+        // A step not nested inside another run's starts a new count of the
+        // runs it executes inline (whatever depth the run continues at).
+        let top = depth == 0;
         let depth = match super::keys::take_cascade_depth(&mut run) {
             Some(d) => depth.max(d),
             None => depth,
@@ -192,7 +210,7 @@ impl Runtime {
         {
             // Keep the lease through this commit if another step follows.
             txn.keep = steps + 1 < max_steps || node_visits(&run) + 1 >= limit;
-            if depth == 0 {
+            if top {
                 super::cascade::start();
             }
             let records = std::mem::take(&mut pending);

@@ -224,10 +224,10 @@ impl EffectHandler for StartSubworkflow {
             None if is_async => OnChildFailure::Data,
             None => OnChildFailure::Fail,
         };
-        if !is_async {
-            if let Some(limit) = cx.check_depth(k) {
-                return Ok(limit);
-            }
+        // Async children count too: a child (async or not) is one run
+        // further down the chain its parent is in.
+        if let Some(limit) = cx.check_depth(k) {
+            return Ok(limit);
         }
         let run_id = match field!(opt_str(k, p, "run_id")) {
             Some(id) => id.to_string(),
@@ -245,7 +245,7 @@ impl EffectHandler for StartSubworkflow {
         // driver runs it (at the depth it would have had here).
         let inline = !is_async && cx.take_inline();
         let mut runtime = Map::new();
-        if !is_async && !inline {
+        if !inline {
             runtime.insert(crate::core::keys::CASCADE_DEPTH.into(), json!(cx.depth + 1));
         }
         let options = StartOptions {

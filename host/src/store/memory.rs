@@ -56,26 +56,43 @@ impl MemoryStore {
     }
 }
 
-/// One run's ledger: its records, the first `linked` of which carry their
-/// hashes.
+/// Records per chunk of a ledger: a ledger grows by whole chunks, so a long
+/// one is never copied to grow.
+const CHUNK: usize = 256;
+
+/// One run's ledger: its records in chunks, the first `linked` of which
+/// carry their hashes.
 #[derive(Debug, Default)]
 struct Ledger {
-    records: Vec<StepRecord>,
+    chunks: Vec<Vec<StepRecord>>,
+    len: usize,
     linked: usize,
 }
 
 impl Ledger {
-    /// Links the records not linked yet, and returns all of them.
-    fn read(&mut self) -> &[StepRecord] {
+    fn push(&mut self, record: StepRecord) {
+        match self.chunks.last_mut() {
+            Some(chunk) if chunk.len() < CHUNK => chunk.push(record),
+            _ => {
+                let mut chunk = Vec::with_capacity(CHUNK);
+                chunk.push(record);
+                self.chunks.push(chunk);
+            }
+        }
+        self.len += 1;
+    }
+
+    /// Links the records not linked yet, and returns those from `from` on.
+    fn read_from(&mut self, from: usize) -> Vec<StepRecord> {
         let mut head = self
             .linked
             .checked_sub(1)
-            .and_then(|i| self.records[i].record_hash.clone());
-        for r in &mut self.records[self.linked..] {
-            link(&mut head, r);
+            .and_then(|i| self.chunks[i / CHUNK][i % CHUNK].record_hash.clone());
+        for i in self.linked..self.len {
+            link(&mut head, &mut self.chunks[i / CHUNK][i % CHUNK]);
         }
-        self.linked = self.records.len();
-        &self.records
+        self.linked = self.len;
+        self.chunks.iter().flatten().skip(from).cloned().collect()
     }
 }
 
@@ -85,7 +102,76 @@ fn append_chained(ledgers: &mut HashMap<String, Ledger>, records: &[StepRecord])
             ledgers.insert(r.run_id.clone(), Ledger::default());
         }
         let ledger = ledgers.get_mut(&r.run_id).expect("inserted above");
-        ledger.records.push(r.clone());
+        ledger.push(r.clone());
+    }
+}
+
+/// Makes `stored` equal to `run`, reusing what it already holds: a commit
+/// usually changes a few vars of a run, and copying the rest again would
+/// cost most of an in-memory step.
+fn update_run(stored: &mut RunState, run: &RunState) {
+    // Every field, by name: a field added to RunState must be added here.
+    let RunState {
+        version,
+        run_id,
+        workflow_id,
+        status,
+        current_node,
+        vars,
+        waiting,
+        output,
+        error,
+        created_at,
+        updated_at,
+        actor_id,
+        session_id,
+        parent_run_id,
+    } = run;
+    stored.version = *version;
+    stored.run_id.clone_from(run_id);
+    stored.workflow_id.clone_from(workflow_id);
+    stored.status = *status;
+    stored.current_node.clone_from(current_node);
+    update_map(&mut stored.vars, vars);
+    stored.waiting.clone_from(waiting);
+    match (&mut stored.output, output) {
+        (Some(d), Some(s)) => update_value(d, s),
+        (d, s) => d.clone_from(s),
+    }
+    stored.error.clone_from(error);
+    stored.created_at.clone_from(created_at);
+    stored.updated_at.clone_from(updated_at);
+    stored.actor_id.clone_from(actor_id);
+    stored.session_id.clone_from(session_id);
+    stored.parent_run_id.clone_from(parent_run_id);
+}
+
+fn update_map(
+    dst: &mut serde_json::Map<String, serde_json::Value>,
+    src: &serde_json::Map<String, serde_json::Value>,
+) {
+    if dst.len() != src.len() || dst.keys().zip(src.keys()).any(|(a, b)| a != b) {
+        dst.retain(|k, _| src.contains_key(k));
+    }
+    for (k, v) in src {
+        match dst.get_mut(k) {
+            Some(d) => update_value(d, v),
+            None => {
+                dst.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+fn update_value(dst: &mut serde_json::Value, src: &serde_json::Value) {
+    use serde_json::Value;
+    match (dst, src) {
+        (Value::Object(d), Value::Object(s)) => update_map(d, s),
+        (d, s) => {
+            if *d != *s {
+                *d = s.clone();
+            }
+        }
     }
 }
 
@@ -221,10 +307,10 @@ impl Store for MemoryStore {
             _ => None,
         };
         append_chained(&mut t.ledgers, records);
-        let committed = t.ledgers.get(&run.run_id).map_or(0, |l| l.records.len());
+        let committed = t.ledgers.get(&run.run_id).map_or(0, |l| l.len);
         match t.runs.get_mut(&run.run_id) {
             Some(slot) => {
-                slot.run = run.clone();
+                update_run(&mut slot.run, run);
                 slot.committed = committed;
                 slot.defer = None;
                 match (renew, slot.lease.as_mut()) {
@@ -268,13 +354,13 @@ impl Store for MemoryStore {
         let before: Vec<(String, usize)> = records
             .iter()
             .map(|r| {
-                let len = t.ledgers.get(&r.run_id).map_or(0, |l| l.records.len());
+                let len = t.ledgers.get(&r.run_id).map_or(0, |l| l.len);
                 (r.run_id.clone(), len)
             })
             .collect();
         append_chained(&mut t.ledgers, records);
         for (id, len) in before {
-            let now = t.ledgers.get(&id).map_or(0, |l| l.records.len());
+            let now = t.ledgers.get(&id).map_or(0, |l| l.len);
             if let Some(slot) = t.runs.get_mut(&id) {
                 if slot.committed == len {
                     slot.committed = now;
@@ -289,7 +375,7 @@ impl Store for MemoryStore {
         let from = t.runs.get(run_id).map_or(0, |s| s.committed);
         Ok(t.ledgers
             .get_mut(run_id)
-            .map(|l| l.read().get(from..).unwrap_or_default().to_vec())
+            .map(|l| l.read_from(from))
             .unwrap_or_default())
     }
 
@@ -299,7 +385,7 @@ impl Store for MemoryStore {
             .lock()
             .ledgers
             .get_mut(run_id)
-            .map(|l| l.read().to_vec())
+            .map(|l| l.read_from(0))
             .unwrap_or_default())
     }
 
