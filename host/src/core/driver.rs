@@ -283,6 +283,6 @@ impl Runtime {
         run.error = Some(message);
         run.updated_at = now;
         txn.keep = false;
-        txn.commit(&[record], run)
+        txn.commit(vec![record], run)
     }
 }

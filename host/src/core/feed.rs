@@ -25,6 +25,11 @@ impl Runtime {
     }
 
     /// Hands `records` to the subscribers that want them.
+    /// Whether anyone follows the records as they are committed.
+    pub(crate) fn has_subscribers(&self) -> bool {
+        !self.inner.subscribers.lock().is_empty()
+    }
+
     pub(crate) fn publish(&self, records: &[StepRecord]) {
         let mut subscribers = self.inner.subscribers.lock();
         if !subscribers.is_empty() {

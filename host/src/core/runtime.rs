@@ -362,26 +362,31 @@ impl Runtime {
     /// the records to the subscribers.
     pub(crate) fn store_commit(
         &self,
-        records: &[StepRecord],
+        records: Vec<StepRecord>,
         run: &RunState,
         fence: Fence<'_>,
         after: LeaseAfter,
     ) -> Result<()> {
         match &self.inner.offloader {
-            None => self.store().commit(records, run, fence, after)?,
+            // Nobody to show the records to after: the store may keep them.
+            None if !self.has_subscribers() => {
+                self.store().commit_owned(records, run, fence, after)?;
+                return Ok(());
+            }
+            None => self.store().commit(&records, run, fence, after)?,
             Some(o) => {
                 let now = run.updated_at.clone();
-                let stored_records = o.offload_records(records, &now)?;
+                let stored_records = o.offload_records(&records, &now)?;
                 let stored_run = o.offload_run(run, &now)?;
                 self.store().commit(
-                    stored_records.as_deref().unwrap_or(records),
+                    stored_records.as_deref().unwrap_or(&records),
                     stored_run.as_ref().unwrap_or(run),
                     fence,
                     after,
                 )?;
             }
         }
-        self.publish(records);
+        self.publish(&records);
         Ok(())
     }
 
@@ -735,7 +740,7 @@ impl Runtime {
             }
             run.version = expected + 1;
             let fence = Fence::unleased(expected);
-            match self.store_commit(&[record], &run, fence, LeaseAfter::Release) {
+            match self.store_commit(vec![record], &run, fence, LeaseAfter::Release) {
                 Ok(()) => break run,
                 Err(Error::Store(e)) if e.is_conflict() && attempts < 20 => {
                     attempts += 1;

@@ -75,7 +75,7 @@ impl Runtime {
             ..self.record(&run, run.current_node.clone(), &now)
         };
         txn.keep = false;
-        txn.commit(&[record], &mut run)?;
+        txn.commit(vec![record], &mut run)?;
         Ok(run)
     }
 }

@@ -188,7 +188,7 @@ impl Runtime {
         if run.status != RunStatus::Running || max_steps == 0 {
             if !pending.is_empty() || !txn.exists() {
                 txn.keep = false;
-                txn.commit(&pending, &mut run)?;
+                txn.commit(pending, &mut run)?;
             }
             return Ok(run);
         }
@@ -248,7 +248,7 @@ impl Runtime {
             // The panic came before the run's first commit: it never existed.
             return Ok(run);
         }
-        txn.commit(&[record], &mut run)?;
+        txn.commit(vec![record], &mut run)?;
         Ok(run)
     }
 
@@ -317,7 +317,7 @@ impl Runtime {
             let keep = txn.keep;
             txn.keep = true;
             let pending = std::mem::take(&mut records);
-            txn.commit(&pending, run)?;
+            txn.commit(pending, run)?;
             txn.keep = keep;
         }
         count_visit(run);
@@ -378,7 +378,7 @@ impl Runtime {
             });
             go(run, target, None);
             run.updated_at = started_at;
-            return txn.commit(&records, run);
+            return txn.commit(records, run);
         };
 
         if let Some(key) = effect.result_key.as_deref().filter(|k| is_host_owned(k)) {
@@ -524,7 +524,7 @@ impl Runtime {
             records.clear();
         }
         run.updated_at = ended_at;
-        txn.commit(&records, run)
+        txn.commit(records, run)
     }
 
     /// Asks the node for its plan.
@@ -649,7 +649,7 @@ impl Runtime {
             ),
         });
         run.updated_at = ended_at.to_string();
-        txn.commit(&records, run)
+        txn.commit(records, run)
     }
 
     /// Fails the run at a node, before or without an effect.
@@ -670,7 +670,7 @@ impl Runtime {
             ..self.record(run, node_id, started_at)
         });
         fail(run, msg, started_at);
-        txn.commit(&records, run)
+        txn.commit(records, run)
     }
 
     /// Fails the run because its effect failed; the step's vars patch is
@@ -703,7 +703,7 @@ impl Runtime {
         }
         set_attempt(run, 1);
         fail(run, msg, ended_at);
-        txn.commit(&records, run)
+        txn.commit(records, run)
     }
 }
 

@@ -373,7 +373,7 @@ impl RunTxn<'_> {
     /// running, else giving it up. A fence that no longer holds (another
     /// writer got there first) is [`Error::Conflict`], and nothing was
     /// written.
-    pub fn commit(&mut self, records: &[StepRecord], run: &mut RunState) -> Result<()> {
+    pub fn commit(&mut self, records: Vec<StepRecord>, run: &mut RunState) -> Result<()> {
         let keep = self.keep && run.status == RunStatus::Running;
         let keeper = self.rt.keeper();
         let after = if keep {

@@ -54,6 +54,52 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// A commit of records it may keep as they are.
+    fn commit_records(
+        &self,
+        records: impl IntoIterator<Item = StepRecord>,
+        run: &RunState,
+        fence: Fence<'_>,
+        lease: LeaseAfter,
+    ) -> Result<(), StoreError> {
+        check_next_version(run, &fence)?;
+        let mut t = self.tables.lock();
+        t.check(&run.run_id, &fence)?;
+        let renew = match (lease, fence.holder) {
+            (LeaseAfter::Renew(until), Some(h)) => Some((h, until)),
+            _ => None,
+        };
+        append_owned(&mut t.ledgers, records);
+        let committed = t.ledgers.get(&run.run_id).map_or(0, |l| l.len);
+        match t.runs.get_mut(&run.run_id) {
+            Some(slot) => {
+                update_run(&mut slot.run, run);
+                slot.committed = committed;
+                slot.defer = None;
+                match (renew, slot.lease.as_mut()) {
+                    (Some((h, until)), Some(held)) if held.0 == h => held.1 = until,
+                    (Some((h, until)), _) => slot.lease = Some((h.to_string(), until)),
+                    (None, _) => slot.lease = None,
+                }
+            }
+            None => {
+                t.next_seq += 1;
+                let seq = t.next_seq;
+                t.runs.insert(
+                    run.run_id.clone(),
+                    Slot {
+                        seq,
+                        run: run.clone(),
+                        lease: renew.map(|(h, until)| (h.to_string(), until)),
+                        committed,
+                        defer: None,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Records per chunk of a ledger: a ledger grows by whole chunks, so a long
@@ -97,12 +143,23 @@ impl Ledger {
 }
 
 fn append_chained(ledgers: &mut HashMap<String, Ledger>, records: &[StepRecord]) {
+    append_owned(ledgers, records.iter().cloned());
+}
+
+fn append_owned(
+    ledgers: &mut HashMap<String, Ledger>,
+    records: impl IntoIterator<Item = StepRecord>,
+) {
     for r in records {
-        if !ledgers.contains_key(&r.run_id) {
-            ledgers.insert(r.run_id.clone(), Ledger::default());
+        match ledgers.get_mut(&r.run_id) {
+            Some(ledger) => ledger.push(r),
+            None => {
+                let mut ledger = Ledger::default();
+                let id = r.run_id.clone();
+                ledger.push(r);
+                ledgers.insert(id, ledger);
+            }
         }
-        let ledger = ledgers.get_mut(&r.run_id).expect("inserted above");
-        ledger.push(r.clone());
     }
 }
 
@@ -299,42 +356,17 @@ impl Store for MemoryStore {
         fence: Fence<'_>,
         lease: LeaseAfter,
     ) -> Result<(), StoreError> {
-        check_next_version(run, &fence)?;
-        let mut t = self.tables.lock();
-        t.check(&run.run_id, &fence)?;
-        let renew = match (lease, fence.holder) {
-            (LeaseAfter::Renew(until), Some(h)) => Some((h, until)),
-            _ => None,
-        };
-        append_chained(&mut t.ledgers, records);
-        let committed = t.ledgers.get(&run.run_id).map_or(0, |l| l.len);
-        match t.runs.get_mut(&run.run_id) {
-            Some(slot) => {
-                update_run(&mut slot.run, run);
-                slot.committed = committed;
-                slot.defer = None;
-                match (renew, slot.lease.as_mut()) {
-                    (Some((h, until)), Some(held)) if held.0 == h => held.1 = until,
-                    (Some((h, until)), _) => slot.lease = Some((h.to_string(), until)),
-                    (None, _) => slot.lease = None,
-                }
-            }
-            None => {
-                t.next_seq += 1;
-                let seq = t.next_seq;
-                t.runs.insert(
-                    run.run_id.clone(),
-                    Slot {
-                        seq,
-                        run: run.clone(),
-                        lease: renew.map(|(h, until)| (h.to_string(), until)),
-                        committed,
-                        defer: None,
-                    },
-                );
-            }
-        }
-        Ok(())
+        self.commit_records(records.iter().cloned(), run, fence, lease)
+    }
+
+    fn commit_owned(
+        &self,
+        records: Vec<StepRecord>,
+        run: &RunState,
+        fence: Fence<'_>,
+        lease: LeaseAfter,
+    ) -> Result<(), StoreError> {
+        self.commit_records(records, run, fence, lease)
     }
 
     fn append_ahead(&self, records: &[StepRecord], fence: Fence<'_>) -> Result<(), StoreError> {

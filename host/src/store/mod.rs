@@ -542,6 +542,19 @@ pub trait Store: Send + Sync {
         lease: LeaseAfter,
     ) -> Result<(), StoreError>;
 
+    /// [`Store::commit`] with the records handed over: a store that keeps
+    /// records as they are (the memory store) takes them without a copy.
+    /// The default commits a borrow of them.
+    fn commit_owned(
+        &self,
+        records: Vec<StepRecord>,
+        run: &RunState,
+        fence: Fence<'_>,
+        lease: LeaseAfter,
+    ) -> Result<(), StoreError> {
+        self.commit(&records, run, fence, lease)
+    }
+
     /// Appends records ahead of the commit that will make their transition
     /// true (an effect on other runs or on the outside world records what it
     /// did as soon as it did it), if `fence` still holds.
