@@ -681,6 +681,26 @@ fn ended_children_and_orphans_are_found(b: Backend) {
     assert_eq!(f.store.list_orphans(10).unwrap(), ["orphan"]);
 }
 
+fn a_null_result_is_kept_and_its_hash_holds(b: Backend) {
+    let f = fixture(b);
+    let mut null = record("r1", 1, None);
+    null.result = Some(json!(null));
+    let none = StepRecord {
+        result: None,
+        ..record("r1", 2, None)
+    };
+    f.store.append_records(&[null, none]).unwrap();
+    let stored = f.store.list_records("r1").unwrap();
+    assert_eq!(stored[0].result, Some(json!(null)));
+    assert_eq!(stored[1].result, None);
+    assert!(stepwell::store::verify_chain(&stored).is_ok());
+    if let Some(again) = (f.backend != Backend::Memory).then(|| open(f.backend, f.dir.path())) {
+        let reread = again.list_records("r1").unwrap();
+        assert_eq!(reread[0].result, Some(json!(null)));
+        assert!(stepwell::store::verify_chain(&reread).is_ok());
+    }
+}
+
 fn ledgers_append_in_order_per_run(b: Backend) {
     let f = fixture(b);
     f.store
@@ -873,6 +893,7 @@ store_tests!(
     quarantined_runs_are_set_aside,
     ended_children_and_orphans_are_found,
     ledgers_append_in_order_per_run,
+    a_null_result_is_kept_and_its_hash_holds,
     identical_records_of_successive_commits_all_land,
     evidence_appended_ahead_stays_through_the_next_commit,
     records_appended_since_the_last_commit_are_ahead,

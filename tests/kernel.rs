@@ -1344,7 +1344,50 @@ mod driver {
             .all(|r| r.error.as_deref().unwrap().starts_with("limit_exceeded")));
     }
 
+    fn parents_that_cannot_be_resumed_do_not_starve_the_others(b: Backend) {
+        // Six parents whose workflow is gone wait on children that ended,
+        // one good parent too; a pass takes four. Each broken parent is set
+        // aside after it fails, so the good one is resumed in the second
+        // pass.
+        let clock = stepwell_tests::manual_clock();
+        let config = RuntimeConfig {
+            drive_batch: 4,
+            ..RuntimeConfig::default()
+        };
+        let h = Host::with_config(b, clock.clone(), config.clone());
+        h.load("hello");
+        let parent = |id: &str| {
+            json!({"workflow_id": id, "entry": "start", "nodes": {
+                "start": {"effect": "start_subworkflow",
+                          "payload": {"workflow_id": "hello", "async": true, "wait": true},
+                          "result_key": "child", "next": "done"},
+                "done": {"complete": {"$var": "child.status"}}}})
+        };
+        let broken = h.load_scratch("broken", &[("flow.json", parent("broken-parent"))]);
+        let good = h.load_scratch("good", &[("flow.json", parent("good-parent"))]);
+        for _ in 0..6 {
+            h.rt.run(&broken, StartOptions::default()).unwrap();
+        }
+        let fine = h.rt.run(&good, StartOptions::default()).unwrap().run_id;
+        // The children run (two passes of four); the parents are not
+        // resumed yet by this runtime's passes only because the test
+        // deletes the broken bundle first.
+        for _ in 0..2 {
+            for id in h.store.list_claimable(chrono::Utc::now(), 100).unwrap() {
+                h.rt.tick(&id).unwrap();
+            }
+        }
+        std::fs::remove_dir_all(h.dir.path().join("broken")).unwrap();
+        let rt = h.runtime(Some(clock.clone()), config);
+        let first = rt.drive_once().unwrap();
+        assert_eq!(first.errors.len(), 4, "{first:?}");
+        let second = rt.drive_once().unwrap();
+        assert_eq!(second.parents_resumed, vec![fine.clone()], "{second:?}");
+        assert_eq!(rt.get_state(&fine).unwrap().status, RunStatus::Completed);
+    }
+
     store_tests!(
+        parents_that_cannot_be_resumed_do_not_starve_the_others,
         async_children_that_start_themselves_stop_at_the_nesting_limit,
         listeners_that_answer_an_event_with_itself_end_bounded,
         a_sync_child_past_the_cascade_limit_is_left_to_the_driver,
@@ -2045,4 +2088,313 @@ mod review_fixes {
         assert_eq!(p.backoff(65), std::time::Duration::from_secs(3600));
         assert_eq!(p.backoff(u32::MAX), std::time::Duration::from_secs(3600));
     }
+}
+
+mod limits {
+    //! What bounds a run's data, its children and its share of the driver,
+    //! and what happens when the host itself fails in a step.
+    use super::*;
+    use stepwell::{EffectClass, EffectCx, EffectHandler, Outcome, RuntimeConfig};
+
+    fn one_flow(h: &Host, name: &str, nodes: Value, entry: &str) -> String {
+        h.load_scratch(
+            name,
+            &[(
+                "flow.json",
+                json!({"workflow_id": name, "entry": entry, "nodes": nodes}),
+            )],
+        )
+    }
+
+    fn vars_that_double_every_step_fail_the_run(b: Backend) {
+        // Two vars_query nodes copy all the vars into one var, in turn: the
+        // vars double every step, with no guest involved.
+        let h = Host::new(b);
+        let q = |key: &str, next: &str| {
+            json!({"effect": "vars_query", "payload": {"paths": ["a", "b", "seed"]},
+                   "result_key": key, "next": next})
+        };
+        let wf = one_flow(
+            &h,
+            "doubling",
+            json!({"a": q("a", "b"), "b": q("b", "a")}),
+            "a",
+        );
+        let id = start(&h, &wf, json!({"seed": "x".repeat(1000)}));
+        let run = h.rt.tick(&id).unwrap();
+        assert_eq!(run.status, RunStatus::Failed, "{:?}", run.status);
+        let error = run.error.unwrap();
+        assert!(error.starts_with("state_too_large"), "{error}");
+        let steps = h.rt.get_ledger(&id).unwrap().len();
+        assert!(steps < 200, "stopped early: {steps} records");
+    }
+
+    fn a_run_has_a_budget_of_data(b: Backend) {
+        // Each resume brings 600 KB; the run may take 2 MB of data in all.
+        let config = RuntimeConfig {
+            max_run_data_bytes: 2 << 20,
+            ..RuntimeConfig::default()
+        };
+        let h = Host::with_config(b, manual_clock(), config);
+        let ask = |next: &str| {
+            json!({"effect": "ask_user", "payload": {"prompt": "more?", "wait_key": "more"},
+                   "result_key": "answer", "next": next})
+        };
+        let wf = one_flow(
+            &h,
+            "hungry",
+            json!({"ask": ask("again"), "again": ask("ask")}),
+            "ask",
+        );
+        let id = start(&h, &wf, json!({}));
+        h.rt.tick(&id).unwrap();
+        let big = json!({"text": "y".repeat(600_000)});
+        let mut last = None;
+        for _ in 0..6 {
+            let run = h.rt.resume(&id, "more", big.clone()).unwrap();
+            if run.status == RunStatus::Failed {
+                last = run.error;
+                break;
+            }
+        }
+        let error = last.expect("the run failed within 6 resumes");
+        assert!(error.starts_with("limit_exceeded"), "{error}");
+        assert!(error.contains("max_run_data_bytes"), "{error}");
+    }
+
+    fn values_that_nest_too_deep_are_refused_at_the_door(b: Backend) {
+        let h = Host::new(b);
+        let wf = h.load("ask-user");
+        let mut deep = json!(1);
+        for _ in 0..70 {
+            deep = json!([deep]);
+        }
+        // At start.
+        let err =
+            h.rt.start(
+                &wf,
+                StartOptions {
+                    vars: vars(json!({"x": deep})),
+                    ..StartOptions::default()
+                },
+            )
+            .unwrap_err();
+        assert_eq!(err.reason_code(), "invalid_input");
+        assert!(err.to_string().contains("vars.x"), "{err}");
+        // In a resume payload: refused, and the run still waits.
+        let id = start(&h, &wf, json!({}));
+        let key = h.rt.tick(&id).unwrap().waiting.unwrap().wait_key;
+        let err = h.rt.resume(&id, &key, json!({"text": deep})).unwrap_err();
+        assert_eq!(err.reason_code(), "invalid_input");
+        assert_eq!(h.rt.get_state(&id).unwrap().status, RunStatus::Waiting);
+        // A flow's result key of too many parts is refused when loaded.
+        let key = vec!["k"; 40].join(".");
+        let dir = stepwell_tests::write_bundle(
+            h.dir.path(),
+            "long-key",
+            &[(
+                "flow.json",
+                json!({"workflow_id": "long-key", "entry": "a", "nodes": {
+                    "a": {"effect": "ask_user", "payload": {"prompt": "?"}, "result_key": key}}}),
+            )],
+        );
+        let err = h.rt.load_bundle(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains("result_key") && err.contains("dotted parts"),
+            "{err}"
+        );
+        // A flow file of more than 4 MiB is refused before it is parsed.
+        let big = h.dir.path().join("big");
+        std::fs::create_dir_all(&big).unwrap();
+        std::fs::write(big.join("flow.json"), " ".repeat(5 << 20)).unwrap();
+        let err = h.rt.load_bundle(&big).unwrap_err().to_string();
+        assert!(err.contains("over the limit"), "{err}");
+    }
+
+    fn a_self_starting_tree_stops_at_the_nesting_limit_even_across_waits(b: Backend) {
+        // Each run waits a moment, then starts an async child of its own
+        // workflow: waiting does not reset how many runs are above it.
+        let config = RuntimeConfig {
+            max_nesting: 4,
+            ..RuntimeConfig::default()
+        };
+        let clock = manual_clock();
+        let h = Host::with_config(b, clock.clone(), config);
+        let wf = one_flow(
+            &h,
+            "patient",
+            json!({
+                "nap": {"effect": "wait_until", "payload": {"seconds": 1}, "next": "spawn"},
+                "spawn": {"effect": "start_subworkflow",
+                          "payload": {"workflow_id": "patient", "async": true}, "next": "done"},
+                "done": {"complete": {}}}),
+            "nap",
+        );
+        h.rt.run(&wf, StartOptions::default()).unwrap();
+        for _ in 0..20 {
+            clock.advance(chrono::Duration::seconds(2));
+            h.rt.drive_once().unwrap();
+        }
+        let runs = h.rt.list_runs(&RunQuery::default()).unwrap();
+        assert_eq!(runs.len(), 5, "the root and four generations");
+        let failed: Vec<&RunState> = runs
+            .iter()
+            .filter(|r| r.status == RunStatus::Failed)
+            .collect();
+        assert_eq!(failed.len(), 1);
+        assert!(
+            failed[0]
+                .error
+                .as_deref()
+                .unwrap()
+                .contains("runs above it"),
+            "{:?}",
+            failed[0].error
+        );
+    }
+
+    fn a_run_may_start_only_so_many_children(b: Backend) {
+        let config = RuntimeConfig {
+            max_children_per_run: 5,
+            ..RuntimeConfig::default()
+        };
+        let h = Host::with_config(b, manual_clock(), config);
+        h.load("hello");
+        let wf = one_flow(
+            &h,
+            "spawner",
+            json!({"spawn": {"effect": "start_subworkflow",
+                             "payload": {"workflow_id": "hello", "async": true}, "next": "spawn"}}),
+            "spawn",
+        );
+        let run = h.rt.run(&wf, StartOptions::default()).unwrap();
+        assert_eq!(run.status, RunStatus::Failed);
+        assert!(
+            run.error
+                .as_deref()
+                .unwrap()
+                .contains("max_children_per_run"),
+            "{:?}",
+            run.error
+        );
+        let children =
+            h.rt.list_runs(&RunQuery {
+                parent_run_id: Some(run.run_id.clone()),
+                ..RunQuery::default()
+            })
+            .unwrap();
+        assert_eq!(children.len(), 5);
+    }
+
+    fn slow_steps_of_one_run_leave_time_for_the_others(b: Backend) {
+        // With 20 ms a run per pass, a chain of slow steps gives way after
+        // a step or two, and every run of the pass gets its turn.
+        let config = RuntimeConfig {
+            drive_time_per_run: std::time::Duration::from_millis(20),
+            ..RuntimeConfig::default()
+        };
+        let h = Host::with_config(b, manual_clock(), config);
+        let spin = json!({"component": component("runaway/hostile.wasm"),
+                          "config": {"mode": "spin", "iterations": 60_000_000u64}});
+        let mut nodes = serde_json::Map::new();
+        for i in 0..10 {
+            let mut node = spin.clone();
+            node["next"] = json!(if i < 9 {
+                format!("s{}", i + 1)
+            } else {
+                "end".into()
+            });
+            nodes.insert(format!("s{i}"), node);
+        }
+        nodes.insert("end".into(), json!({"complete": {}}));
+        let wf = one_flow(&h, "slow", Value::Object(nodes), "s0");
+        let ids: Vec<String> = (0..3)
+            .map(|_| h.rt.start(&wf, StartOptions::default()).unwrap())
+            .collect();
+        let report = h.rt.drive_once().unwrap();
+        assert_eq!(report.ticked.len(), 3, "{report:?}");
+        for id in &ids {
+            let run = h.rt.get_state(id).unwrap();
+            assert_eq!(
+                run.status,
+                RunStatus::Running,
+                "every run got a turn, none all of it"
+            );
+        }
+    }
+
+    /// An effect whose execution panics: a bug in the host, not in a flow.
+    struct Explode;
+
+    impl EffectHandler for Explode {
+        fn kind(&self) -> &str {
+            "explode"
+        }
+        fn class(&self) -> EffectClass {
+            EffectClass::Pure
+        }
+        fn execute(
+            &self,
+            _: &EffectCx<'_>,
+            _: &serde_json::Map<String, Value>,
+            _: Option<&Value>,
+        ) -> stepwell::Result<Outcome> {
+            panic!("the effect blew up");
+        }
+    }
+
+    fn a_panic_in_a_step_fails_that_run_and_the_host_goes_on(b: Backend) {
+        let h = Host::new(b);
+        let rt = Runtime::builder(h.store.clone())
+            .engine(h.rt.engine().clone())
+            .effect(std::sync::Arc::new(Explode))
+            .build()
+            .unwrap();
+        let dir = stepwell_tests::write_bundle(
+            h.dir.path(),
+            "explode",
+            &[(
+                "flow.json",
+                json!({"workflow_id": "explode", "entry": "boom", "nodes": {
+                    "boom": {"effect": "explode", "payload": {}, "next": "done"},
+                    "done": {"complete": {}}}}),
+            )],
+        );
+        rt.load_bundle(&dir).unwrap();
+        let id = rt.start("explode", StartOptions::default()).unwrap();
+        let run = rt.tick(&id).unwrap();
+        assert_eq!(run.status, RunStatus::Failed);
+        let error = run.error.unwrap();
+        assert!(
+            error.starts_with("host_panic") && error.contains("the effect blew up"),
+            "{error}"
+        );
+        let ledger = rt.get_ledger(&id).unwrap();
+        let last = ledger.last().unwrap();
+        assert_eq!(last.status, StepStatus::Failed);
+        assert_eq!(last.error.as_deref(), Some(error.as_str()));
+        assert_eq!(rt.get_state(&id).unwrap().status, RunStatus::Failed);
+        // The same runtime goes on.
+        rt.load_bundle(&stepwell_tests::example("hello")).unwrap();
+        let hello = rt
+            .run(
+                "hello",
+                StartOptions {
+                    vars: vars(json!({"name": "after"})),
+                    ..StartOptions::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(hello.status, RunStatus::Completed);
+    }
+
+    store_tests!(
+        vars_that_double_every_step_fail_the_run,
+        a_run_has_a_budget_of_data,
+        values_that_nest_too_deep_are_refused_at_the_door,
+        a_self_starting_tree_stops_at_the_nesting_limit_even_across_waits,
+        a_run_may_start_only_so_many_children,
+        slow_steps_of_one_run_leave_time_for_the_others,
+        a_panic_in_a_step_fails_that_run_and_the_host_goes_on,
+    );
 }

@@ -194,6 +194,63 @@ fn a_sqlite_host_keeps_the_cache_digests_in_its_store() {
     assert_eq!(greets(rt.engine(), "Bob"), "Hello, Bob!");
 }
 
+#[test]
+fn a_child_that_cannot_be_read_is_set_aside_and_its_parent_learns_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.sqlite");
+    let spec = stepwell::host::StoreSpec::Sqlite(db.clone());
+    let rt = stepwell::host::open_runtime(&spec, &Default::default()).unwrap();
+    let dir_bundle = stepwell_tests::write_bundle(
+        dir.path(),
+        "parent",
+        &[
+            (
+                "flow.json",
+                json!({"workflow_id": "parent", "entry": "start", "nodes": {
+                    "start": {"effect": "start_subworkflow",
+                              "payload": {"workflow_id": "asker", "async": true, "wait": true},
+                              "result_key": "child", "next": "done"},
+                    "done": {"complete": {"$var": "child.status"}}}}),
+            ),
+            (
+                "asker.flow.json",
+                json!({"workflow_id": "asker", "entry": "ask", "nodes": {
+                    "ask": {"effect": "ask_user", "payload": {"prompt": "?"}}}}),
+            ),
+        ],
+    );
+    rt.load_bundle(&dir_bundle).unwrap();
+    let parent = rt.run("parent", StartOptions::default()).unwrap();
+    let child = parent.waiting.unwrap().details.unwrap()["sub_run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    rt.drive_once().unwrap();
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute(
+        "UPDATE runs SET data = '{broken', status = 'failed' WHERE run_id = ?1",
+        [&child],
+    )
+    .unwrap();
+    let report = rt.drive_once().unwrap();
+    assert_eq!(
+        report.parents_resumed,
+        vec![parent.run_id.clone()],
+        "{report:?}"
+    );
+    let quarantined: Vec<String> = rt
+        .store()
+        .list_quarantined()
+        .unwrap()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(quarantined, vec![child], "the child, not its parent");
+    let done = rt.get_state(&parent.run_id).unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(done.output, Some(json!("quarantined")));
+}
+
 #[cfg(unix)]
 #[test]
 fn a_cache_directory_others_may_write_or_own_is_refused() {
@@ -215,6 +272,29 @@ fn a_cache_directory_others_may_write_or_own_is_refused() {
     let err = WasmEngine::new(config(&open)).unwrap_err();
     assert_eq!(err.path, open);
     assert!(err.message.contains("writable by others"), "{err}");
+    // A symbolic link to a good directory: refused (the link could be
+    // pointed elsewhere between the check and a load).
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&fresh, &link).unwrap();
+    let err = WasmEngine::new(config(&link)).unwrap_err();
+    assert!(err.message.contains("symbolic link"), "{err}");
+    // A cached file that became a link is not loaded: recompiled instead.
+    let engine = WasmEngine::new(config(&fresh)).unwrap();
+    let greet = example("hello").join("greet.wasm");
+    engine.load_node(&greet).unwrap();
+    let cwasm = std::fs::read_dir(&fresh)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "cwasm"))
+        .unwrap();
+    let elsewhere = dir.path().join("elsewhere.cwasm");
+    std::fs::rename(&cwasm, &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &cwasm).unwrap();
+    let again = WasmEngine::new(config(&fresh)).unwrap();
+    assert_eq!(
+        again.load_node(&greet).unwrap().origin(),
+        LoadOrigin::Compiled
+    );
     // Someone else's (only root can give a directory away to check this).
     let theirs = dir.path().join("theirs");
     std::fs::create_dir(&theirs).unwrap();

@@ -321,7 +321,158 @@ fn a_tick_through_more_components_than_it_keeps_instances_of(b: Backend) {
     assert_eq!(h.rt.get_ledger(&id).unwrap().len(), 21);
 }
 
+fn the_guests_of_one_host_share_a_memory_limit(b: Backend) {
+    // Each guest may hold 64 MiB; all of the engine's live guests together
+    // 72 MiB. A parent keeps the instance that holds 40 MiB while its sync
+    // child (inside the same step) tries to hold 40 MiB more: the child
+    // fails, the process stays small.
+    let engine = stepwell::WasmEngine::new(stepwell::EngineConfig {
+        cache_dir: Some(stepwell_tests::cache_dir()),
+        limits: stepwell::SandboxLimits {
+            time_limit: TIME_LIMIT,
+            memory_limit_bytes: MEMORY_MIB << 20,
+            total_memory_bytes: 72 << 20,
+            ..stepwell::SandboxLimits::default()
+        },
+        digests: None,
+    })
+    .unwrap();
+    let h = Host::with_engine(b, engine);
+    let hostile = component("runaway/hostile.wasm");
+    let leak = json!({"mode": "leak", "bytes": 40 << 20});
+    let wf = h.load_scratch(
+        "shared-memory",
+        &[
+            (
+                "flow.json",
+                json!({"workflow_id": "hostile-shared", "entry": "hold", "nodes": {
+                    "hold": {"component": hostile, "config": leak, "next": "child"},
+                    "child": {"effect": "start_subworkflow",
+                              "payload": {"workflow_id": "hostile-shared-child"},
+                              "result_key": "c", "next": "end"},
+                    "end": {"complete": {"done": true}}}}),
+            ),
+            (
+                "child.flow.json",
+                json!({"workflow_id": "hostile-shared-child", "entry": "hold", "nodes": {
+                    "hold": {"component": hostile, "config": leak, "next": "end"},
+                    "end": {"complete": {"done": true}}}}),
+            ),
+        ],
+    );
+    let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+    let run = h.rt.tick(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.error.unwrap();
+    assert!(
+        error.contains("guest_memory_limit")
+            && error.contains("together hold their limit of 72 MiB"),
+        "{error}"
+    );
+    // The memory went with the instances: the host runs as before.
+    still_serves(&h);
+    let again = h.rt.start(&wf, StartOptions::default()).unwrap();
+    assert_eq!(h.rt.tick(&again).unwrap().status, RunStatus::Failed);
+}
+
+fn random_bytes_are_the_same_for_the_same_step_of_the_same_run(b: Backend) {
+    // Two steps of one run draw different bytes; the same run started again
+    // under the same id (in another store) draws the same ones: the stream
+    // is seeded by the run and its step, so a replay sees what the first
+    // execution saw.
+    let draw = |b: Backend| {
+        let h = host(b);
+        let hostile = component("runaway/hostile.wasm");
+        let wf = h.load_scratch(
+            "random",
+            &[(
+                "flow.json",
+                json!({"workflow_id": "hostile-random", "entry": "a", "nodes": {
+                    "a": {"component": hostile, "config": {"mode": "random", "key": "a"}, "next": "b"},
+                    "b": {"component": hostile, "config": {"mode": "random", "key": "b"}, "next": "end"},
+                    "end": {"complete": {"a": {"$var": "a"}, "b": {"$var": "b"}}}}}),
+            )],
+        );
+        let run = |id: &str| {
+            let id =
+                h.rt.start(
+                    &wf,
+                    StartOptions {
+                        run_id: Some(id.into()),
+                        ..StartOptions::default()
+                    },
+                )
+                .unwrap();
+            h.rt.tick(&id).unwrap().output.unwrap()
+        };
+        (run("same-run"), run("other-run"))
+    };
+    let (first, other) = draw(b);
+    let (again, _) = draw(b);
+    assert_ne!(first["a"], first["b"], "two steps draw different bytes");
+    assert_eq!(first["a"].as_str().unwrap().len(), 32);
+    assert_eq!(
+        first, again,
+        "the same steps of the same run draw the same bytes"
+    );
+    assert_ne!(first["a"], other["a"], "another run draws other bytes");
+}
+
+fn output_that_nests_too_deep_or_writes_a_bad_key_is_refused(b: Backend) {
+    let h = host(b);
+    let hostile = component("runaway/hostile.wasm");
+    let run = |name: &str, config: Value| {
+        let wf = h.load_scratch(
+            name,
+            &[(
+                "flow.json",
+                json!({"workflow_id": format!("hostile-{name}"), "entry": "node", "nodes": {
+                    "node": {"component": hostile, "config": config, "next": "end"},
+                    "end": {"complete": {"ok": true}}}}),
+            )],
+        );
+        let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+        h.rt.tick(&id).unwrap()
+    };
+    // A vars patch 100 levels deep (the stores read back 128, the host
+    // takes 64).
+    let mut deep = json!(1);
+    for _ in 0..100 {
+        deep = json!({ "d": deep });
+    }
+    let error = assert_failed(
+        &h,
+        &run(
+            "deep",
+            json!({"mode": "effect", "patch": {"x": deep}, "effect": {"kind": "vars_query", "payload": {}}}),
+        ),
+        "guest_bad_output",
+    );
+    assert!(
+        error.contains("step-plan.vars.x") && error.contains("levels deep"),
+        "{error}"
+    );
+    // A result key of a hundred thousand dotted parts.
+    let key = vec!["a"; 100_000].join(".");
+    let error = assert_failed(
+        &h,
+        &run(
+            "long-key",
+            json!({"mode": "effect", "effect": {"kind": "vars_query", "payload": {}, "result_key": key}}),
+        ),
+        "guest_bad_output",
+    );
+    assert!(
+        error.contains("bytes long") || error.contains("dotted parts"),
+        "{error}"
+    );
+    still_serves(&h);
+}
+
 stepwell_tests::store_tests!(
+    random_bytes_are_the_same_for_the_same_step_of_the_same_run,
+    output_that_nests_too_deep_or_writes_a_bad_key_is_refused,
+    the_guests_of_one_host_share_a_memory_limit,
     a_tick_through_more_components_than_it_keeps_instances_of,
     state_an_instance_keeps_between_calls_never_fails_a_step,
     a_guest_that_never_returns_is_stopped_at_its_time_limit,

@@ -467,9 +467,27 @@ fn execute(cli: Cli) -> Result<(), Error> {
         Some(text) => StoreSpec::parse(text)?,
         None => StoreSpec::Sqlite(cli.db.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DB))),
     };
+    if !(1..=65_536).contains(&cli.guest_memory_mib) {
+        return Err(Error::InvalidInput {
+            field: "--guest-memory-mib".into(),
+            message: format!("{} is not between 1 and 65536", cli.guest_memory_mib),
+        });
+    }
+    if cli.guest_time_ms == 0 {
+        return Err(Error::InvalidInput {
+            field: "--guest-time-ms".into(),
+            message: "must be at least 1".into(),
+        });
+    }
+    let memory_limit_bytes = cli.guest_memory_mib << 20;
     let limits = SandboxLimits {
         time_limit: Duration::from_millis(cli.guest_time_ms),
-        memory_limit_bytes: cli.guest_memory_mib << 20,
+        memory_limit_bytes,
+        // All live guests together: at least 1 GiB, and room for four at
+        // the guest limit.
+        total_memory_bytes: SandboxLimits::default()
+            .total_memory_bytes
+            .max(memory_limit_bytes.saturating_mul(4)),
         ..SandboxLimits::default()
     };
     let durability = cli

@@ -39,6 +39,10 @@ pub struct RuntimeConfig {
     /// The most node steps the driver gives one run per pass before it
     /// moves on to the next run, so one busy run cannot starve the others.
     pub drive_steps_per_run: u64,
+    /// How long one driver pass works on one run (it stops after the step
+    /// under way once this passed): with `drive_steps_per_run`, what keeps
+    /// slow steps of one run from holding up every other. Default 1 s.
+    pub drive_time_per_run: Duration,
     /// The most runs each part of a driver pass takes on (due waits,
     /// finished children, running runs): a backlog is worked through in
     /// batches.
@@ -67,6 +71,16 @@ pub struct RuntimeConfig {
     /// waits for its child. Bounds the work of one step when runs fan out
     /// (an event that every listener answers with the same event).
     pub max_cascade_runs: u64,
+    /// How much data a run's steps may write over its life: the bytes of
+    /// guest output, effect results and resume payloads together (each
+    /// lands in the ledger). Past it, the run fails with `limit_exceeded`.
+    /// For comparison, Temporal ends a workflow history at 50 MB.
+    pub max_run_data_bytes: u64,
+    /// How many child runs one run may start over its life
+    /// (`start_subworkflow`, sync or async). Past it, the start fails with
+    /// `limit_exceeded`. With `max_nesting`, it bounds how many runs one
+    /// run can set off.
+    pub max_children_per_run: u64,
     /// Effect scopes `emit_event` may use (`run`, `session`, `workflow`,
     /// `global`); an emit with another scope fails with `invalid_effect`.
     pub emit_scopes: Vec<String>,
@@ -127,11 +141,14 @@ impl Default for RuntimeConfig {
             max_payload_bytes: 8 << 20,
             reuse_instances: true,
             drive_steps_per_run: 1_000,
+            drive_time_per_run: Duration::from_secs(1),
             drive_batch: 256,
             lease_ttl: Duration::from_secs(30),
             lease_wait: Duration::from_secs(10),
             max_nesting: 16,
             max_cascade_runs: 1_000,
+            max_run_data_bytes: 256 << 20,
+            max_children_per_run: 10_000,
             emit_scopes: ["run", "session", "workflow", "global"]
                 .map(String::from)
                 .to_vec(),

@@ -82,10 +82,7 @@ impl Runtime {
         for id in self.store().list_orphans(batch)? {
             match self.cancel_run_by(&id, Some("its parent run was cancelled"), "driver") {
                 Ok(_) => report.orphans_cancelled.push(id),
-                Err(e) => report.errors.push(RunError {
-                    run_id: id,
-                    error: e.to_string(),
-                }),
+                Err(e) => self.not_moved(&id, Why::Running, e, &mut report)?,
             }
         }
         for id in self.store().list_due(self.now(), batch)? {
@@ -96,9 +93,7 @@ impl Runtime {
                 Ok(true) => report.parents_resumed.push(parent),
                 Ok(false) => {}
                 Err(Error::Conflict { .. }) => report.busy.push(parent),
-                Err(e) => {
-                    self.quarantine_or_report(&parent, e, &mut report)?;
-                }
+                Err(e) => self.not_moved(&parent, Why::Running, e, &mut report)?,
             }
         }
         for id in self.store().list_claimable(lease_now(), batch)? {
@@ -138,6 +133,7 @@ impl Runtime {
             _ => return Ok(()),
         }
         let budget = self.config().drive_steps_per_run.max(1);
+        txn.deadline = Some(std::time::Instant::now() + self.config().drive_time_per_run);
         match self.run_steps(&mut txn, run, budget, pending, 0) {
             Ok(after) => {
                 match why {
@@ -223,9 +219,19 @@ impl Runtime {
             .into_iter()
             .find(|(id, _)| id == child_id)
             .map(|(_, reason)| reason);
-        let child = match quarantined {
-            Some(_) => None,
-            None => Some(self.get_state(child_id)?),
+        let (child, quarantined) = match quarantined {
+            Some(reason) => (None, Some(reason)),
+            None => match self.get_state(child_id) {
+                Ok(child) => (Some(child), None),
+                // The child cannot be read: it is set aside, not its
+                // parent, which learns that it was.
+                Err(e) if e.reason_code() == "store_corrupt" => {
+                    let reason = e.to_string();
+                    self.store().quarantine(child_id, &reason)?;
+                    (None, Some(reason))
+                }
+                Err(e) => return Err(e),
+            },
         };
         let (mut txn, mut run) = self.claim(parent, Duration::ZERO)?;
         let key = subworkflow::wait_key(child_id);
@@ -251,6 +257,7 @@ impl Runtime {
                 self.workflow(&run.workflow_id)?;
                 let record = self.end_wait(&mut run, data, "resumed", None);
                 let budget = self.config().drive_steps_per_run.max(1);
+                txn.deadline = Some(std::time::Instant::now() + self.config().drive_time_per_run);
                 match self.run_steps(&mut txn, run, budget, vec![record], 0) {
                     Err(Error::Conflict { .. }) if txn.commits == 0 => return Ok(false),
                     Err(Error::Conflict { .. }) => {}

@@ -148,6 +148,117 @@ pub(crate) fn count_visit(run: &mut RunState) -> u64 {
     n
 }
 
+/// How deep a JSON value entering a run may nest (start vars, resume
+/// payloads, guest output, effect results, with the path they are written
+/// at): the stores read back up to 128 levels, and a run's state wraps its
+/// values in a few more.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// How many dotted parts a `result_key` may have, and how long it may be.
+pub const MAX_RESULT_KEY_PARTS: usize = 16;
+const MAX_RESULT_KEY_BYTES: usize = 256;
+
+/// How deep `value` nests (a scalar is 1 deep), counted without recursion
+/// and without looking further than `limit + 1` levels.
+pub fn json_depth(value: &Value, limit: usize) -> usize {
+    let mut deepest = 0;
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 1)];
+    while let Some((v, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        if d > limit {
+            return d;
+        }
+        match v {
+            Value::Object(m) => stack.extend(m.values().map(|c| (c, d + 1))),
+            Value::Array(a) => stack.extend(a.iter().map(|c| (c, d + 1))),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// Why `value` may not enter a run (written `extra` levels deep), if it
+/// may not: it nests deeper than [`MAX_JSON_DEPTH`].
+pub fn too_deep(value: &Value, extra: usize) -> Option<String> {
+    let limit = MAX_JSON_DEPTH.saturating_sub(extra);
+    let depth = json_depth(value, limit);
+    (depth > limit).then(|| {
+        format!(
+            "nests more than {limit} levels deep{} (the limit is {MAX_JSON_DEPTH})",
+            if extra > 0 {
+                " where it is written"
+            } else {
+                ""
+            }
+        )
+    })
+}
+
+/// Why `key` is not a usable `result_key` (a dotted path into the vars), if
+/// it is not.
+pub fn bad_result_key(key: &str) -> Option<String> {
+    let parts = key.split('.').count();
+    if key.is_empty() || key.split('.').any(str::is_empty) {
+        Some(format!("{key:?} has an empty part"))
+    } else if key.len() > MAX_RESULT_KEY_BYTES {
+        Some(format!(
+            "is {} bytes long (the limit is {MAX_RESULT_KEY_BYTES})",
+            key.len()
+        ))
+    } else if parts > MAX_RESULT_KEY_PARTS {
+        Some(format!(
+            "has {parts} dotted parts (the limit is {MAX_RESULT_KEY_PARTS})"
+        ))
+    } else if is_host_owned(key) {
+        Some(format!("{key:?} is owned by the host"))
+    } else {
+        None
+    }
+}
+
+/// Bytes of data the run's steps wrote so far (guest output, effect
+/// results, resume payloads): `vars._runtime.data_bytes`.
+pub(crate) fn data_bytes(run: &RunState) -> u64 {
+    runtime_u64(run, "data_bytes").unwrap_or(0)
+}
+
+/// Counts `n` more bytes of data written by the run; returns the total.
+pub(crate) fn count_data(run: &mut RunState, n: u64) -> u64 {
+    let map = runtime_vars(run);
+    let total = map
+        .get("data_bytes")
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        .saturating_add(n);
+    set_counter(map, "data_bytes", total);
+    total
+}
+
+/// The key of `vars._runtime` that says how many parents a run has above
+/// it (set when a child is started; 0 for a run started from outside).
+pub(crate) const LINEAGE: &str = "lineage";
+
+/// How many parents the run has above it.
+pub(crate) fn lineage(run: &RunState) -> u32 {
+    runtime_u64(run, LINEAGE).map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// How many child runs the run has started.
+pub(crate) fn children_started(run: &RunState) -> u64 {
+    runtime_u64(run, "children_started").unwrap_or(0)
+}
+
+/// Counts one more child run started.
+pub(crate) fn count_child(run: &mut RunState) {
+    let map = runtime_vars(run);
+    let n = map
+        .get("children_started")
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        + 1;
+    set_counter(map, "children_started", n);
+}
+
 /// The key of `vars._runtime` that carries how deep in a chain of runs set
 /// off by one another a run was resumed or started, when it was left to
 /// the driver rather than executed inline (see

@@ -199,6 +199,12 @@ impl StepStatus {
     }
 }
 
+/// An optional field that is there, whatever it holds (`null` included):
+/// `Some`. (A missing field is `None` through `#[serde(default)]`.)
+fn present_value<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
 /// The effect a ledger record is about, as it was requested.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EffectRecord {
@@ -228,7 +234,13 @@ pub struct StepRecord {
     pub effect: Option<EffectRecord>,
     /// What the step produced: the routing decision of a node step, an
     /// effect's result, the wait of a waiting record, a resume's payload.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// A result of JSON `null` is kept as `Some(Null)` (written `"result":
+    /// null` and read back the same, so the record's hash holds).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present_value"
+    )]
     pub result: Option<Value>,
     /// Why the step failed, prefixed with a reason code.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -268,6 +280,9 @@ pub struct StepPlan {
     pub next_node: Option<String>,
     /// Finish the run with this output.
     pub complete_output: Option<Value>,
+    /// Bytes of guest output the plan was parsed from (0 for a plan the
+    /// host made): counted against the run's data budget.
+    pub output_bytes: usize,
 }
 
 /// An effect as a node requests it.

@@ -328,6 +328,11 @@ impl Runtime {
             .run_id
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let mut vars = options.vars;
+        for (k, v) in &vars {
+            if let Some(why) = super::keys::too_deep(v, 1) {
+                return Err(Error::invalid(format!("vars.{k}"), why));
+            }
+        }
         if let Some(key) = vars.keys().find(|k| k.starts_with("_runtime")) {
             return Err(Error::invalid(
                 format!("vars.{key}"),
@@ -596,6 +601,11 @@ impl Runtime {
                 format!("{size} bytes of JSON, over the limit of {limit} (RuntimeConfig::max_payload_bytes)"),
             ));
         }
+        // Written under the wait's result key (at most 16 parts deep) and
+        // recorded in the ledger a few levels down.
+        if let Some(why) = super::keys::too_deep(&payload, super::keys::MAX_RESULT_KEY_PARTS) {
+            return Err(Error::invalid("payload", why));
+        }
         let wait = self.inner.config.lease_wait;
         let (mut txn, mut run) = if optimistic {
             self.hold_taking(run_id, wait)?
@@ -656,6 +666,7 @@ impl Runtime {
         // before anything is written.
         self.workflow(&run.workflow_id)?;
         let record = self.end_wait(&mut run, payload, "resumed", cause);
+        super::keys::count_data(&mut run, size as u64);
         if !tick && depth > 0 {
             // Left to the driver in the middle of a chain of runs setting
             // one another off: the chain's depth goes with it.

@@ -6,8 +6,9 @@ use serde_json::{json, Value};
 use super::clock::format_time;
 use super::config::RetryPolicy;
 use super::keys::{
-    count_visit, current_attempt, effect_idempotency_key, is_host_owned, next_effect_seq,
-    node_visits, set_attempt, set_retry_seq, terminal_key,
+    bad_result_key, children_started, count_child, count_data, count_visit, current_attempt,
+    data_bytes, effect_idempotency_key, is_host_owned, next_effect_seq, node_visits, set_attempt,
+    set_retry_seq, terminal_key, too_deep,
 };
 use super::model::{
     EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus, WaitReason,
@@ -206,7 +207,9 @@ impl Runtime {
         let limit = self.inner.config.max_node_visits;
         // A tick that uses up the run's visit budget also fails it (one
         // more step, which refuses), rather than leave that to the next.
-        while run.status == RunStatus::Running && (steps < max_steps || node_visits(&run) >= limit)
+        while run.status == RunStatus::Running
+            && (steps < max_steps || node_visits(&run) >= limit)
+            && !(steps > 0 && txn.deadline.is_some_and(|d| std::time::Instant::now() >= d))
         {
             // Keep the lease through this commit if another step follows.
             txn.keep = steps + 1 < max_steps || node_visits(&run) + 1 >= limit;
@@ -289,10 +292,19 @@ impl Runtime {
             );
             return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
         }
+        if let Some(msg) = self.over_data_budget(run) {
+            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+        }
         let plan = match self.plan(wf, node, run, &started_at, sessions) {
             Ok(plan) => plan,
             Err(msg) => return self.fail_step(txn, run, records, Some(node_id), &started_at, msg),
         };
+        if plan.output_bytes > 0 {
+            count_data(run, plan.output_bytes as u64);
+            if let Some(msg) = self.over_data_budget(run) {
+                return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+            }
+        }
         let handler = match &plan.effect {
             None => None,
             Some(effect) => match self.inner.effects.get(&effect.kind) {
@@ -387,6 +399,20 @@ impl Runtime {
             );
             return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
         }
+        if let Some(why) = effect.result_key.as_deref().and_then(bad_result_key) {
+            let msg = format!(
+                "guest_bad_output: node {node_id} of workflow {} asked for a result key that {why}",
+                wf.workflow_id
+            );
+            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+        }
+        let max_children = self.inner.config.max_children_per_run;
+        if handler.starts_runs() && children_started(run) >= max_children {
+            let msg = format!(
+                "limit_exceeded: node {node_id}: the run has started {max_children} child runs (RuntimeConfig::max_children_per_run)"
+            );
+            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+        }
         let seq = next_effect_seq(run);
         let key = effect_idempotency_key(run, seq);
         let attempt = current_attempt(run);
@@ -457,9 +483,17 @@ impl Runtime {
         if !ahead {
             records.push(base.clone());
         }
+        if handler.starts_runs() && !matches!(outcome, Outcome::Failed(_)) {
+            count_child(run);
+        }
         let ended_at = format_time(self.now());
         match outcome {
             Outcome::Completed(result) => {
+                if let Some(failure) = self.check_result(run, &effect, &result) {
+                    return self.fail_effect(
+                        txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
+                    );
+                }
                 if let Some(key) = &effect.result_key {
                     template::assign(&mut run.vars, key, result.clone());
                 }
@@ -525,6 +559,56 @@ impl Runtime {
         }
         run.updated_at = ended_at;
         txn.commit(records, run)
+    }
+
+    /// Why the run may not take more data, if its budget is spent.
+    fn over_data_budget(&self, run: &RunState) -> Option<String> {
+        let limit = self.inner.config.max_run_data_bytes;
+        (data_bytes(run) > limit).then(|| {
+            format!(
+                "limit_exceeded: the run's steps wrote {} bytes of data (guest output, effect results, resume payloads), over the limit of {limit} (RuntimeConfig::max_run_data_bytes)",
+                data_bytes(run)
+            )
+        })
+    }
+
+    /// Why an effect's result may not enter the run, if it may not: it
+    /// nests too deep where it is written, is larger than a payload may be,
+    /// or spends the run's data budget. Counts it against the budget.
+    fn check_result(
+        &self,
+        run: &mut RunState,
+        effect: &EffectRequest,
+        result: &Value,
+    ) -> Option<Failure> {
+        let parts = effect
+            .result_key
+            .as_deref()
+            .map_or(0, |k| k.split('.').count());
+        if let Some(why) = too_deep(result, parts + 1) {
+            return Some(Failure::permanent(
+                "state_too_large",
+                format!("the result of {} {why}", effect.kind),
+            ));
+        }
+        let bytes = serde_json::to_vec(result).map_or(0, |b| b.len());
+        let limit = self.inner.config.max_payload_bytes;
+        if bytes > limit {
+            return Some(Failure::permanent(
+                "state_too_large",
+                format!(
+                    "the result of {} takes {bytes} bytes as JSON, over the limit of {limit} (RuntimeConfig::max_payload_bytes)",
+                    effect.kind
+                ),
+            ));
+        }
+        count_data(run, bytes as u64);
+        self.over_data_budget(run).map(|msg| {
+            Failure::permanent(
+                "limit_exceeded",
+                msg["limit_exceeded: ".len()..].to_string(),
+            )
+        })
     }
 
     /// Asks the node for its plan.

@@ -198,6 +198,9 @@ pub(crate) struct RunTxn<'a> {
     pub keep: bool,
     /// Commits made through this hold.
     pub commits: u32,
+    /// When the steps taken through this hold stop (after the step under
+    /// way), if they do: how the driver gives every run its turn.
+    pub deadline: Option<std::time::Instant>,
     _guard: RunLockGuard<'a>,
 }
 
@@ -248,6 +251,7 @@ impl Runtime {
                         take: false,
                         keep: false,
                         commits: 0,
+                        deadline: None,
                         _guard: guard,
                     };
                     self.load_offloaded(&mut run)?;
@@ -316,6 +320,7 @@ impl Runtime {
                 take: true,
                 keep: false,
                 commits: 0,
+                deadline: None,
                 _guard: guard,
             },
             run,
@@ -337,6 +342,7 @@ impl Runtime {
             take: false,
             keep: false,
             commits: 0,
+            deadline: None,
             _guard: guard,
         })
     }

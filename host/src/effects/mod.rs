@@ -241,6 +241,13 @@ pub trait EffectHandler: Send + Sync {
     /// What the effect may touch.
     fn class(&self) -> EffectClass;
 
+    /// Whether the effect starts a run (counted against
+    /// [`crate::RuntimeConfig::max_children_per_run`] of the run that
+    /// asks for it).
+    fn starts_runs(&self) -> bool {
+        false
+    }
+
     /// For effects that are not [`EffectClass::Pure`]: fixes what the effect
     /// is about to do (for example the listeners of an event), before it
     /// does any of it. The runtime records it in the effect's `started`

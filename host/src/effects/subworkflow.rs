@@ -179,6 +179,10 @@ impl EffectHandler for StartSubworkflow {
         EffectClass::TouchesRuns
     }
 
+    fn starts_runs(&self) -> bool {
+        true
+    }
+
     fn execute(
         &self,
         cx: &EffectCx<'_>,
@@ -225,9 +229,21 @@ impl EffectHandler for StartSubworkflow {
             None => OnChildFailure::Fail,
         };
         // Async children count too: a child (async or not) is one run
-        // further down the chain its parent is in.
+        // further down the chain its parent is in, and one generation
+        // below it, however long the parent waited in between.
         if let Some(limit) = cx.check_depth(k) {
             return Ok(limit);
+        }
+        let lineage = crate::core::keys::lineage(cx.run);
+        if lineage + 1 > cx.max_depth {
+            return Ok(Outcome::Failed(Failure::permanent(
+                "limit_exceeded",
+                format!(
+                    "start_subworkflow would start a run with {} runs above it (the limit is {}; RuntimeConfig::max_nesting)",
+                    lineage + 1,
+                    cx.max_depth
+                ),
+            )));
         }
         let run_id = match field!(opt_str(k, p, "run_id")) {
             Some(id) => id.to_string(),
@@ -245,6 +261,7 @@ impl EffectHandler for StartSubworkflow {
         // driver runs it (at the depth it would have had here).
         let inline = !is_async && cx.take_inline();
         let mut runtime = Map::new();
+        runtime.insert(crate::core::keys::LINEAGE.into(), json!(lineage + 1));
         if !inline {
             runtime.insert(crate::core::keys::CASCADE_DEPTH.into(), json!(cx.depth + 1));
         }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::core::keys::is_host_owned;
+use crate::core::keys::bad_result_key;
 use crate::wasm::{NodeComponent, WasmEngine};
 
 /// The file name of a bundle's main workflow.
@@ -229,13 +229,27 @@ pub fn load_bundle(
     })
 }
 
-/// Loads and validates one flow file; `effects` are the effect kinds an
-/// effect node may name.
+/// The largest flow document the host reads (a flow is a graph of nodes,
+/// not a place for data).
+pub const MAX_FLOW_FILE_BYTES: u64 = 4 << 20;
+
+/// Loads and validates one flow file (at most [`MAX_FLOW_FILE_BYTES`]);
+/// `effects` are the effect kinds an effect node may name.
 pub fn load_flow_file(
     path: &Path,
     engine: &WasmEngine,
     effects: &[String],
 ) -> Result<Workflow, FlowError> {
+    let size = std::fs::metadata(path)
+        .map_err(|e| FlowError::new(path, "", format!("cannot read the file: {e}")))?
+        .len();
+    if size > MAX_FLOW_FILE_BYTES {
+        return Err(FlowError::new(
+            path,
+            "",
+            format!("the file is {size} bytes, over the limit of {MAX_FLOW_FILE_BYTES} for a flow document"),
+        ));
+    }
     let text = std::fs::read_to_string(path)
         .map_err(|e| FlowError::new(path, "", format!("cannot read the file: {e}")))?;
     let doc: FlowDoc = {
@@ -366,11 +380,8 @@ fn build_workflow(
                     format!("unknown effect {kind:?} (known: {})", effects.join(", ")),
                 ));
             }
-            if let Some(key) = n.result_key.as_deref().filter(|k| is_host_owned(k)) {
-                return Err(err(
-                    field("result_key"),
-                    format!("{key:?} is owned by the host"),
-                ));
+            if let Some(why) = n.result_key.as_deref().and_then(bad_result_key) {
+                return Err(err(field("result_key"), why));
             }
             let payload = n
                 .payload

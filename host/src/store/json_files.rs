@@ -1006,6 +1006,16 @@ impl Store for JsonFileStore {
         Ok(data.defer_count)
     }
 
+    fn deferred_until(&self, run_id: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+        if !safe_id(run_id) {
+            return Ok(None);
+        }
+        Ok(self
+            .lock_data(run_id)
+            .defer_until_us
+            .and_then(DateTime::from_timestamp_micros))
+    }
+
     fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {
         self.check_id(run_id)?;
         let _w = self.write.lock();

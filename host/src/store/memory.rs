@@ -509,6 +509,15 @@ impl Store for MemoryStore {
         Ok(count)
     }
 
+    fn deferred_until(&self, run_id: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(self
+            .tables
+            .lock()
+            .runs
+            .get(run_id)
+            .and_then(|s| s.defer.map(|(until, _)| until)))
+    }
+
     fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {
         let mut t = self.tables.lock();
         if t.quarantine_reason(run_id).is_none() {

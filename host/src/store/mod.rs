@@ -614,8 +614,9 @@ pub trait Store: Send + Sync {
     fn list_leased(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError>;
 
     /// `(parent, child)` pairs of parents waiting (reason `subworkflow`) on
-    /// a child that has ended or was quarantined, at most `limit`. The
-    /// default reads every waiting parent and its child.
+    /// a child that has ended or was quarantined, at most `limit`; parents
+    /// deferred past now (by the system clock) are left out. The default
+    /// reads every waiting parent and its child.
     fn list_ended_children(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
         let mut out = Vec::new();
         let quarantined = self.list_quarantined()?;
@@ -633,7 +634,10 @@ pub trait Store: Send + Sync {
             };
             let ended = quarantined.iter().any(|(id, _)| id == child)
                 || matches!(self.load_run(child), Ok(Some(c)) if c.status.is_terminal());
-            if ended {
+            let deferred = self
+                .deferred_until(&parent.run_id)?
+                .is_some_and(|until| until > Utc::now());
+            if ended && !deferred {
                 out.push((parent.run_id.clone(), child.to_string()));
                 if out.len() >= limit {
                     break;
@@ -656,6 +660,12 @@ pub trait Store: Send + Sync {
                 let Some(parent) = &run.parent_run_id else {
                     continue;
                 };
+                if self
+                    .deferred_until(&run.run_id)?
+                    .is_some_and(|until| until > Utc::now())
+                {
+                    continue;
+                }
                 if let Ok(Some(p)) = self.load_run(parent) {
                     if p.status == RunStatus::Cancelled {
                         out.push(run.run_id);
@@ -682,6 +692,14 @@ pub trait Store: Send + Sync {
     /// longest ago (and those never deferred) first, so that a driver
     /// serving more runs than one pass takes rotates through all of them.
     fn defer(&self, run_id: &str, until: &dyn Fn(u32) -> DateTime<Utc>) -> Result<u32, StoreError>;
+
+    /// Until when the run is deferred ([`Store::defer`]), if it is. The
+    /// default lists of parents and orphans use it to leave deferred runs
+    /// out; a store that keeps no deferrals answers `None`.
+    fn deferred_until(&self, run_id: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let _ = run_id;
+        Ok(None)
+    }
 
     /// Quarantined runs and why, in the order they were set aside.
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError>;

@@ -858,11 +858,13 @@ impl Store for SqliteStore {
                    AND p.wait_key LIKE 'subworkflow:%' AND p.quarantine IS NULL
                    AND (c.status IN ('completed', 'failed', 'cancelled')
                         OR c.quarantine IS NOT NULL)
+                   AND COALESCE(p.defer_until_us, 0) <= ?2
                  ORDER BY p.rowid LIMIT ?1",
             )
             .map_err(|e| self.err(e))?;
+        let now = Utc::now().timestamp_micros();
         let rows = st
-            .query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_map(params![limit as i64, now], |r| Ok((r.get(0)?, r.get(1)?)))
             .map_err(|e| self.err(e))?;
         rows.collect::<rusqlite::Result<Vec<_>>>()
             .map_err(|e| self.err(e))
@@ -872,9 +874,9 @@ impl Store for SqliteStore {
         self.ids(
             "SELECT c.run_id FROM runs c JOIN runs p ON p.run_id = c.parent_run_id
              WHERE c.status IN ('running', 'waiting') AND p.status = 'cancelled'
-               AND c.quarantine IS NULL
+               AND c.quarantine IS NULL AND COALESCE(c.defer_until_us, 0) <= ?2
              ORDER BY c.rowid LIMIT ?1",
-            &[&(limit as i64)],
+            &[&(limit as i64), &Utc::now().timestamp_micros()],
         )
     }
 
@@ -907,6 +909,15 @@ impl Store for SqliteStore {
                 .map_err(|e| self.err(e))?;
             Ok(count)
         })
+    }
+
+    fn deferred_until(&self, run_id: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let conn = self.conn.lock();
+        let until: Option<Option<i64>> = conn
+            .prepare_cached("SELECT defer_until_us FROM runs WHERE run_id = ?1")
+            .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))?;
+        Ok(until.flatten().and_then(DateTime::from_timestamp_micros))
     }
 
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {

@@ -5,7 +5,10 @@
 //!
 //! - lives in a directory this process's user owns and nobody else may
 //!   write: created `0700`, and refused (with an error naming it) when it
-//!   belongs to another user or is writable by group or others;
+//!   is a symbolic link, belongs to another user or is writable by group or
+//!   others, checked again before every load;
+//! - reads a cached file (and its digest file) only if it is a regular
+//!   file, not a link, owned by this user and writable by nobody else;
 //! - loads a file only when the SHA-256 of its bytes matches the digest
 //!   recorded when this host wrote it ([`CompiledDigests`]: in the run
 //!   store when the host has a SQLite store, else in a `<file>.sha256`
@@ -43,7 +46,9 @@ pub(crate) struct SidecarDigests {
 
 impl CompiledDigests for SidecarDigests {
     fn vouched(&self, name: &str) -> Option<[u8; 32]> {
-        let text = std::fs::read_to_string(self.dir.join(format!("{name}.sha256"))).ok()?;
+        check_private_dir(&self.dir).ok()?;
+        let bytes = read_private_file(&self.dir.join(format!("{name}.sha256")))?;
+        let text = String::from_utf8(bytes).ok()?;
         hex::decode(text.trim()).ok()?.try_into().ok()
     }
 
@@ -83,7 +88,10 @@ impl CompileCache {
     /// The compiled code of the component whose cache file is `name`, if
     /// the cache holds a file the digests vouch for.
     pub fn load(&self, engine: &Engine, name: &str) -> Option<Component> {
-        let bytes = std::fs::read(self.dir.join(name)).ok()?;
+        // Checked again at every load: the directory may have changed since
+        // it was opened.
+        check_private_dir(&self.dir).ok()?;
+        let bytes = read_private_file(&self.dir.join(name))?;
         let vouched = self.digests.vouched(name)?;
         let digest: [u8; 32] = Sha256::digest(&bytes).into();
         if digest != vouched {
@@ -146,11 +154,46 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)
 }
 
-/// Refuses a cache directory another user owns or others may write.
+/// The bytes of `file` if it is a regular file (not a symbolic link) this
+/// user owns and nobody else may write, read through the one descriptor
+/// that was checked.
+#[cfg(unix)]
+fn read_private_file(file: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(file)
+        .ok()?;
+    let meta = f.metadata().ok()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+#[cfg(not(unix))]
+fn read_private_file(file: &Path) -> Option<Vec<u8>> {
+    std::fs::read(file).ok()
+}
+
+/// Refuses a cache directory that is a symbolic link, that another user
+/// owns or that others may write.
 #[cfg(unix)]
 fn check_private_dir(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(dir).map_err(|e| format!("cannot read: {e}"))?;
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("cannot read: {e}"))?;
+    if meta.file_type().is_symlink() {
+        return Err(
+            "the cache directory is a symbolic link: refusing to load compiled code through it (name the directory itself)"
+                .into(),
+        );
+    }
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     if meta.uid() != me {

@@ -75,6 +75,8 @@ struct Shared {
     by_path: Mutex<HashMap<PathBuf, PathStamp>>,
     triggers: Mutex<HashMap<[u8; 32], Arc<TriggerComponent>>>,
     cache: Option<CompileCache>,
+    /// Bytes of linear memory the engine's live guest stores hold.
+    live_memory: Arc<std::sync::atomic::AtomicUsize>,
     _ticker: Ticker,
 }
 
@@ -153,6 +155,7 @@ impl WasmEngine {
                 by_path: Mutex::new(HashMap::new()),
                 triggers: Mutex::new(HashMap::new()),
                 cache,
+                live_memory: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
                 _ticker: Ticker {
                     stop,
                     handle: Some(handle),
@@ -164,6 +167,11 @@ impl WasmEngine {
     /// The limits every guest call runs under.
     pub fn limits(&self) -> SandboxLimits {
         self.shared.config.limits
+    }
+
+    /// The count of memory the engine's live guests hold together.
+    pub(crate) fn live_memory(&self) -> Arc<std::sync::atomic::AtomicUsize> {
+        self.shared.live_memory.clone()
     }
 
     pub(crate) fn engine(&self) -> &Engine {

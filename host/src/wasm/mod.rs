@@ -40,6 +40,11 @@ pub struct SandboxLimits {
     /// payload and output together): more is `output_too_large`. Default
     /// 8 MiB.
     pub max_output_bytes: usize,
+    /// Memory all live guest instances of one engine may hold together
+    /// (runs nested inside a step each hold an instance at once): a guest
+    /// that would grow past it fails with `guest_memory_limit`. Default
+    /// 1 GiB.
+    pub total_memory_bytes: usize,
 }
 
 impl Default for SandboxLimits {
@@ -49,6 +54,7 @@ impl Default for SandboxLimits {
             memory_limit_bytes: 256 << 20,
             table_elements_limit: 100_000,
             max_output_bytes: 8 << 20,
+            total_memory_bytes: 1 << 30,
         }
     }
 }
@@ -89,6 +95,10 @@ pub enum GuestError {
     MemoryLimit {
         /// The limit, in bytes.
         limit_bytes: usize,
+        /// Whether the limit reached is the one all of the engine's live
+        /// guest instances share ([`SandboxLimits::total_memory_bytes`])
+        /// rather than the guest's own.
+        shared: bool,
     },
     /// The guest trapped (a panic, `unreachable`, a stack overflow, ...).
     Trap {
@@ -145,9 +155,20 @@ impl fmt::Display for GuestError {
             GuestError::Timeout { limit_ms } => {
                 write!(f, "the guest ran past its time limit of {limit_ms} ms")
             }
-            GuestError::MemoryLimit { limit_bytes } => write!(
+            GuestError::MemoryLimit {
+                limit_bytes,
+                shared: false,
+            } => write!(
                 f,
                 "the guest tried to grow its memory past the limit of {} MiB",
+                limit_bytes >> 20
+            ),
+            GuestError::MemoryLimit {
+                limit_bytes,
+                shared: true,
+            } => write!(
+                f,
+                "the guest tried to grow its memory while the host's live guests together hold their limit of {} MiB (SandboxLimits::total_memory_bytes)",
                 limit_bytes >> 20
             ),
             GuestError::Trap { message } => write!(f, "the guest trapped: {message}"),

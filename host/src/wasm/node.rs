@@ -244,11 +244,37 @@ fn parse_plan(plan: wit::StepPlan, max_bytes: usize) -> Result<StepPlan, GuestEr
             message: "a step-plan with both next-node and complete-output".into(),
         });
     }
+    // Every value the plan writes into the run must nest within bounds the
+    // stores can read back (a patch value sits one level below the vars,
+    // the output one level below the run).
+    let too_deep = |field: &str, v: &Value| {
+        crate::core::keys::too_deep(v, 1).map(|why| GuestError::BadOutput {
+            message: format!("step-plan.{field} that {why}"),
+        })
+    };
+    for (k, v) in vars.iter().flatten() {
+        if let Some(e) = too_deep(&format!("vars.{k}"), v) {
+            return Err(e);
+        }
+    }
+    if let Some(e) = complete_output
+        .as_ref()
+        .and_then(|v| too_deep("complete-output", v))
+    {
+        return Err(e);
+    }
+    if let Some(e) = effect
+        .as_ref()
+        .and_then(|e| too_deep("effect.payload", &e.payload))
+    {
+        return Err(e);
+    }
     Ok(StepPlan {
         vars,
         effect,
         next_node: plan.next_node,
         complete_output,
+        output_bytes: bytes,
     })
 }
 

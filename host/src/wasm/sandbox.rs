@@ -21,6 +21,7 @@
 //!   function that traps when called.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -71,7 +72,17 @@ struct Limiter {
     table_limit: usize,
     /// Bytes of linear memory the store's instances hold now.
     memory_total: usize,
-    memory_exceeded: bool,
+    /// The bytes all live stores of the engine hold, and their limit.
+    live: Arc<AtomicUsize>,
+    live_limit: usize,
+    /// Which limit the last refused growth hit, if any.
+    exceeded: Option<Exceeded>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Exceeded {
+    Own,
+    Shared,
 }
 
 impl ResourceLimiter for Limiter {
@@ -83,7 +94,14 @@ impl ResourceLimiter for Limiter {
     ) -> wasmtime::Result<bool> {
         let total = self.memory_total - current.min(self.memory_total) + desired;
         if total > self.memory_limit {
-            self.memory_exceeded = true;
+            self.exceeded = Some(Exceeded::Own);
+            return Ok(false);
+        }
+        let more = total.saturating_sub(self.memory_total);
+        let before = self.live.fetch_add(more, Ordering::Relaxed);
+        if before.saturating_add(more) > self.live_limit {
+            self.live.fetch_sub(more, Ordering::Relaxed);
+            self.exceeded = Some(Exceeded::Shared);
             return Ok(false);
         }
         self.memory_total = total;
@@ -97,6 +115,13 @@ impl ResourceLimiter for Limiter {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         Ok(desired <= self.table_limit)
+    }
+}
+
+impl Drop for Limiter {
+    fn drop(&mut self) {
+        // The store and its instances go: so does their memory.
+        self.live.fetch_sub(self.memory_total, Ordering::Relaxed);
     }
 }
 
@@ -155,7 +180,7 @@ impl rand::TryRng for StepRng {
     }
 }
 
-fn sandbox(limits: &SandboxLimits, stderr: MemoryOutputPipe) -> GuestState {
+fn sandbox(limits: &SandboxLimits, stderr: MemoryOutputPipe, live: Arc<AtomicUsize>) -> GuestState {
     let rng = StepRng::new();
     let wasi = WasiCtxBuilder::new()
         .stderr(stderr)
@@ -175,7 +200,9 @@ fn sandbox(limits: &SandboxLimits, stderr: MemoryOutputPipe) -> GuestState {
             memory_limit: limits.memory_limit_bytes,
             table_limit: limits.table_elements_limit,
             memory_total: 0,
-            memory_exceeded: false,
+            live,
+            live_limit: limits.total_memory_bytes,
+            exceeded: None,
         },
         rng,
     }
@@ -184,7 +211,10 @@ fn sandbox(limits: &SandboxLimits, stderr: MemoryOutputPipe) -> GuestState {
 /// A store for guest calls: the sandbox, its limiter and its deadline.
 pub(crate) fn new_store(engine: &WasmEngine) -> (Store<GuestState>, MemoryOutputPipe) {
     let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
-    let mut store = Store::new(engine.engine(), sandbox(&engine.limits(), stderr.clone()));
+    let mut store = Store::new(
+        engine.engine(),
+        sandbox(&engine.limits(), stderr.clone(), engine.live_memory()),
+    );
     store.limiter(|s| &mut s.limiter);
     store.set_epoch_deadline(engine.deadline_ticks());
     // What the host copies out of the guest in one call (its output, or
@@ -204,6 +234,7 @@ pub(crate) fn new_store(engine: &WasmEngine) -> (Store<GuestState>, MemoryOutput
 /// random stream.
 pub(crate) fn prepare_call(store: &mut Store<GuestState>, engine: &WasmEngine, seed: u64) {
     store.set_epoch_deadline(engine.deadline_ticks());
+    store.data_mut().limiter.exceeded = None;
     store.data().rng.reseed(seed);
 }
 
@@ -485,10 +516,20 @@ pub(crate) fn classify(
     limits: &SandboxLimits,
     stderr: &MemoryOutputPipe,
 ) -> GuestError {
-    if store.data().limiter.memory_exceeded {
-        return GuestError::MemoryLimit {
-            limit_bytes: limits.memory_limit_bytes,
-        };
+    match store.data().limiter.exceeded {
+        Some(Exceeded::Own) => {
+            return GuestError::MemoryLimit {
+                limit_bytes: limits.memory_limit_bytes,
+                shared: false,
+            }
+        }
+        Some(Exceeded::Shared) => {
+            return GuestError::MemoryLimit {
+                limit_bytes: limits.total_memory_bytes,
+                shared: true,
+            }
+        }
+        None => {}
     }
     if let Some(Trap::Interrupt) = err.downcast_ref::<Trap>() {
         return GuestError::Timeout {

@@ -15,8 +15,10 @@
 //! and follows the node's route: an instance reused for many calls reaches
 //! the memory limit, a fresh one never does.
 //!
-//! Three well-behaved modes serve tests of the host: `echo_vars` completes
-//! with the vars it was given; `spin` counts to
+//! Four well-behaved modes serve tests of the host: `echo_vars` completes
+//! with the vars it was given; `random` sets the var `config.key` (default
+//! `random`) to 16 bytes from WASI random, in hex, and follows the node's
+//! route; `spin` counts to
 //! `config.iterations` (a slow but finite step) and follows the node's route;
 //! `effect` sets `config.patch` in the vars and asks for `config.effect`
 //! (`{kind, payload, result_key}`), following the node's route.
@@ -185,6 +187,20 @@ impl stepwell_guest::bindings::Guest for Hostile {
                     .unwrap_or(8 << 20) as usize;
                 LEAKED.with(|l| l.borrow_mut().push(vec![1u8; bytes]));
                 Ok(plan())
+            }
+            "random" => {
+                let bytes = wasip2::random::random::get_random_bytes(16);
+                let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                let key = config
+                    .get("key")
+                    .and_then(|k| k.as_str())
+                    .unwrap_or("random");
+                let mut patch = serde_json::Map::new();
+                patch.insert(key.to_string(), serde_json::Value::String(hex));
+                Ok(StepPlan {
+                    vars: Some(serde_json::Value::Object(patch).to_string()),
+                    ..plan()
+                })
             }
             "echo_vars" => Ok(StepPlan {
                 complete_output: Some(input.vars.clone()),
