@@ -248,7 +248,11 @@ fn bundle(root: &Path, name: &str, files: &[(&str, Value)]) -> PathBuf {
         let path = dir.join(file);
         let text = serde_json::to_string_pretty(doc).unwrap();
         if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
-            std::fs::write(path, text).unwrap();
+            // Published whole (two hosts at once write the same bundle: the
+            // other must never read half a file).
+            let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
+            std::fs::write(&tmp, text).unwrap();
+            std::fs::rename(&tmp, &path).unwrap();
         }
     }
     dir
