@@ -551,12 +551,7 @@ impl Runtime {
                 );
             }
         }
-        if ahead {
-            if !replayed {
-                txn.append_ahead(&records)?;
-            }
-            records.clear();
-        }
+        records = settle_ahead(txn, records, ahead, replayed)?;
         run.updated_at = ended_at;
         txn.commit(records, run)
     }
@@ -711,12 +706,7 @@ impl Runtime {
             })),
             ..outcome_record(base, StepStatus::Failed, ended_at)
         });
-        if ahead {
-            if !replayed {
-                txn.append_ahead(&records)?;
-            }
-            records.clear();
-        }
+        records = settle_ahead(txn, records, ahead, replayed)?;
         set_attempt(run, attempt + 1);
         set_retry_seq(run, seq);
         run.status = RunStatus::Waiting;
@@ -779,12 +769,7 @@ impl Runtime {
             result: failure.retryable.then(|| json!({ "retryable": true })),
             ..outcome_record(base, StepStatus::Failed, ended_at)
         });
-        if ahead {
-            if !replayed {
-                txn.append_ahead(&records)?;
-            }
-            records.clear();
-        }
+        records = settle_ahead(txn, records, ahead, replayed)?;
         set_attempt(run, 1);
         fail(run, msg, ended_at);
         txn.commit(records, run)
@@ -812,4 +797,23 @@ fn undo_patch(run: &mut RunState, undo: Vec<(String, Option<Value>)>) {
             }
         }
     }
+}
+
+/// The records an effect step commits: for an effect recorded ahead of its
+/// commit, its outcome records are appended ahead now (unless the step was
+/// replayed and they are there already) and the commit carries none; for
+/// any other, all of them.
+fn settle_ahead(
+    txn: &RunTxn<'_>,
+    records: Vec<StepRecord>,
+    ahead: bool,
+    replayed: bool,
+) -> Result<Vec<StepRecord>> {
+    if !ahead {
+        return Ok(records);
+    }
+    if !replayed {
+        txn.append_ahead(&records)?;
+    }
+    Ok(Vec::new())
 }
