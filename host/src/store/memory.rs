@@ -19,7 +19,7 @@ use super::{
     StoreError,
 };
 use crate::core::clock::format_time;
-use crate::core::model::{RunState, RunStatus, StepRecord};
+use crate::core::model::{EffectRecord, RunState, RunStatus, StepRecord, StepStatus};
 
 /// One stored run: creation order, state, lease.
 #[derive(Debug)]
@@ -106,17 +106,107 @@ impl MemoryStore {
 /// one is never copied to grow.
 const CHUNK: usize = 256;
 
+/// When a kept record ended.
+#[derive(Debug)]
+enum Ended {
+    /// A `started` record: not yet.
+    Open,
+    /// At its `started_at` (most records: a node step takes no time on the
+    /// clock the ledger is written with).
+    AtStart,
+    /// At this time.
+    At(Box<str>),
+}
+
+/// A ledger record as the memory store keeps it: about a quarter of a
+/// [`StepRecord`]'s memory (the run id is the ledger's, text is boxed
+/// without spare capacity, the result is kept as JSON text, an `ended_at`
+/// equal to `started_at` is not kept twice). Every step of every run stays
+/// in memory, so this is what an in-memory step costs in fresh pages.
+#[derive(Debug)]
+struct Kept {
+    step_id: Box<str>,
+    node_id: Option<Box<str>>,
+    status: StepStatus,
+    attempt: u32,
+    effect: Option<Box<EffectRecord>>,
+    /// `serde_json` text of the result (`float_roundtrip`: read back equal).
+    result: Option<Box<str>>,
+    error: Option<Box<str>>,
+    started_at: Box<str>,
+    ended_at: Ended,
+    idempotency_key: Option<Box<str>>,
+    /// Set when the record is linked; its `prev_hash` is the record
+    /// before's `record_hash`.
+    record_hash: Option<Box<str>>,
+}
+
+impl Kept {
+    fn keep(r: StepRecord) -> Kept {
+        let ended_at = match r.ended_at {
+            None => Ended::Open,
+            Some(t) if t == r.started_at => Ended::AtStart,
+            Some(t) => Ended::At(t.into_boxed_str()),
+        };
+        Kept {
+            step_id: r.step_id.into_boxed_str(),
+            node_id: r.node_id.map(String::into_boxed_str),
+            status: r.status,
+            attempt: r.attempt,
+            effect: r.effect.map(Box::new),
+            result: r.result.map(|v| {
+                serde_json::to_string(&v)
+                    .unwrap_or_else(|_| "null".into())
+                    .into_boxed_str()
+            }),
+            error: r.error.map(String::into_boxed_str),
+            started_at: r.started_at.into_boxed_str(),
+            ended_at,
+            idempotency_key: r.idempotency_key.map(String::into_boxed_str),
+            record_hash: r.record_hash.map(String::into_boxed_str),
+        }
+    }
+
+    /// The record of run `run_id`, following a record whose hash is
+    /// `prev_hash`.
+    fn record(&self, run_id: &str, prev_hash: Option<&str>) -> StepRecord {
+        StepRecord {
+            step_id: self.step_id.to_string(),
+            run_id: run_id.to_string(),
+            node_id: self.node_id.as_deref().map(str::to_string),
+            status: self.status,
+            effect: self.effect.as_deref().cloned(),
+            result: self
+                .result
+                .as_deref()
+                .map(|t| serde_json::from_str(t).unwrap_or(serde_json::Value::Null)),
+            error: self.error.as_deref().map(str::to_string),
+            started_at: self.started_at.to_string(),
+            ended_at: match &self.ended_at {
+                Ended::Open => None,
+                Ended::AtStart => Some(self.started_at.to_string()),
+                Ended::At(t) => Some(t.to_string()),
+            },
+            attempt: self.attempt,
+            idempotency_key: self.idempotency_key.as_deref().map(str::to_string),
+            prev_hash: prev_hash.map(str::to_string),
+            record_hash: self.record_hash.as_deref().map(str::to_string),
+        }
+    }
+}
+
 /// One run's ledger: its records in chunks, the first `linked` of which
 /// carry their hashes.
 #[derive(Debug, Default)]
 struct Ledger {
-    chunks: Vec<Vec<StepRecord>>,
+    chunks: Vec<Vec<Kept>>,
     len: usize,
     linked: usize,
 }
 
 impl Ledger {
     fn push(&mut self, record: StepRecord) {
+        let record = Kept::keep(record);
         match self.chunks.last_mut() {
             Some(chunk) if chunk.len() < CHUNK => chunk.push(record),
             _ => {
@@ -128,17 +218,32 @@ impl Ledger {
         self.len += 1;
     }
 
-    /// Links the records not linked yet, and returns those from `from` on.
-    fn read_from(&mut self, from: usize) -> Vec<StepRecord> {
-        let mut head = self
+    fn get(&self, i: usize) -> &Kept {
+        &self.chunks[i / CHUNK][i % CHUNK]
+    }
+
+    /// Links the records not linked yet, and returns those from `from` on
+    /// (of run `run_id`).
+    fn read_from(&mut self, run_id: &str, from: usize) -> Vec<StepRecord> {
+        let mut head: Option<String> = self
             .linked
             .checked_sub(1)
-            .and_then(|i| self.chunks[i / CHUNK][i % CHUNK].record_hash.clone());
+            .and_then(|i| self.get(i).record_hash.as_deref().map(str::to_string));
         for i in self.linked..self.len {
-            link(&mut head, &mut self.chunks[i / CHUNK][i % CHUNK]);
+            let mut record = self.get(i).record(run_id, None);
+            link(&mut head, &mut record);
+            self.chunks[i / CHUNK][i % CHUNK].record_hash =
+                record.record_hash.map(String::into_boxed_str);
         }
         self.linked = self.len;
-        self.chunks.iter().flatten().skip(from).cloned().collect()
+        (from..self.len)
+            .map(|i| {
+                let prev = i
+                    .checked_sub(1)
+                    .and_then(|p| self.get(p).record_hash.as_deref());
+                self.get(i).record(run_id, prev)
+            })
+            .collect()
     }
 }
 
@@ -407,7 +512,7 @@ impl Store for MemoryStore {
         let from = t.runs.get(run_id).map_or(0, |s| s.committed);
         Ok(t.ledgers
             .get_mut(run_id)
-            .map(|l| l.read_from(from))
+            .map(|l| l.read_from(run_id, from))
             .unwrap_or_default())
     }
 
@@ -417,7 +522,7 @@ impl Store for MemoryStore {
             .lock()
             .ledgers
             .get_mut(run_id)
-            .map(|l| l.read_from(0))
+            .map(|l| l.read_from(run_id, 0))
             .unwrap_or_default())
     }
 
@@ -539,5 +644,97 @@ impl Store for MemoryStore {
 
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError> {
         Ok(self.bundles.lock().get(workflow_id).cloned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::EffectRecord;
+    use serde_json::json;
+
+    fn record(n: u32, ended: Option<&str>, result: Option<serde_json::Value>) -> StepRecord {
+        StepRecord {
+            step_id: format!("step-{n}"),
+            run_id: "run-1".into(),
+            node_id: n.is_multiple_of(2).then(|| format!("n{n}")),
+            status: if ended.is_some() {
+                StepStatus::Completed
+            } else {
+                StepStatus::Started
+            },
+            effect: n.is_multiple_of(3).then(|| EffectRecord {
+                kind: "wait_event".into(),
+                payload: json!({ "event": "e", "n": n }),
+                result_key: Some("got".into()),
+            }),
+            result,
+            error: (n == 4).then(|| "effect_failed: no".into()),
+            started_at: "2026-11-30T09:00:00.000000Z".into(),
+            ended_at: ended.map(str::to_string),
+            attempt: n,
+            idempotency_key: n.is_multiple_of(3).then(|| format!("run-1:{n}")),
+            prev_hash: None,
+            record_hash: None,
+        }
+    }
+
+    /// What the store keeps reads back as what was committed, hashes chained.
+    #[test]
+    fn kept_records_read_back_equal_and_chained() {
+        let records = vec![
+            record(
+                1,
+                Some("2026-11-30T09:00:00.000000Z"),
+                Some(json!({"next_node": "n2"})),
+            ),
+            record(2, None, None),
+            record(3, Some("2026-11-30T09:00:01.500000Z"), Some(json!(null))),
+            record(
+                4,
+                Some("2026-11-30T09:00:00.000000Z"),
+                Some(
+                    json!({"x": [1.5, -0.1, 1e300, 18446744073709551615u64, -9223372036854775808i64, "é\u{0}"]}),
+                ),
+            ),
+            record(
+                6,
+                Some("2026-11-30T09:00:02.000000Z"),
+                Some(json!({"b": 1, "a": {"z": true}})),
+            ),
+        ];
+        let mut ledgers = HashMap::new();
+        append_owned(&mut ledgers, records.clone());
+        let ledger = ledgers.get_mut("run-1").unwrap();
+        let back = ledger.read_from("run-1", 0);
+        assert_eq!(back.len(), records.len());
+        for (a, b) in records.iter().zip(&back) {
+            let mut b = b.clone();
+            b.prev_hash = None;
+            b.record_hash = None;
+            assert_eq!(*a, b);
+        }
+        assert!(back.iter().all(|r| r.record_hash.is_some()));
+        assert_eq!(back[0].prev_hash, None);
+        assert_eq!(back[3].prev_hash, back[2].record_hash);
+        assert!(crate::store::verify_chain(&back).is_ok());
+        // Records added after a read link on to the chain.
+        append_owned(&mut ledgers, vec![record(7, None, None)]);
+        let ledger = ledgers.get_mut("run-1").unwrap();
+        let tail = ledger.read_from("run-1", 4);
+        assert_eq!(tail.len(), 2);
+        assert_eq!(tail[0], back[4]);
+        assert_eq!(tail[1].prev_hash, back[4].record_hash);
+        assert!(crate::store::verify_chain(&ledger.read_from("run-1", 0)).is_ok());
+    }
+
+    /// Every in-memory step keeps one of these: it stays well below a
+    /// StepRecord (what the store kept before), or memory-store runs get
+    /// slower by the fresh pages they touch.
+    #[test]
+    fn kept_records_are_compact() {
+        let kept = std::mem::size_of::<Kept>();
+        let full = std::mem::size_of::<StepRecord>();
+        assert!(kept * 2 <= full, "Kept {kept} bytes, StepRecord {full}");
     }
 }
