@@ -286,39 +286,105 @@ fn state_an_instance_keeps_between_calls_never_fails_a_step(b: Backend) {
     );
 }
 
-fn a_tick_through_more_components_than_it_keeps_instances_of(b: Backend) {
-    // Ten different components (the hostile one, each copy made distinct by
-    // a custom section), called in turn, twice over, in one tick: the tick
-    // keeps a few instances and lets the least recently used go.
-    let h = host(b);
-    let bytes = std::fs::read(component("runaway/hostile.wasm")).unwrap();
+/// A flow of `count` steps: node `n<i>` calls `components[i]`, writing its
+/// instance's call count in var `c<i>`.
+fn count_flow(workflow_id: &str, components: &[std::path::PathBuf]) -> Value {
     let mut nodes = serde_json::Map::new();
-    for i in 0..20u8 {
-        let copy = i % 10;
-        let path = h.dir.path().join(format!("hostile-{copy}.wasm"));
-        if !path.exists() {
-            let mut distinct = bytes.clone();
-            // A custom section named "x" holding one byte.
-            distinct.extend_from_slice(&[0, 3, 1, b'x', copy]);
-            std::fs::write(&path, distinct).unwrap();
-        }
-        let next = if i == 19 {
+    let last = components.len() - 1;
+    for (i, path) in components.iter().enumerate() {
+        let next = if i == last {
             "end".to_string()
         } else {
             format!("n{}", i + 1)
         };
         nodes.insert(
             format!("n{i}"),
-            json!({"component": path, "config": {"mode": "spin", "iterations": 10}, "next": next}),
+            json!({"component": path, "config": {"mode": "count", "key": format!("c{i}")}, "next": next}),
         );
     }
     nodes.insert("end".into(), json!({"complete": {"done": true}}));
-    let flow = json!({"workflow_id": "hostile-many", "entry": "n0", "nodes": nodes});
-    let wf = h.load_scratch("many", &[("flow.json", flow)]);
+    json!({"workflow_id": workflow_id, "entry": "n0", "nodes": nodes})
+}
+
+/// The count each step's instance had reached, in step order.
+fn counts(run: &RunState, steps: usize) -> Vec<u64> {
+    (0..steps)
+        .map(|i| run.vars[&format!("c{i}")].as_u64().unwrap())
+        .collect()
+}
+
+fn the_steps_of_one_tick_reuse_an_instance_and_a_new_tick_starts_fresh(b: Backend) {
+    let h = host(b);
+    let hostile = component("runaway/hostile.wasm");
+    let wf = h.load_scratch(
+        "count",
+        &[("flow.json", count_flow("hostile-count", &vec![hostile; 6]))],
+    );
+    // One tick: six steps on one instance.
+    let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+    let run = h.rt.tick(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(counts(&run, 6), [1, 2, 3, 4, 5, 6]);
+    // A tick of one step at a time: every step on a fresh instance (nothing
+    // an instance keeps survives its tick, or reaches another run).
+    let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+    let mut run = h.rt.tick_with(&id, 1).unwrap();
+    while run.status == RunStatus::Running {
+        run = h.rt.tick_with(&id, 1).unwrap();
+    }
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(counts(&run, 6), [1; 6]);
+    // With reuse turned off, every call gets a fresh instance.
+    let rt = h.runtime(
+        None,
+        stepwell::RuntimeConfig {
+            reuse_instances: false,
+            ..stepwell::RuntimeConfig::default()
+        },
+    );
+    rt.load_bundle(&h.dir.path().join("count")).unwrap();
+    let id = rt.start(&wf, StartOptions::default()).unwrap();
+    let run = rt.tick(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(counts(&run, 6), [1; 6]);
+}
+
+fn a_tick_through_more_components_than_it_keeps_instances_of(b: Backend) {
+    // Distinct components (the hostile one, each copy made distinct by a
+    // custom section) called in one tick: the tick keeps the instances of
+    // the four it used last and lets the least recently used go.
+    let h = host(b);
+    let bytes = std::fs::read(component("runaway/hostile.wasm")).unwrap();
+    let copies: Vec<std::path::PathBuf> = (0..10u8)
+        .map(|copy| {
+            let path = h.dir.path().join(format!("hostile-{copy}.wasm"));
+            let mut distinct = bytes.clone();
+            // A custom section named "x" holding one byte.
+            distinct.extend_from_slice(&[0, 3, 1, b'x', copy]);
+            std::fs::write(&path, distinct).unwrap();
+            path
+        })
+        .collect();
+    // Ten components in turn, twice over: each one's instance is gone by
+    // the time it is called again.
+    let round: Vec<_> = copies.iter().cycle().take(20).cloned().collect();
+    let wf = h.load_scratch("many", &[("flow.json", count_flow("hostile-many", &round))]);
     let id = h.rt.start(&wf, StartOptions::default()).unwrap();
     let run = h.rt.tick(&id).unwrap();
     assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
     assert_eq!(h.rt.get_ledger(&id).unwrap().len(), 21);
+    assert_eq!(counts(&run, 20), [1; 20]);
+    // Four components keep their instances. Copy 0 is used again, so the
+    // fifth (copy 4) pushes out the least recently used, copy 1 (not copy
+    // 0, the first made): copy 0 goes on counting, copy 1 starts over, and
+    // its new instance pushes out copy 2, while copy 3 is still kept.
+    let order = [0, 1, 2, 3, 0, 4, 0, 1, 3, 2];
+    let steps: Vec<_> = order.iter().map(|&i| copies[i].clone()).collect();
+    let wf = h.load_scratch("lru", &[("flow.json", count_flow("hostile-lru", &steps))]);
+    let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+    let run = h.rt.tick(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(counts(&run, order.len()), [1, 1, 1, 1, 2, 1, 3, 1, 2, 1]);
 }
 
 fn the_guests_of_one_host_share_a_memory_limit(b: Backend) {
@@ -474,6 +540,7 @@ stepwell_tests::store_tests!(
     output_that_nests_too_deep_or_writes_a_bad_key_is_refused,
     the_guests_of_one_host_share_a_memory_limit,
     a_tick_through_more_components_than_it_keeps_instances_of,
+    the_steps_of_one_tick_reuse_an_instance_and_a_new_tick_starts_fresh,
     state_an_instance_keeps_between_calls_never_fails_a_step,
     a_guest_that_never_returns_is_stopped_at_its_time_limit,
     the_runaway_example_fails_only_its_own_run,

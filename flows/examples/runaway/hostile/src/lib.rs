@@ -15,7 +15,10 @@
 //! and follows the node's route: an instance reused for many calls reaches
 //! the memory limit, a fresh one never does.
 //!
-//! Four well-behaved modes serve tests of the host: `echo_vars` completes
+//! Five well-behaved modes serve tests of the host: `count` sets the var
+//! `config.key` (default `calls`) to the number of `count` calls the
+//! instance served, this one included (which instance served a step), and
+//! follows the node's route; `echo_vars` completes
 //! with the vars it was given; `random` sets the var `config.key` (default
 //! `random`) to 16 bytes from WASI random, in hex, and follows the node's
 //! route; `spin` counts to
@@ -32,6 +35,8 @@ struct Hostile;
 thread_local! {
     /// What the `leak` mode keeps from call to call.
     static LEAKED: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    /// How many `count` calls this instance served.
+    static CALLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 fn plan() -> StepPlan {
@@ -187,6 +192,24 @@ impl stepwell_guest::bindings::Guest for Hostile {
                     .unwrap_or(8 << 20) as usize;
                 LEAKED.with(|l| l.borrow_mut().push(vec![1u8; bytes]));
                 Ok(plan())
+            }
+            "count" => {
+                // Which instance served the call: the number of `count`
+                // calls it served, this one included, in var `config.key`.
+                let n = CALLS.with(|c| {
+                    c.set(c.get() + 1);
+                    c.get()
+                });
+                let key = config
+                    .get("key")
+                    .and_then(|k| k.as_str())
+                    .unwrap_or("calls");
+                let mut patch = serde_json::Map::new();
+                patch.insert(key.to_string(), n.into());
+                Ok(StepPlan {
+                    vars: Some(serde_json::Value::Object(patch).to_string()),
+                    ..plan()
+                })
             }
             "random" => {
                 let bytes = wasip2::random::random::get_random_bytes(16);
