@@ -386,7 +386,7 @@ fn triggers_list_validate_preview_and_call() {
         "--now",
         "2026-11-30T09:00:00Z",
     ]);
-    assert_eq!(validated["start_at"], "2026-11-30T09:00:00Z");
+    assert_eq!(validated["start_at"], "2026-11-30T09:00:00+00:00");
     let err = cli.fails(&[
         "triggers",
         "validate",
@@ -415,13 +415,13 @@ fn triggers_list_validate_preview_and_call() {
         text.lines()
             .nth(1)
             .unwrap()
-            .starts_with("2026-11-30T09:15:00Z"),
+            .starts_with("2026-11-30T09:15:00+00:00"),
         "{text}"
     );
 
     let admitted = cli.json(&[
         "triggers", "call", "schedule@1", "admit", "--input",
-        r#"{"binding": {"binding_id": "b", "config": {"start_at": "2026-11-30T09:00:00Z", "every": "1h"}}, "state": {"next_tick": 0, "admitted": 0}, "now": "2026-11-30T11:00:00Z"}"#,
+        r#"{"binding": {"binding_id": "b", "config": {"start_at": "2026-11-30T09:00:00Z", "every": "1h"}}, "state": {"tick": 0, "scheduled_count": 0}, "now": "2026-11-30T11:00:00Z"}"#,
     ]);
     assert_eq!(admitted["admission"]["event_id"], "schedule@1:b:2");
     let err = cli.fails(&["triggers", "call", "cron@1", "prepare", "--input", "{}"]);

@@ -176,7 +176,7 @@ fn schedule_validation_names_the_field() {
     let ok = validate(json!({"every": "15m"})).unwrap();
     assert_eq!(
         ok,
-        json!({"start_at": "2026-11-30T08:00:00Z", "anchor": "2026-11-30T08:00:00Z", "every": "15m"}),
+        json!({"start_at": "2026-11-30T08:00:00+00:00", "anchor": "2026-11-30T08:00:00+00:00", "every": "15m"}),
         "start_at defaults to the creation time, anchor to start_at"
     );
     let cases = [
@@ -336,7 +336,7 @@ fn schedule_coalesces_missed_ticks_into_one_admission() {
     let state = call("initial-state", json!({"binding": b}));
     assert_eq!(
         call("prepare", json!({"binding": b, "state": state})),
-        json!({"kind": "until", "until": "2026-11-30T09:00:00Z"})
+        json!({"kind": "until", "until": "2026-11-30T09:00:00+00:00"})
     );
     // Down from 08:00 to 13:30: ticks 0..=4 were due; one admission, for 4.
     let out = call(
@@ -346,14 +346,14 @@ fn schedule_coalesces_missed_ticks_into_one_admission() {
     assert_eq!(out["admission"]["event_id"], "schedule@1:b1:4");
     assert_eq!(
         out["admission"]["payload"],
-        json!({"tick": 4, "scheduled_at": "2026-11-30T13:00:00Z",
+        json!({"tick": 4, "scheduled_at": "2026-11-30T13:00:00+00:00",
                "coalesced": {"first_tick": 0, "last_tick": 4, "missed_count": 4}})
     );
     // The grid did not drift: the next tick is 14:00, not 14:30.
     let next = call("prepare", json!({"binding": b, "state": out["state"]}));
     assert_eq!(
         next,
-        json!({"kind": "until", "until": "2026-11-30T14:00:00Z"})
+        json!({"kind": "until", "until": "2026-11-30T14:00:00+00:00"})
     );
     // On time: no coalesced block.
     let on_time = call(
@@ -362,14 +362,17 @@ fn schedule_coalesces_missed_ticks_into_one_admission() {
     );
     assert_eq!(
         on_time["admission"]["payload"],
-        json!({"tick": 5, "scheduled_at": "2026-11-30T14:00:00Z"})
+        json!({"tick": 5, "scheduled_at": "2026-11-30T14:00:00+00:00"})
     );
     // rearm skips every tick at or before now and admits nothing.
     let rearmed = call(
         "rearm",
         json!({"binding": b, "state": on_time["state"], "now": "2026-11-30T18:00:00Z"}),
     );
-    assert_eq!(rearmed, json!({"next_tick": 10, "admitted": 2}));
+    assert_eq!(
+        rearmed,
+        json!({"anchor": "2026-11-30T09:00:00+00:00", "tick": 10, "scheduled_count": 2, "exhausted": false})
+    );
     let nothing = call(
         "admit",
         json!({"binding": b, "state": rearmed, "now": "2026-11-30T18:59:59Z"}),
@@ -457,7 +460,11 @@ proptest! {
             if pause {
                 // A paused automation resumed now: no catch-up.
                 state = call("rearm", json!({"binding": b, "state": state, "now": now_s})).unwrap();
-                if let Some(k) = model.last_due(now) { model.next = model.next.max(k + 1); }
+                // The first tick strictly after now (past `until`: exhausted).
+                if now >= anchor {
+                    let passed = every.map_or(0, |e| ((now - anchor) / e) as u64);
+                    model.next = model.next.max(passed + 1);
+                }
                 let again = call("admit", json!({"binding": b, "state": state, "now": now_s})).unwrap();
                 prop_assert_eq!(&again["admission"], &Value::Null, "rearm left something due at {}", now_s);
                 match call("prepare", json!({"binding": b, "state": state, "now": now_s})).unwrap() {
@@ -487,7 +494,8 @@ proptest! {
                 (None, a) => prop_assert!(false, "unexpected admission {} at {}", a, now_s),
             }
             state = out["state"].clone();
-            prop_assert_eq!(&state, &json!({"next_tick": model.next, "admitted": model.admitted}));
+            prop_assert_eq!(&state, &json!({"anchor": validated["anchor"], "tick": model.next,
+                "scheduled_count": model.admitted, "exhausted": model.exhausted()}));
         }
         if let Some(c) = count { prop_assert!(model.admitted <= c, "count is a ceiling"); }
         // Run the clock far past everything: exactly as many admissions as the
@@ -530,9 +538,9 @@ fn count_and_until_are_exact_at_their_boundaries() {
     assert_eq!(
         at,
         [
-            "2026-11-30T09:00:00Z",
-            "2026-11-30T09:10:00Z",
-            "2026-11-30T09:20:00Z"
+            "2026-11-30T09:00:00+00:00",
+            "2026-11-30T09:10:00+00:00",
+            "2026-11-30T09:20:00+00:00"
         ]
     );
     // Without every: one firing, at start_at.
@@ -545,7 +553,10 @@ fn count_and_until_are_exact_at_their_boundaries() {
         )
         .unwrap();
     assert_eq!(p.fires.len(), 1);
-    assert_eq!(p.fires[0].payload["scheduled_at"], "2026-11-30T23:00:00Z");
+    assert_eq!(
+        p.fires[0].payload["scheduled_at"],
+        "2026-11-30T23:00:00+00:00"
+    );
 }
 
 fn cron_registry() -> (TriggerRegistry, tempfile::TempDir) {
@@ -703,4 +714,181 @@ proptest! {
         let consecutive = days.iter().zip(days.iter().skip(1)).all(|(a, b)| *b == a.succ_opt().unwrap());
         prop_assert!(consecutive, "no local day skipped");
     }
+}
+
+/// The same calls as the reference's adapters (abstractruntime 0.13.0), with
+/// its answers: state slices, `fired_at` = the admitted tick's time,
+/// coalescing, `until` exclusive, one-shots, `rearm`, and manual@1's
+/// envelope under another source's binding.
+#[test]
+fn schedule_and_manual_answer_as_the_reference() {
+    let r = registry();
+    let t0 = "2026-01-01T00:00:00+00:00";
+    let call = |source: &str, m: &str, input: Value| r.call(source, m, &input, Utc::now()).unwrap();
+    let sched = |m: &str, input: Value| call("schedule@1", m, input);
+
+    // The longest grid, counted: the second tick is a year and a day later.
+    let cfg = sched(
+        "validate",
+        json!({"config": {"every": "366d", "count": 1_000_000}, "now": t0}),
+    );
+    let b = json!({"binding_id": "b1", "config": cfg});
+    let st = sched("initial-state", json!({"binding": b}));
+    let a = sched("admit", json!({"binding": b, "state": st, "now": t0}));
+    assert_eq!(
+        a,
+        json!({"admission": {"event_id": "schedule@1:b1:0", "fired_at": t0,
+                             "payload": {"scheduled_at": t0, "tick": 0}},
+               "state": {"anchor": t0, "exhausted": false, "scheduled_count": 1, "tick": 1}})
+    );
+    assert_eq!(
+        sched(
+            "prepare",
+            json!({"binding": b, "state": a["state"], "now": t0})
+        ),
+        json!({"kind": "until", "until": "2027-01-02T00:00:00+00:00"})
+    );
+
+    // Every 2m: on time, late, and three ticks missed.
+    let cfg = sched(
+        "validate",
+        json!({"config": {"start_at": t0, "every": "2m"}, "now": t0}),
+    );
+    let b = json!({"binding_id": "b1", "config": cfg});
+    let st = sched("initial-state", json!({"binding": b}));
+    assert_eq!(
+        st,
+        json!({"anchor": t0, "exhausted": false, "scheduled_count": 0, "tick": 0})
+    );
+    let a1 = sched("admit", json!({"binding": b, "state": st, "now": t0}));
+    let a2 = sched(
+        "admit",
+        json!({"binding": b, "state": a1["state"], "now": "2026-01-01T00:02:30+00:00"}),
+    );
+    assert_eq!(
+        a2,
+        json!({"admission": {"event_id": "schedule@1:b1:1", "fired_at": "2026-01-01T00:02:00+00:00",
+                             "payload": {"scheduled_at": "2026-01-01T00:02:00+00:00", "tick": 1}},
+               "state": {"anchor": t0, "exhausted": false, "scheduled_count": 2, "tick": 2}})
+    );
+    let a3 = sched(
+        "admit",
+        json!({"binding": b, "state": a2["state"], "now": "2026-01-01T00:11:00+00:00"}),
+    );
+    let coalesced = json!({"first_tick": 2, "last_tick": 5, "missed_count": 3});
+    assert_eq!(
+        a3,
+        json!({"admission": {"event_id": "schedule@1:b1:5", "fired_at": "2026-01-01T00:10:00+00:00",
+                             "payload": {"coalesced": coalesced, "scheduled_at": "2026-01-01T00:10:00+00:00", "tick": 5}},
+               "state": {"anchor": t0, "exhausted": false, "scheduled_count": 3, "tick": 6}})
+    );
+    assert_eq!(
+        sched(
+            "normalize",
+            json!({"binding": {"binding_id": "b1", "config": cfg}, "event_id": "schedule@1:b1:5",
+                                  "fired_at": "2026-01-01T00:10:00+00:00", "payload": a3["admission"]["payload"]})
+        ),
+        json!({"binding_id": "b1", "event_id": "schedule@1:b1:5", "fired_at": "2026-01-01T00:10:00+00:00",
+               "payload": {"coalesced": coalesced, "scheduled_at": "2026-01-01T00:10:00+00:00", "tick": 5},
+               "source_id": "schedule", "source_version": 1})
+    );
+    assert_eq!(
+        sched(
+            "prepare",
+            json!({"binding": b, "state": a3["state"], "now": "2026-01-01T00:11:00+00:00"})
+        ),
+        json!({"kind": "until", "until": "2026-01-01T00:12:00+00:00"})
+    );
+    assert_eq!(
+        sched(
+            "rearm",
+            json!({"binding": b, "state": a3["state"], "now": "2026-01-01T00:30:00+00:00"})
+        ),
+        json!({"anchor": t0, "exhausted": false, "scheduled_count": 3, "tick": 16})
+    );
+
+    // A one-shot at 01:00.
+    let at1 = "2026-01-01T01:00:00+00:00";
+    let cfg = sched(
+        "validate",
+        json!({"config": {"start_at": "2026-01-01T01:00:00Z"}, "now": t0}),
+    );
+    let b = json!({"binding_id": "b2", "config": cfg});
+    let st = sched("initial-state", json!({"binding": b}));
+    assert_eq!(
+        sched("prepare", json!({"binding": b, "state": st, "now": t0})),
+        json!({"kind": "until", "until": at1})
+    );
+    assert_eq!(
+        sched("admit", json!({"binding": b, "state": st, "now": t0}))["admission"],
+        Value::Null
+    );
+    let a = sched(
+        "admit",
+        json!({"binding": b, "state": st, "now": "2026-01-01T01:00:05+00:00"}),
+    );
+    assert_eq!(
+        a,
+        json!({"admission": {"event_id": "schedule@1:b2:0", "fired_at": at1,
+                             "payload": {"scheduled_at": at1, "tick": 0}},
+               "state": {"anchor": at1, "exhausted": true, "scheduled_count": 1, "tick": 1}})
+    );
+    assert_eq!(
+        sched(
+            "prepare",
+            json!({"binding": b, "state": a["state"], "now": t0})
+        ),
+        json!({"kind": "exhausted"})
+    );
+    assert_eq!(
+        sched(
+            "rearm",
+            json!({"binding": b, "state": st, "now": "2026-01-01T02:00:00+00:00"})
+        ),
+        json!({"anchor": at1, "exhausted": true, "scheduled_count": 0, "tick": 1})
+    );
+
+    // until is exclusive; an admission past it takes the last tick before it.
+    let cfg = sched(
+        "validate",
+        json!({"config": {"start_at": t0, "every": "10m", "until": "2026-01-01T00:30:00Z"}, "now": t0}),
+    );
+    let b = json!({"binding_id": "b3", "config": cfg});
+    let st = sched("initial-state", json!({"binding": b}));
+    let coalesced = json!({"first_tick": 0, "last_tick": 2, "missed_count": 2});
+    assert_eq!(
+        sched(
+            "admit",
+            json!({"binding": b, "state": st, "now": "2026-01-01T05:00:00+00:00"})
+        ),
+        json!({"admission": {"event_id": "schedule@1:b3:2", "fired_at": "2026-01-01T00:20:00+00:00",
+                             "payload": {"coalesced": coalesced, "scheduled_at": "2026-01-01T00:20:00+00:00", "tick": 2}},
+               "state": {"anchor": t0, "exhausted": true, "scheduled_count": 1, "tick": 3}})
+    );
+
+    // manual@1: the trigger slice, and run-now envelopes under the
+    // automation's own (here: schedule) binding.
+    let manual = |m: &str, input: Value| call("manual@1", m, input);
+    let mb = json!({"binding_id": "b1", "config": {}});
+    assert_eq!(
+        manual("initial-state", json!({"binding": mb})),
+        json!({"anchor": null, "exhausted": false, "scheduled_count": 0, "tick": 0})
+    );
+    assert_eq!(
+        manual(
+            "rearm",
+            json!({"binding": mb, "state": {"anchor": "x", "tick": 3, "scheduled_count": 2, "exhausted": true}})
+        ),
+        json!({"anchor": "x", "exhausted": false, "scheduled_count": 2, "tick": 3})
+    );
+    assert_eq!(
+        manual(
+            "normalize",
+            json!({"binding": {"binding_id": "b1", "source_id": "schedule", "source_version": 1, "config": {}},
+                                   "event_id": "manual:c9", "fired_at": "2026-01-01T00:06:00+00:00",
+                                   "payload": {"command_id": "c9"}})
+        ),
+        json!({"binding_id": "b1", "event_id": "manual:c9", "fired_at": "2026-01-01T00:06:00+00:00",
+               "payload": {"command_id": "c9"}, "source_id": "manual", "source_version": 1})
+    );
 }

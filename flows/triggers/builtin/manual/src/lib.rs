@@ -1,5 +1,9 @@
 //! `manual@1`: fires only when asked ("run now"). It never has a deadline;
-//! a manual firing is normalized with the event id `manual:<command_id>`.
+//! a manual firing is normalized with the event id `manual:<command_id>`, as
+//! source `manual` version 1 under whatever binding it is given (the
+//! automation's own, whatever its trigger). State: the reference's trigger
+//! slice, `{anchor: null, tick, scheduled_count, exhausted}`; `rearm` keeps
+//! it and clears `exhausted`.
 use serde_json::{json, Value};
 use stepwell_guest::export_trigger_source;
 use stepwell_guest::trigger::*;
@@ -30,7 +34,7 @@ impl TriggerSource for Manual {
     }
 
     fn initial_state(_: &Binding, _: &str) -> Result<Value, TriggerError> {
-        Ok(json!({}))
+        Ok(json!({"anchor": null, "tick": 0, "scheduled_count": 0, "exhausted": false}))
     }
 
     fn prepare(_: &Binding, _: &Value, _: &str) -> Result<Wait, TriggerError> {
@@ -46,7 +50,13 @@ impl TriggerSource for Manual {
     }
 
     fn rearm(_: &Binding, state: &Value, _: &str) -> Result<Value, TriggerError> {
-        Ok(state.clone())
+        let count = |k: &str| state.get(k).and_then(Value::as_u64).unwrap_or(0);
+        Ok(json!({
+            "anchor": state.get("anchor").cloned().unwrap_or(Value::Null),
+            "tick": count("tick"),
+            "scheduled_count": count("scheduled_count"),
+            "exhausted": false,
+        }))
     }
 
     fn normalize(
@@ -57,7 +67,12 @@ impl TriggerSource for Manual {
     ) -> Result<Envelope, TriggerError> {
         match event_id.strip_prefix("manual:") {
             Some(command_id) if !command_id.is_empty() => {
-                Ok(Envelope::of(binding, event_id, fired_at, payload))
+                // Every run-now of any automation is a manual@1 firing, under
+                // the automation's own (current) binding.
+                let mut envelope = Envelope::of(binding, event_id, fired_at, payload);
+                envelope.source_id = "manual".into();
+                envelope.source_version = 1;
+                Ok(envelope)
             }
             _ => Err(TriggerError::invalid(
                 "event_id",

@@ -11,7 +11,10 @@
 //! - `count` (1..=1,000,000) counts scheduled admissions; `count > 1` needs
 //!   `every`; without `every` the source fires once.
 //!
-//! State: `{"next_tick": k, "admitted": n}`.
+//! State (the reference's trigger slice): `{"anchor", "tick", "scheduled_count",
+//! "exhausted"}`: the grid's anchor, the next tick that may fire, the
+//! scheduled admissions so far, and whether none ever will again. An
+//! admission's `fired_at` is the admitted tick's time.
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Map, Value};
 use stepwell_guest::export_trigger_source;
@@ -34,19 +37,33 @@ fn field(name: &str) -> String {
 }
 
 fn parse_time(name: &str, text: &str) -> Result<i64, TriggerError> {
-    DateTime::parse_from_rfc3339(text)
+    DateTime::parse_from_rfc3339(text.trim())
         .map(|t| t.timestamp_micros())
         .map_err(|e| {
-            TriggerError::invalid(
-                name,
-                format!("{text:?} is not an RFC 3339 timestamp with an explicit offset ({e})"),
-            )
+            let naive =
+                chrono::NaiveDateTime::parse_from_str(text.trim(), "%Y-%m-%dT%H:%M:%S%.f").is_ok();
+            let why = if naive {
+                "must carry a UTC offset (e.g. 'Z')".to_string()
+            } else {
+                format!("is not an RFC 3339 timestamp with an explicit offset ({e})")
+            };
+            TriggerError::invalid(name, format!("{text:?} {why}"))
         })
 }
 
+/// The reference's spelling of an instant: UTC, `+00:00`, and exactly six
+/// fraction digits when the microseconds are not zero
+/// (`2026-01-01T00:02:00+00:00`, `2026-01-01T00:00:00.500000+00:00`).
 fn format_time(us: i64) -> String {
     DateTime::<Utc>::from_timestamp_micros(us)
-        .map(|t| t.to_rfc3339_opts(SecondsFormat::AutoSi, true))
+        .map(|t| {
+            let spelled = if us.rem_euclid(1_000_000) == 0 {
+                SecondsFormat::Secs
+            } else {
+                SecondsFormat::Micros
+            };
+            t.to_rfc3339_opts(spelled, false)
+        })
         .unwrap_or_else(|| us.to_string())
 }
 
@@ -114,65 +131,106 @@ fn config_of(binding: &Binding) -> Result<Config, TriggerError> {
     })
 }
 
+/// The trigger-owned slice of an automation's state, as the reference
+/// keeps it: `{anchor, tick, scheduled_count, exhausted}`.
 #[derive(Clone, Copy)]
 struct State {
-    next_tick: u64,
-    admitted: u64,
+    /// The grid's anchor (microseconds).
+    anchor: i64,
+    /// The next tick that may fire.
+    tick: u64,
+    /// Scheduled admissions so far (a coalesced admission counts once).
+    scheduled_count: u64,
+    /// No tick will fire again.
+    exhausted: bool,
 }
 
-fn state_of(v: &Value) -> Result<State, TriggerError> {
-    let get = |k: &str| {
-        v.get(k)
-            .and_then(Value::as_u64)
-            .ok_or_else(|| TriggerError::invalid(format!("state.{k}"), "must be a whole number"))
+/// The state in `v`; a missing field takes its initial value, a missing
+/// anchor the config's.
+fn state_of(cfg: &Config, v: &Value) -> Result<State, TriggerError> {
+    let count = |k: &str| match v.get(k) {
+        None | Some(Value::Null) => Ok(0),
+        Some(n) => n
+            .as_u64()
+            .ok_or_else(|| TriggerError::invalid(format!("state.{k}"), "must be a whole number")),
     };
     Ok(State {
-        next_tick: get("next_tick")?,
-        admitted: get("admitted")?,
+        anchor: match str_field_of(v, "anchor")? {
+            Some(t) => parse_time("state.anchor", t)?,
+            None => cfg.anchor,
+        },
+        tick: count("tick")?,
+        scheduled_count: count("scheduled_count")?,
+        exhausted: v.get("exhausted").and_then(Value::as_bool).unwrap_or(false),
     })
 }
 
+fn str_field_of<'a>(v: &'a Value, name: &str) -> Result<Option<&'a str>, TriggerError> {
+    match v.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(TriggerError::invalid(
+            format!("state.{name}"),
+            "must be a string",
+        )),
+    }
+}
+
 fn state_value(s: State) -> Value {
-    json!({ "next_tick": s.next_tick, "admitted": s.admitted })
+    json!({
+        "anchor": format_time(s.anchor),
+        "tick": s.tick,
+        "scheduled_count": s.scheduled_count,
+        "exhausted": s.exhausted,
+    })
 }
 
 impl Config {
-    /// The instant of tick `k`, if it exists (on the grid, before `until`).
-    fn tick(&self, k: u64) -> Option<i64> {
-        let t = match self.every {
-            None if k == 0 => self.anchor,
-            None => return None,
-            Some(every) => i64::try_from(k)
-                .ok()?
-                .checked_mul(every)?
-                .checked_add(self.anchor)?,
-        };
-        match self.until {
-            Some(until) if t >= until => None,
-            _ => Some(t),
+    /// `T_k = anchor + k * every` (one-shot: `T_0 = anchor`).
+    fn time(&self, anchor: i64, k: i64) -> Option<i64> {
+        match self.every {
+            None => Some(anchor),
+            Some(every) => k.checked_mul(every)?.checked_add(anchor),
         }
     }
 
-    /// The last tick at or before `now` (None before the first tick).
-    fn last_at_or_before(&self, now: i64) -> Option<u64> {
-        if now < self.anchor {
+    /// The largest k with `T_k <= t` (-1 before the first tick).
+    fn floor(&self, anchor: i64, t: i64) -> i64 {
+        match self.every {
+            _ if t < anchor => -1,
+            None => 0,
+            Some(every) => (t - anchor).div_euclid(every),
+        }
+    }
+
+    /// The largest k with `T_k < until`: `ceil((until - anchor) / every) - 1`
+    /// (None when unbounded).
+    fn last_eligible(&self, anchor: i64) -> Option<i64> {
+        let (every, until) = (self.every?, self.until?);
+        let span = i128::from(until) - i128::from(anchor);
+        let k = -((-span).div_euclid(i128::from(every))) - 1;
+        Some(k.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64)
+    }
+
+    /// The next tick that may fire, at or after `s.tick` (None: exhausted).
+    fn next_tick(&self, s: &State) -> Option<u64> {
+        if s.exhausted || self.count.is_some_and(|c| s.scheduled_count >= c) {
             return None;
         }
-        let k = match self.every {
-            None => 0,
-            Some(every) => ((now - self.anchor) / every) as u64,
-        };
-        // Clamp to the last tick before `until`.
-        let mut k = k;
-        if let (Some(until), Some(every)) = (self.until, self.every) {
-            let last = ((until - self.anchor - 1) / every) as u64;
-            k = k.min(last);
+        if self.every.is_none() {
+            return (s.tick == 0).then_some(0);
         }
-        Some(k)
+        match self.last_eligible(s.anchor) {
+            Some(last) if i128::from(s.tick) > i128::from(last) => None,
+            _ => Some(s.tick),
+        }
     }
 
-    fn exhausted(&self, s: State) -> bool {
-        self.count.is_some_and(|c| s.admitted >= c) || self.tick(s.next_tick).is_none()
+    /// `s` with `exhausted` recomputed.
+    fn settle(&self, mut s: State) -> State {
+        s.exhausted = false;
+        s.exhausted = self.next_tick(&s).is_none();
+        s
     }
 }
 
@@ -224,23 +282,23 @@ impl TriggerSource for Schedule {
                 format!("unknown field (known: {})", FIELDS.join(", ")),
             ));
         }
+        // The reference's order: start_at, anchor, every, count, until.
         let start_at = match str_field(&map, "start_at")? {
             Some(t) => parse_time(&field("start_at"), t)?,
             None => now_of(now)?,
         };
-        let every = str_field(&map, "every")?;
-        let every_s = every.map(parse_every).transpose()?;
-        let until = str_field(&map, "until")?
-            .map(|t| parse_time(&field("until"), t))
-            .transpose()?;
-        if let Some(u) = until {
-            if u <= start_at {
-                return Err(TriggerError::invalid(
-                    field("until"),
-                    "must be after start_at (until is exclusive)",
-                ));
-            }
+        let anchor = match str_field(&map, "anchor")? {
+            Some(t) => parse_time(&field("anchor"), t)?,
+            None => start_at,
+        };
+        if anchor != start_at {
+            return Err(TriggerError::unsupported(
+                field("anchor"),
+                "schedule@1 requires anchor == start_at (a separate anchor is not supported in v1)",
+            ));
         }
+        let every = str_field(&map, "every")?;
+        every.map(parse_every).transpose()?;
         let count = match map.get("count") {
             None | Some(Value::Null) => None,
             Some(v) => match v.as_u64() {
@@ -253,21 +311,22 @@ impl TriggerSource for Schedule {
                 }
             },
         };
-        if count.is_some_and(|c| c > 1) && every_s.is_none() {
+        if count.is_some_and(|c| c != 1) && every.is_none() {
             return Err(TriggerError::invalid(
                 field("count"),
-                "count greater than 1 requires every",
+                "count > 1 requires every",
             ));
         }
-        let anchor = match str_field(&map, "anchor")? {
-            Some(t) => parse_time(&field("anchor"), t)?,
-            None => start_at,
-        };
-        if anchor != start_at {
-            return Err(TriggerError::unsupported(
-                field("anchor"),
-                "anchor must equal start_at in schedule@1",
-            ));
+        let until = str_field(&map, "until")?
+            .map(|t| parse_time(&field("until"), t))
+            .transpose()?;
+        if let Some(u) = until {
+            if u <= start_at {
+                return Err(TriggerError::invalid(
+                    field("until"),
+                    "must be after start_at (until is exclusive)",
+                ));
+            }
         }
         let mut out = Map::new();
         out.insert("start_at".into(), json!(format_time(start_at)));
@@ -275,31 +334,35 @@ impl TriggerSource for Schedule {
         if let Some(e) = every {
             out.insert("every".into(), json!(e));
         }
-        if let Some(u) = until {
-            out.insert("until".into(), json!(format_time(u)));
-        }
         if let Some(c) = count {
             out.insert("count".into(), json!(c));
+        }
+        if let Some(u) = until {
+            out.insert("until".into(), json!(format_time(u)));
         }
         Ok(Value::Object(out))
     }
 
     fn initial_state(binding: &Binding, _now: &str) -> Result<Value, TriggerError> {
-        config_of(binding)?;
+        let cfg = config_of(binding)?;
         Ok(state_value(State {
-            next_tick: 0,
-            admitted: 0,
+            anchor: cfg.anchor,
+            tick: 0,
+            scheduled_count: 0,
+            exhausted: false,
         }))
     }
 
     fn prepare(binding: &Binding, state: &Value, _now: &str) -> Result<Wait, TriggerError> {
         let cfg = config_of(binding)?;
-        let s = state_of(state)?;
-        if cfg.exhausted(s) {
-            return Ok(Wait::Exhausted);
-        }
-        let t = cfg.tick(s.next_tick).expect("not exhausted");
-        Ok(Wait::Until(format_time(t)))
+        let s = state_of(&cfg, state)?;
+        Ok(match cfg.next_tick(&s) {
+            None => Wait::Exhausted,
+            Some(k) => match i64::try_from(k).ok().and_then(|k| cfg.time(s.anchor, k)) {
+                Some(t) => Wait::Until(format_time(t)),
+                None => Wait::Exhausted,
+            },
+        })
     }
 
     fn admit(
@@ -308,44 +371,90 @@ impl TriggerSource for Schedule {
         now: &str,
     ) -> Result<(Option<Admission>, Value), TriggerError> {
         let cfg = config_of(binding)?;
-        let s = state_of(state)?;
+        let s = state_of(&cfg, state)?;
         let now_us = now_of(now)?;
-        if cfg.exhausted(s) || cfg.tick(s.next_tick).is_none_or(|t| t > now_us) {
-            return Ok((None, state_value(s)));
-        }
-        let first = s.next_tick;
-        let last = cfg
-            .last_at_or_before(now_us)
-            .expect("a tick is due")
-            .max(first);
-        let scheduled_at = cfg.tick(last).expect("the latest due tick exists");
-        let mut payload = json!({ "tick": last, "scheduled_at": format_time(scheduled_at) });
-        if last > first {
+        let none = || Ok((None, state.clone()));
+        let Some(first) = cfg.next_tick(&s) else {
+            return none();
+        };
+        let fired: u64 = if cfg.every.is_none() {
+            if s.anchor > now_us {
+                return none();
+            }
+            0
+        } else {
+            let mut fired = cfg.floor(s.anchor, now_us);
+            if fired < 0 {
+                return none();
+            }
+            if let Some(last) = cfg.last_eligible(s.anchor) {
+                fired = fired.min(last);
+            }
+            match u64::try_from(fired) {
+                Ok(f) if f >= first => f,
+                _ => return none(),
+            }
+        };
+        let Some(at) = i64::try_from(fired)
+            .ok()
+            .and_then(|k| cfg.time(s.anchor, k))
+        else {
+            return none();
+        };
+        // The tick's own time, not the moment of the call: a late admission
+        // still says when it was due.
+        let fired_at = format_time(at);
+        let mut payload = json!({ "tick": fired, "scheduled_at": fired_at });
+        if fired > first {
             payload["coalesced"] = json!({
                 "first_tick": first,
-                "last_tick": last,
-                "missed_count": last - first,
+                "last_tick": fired,
+                "missed_count": fired - first,
             });
         }
+        let next = cfg.settle(State {
+            anchor: s.anchor,
+            tick: fired + 1,
+            scheduled_count: s.scheduled_count + 1,
+            exhausted: false,
+        });
         let admission = Admission {
-            event_id: format!("schedule@1:{}:{last}", binding.binding_id),
-            fired_at: format_time(now_us),
+            event_id: format!("schedule@1:{}:{fired}", binding.binding_id),
+            fired_at,
             payload,
-        };
-        let next = State {
-            next_tick: last + 1,
-            admitted: s.admitted + 1,
         };
         Ok((Some(admission), state_value(next)))
     }
 
     fn rearm(binding: &Binding, state: &Value, now: &str) -> Result<Value, TriggerError> {
         let cfg = config_of(binding)?;
-        let mut s = state_of(state)?;
-        if let Some(k) = cfg.last_at_or_before(now_of(now)?) {
-            s.next_tick = s.next_tick.max(k + 1);
+        let mut s = state_of(&cfg, state)?;
+        let now_us = now_of(now)?;
+        if cfg.every.is_none() {
+            // The single tick passed while paused: it never fires late.
+            if s.tick == 0 && s.anchor <= now_us {
+                s.tick = 1;
+            }
+        } else if let Ok(passed) = u64::try_from(cfg.floor(s.anchor, now_us)) {
+            // The first tick strictly after now.
+            s.tick = s.tick.max(passed + 1);
         }
-        Ok(state_value(s))
+        Ok(state_value(cfg.settle(s)))
+    }
+
+    fn normalize(
+        binding: &Binding,
+        event_id: &str,
+        fired_at: &str,
+        payload: Value,
+    ) -> Result<Envelope, TriggerError> {
+        if event_id.is_empty() {
+            return Err(TriggerError::invalid("event_id", "must not be empty"));
+        }
+        let mut envelope = Envelope::of(binding, event_id, fired_at, payload);
+        envelope.source_id = "schedule".into();
+        envelope.source_version = 1;
+        Ok(envelope)
     }
 }
 
