@@ -26,6 +26,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod automation;
 pub mod core;
 pub mod effects;
 pub mod flow;

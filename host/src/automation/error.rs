@@ -1,0 +1,48 @@
+//! The automation layer's one error type.
+
+use serde_json::{json, Value};
+
+/// A domain failure: a wire reason code (`invalid_definition`,
+/// `unsupported_feature`, `unknown_trigger_source`, `identity_conflict`,
+/// `automation_not_found`, ...), a message, and the offending field when
+/// there is one (`trigger.config.every`, `policy.retry.max_attempts`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason_code}: {}{message}", field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default())]
+pub struct AutomationError {
+    /// The reason code.
+    pub reason_code: String,
+    /// What is wrong, for a person.
+    pub message: String,
+    /// The field, dotted (`notify.channels[1]`), if one is at fault.
+    pub field: Option<String>,
+}
+
+impl AutomationError {
+    /// An error with `reason_code` about `field`.
+    pub fn new(reason_code: &str, field: Option<&str>, message: impl Into<String>) -> Self {
+        AutomationError {
+            reason_code: reason_code.to_string(),
+            message: message.into(),
+            field: field.map(str::to_string),
+        }
+    }
+
+    /// `invalid_definition` about `field`.
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        Self::new("invalid_definition", Some(field), message)
+    }
+
+    /// `unsupported_feature` about `field`.
+    pub fn unsupported(field: &str, message: impl Into<String>) -> Self {
+        Self::new("unsupported_feature", Some(field), message)
+    }
+
+    /// The wire form: `{"reason_code", "message", "field"?}`.
+    pub fn to_json(&self) -> Value {
+        let mut v = json!({ "reason_code": self.reason_code, "message": self.message });
+        if let Some(f) = &self.field {
+            v["field"] = json!(f);
+        }
+        v
+    }
+}

@@ -1,0 +1,47 @@
+//! Automations: a workflow fired again and again by a trigger, each firing
+//! a deterministic child run (an occurrence), steered by commands.
+//!
+//! An automation is a controller run whose id is the automation's id; its
+//! definition lives in the controller's `vars._meta.automation`, its state
+//! in `vars._runtime.automation`, and every transition is an
+//! `automation.*` record in its ledger. This module holds the parts every
+//! other piece stands on, all pure: the identifiers (deterministic UUIDs),
+//! the reference's timestamp and duration spellings, canonical JSON and
+//! request digests, and the definition (validation of a creation request,
+//! revisions, status, the controller's initial state, retry backoff).
+//!
+//! The behaviour is the reference implementation's (abstractruntime
+//! 0.13.0); `docs/automations.md` is the user's guide.
+//!
+//! ```
+//! use stepwell::automation::{automation_id, binding_id, occurrence_run_id, OccurrenceKind};
+//!
+//! let id = automation_id("local", "local", "memory-watch");
+//! assert_eq!(id, "34f631d4-0bf3-5fea-a282-70c1b1d5b24b");
+//! // The first binding, and the first attempt of the second scheduled
+//! // occurrence of revision 1: the same ids on every host, every time.
+//! assert_eq!(binding_id(&id, 1), "a5d46496-9e93-54c8-b142-587deb6b287f");
+//! let child = occurrence_run_id(&id, OccurrenceKind::Scheduled { revision: 1, index: 2 }, 1);
+//! assert_eq!(child, "1a852a72-f109-5b94-be0b-3a5dada8b537");
+//! ```
+
+mod definition;
+mod error;
+mod ids;
+mod time;
+
+pub use definition::{
+    automation_status, backoff_delay, build_definition, initial_state, revise_definition,
+    trigger_changed, trigger_state_of, validate_context, validate_email_recipients,
+    validate_notify, validate_policy, validate_target, validate_untrusted_input_tools,
+    AutomationStatus, DEFAULT_RETRY, DEFINITION_SCHEMA_VERSION, NOTIFY_BODY_MAX, NOTIFY_TITLE_MAX,
+    TITLE_MAX,
+};
+pub use error::AutomationError;
+pub use ids::{
+    automation_id, automation_session_id, binding_id, canonical_json, discussion_ids,
+    occurrence_run_id, record_key, request_digest, wake_wait_key, OccurrenceKind,
+    AUTOMATION_NAMESPACE, CONTROLLER_BUNDLE_ID, CONTROLLER_BUNDLE_REF, CONTROLLER_BUNDLE_VERSION,
+    CONTROLLER_FLOW_ID, CONTROLLER_WORKFLOW_ID, RECORD_SCHEMA_VERSION,
+};
+pub use time::{format_timestamp, parse_duration, parse_timestamp, MAX_DURATION_SECONDS};

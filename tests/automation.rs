@@ -1,0 +1,450 @@
+//! The automation definition: ids, digests, validation and revisions give
+//! exactly what the reference implementation (abstractruntime 0.13.0) gives
+//! for the same input. Expected values were produced by the reference.
+
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use stepwell::automation::{
+    automation_id, automation_status, backoff_delay, binding_id, build_definition, discussion_ids,
+    initial_state, occurrence_run_id, request_digest, revise_definition, trigger_changed,
+    validate_policy, AutomationStatus, OccurrenceKind,
+};
+use stepwell::triggers::TriggerRegistry;
+use stepwell_tests::trigger_registry;
+
+const ID: &str = "34f631d4-0bf3-5fea-a282-70c1b1d5b24b";
+
+fn now() -> DateTime<Utc> {
+    "2026-01-01T00:00:00Z".parse().unwrap()
+}
+
+fn base() -> Value {
+    json!({
+        "request_id": "memory-watch",
+        "title": "  Memory watch ",
+        "target": {"workflow_id": "echo", "bundle_ref": "/srv/flows/echo", "flow_id": "echo",
+                   "input_data": {"prompt": "check memory"}},
+        "trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "2m"}},
+        "workspace_root": "/tmp/ws"
+    })
+}
+
+/// `base()` with the top-level keys of `patch` replaced.
+fn with(patch: Value) -> Value {
+    let mut req = base();
+    for (k, v) in patch.as_object().unwrap() {
+        req[k] = v.clone();
+    }
+    req
+}
+
+fn build(r: &TriggerRegistry, request: &Value) -> Result<Value, (String, Option<String>)> {
+    build_definition(request, ID, now(), r).map_err(|e| (e.reason_code, e.field))
+}
+
+#[test]
+fn ids_are_the_references() {
+    assert_eq!(automation_id("local", "local", "memory-watch"), ID);
+    assert_eq!(binding_id(ID, 1), "a5d46496-9e93-54c8-b142-587deb6b287f");
+    assert_eq!(binding_id(ID, 3), "b65fcd63-46e5-5aff-ac31-5d8afa7d9a0d");
+    let scheduled = OccurrenceKind::Scheduled {
+        revision: 1,
+        index: 2,
+    };
+    assert_eq!(
+        occurrence_run_id(ID, scheduled, 1),
+        "1a852a72-f109-5b94-be0b-3a5dada8b537"
+    );
+    let seventh = OccurrenceKind::Scheduled {
+        revision: 2,
+        index: 7,
+    };
+    assert_eq!(
+        occurrence_run_id(ID, seventh, 3),
+        "74f1a9a8-1fee-5d2e-80e2-f94ade82bc9d"
+    );
+    let manual = OccurrenceKind::Manual { command_id: "c9" };
+    assert_eq!(
+        occurrence_run_id(ID, manual, 2),
+        "93dc209b-4c4a-5fff-964d-84e867dad2bf"
+    );
+    let (run, session) = discussion_ids(ID, "d1");
+    assert_eq!(run, "0749d725-aa55-50b5-95a7-db20f17df2fa");
+    assert_eq!(session, format!("discussion-session:{run}"));
+}
+
+#[test]
+fn digests_are_the_references() {
+    assert_eq!(
+        request_digest(&base()),
+        "sha256:7685aa2f7158cb82a12d62bbe7d2dee3c4164e10dbdc573b7935f133d327f7f2"
+    );
+    assert_eq!(
+        request_digest(&json!({"x": [1e16, 1.5e-5, "é\n"], "a": true})),
+        "sha256:c229b6a5951a5cb51fb3d4bf51782c7fd9c8976ff6d435f516d11edbfdceabff"
+    );
+}
+
+#[test]
+fn a_definition_is_built_as_the_reference_builds_it() {
+    let (r, _dir) = trigger_registry(&[]);
+    let d = build(&r, &base()).unwrap();
+    let expected = json!({
+        "archived_at": null,
+        "context": {"growing": {}, "mode": "independent"},
+        "controller": {"bundle_ref": "abstractframework.automation-controller@1.0.0", "flow_id": "controller"},
+        "created_at": "2026-01-01T00:00:00+00:00",
+        "notify": {"channels": ["console"]},
+        "policy": {"email_allowed_recipients": ["self"], "failure": "continue", "misfire": "coalesce",
+                   "retry": {"backoff": {"factor": 2, "initial": "30s", "max": "10m"}, "max_attempts": 3},
+                   "serial": true, "tool_approval": "auto", "untrusted_input_tools": []},
+        "revision": 1,
+        "schema_version": 2,
+        "session_id": "automation:34f631d4-0bf3-5fea-a282-70c1b1d5b24b",
+        "target": {"bundle_ref": "/srv/flows/echo", "flow_id": "echo",
+                   "input_data": {"prompt": "check memory"}, "workflow_id": "echo"},
+        "title": "Memory watch",
+        "trigger": {"binding_id": "a5d46496-9e93-54c8-b142-587deb6b287f",
+                    "config": {"anchor": "2026-01-01T00:00:00+00:00", "every": "2m",
+                               "start_at": "2026-01-01T00:00:00+00:00"},
+                    "source_id": "schedule", "source_version": 1},
+        "workspace_root": "/tmp/ws"
+    });
+    assert_eq!(d, expected);
+
+    // Everything optional, normalised the way the reference does.
+    let full = build(
+        &r,
+        &with(json!({
+            "trigger": {"source_id": "schedule", "source_version": 1,
+                        "config": {"start_at": "2026-01-01T01:00:00.5+01:00", "every": "1h",
+                                   "count": 3, "until": "2026-02-01T00:00:00Z"}},
+            "policy": {"email_allowed_recipients": [" Self", "A@Example.test", "a@example.test"],
+                       "untrusted_input_tools": ["fetch_url", "fetch_url", "x.y-z"],
+                       "tool_policy": {"auto_approve_tools": ["b", " a", "b"]}, "serial": 1},
+            "notify": {"channels": ["email", "console", "email"], "always": true,
+                       "title": "  t  ", "body": "b".repeat(3000), "recipients": ["self"]},
+            "context": {"mode": "growing"},
+            "session_id": " s1 ",
+            "one_shot": true,
+            "untrusted_origin": false,
+            "origin_run_id": "r0"
+        })),
+    )
+    .unwrap();
+    assert_eq!(
+        full["trigger"]["config"],
+        json!({"anchor": "2026-01-01T00:00:00.500000+00:00", "count": 3, "every": "1h",
+               "start_at": "2026-01-01T00:00:00.500000+00:00", "until": "2026-02-01T00:00:00+00:00"})
+    );
+    assert_eq!(
+        full["policy"],
+        json!({"email_allowed_recipients": ["self", "a@example.test"], "failure": "continue",
+               "misfire": "coalesce",
+               "retry": {"backoff": {"factor": 2, "initial": "30s", "max": "10m"}, "max_attempts": 3},
+               "serial": true, "tool_approval": "auto",
+               "tool_policy": {"auto_approve_tools": ["a", "b"], "require_approval_tools": []},
+               "untrusted_input_tools": ["fetch_url", "x.y-z"]})
+    );
+    assert_eq!(full["notify"]["channels"], json!(["console", "email"]));
+    assert_eq!(full["notify"]["always"], json!(true));
+    assert_eq!(full["notify"]["title"], json!("t"));
+    assert_eq!(full["notify"]["body"].as_str().unwrap().len(), 2000);
+    assert_eq!(full["notify"]["recipients"], json!(["self"]));
+    assert_eq!(full["session_id"], json!("s1"));
+    assert_eq!(full["one_shot"], json!(true));
+    assert_eq!(full["origin_run_id"], json!("r0"));
+    assert!(full.get("untrusted_origin").is_none());
+
+    let manual = build(
+        &r,
+        &with(json!({"trigger": {"source_id": "manual", "source_version": 1}})),
+    )
+    .unwrap();
+    assert_eq!(manual["trigger"]["config"], json!({}));
+}
+
+#[test]
+fn every_refusal_names_its_reason_and_field() {
+    let (r, _dir) = trigger_registry(&[]);
+    let schedule = |config: Value| json!({"trigger": {"source_id": "schedule", "source_version": 1, "config": config}});
+    let target = |patch: Value| {
+        let mut t = base()["target"].clone();
+        for (k, v) in patch.as_object().unwrap() {
+            t[k] = v.clone();
+        }
+        json!({ "target": t })
+    };
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (
+            json!({"surprise": 1, "zeta": 2}),
+            "invalid_definition",
+            "surprise",
+        ),
+        (
+            json!({"request_id": "  "}),
+            "invalid_definition",
+            "request_id",
+        ),
+        (
+            json!({"title": "x".repeat(121)}),
+            "invalid_definition",
+            "title",
+        ),
+        (json!({"title": 5}), "invalid_definition", "title"),
+        (
+            target(json!({"extra": 1})),
+            "invalid_definition",
+            "target.extra",
+        ),
+        (
+            target(json!({"input_data": null})),
+            "invalid_definition",
+            "target.input_data",
+        ),
+        (
+            target(json!({"flow_id": "@default"})),
+            "invalid_definition",
+            "target.flow_id",
+        ),
+        (
+            json!({"target": {"bundle_ref": "b", "flow_id": "f"}}),
+            "invalid_definition",
+            "target.workflow_id",
+        ),
+        (
+            json!({"trigger": {"source_id": "schedule", "source_version": true}}),
+            "invalid_definition",
+            "trigger.source_version",
+        ),
+        (
+            json!({"trigger": {"source_id": "nope", "source_version": 1}}),
+            "unknown_trigger_source",
+            "trigger.source_id",
+        ),
+        (
+            schedule(json!({"every": "1w"})),
+            "invalid_definition",
+            "trigger.config.every",
+        ),
+        (
+            schedule(json!({"zz": 1, "every": "1w"})),
+            "invalid_definition",
+            "trigger.config.zz",
+        ),
+        (
+            schedule(json!({"count": 2})),
+            "invalid_definition",
+            "trigger.config.count",
+        ),
+        (
+            schedule(json!({"anchor": "2026-01-02T00:00:00Z"})),
+            "unsupported_feature",
+            "trigger.config.anchor",
+        ),
+        (
+            schedule(json!({"until": "2025-01-02T00:00:00Z"})),
+            "invalid_definition",
+            "trigger.config.until",
+        ),
+        (
+            schedule(json!({"start_at": "2026-01-02T00:00:00"})),
+            "invalid_definition",
+            "trigger.config.start_at",
+        ),
+        (
+            json!({"trigger": {"source_id": "manual", "source_version": 1, "config": {"b": 1, "a": 2}}}),
+            "invalid_definition",
+            "trigger.config.a",
+        ),
+        (
+            json!({"context": {"mode": "growing", "growing": {"summary": true}}}),
+            "unsupported_feature",
+            "context.growing.summary",
+        ),
+        (
+            json!({"context": {"mode": "growing", "growing": {"max_tokens": 1.5}}}),
+            "invalid_definition",
+            "context.growing.max_tokens",
+        ),
+        (
+            json!({"context": {"mode": "weird"}}),
+            "invalid_definition",
+            "context.mode",
+        ),
+        (
+            json!({"policy": {"tool_approval": "never", "serial": false}}),
+            "invalid_definition",
+            "policy.tool_approval",
+        ),
+        (
+            json!({"policy": {"serial": false}}),
+            "unsupported_feature",
+            "policy.serial",
+        ),
+        (
+            json!({"policy": {"retry": {"max_attempts": 11}}}),
+            "invalid_definition",
+            "policy.retry.max_attempts",
+        ),
+        (
+            json!({"policy": {"retry": {"backoff": {"factor": true}}}}),
+            "invalid_definition",
+            "policy.retry.backoff.factor",
+        ),
+        (
+            json!({"policy": {"retry": {"backoff": {"initial": "0m"}}}}),
+            "invalid_definition",
+            "policy.retry.backoff.initial",
+        ),
+        (
+            json!({"policy": {"email_allowed_recipients": ["Self", "A@Example.test", "bad@nodot"]}}),
+            "invalid_definition",
+            "policy.email_allowed_recipients[2]",
+        ),
+        (
+            json!({"policy": {"untrusted_input_tools": ["ALL"]}}),
+            "invalid_definition",
+            "policy.untrusted_input_tools[0]",
+        ),
+        (
+            json!({"notify": {"channels": ["email", "sms"]}}),
+            "invalid_definition",
+            "notify.channels[1]",
+        ),
+        (
+            json!({"notify": {"recipients": []}}),
+            "invalid_definition",
+            "notify.recipients",
+        ),
+        (
+            json!({"workspace_root": "rel/path"}),
+            "invalid_definition",
+            "workspace_root",
+        ),
+        (
+            json!({"session_id": "s1"}),
+            "invalid_definition",
+            "session_id",
+        ),
+        (json!({"one_shot": "yes"}), "invalid_definition", "one_shot"),
+    ];
+    for (patch, code, field) in cases {
+        let got = build(&r, &with(patch.clone()));
+        assert_eq!(
+            got,
+            Err((code.to_string(), Some(field.to_string()))),
+            "{patch}"
+        );
+    }
+    let not_an_object = build(&r, &json!([])).unwrap_err();
+    assert_eq!(
+        not_an_object,
+        ("invalid_definition".into(), Some("request".into()))
+    );
+}
+
+#[test]
+fn revisions_merge_the_policy_and_rebind_a_changed_trigger() {
+    let (r, _dir) = trigger_registry(&[]);
+    let d = build(&r, &base()).unwrap();
+    let later: DateTime<Utc> = "2026-01-01T00:05:00Z".parse().unwrap();
+    // The same schedule resent (start_at included): the binding is kept.
+    let same = revise_definition(
+        &d,
+        &json!({"policy": {"retry": {"max_attempts": 5}},
+                "trigger": {"source_id": "schedule", "source_version": 1,
+                            "config": {"start_at": "2026-01-01T00:00:00Z", "every": "2m"}}}),
+        ID,
+        later,
+        &r,
+    )
+    .unwrap();
+    assert_eq!(same["revision"], json!(2));
+    assert_eq!(same["trigger"], d["trigger"]);
+    assert!(!trigger_changed(&d, &same));
+    assert_eq!(same["policy"]["retry"]["max_attempts"], json!(5));
+    assert_eq!(same["policy"]["tool_approval"], json!("auto"));
+    // Without start_at, the config takes the command's time: a new binding.
+    let changed = revise_definition(
+        &d,
+        &json!({"trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "2m"}}}),
+        ID,
+        later,
+        &r,
+    )
+    .unwrap();
+    assert_eq!(
+        changed["trigger"],
+        json!({"binding_id": "5dce7e60-dad1-5927-860b-d0f058bb6f00", "source_id": "schedule",
+               "source_version": 1,
+               "config": {"start_at": "2026-01-01T00:05:00+00:00",
+                          "anchor": "2026-01-01T00:05:00+00:00", "every": "2m"}})
+    );
+    assert!(trigger_changed(&d, &changed));
+    for (changes, field) in [
+        (json!({}), "changes"),
+        (json!({"bogus": 1}), "changes.bogus"),
+        (json!([]), "changes"),
+        (json!({"policy": []}), "changes.policy"),
+    ] {
+        let e = revise_definition(&d, &changes, ID, later, &r).unwrap_err();
+        assert_eq!(
+            (e.reason_code.as_str(), e.field.as_deref()),
+            ("invalid_definition", Some(field))
+        );
+    }
+}
+
+#[test]
+fn backoff_grows_by_the_factor_up_to_the_cap() {
+    let policy = validate_policy(Some(
+        &json!({"retry": {"backoff": {"initial": "30s", "factor": 2.5, "max": "10m"}}}),
+    ))
+    .unwrap();
+    let seconds: Vec<f64> = (1..=5)
+        .map(|a| {
+            backoff_delay(&policy, a)
+                .unwrap()
+                .num_microseconds()
+                .unwrap() as f64
+                / 1e6
+        })
+        .collect();
+    assert_eq!(seconds, [30.0, 75.0, 187.5, 468.75, 600.0]);
+}
+
+#[test]
+fn the_status_rule_and_the_initial_state() {
+    let (r, _dir) = trigger_registry(&[]);
+    let d = build(&r, &base()).unwrap();
+    let state = initial_state(
+        &d,
+        &json!({"anchor": "2026-01-01T00:00:00+00:00", "tick": 0, "scheduled_count": 0, "exhausted": false}),
+    );
+    assert_eq!(
+        state,
+        json!({"state_version": 0, "active_revision": 1, "pending_occurrence": null,
+               "anchor": "2026-01-01T00:00:00+00:00", "tick": 0, "next_index": 1,
+               "scheduled_count": 0, "paused": false, "attention_seq": 0, "exhausted": false,
+               "manual_pending": null, "last_outcome": null, "intent": null})
+    );
+    let mut run: stepwell::RunState = serde_json::from_value(json!({
+        "run_id": ID, "workflow_id": "abstractframework.automation-controller@1.0.0:controller",
+        "status": "running", "current_node": "wait",
+        "vars": {"_meta": {"automation": d}, "_runtime": {"automation": state}},
+        "waiting": null, "output": null, "error": null,
+        "created_at": "2026-01-01T00:00:00.000000Z", "updated_at": "2026-01-01T00:00:00.000000Z",
+        "actor_id": null, "session_id": null, "parent_run_id": null
+    }))
+    .unwrap();
+    assert_eq!(automation_status(&run), AutomationStatus::Active);
+    run.vars["_runtime"]["automation"]["paused"] = json!(true);
+    assert_eq!(automation_status(&run), AutomationStatus::Paused);
+    run.status = stepwell::RunStatus::Cancelled;
+    assert_eq!(automation_status(&run), AutomationStatus::Failed);
+    run.status = stepwell::RunStatus::Completed;
+    assert_eq!(automation_status(&run), AutomationStatus::Completed);
+    run.vars["_meta"]["automation"]["archived_at"] = json!("2026-01-02T00:00:00+00:00");
+    assert_eq!(automation_status(&run), AutomationStatus::Archived);
+}
