@@ -448,3 +448,87 @@ fn the_status_rule_and_the_initial_state() {
     run.vars["_meta"]["automation"]["archived_at"] = json!("2026-01-02T00:00:00+00:00");
     assert_eq!(automation_status(&run), AutomationStatus::Archived);
 }
+
+/// Automation attribution crosses every subworkflow hop, set by the host: a
+/// child (and grandchild) of an occurrence is a descendant of it, a child
+/// of a discussion keeps its provenance without the seed.
+#[test]
+fn children_of_an_occurrence_are_its_descendants() {
+    use stepwell::store::RunIndexRow;
+    use stepwell_tests::{Backend, Host};
+    for backend in [Backend::Memory, Backend::Sqlite] {
+        let h = Host::new(backend);
+        let hop = |id: &str, child: &str, run_id: &str| {
+            json!({"workflow_id": id, "entry": "go", "nodes": {
+                "go": {"effect": "start_subworkflow",
+                       "payload": {"workflow_id": child, "run_id": run_id}, "result_key": "child", "next": "done"},
+                "done": {"complete": {"$var": "child.output"}}}})
+        };
+        h.load_scratch(
+            "leaf",
+            &[(
+                "flow.json",
+                json!({"workflow_id": "desc-leaf", "entry": "end",
+            "nodes": {"end": {"complete": {"leaf": true}}}}),
+            )],
+        );
+        h.load_scratch(
+            "child",
+            &[("flow.json", hop("desc-child", "desc-leaf", "leaf-1"))],
+        );
+        let parent = h.load_scratch(
+            "parent",
+            &[("flow.json", hop("desc-parent", "desc-child", "child-1"))],
+        );
+        let occurrence = json!({"automation_id": ID, "occurrence_index": 3, "attempt": 1,
+                                "role": "occurrence", "session_kind": "occurrence", "revision": 1});
+        let mut options = stepwell::StartOptions::default();
+        options.vars.insert(
+            "_meta".into(),
+            json!({"occurrence": occurrence,
+                   "discussion": {"automation_id": ID, "occurrence_index": 3, "seed_messages": ["long"]}}),
+        );
+        let run = h.rt.run(&parent, options).unwrap();
+        assert_eq!(
+            run.status,
+            stepwell::RunStatus::Completed,
+            "{:?}",
+            run.error
+        );
+        assert_eq!(run.output, Some(json!({"leaf": true})));
+        for id in ["child-1", "leaf-1"] {
+            let child = h.rt.get_state(id).unwrap();
+            let mut expected = occurrence.clone();
+            expected["role"] = json!("descendant");
+            assert_eq!(
+                child.vars["_meta"],
+                json!({"occurrence": expected,
+                       "discussion": {"automation_id": ID, "occurrence_index": 3}}),
+                "{id}"
+            );
+            let row = RunIndexRow::of(&child);
+            assert_eq!(row.role.as_deref(), Some("descendant"), "{id}");
+            assert_eq!(row.automation_id.as_deref(), Some(ID));
+            assert_eq!(row.occurrence_index, Some(3));
+            assert!(
+                !row.is_turn_root(),
+                "a descendant is never a turn of its own"
+            );
+        }
+        // A run outside any automation passes nothing on.
+        let plain = h.load_scratch(
+            "plain",
+            &[("flow.json", hop("plain-parent", "desc-leaf", "leaf-2"))],
+        );
+        let run = h.rt.run(&plain, stepwell::StartOptions::default()).unwrap();
+        assert_eq!(
+            run.status,
+            stepwell::RunStatus::Completed,
+            "{:?}",
+            run.error
+        );
+        let leaf = h.rt.get_state("leaf-2").unwrap();
+        assert!(leaf.vars.get("_meta").is_none(), "{:?}", leaf.vars);
+        assert_eq!(RunIndexRow::of(&leaf).role, None);
+    }
+}

@@ -137,6 +137,34 @@ pub fn child_failure(child: &RunState) -> Failure {
     )
 }
 
+/// The `_meta` a child of `parent` is born with: automation attribution
+/// crosses every hop, set by the host (a flow cannot set or clear it). A
+/// child of an occurrence, or of any descendant of one, is a descendant of
+/// that occurrence (`_meta.occurrence` with `role: "descendant"`, so it is
+/// never a turn of the session itself); a child of a discussion carries the
+/// discussion's provenance without its (large) `seed_messages`. `None` when
+/// the parent carries neither.
+pub fn descendant_meta(parent: &RunState) -> Option<Value> {
+    let meta = parent.vars.get("_meta").and_then(Value::as_object)?;
+    let occurrence = meta.get("occurrence").and_then(Value::as_object);
+    let discussion = meta.get("discussion").and_then(Value::as_object);
+    if occurrence.is_none() && discussion.is_none() {
+        return None;
+    }
+    let mut child = Map::new();
+    if let Some(o) = occurrence {
+        let mut o = o.clone();
+        o.insert("role".into(), json!("descendant"));
+        child.insert("occurrence".into(), Value::Object(o));
+    }
+    if let Some(d) = discussion {
+        let mut d = d.clone();
+        d.remove("seed_messages");
+        child.insert("discussion".into(), Value::Object(d));
+    }
+    Some(Value::Object(child))
+}
+
 /// What the parent gets for a child that has ended.
 pub fn ended_child(child: &RunState, policy: OnChildFailure) -> Outcome {
     if child.status == RunStatus::Failed && policy == OnChildFailure::Fail {
@@ -167,7 +195,7 @@ pub fn ended_child(child: &RunState, policy: OnChildFailure) -> Outcome {
 /// `run_id` names the child explicitly (create-if-absent, identity-checked);
 /// by default the id is derived from the parent's id and the effect's
 /// sequence number. `vars` may not set host-owned vars (`_runtime`, `_meta`,
-/// `_limits`).
+/// `_limits`); the host gives the child its `_meta` ([`descendant_meta`]).
 pub struct StartSubworkflow;
 
 impl EffectHandler for StartSubworkflow {
@@ -212,6 +240,10 @@ impl EffectHandler for StartSubworkflow {
                 &format!("vars.{key}"),
                 "is owned by the host and cannot be set by a flow",
             ));
+        }
+        let mut vars = vars;
+        if let Some(meta) = descendant_meta(cx.run) {
+            vars.insert("_meta".into(), meta);
         }
         let is_async = field!(opt_bool(k, p, "async"));
         let wait = field!(opt_bool(k, p, "wait"));
