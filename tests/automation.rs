@@ -500,12 +500,17 @@ fn children_of_an_occurrence_are_its_descendants() {
             let child = h.rt.get_state(id).unwrap();
             let mut expected = occurrence.clone();
             expected["role"] = json!("descendant");
+            let meta = &child.vars["_meta"];
+            assert_eq!(meta["occurrence"], expected, "{id}");
             assert_eq!(
-                child.vars["_meta"],
-                json!({"occurrence": expected,
-                       "discussion": {"automation_id": ID, "occurrence_index": 3}}),
+                meta["discussion"],
+                json!({"automation_id": ID, "occurrence_index": 3}),
                 "{id}"
             );
+            assert!(meta["creation_digest"]
+                .as_str()
+                .unwrap()
+                .starts_with("sha256:"));
             let row = RunIndexRow::of(&child);
             assert_eq!(row.role.as_deref(), Some("descendant"), "{id}");
             assert_eq!(row.automation_id.as_deref(), Some(ID));
@@ -528,7 +533,61 @@ fn children_of_an_occurrence_are_its_descendants() {
             run.error
         );
         let leaf = h.rt.get_state("leaf-2").unwrap();
-        assert!(leaf.vars.get("_meta").is_none(), "{:?}", leaf.vars);
+        let meta = leaf.vars["_meta"].as_object().unwrap();
+        assert_eq!(
+            meta.keys().collect::<Vec<_>>(),
+            ["creation_digest"],
+            "{meta:?}"
+        );
         assert_eq!(RunIndexRow::of(&leaf).role, None);
     }
+}
+
+/// A run started under an explicit id without a creation digest gets the
+/// reference's: sha256 of the canonical `{workflow_id, session_id,
+/// parent_run_id, vars}` as the caller passed them.
+#[test]
+fn explicit_ids_get_the_references_creation_digest() {
+    use stepwell_tests::{Backend, Host};
+    let h = Host::new(Backend::Sqlite);
+    let wf = h.load("hello");
+    let start = |id: &str, vars: Value, session: Option<&str>| {
+        h.rt.start(
+            &wf,
+            stepwell::StartOptions {
+                vars: serde_json::from_value(vars).unwrap(),
+                run_id: Some(id.into()),
+                session_id: session.map(str::to_string),
+                ..Default::default()
+            },
+        )
+    };
+    start("r1", json!({"name": "Ann"}), None).unwrap();
+    let digest = |id: &str| h.rt.get_state(id).unwrap().vars["_meta"]["creation_digest"].clone();
+    assert_eq!(
+        digest("r1"),
+        "sha256:566c745ed261b9a14417cfb4bf5d500ae92f6407b5826b77fd79a3eeb6827cfe"
+    );
+    start("r2", json!({"name": "Ann", "_meta": {"x": 1}}), Some("s1")).unwrap();
+    assert_eq!(
+        digest("r2"),
+        "sha256:ad1aab62189a6857e7444085520992e42a23b2f93886cfe24359e4ef590ad967"
+    );
+    assert_eq!(h.rt.get_state("r2").unwrap().vars["_meta"]["x"], 1);
+    // The same request again is the same run; other vars are a conflict.
+    assert_eq!(start("r1", json!({"name": "Ann"}), None).unwrap(), "r1");
+    let err = start("r1", json!({"name": "Bob"}), None).unwrap_err();
+    assert_eq!(err.reason_code(), "identity_conflict");
+    assert!(
+        err.to_string().contains("vars._meta.creation_digest"),
+        "{err}"
+    );
+    // A digest the caller names is kept as it is.
+    start(
+        "r3",
+        json!({"_meta": {"creation_digest": "sha256:mine"}}),
+        None,
+    )
+    .unwrap();
+    assert_eq!(digest("r3"), "sha256:mine");
 }

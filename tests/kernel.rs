@@ -610,12 +610,14 @@ fn explicit_child_ids_are_created_once_and_identity_checked(b: Backend) {
         "the existing child is untouched"
     );
 
-    // The same identity through the API returns the existing run untouched.
+    // The same identity through the API (the same workflow, parent and
+    // vars, hence the same creation digest) returns the existing run
+    // untouched; other vars are another creation.
     let same =
         h.rt.start(
             "subworkflow.child",
             StartOptions {
-                vars: vars(json!({"text": "ignored"})),
+                vars: vars(json!({"text": "one"})),
                 run_id: Some("child-1".into()),
                 parent_run_id: Some(p1.clone()),
                 ..StartOptions::default()
@@ -624,6 +626,21 @@ fn explicit_child_ids_are_created_once_and_identity_checked(b: Backend) {
         .unwrap();
     assert_eq!(same, "child-1");
     assert_eq!(h.rt.get_state("child-1").unwrap(), child);
+    let err =
+        h.rt.start(
+            "subworkflow.child",
+            StartOptions {
+                vars: vars(json!({"text": "other"})),
+                run_id: Some("child-1".into()),
+                parent_run_id: Some(p1.clone()),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::IdentityConflict { field, .. } if field == "vars._meta.creation_digest"),
+        "{err:?}"
+    );
     // A different workflow under that id is a conflict.
     let err =
         h.rt.start(

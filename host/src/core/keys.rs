@@ -291,7 +291,11 @@ pub(crate) fn identity_mismatch(existing: &RunState, requested: &RunState) -> Op
         Some("parent_run_id")
     } else if meta(existing, "occurrence") != meta(requested, "occurrence") {
         Some("vars._meta.occurrence")
-    } else if meta(existing, "creation_digest") != meta(requested, "creation_digest") {
+    } else if meta(existing, "creation_digest").is_some()
+        && meta(existing, "creation_digest") != meta(requested, "creation_digest")
+    {
+        // A run stored before creation digests were kept has none: its
+        // identity is the fields above.
         Some("vars._meta.creation_digest")
     } else {
         None

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use parking_lot::RwLock;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::clock::{format_time, Clock, SystemClock};
 use super::config::{RuntimeConfig, StartOptions};
@@ -324,6 +324,7 @@ impl Runtime {
                 ));
             }
         }
+        let explicit = options.run_id.is_some();
         let run_id = options
             .run_id
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
@@ -338,6 +339,14 @@ impl Runtime {
                 format!("vars.{key}"),
                 "is owned by the host and cannot be set at start",
             ));
+        }
+        if explicit {
+            seed_creation_digest(
+                &mut vars,
+                &wf.workflow_id,
+                options.session_id.as_deref(),
+                options.parent_run_id.as_deref(),
+            );
         }
         if !options.runtime.is_empty() {
             vars.insert("_runtime".into(), Value::Object(options.runtime));
@@ -892,6 +901,40 @@ fn stale(run_id: &str, reason: String) -> Error {
         run_id: run_id.to_string(),
         reason,
     }
+}
+
+/// Gives a run started under an explicit id a creation identity when its
+/// caller named none: `vars._meta.creation_digest` = `sha256:` of the
+/// canonical JSON of `{workflow_id, session_id, parent_run_id, vars}` over
+/// the vars as the caller passed them (before the host seeds `_runtime` and
+/// `_limits`), as the reference does. Starting the same id again with other
+/// vars is then an `identity_conflict`; with the same, the existing run.
+fn seed_creation_digest(
+    vars: &mut Map<String, Value>,
+    workflow_id: &str,
+    session_id: Option<&str>,
+    parent_run_id: Option<&str>,
+) {
+    let named = vars
+        .get("_meta")
+        .and_then(|m| m.get("creation_digest"))
+        .is_some_and(|d| !matches!(d, Value::Null) && d != "" && d != false);
+    if named {
+        return;
+    }
+    let request = serde_json::json!({
+        "workflow_id": workflow_id,
+        "session_id": session_id.filter(|s| !s.is_empty()),
+        "parent_run_id": parent_run_id.filter(|s| !s.is_empty()),
+        "vars": Value::Object(vars.clone()),
+    });
+    let digest = crate::automation::request_digest(&request);
+    let mut meta = match vars.remove("_meta") {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    meta.insert("creation_digest".into(), Value::String(digest));
+    vars.insert("_meta".into(), Value::Object(meta));
 }
 
 /// What the drive loop and the effects reach other runs through.
