@@ -253,6 +253,31 @@ fn every_refusal_names_its_reason_and_field() {
             "trigger.config.start_at",
         ),
         (
+            schedule(json!({"every": "5é"})),
+            "invalid_definition",
+            "trigger.config.every",
+        ),
+        (
+            schedule(json!({"every": "1日"})),
+            "invalid_definition",
+            "trigger.config.every",
+        ),
+        (
+            schedule(json!({"start_at": "9999-12-31T23:59:59-01:00"})),
+            "invalid_definition",
+            "trigger.config.start_at",
+        ),
+        (
+            schedule(json!({"start_at": "2026-12-31T23:59:60Z"})),
+            "invalid_definition",
+            "trigger.config.start_at",
+        ),
+        (
+            json!({"trigger": {"source_id": "schedule", "source_version": 1, "config": null}}),
+            "invalid_definition",
+            "trigger.config",
+        ),
+        (
             json!({"trigger": {"source_id": "manual", "source_version": 1, "config": {"b": 1, "a": 2}}}),
             "invalid_definition",
             "trigger.config.a",
@@ -347,7 +372,8 @@ fn every_refusal_names_its_reason_and_field() {
 #[test]
 fn revisions_merge_the_policy_and_rebind_a_changed_trigger() {
     let (r, _dir) = trigger_registry(&[]);
-    let d = build(&r, &base()).unwrap();
+    let d = build(&r, &with(json!({"policy": {"tool_approval": "ask"}}))).unwrap();
+    assert_eq!(d["policy"]["tool_approval"], json!("ask"));
     let later: DateTime<Utc> = "2026-01-01T00:05:00Z".parse().unwrap();
     // The same schedule resent (start_at included): the binding is kept.
     let same = revise_definition(
@@ -364,7 +390,11 @@ fn revisions_merge_the_policy_and_rebind_a_changed_trigger() {
     assert_eq!(same["trigger"], d["trigger"]);
     assert!(!trigger_changed(&d, &same));
     assert_eq!(same["policy"]["retry"]["max_attempts"], json!(5));
-    assert_eq!(same["policy"]["tool_approval"], json!("auto"));
+    assert_eq!(
+        same["policy"]["tool_approval"],
+        json!("ask"),
+        "a retry-only change keeps the rest of the policy"
+    );
     // Without start_at, the config takes the command's time: a new binding.
     let changed = revise_definition(
         &d,
@@ -412,6 +442,15 @@ fn backoff_grows_by_the_factor_up_to_the_cap() {
         })
         .collect();
     assert_eq!(seconds, [30.0, 75.0, 187.5, 468.75, 600.0]);
+    // A factor with no exact binary form, to the reference's microsecond.
+    let policy = validate_policy(Some(
+        &json!({"retry": {"backoff": {"initial": "5s", "factor": 5.29, "max": "366d"}}}),
+    ))
+    .unwrap();
+    assert_eq!(
+        backoff_delay(&policy, 9).unwrap().num_microseconds(),
+        Some(3_066_305_207_840)
+    );
 }
 
 #[test]
@@ -590,4 +629,79 @@ fn explicit_ids_get_the_references_creation_digest() {
     )
     .unwrap();
     assert_eq!(digest("r3"), "sha256:mine");
+}
+
+/// Occurrence outputs, notify values and completions answer as the
+/// reference's (tests/fixtures/automation-outcomes.json, written by
+/// scripts/reference/automation-outcomes.py with abstractruntime 0.13.0).
+#[test]
+fn outcomes_and_completions_are_the_references() {
+    use stepwell::automation::{
+        complete_occurrence, current_occurrence, normalize_occurrence_output, notify_payload,
+        OccurrenceOutcome,
+    };
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-outcomes.json"),
+    )
+    .unwrap();
+    let fixture: Value = serde_json::from_str(&text).unwrap();
+    let run = |status: &Value, output: &Value, error: &Value, vars: Value| -> stepwell::RunState {
+        serde_json::from_value(json!({
+            "run_id": "c1", "workflow_id": "w", "status": status, "current_node": null,
+            "vars": vars, "waiting": null, "output": output, "error": error,
+            "created_at": "2026-01-01T00:00:00.000000Z", "updated_at": "2026-01-01T00:00:00.000000Z",
+            "actor_id": null, "session_id": null, "parent_run_id": null
+        }))
+        .unwrap()
+    };
+    let cases = fixture["outputs"].as_array().unwrap();
+    assert_eq!(cases.len(), 14);
+    for case in cases {
+        let child = run(&case["status"], &case["output"], &case["error"], json!({}));
+        assert_eq!(
+            normalize_occurrence_output(&child).to_json(),
+            case["expected"],
+            "{case}"
+        );
+    }
+    let title = format!("Memory watch{}", "!".repeat(130));
+    let answer = "a".repeat(400);
+    for case in fixture["notify"].as_array().unwrap() {
+        let got = notify_payload(&case["raw"], &title, &answer).unwrap_or(Value::Null);
+        assert_eq!(got, case["expected"], "{case}");
+    }
+    let completions = fixture["completions"].as_array().unwrap();
+    assert_eq!(completions.len(), 24);
+    for case in completions {
+        let state = json!({"pending_occurrence": {"run_id": "r-1", "index": 3, "attempt": 2},
+                           "attention_seq": 4});
+        let outcome = case["outcome"].as_object().map(|o| OccurrenceOutcome {
+            answer: o["answer"].as_str().unwrap().to_string(),
+            success: o["success"].as_bool().unwrap(),
+            notify: o["notify"].clone(),
+            error: o["error"].as_str().map(str::to_string),
+        });
+        let c = complete_occurrence(
+            &case["definition"],
+            &state,
+            case["status"].as_str().unwrap(),
+            outcome.as_ref(),
+            "2026-01-01T00:01:30+00:00",
+        );
+        let expected = &case["expected"];
+        assert_eq!(expected["name"], "automation.completed");
+        assert_eq!(c.fields, expected["fields"], "{case}");
+        assert_eq!(c.state, expected["state"], "{case}");
+    }
+    let controller = run(
+        &json!("running"),
+        &Value::Null,
+        &Value::Null,
+        json!({"_runtime": {"automation": {"pending_occurrence":
+            {"index": 2, "run_id": "x", "attempt": 2, "phase": "backoff"}}}}),
+    );
+    assert_eq!(
+        current_occurrence(&controller),
+        Some(fixture["current"].clone())
+    );
 }

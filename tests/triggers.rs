@@ -820,8 +820,8 @@ fn schedule_and_manual_answer_as_the_reference() {
         json!({"kind": "until", "until": at1})
     );
     assert_eq!(
-        sched("admit", json!({"binding": b, "state": st, "now": t0}))["admission"],
-        Value::Null
+        sched("admit", json!({"binding": b, "state": st, "now": t0})).get("admission"),
+        Some(&Value::Null)
     );
     let a = sched(
         "admit",
@@ -864,6 +864,25 @@ fn schedule_and_manual_answer_as_the_reference() {
         json!({"admission": {"event_id": "schedule@1:b3:2", "fired_at": "2026-01-01T00:20:00+00:00",
                              "payload": {"coalesced": coalesced, "scheduled_at": "2026-01-01T00:20:00+00:00", "tick": 2}},
                "state": {"anchor": t0, "exhausted": true, "scheduled_count": 1, "tick": 3}})
+    );
+
+    // A grid that runs past the year 9999 is exhausted there (no timestamp
+    // can spell the next tick).
+    let cfg = sched(
+        "validate",
+        json!({"config": {"start_at": "9999-12-29T00:00:00Z", "every": "1d"}, "now": t0}),
+    );
+    let b = json!({"binding_id": "b4", "config": cfg});
+    let late = json!({"anchor": "9999-12-29T00:00:00+00:00", "tick": 2, "scheduled_count": 2, "exhausted": false});
+    assert_eq!(
+        sched("prepare", json!({"binding": b, "state": late, "now": t0})),
+        json!({"kind": "until", "until": "9999-12-31T00:00:00+00:00"})
+    );
+    let mut past = late.clone();
+    past["tick"] = json!(3);
+    assert_eq!(
+        sched("prepare", json!({"binding": b, "state": past, "now": t0})),
+        json!({"kind": "exhausted"})
     );
 
     // manual@1: the trigger slice, and run-now envelopes under the

@@ -709,7 +709,18 @@ pub fn revise_definition(
         ));
     }
     let mut new = definition.clone();
-    let revision = definition["revision"].as_u64().unwrap_or(0) + 1;
+    let revision = definition["revision"]
+        .as_u64()
+        .or_else(|| {
+            definition["revision"]
+                .as_f64()
+                .filter(|r| r.fract() == 0.0 && *r >= 1.0)
+                .map(|r| r as u64)
+        })
+        .ok_or_else(|| {
+            AutomationError::invalid("revision", "the stored definition has no readable revision")
+        })?
+        + 1;
     new["revision"] = json!(revision);
     new["schema_version"] = json!(DEFINITION_SCHEMA_VERSION);
     new["notify"] = validate_notify(definition.get("notify"))?;
@@ -862,7 +873,11 @@ pub fn backoff_delay(policy: &Value, attempt: u32) -> Res<Duration> {
     };
     let (initial, cap) = (seconds("initial")?, seconds("max")?);
     let factor = backoff["factor"].as_f64().unwrap_or(2.0);
-    let raw = initial * factor.powi(attempt.saturating_sub(1) as i32);
-    let micros = (raw.min(cap) * 1e6).round_ties_even();
-    Ok(Duration::microseconds(micros as i64))
+    // C's pow (as Python's math.pow), then timedelta(seconds=x): whole
+    // seconds exactly, the fraction rounded to the microsecond, half to even.
+    let raw = initial * factor.powf(f64::from(attempt.saturating_sub(1)));
+    let seconds = raw.min(cap);
+    let whole = seconds.trunc();
+    let micros = ((seconds - whole) * 1e6).round_ties_even();
+    Ok(Duration::seconds(whole as i64) + Duration::microseconds(micros as i64))
 }

@@ -64,7 +64,8 @@ pub enum OccurrenceKind<'a> {
 
 /// The run id of `attempt` of an occurrence: `uuid5(id, "<revision>:<index>")`
 /// or `uuid5(id, "manual:<command_id>")` for attempt 1, with `":a<n>"`
-/// appended for attempt n ≥ 2.
+/// appended for attempt n ≥ 2. (Commands refuse an empty command id, so a
+/// manual occurrence always has one.)
 pub fn occurrence_run_id(automation_id: &str, kind: OccurrenceKind<'_>, attempt: u32) -> String {
     let mut name = match kind {
         OccurrenceKind::Scheduled { revision, index } => format!("{revision}:{index}"),
@@ -160,7 +161,19 @@ fn write_string(s: &str, out: &mut String) {
 /// least two exponent digits (`1e+16`, `1.5e-05`).
 fn python_float(f: f64) -> String {
     let sign = if f.is_sign_negative() { "-" } else { "" };
-    let sci = format!("{:e}", f.abs());
+    let shortest = format!("{:e}", f.abs());
+    // Two candidates of the shortest length can both read back (a tie);
+    // CPython takes the correctly rounded one, which exact formatting at
+    // that precision gives.
+    let digits = shortest
+        .split_once('e')
+        .map_or(0, |(m, _)| m.chars().filter(char::is_ascii_digit).count());
+    let exact = format!("{:.*e}", digits.saturating_sub(1), f.abs());
+    let sci = if exact.parse::<f64>().ok() == Some(f.abs()) {
+        exact
+    } else {
+        shortest
+    };
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
     let exp: i32 = exp.parse().unwrap_or(0);
     let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
@@ -213,6 +226,7 @@ mod tests {
             (1.7976931348623157e308, "1.7976931348623157e+308"),
             (9999999999999998.0, "9999999999999998.0"),
             (0.00012345, "0.00012345"),
+            (570_724_280_910_275.0 + 0.25, "570724280910275.2"),
         ] {
             assert_eq!(python_float(f), text, "{f}");
         }

@@ -28,6 +28,7 @@
 mod definition;
 mod error;
 mod ids;
+mod outcome;
 mod time;
 
 pub use definition::{
@@ -43,5 +44,9 @@ pub use ids::{
     occurrence_run_id, record_key, request_digest, wake_wait_key, OccurrenceKind,
     AUTOMATION_NAMESPACE, CONTROLLER_BUNDLE_ID, CONTROLLER_BUNDLE_REF, CONTROLLER_BUNDLE_VERSION,
     CONTROLLER_FLOW_ID, CONTROLLER_WORKFLOW_ID, RECORD_SCHEMA_VERSION,
+};
+pub use outcome::{
+    complete_occurrence, current_occurrence, normalize_occurrence_output, notify_payload,
+    Completion, OccurrenceOutcome, NOTIFY_DEFAULT_BODY_MAX,
 };
 pub use time::{format_timestamp, parse_duration, parse_timestamp, MAX_DURATION_SECONDS};

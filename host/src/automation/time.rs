@@ -40,7 +40,7 @@ pub fn format_timestamp(t: DateTime<Utc>) -> String {
 /// An RFC 3339 timestamp with an offset, as UTC (sub-microsecond digits
 /// dropped). `field` names the input in the error (`invalid_definition`).
 pub fn parse_timestamp(value: &str, field: &str) -> Result<DateTime<Utc>, AutomationError> {
-    let raw = value.trim();
+    let raw = value.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c));
     if raw.is_empty() {
         return Err(AutomationError::invalid(
             field,
@@ -61,7 +61,19 @@ pub fn parse_timestamp(value: &str, field: &str) -> Result<DateTime<Utc>, Automa
             )
         }
     })?;
+    if t.nanosecond() >= 1_000_000_000 {
+        return Err(AutomationError::invalid(
+            field,
+            format!("{field} is a leap second, which is not a valid time: {value:?}"),
+        ));
+    }
     let t = t.with_timezone(&Utc);
+    if !(1..=9999).contains(&t.year()) {
+        return Err(AutomationError::invalid(
+            field,
+            format!("{field} is outside the years 0001 to 9999 (UTC): {value:?}"),
+        ));
+    }
     let micros = t.timestamp_subsec_micros();
     Ok(t.with_nanosecond(micros * 1_000).unwrap_or(t))
 }
@@ -128,6 +140,13 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("trigger.config.start_at"));
         assert!(e.message.contains("UTC offset"), "{e}");
         assert!(parse_timestamp("yesterday", "now").is_err());
+        assert!(parse_timestamp("2026-12-31T23:59:60Z", "now").is_err());
+        assert!(parse_timestamp("9999-12-31T23:59:59-01:00", "now").is_err());
+        assert!(parse_timestamp("0001-01-01T00:00:00+01:00", "now").is_err());
+        assert_eq!(
+            format_timestamp(t("\u{1f} 9999-12-31T23:59:59.999999Z")),
+            "9999-12-31T23:59:59.999999+00:00"
+        );
         assert!(parse_timestamp(" ", "now").is_err());
     }
 

@@ -118,6 +118,50 @@ enum Ended {
     At(Box<str>),
 }
 
+/// A kept result: `serde_json` text (`float_roundtrip`: read back equal),
+/// or the value itself when it nests too deep for the parser to read back
+/// (serde_json reads at most 128 levels).
+#[derive(Debug)]
+enum KeptValue {
+    Text(Box<str>),
+    Value(Box<serde_json::Value>),
+}
+
+/// Levels of nesting above which a value is kept as it is.
+const TEXT_DEPTH: usize = 100;
+
+/// Whether `v` nests more than `limit` levels deep.
+fn deeper_than(v: &serde_json::Value, limit: usize) -> bool {
+    use serde_json::Value;
+    match v {
+        _ if limit == 0 => matches!(v, Value::Array(_) | Value::Object(_)),
+        Value::Array(a) => a.iter().any(|x| deeper_than(x, limit - 1)),
+        Value::Object(o) => o.values().any(|x| deeper_than(x, limit - 1)),
+        _ => false,
+    }
+}
+
+impl KeptValue {
+    fn keep(v: serde_json::Value) -> KeptValue {
+        if deeper_than(&v, TEXT_DEPTH) {
+            return KeptValue::Value(Box::new(v));
+        }
+        match serde_json::to_string(&v) {
+            Ok(text) => KeptValue::Text(text.into_boxed_str()),
+            Err(_) => KeptValue::Value(Box::new(v)),
+        }
+    }
+
+    fn value(&self) -> serde_json::Value {
+        match self {
+            KeptValue::Value(v) => (**v).clone(),
+            // Written by serde_json from a value at most TEXT_DEPTH deep:
+            // it reads back.
+            KeptValue::Text(t) => serde_json::from_str(t).expect("kept JSON text reads back"),
+        }
+    }
+}
+
 /// A ledger record as the memory store keeps it: about a quarter of a
 /// [`StepRecord`]'s memory (the run id is the ledger's, text is boxed
 /// without spare capacity, the result is kept as JSON text, an `ended_at`
@@ -130,8 +174,8 @@ struct Kept {
     status: StepStatus,
     attempt: u32,
     effect: Option<Box<EffectRecord>>,
-    /// `serde_json` text of the result (`float_roundtrip`: read back equal).
-    result: Option<Box<str>>,
+    /// The result, most often as JSON text.
+    result: Option<KeptValue>,
     error: Option<Box<str>>,
     started_at: Box<str>,
     ended_at: Ended,
@@ -154,11 +198,7 @@ impl Kept {
             status: r.status,
             attempt: r.attempt,
             effect: r.effect.map(Box::new),
-            result: r.result.map(|v| {
-                serde_json::to_string(&v)
-                    .unwrap_or_else(|_| "null".into())
-                    .into_boxed_str()
-            }),
+            result: r.result.map(KeptValue::keep),
             error: r.error.map(String::into_boxed_str),
             started_at: r.started_at.into_boxed_str(),
             ended_at,
@@ -176,10 +216,7 @@ impl Kept {
             node_id: self.node_id.as_deref().map(str::to_string),
             status: self.status,
             effect: self.effect.as_deref().cloned(),
-            result: self
-                .result
-                .as_deref()
-                .map(|t| serde_json::from_str(t).unwrap_or(serde_json::Value::Null)),
+            result: self.result.as_ref().map(KeptValue::value),
             error: self.error.as_deref().map(str::to_string),
             started_at: self.started_at.to_string(),
             ended_at: match &self.ended_at {
@@ -726,6 +763,20 @@ mod tests {
         assert_eq!(tail[0], back[4]);
         assert_eq!(tail[1].prev_hash, back[4].record_hash);
         assert!(crate::store::verify_chain(&ledger.read_from("run-1", 0)).is_ok());
+        // Results nested deeper than serde_json reads back from text.
+        let deep = |levels: usize| (0..levels).fold(json!(1), |v, _| json!([v]));
+        append_owned(
+            &mut ledgers,
+            vec![
+                record(8, None, Some(deep(130))),
+                record(9, None, Some(deep(100))),
+            ],
+        );
+        let ledger = ledgers.get_mut("run-1").unwrap();
+        let all = ledger.read_from("run-1", 0);
+        assert_eq!(all[6].result, Some(deep(130)));
+        assert_eq!(all[7].result, Some(deep(100)));
+        assert!(crate::store::verify_chain(&all).is_ok());
     }
 
     /// Every in-memory step keeps one of these: it stays well below a

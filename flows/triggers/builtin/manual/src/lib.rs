@@ -21,7 +21,6 @@ impl TriggerSource for Manual {
 
     fn validate(config: Value, _now: &str) -> Result<Value, TriggerError> {
         match config {
-            Value::Null => Ok(json!({})),
             Value::Object(map) => match map.keys().next() {
                 Some(k) => Err(TriggerError::invalid(
                     format!("trigger.config.{k}"),

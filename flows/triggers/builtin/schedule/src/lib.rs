@@ -36,9 +36,15 @@ fn field(name: &str) -> String {
     format!("trigger.config.{name}")
 }
 
+/// The latest instant the reference can write (9999-12-31T23:59:59.999999Z).
+const LAST_US: i64 = 253_402_300_799_999_999;
+/// The earliest (0001-01-01T00:00:00Z).
+const FIRST_US: i64 = -62_135_596_800_000_000;
+
 fn parse_time(name: &str, text: &str) -> Result<i64, TriggerError> {
-    DateTime::parse_from_rfc3339(text.trim())
-        .map(|t| t.timestamp_micros())
+    use chrono::Timelike;
+    let t = DateTime::parse_from_rfc3339(text.trim())
+        .map(|t| (t.timestamp_micros(), t.nanosecond()))
         .map_err(|e| {
             let naive =
                 chrono::NaiveDateTime::parse_from_str(text.trim(), "%Y-%m-%dT%H:%M:%S%.f").is_ok();
@@ -48,7 +54,18 @@ fn parse_time(name: &str, text: &str) -> Result<i64, TriggerError> {
                 format!("is not an RFC 3339 timestamp with an explicit offset ({e})")
             };
             TriggerError::invalid(name, format!("{text:?} {why}"))
-        })
+        })?;
+    match t {
+        (_, nanos) if nanos >= 1_000_000_000 => Err(TriggerError::invalid(
+            name,
+            format!("{text:?} is a leap second, which is not a valid time"),
+        )),
+        (us, _) if !(FIRST_US..=LAST_US).contains(&us) => Err(TriggerError::invalid(
+            name,
+            format!("{text:?} is outside the years 0001 to 9999 (UTC)"),
+        )),
+        (us, _) => Ok(us),
+    }
 }
 
 /// The reference's spelling of an instant: UTC, `+00:00`, and exactly six
@@ -75,6 +92,9 @@ fn parse_every(text: &str) -> Result<i64, TriggerError> {
             format!("{text:?} must match ^[1-9][0-9]*[smhd]$ (for example 30s, 5m, 24h, 7d)"),
         )
     };
+    if !text.is_ascii() {
+        return Err(bad());
+    }
     let (digits, unit) = text.split_at(text.len().saturating_sub(1));
     if digits.is_empty() || digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(bad());
@@ -127,7 +147,14 @@ fn config_of(binding: &Binding) -> Result<Config, TriggerError> {
         until: str_field(map, "until")?
             .map(|t| parse_time(&field("until"), t))
             .transpose()?,
-        count: map.get("count").and_then(Value::as_u64),
+        count: match map.get("count") {
+            None | Some(Value::Null) => None,
+            Some(c) => {
+                Some(c.as_u64().ok_or_else(|| {
+                    TriggerError::invalid(field("count"), "must be a whole number")
+                })?)
+            }
+        },
     })
 }
 
@@ -187,11 +214,14 @@ fn state_value(s: State) -> Value {
 
 impl Config {
     /// `T_k = anchor + k * every` (one-shot: `T_0 = anchor`).
+    /// `None` past the year 9999, which no timestamp can spell: a grid that
+    /// gets there is exhausted.
     fn time(&self, anchor: i64, k: i64) -> Option<i64> {
         match self.every {
             None => Some(anchor),
             Some(every) => k.checked_mul(every)?.checked_add(anchor),
         }
+        .filter(|t| (FIRST_US..=LAST_US).contains(t))
     }
 
     /// The largest k with `T_k <= t` (-1 before the first tick).
@@ -222,7 +252,10 @@ impl Config {
         }
         match self.last_eligible(s.anchor) {
             Some(last) if i128::from(s.tick) > i128::from(last) => None,
-            _ => Some(s.tick),
+            _ => i64::try_from(s.tick)
+                .ok()
+                .and_then(|k| self.time(s.anchor, k))
+                .map(|_| s.tick),
         }
     }
 
@@ -272,7 +305,6 @@ impl TriggerSource for Schedule {
 
     fn validate(config: Value, now: &str) -> Result<Value, TriggerError> {
         let map = match config {
-            Value::Null => Map::new(),
             Value::Object(m) => m,
             _ => return Err(TriggerError::invalid("trigger.config", "must be an object")),
         };
@@ -282,10 +314,11 @@ impl TriggerSource for Schedule {
                 format!("unknown field (known: {})", FIELDS.join(", ")),
             ));
         }
-        // The reference's order: start_at, anchor, every, count, until.
+        // The reference's order: now, start_at, anchor, every, count, until.
+        let now_us = now_of(now)?;
         let start_at = match str_field(&map, "start_at")? {
             Some(t) => parse_time(&field("start_at"), t)?,
-            None => now_of(now)?,
+            None => now_us,
         };
         let anchor = match str_field(&map, "anchor")? {
             Some(t) => parse_time(&field("anchor"), t)?,
@@ -415,7 +448,7 @@ impl TriggerSource for Schedule {
         let next = cfg.settle(State {
             anchor: s.anchor,
             tick: fired + 1,
-            scheduled_count: s.scheduled_count + 1,
+            scheduled_count: s.scheduled_count.saturating_add(1),
             exhausted: false,
         });
         let admission = Admission {
