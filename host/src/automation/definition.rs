@@ -58,7 +58,8 @@ fn py_space(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
-fn py_strip(s: &str) -> &str {
+/// `s` stripped as Python's `str.strip()` strips it.
+pub(crate) fn py_strip(s: &str) -> &str {
     s.trim_matches(py_space)
 }
 

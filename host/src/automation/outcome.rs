@@ -5,7 +5,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::definition::{validate_notify, NOTIFY_BODY_MAX, NOTIFY_TITLE_MAX};
+use super::definition::{py_strip, validate_notify, NOTIFY_BODY_MAX, NOTIFY_TITLE_MAX};
 use crate::core::model::{RunState, RunStatus};
 
 /// The body of a `notify: true` item is the answer cut to this many
@@ -195,14 +195,10 @@ pub fn notify_payload(raw: &Value, title: &str, answer: &str) -> Option<Value> {
             let t = m
                 .get("title")
                 .and_then(Value::as_str)
-                .map(|t| {
-                    t.trim_matches(|c: char| {
-                        c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
-                    })
-                })
+                .map(py_strip)
                 .unwrap_or("");
             let b = m.get("body").and_then(Value::as_str).unwrap_or("");
-            if t.is_empty() && b.trim().is_empty() {
+            if t.is_empty() && py_strip(b).is_empty() {
                 return None;
             }
             let t = if t.is_empty() { title } else { t };
@@ -261,7 +257,7 @@ pub fn complete_occurrence(
             };
             notify = notify_payload(&raw, title, &outcome.answer);
             if notify.is_none() && delivery["always"] == Value::Bool(true) {
-                let answer = outcome.answer.trim();
+                let answer = py_strip(&outcome.answer);
                 let body = if answer.is_empty() {
                     delivery["body"].as_str().unwrap_or("")
                 } else {
