@@ -705,3 +705,91 @@ fn outcomes_and_completions_are_the_references() {
         Some(fixture["current"].clone())
     );
 }
+
+/// Occurrence and attention pages folded from controller ledgers the
+/// reference wrote (tests/fixtures/automation-ledgers.json, written by
+/// scripts/reference/automation-ledgers.py) are the reference's pages.
+#[test]
+fn occurrences_and_attention_read_from_the_references_ledgers() {
+    use stepwell::automation::{attention_page, automation_records, occurrence_page};
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-ledgers.json"),
+    )
+    .unwrap();
+    let scenarios: Vec<Value> = serde_json::from_str(&text).unwrap();
+    assert_eq!(scenarios.len(), 3);
+    for s in &scenarios {
+        let name = s["name"].as_str().unwrap();
+        let records: Vec<stepwell::StepRecord> =
+            serde_json::from_value(s["records"].clone()).unwrap();
+        assert!(automation_records(&records, &[]).len() >= 4, "{name}");
+        for q in s["occurrences"].as_array().unwrap() {
+            let query = &q["query"];
+            let page = occurrence_page(
+                &records,
+                query["cursor"].as_str(),
+                query["limit"].as_i64().unwrap_or(50),
+            )
+            .unwrap();
+            assert_eq!(page, q["page"], "{name}: occurrences {query}");
+        }
+        let id = s["automation_id"].as_str().unwrap();
+        for q in s["attention"].as_array().unwrap() {
+            let query = &q["query"];
+            let page = attention_page(
+                id,
+                &records,
+                query["after_seq"].as_i64().unwrap_or(0),
+                query["cursor"].as_str(),
+                query["limit"].as_i64().unwrap_or(50),
+            )
+            .unwrap();
+            assert_eq!(page, q["page"], "{name}: attention {query}");
+        }
+    }
+}
+
+#[test]
+fn cursors_are_the_references() {
+    use stepwell::automation::{
+        automations_cursor, parse_attention_cursor, parse_automations_cursor,
+        parse_occurrence_cursor,
+    };
+    let c = automations_cursor("2026-09-27T10:03:00+00:00", "auto-3");
+    assert_eq!(
+        c,
+        "auto1:WyIyMDI2LTA5LTI3VDEwOjAzOjAwKzAwOjAwIiwiYXV0by0zIl0="
+    );
+    assert_eq!(
+        parse_automations_cursor(&c).unwrap(),
+        (
+            "2026-09-27T10:03:00+00:00".to_string(),
+            "auto-3".to_string()
+        )
+    );
+    // Non-ASCII is escaped as Python's json.dumps escapes it.
+    let c = automations_cursor("é", "x");
+    assert_eq!(c, "auto1:WyJcdTAwZTkiLCJ4Il0=");
+    assert_eq!(parse_automations_cursor(&c).unwrap().0, "é");
+    for bad in [
+        "garbage",
+        "auto1:",
+        "auto1:e30=",
+        "auto1:WyJhIl0=",
+        "auto1:W=yJ",
+        "occ1:3",
+    ] {
+        let e = parse_automations_cursor(bad).unwrap_err();
+        assert_eq!(
+            (e.reason_code.as_str(), e.field.as_deref()),
+            ("invalid_request", Some("cursor")),
+            "{bad}"
+        );
+    }
+    assert_eq!(parse_occurrence_cursor("occ1:12").unwrap(), 12);
+    assert_eq!(parse_occurrence_cursor("occ1: 1_0").unwrap(), 10);
+    assert!(parse_occurrence_cursor("occ1:x").is_err());
+    assert!(parse_occurrence_cursor("att1:1").is_err());
+    assert_eq!(parse_attention_cursor("att1:3").unwrap(), 3);
+    assert!(parse_attention_cursor("att1:").is_err());
+}

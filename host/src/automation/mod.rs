@@ -29,6 +29,7 @@ mod definition;
 mod error;
 mod ids;
 mod outcome;
+mod queries;
 mod time;
 
 pub use definition::{
@@ -48,5 +49,11 @@ pub use ids::{
 pub use outcome::{
     complete_occurrence, current_occurrence, normalize_occurrence_output, notify_payload,
     Completion, OccurrenceOutcome, NOTIFY_DEFAULT_BODY_MAX,
+};
+pub use queries::{
+    attention_cursor, attention_page, automation_record, automation_records, automations_cursor,
+    find_record, occurrence_cursor, occurrence_page, parse_attention_cursor,
+    parse_automations_cursor, parse_occurrence_cursor, AutomationRecord, ATTENTION_CURSOR_PREFIX,
+    AUTOMATIONS_CURSOR_PREFIX, MAX_PAGE, OCCURRENCE_CURSOR_PREFIX,
 };
 pub use time::{format_timestamp, parse_duration, parse_timestamp, MAX_DURATION_SECONDS};

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Writes tests/fixtures/automation-ledgers.json: controller ledgers the
+reference implementation (abstractruntime 0.13.0) writes for a few
+automations driven through its own test harness, and its answers to
+`list_occurrences` / `list_attention` over them. tests/automation.rs folds the
+same records with stepwell's queries and compares; the records are also the
+exact shapes stepwell's controller must write.
+
+Run (from anywhere but the reference's source tree), with the reference's
+sdist unpacked at REFSRC:
+
+    REFSRC=/path/to/abstractruntime-0.13.0 /path/to/venv/bin/python \
+        scripts/reference/automation-ledgers.py > tests/fixtures/automation-ledgers.json
+"""
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.environ["REFSRC"], "tests"))
+import automation_harness as H  # noqa: E402
+from abstractruntime.automations.attention import list_attention  # noqa: E402
+from abstractruntime.automations.service import list_occurrences  # noqa: E402
+
+KEEP = ("step_id", "run_id", "node_id", "status", "effect", "result", "error",
+        "started_at", "ended_at", "idempotency_key")
+
+
+class MonkeyPatch:
+    def setattr(self, obj, name, value):
+        setattr(obj, name, value)
+
+
+def scenario(name, request_kwargs, times, occurrence_queries, attention_queries):
+    root = Path(tempfile.mkdtemp())
+    run_store, ledger_store = H.make_stores("sqlite", root)
+    runtime = H.make_runtime(run_store, ledger_store)
+    clock = H.Clock(MonkeyPatch())
+    aid = H.create(runtime, clock, **request_kwargs)
+    H.drive(runtime, aid)
+    for t in times:
+        H.at(runtime, clock, aid, t)
+    records = [{k: r.get(k) for k in KEEP} for r in ledger_store.list(aid)]
+    for r in records:
+        r["attempt"] = 1
+    return {
+        "name": name,
+        "automation_id": aid,
+        "records": records,
+        "occurrences": [{"query": q, "page": list_occurrences(runtime, aid, **q)} for q in occurrence_queries],
+        "attention": [{"query": q, "page": list_attention(ledger_store, aid, **q)} for q in attention_queries],
+    }
+
+
+out = [
+    scenario(
+        "every 2m, notify, coalesced",
+        {"request_id": "memory-watch", "input_data": {"prompt": "check memory", "notify": True}},
+        ["2026-01-01T00:02:30+00:00", "2026-01-01T00:11:00+00:00"],
+        [{}, {"limit": 2}, {"cursor": "occ1:2", "limit": 2}, {"limit": 0}, {"cursor": "occ1:1"}],
+        [{}, {"limit": 2}, {"cursor": "att1:2"}, {"after_seq": 1, "limit": 1}, {"after_seq": 3}],
+    ),
+    scenario(
+        "flaky, retried once",
+        {"request_id": "flaky-1", "workflow_id": "flaky", "input_data": {"prompt": "p", "fail_until": 2}},
+        ["2026-01-01T00:00:31+00:00"],
+        [{}],
+        [{}],
+    ),
+    scenario(
+        "flaky, always failing",
+        {"request_id": "flaky-2", "workflow_id": "flaky", "input_data": {"prompt": "p", "fail_until": 9}},
+        ["2026-01-01T00:00:31+00:00", "2026-01-01T00:01:32+00:00"],
+        [{}],
+        [{}],
+    ),
+]
+print(json.dumps(out, indent=1, sort_keys=True, ensure_ascii=False))
