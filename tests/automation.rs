@@ -793,3 +793,93 @@ fn cursors_are_the_references() {
     assert_eq!(parse_attention_cursor("att1:3").unwrap(), 3);
     assert!(parse_attention_cursor("att1:").is_err());
 }
+
+/// The envelopes, prompt headers, origins and occurrence vars in the
+/// reference's ledgers are what stepwell's functions build from the same
+/// frozen inputs.
+#[test]
+fn envelopes_and_occurrence_vars_are_the_references() {
+    use stepwell::automation::{
+        automation_records, ensure_cloudevent_attributes, occurrence_origin, occurrence_vars,
+        prompt_header, to_cloudevent,
+    };
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-ledgers.json"),
+    )
+    .unwrap();
+    let scenarios: Vec<Value> = serde_json::from_str(&text).unwrap();
+    let mut admissions = 0;
+    let mut dispatches = 0;
+    for s in &scenarios {
+        let id = s["automation_id"].as_str().unwrap();
+        let records: Vec<stepwell::StepRecord> =
+            serde_json::from_value(s["records"].clone()).unwrap();
+        for rec in automation_records(&records, &["automation.admitted"]) {
+            admissions += 1;
+            let p = rec.payload;
+            let recorded = &p["trigger_envelope"];
+            // What the source's normalize gave, before the controller added
+            // the CloudEvents attributes.
+            let mut envelope = serde_json::Map::new();
+            for k in [
+                "event_id",
+                "source_id",
+                "source_version",
+                "fired_at",
+                "payload",
+                "binding_id",
+            ] {
+                envelope.insert(k.into(), recorded[k].clone());
+            }
+            ensure_cloudevent_attributes(&mut envelope, "trusted");
+            assert_eq!(Value::Object(envelope.clone()), *recorded);
+            let mut again = envelope.clone();
+            ensure_cloudevent_attributes(&mut again, "untrusted");
+            assert_eq!(again, envelope, "an envelope with attributes is kept");
+            let input = &p["prepared"]["input_data"];
+            assert_eq!(input["event"], to_cloudevent(recorded));
+            let index = p["index"].as_u64().unwrap();
+            let header = prompt_header(
+                recorded["source_id"].as_str().unwrap(),
+                recorded["source_version"].as_i64().unwrap(),
+                index,
+                recorded["fired_at"].as_str().unwrap(),
+            );
+            let created = automation_records(&records, &["automation.created"]);
+            let asked = &created[0].payload["definition"]["target"]["input_data"]["prompt"];
+            assert_eq!(
+                input["prompt"].as_str().unwrap(),
+                format!("{header}{}", asked.as_str().unwrap())
+            );
+            assert_eq!(
+                input["_meta"]["origin"],
+                occurrence_origin(
+                    false,
+                    Some("local:local"),
+                    id,
+                    p["event_id"].as_str().unwrap(),
+                    "schedule@1",
+                    index
+                )
+            );
+        }
+        for rec in automation_records(&records, &["automation.dispatched"]) {
+            dispatches += 1;
+            let pending = &rec.payload["delta"]["state"]["pending_occurrence"];
+            let child = pending["run_id"].as_str().unwrap();
+            let start = records
+                .iter()
+                .find(|r| {
+                    r.effect.as_ref().is_some_and(|e| {
+                        e.kind == "start_subworkflow" && e.payload["run_id"] == child
+                    })
+                })
+                .expect("the dispatch's start_subworkflow record");
+            assert_eq!(
+                start.effect.as_ref().unwrap().payload["vars"],
+                occurrence_vars(id, pending)
+            );
+        }
+    }
+    assert_eq!((admissions, dispatches), (5, 8));
+}

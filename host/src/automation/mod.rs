@@ -26,6 +26,7 @@
 //! ```
 
 mod definition;
+mod envelope;
 mod error;
 mod ids;
 mod outcome;
@@ -38,6 +39,10 @@ pub use definition::{
     validate_notify, validate_policy, validate_target, validate_untrusted_input_tools,
     AutomationStatus, DEFAULT_RETRY, DEFINITION_SCHEMA_VERSION, NOTIFY_BODY_MAX, NOTIFY_TITLE_MAX,
     TITLE_MAX,
+};
+pub use envelope::{
+    binding_source_uri, ensure_cloudevent_attributes, event_type, occurrence_origin,
+    occurrence_vars, prompt_header, to_cloudevent, DATACONTENTTYPE, SPECVERSION,
 };
 pub use error::AutomationError;
 pub use ids::{
