@@ -883,3 +883,92 @@ fn envelopes_and_occurrence_vars_are_the_references() {
     }
     assert_eq!((admissions, dispatches), (5, 8));
 }
+
+/// Every automation record in the reference's ledgers is what `decide` or
+/// `observe` writes for the same transition, and a decision changes the
+/// run as its delta says; a key written before is never written again.
+#[test]
+fn decisions_and_observations_write_the_references_records() {
+    use stepwell::automation::{automation_record, decide, observe, Transition};
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-ledgers.json"),
+    )
+    .unwrap();
+    let scenarios: Vec<Value> = serde_json::from_str(&text).unwrap();
+    let common = [
+        "schema_version",
+        "automation_id",
+        "revision",
+        "at",
+        "state_version",
+        "delta",
+        "command_id",
+    ];
+    let mut checked = 0;
+    for s in &scenarios {
+        let id = s["automation_id"].as_str().unwrap();
+        let records: Vec<stepwell::StepRecord> =
+            serde_json::from_value(s["records"].clone()).unwrap();
+        for (i, r) in records.iter().enumerate() {
+            let Some(rec) = automation_record(r) else {
+                continue;
+            };
+            let p = rec.payload;
+            let key = rec.key.unwrap();
+            let discriminator = key.rsplit_once(&format!("{id}:")).unwrap().1;
+            let fields: serde_json::Map<String, Value> = p
+                .as_object()
+                .unwrap()
+                .iter()
+                .filter(|(k, _)| !common.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let t = Transition {
+                name: rec.name,
+                discriminator,
+                fields,
+                node_id: r.node_id.as_deref().unwrap(),
+                command_id: p.get("command_id").and_then(Value::as_str),
+                at: p["at"].as_str().unwrap(),
+            };
+            let version = p["state_version"].as_u64().unwrap();
+            let is_decision = p["delta"] != json!({});
+            let mut run: stepwell::RunState = serde_json::from_value(json!({
+                "run_id": id, "workflow_id": "abstractframework.automation-controller@1.0.0:controller",
+                "status": "running", "current_node": "admit",
+                "vars": {"_meta": {"automation": {"revision": p["revision"]}},
+                         "_runtime": {"automation": {"state_version": if is_decision { version - 1 } else { version },
+                                                      "intent": null, "next_index": 1}}},
+                "waiting": null, "output": null, "error": null,
+                "created_at": "2026-01-01T00:00:00.000000Z", "updated_at": "2026-01-01T00:00:00.000000Z",
+                "actor_id": null, "session_id": null, "parent_run_id": null
+            }))
+            .unwrap();
+            let before = &records[..i];
+            let written = if is_decision {
+                decide(&mut run, before, &t, p["delta"].clone()).unwrap()
+            } else {
+                observe(&run, before, &t).unwrap()
+            };
+            assert_eq!(written.payload, *p, "{key}");
+            assert_eq!(written.record.as_ref(), Some(r), "{key}");
+            let state = &run.vars["_runtime"]["automation"];
+            assert_eq!(state["state_version"], json!(version), "{key}");
+            if let Some(Value::Object(changes)) = p["delta"].get("state") {
+                for (k, v) in changes {
+                    assert_eq!(state[k], *v, "{key}: {k}");
+                }
+            }
+            // Written once: with its own record in the ledger, nothing more.
+            let after = &records[..=i];
+            let again = if is_decision {
+                decide(&mut run, after, &t, p["delta"].clone()).unwrap()
+            } else {
+                observe(&run, after, &t).unwrap()
+            };
+            assert_eq!((again.payload, again.record), (p.clone(), None), "{key}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 11 + 6 + 8);
+}

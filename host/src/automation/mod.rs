@@ -25,6 +25,7 @@
 //! assert_eq!(child, "1a852a72-f109-5b94-be0b-3a5dada8b537");
 //! ```
 
+mod decision;
 mod definition;
 mod envelope;
 mod error;
@@ -33,6 +34,7 @@ mod outcome;
 mod queries;
 mod time;
 
+pub use decision::{decide, observe, Transition, Written};
 pub use definition::{
     automation_status, backoff_delay, build_definition, initial_state, revise_definition,
     trigger_changed, trigger_state_of, validate_context, validate_email_recipients,
