@@ -972,3 +972,119 @@ fn decisions_and_observations_write_the_references_records() {
     }
     assert_eq!(checked, 11 + 6 + 8);
 }
+
+/// Commands the reference applied (tests/fixtures/automation-commands.json,
+/// written by scripts/reference/automation-commands.py): from the same
+/// controller state, stepwell decides the same (the same delta or the same
+/// rejection), writes the same `command_result` record and the same
+/// observation.
+#[test]
+fn commands_decide_as_the_reference() {
+    use stepwell::automation::{
+        automation_record, command_digest, command_observation, decide, decide_command, observe,
+        CommandDecision, Transition,
+    };
+    let (triggers, _dir) = trigger_registry(&[]);
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-commands.json"),
+    )
+    .unwrap();
+    let fixture: Value = serde_json::from_str(&text).unwrap();
+    let id = fixture["automation_id"].as_str().unwrap();
+    let steps = fixture["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 20);
+    for step in steps {
+        let command_id = step["command_id"].as_str().unwrap();
+        let kind = step["type"].as_str().unwrap();
+        let at = step["now"].as_str().unwrap();
+        let now: DateTime<Utc> = at.parse().unwrap();
+        let expected_revision = step["expected_revision"].as_i64();
+        let mut run: stepwell::RunState = serde_json::from_value(json!({
+            "run_id": id, "workflow_id": "abstractframework.automation-controller@1.0.0:controller",
+            "status": step["before"]["status"], "current_node": "wait",
+            "vars": step["before"]["vars"], "waiting": null, "output": null, "error": null,
+            "created_at": "2026-01-01T00:00:00.000000Z", "updated_at": "2026-01-01T00:00:00.000000Z",
+            "actor_id": null, "session_id": null, "parent_run_id": null
+        }))
+        .unwrap();
+        let records: Vec<stepwell::StepRecord> =
+            serde_json::from_value(step["records"].clone()).unwrap();
+        let automation: Vec<_> = records
+            .iter()
+            .filter_map(|r| automation_record(r).map(|a| (r, a)))
+            .collect();
+        let (result_record, recorded) = &automation[0];
+        assert_eq!(recorded.name, "automation.command_result");
+        let p = recorded.payload;
+        let decision = decide_command(
+            &run,
+            kind,
+            &step["payload"],
+            command_id,
+            now,
+            expected_revision,
+            &triggers,
+        )
+        .unwrap();
+        let (status, delta) = match &decision {
+            CommandDecision::Applied(delta) => ("applied", delta.clone()),
+            CommandDecision::Rejected(error) => {
+                assert_eq!(*error, p["error"], "{command_id}");
+                ("rejected", json!({}))
+            }
+        };
+        assert_eq!(p["status"], status, "{command_id}");
+        assert_eq!(p["delta"], delta, "{command_id}");
+        let mut fields = serde_json::Map::new();
+        fields.insert("command_id".into(), json!(command_id));
+        fields.insert("type".into(), json!(kind));
+        fields.insert("actor".into(), Value::Null);
+        fields.insert(
+            "command_digest".into(),
+            json!(command_digest(
+                kind,
+                Some(&step["payload"]),
+                expected_revision
+            )),
+        );
+        fields.insert("status".into(), json!(status));
+        if let CommandDecision::Rejected(error) = &decision {
+            fields.insert("error".into(), error.clone());
+        }
+        let t = Transition {
+            name: "automation.command_result",
+            discriminator: command_id,
+            fields,
+            node_id: "command",
+            command_id: Some(command_id),
+            at,
+        };
+        let written = decide(&mut run, &[], &t, delta).unwrap();
+        assert_eq!(
+            written.record.as_ref(),
+            Some(*result_record),
+            "{command_id}"
+        );
+        let observation = if status == "applied" {
+            command_observation(&run, kind, command_id, now, &triggers).unwrap()
+        } else {
+            None
+        };
+        match (observation, automation.get(1)) {
+            (None, None) => {}
+            (Some((name, discriminator, fields)), Some((obs_record, _))) => {
+                let t = Transition {
+                    name,
+                    discriminator: &discriminator,
+                    fields,
+                    node_id: "command",
+                    command_id: Some(command_id),
+                    at,
+                };
+                let written = observe(&run, &[], &t).unwrap();
+                assert_eq!(written.record.as_ref(), Some(*obs_record), "{command_id}");
+            }
+            (ours, theirs) => panic!("{command_id}: observation {ours:?} vs {theirs:?}"),
+        }
+    }
+}

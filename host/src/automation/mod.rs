@@ -25,6 +25,7 @@
 //! assert_eq!(child, "1a852a72-f109-5b94-be0b-3a5dada8b537");
 //! ```
 
+mod commands;
 mod decision;
 mod definition;
 mod envelope;
@@ -34,6 +35,10 @@ mod outcome;
 mod queries;
 mod time;
 
+pub use commands::{
+    command_digest, command_observation, command_type, decide_command, CommandDecision,
+    Observation, COMMAND_TYPES,
+};
 pub use decision::{decide, observe, Transition, Written};
 pub use definition::{
     automation_status, backoff_delay, build_definition, initial_state, revise_definition,
