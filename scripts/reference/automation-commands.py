@@ -15,23 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.environ["REFSRC"], "tests"))
-import automation_harness as H  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from refharness import H, MonkeyPatch, record  # noqa: E402
 from abstractruntime.automations.commands import apply_automation_command  # noqa: E402
 
-KEEP = ("step_id", "run_id", "node_id", "status", "effect", "result", "error",
-        "started_at", "ended_at", "idempotency_key")
 
-
-class MonkeyPatch:
-    def setattr(self, obj, name, value):
-        setattr(obj, name, value)
-
-
-def record(r):
-    out = {k: r.get(k) for k in KEEP}
-    out["attempt"] = 1
-    return out
 
 
 def main():

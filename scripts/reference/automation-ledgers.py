@@ -19,18 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.environ["REFSRC"], "tests"))
-import automation_harness as H  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from refharness import H, MonkeyPatch, record  # noqa: E402
 from abstractruntime.automations.attention import list_attention  # noqa: E402
 from abstractruntime.automations.service import list_occurrences  # noqa: E402
 
-KEEP = ("step_id", "run_id", "node_id", "status", "effect", "result", "error",
-        "started_at", "ended_at", "idempotency_key")
-
-
-class MonkeyPatch:
-    def setattr(self, obj, name, value):
-        setattr(obj, name, value)
 
 
 def scenario(name, request_kwargs, times, occurrence_queries, attention_queries):
@@ -42,9 +35,7 @@ def scenario(name, request_kwargs, times, occurrence_queries, attention_queries)
     H.drive(runtime, aid)
     for t in times:
         H.at(runtime, clock, aid, t)
-    records = [{k: r.get(k) for k in KEEP} for r in ledger_store.list(aid)]
-    for r in records:
-        r["attempt"] = 1
+    records = [record(r) for r in ledger_store.list(aid)]
     return {
         "name": name,
         "automation_id": aid,
