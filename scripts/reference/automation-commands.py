@@ -20,8 +20,6 @@ from refharness import H, MonkeyPatch, record  # noqa: E402
 from abstractruntime.automations.commands import apply_automation_command  # noqa: E402
 
 
-
-
 def main():
     root = Path(tempfile.mkdtemp())
     run_store, ledger_store = H.make_stores("sqlite", root)

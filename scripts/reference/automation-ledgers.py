@@ -25,7 +25,6 @@ from abstractruntime.automations.attention import list_attention  # noqa: E402
 from abstractruntime.automations.service import list_occurrences  # noqa: E402
 
 
-
 def scenario(name, request_kwargs, times, occurrence_queries, attention_queries):
     root = Path(tempfile.mkdtemp())
     run_store, ledger_store = H.make_stores("sqlite", root)
