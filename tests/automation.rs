@@ -1088,3 +1088,63 @@ fn commands_decide_as_the_reference() {
         }
     }
 }
+
+/// What readers see of the reference's controllers (their view, their list
+/// summary, when they fire next, also between steps) is what stepwell's
+/// functions show of the same runs at the same time.
+#[test]
+fn views_and_next_fire_times_are_the_references() {
+    use stepwell::automation::{automation_summary, get_automation, next_fire_at};
+    let (triggers, _dir) = trigger_registry(&[]);
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-ledgers.json"),
+    )
+    .unwrap();
+    let scenarios: Vec<Value> = serde_json::from_str(&text).unwrap();
+    let mut checked = 0;
+    for s in &scenarios {
+        let id = s["automation_id"].as_str().unwrap();
+        for v in s["views"].as_array().unwrap() {
+            let now: DateTime<Utc> = v["now"].as_str().unwrap().parse().unwrap();
+            let r = &v["run"];
+            let run: stepwell::RunState = serde_json::from_value(json!({
+                "run_id": id, "workflow_id": "abstractframework.automation-controller@1.0.0:controller",
+                "status": r["status"], "current_node": "wait", "vars": r["vars"], "waiting": r["waiting"],
+                "output": null, "error": null, "session_id": r["session_id"],
+                "created_at": "2026-01-01T00:00:00.000000Z", "updated_at": "2026-01-01T00:00:00.000000Z",
+                "actor_id": null, "parent_run_id": null
+            }))
+            .unwrap();
+            assert_eq!(
+                get_automation(&run, now, &triggers).unwrap(),
+                v["get_automation"],
+                "{}",
+                v["now"]
+            );
+            let mut ours = automation_summary(&run, now, &triggers).unwrap();
+            let mut theirs = v["summary"].clone();
+            for k in ["created_at", "updated_at"] {
+                ours.as_object_mut().unwrap().remove(k);
+                theirs.as_object_mut().unwrap().remove(k);
+            }
+            assert_eq!(ours, theirs, "{}", v["now"]);
+            let mut between = run.clone();
+            between.status = stepwell::RunStatus::Running;
+            between.waiting = None;
+            for (at, expected) in v["between_steps"].as_object().unwrap() {
+                let at: DateTime<Utc> = at.parse().unwrap();
+                assert_eq!(
+                    next_fire_at(&between, at, &triggers)
+                        .unwrap()
+                        .map(Value::String)
+                        .unwrap_or(Value::Null),
+                    *expected,
+                    "{} between steps at {at}",
+                    v["now"]
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 8);
+}

@@ -13,7 +13,9 @@ sdist unpacked at REFSRC:
         scripts/reference/automation-ledgers.py > tests/fixtures/automation-ledgers.json
 """
 
+import copy
 import json
+from datetime import datetime, timedelta
 import os
 import sys
 import tempfile
@@ -22,7 +24,40 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from refharness import H, MonkeyPatch, record  # noqa: E402
 from abstractruntime.automations.attention import list_attention  # noqa: E402
-from abstractruntime.automations.service import list_occurrences  # noqa: E402
+from abstractruntime.automations.service import get_automation, list_occurrences  # noqa: E402
+from abstractruntime.automation_queries import automation_summary  # noqa: E402
+from abstractruntime.automations.controller import next_fire_at  # noqa: E402
+from abstractruntime.core.models import RunStatus  # noqa: E402
+
+
+def ten_minutes_after(now):
+    t = datetime.fromisoformat(now) + timedelta(minutes=10)
+    return t.isoformat()
+
+
+def view(runtime, run_store, aid, now):
+    """The controller run at `now`, and what get_automation / automation_summary show of it."""
+    run = runtime.get_state(aid)
+    w = run.waiting
+    waiting = None if w is None else {
+        "reason": w.reason.value, "wait_key": w.wait_key, "until": w.until,
+        "resume_to_node": w.resume_to_node, "result_key": w.result_key,
+        "prompt": w.prompt, "choices": w.choices, "details": w.details,
+    }
+    # Between steps (running, no wait): the trigger's own answer, now and
+    # ten minutes later (when a coalesced tick is due).
+    between = copy.deepcopy(run)
+    between.status = RunStatus.RUNNING
+    between.waiting = None
+    asked = {t: next_fire_at(between, now=t) for t in (now, ten_minutes_after(now))}
+    return {
+        "now": now,
+        "between_steps": asked,
+        "run": {"status": run.status.value, "vars": run.vars, "waiting": waiting,
+                "session_id": run.session_id},
+        "get_automation": get_automation(run_store, aid),
+        "summary": automation_summary(run),
+    }
 
 
 def scenario(name, request_kwargs, times, occurrence_queries, attention_queries):
@@ -32,13 +67,16 @@ def scenario(name, request_kwargs, times, occurrence_queries, attention_queries)
     clock = H.Clock(MonkeyPatch())
     aid = H.create(runtime, clock, **request_kwargs)
     H.drive(runtime, aid)
+    views = [view(runtime, run_store, aid, clock.now)]
     for t in times:
         H.at(runtime, clock, aid, t)
+        views.append(view(runtime, run_store, aid, clock.now))
     records = [record(r) for r in ledger_store.list(aid)]
     return {
         "name": name,
         "automation_id": aid,
         "records": records,
+        "views": views,
         "occurrences": [{"query": q, "page": list_occurrences(runtime, aid, **q)} for q in occurrence_queries],
         "attention": [{"query": q, "page": list_attention(ledger_store, aid, **q)} for q in attention_queries],
     }

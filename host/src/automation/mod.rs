@@ -34,6 +34,7 @@ mod ids;
 mod outcome;
 mod queries;
 mod time;
+mod view;
 
 pub use commands::{
     command_digest, command_observation, command_type, decide_command, CommandDecision,
@@ -69,3 +70,4 @@ pub use queries::{
     AUTOMATIONS_CURSOR_PREFIX, MAX_PAGE, OCCURRENCE_CURSOR_PREFIX,
 };
 pub use time::{format_timestamp, parse_duration, parse_timestamp, MAX_DURATION_SECONDS};
+pub use view::{automation_summary, get_automation, next_fire_at, HISTORY_REPLAY_MAX_TOKENS};
