@@ -1148,3 +1148,50 @@ fn views_and_next_fire_times_are_the_references() {
     }
     assert_eq!(checked, 8);
 }
+
+/// Stored states a command cannot change are refused, never a panic.
+#[test]
+fn commands_refuse_states_they_cannot_change() {
+    use stepwell::automation::decide_command;
+    let (triggers, _dir) = trigger_registry(&[]);
+    let definition = build(&triggers, &base()).unwrap();
+    let run_with = |pending: Value, version: Value| -> stepwell::RunState {
+        let mut d = definition.clone();
+        d["trigger"]["source_version"] = version;
+        serde_json::from_value(json!({
+            "run_id": ID, "workflow_id": "abstractframework.automation-controller@1.0.0:controller",
+            "status": "waiting", "current_node": "wait",
+            "vars": {"_meta": {"automation": d},
+                     "_runtime": {"automation": {"state_version": 3, "paused": true, "tick": 0,
+                                                  "scheduled_count": 0, "exhausted": false,
+                                                  "pending_occurrence": pending}}},
+            "waiting": null, "output": null, "error": null,
+            "created_at": "2026-01-01T00:00:00.000000Z", "updated_at": "2026-01-01T00:00:00.000000Z",
+            "actor_id": null, "session_id": null, "parent_run_id": null
+        }))
+        .unwrap()
+    };
+    let e = decide_command(
+        &run_with(json!("x"), json!(1)),
+        "automation.stop_current",
+        &json!({}),
+        "c1",
+        now(),
+        None,
+        &triggers,
+    )
+    .unwrap_err();
+    assert_eq!(e.reason_code, "invalid_state", "{e}");
+    // A trigger version beyond u32 names no source (not schedule@1).
+    let e = decide_command(
+        &run_with(Value::Null, json!(4_294_967_297u64)),
+        "automation.resume",
+        &json!({}),
+        "c2",
+        now(),
+        None,
+        &triggers,
+    )
+    .unwrap_err();
+    assert_eq!(e.reason_code, "unknown_trigger_source", "{e}");
+}

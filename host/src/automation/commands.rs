@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::definition::{revise_definition, trigger_changed, trigger_state_of};
+use super::definition::{
+    revise_definition, trigger_changed, trigger_failure as trigger_error, trigger_state_of,
+};
 use super::ids::canonical_json;
 use super::time::format_timestamp;
 use super::AutomationError;
@@ -72,18 +74,32 @@ fn reject(reason_code: &str, message: impl Into<String>, field: Option<&str>) ->
     CommandDecision::Rejected(e)
 }
 
-fn binding_of(definition: &Value) -> Binding {
+/// The trigger binding of a stored definition (a version that is not a
+/// `u32` reads as 0, which no source has).
+pub(crate) fn binding_of(definition: &Value) -> Binding {
     let t = &definition["trigger"];
     Binding {
         binding_id: t["binding_id"].as_str().unwrap_or_default().to_string(),
         source_id: t["source_id"].as_str().unwrap_or_default().to_string(),
-        source_version: t["source_version"].as_u64().unwrap_or(1) as u32,
+        source_version: t["source_version"]
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+            .unwrap_or(0),
         config: t["config"].clone(),
     }
 }
 
-fn trigger_error(e: crate::triggers::TriggerError) -> AutomationError {
-    AutomationError::new(e.reason_code(), Some("trigger"), e.to_string())
+/// What a stored state or a source's answer must be to be changed here.
+fn stored_object(what: &str, v: Value) -> Result<Value, AutomationError> {
+    if v.is_object() {
+        Ok(v)
+    } else {
+        Err(AutomationError::new(
+            "invalid_state",
+            None,
+            format!("{what} is not a JSON object: {v}"),
+        ))
+    }
 }
 
 /// `rearm` of the definition's trigger on `slice` at `now`.
@@ -188,7 +204,10 @@ pub fn decide_command(
             if !paused {
                 return Ok(CommandDecision::Applied(json!({})));
             }
-            let mut rearmed = rearm(definition, &trigger_state_of(state), &at, triggers)?;
+            let mut rearmed = stored_object(
+                "the trigger's rearmed state",
+                rearm(definition, &trigger_state_of(state), &at, triggers)?,
+            )?;
             rearmed["paused"] = json!(false);
             CommandDecision::Applied(json!({"state": rearmed}))
         }
@@ -214,7 +233,7 @@ pub fn decide_command(
         "automation.stop_current" => match pending {
             None => reject("invalid_state", "No occurrence is running.", None),
             Some(p) => {
-                let mut p = p.clone();
+                let mut p = stored_object("the pending occurrence", p.clone())?;
                 p["stop_requested"] = json!(true);
                 CommandDecision::Applied(json!({"state": {"pending_occurrence": p}}))
             }
@@ -261,7 +280,10 @@ pub fn decide_command(
                     .get(&format!("{}@{}", b.source_id, b.source_version))
                     .map_err(trigger_error)?;
                 let fresh = source.initial_state(&b, &at).map_err(trigger_error)?;
-                delta["state"] = source.rearm(&b, &fresh, &at).map_err(trigger_error)?;
+                delta["state"] = stored_object(
+                    "the trigger's rearmed state",
+                    source.rearm(&b, &fresh, &at).map_err(trigger_error)?,
+                )?;
             }
             CommandDecision::Applied(delta)
         }

@@ -552,7 +552,9 @@ pub fn validate_notify(value: Option<&Value>) -> Res<Value> {
     Ok(Value::Object(out))
 }
 
-fn trigger_failure(e: TriggerError) -> AutomationError {
+/// A trigger source's refusal or failure as an automation error (an
+/// unknown or unusable source is `unknown_trigger_source`).
+pub(crate) fn trigger_failure(e: TriggerError) -> AutomationError {
     match e {
         TriggerError::Invalid { field, message } => AutomationError::invalid(&field, message),
         TriggerError::Unsupported { field, message } => {

@@ -242,7 +242,7 @@ pub fn occurrence_page(
     limit: i64,
 ) -> Result<Value, AutomationError> {
     let before = cursor.map(parse_occurrence_cursor).transpose()?;
-    let mut rows: Vec<(i64, Map<String, Value>)> = Vec::new();
+    let mut rows: std::collections::BTreeMap<i64, Map<String, Value>> = Default::default();
     let names = [
         "automation.admitted",
         "automation.dispatched",
@@ -274,13 +274,10 @@ pub fn occurrence_page(
                 "attention": null,
             });
             let Value::Object(row) = row else { continue };
-            match rows.iter_mut().find(|(i, _)| *i == index) {
-                Some(slot) => slot.1 = row,
-                None => rows.push((index, row)),
-            }
+            rows.insert(index, row);
             continue;
         }
-        let Some((_, row)) = rows.iter_mut().find(|(i, _)| *i == index) else {
+        let Some(row) = rows.get_mut(&index) else {
             continue;
         };
         match rec.name {
@@ -310,11 +307,12 @@ pub fn occurrence_page(
             }
         }
     }
-    let mut ordered: Vec<(i64, Map<String, Value>)> = rows
+    // Newest first.
+    let ordered: Vec<(i64, Map<String, Value>)> = rows
         .into_iter()
+        .rev()
         .filter(|(i, _)| before.is_none_or(|b| *i < b))
         .collect();
-    ordered.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
     let size = page_size(limit);
     let more = ordered.len() > size;
     let page: Vec<(i64, Map<String, Value>)> = ordered.into_iter().take(size).collect();

@@ -10,7 +10,7 @@ use super::outcome::current_occurrence;
 use super::time::{format_timestamp, parse_timestamp};
 use super::AutomationError;
 use crate::core::model::{RunState, RunStatus, WaitReason};
-use crate::triggers::{Binding, SourceKind, TriggerRegistry, Wait};
+use crate::triggers::{SourceKind, TriggerRegistry, Wait};
 
 /// The history window of a growing context, in tokens, when the definition
 /// names none.
@@ -85,17 +85,9 @@ pub fn next_fire_at(
             .and_then(Value::as_str)
             .map(str::to_string));
     }
-    let t = &definition["trigger"];
-    let b = Binding {
-        binding_id: t["binding_id"].as_str().unwrap_or_default().to_string(),
-        source_id: t["source_id"].as_str().unwrap_or_default().to_string(),
-        source_version: t["source_version"].as_u64().unwrap_or(1) as u32,
-        config: t["config"].clone(),
-    };
+    let b = super::commands::binding_of(definition);
     let name = format!("{}@{}", b.source_id, b.source_version);
-    let trigger_error = |e: crate::triggers::TriggerError| {
-        AutomationError::new(e.reason_code(), Some("trigger"), e.to_string())
-    };
+    let trigger_error = super::definition::trigger_failure;
     let entry = triggers.entries().iter().find(|e| e.name == name);
     if entry
         .and_then(|e| e.descriptor.as_ref())
