@@ -1195,3 +1195,114 @@ fn commands_refuse_states_they_cannot_change() {
     .unwrap_err();
     assert_eq!(e.reason_code, "unknown_trigger_source", "{e}");
 }
+
+/// The dispatches, retries and completions in the reference's ledgers are
+/// what stepwell plans from the same state and the same ended runs.
+#[test]
+fn dispatches_retries_and_completions_are_the_references() {
+    use stepwell::automation::{automation_record, plan_dispatch, plan_outcome};
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-ledgers.json"),
+    )
+    .unwrap();
+    let scenarios: Vec<Value> = serde_json::from_str(&text).unwrap();
+    let common = [
+        "schema_version",
+        "automation_id",
+        "revision",
+        "at",
+        "state_version",
+        "delta",
+        "command_id",
+    ];
+    let mut planned = 0;
+    for s in &scenarios {
+        let id = s["automation_id"].as_str().unwrap();
+        let records: Vec<stepwell::StepRecord> =
+            serde_json::from_value(s["records"].clone()).unwrap();
+        let mut definition = Value::Null;
+        let mut state = json!({"attention_seq": 0, "paused": false, "pending_occurrence": null});
+        let mut delivered = Value::Null;
+        let mut after_dispatch = None;
+        for r in &records {
+            if let Some(e) = r.effect.as_ref().filter(|e| e.kind == "resume") {
+                if e.payload["wait_reason"] == "subworkflow" {
+                    delivered = e.payload["payload"].clone();
+                }
+                continue;
+            }
+            let Some(rec) = automation_record(r) else {
+                continue;
+            };
+            let p = rec.payload;
+            let fields: serde_json::Map<String, Value> = p
+                .as_object()
+                .unwrap()
+                .iter()
+                .filter(|(k, _)| !common.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let now: DateTime<Utc> = p["at"].as_str().unwrap().parse().unwrap();
+            let ours = match rec.name {
+                "automation.created" => {
+                    definition = p["definition"].clone();
+                    None
+                }
+                "automation.dispatched" => Some(plan_dispatch(id, &state).unwrap().unwrap()),
+                "automation.retry_scheduled" | "automation.completed" => {
+                    let child: stepwell::RunState = serde_json::from_value(json!({
+                        "run_id": delivered["sub_run_id"], "workflow_id": "target", "status": "completed",
+                        "current_node": null, "vars": {}, "waiting": null, "output": delivered["output"],
+                        "error": null, "created_at": "2026-01-01T00:00:00.000000Z",
+                        "updated_at": "2026-01-01T00:00:00.000000Z", "actor_id": null,
+                        "session_id": null, "parent_run_id": id
+                    }))
+                    .unwrap();
+                    Some(
+                        plan_outcome(&definition, &state, &child, now)
+                            .unwrap()
+                            .unwrap(),
+                    )
+                }
+                _ => None,
+            };
+            if let Some(plan) = ours {
+                assert_eq!(plan.name, rec.name);
+                assert_eq!(
+                    plan.discriminator,
+                    rec.key.unwrap().rsplit_once(&format!("{id}:")).unwrap().1
+                );
+                assert_eq!(plan.fields, fields, "{}", rec.key.unwrap());
+                assert_eq!(plan.delta, p["delta"], "{}", rec.key.unwrap());
+                planned += 1;
+            }
+            // Follow the state as the record's delta changes it.
+            if let Some(Value::Object(changes)) = p["delta"].get("state") {
+                for (k, v) in changes {
+                    state[k] = v.clone();
+                }
+            }
+            if rec.name == "automation.dispatched" {
+                after_dispatch = Some(state.clone());
+            }
+        }
+        // A dispatched attempt is not dispatched again; a run still going
+        // ends nothing.
+        let dispatched = after_dispatch.expect("a dispatch");
+        assert_eq!(plan_dispatch(id, &dispatched).unwrap(), None);
+        let running: stepwell::RunState = serde_json::from_value(json!({
+            "run_id": "c", "workflow_id": "target", "status": "waiting", "current_node": "ask",
+            "vars": {}, "waiting": null, "output": null, "error": null,
+            "created_at": "2026-01-01T00:00:00.000000Z", "updated_at": "2026-01-01T00:00:00.000000Z",
+            "actor_id": null, "session_id": null, "parent_run_id": id
+        }))
+        .unwrap();
+        let now: DateTime<Utc> = "2026-01-01T00:00:00Z".parse().unwrap();
+        assert_eq!(
+            plan_outcome(&definition, &dispatched, &running, now).unwrap(),
+            None
+        );
+    }
+    // 3 + 2 + 3 dispatches, 3 + 1 + 1 completions, 1 + 2 retries.
+    assert_eq!(planned, 8 + 5 + 3);
+}

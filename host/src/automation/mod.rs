@@ -31,6 +31,7 @@ mod definition;
 mod envelope;
 mod error;
 mod ids;
+mod occurrence;
 mod outcome;
 mod queries;
 mod time;
@@ -59,6 +60,7 @@ pub use ids::{
     AUTOMATION_NAMESPACE, CONTROLLER_BUNDLE_ID, CONTROLLER_BUNDLE_REF, CONTROLLER_BUNDLE_VERSION,
     CONTROLLER_FLOW_ID, CONTROLLER_WORKFLOW_ID, RECORD_SCHEMA_VERSION,
 };
+pub use occurrence::{plan_dispatch, plan_outcome, Planned};
 pub use outcome::{
     complete_occurrence, current_occurrence, normalize_occurrence_output, notify_payload,
     Completion, OccurrenceOutcome, NOTIFY_DEFAULT_BODY_MAX,
