@@ -42,6 +42,34 @@ fn build(r: &TriggerRegistry, request: &Value) -> Result<Value, (String, Option<
     build_definition(request, ID, now(), r).map_err(|e| (e.reason_code, e.field))
 }
 
+/// A fixture the reference wrote (tests/fixtures/<name>.json).
+fn fixture(name: &str) -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(format!("{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// A record payload's own fields (without the ones every record has).
+fn own_fields(payload: &Value) -> serde_json::Map<String, Value> {
+    let common = [
+        "schema_version",
+        "automation_id",
+        "revision",
+        "at",
+        "state_version",
+        "delta",
+        "command_id",
+    ];
+    payload
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| !common.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 #[test]
 fn ids_are_the_references() {
     assert_eq!(automation_id("local", "local", "memory-watch"), ID);
@@ -640,11 +668,7 @@ fn outcomes_and_completions_are_the_references() {
         complete_occurrence, current_occurrence, normalize_occurrence_output, notify_payload,
         OccurrenceOutcome,
     };
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-outcomes.json"),
-    )
-    .unwrap();
-    let fixture: Value = serde_json::from_str(&text).unwrap();
+    let fixture: Value = fixture("automation-outcomes");
     let run = |status: &Value, output: &Value, error: &Value, vars: Value| -> stepwell::RunState {
         serde_json::from_value(json!({
             "run_id": "c1", "workflow_id": "w", "status": status, "current_node": null,
@@ -712,11 +736,7 @@ fn outcomes_and_completions_are_the_references() {
 #[test]
 fn occurrences_and_attention_read_from_the_references_ledgers() {
     use stepwell::automation::{attention_page, automation_records, occurrence_page};
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-ledgers.json"),
-    )
-    .unwrap();
-    let scenarios: Vec<Value> = serde_json::from_str(&text).unwrap();
+    let scenarios = fixture("automation-ledgers").as_array().unwrap().clone();
     assert_eq!(scenarios.len(), 3);
     for s in &scenarios {
         let name = s["name"].as_str().unwrap();
@@ -803,11 +823,7 @@ fn envelopes_and_occurrence_vars_are_the_references() {
         automation_records, ensure_cloudevent_attributes, occurrence_origin, occurrence_vars,
         prompt_header, to_cloudevent,
     };
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-ledgers.json"),
-    )
-    .unwrap();
-    let scenarios: Vec<Value> = serde_json::from_str(&text).unwrap();
+    let scenarios = fixture("automation-ledgers").as_array().unwrap().clone();
     let mut admissions = 0;
     let mut dispatches = 0;
     for s in &scenarios {
@@ -890,20 +906,7 @@ fn envelopes_and_occurrence_vars_are_the_references() {
 #[test]
 fn decisions_and_observations_write_the_references_records() {
     use stepwell::automation::{automation_record, decide, observe, Transition};
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-ledgers.json"),
-    )
-    .unwrap();
-    let scenarios: Vec<Value> = serde_json::from_str(&text).unwrap();
-    let common = [
-        "schema_version",
-        "automation_id",
-        "revision",
-        "at",
-        "state_version",
-        "delta",
-        "command_id",
-    ];
+    let scenarios = fixture("automation-ledgers").as_array().unwrap().clone();
     let mut checked = 0;
     for s in &scenarios {
         let id = s["automation_id"].as_str().unwrap();
@@ -916,13 +919,7 @@ fn decisions_and_observations_write_the_references_records() {
             let p = rec.payload;
             let key = rec.key.unwrap();
             let discriminator = key.rsplit_once(&format!("{id}:")).unwrap().1;
-            let fields: serde_json::Map<String, Value> = p
-                .as_object()
-                .unwrap()
-                .iter()
-                .filter(|(k, _)| !common.contains(&k.as_str()))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            let fields = own_fields(p);
             let t = Transition {
                 name: rec.name,
                 discriminator,
@@ -985,11 +982,7 @@ fn commands_decide_as_the_reference() {
         CommandDecision, Transition,
     };
     let (triggers, _dir) = trigger_registry(&[]);
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-commands.json"),
-    )
-    .unwrap();
-    let fixture: Value = serde_json::from_str(&text).unwrap();
+    let fixture: Value = fixture("automation-commands");
     let id = fixture["automation_id"].as_str().unwrap();
     let steps = fixture["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 20);
@@ -1096,11 +1089,7 @@ fn commands_decide_as_the_reference() {
 fn views_and_next_fire_times_are_the_references() {
     use stepwell::automation::{automation_summary, get_automation, next_fire_at};
     let (triggers, _dir) = trigger_registry(&[]);
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-ledgers.json"),
-    )
-    .unwrap();
-    let scenarios: Vec<Value> = serde_json::from_str(&text).unwrap();
+    let scenarios = fixture("automation-ledgers").as_array().unwrap().clone();
     let mut checked = 0;
     for s in &scenarios {
         let id = s["automation_id"].as_str().unwrap();
@@ -1201,20 +1190,7 @@ fn commands_refuse_states_they_cannot_change() {
 #[test]
 fn dispatches_retries_and_completions_are_the_references() {
     use stepwell::automation::{automation_record, plan_dispatch, plan_outcome};
-    let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/automation-ledgers.json"),
-    )
-    .unwrap();
-    let scenarios: Vec<Value> = serde_json::from_str(&text).unwrap();
-    let common = [
-        "schema_version",
-        "automation_id",
-        "revision",
-        "at",
-        "state_version",
-        "delta",
-        "command_id",
-    ];
+    let scenarios = fixture("automation-ledgers").as_array().unwrap().clone();
     let mut planned = 0;
     for s in &scenarios {
         let id = s["automation_id"].as_str().unwrap();
@@ -1235,13 +1211,7 @@ fn dispatches_retries_and_completions_are_the_references() {
                 continue;
             };
             let p = rec.payload;
-            let fields: serde_json::Map<String, Value> = p
-                .as_object()
-                .unwrap()
-                .iter()
-                .filter(|(k, _)| !common.contains(&k.as_str()))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            let fields = own_fields(p);
             let now: DateTime<Utc> = p["at"].as_str().unwrap().parse().unwrap();
             let ours = match rec.name {
                 "automation.created" => {
