@@ -1276,3 +1276,83 @@ fn dispatches_retries_and_completions_are_the_references() {
     // 3 + 2 + 3 dispatches, 3 + 1 + 1 completions, 1 + 2 retries.
     assert_eq!(planned, 8 + 5 + 3);
 }
+
+/// Every wake wait the reference's controllers parked on is what
+/// `plan_wait` decides from the same state at the same time, and its
+/// payload is `wake_payload`'s; later, paused or archived, it goes on,
+/// parks without a deadline, or ends.
+#[test]
+fn wake_waits_are_the_references() {
+    use stepwell::automation::{
+        automation_record, definition_ends, plan_wait, wake_payload, WaitPlan,
+    };
+    let (triggers, _dir) = trigger_registry(&[]);
+    let scenarios = fixture("automation-ledgers").as_array().unwrap().clone();
+    let mut parked = 0;
+    for s in &scenarios {
+        let id = s["automation_id"].as_str().unwrap();
+        let records: Vec<stepwell::StepRecord> =
+            serde_json::from_value(s["records"].clone()).unwrap();
+        let mut definition = Value::Null;
+        let mut state = json!({"paused": false, "pending_occurrence": null, "manual_pending": null,
+                               "tick": 0, "scheduled_count": 0, "exhausted": false});
+        let mut now = String::new();
+        for r in &records {
+            if let Some(rec) = automation_record(r) {
+                if rec.name == "automation.created" {
+                    definition = rec.payload["definition"].clone();
+                    state["anchor"] = definition["trigger"]["config"]["anchor"].clone();
+                }
+                if let Some(Value::Object(changes)) = rec.payload["delta"].get("state") {
+                    for (k, v) in changes {
+                        state[k] = v.clone();
+                    }
+                }
+                now = rec.payload["at"].as_str().unwrap().to_string();
+                continue;
+            }
+            let Some(e) = r.effect.as_ref().filter(|e| e.kind == "wait_event") else {
+                continue;
+            };
+            if r.status != stepwell::StepStatus::Started {
+                continue;
+            }
+            let at: DateTime<Utc> = now.parse().unwrap();
+            let until = e.payload["until"].as_str().map(str::to_string);
+            assert!(!definition_ends(&definition, &state));
+            assert_eq!(
+                plan_wait(&definition, &state, at, &triggers).unwrap(),
+                WaitPlan::Park(until.clone()),
+                "{id} at {now}"
+            );
+            assert_eq!(wake_payload(id, until.as_deref()), e.payload);
+            let later: DateTime<Utc> = until.as_deref().unwrap().parse().unwrap();
+            assert_eq!(
+                plan_wait(&definition, &state, later, &triggers).unwrap(),
+                WaitPlan::Go
+            );
+            parked += 1;
+        }
+        let mut paused = state.clone();
+        paused["paused"] = json!(true);
+        let at: DateTime<Utc> = now.parse().unwrap();
+        assert_eq!(
+            plan_wait(&definition, &paused, at, &triggers).unwrap(),
+            WaitPlan::Park(None)
+        );
+        let mut archived = definition.clone();
+        archived["archived_at"] = json!(now);
+        assert_eq!(
+            plan_wait(&archived, &state, at, &triggers).unwrap(),
+            WaitPlan::End
+        );
+        assert!(definition_ends(&archived, &state));
+        let mut queued = paused.clone();
+        queued["manual_pending"] = json!({"command_id": "c1"});
+        assert_eq!(
+            plan_wait(&definition, &queued, at, &triggers).unwrap(),
+            WaitPlan::Go
+        );
+    }
+    assert_eq!(parked, 3 + 2 + 3);
+}

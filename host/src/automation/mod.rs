@@ -60,7 +60,9 @@ pub use ids::{
     AUTOMATION_NAMESPACE, CONTROLLER_BUNDLE_ID, CONTROLLER_BUNDLE_REF, CONTROLLER_BUNDLE_VERSION,
     CONTROLLER_FLOW_ID, CONTROLLER_WORKFLOW_ID, RECORD_SCHEMA_VERSION,
 };
-pub use occurrence::{plan_dispatch, plan_outcome, Planned};
+pub use occurrence::{
+    definition_ends, plan_dispatch, plan_outcome, plan_wait, wake_payload, Planned, WaitPlan,
+};
 pub use outcome::{
     complete_occurrence, current_occurrence, normalize_occurrence_output, notify_payload,
     Completion, OccurrenceOutcome, NOTIFY_DEFAULT_BODY_MAX,

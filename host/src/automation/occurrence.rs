@@ -155,3 +155,81 @@ pub fn plan_outcome(
     }
     Ok(Some(complete("failed")))
 }
+
+/// What the controller's `wait` node decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitPlan {
+    /// Something is to be done now: go on to `admit`.
+    Go,
+    /// Nothing can ever run again: go on to `end`.
+    End,
+    /// Park on the wake wait, until this time (`None`: until a command).
+    Park(Option<String>),
+}
+
+/// Whether `read_definition` ends the controller: nothing is pending and
+/// the automation is archived or its trigger exhausted.
+pub fn definition_ends(definition: &Value, state: &Value) -> bool {
+    let set = |v: Option<&Value>| !matches!(v, None | Some(Value::Null) | Some(Value::Bool(false)));
+    state.get("pending_occurrence").is_none_or(Value::is_null)
+        && (set(definition.get("archived_at")) || set(state.get("exhausted")))
+}
+
+/// What the controller's `wait` node decides at `now`, first match: a
+/// pending occurrence goes on (or parks until its retry time during a
+/// backoff); a queued run-now goes on; archived ends; paused parks with no
+/// deadline; else the trigger's `prepare` on the persisted cursor:
+/// exhausted ends, idle parks with no deadline, a due time goes on, a later
+/// one parks until it.
+pub fn plan_wait(
+    definition: &Value,
+    state: &Value,
+    now: DateTime<Utc>,
+    triggers: &crate::triggers::TriggerRegistry,
+) -> Result<WaitPlan, AutomationError> {
+    let set = |v: Option<&Value>| !matches!(v, None | Some(Value::Null) | Some(Value::Bool(false)));
+    let due = |t: &str| super::time::parse_timestamp(t, "until").is_ok_and(|t| t <= now);
+    if let Some(p) = state.get("pending_occurrence").filter(|p| !p.is_null()) {
+        let retry_at = p.get("retry_at").and_then(Value::as_str);
+        if p["phase"] == "backoff" && !set(p.get("stop_requested")) && !retry_at.is_some_and(due) {
+            return Ok(WaitPlan::Park(retry_at.map(str::to_string)));
+        }
+        return Ok(WaitPlan::Go);
+    }
+    if set(state.get("manual_pending")) {
+        return Ok(WaitPlan::Go);
+    }
+    if set(definition.get("archived_at")) {
+        return Ok(WaitPlan::End);
+    }
+    if set(state.get("paused")) {
+        return Ok(WaitPlan::Park(None));
+    }
+    let b = super::commands::binding_of(definition);
+    let name = format!("{}@{}", b.source_id, b.source_version);
+    let source = triggers
+        .get(&name)
+        .map_err(super::definition::trigger_failure)?;
+    let slice = super::definition::trigger_state_of(state);
+    Ok(
+        match source
+            .prepare(&b, &slice, &format_timestamp(now))
+            .map_err(super::definition::trigger_failure)?
+        {
+            crate::triggers::Wait::Exhausted => WaitPlan::End,
+            crate::triggers::Wait::Idle => WaitPlan::Park(None),
+            crate::triggers::Wait::Until { until } if due(&until) => WaitPlan::Go,
+            crate::triggers::Wait::Until { until } => WaitPlan::Park(Some(until)),
+        },
+    )
+}
+
+/// The payload of the controller's wake wait (`wait_event` on
+/// `automation:<id>:wake`, with `until` when it has a deadline).
+pub fn wake_payload(automation_id: &str, until: Option<&str>) -> Value {
+    let mut p = json!({"wait_key": super::ids::wake_wait_key(automation_id)});
+    if let Some(u) = until {
+        p["until"] = json!(u);
+    }
+    p
+}
