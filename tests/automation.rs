@@ -1058,6 +1058,21 @@ fn commands_decide_as_the_reference() {
             Some(*result_record),
             "{command_id}"
         );
+        // What a reader sees after the command (paused, archived, re-armed).
+        let after = &step["after"];
+        let shown: stepwell::RunState = serde_json::from_value(json!({
+            "run_id": id, "workflow_id": "abstractframework.automation-controller@1.0.0:controller",
+            "status": after["status"], "current_node": "wait", "vars": after["vars"],
+            "waiting": after["waiting"], "output": null, "error": null,
+            "created_at": "2026-01-01T00:00:00.000000Z", "updated_at": "2026-01-01T00:00:00.000000Z",
+            "actor_id": null, "session_id": null, "parent_run_id": null
+        }))
+        .unwrap();
+        assert_eq!(
+            stepwell::automation::get_automation(&shown, now, &triggers).unwrap(),
+            after["get_automation"],
+            "{command_id}"
+        );
         let observation = if status == "applied" {
             command_observation(&run, kind, command_id, now, &triggers).unwrap()
         } else {

@@ -16,8 +16,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from refharness import H, MonkeyPatch, record  # noqa: E402
+from refharness import H, MonkeyPatch, record, waiting_of  # noqa: E402
 from abstractruntime.automations.commands import apply_automation_command  # noqa: E402
+from abstractruntime.automations.service import get_automation  # noqa: E402
 
 
 def main():
@@ -39,7 +40,11 @@ def main():
         n = len(ledger_store.list(aid))
         result = apply_automation_command(runtime, automation_id=aid, command_id=command_id, type=type_,
                                           payload=payload, expected_revision=expected_revision, now=now)
+        after = runtime.get_state(aid)
+        waiting = waiting_of(after)
         steps.append({
+            "after": {"status": after.status.value, "vars": after.vars, "waiting": waiting,
+                      "get_automation": get_automation(run_store, aid)},
             "now": now, "command_id": command_id, "type": type_, "payload": payload,
             "expected_revision": expected_revision,
             "before": {"status": before.status.value, "vars": before.vars},

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from refharness import H, MonkeyPatch, record  # noqa: E402
+from refharness import H, MonkeyPatch, record, waiting_of  # noqa: E402
 from abstractruntime.automations.attention import list_attention  # noqa: E402
 from abstractruntime.automations.service import get_automation, list_occurrences  # noqa: E402
 from abstractruntime.automation_queries import automation_summary  # noqa: E402
@@ -38,12 +38,7 @@ def ten_minutes_after(now):
 def view(runtime, run_store, aid, now):
     """The controller run at `now`, and what get_automation / automation_summary show of it."""
     run = runtime.get_state(aid)
-    w = run.waiting
-    waiting = None if w is None else {
-        "reason": w.reason.value, "wait_key": w.wait_key, "until": w.until,
-        "resume_to_node": w.resume_to_node, "result_key": w.result_key,
-        "prompt": w.prompt, "choices": w.choices, "details": w.details,
-    }
+    waiting = waiting_of(run)
     # Between steps (running, no wait): the trigger's own answer, now and
     # ten minutes later (when a coalesced tick is due).
     between = copy.deepcopy(run)

@@ -23,3 +23,15 @@ def record(r):
     out = {k: r.get(k) for k in KEEP}
     out["attempt"] = 1
     return out
+
+
+def waiting_of(run):
+    """A run's wait as a dict (stepwell's WaitState fields), or None."""
+    w = run.waiting
+    if w is None:
+        return None
+    return {
+        "reason": w.reason.value, "wait_key": w.wait_key, "until": w.until,
+        "resume_to_node": w.resume_to_node, "result_key": w.result_key,
+        "prompt": w.prompt, "choices": w.choices, "details": w.details,
+    }
