@@ -212,10 +212,7 @@ pub trait TriggerSource {
         fired_at: &str,
         payload: Value,
     ) -> Result<Envelope, TriggerError> {
-        if event_id.is_empty() {
-            return Err(TriggerError::invalid("event_id", "must not be empty"));
-        }
-        Ok(Envelope::of(binding, event_id, fired_at, payload))
+        Envelope::checked(binding, event_id, fired_at, payload)
     }
 }
 
@@ -230,6 +227,29 @@ impl Envelope {
             payload,
             binding_id: binding.binding_id.clone(),
         }
+    }
+
+    /// [`Envelope::of`], refusing an empty event id (what the default
+    /// `normalize` does).
+    pub fn checked(
+        binding: &Binding,
+        event_id: &str,
+        fired_at: &str,
+        payload: Value,
+    ) -> Result<Self, TriggerError> {
+        if event_id.is_empty() {
+            return Err(TriggerError::invalid("event_id", "must not be empty"));
+        }
+        Ok(Envelope::of(binding, event_id, fired_at, payload))
+    }
+
+    /// This envelope as a firing of source `id@version`, whatever source its
+    /// binding names (`manual@1` normalizes run-now firings under any
+    /// automation's binding).
+    pub fn as_source(mut self, id: &str, version: u32) -> Self {
+        self.source_id = id.into();
+        self.source_version = version;
+        self
     }
 }
 

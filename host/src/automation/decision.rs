@@ -117,6 +117,28 @@ fn record(run: &RunState, t: &Transition<'_>, key: String, payload: &Value) -> S
     }
 }
 
+/// `t`'s key and the run's current `state_version` when `t` is not in
+/// `ledger` yet; else (as `Err`) what was written for it.
+#[allow(clippy::type_complexity)]
+fn unwritten(
+    run: &RunState,
+    ledger: &[StepRecord],
+    t: &Transition<'_>,
+) -> Result<Result<(String, u64), Written>, AutomationError> {
+    let key = record_key(t.name, &run.run_id, t.discriminator);
+    if let Some(found) = find_record(ledger, &key) {
+        return Ok(Err(Written {
+            payload: found.payload.clone(),
+            record: None,
+        }));
+    }
+    let version = state_of(run)?
+        .get("state_version")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    Ok(Ok((key, version)))
+}
+
 /// Decides `t` with `delta` (`{"state": {...}, "definition"?: {...}}`) on
 /// controller `run`, whose ledger so far is `ledger`: builds the record and
 /// applies the delta to `run` (state keys replaced, the definition replaced,
@@ -128,18 +150,10 @@ pub fn decide(
     t: &Transition<'_>,
     delta: Value,
 ) -> Result<Written, AutomationError> {
-    let key = record_key(t.name, &run.run_id, t.discriminator);
-    if let Some(found) = find_record(ledger, &key) {
-        return Ok(Written {
-            payload: found.payload.clone(),
-            record: None,
-        });
-    }
-    let version = state_of(run)?
-        .get("state_version")
-        .and_then(Value::as_u64)
-        .unwrap_or(0)
-        + 1;
+    let (key, version) = match unwritten(run, ledger, t)? {
+        Err(written) => return Ok(written),
+        Ok((key, version)) => (key, version + 1),
+    };
     let revision = revision_of(delta.get("definition"))
         .or_else(|| revision_of(run.vars.get("_meta").and_then(|m| m.get("automation"))))
         .ok_or_else(|| not_an_automation(run))?;
@@ -180,17 +194,10 @@ pub fn observe(
     ledger: &[StepRecord],
     t: &Transition<'_>,
 ) -> Result<Written, AutomationError> {
-    let key = record_key(t.name, &run.run_id, t.discriminator);
-    if let Some(found) = find_record(ledger, &key) {
-        return Ok(Written {
-            payload: found.payload.clone(),
-            record: None,
-        });
-    }
-    let version = state_of(run)?
-        .get("state_version")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
+    let (key, version) = match unwritten(run, ledger, t)? {
+        Err(written) => return Ok(written),
+        Ok(found) => found,
+    };
     let revision = revision_of(run.vars.get("_meta").and_then(|m| m.get("automation")))
         .ok_or_else(|| not_an_automation(run))?;
     let payload = payload(run, t, revision, version, json!({}));

@@ -84,18 +84,8 @@ impl MemoryStore {
                 }
             }
             None => {
-                t.next_seq += 1;
-                let seq = t.next_seq;
-                t.runs.insert(
-                    run.run_id.clone(),
-                    Slot {
-                        seq,
-                        run: run.clone(),
-                        lease: renew.map(|(h, until)| (h.to_string(), until)),
-                        committed,
-                        defer: None,
-                    },
-                );
+                let lease = renew.map(|(h, until)| (h.to_string(), until));
+                t.insert_slot(run, lease, committed);
             }
         }
         Ok(())
@@ -375,6 +365,24 @@ fn update_value(dst: &mut serde_json::Value, src: &serde_json::Value) {
 }
 
 impl Tables {
+    /// Stores a new run, after every run stored before it.
+    fn insert_slot(
+        &mut self,
+        run: &RunState,
+        lease: Option<(String, DateTime<Utc>)>,
+        committed: usize,
+    ) {
+        self.next_seq += 1;
+        let slot = Slot {
+            seq: self.next_seq,
+            run: run.clone(),
+            lease,
+            committed,
+            defer: None,
+        };
+        self.runs.insert(run.run_id.clone(), slot);
+    }
+
     fn quarantine_reason(&self, run_id: &str) -> Option<&str> {
         self.quarantined
             .iter()
@@ -425,18 +433,7 @@ impl Store for MemoryStore {
         if let Some(slot) = t.runs.get(&run.run_id) {
             return Ok((slot.run.clone(), false));
         }
-        t.next_seq += 1;
-        let seq = t.next_seq;
-        t.runs.insert(
-            run.run_id.clone(),
-            Slot {
-                seq,
-                run: run.clone(),
-                lease: None,
-                committed: 0,
-                defer: None,
-            },
-        );
+        t.insert_slot(run, None, 0);
         Ok((run.clone(), true))
     }
 

@@ -68,10 +68,7 @@ impl TriggerSource for Manual {
             Some(command_id) if !command_id.is_empty() => {
                 // Every run-now of any automation is a manual@1 firing, under
                 // the automation's own (current) binding.
-                let mut envelope = Envelope::of(binding, event_id, fired_at, payload);
-                envelope.source_id = "manual".into();
-                envelope.source_version = 1;
-                Ok(envelope)
+                Ok(Envelope::of(binding, event_id, fired_at, payload).as_source("manual", 1))
             }
             _ => Err(TriggerError::invalid(
                 "event_id",

@@ -481,13 +481,7 @@ impl TriggerSource for Schedule {
         fired_at: &str,
         payload: Value,
     ) -> Result<Envelope, TriggerError> {
-        if event_id.is_empty() {
-            return Err(TriggerError::invalid("event_id", "must not be empty"));
-        }
-        let mut envelope = Envelope::of(binding, event_id, fired_at, payload);
-        envelope.source_id = "schedule".into();
-        envelope.source_version = 1;
-        Ok(envelope)
+        Envelope::checked(binding, event_id, fired_at, payload).map(|e| e.as_source("schedule", 1))
     }
 }
 
