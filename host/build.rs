@@ -1,5 +1,6 @@
-//! Embeds the built-in trigger sources (`schedule@1`, `manual@1`) in the
-//! library: they are components built from `flows/triggers/builtin/` by
+//! Embeds the built-in trigger sources (`schedule@1`, `manual@1`) and the
+//! automation controller's nodes in the library: they are components built
+//! from `flows/triggers/builtin/` and `flows/automation-controller/` by
 //! `scripts/build-guests`, which must run before the host is built.
 
 use std::path::Path;
@@ -10,8 +11,15 @@ fn main() {
     let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let dir = Path::new(&manifest).join("../flows/triggers/builtin");
     println!("cargo:rerun-if-changed={}", dir.display());
-    for name in ["schedule", "manual"] {
-        let file = dir.join(format!("{name}.wasm"));
+    let controller = Path::new(&manifest).join("../flows/automation-controller");
+    println!("cargo:rerun-if-changed={}", controller.display());
+    let files = [
+        ("schedule", dir.join("schedule.wasm")),
+        ("manual", dir.join("manual.wasm")),
+        ("controller", controller.join("nodes.wasm")),
+        ("controller_flow", controller.join("flow.json")),
+    ];
+    for (name, file) in files {
         println!("cargo:rerun-if-changed={}", file.display());
         let file = file.canonicalize().unwrap_or_else(|_| {
             panic!(

@@ -115,7 +115,7 @@ impl StoreSpec {
 }
 
 /// How [`open_runtime`] sets a host up, beyond the store.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct HostOptions {
     /// The bounds of every guest call.
     pub limits: SandboxLimits,
@@ -123,6 +123,20 @@ pub struct HostOptions {
     pub durability: Option<Durability>,
     /// The runtime's configuration.
     pub config: crate::RuntimeConfig,
+    /// The runtime's clock (`None`: the system clock); a fixed clock
+    /// makes a command act at a chosen time (`stepwell --now`).
+    pub clock: Option<Arc<dyn crate::Clock>>,
+}
+
+impl std::fmt::Debug for HostOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostOptions")
+            .field("limits", &self.limits)
+            .field("durability", &self.durability)
+            .field("config", &self.config)
+            .field("clock", &self.clock.as_ref().map(|c| c.now()))
+            .finish()
+    }
 }
 
 /// Opens the store and builds a runtime over it with an engine that caches
@@ -149,9 +163,12 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
         limits: options.limits,
         digests,
     })?;
-    Runtime::builder(store)
+    let mut builder = Runtime::builder(store)
         .engine(engine)
         .config(options.config.clone())
-        .artifacts(spec.artifacts()?, DEFAULT_OFFLOAD_BYTES)
-        .build()
+        .artifacts(spec.artifacts()?, DEFAULT_OFFLOAD_BYTES);
+    if let Some(clock) = &options.clock {
+        builder = builder.clock(clock.clone());
+    }
+    builder.build()
 }

@@ -37,6 +37,11 @@ struct Cli {
     /// default) or full (also a power loss; the JSON-file default).
     #[arg(long, global = true, env = "STEPWELL_DURABILITY")]
     durability: Option<String>,
+    /// Fix the clock at this time (RFC 3339) for this one command: the
+    /// runtime, the driver's due waits and automations read it (tests,
+    /// previews, what-ifs).
+    #[arg(long, global = true)]
+    now: Option<String>,
     /// How long a run's lease lasts unless renewed, in milliseconds: after a
     /// host dies, its runs wait this long before another host takes them.
     #[arg(long, global = true, default_value_t = 30_000)]
@@ -127,9 +132,18 @@ enum Command {
         /// Do one pass and exit.
         #[arg(long)]
         once: bool,
+        /// Do passes until one moves nothing, then exit (controllers admit
+        /// and dispatch, occurrences run, parents resume).
+        #[arg(long, conflicts_with = "once")]
+        until_idle: bool,
         /// Pause between passes, in milliseconds.
         #[arg(long, default_value_t = 200)]
         interval_ms: u64,
+    },
+    /// Automations: a workflow fired again and again by a trigger.
+    Automations {
+        #[command(subcommand)]
+        command: cli::automations::AutomationCommand,
     },
     /// Snapshots: named bookmarks of a run's state.
     Snapshot {
@@ -500,6 +514,11 @@ fn execute(cli: Cli) -> Result<(), Error> {
             })
         })
         .transpose()?;
+    let fixed_now = cli
+        .now
+        .as_deref()
+        .map(|t| parse_time_arg("--now", Some(t.to_string())))
+        .transpose()?;
     let options = HostOptions {
         limits,
         durability,
@@ -507,6 +526,10 @@ fn execute(cli: Cli) -> Result<(), Error> {
             lease_ttl: Duration::from_millis(cli.lease_ttl_ms),
             ..RuntimeConfig::default()
         },
+        clock: fixed_now.map(|t| {
+            std::sync::Arc::new(stepwell::ManualClock::new(t))
+                as std::sync::Arc<dyn stepwell::Clock>
+        }),
     };
     if let Command::Triggers {
         trigger_dir,
@@ -715,7 +738,27 @@ fn execute(cli: Cli) -> Result<(), Error> {
             &rt.cancel_run_by(&run_id, reason.as_deref(), "cli")?,
             cli.json,
         ),
-        Command::Drive { once, interval_ms } => loop {
+        Command::Automations { command } => {
+            if !cli::automations::run(&rt, command, rt.now(), cli.json)? {
+                RUN_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        Command::Drive {
+            until_idle: true, ..
+        } => {
+            let report = stepwell::automation::drive_until_idle(&rt, 1000)?;
+            if cli.json {
+                println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            } else {
+                println!("passes {}  moved {}", report.passes, report.moved);
+            }
+            for e in &report.errors {
+                eprintln!("  {}: {}", e.run_id, e.error);
+            }
+        }
+        Command::Drive {
+            once, interval_ms, ..
+        } => loop {
             let report = rt.drive_once()?;
             if cli.json {
                 println!("{}", serde_json::to_string(&report).unwrap_or_default());
@@ -835,6 +878,11 @@ fn main() -> ExitCode {
             if json {
                 let detail = match &e {
                     Error::Trigger(t) => t.to_json(),
+                    Error::Automation(a) => {
+                        let mut d = a.to_json();
+                        d["code"] = serde_json::json!(a.reason_code);
+                        d
+                    }
                     _ => serde_json::json!({ "code": e.reason_code(), "message": e.to_string() }),
                 };
                 eprintln!("{}", serde_json::json!({ "error": detail }));

@@ -46,3 +46,29 @@ impl AutomationError {
         v
     }
 }
+
+/// The reason codes of the automation layer, as `'static` strings (for
+/// [`crate::Error::reason_code`]); an unknown one reads `automation_error`.
+pub fn static_reason_code(code: &str) -> &'static str {
+    const CODES: [&str; 14] = [
+        "invalid_definition",
+        "unsupported_feature",
+        "unknown_trigger_source",
+        "identity_conflict",
+        "automation_not_found",
+        "invalid_request",
+        "invalid_state",
+        "revision_conflict",
+        "invalid_command",
+        "trigger_failed",
+        "trigger_registry_error",
+        "controller_seam",
+        "conflict",
+        "invalid_input",
+    ];
+    CODES
+        .iter()
+        .find(|c| **c == code)
+        .copied()
+        .unwrap_or("automation_error")
+}

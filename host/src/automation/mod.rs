@@ -26,6 +26,7 @@
 //! ```
 
 mod commands;
+mod controller;
 mod decision;
 mod definition;
 mod envelope;
@@ -34,6 +35,7 @@ mod ids;
 mod occurrence;
 mod outcome;
 mod queries;
+mod service;
 mod time;
 mod view;
 
@@ -41,6 +43,7 @@ pub use commands::{
     command_digest, command_observation, command_type, decide_command, CommandDecision,
     Observation, COMMAND_TYPES,
 };
+pub use controller::{build_prepared, controller_effects, TriggerCatalog};
 pub use decision::{decide, observe, Transition, Written};
 pub use definition::{
     automation_status, backoff_delay, build_definition, initial_state, revise_definition,
@@ -53,7 +56,7 @@ pub use envelope::{
     binding_source_uri, ensure_cloudevent_attributes, event_type, occurrence_origin,
     occurrence_vars, prompt_header, to_cloudevent, DATACONTENTTYPE, SPECVERSION,
 };
-pub use error::AutomationError;
+pub use error::{static_reason_code, AutomationError};
 pub use ids::{
     automation_id, automation_session_id, binding_id, canonical_json, discussion_ids,
     occurrence_run_id, record_key, request_digest, wake_wait_key, OccurrenceKind,
@@ -73,5 +76,27 @@ pub use queries::{
     parse_automations_cursor, parse_occurrence_cursor, AutomationRecord, ATTENTION_CURSOR_PREFIX,
     AUTOMATIONS_CURSOR_PREFIX, MAX_PAGE, OCCURRENCE_CURSOR_PREFIX,
 };
+pub use service::{
+    apply_automation_command, create_automation, drive_until_idle, list_attention,
+    list_automations, list_occurrences, show_automation, Command, Created, IdleReport,
+};
 pub use time::{format_timestamp, parse_duration, parse_timestamp, MAX_DURATION_SECONDS};
 pub use view::{automation_summary, get_automation, next_fire_at, HISTORY_REPLAY_MAX_TOKENS};
+
+/// The controller's workflow (`CONTROLLER_WORKFLOW_ID`), from the flow
+/// document and the node component the host embeds
+/// (`flows/automation-controller/`).
+pub(crate) fn controller_workflow(
+    engine: &crate::wasm::WasmEngine,
+    effects: &[String],
+) -> Result<crate::flow::Workflow, crate::flow::FlowError> {
+    const FLOW: &str = include_str!(env!("STEPWELL_BUILTIN_CONTROLLER_FLOW"));
+    const NODES: &[u8] = include_bytes!(env!("STEPWELL_BUILTIN_CONTROLLER"));
+    crate::flow::load_embedded_flow(
+        std::path::Path::new("builtin:automation-controller/flow.json"),
+        FLOW,
+        engine,
+        effects,
+        &[("nodes.wasm", NODES)],
+    )
+}

@@ -265,7 +265,7 @@ impl Runtime {
                     Ok(_) => {}
                 }
             }
-            Outcome::Waiting(_) => return Ok(false),
+            Outcome::Waiting(_) | Outcome::HostChange(_) => return Ok(false),
         }
         Ok(true)
     }

@@ -75,6 +75,9 @@ pub enum Error {
     /// A trigger source refused a call, failed, or cannot be found.
     #[error(transparent)]
     Trigger(#[from] crate::triggers::TriggerError),
+    /// An automation failure (a definition, a command, the controller).
+    #[error(transparent)]
+    Automation(#[from] crate::automation::AutomationError),
 }
 
 impl Error {
@@ -92,6 +95,7 @@ impl Error {
             Error::Wasm(_) => "component_load_failed",
             Error::Store(e) => e.reason_code(),
             Error::Trigger(e) => e.reason_code(),
+            Error::Automation(e) => crate::automation::static_reason_code(&e.reason_code),
         }
     }
 

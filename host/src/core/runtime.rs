@@ -41,9 +41,18 @@ pub struct RuntimeBuilder {
     config: RuntimeConfig,
     offloader: Option<crate::store::artifacts::Offloader>,
     effects: EffectRegistry,
+    trigger_dir: Option<std::path::PathBuf>,
 }
 
 impl RuntimeBuilder {
+    /// The folder of plugin trigger sources (`*.wasm`) automations may
+    /// bind, beside the built-in `schedule@1` and `manual@1` (default: the
+    /// `STEPWELL_TRIGGER_DIR` environment variable, else none).
+    pub fn trigger_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.trigger_dir = Some(dir.into());
+        self
+    }
+
     /// Keeps values larger than `threshold_bytes` (as JSON) in `artifacts`:
     /// top-level vars (except `_meta`, `_limits`, `_runtime`), a run's
     /// output, effect payloads and record results are stored as
@@ -102,6 +111,21 @@ impl RuntimeBuilder {
             Some(e) => e,
             None => WasmEngine::new(Default::default())?,
         };
+        let trigger_dir = self.trigger_dir.or_else(|| {
+            std::env::var_os(crate::triggers::PLUGIN_DIR_ENV)
+                .filter(|d| !d.is_empty())
+                .map(Into::into)
+        });
+        let triggers = Arc::new(crate::automation::TriggerCatalog::new(
+            engine.clone(),
+            trigger_dir,
+        ));
+        let mut effects = self.effects;
+        for handler in crate::automation::controller_effects(triggers.clone()) {
+            if effects.get(handler.kind()).is_none() {
+                effects.register(handler);
+            }
+        }
         let keeper = LeaseKeeper::start(
             super::txn::new_holder_id(),
             self.config.lease_ttl,
@@ -114,7 +138,8 @@ impl RuntimeBuilder {
                 clock: self.clock,
                 config: self.config,
                 offloader: self.offloader,
-                effects: self.effects,
+                effects,
+                triggers,
                 workflows: RwLock::new(HashMap::new()),
                 locks: RunLocks::default(),
                 keeper,
@@ -131,6 +156,7 @@ pub(crate) struct Inner {
     pub(crate) config: RuntimeConfig,
     offloader: Option<crate::store::artifacts::Offloader>,
     pub(crate) effects: EffectRegistry,
+    triggers: Arc<crate::automation::TriggerCatalog>,
     workflows: RwLock<HashMap<String, Arc<Workflow>>>,
     locks: RunLocks,
     keeper: Arc<LeaseKeeper>,
@@ -177,7 +203,14 @@ impl Runtime {
             config: RuntimeConfig::default(),
             offloader: None,
             effects: EffectRegistry::builtin(),
+            trigger_dir: None,
         }
+    }
+
+    /// The trigger sources automations bind (the built-in ones and the
+    /// plugin folder's), loaded on first use.
+    pub fn triggers(&self) -> Result<Arc<crate::triggers::TriggerRegistry>> {
+        self.inner.triggers.registry()
     }
 
     /// The store.
@@ -249,6 +282,14 @@ impl Runtime {
     pub fn workflow(&self, workflow_id: &str) -> Result<Arc<Workflow>> {
         if let Some(wf) = self.inner.workflows.read().get(workflow_id) {
             return Ok(wf.clone());
+        }
+        if workflow_id == crate::automation::CONTROLLER_WORKFLOW_ID {
+            let wf = Arc::new(crate::automation::controller_workflow(
+                &self.inner.engine,
+                &self.inner.effects.kinds(),
+            )?);
+            self.register(wf.clone());
+            return Ok(wf);
         }
         if let Some(dir) = self.store().bundle_dir(workflow_id)? {
             self.load_bundle(&dir)?;
@@ -954,6 +995,10 @@ impl crate::effects::RunPort for Runtime {
 
     fn get_run(&self, run_id: &str) -> Result<RunState> {
         self.get_state(run_id)
+    }
+
+    fn find_records(&self, run_id: &str, idempotency_key: &str) -> Result<Vec<StepRecord>> {
+        Ok(self.store().find_records(run_id, idempotency_key)?)
     }
 
     fn event_listeners(&self, wait_keys: &[String]) -> Result<Vec<RunState>> {

@@ -17,7 +17,7 @@ use super::model::{
 use super::runtime::Runtime;
 use super::txn::RunTxn;
 use super::{panics, Result};
-use crate::effects::{EffectClass, EffectCx, Failure, Outcome};
+use crate::effects::{EffectClass, EffectCx, Failure, Outcome, Then};
 use crate::flow::{template, Node, NodeKind, Workflow};
 use crate::wasm::{vars_json, GuestError, NodeCall, NodeComponent, NodeSession};
 
@@ -320,7 +320,8 @@ impl Runtime {
             },
         };
         let class = handler.as_ref().map(|h| h.class());
-        if class.is_some_and(|c| c != EffectClass::Pure) && (!records.is_empty() || !txn.exists()) {
+        let first = handler.as_ref().is_some_and(|h| h.commits_first());
+        if first && (!records.is_empty() || !txn.exists()) {
             // Make the pending resume (or the run itself) true before other
             // runs or the world are touched: from here on the store shows
             // this run running, so no event can resume it a second time
@@ -528,6 +529,66 @@ impl Runtime {
                 set_attempt(run, 1);
                 run.status = RunStatus::Waiting;
                 run.waiting = Some(*wait);
+            }
+            Outcome::HostChange(change) => {
+                let change = *change;
+                let refuse = |why: String| Failure::permanent("invalid_effect", why);
+                let route = match change.route.as_deref() {
+                    None => None,
+                    Some(label) => {
+                        let resolved = node.resolve_route(label);
+                        if !wf.nodes.contains_key(resolved) {
+                            let failure = refuse(format!(
+                                "effect {} routed node {node_id} to {label:?}, which is neither a route label nor a node of workflow {}",
+                                effect.kind, wf.workflow_id
+                            ));
+                            return self.fail_effect(
+                                txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
+                            );
+                        }
+                        Some(Target::Node(resolved.to_string()))
+                    }
+                };
+                if !handler.owns_host_state() {
+                    let failure = refuse(format!(
+                        "effect {} may not change its run's host state",
+                        effect.kind
+                    ));
+                    return self.fail_effect(
+                        txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
+                    );
+                }
+                for (path, value) in change.assign {
+                    template::assign(&mut run.vars, &path, value);
+                }
+                records.extend(change.records);
+                let target = route.unwrap_or(target);
+                match change.then {
+                    Then::Continue(result) => {
+                        if let Some(key) = &effect.result_key {
+                            template::assign(&mut run.vars, key, result.clone());
+                        }
+                        records.push(StepRecord {
+                            result: Some(result.clone()),
+                            ..outcome_record(&base, StepStatus::Completed, &ended_at)
+                        });
+                        go(run, target, Some(result));
+                    }
+                    Then::Wait(mut wait) => {
+                        wait.resume_to_node = match target {
+                            Target::Node(n) => Some(n),
+                            _ => None,
+                        };
+                        wait.result_key = effect.result_key.clone();
+                        records.push(StepRecord {
+                            result: Some(json!({ "wait": wait })),
+                            ..outcome_record(&base, StepStatus::Waiting, &ended_at)
+                        });
+                        set_attempt(run, 1);
+                        run.status = RunStatus::Waiting;
+                        run.waiting = Some(*wait);
+                    }
+                }
             }
             Outcome::Failed(failure) => {
                 let policy = self.inner.config.retries.get(&effect.kind).copied();

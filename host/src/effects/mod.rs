@@ -122,6 +122,38 @@ pub enum Outcome {
     Waiting(Box<WaitState>),
     /// The effect failed.
     Failed(Failure),
+    /// A built-in host effect changed its own run's host-owned state
+    /// (only handlers whose [`EffectHandler::owns_host_state`] is true may
+    /// answer this; the automation controller's effects do).
+    HostChange(Box<HostChange>),
+}
+
+/// What a host effect that owns its run's host state did: values to set
+/// under host-owned vars, ledger records to commit with the step (in the
+/// same atomic commit), the route the run takes, and whether it then
+/// continues or waits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostChange {
+    /// `(dotted path, value)` pairs written into the run's vars, in order
+    /// (for example `_runtime.automation`).
+    pub assign: Vec<(String, Value)>,
+    /// Records committed with the step, after its `started` record.
+    pub records: Vec<crate::core::model::StepRecord>,
+    /// A route label (or node id) of the node that overrides the plan's
+    /// next node; `None` keeps the plan's.
+    pub route: Option<String>,
+    /// Continue with this result, or wait.
+    pub then: Then,
+}
+
+/// How a run goes on after a [`HostChange`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Then {
+    /// Continue at once; the value is the effect's result.
+    Continue(Value),
+    /// Wait (the runtime fills in `resume_to_node` from the route and
+    /// `result_key` from the effect).
+    Wait(Box<WaitState>),
 }
 
 impl Outcome {
@@ -160,6 +192,13 @@ pub trait RunPort {
     fn tick_nested(&self, run_id: &str, depth: u32) -> Result<RunState>;
     /// The run's state.
     fn get_run(&self, run_id: &str) -> Result<RunState>;
+    /// The records of `run_id`'s ledger carrying `idempotency_key`,
+    /// oldest first.
+    fn find_records(
+        &self,
+        run_id: &str,
+        idempotency_key: &str,
+    ) -> Result<Vec<crate::core::model::StepRecord>>;
     /// Ids of runs waiting (reason `event`) on one of `wait_keys`, oldest
     /// first.
     fn event_listeners(&self, wait_keys: &[String]) -> Result<Vec<RunState>>;
@@ -246,6 +285,22 @@ pub trait EffectHandler: Send + Sync {
     /// asks for it).
     fn starts_runs(&self) -> bool {
         false
+    }
+
+    /// Whether the handler may answer [`Outcome::HostChange`]: change its
+    /// own run's host-owned vars and add ledger records to the step's
+    /// commit. Only the host's own effects (the automation controller's)
+    /// say yes; any other handler's `HostChange` fails the step.
+    fn owns_host_state(&self) -> bool {
+        false
+    }
+
+    /// Whether the run's pending records (a resume not committed yet, or
+    /// the run itself) must be committed before the effect executes: true
+    /// for every effect that touches other runs or the world, so nothing
+    /// outside the run sees a run that does not exist yet.
+    fn commits_first(&self) -> bool {
+        self.class() != EffectClass::Pure
     }
 
     /// For effects that are not [`EffectClass::Pure`]: fixes what the effect

@@ -260,7 +260,42 @@ pub fn load_flow_file(
             FlowError::new(path, field, e.inner().to_string())
         })?
     };
-    build_workflow(path, doc, engine, effects)
+    let base = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let load = |component: &str| {
+        let file = base.join(component);
+        if !file.is_file() {
+            return Err(format!(
+                "component file {} not found (build the guests: scripts/build-guests)",
+                file.display()
+            ));
+        }
+        engine.load_node(&file).map_err(|e| e.to_string())
+    };
+    build_workflow(path, doc, &load, effects)
+}
+
+/// Loads a flow document the host embeds (`label` names it in errors, for
+/// example `builtin:automation-controller/flow.json`); its components are
+/// looked up by name in `components` (name, bytes).
+pub fn load_embedded_flow(
+    label: &Path,
+    text: &str,
+    engine: &WasmEngine,
+    effects: &[String],
+    components: &[(&str, &[u8])],
+) -> Result<Workflow, FlowError> {
+    let doc: FlowDoc = {
+        let mut de = serde_json::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(&mut de)
+            .map_err(|e| FlowError::new(label, e.path().to_string(), e.inner().to_string()))?
+    };
+    let load = |component: &str| match components.iter().find(|(n, _)| *n == component) {
+        None => Err(format!("the host embeds no component {component:?}")),
+        Some((name, bytes)) => engine
+            .load_node_bytes(bytes, &Path::new("builtin:").join(name))
+            .map_err(|e| e.to_string()),
+    };
+    build_workflow(label, doc, &load, effects)
 }
 
 fn valid_id(s: &str) -> bool {
@@ -272,7 +307,7 @@ fn valid_id(s: &str) -> bool {
 fn build_workflow(
     path: &Path,
     doc: FlowDoc,
-    engine: &WasmEngine,
+    load: &dyn Fn(&str) -> Result<Arc<NodeComponent>, String>,
     effects: &[String],
 ) -> Result<Workflow, FlowError> {
     let err = |field: String, msg: String| FlowError::new(path, field, msg);
@@ -297,7 +332,6 @@ fn build_workflow(
             format!("the entry node {:?} is not defined in nodes", doc.entry),
         ));
     }
-    let base = path.parent().unwrap_or(Path::new("."));
     let mut nodes = HashMap::with_capacity(doc.nodes.len());
     for (id, n) in &doc.nodes {
         let field = |f: &str| {
@@ -347,19 +381,7 @@ fn build_workflow(
                     "`payload` and `result_key` belong to effect nodes, not component nodes".into(),
                 ));
             }
-            let file = base.join(component);
-            if !file.is_file() {
-                return Err(err(
-                    field("component"),
-                    format!(
-                        "component file {} not found (build the guests: scripts/build-guests)",
-                        file.display()
-                    ),
-                ));
-            }
-            let component = engine
-                .load_node(&file)
-                .map_err(|e| err(field("component"), e.to_string()))?;
+            let component = load(component).map_err(|e| err(field("component"), e))?;
             let config = n.config.clone().unwrap_or(Value::Null);
             NodeKind::Component {
                 component,

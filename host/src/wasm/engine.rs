@@ -215,21 +215,36 @@ impl WasmEngine {
             }
         }
         let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
-        let digest: [u8; 32] = Sha256::digest(&bytes).into();
+        let node = self.load_node_bytes(&bytes, path)?;
+        by_path(&node);
+        Ok(node)
+    }
+
+    /// Loads a node component from its bytes (`label` names it in errors
+    /// and in [`NodeComponent::path`]: a file, or `builtin:<name>` for the
+    /// components the host embeds). The same bytes load once per engine.
+    pub fn load_node_bytes(
+        &self,
+        bytes: &[u8],
+        label: &Path,
+    ) -> Result<Arc<NodeComponent>, LoadError> {
+        let fail = |message: String| LoadError {
+            path: label.to_path_buf(),
+            message,
+        };
+        let digest: [u8; 32] = Sha256::digest(bytes).into();
         if let Some(found) = self.lock_loaded().get(&digest).cloned() {
-            by_path(&found);
             return Ok(found);
         }
-        let (pre, origin) = self.instantiate_pre(&bytes, &digest, "node", NodePre::new, fail)?;
+        let (pre, origin) = self.instantiate_pre(bytes, &digest, "node", NodePre::new, fail)?;
         let node = Arc::new(NodeComponent::new(
-            path.to_path_buf(),
+            label.to_path_buf(),
             hex::encode(digest),
             origin,
             pre,
             self.clone(),
         ));
         self.lock_loaded().insert(digest, node.clone());
-        by_path(&node);
         Ok(node)
     }
 

@@ -1,0 +1,612 @@
+//! The automation service over a [`Runtime`]: create an automation, apply
+//! commands, read it back. Every write goes through the controller run's
+//! transaction (the same claim and version-checked commit as a step), so
+//! commands, controller ticks and other processes on the same store never
+//! clobber one another.
+
+use std::path::Path;
+
+use chrono::{DateTime, Utc};
+use serde_json::{json, Map, Value};
+
+use super::commands::{command_digest, command_observation, command_type, decide_command};
+use super::decision::{decide, observe, Transition};
+use super::definition::{automation_status, build_definition, initial_state, trigger_failure};
+use super::ids::{
+    automation_id, automation_session_id, record_key, request_digest, wake_wait_key,
+    CONTROLLER_WORKFLOW_ID,
+};
+use super::queries::{
+    attention_page, automations_cursor, find_record, occurrence_page, parse_automations_cursor,
+};
+use super::time::format_timestamp;
+use super::view::{automation_summary, get_automation};
+use super::{AutomationError, CommandDecision};
+use crate::core::config::StartOptions;
+use crate::core::model::{RunState, RunStatus};
+use crate::core::{Error, Result};
+use crate::effects::subworkflow::wait_key;
+use crate::store::RunIndexQuery;
+use crate::Runtime;
+
+/// What [`create_automation`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Created {
+    /// The automation's id (= its controller run's id).
+    pub automation_id: String,
+    /// Its current revision (a replayed creation after revisions returns
+    /// the current one).
+    pub revision: u64,
+    /// Whether this call created it (false: it existed with the same
+    /// request).
+    pub created: bool,
+}
+
+fn automation_error(reason_code: &str, field: Option<&str>, message: impl Into<String>) -> Error {
+    Error::Automation(AutomationError::new(reason_code, field, message))
+}
+
+fn owner_of(request: &Value, principal: Option<&str>) -> String {
+    if let Some(p) = principal.map(str::trim).filter(|p| !p.is_empty()) {
+        return p.to_string();
+    }
+    let part = |k: &str| match request.get(k) {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
+        _ => "local".to_string(),
+    };
+    format!("{}:{}", part("tenant"), part("user"))
+}
+
+fn id_part(request: &Value, key: &str) -> String {
+    match request.get(key) {
+        None | Some(Value::Null) => "local".into(),
+        Some(Value::String(s)) if s.is_empty() => "local".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Makes the target's workflow known to the runtime: `target.bundle_ref`
+/// naming a bundle directory is loaded (and recorded in the store, so
+/// every process finds it) and stored as an absolute path; any other
+/// `bundle_ref` needs `target.workflow_id` known to the store already.
+fn resolve_target(rt: &Runtime, definition: &mut Value) -> Result<()> {
+    let target = &mut definition["target"];
+    let workflow_id = target["workflow_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let bundle_ref = target["bundle_ref"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let dir = Path::new(&bundle_ref);
+    if dir.is_dir() {
+        let bundle = rt.load_bundle(dir)?;
+        if !bundle
+            .workflows
+            .iter()
+            .any(|w| w.workflow_id == workflow_id)
+        {
+            return Err(automation_error(
+                "invalid_definition",
+                Some("target.workflow_id"),
+                format!(
+                    "the bundle {} defines no workflow {workflow_id:?} (it defines {})",
+                    bundle.dir.display(),
+                    bundle
+                        .workflows
+                        .iter()
+                        .map(|w| w.workflow_id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        target["bundle_ref"] = json!(bundle.dir.display().to_string());
+        return Ok(());
+    }
+    match rt.workflow(&workflow_id) {
+        Ok(_) => Ok(()),
+        Err(Error::UnknownWorkflow { .. }) => Err(automation_error(
+            "invalid_definition",
+            Some("target.bundle_ref"),
+            format!(
+                "{bundle_ref:?} is not a bundle directory, and no loaded bundle defines workflow {workflow_id:?}"
+            ),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates the automation `request` asks for at `now`, or finds it: its id
+/// is `uuid5(namespace, "<tenant>:<user>:<request_id>")`, and the same
+/// request again returns the existing automation untouched (whatever
+/// `now`); a different request under the same id is `identity_conflict`
+/// (field `request_id`). The controller is created at its first node; the
+/// driver (or [`drive_until_idle`]) runs it. `principal` (default
+/// `"<tenant>:<user>"`) is the automation's owner.
+pub fn create_automation(
+    rt: &Runtime,
+    request: &Value,
+    now: DateTime<Utc>,
+    principal: Option<&str>,
+) -> Result<Created> {
+    if !request.is_object() {
+        return Err(automation_error(
+            "invalid_definition",
+            None,
+            "the creation request must be a JSON object",
+        ));
+    }
+    let id = automation_id(
+        &id_part(request, "tenant"),
+        &id_part(request, "user"),
+        request
+            .get("request_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default(),
+    );
+    let triggers = rt.triggers()?;
+    let mut definition = build_definition(request, &id, now, &triggers)?;
+    let mode = definition["context"]["mode"]
+        .as_str()
+        .unwrap_or("independent");
+    if mode != "independent" {
+        return Err(automation_error(
+            "unsupported_feature",
+            Some("context.mode"),
+            format!("context mode {mode:?} is not supported yet (only \"independent\")"),
+        ));
+    }
+    resolve_target(rt, &mut definition)?;
+    let b = super::commands::binding_of(&definition);
+    let source = triggers
+        .get(&format!("{}@{}", b.source_id, b.source_version))
+        .map_err(trigger_failure)?;
+    let trigger_state = source
+        .initial_state(&b, &format_timestamp(now))
+        .map_err(trigger_failure)?;
+    let state = initial_state(&definition, &trigger_state);
+    let mut meta = Map::new();
+    meta.insert("automation".into(), definition.clone());
+    meta.insert("creation_digest".into(), json!(request_digest(request)));
+    meta.insert(
+        "automation_owner".into(),
+        json!(owner_of(request, principal)),
+    );
+    let mut vars = Map::new();
+    vars.insert("_meta".into(), Value::Object(meta));
+    vars.insert(
+        "workspace_root".into(),
+        definition["workspace_root"].clone(),
+    );
+    let mut runtime = Map::new();
+    runtime.insert("automation".into(), state);
+    let options = StartOptions {
+        vars,
+        run_id: Some(id.clone()),
+        actor_id: principal.map(str::to_string),
+        session_id: Some(automation_session_id(&id)),
+        parent_run_id: None,
+        runtime,
+    };
+    let existed = rt.store().load_run(&id)?.is_some();
+    match rt.start(CONTROLLER_WORKFLOW_ID, options) {
+        Ok(_) => {}
+        Err(Error::IdentityConflict { .. }) => {
+            return Err(automation_error(
+                "identity_conflict",
+                Some("request_id"),
+                format!("automation {id} exists with a different creation request"),
+            ))
+        }
+        Err(e) => return Err(e),
+    }
+    // The `automation.created` observation, once.
+    let (mut txn, mut run) = rt.claim(&id, rt.config().lease_wait)?;
+    let stored = run
+        .vars
+        .get("_meta")
+        .and_then(|m| m.get("automation"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let at = stored["created_at"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let key = record_key("automation.created", &id, "1");
+    let ledger = rt.store().find_records(&id, &key)?;
+    let mut fields = Map::new();
+    fields.insert("definition".into(), stored.clone());
+    let t = Transition {
+        name: "automation.created",
+        discriminator: "1",
+        fields,
+        node_id: "create",
+        command_id: None,
+        at: &at,
+    };
+    let written = observe(&run, &ledger, &t)?;
+    if let Some(record) = written.record {
+        txn.commit(vec![record], &mut run)?;
+    }
+    Ok(Created {
+        automation_id: id,
+        revision: stored["revision"].as_u64().unwrap_or(1),
+        created: !existed,
+    })
+}
+
+fn rejected(reason_code: &str, field: &str, message: &str) -> Value {
+    json!({"status": "rejected", "duplicate": false,
+           "error": {"reason_code": reason_code, "message": message, "field": field}})
+}
+
+/// A command for [`apply_automation_command`].
+#[derive(Debug, Clone, Default)]
+pub struct Command<'a> {
+    /// The automation.
+    pub automation_id: &'a str,
+    /// The caller's id for this command (idempotency: the same id and the
+    /// same command is answered again as a duplicate).
+    pub command_id: &'a str,
+    /// `automation.pause` ... or the short name (`pause`).
+    pub command_type: &'a str,
+    /// The payload (`revise`: `{"changes": {...}}`); `None` reads as `{}`.
+    pub payload: Option<&'a Value>,
+    /// Who sends it (recorded).
+    pub actor: Option<&'a str>,
+    /// Refused with `revision_conflict` unless the automation is at this
+    /// revision.
+    pub expected_revision: Option<i64>,
+}
+
+/// Applies command `c` at `now`: `{status: "applied"|"rejected", error?,
+/// duplicate}`. A command is decided from the controller's persisted
+/// state under its run transaction and recorded (an
+/// `automation.command_result` decision, rejected ones too, and the
+/// command's observation) in one commit; then its follow-ups run (wake
+/// the controller, cancel the occurrence's run tree, revive an unarchived
+/// controller). The same command id with the same command returns the
+/// recorded answer with `duplicate: true` (and runs the follow-ups again);
+/// with a different command it is `identity_conflict` and nothing is
+/// recorded. An unknown automation is `Err(automation_not_found)`.
+pub fn apply_automation_command(
+    rt: &Runtime,
+    c: &Command<'_>,
+    now: DateTime<Utc>,
+) -> Result<Value> {
+    let command_id = super::definition::py_strip(c.command_id);
+    if command_id.is_empty() {
+        return Ok(rejected(
+            "invalid_request",
+            "command_id",
+            "command_id must be a non-empty string",
+        ));
+    }
+    let Some(kind) = command_type(c.command_type) else {
+        return Ok(rejected(
+            "invalid_request",
+            "type",
+            &format!("Unknown automation command type: {}", c.command_type),
+        ));
+    };
+    let not_found = || {
+        automation_error(
+            "automation_not_found",
+            None,
+            format!("no automation {}", c.automation_id),
+        )
+    };
+    let (mut txn, mut run) = match rt.claim(c.automation_id, rt.config().lease_wait) {
+        Ok(held) => held,
+        Err(Error::RunNotFound { .. }) => return Err(not_found()),
+        Err(e) => return Err(e),
+    };
+    if run.workflow_id != CONTROLLER_WORKFLOW_ID {
+        return Err(not_found());
+    }
+    let id = run.run_id.clone();
+    let digest = command_digest(kind, c.payload, c.expected_revision);
+    let key = record_key("automation.command_result", &id, command_id);
+    let ledger = rt.store().find_records(&id, &key)?;
+    let answer = |p: &Value, duplicate: bool| {
+        let mut a = json!({"status": p["status"], "duplicate": duplicate});
+        if let Some(e) = p.get("error").filter(|e| !e.is_null()) {
+            a["error"] = e.clone();
+        }
+        a
+    };
+    if let Some(found) = find_record(&ledger, &key) {
+        if found.payload["command_digest"] != json!(digest) {
+            return Ok(rejected(
+                "identity_conflict",
+                "command_id",
+                &format!("command id {command_id} was used for a different command"),
+            ));
+        }
+        let reply = answer(found.payload, true);
+        drop(txn);
+        if reply["status"] == "applied" {
+            follow_up(rt, &id, kind, now)?;
+        }
+        return Ok(reply);
+    }
+    let triggers = rt.triggers()?;
+    let payload = c.payload.cloned().unwrap_or(json!({}));
+    let decision = decide_command(
+        &run,
+        kind,
+        &payload,
+        command_id,
+        now,
+        c.expected_revision,
+        &triggers,
+    )?;
+    let (status, delta, error) = match decision {
+        CommandDecision::Applied(delta) => ("applied", delta, None),
+        CommandDecision::Rejected(e) => ("rejected", json!({}), Some(e)),
+    };
+    let mut fields = Map::new();
+    fields.insert("command_id".into(), json!(command_id));
+    fields.insert("type".into(), json!(kind));
+    fields.insert("actor".into(), json!(c.actor));
+    fields.insert("command_digest".into(), json!(digest));
+    fields.insert("status".into(), json!(status));
+    if let Some(e) = &error {
+        fields.insert("error".into(), e.clone());
+    }
+    let at = format_timestamp(now);
+    let t = Transition {
+        name: "automation.command_result",
+        discriminator: command_id,
+        fields,
+        node_id: "command",
+        command_id: Some(command_id),
+        at: &at,
+    };
+    let written = decide(&mut run, &ledger, &t, delta)?;
+    let mut records: Vec<_> = written.record.into_iter().collect();
+    if status == "applied" {
+        if let Some((name, discriminator, fields)) =
+            command_observation(&run, kind, command_id, now, &triggers)?
+        {
+            let key = record_key(name, &id, &discriminator);
+            let ledger = rt.store().find_records(&id, &key)?;
+            let t = Transition {
+                name,
+                discriminator: &discriminator,
+                fields,
+                node_id: "command",
+                command_id: Some(command_id),
+                at: &at,
+            };
+            records.extend(observe(&run, &ledger, &t)?.record);
+        }
+    }
+    txn.commit(records, &mut run)?;
+    drop(txn);
+    if status == "applied" {
+        follow_up(rt, &id, kind, now)?;
+    }
+    Ok(answer(&written.payload, false))
+}
+
+/// What an applied command does after its commit (again on a duplicate):
+/// `stop_current` cancels the occurrence's run tree, `unarchive` revives a
+/// controller that ended archived, every other command wakes a controller
+/// parked on its wake wait. Resumes do not tick: the driver runs the
+/// controller.
+fn follow_up(rt: &Runtime, id: &str, kind: &str, _now: DateTime<Utc>) -> Result<()> {
+    let run = rt.get_state(id)?;
+    let state = run
+        .vars
+        .get("_runtime")
+        .and_then(|r| r.get("automation"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let pending = state
+        .get("pending_occurrence")
+        .filter(|p| p.is_object())
+        .cloned();
+    if kind == "automation.stop_current" {
+        if let Some(p) = pending
+            .as_ref()
+            .filter(|p| p["phase"] == "dispatched" && p["stop_requested"] == Value::Bool(true))
+        {
+            let child = p["run_id"].as_str().unwrap_or_default().to_string();
+            cancel_tree(rt, &child)?;
+            let key = wait_key(&child);
+            if run.waiting.as_ref().is_some_and(|w| w.wait_key == key) {
+                let payload =
+                    json!({"sub_run_id": child, "output": {"success": false, "cancelled": true}});
+                match rt.resume_at(id, Some(&key), payload, None, 0, false) {
+                    Ok(_) | Err(Error::StaleResume { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(());
+        }
+    }
+    if kind == "automation.unarchive" {
+        let definition = &run.vars["_meta"]["automation"];
+        let archived = !definition["archived_at"].is_null();
+        let exhausted = state["exhausted"] == Value::Bool(true);
+        if run.status == RunStatus::Completed
+            && !archived
+            && !exhausted
+            && state["paused"] == Value::Bool(true)
+        {
+            let (mut txn, mut run) = rt.claim(id, rt.config().lease_wait)?;
+            if run.status == RunStatus::Completed {
+                run.status = RunStatus::Running;
+                run.current_node = Some("read_definition".into());
+                run.waiting = None;
+                run.output = None;
+                run.error = None;
+                txn.commit(Vec::new(), &mut run)?;
+            }
+            return Ok(());
+        }
+    }
+    let wake = wake_wait_key(id);
+    if run.status == RunStatus::Waiting && run.waiting.as_ref().is_some_and(|w| w.wait_key == wake)
+    {
+        match rt.resume_at(id, Some(&wake), json!({"wake": kind}), None, 0, false) {
+            Ok(_) | Err(Error::StaleResume { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Cancels `root` and every unfinished run below it.
+fn cancel_tree(rt: &Runtime, root: &str) -> Result<()> {
+    let mut todo = vec![root.to_string()];
+    while let Some(id) = todo.pop() {
+        for child in rt.list_runs(&crate::RunQuery {
+            parent_run_id: Some(id.clone()),
+            ..Default::default()
+        })? {
+            todo.push(child.run_id);
+        }
+        let run = rt.get_state(&id)?;
+        if !run.status.is_terminal() {
+            rt.cancel_run_by(&id, Some("Stopped by automation.stop_current"), "command")?;
+        }
+    }
+    Ok(())
+}
+
+fn controller(rt: &Runtime, id: &str) -> Result<RunState> {
+    let not_found =
+        || automation_error("automation_not_found", None, format!("no automation {id}"));
+    match rt.get_state(id) {
+        Ok(run) if run.workflow_id == CONTROLLER_WORKFLOW_ID => Ok(run),
+        Ok(_) | Err(Error::RunNotFound { .. }) => Err(not_found()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The automation `id` as a reader sees it at `now` (see
+/// [`super::get_automation`]).
+pub fn show_automation(rt: &Runtime, id: &str, now: DateTime<Utc>) -> Result<Value> {
+    let run = controller(rt, id)?;
+    Ok(get_automation(&run, now, &*rt.triggers()?)?)
+}
+
+/// One page of the automations, newest first (by creation time, then id):
+/// `{"items": [summary...], "next_cursor"}`. `status` keeps the summaries
+/// with one of these statuses (comma-separated); `cursor` (`auto1:...`)
+/// continues after the row it names.
+pub fn list_automations(
+    rt: &Runtime,
+    status: Option<&str>,
+    cursor: Option<&str>,
+    limit: i64,
+    now: DateTime<Utc>,
+) -> Result<Value> {
+    let after = cursor.map(parse_automations_cursor).transpose()?;
+    let wanted: Option<Vec<String>> = status.map(crate::store::filter_values);
+    let rows = rt.store().list_run_index(&RunIndexQuery {
+        role: Some(vec!["controller".into()]),
+        ..Default::default()
+    })?;
+    let triggers = rt.triggers()?;
+    let mut keyed: Vec<(String, String, RunState)> = Vec::new();
+    for row in rows {
+        let Some(run) = rt.store().load_run(&row.run_id)? else {
+            continue;
+        };
+        if run.workflow_id != CONTROLLER_WORKFLOW_ID {
+            continue;
+        }
+        let created = run.vars["_meta"]["automation"]["created_at"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        keyed.push((created, run.run_id.clone(), run));
+    }
+    keyed.sort_by(|a, b| (&b.0, &b.1).cmp(&(&a.0, &a.1)));
+    let limit = limit.max(1) as usize;
+    let mut items = Vec::new();
+    let mut next = None;
+    for (created, run_id, run) in keyed {
+        if let Some((c, r)) = &after {
+            if (&created, &run_id) >= (c, r) {
+                continue;
+            }
+        }
+        if let Some(w) = &wanted {
+            if !w.iter().any(|s| s == automation_status(&run).as_str()) {
+                continue;
+            }
+        }
+        if items.len() == limit {
+            next = items
+                .last()
+                .map(|(c, r, _): &(String, String, Value)| automations_cursor(c, r));
+            break;
+        }
+        let summary = automation_summary(&run, now, &triggers)?;
+        items.push((created, run_id, summary));
+    }
+    Ok(json!({
+        "items": items.into_iter().map(|(_, _, s)| s).collect::<Vec<_>>(),
+        "next_cursor": next,
+    }))
+}
+
+/// One page of automation `id`'s occurrences, newest first (see
+/// [`super::occurrence_page`]).
+pub fn list_occurrences(rt: &Runtime, id: &str, cursor: Option<&str>, limit: i64) -> Result<Value> {
+    controller(rt, id)?;
+    let records = rt.get_ledger(id)?;
+    Ok(occurrence_page(&records, cursor, limit)?)
+}
+
+/// One page of automation `id`'s attention items, oldest first (see
+/// [`super::attention_page`]).
+pub fn list_attention(
+    rt: &Runtime,
+    id: &str,
+    after_seq: i64,
+    cursor: Option<&str>,
+    limit: i64,
+) -> Result<Value> {
+    controller(rt, id)?;
+    let records = rt.get_ledger(id)?;
+    Ok(attention_page(id, &records, after_seq, cursor, limit)?)
+}
+
+/// What [`drive_until_idle`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IdleReport {
+    /// Driver passes that moved something.
+    pub passes: u64,
+    /// Runs ticked, resumed or started over all passes (with repeats).
+    pub moved: u64,
+    /// Runs a pass could not move, with why (the last pass's).
+    pub errors: Vec<crate::core::RunError>,
+}
+
+/// Runs driver passes until one moves nothing (at most `max_passes`):
+/// controllers admit and dispatch, occurrences run, parents hear of their
+/// children, due waits resume.
+pub fn drive_until_idle(rt: &Runtime, max_passes: u64) -> Result<IdleReport> {
+    let mut report = IdleReport::default();
+    for _ in 0..max_passes.max(1) {
+        let pass = rt.drive_once()?;
+        report.errors = pass.errors.clone();
+        if !pass.moved_anything() {
+            break;
+        }
+        report.passes += 1;
+        report.moved += (pass.due_resumed.len()
+            + pass.ticked.len()
+            + pass.parents_resumed.len()
+            + pass.orphans_cancelled.len()) as u64;
+    }
+    Ok(report)
+}

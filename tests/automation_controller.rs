@@ -1,0 +1,523 @@
+//! The automation controller end to end: the embedded controller flow (its
+//! WASM nodes and host effects) driving real occurrence runs of the
+//! example targets (`flows/automations/`), on real stores. Where the
+//! reference implementation (abstractruntime 0.13.0) ran the same
+//! scenario (tests/fixtures/automation-ledgers.json), every automation
+//! record, every view and every query page must be the reference's.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use stepwell::automation::{
+    apply_automation_command, create_automation, drive_until_idle, list_attention,
+    list_occurrences, show_automation, Command,
+};
+use stepwell::{ManualClock, RunStatus, Runtime};
+use stepwell_tests::{repo, store_tests, Backend, Host};
+
+const T0: &str = "2026-01-01T00:00:00Z";
+
+fn at(t: &str) -> DateTime<Utc> {
+    t.parse().unwrap()
+}
+
+fn fixture(name: &str) -> Value {
+    let path = repo().join("tests/fixtures").join(format!("{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn target_dir(workflow: &str) -> PathBuf {
+    repo()
+        .join("flows/automations")
+        .join(workflow)
+        .canonicalize()
+        .unwrap()
+}
+
+/// The reference harness's creation request (title "Memory watch", a 2m
+/// grid from T0, workspace /tmp/automation-ws), for our target bundle.
+fn request(request_id: &str, workflow: &str, input: Value) -> Value {
+    json!({
+        "request_id": request_id,
+        "title": "Memory watch",
+        "target": {"workflow_id": workflow, "bundle_ref": target_dir(workflow).display().to_string(),
+                   "flow_id": workflow, "input_data": input},
+        "trigger": {"source_id": "schedule", "source_version": 1,
+                    "config": {"start_at": "2026-01-01T00:00:00+00:00", "every": "2m"}},
+        "workspace_root": "/tmp/automation-ws",
+    })
+}
+
+/// `value` with what differs by construction between the reference's run
+/// and ours taken out: the target's bundle (a bundle id there, our
+/// directory here), the tool grant's candidates (AbstractCore's tool table
+/// there; stepwell has no tools yet) and the harness echo's
+/// ` | history=<n>` suffix.
+fn normalized(value: &Value, workflow: &str) -> Value {
+    let text = value
+        .to_string()
+        .replace(
+            "\"fixtures@1.0.0\"",
+            &json!(target_dir(workflow).display().to_string()).to_string(),
+        )
+        .replace(" | history=0", "");
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                if let Some(tools) = m.get_mut("auto_approve_tools") {
+                    *tools = json!([]);
+                }
+                m.values_mut().for_each(walk);
+            }
+            Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut v);
+    v
+}
+
+/// A record as compared: without the hash chain's fields, and without
+/// fields that are null (stepwell leaves them out of a record).
+fn comparable(record: &Value) -> Value {
+    let mut r = record.clone();
+    if let Some(m) = r.as_object_mut() {
+        for k in ["prev_hash", "record_hash", "hash"] {
+            m.remove(k);
+        }
+        m.retain(|_, v| !v.is_null());
+        if let Some(Value::Object(e)) = m.get_mut("effect") {
+            e.retain(|_, v| !v.is_null());
+        }
+    }
+    r
+}
+
+fn automation_records(rt: &Runtime, id: &str) -> Vec<Value> {
+    rt.get_ledger(id)
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r.idempotency_key
+                .as_deref()
+                .is_some_and(|k| k.starts_with("automation:"))
+        })
+        .map(|r| comparable(&serde_json::to_value(r).unwrap()))
+        .collect()
+}
+
+fn host(b: Backend, clock: &Arc<ManualClock>) -> Host {
+    Host::with_clock(b, clock.clone())
+}
+
+/// Replays the reference's scenarios (create at T0, drive, then move the
+/// clock and drive again at each time) and compares everything.
+fn reference_scenarios(b: Backend) {
+    let cases = fixture("automation-ledgers");
+    let setups = [
+        (
+            "memory-watch",
+            "echo",
+            json!({"prompt": "check memory", "notify": true}),
+        ),
+        ("flaky-1", "flaky", json!({"prompt": "p", "fail_until": 2})),
+        ("flaky-2", "flaky", json!({"prompt": "p", "fail_until": 9})),
+    ];
+    for (case, (request_id, workflow, input)) in cases.as_array().unwrap().iter().zip(setups) {
+        let name = case["name"].as_str().unwrap();
+        let clock = Arc::new(ManualClock::new(at(T0)));
+        let h = host(b, &clock);
+        let created =
+            create_automation(&h.rt, &request(request_id, workflow, input), at(T0), None).unwrap();
+        assert_eq!(created.automation_id, case["automation_id"], "{name}");
+        let id = created.automation_id.as_str();
+        drive_until_idle(&h.rt, 100).unwrap();
+        let views = case["views"].as_array().unwrap();
+        for (i, view) in views.iter().enumerate() {
+            let now = at(view["now"].as_str().unwrap());
+            if i > 0 {
+                clock.set(now);
+                drive_until_idle(&h.rt, 100).unwrap();
+            }
+            let ours = show_automation(&h.rt, id, now).unwrap();
+            assert_eq!(
+                ours,
+                normalized(&view["get_automation"], workflow),
+                "{name}: get_automation at {now}"
+            );
+            let run = h.rt.get_state(id).unwrap();
+            assert_eq!(
+                run.status.as_str(),
+                view["run"]["status"],
+                "{name}: controller status at {now}"
+            );
+            let waiting = run
+                .waiting
+                .as_ref()
+                .map(|w| (w.wait_key.clone(), w.until.clone()));
+            let theirs = &view["run"]["waiting"];
+            let expected = (!theirs.is_null()).then(|| {
+                (
+                    theirs["wait_key"].as_str().unwrap().to_string(),
+                    theirs["until"].as_str().map(str::to_string),
+                )
+            });
+            assert_eq!(waiting, expected, "{name}: the controller's wait at {now}");
+        }
+        let ours = automation_records(&h.rt, id);
+        let theirs: Vec<Value> = case["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| {
+                r["idempotency_key"]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with("automation:"))
+            })
+            .map(|r| comparable(&normalized(r, workflow)))
+            .collect();
+        assert_eq!(ours.len(), theirs.len(), "{name}: record count");
+        for (o, t) in ours.iter().zip(&theirs) {
+            assert_eq!(o, t, "{name}: record {}", t["step_id"]);
+        }
+        for q in case["occurrences"].as_array().unwrap() {
+            let query = &q["query"];
+            let page = list_occurrences(
+                &h.rt,
+                id,
+                query["cursor"].as_str(),
+                query["limit"].as_i64().unwrap_or(50),
+            )
+            .unwrap();
+            assert_eq!(
+                page,
+                normalized(&q["page"], workflow),
+                "{name}: occurrences {query}"
+            );
+        }
+        for q in case["attention"].as_array().unwrap() {
+            let query = &q["query"];
+            let page = list_attention(
+                &h.rt,
+                id,
+                query["after_seq"].as_i64().unwrap_or(0),
+                query["cursor"].as_str(),
+                query["limit"].as_i64().unwrap_or(50),
+            )
+            .unwrap();
+            assert_eq!(
+                page,
+                normalized(&q["page"], workflow),
+                "{name}: attention {query}"
+            );
+        }
+    }
+}
+
+store_tests!(reference_scenarios);
+
+fn command(rt: &Runtime, id: &str, kind: &str, command_id: &str, now: &str) -> Value {
+    apply_automation_command(
+        rt,
+        &Command {
+            automation_id: id,
+            command_id,
+            command_type: kind,
+            ..Command::default()
+        },
+        at(now),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_creation_replayed_returns_the_same_automation_and_a_changed_one_conflicts() {
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let h = host(Backend::Sqlite, &clock);
+    let req = request("same", "echo", json!({"prompt": "x"}));
+    let first = create_automation(&h.rt, &req, at(T0), None).unwrap();
+    assert!(first.created);
+    let again = create_automation(&h.rt, &req, at("2026-01-01T05:00:00Z"), None).unwrap();
+    assert_eq!(again.automation_id, first.automation_id);
+    assert!(!again.created);
+    assert_eq!(again.revision, 1);
+    let created = automation_records(&h.rt, &first.automation_id);
+    assert_eq!(created.len(), 1, "one automation.created");
+    let shown = show_automation(&h.rt, &first.automation_id, at(T0)).unwrap();
+    assert_eq!(
+        shown["definition"]["created_at"],
+        "2026-01-01T00:00:00+00:00"
+    );
+    let mut changed = req.clone();
+    changed["title"] = json!("Another title");
+    let e = create_automation(&h.rt, &changed, at(T0), None).unwrap_err();
+    assert_eq!(e.reason_code(), "identity_conflict");
+    assert!(e.to_string().contains("request_id"), "{e}");
+    // Nothing was written by the refused creation.
+    assert_eq!(automation_records(&h.rt, &first.automation_id).len(), 1);
+}
+
+#[test]
+fn a_target_that_is_neither_a_bundle_nor_known_is_refused_naming_the_field() {
+    let h = host(Backend::Memory, &Arc::new(ManualClock::new(at(T0))));
+    let mut req = request("nowhere", "echo", json!({}));
+    req["target"]["bundle_ref"] = json!("/no/such/bundle");
+    req["target"]["workflow_id"] = json!("not-loaded");
+    let e = create_automation(&h.rt, &req, at(T0), None).unwrap_err();
+    assert_eq!(e.reason_code(), "invalid_definition");
+    assert!(e.to_string().contains("target.bundle_ref"), "{e}");
+    let mut req = request("wrong-workflow", "echo", json!({}));
+    req["target"]["workflow_id"] = json!("flaky");
+    let e = create_automation(&h.rt, &req, at(T0), None).unwrap_err();
+    assert!(e.to_string().contains("target.workflow_id"), "{e}");
+    assert!(h.rt.list_runs(&Default::default()).unwrap().is_empty());
+}
+
+/// Spec 8 #18: hourly; pause at 00:10, nothing fires at 03:30; resume at
+/// 03:30 parks until 04:00 and records `next_fire_at`; at 04:00 the second
+/// occurrence runs.
+#[test]
+fn pause_and_resume_never_catch_up() {
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let h = host(Backend::Sqlite, &clock);
+    let mut req = request("hourly", "echo", json!({"prompt": "x"}));
+    req["trigger"]["config"] = json!({"start_at": "2026-01-01T00:00:00Z", "every": "1h"});
+    let id = create_automation(&h.rt, &req, at(T0), None)
+        .unwrap()
+        .automation_id;
+    drive_until_idle(&h.rt, 100).unwrap();
+    clock.set(at("2026-01-01T00:10:00Z"));
+    let a = command(&h.rt, &id, "pause", "p1", "2026-01-01T00:10:00Z");
+    assert_eq!(a, json!({"status": "applied", "duplicate": false}));
+    drive_until_idle(&h.rt, 100).unwrap();
+    let run = h.rt.get_state(&id).unwrap();
+    assert_eq!(run.waiting.as_ref().unwrap().until, None);
+    clock.set(at("2026-01-01T03:30:00Z"));
+    drive_until_idle(&h.rt, 100).unwrap();
+    let shown = show_automation(&h.rt, &id, at("2026-01-01T03:30:00Z")).unwrap();
+    assert_eq!(shown["status"], "paused");
+    assert_eq!(shown["state"]["next_index"], 2, "one child only");
+    let a = command(
+        &h.rt,
+        &id,
+        "automation.resume",
+        "r1",
+        "2026-01-01T03:30:00Z",
+    );
+    assert_eq!(a["status"], "applied");
+    drive_until_idle(&h.rt, 100).unwrap();
+    let run = h.rt.get_state(&id).unwrap();
+    assert_eq!(
+        run.waiting.as_ref().unwrap().until.as_deref(),
+        Some("2026-01-01T04:00:00+00:00")
+    );
+    let resumed: Vec<Value> = automation_records(&h.rt, &id)
+        .into_iter()
+        .filter(|r| r["effect"]["payload"]["name"] == "automation.resumed")
+        .collect();
+    assert_eq!(
+        resumed[0]["effect"]["payload"]["payload"]["next_fire_at"],
+        "2026-01-01T04:00:00+00:00"
+    );
+    clock.set(at("2026-01-01T04:00:00Z"));
+    drive_until_idle(&h.rt, 100).unwrap();
+    let page = list_occurrences(&h.rt, &id, None, 50).unwrap();
+    assert_eq!(page["items"].as_array().unwrap().len(), 2);
+    assert_eq!(page["items"][0]["fired_at"], "2026-01-01T04:00:00+00:00");
+}
+
+/// Spec 8 #19, #21, #22: run now while paused (the manual occurrence id,
+/// the manual envelope, still paused), duplicates and reused command ids.
+#[test]
+fn run_now_while_paused_and_command_idempotency() {
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let h = host(Backend::Sqlite, &clock);
+    let id = create_automation(
+        &h.rt,
+        &request("run-now", "echo", json!({"prompt": "x"})),
+        at(T0),
+        None,
+    )
+    .unwrap()
+    .automation_id;
+    drive_until_idle(&h.rt, 100).unwrap();
+    assert_eq!(
+        command(&h.rt, &id, "pause", "same", "2026-01-01T00:01:00Z"),
+        json!({"status": "applied", "duplicate": false})
+    );
+    assert_eq!(
+        command(&h.rt, &id, "pause", "same", "2026-01-01T00:01:00Z"),
+        json!({"status": "applied", "duplicate": true})
+    );
+    // The same id for another command: refused, nothing recorded.
+    let before = automation_records(&h.rt, &id).len();
+    let a = command(&h.rt, &id, "archive", "same", "2026-01-01T00:01:00Z");
+    assert_eq!(a["status"], "rejected");
+    assert_eq!(a["error"]["reason_code"], "identity_conflict");
+    assert_eq!(a["error"]["field"], "command_id");
+    assert_eq!(a["duplicate"], false);
+    assert_eq!(automation_records(&h.rt, &id).len(), before);
+    clock.set(at("2026-01-01T00:06:00Z"));
+    let a = command(&h.rt, &id, "run_now", "run-1", "2026-01-01T00:06:00Z");
+    assert_eq!(a["status"], "applied");
+    drive_until_idle(&h.rt, 100).unwrap();
+    let manual = stepwell::automation::occurrence_run_id(
+        &id,
+        stepwell::automation::OccurrenceKind::Manual {
+            command_id: "run-1",
+        },
+        1,
+    );
+    let child = h.rt.get_state(&manual).unwrap();
+    assert_eq!(child.status, RunStatus::Completed);
+    let envelope = &child.vars["_meta"]["occurrence"]["trigger_envelope"];
+    assert_eq!(envelope["source_id"], "manual");
+    assert_eq!(envelope["event_id"], "manual:run-1");
+    assert!(child.vars["prompt"].as_str().unwrap().starts_with(
+        "[Trigger manual@1 \u{b7} occurrence 2 \u{b7} fired 2026-01-01T00:06:00+00:00]\n"
+    ));
+    let shown = show_automation(&h.rt, &id, at("2026-01-01T00:06:00Z")).unwrap();
+    assert_eq!(shown["state"]["paused"], true);
+    assert_eq!(shown["state"]["manual_pending"], Value::Null);
+    assert_eq!(shown["state"]["scheduled_count"], 1);
+    // An unknown type is answered, not raised.
+    let a = command(&h.rt, &id, "explode", "x1", "2026-01-01T00:06:00Z");
+    assert_eq!(a["error"]["reason_code"], "invalid_request");
+    assert_eq!(a["error"]["field"], "type");
+}
+
+/// Spec 8 #25: stop_current on an occurrence that waits on a person
+/// cancels its run; the occurrence completes `cancelled` without an
+/// attention item; a second stop is `invalid_state`.
+#[test]
+fn stop_current_cancels_the_occurrence_run() {
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let h = host(Backend::Sqlite, &clock);
+    let id = create_automation(&h.rt, &request("ask-1", "ask", json!({})), at(T0), None)
+        .unwrap()
+        .automation_id;
+    drive_until_idle(&h.rt, 100).unwrap();
+    let shown = show_automation(&h.rt, &id, at(T0)).unwrap();
+    assert_eq!(shown["current_occurrence"]["status"], "running");
+    let child_id = shown["current_occurrence"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let child = h.rt.get_state(&child_id).unwrap();
+    assert_eq!(child.status, RunStatus::Waiting);
+    let a = command(&h.rt, &id, "stop_current", "s1", "2026-01-01T00:00:10Z");
+    assert_eq!(a["status"], "applied");
+    drive_until_idle(&h.rt, 100).unwrap();
+    assert_eq!(
+        h.rt.get_state(&child_id).unwrap().status,
+        RunStatus::Cancelled
+    );
+    let page = list_occurrences(&h.rt, &id, None, 50).unwrap();
+    assert_eq!(page["items"][0]["status"], "cancelled");
+    assert_eq!(page["items"][0]["attention"], Value::Null);
+    let shown = show_automation(&h.rt, &id, at("2026-01-01T00:00:10Z")).unwrap();
+    assert_eq!(shown["state"]["pending_occurrence"], Value::Null);
+    let a = command(&h.rt, &id, "stop_current", "s2", "2026-01-01T00:00:20Z");
+    assert_eq!(a["error"]["reason_code"], "invalid_state");
+}
+
+/// Spec 8 #29, #30: archive ends the controller once its occurrence is
+/// answered; commands on an archived automation are `invalid_state`;
+/// unarchive revives it paused, resume re-arms it.
+#[test]
+fn archive_and_unarchive() {
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let h = host(Backend::Sqlite, &clock);
+    let mut req = request("archive-1", "ask", json!({}));
+    req["trigger"]["config"] = json!({"start_at": "2026-01-01T00:00:00Z", "every": "1h"});
+    let id = create_automation(&h.rt, &req, at(T0), None)
+        .unwrap()
+        .automation_id;
+    drive_until_idle(&h.rt, 100).unwrap();
+    let child = show_automation(&h.rt, &id, at(T0)).unwrap()["current_occurrence"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        command(&h.rt, &id, "archive", "a1", "2026-01-01T00:01:00Z")["status"],
+        "applied"
+    );
+    h.rt.resume(&child, &format!("ask:{child}"), json!({"response": "yes"}))
+        .or_else(|_| {
+            let key = h.rt.get_state(&child).unwrap().waiting.unwrap().wait_key;
+            h.rt.resume(&child, &key, json!({"response": "yes"}))
+        })
+        .unwrap();
+    drive_until_idle(&h.rt, 100).unwrap();
+    let shown = show_automation(&h.rt, &id, at("2026-01-01T00:02:00Z")).unwrap();
+    assert_eq!(shown["status"], "archived");
+    assert_eq!(h.rt.get_state(&id).unwrap().status, RunStatus::Completed);
+    let archived: Vec<Value> = automation_records(&h.rt, &id)
+        .into_iter()
+        .filter(|r| r["effect"]["payload"]["name"] == "automation.archived")
+        .collect();
+    assert_eq!(
+        archived[0]["effect"]["payload"]["payload"]["active_occurrence_run_id"],
+        json!(child)
+    );
+    for (kind, cid) in [
+        ("pause", "x1"),
+        ("resume", "x2"),
+        ("run_now", "x3"),
+        ("stop_current", "x4"),
+    ] {
+        let a = command(&h.rt, &id, kind, cid, "2026-01-01T00:03:00Z");
+        assert_eq!(a["error"]["reason_code"], "invalid_state", "{kind}");
+    }
+    clock.set(at("2026-01-01T00:20:00Z"));
+    let a = command(&h.rt, &id, "unarchive", "u1", "2026-01-01T00:20:00Z");
+    assert_eq!(a, json!({"status": "applied", "duplicate": false}));
+    drive_until_idle(&h.rt, 100).unwrap();
+    let shown = show_automation(&h.rt, &id, at("2026-01-01T00:20:00Z")).unwrap();
+    assert_eq!(shown["status"], "paused");
+    let run = h.rt.get_state(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Waiting);
+    assert_eq!(run.waiting.as_ref().unwrap().until, None);
+    clock.set(at("2026-01-01T00:30:00Z"));
+    command(&h.rt, &id, "resume", "r1", "2026-01-01T00:30:00Z");
+    drive_until_idle(&h.rt, 100).unwrap();
+    let run = h.rt.get_state(&id).unwrap();
+    assert_eq!(
+        run.waiting.as_ref().unwrap().until.as_deref(),
+        Some("2026-01-01T01:00:00+00:00")
+    );
+}
+
+/// Spec 8 #13: a one-shot schedule parks until its time, fires once, and
+/// the controller completes.
+#[test]
+fn a_one_shot_fires_once_and_the_controller_completes() {
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let h = host(Backend::Memory, &clock);
+    let mut req = request("once", "echo", json!({"prompt": "x"}));
+    req["trigger"]["config"] = json!({"start_at": "2026-01-01T01:00:00Z"});
+    let id = create_automation(&h.rt, &req, at(T0), None)
+        .unwrap()
+        .automation_id;
+    drive_until_idle(&h.rt, 100).unwrap();
+    let run = h.rt.get_state(&id).unwrap();
+    assert_eq!(
+        run.waiting.as_ref().unwrap().until.as_deref(),
+        Some("2026-01-01T01:00:00+00:00")
+    );
+    clock.set(at("2026-01-01T01:00:05Z"));
+    drive_until_idle(&h.rt, 100).unwrap();
+    assert_eq!(h.rt.get_state(&id).unwrap().status, RunStatus::Completed);
+    let shown = show_automation(&h.rt, &id, at("2026-01-01T01:00:05Z")).unwrap();
+    assert_eq!(shown["status"], "completed");
+    assert_eq!(
+        list_occurrences(&h.rt, &id, None, 50).unwrap()["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
