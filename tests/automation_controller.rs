@@ -521,3 +521,82 @@ fn a_one_shot_fires_once_and_the_controller_completes() {
         1
     );
 }
+
+/// The controller loops for as long as the automation lives: the limit on
+/// node steps counts the steps since the run last waited, and the
+/// controller waits between its loops.
+#[test]
+fn a_controller_outlives_the_node_step_limit() {
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let config = stepwell::RuntimeConfig {
+        max_node_visits: 30,
+        ..Default::default()
+    };
+    let h = Host::with_config(Backend::Memory, clock.clone(), config);
+    let id = create_automation(
+        &h.rt,
+        &request("long-lived", "echo", json!({"prompt": "x"})),
+        at(T0),
+        None,
+    )
+    .unwrap()
+    .automation_id;
+    for minute in (0..=40).step_by(2) {
+        clock.set(at(T0) + chrono::Duration::minutes(minute));
+        drive_until_idle(&h.rt, 100).unwrap();
+    }
+    let run = h.rt.get_state(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Waiting, "{:?}", run.error);
+    assert!(run.vars["_runtime"]["node_visits"].as_u64().unwrap() > 100);
+    assert_eq!(
+        list_occurrences(&h.rt, &id, None, 50).unwrap()["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        21
+    );
+}
+
+/// No bundle may define the controller's workflow: its host effects
+/// would otherwise run under a flow the host did not write.
+#[test]
+fn the_controller_workflow_id_is_reserved() {
+    let h = host(Backend::Memory, &Arc::new(ManualClock::new(at(T0))));
+    let dir = stepwell_tests::write_bundle(
+        h.dir.path(),
+        "impostor",
+        &[(
+            "flow.json",
+            json!({"workflow_id": stepwell::automation::CONTROLLER_WORKFLOW_ID, "entry": "end",
+                   "nodes": {"end": {"complete": {"ended": true}}}}),
+        )],
+    );
+    let e = h.rt.load_bundle(&dir).unwrap_err();
+    assert_eq!(e.reason_code(), "invalid_definition");
+    assert!(e.to_string().contains("reserved"), "{e}");
+}
+
+/// A flow that asks for a controller effect gets `invalid_effect`: the
+/// effects act only on the controller's own state.
+#[test]
+fn controller_effects_refuse_other_workflows() {
+    let h = host(Backend::Memory, &Arc::new(ManualClock::new(at(T0))));
+    let dir = stepwell_tests::write_bundle(
+        h.dir.path(),
+        "borrower",
+        &[(
+            "flow.json",
+            json!({"workflow_id": "borrower", "entry": "admit",
+                   "nodes": {"admit": {"effect": "automation.admit", "next": "end"},
+                             "end": {"complete": {"ok": true}}}}),
+        )],
+    );
+    h.rt.load_bundle(&dir).unwrap();
+    let run = h.rt.run("borrower", Default::default()).unwrap();
+    assert_eq!(run.status, RunStatus::Failed);
+    let error = run.error.unwrap();
+    assert!(
+        error.starts_with("invalid_effect") && error.contains("automation controller"),
+        "{error}"
+    );
+}

@@ -5,7 +5,7 @@
 //! ```
 //!
 //! Runs SCENARIO (`chain`, `ask`, `subworkflow`, `event`, `event-loop`,
-//! `external`) on STORE (`sqlite:PATH` or `json:DIR`) the way a host
+//! `external`, `automation`) on STORE (`sqlite:PATH` or `json:DIR`) the way a host
 //! recovering from a crash would: every start uses an explicit id
 //! (create-if-absent), a parked run is resumed only if it still waits, and
 //! the driver moves whatever is left.
@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::{json, Map, Value};
 use stepwell::host::StoreSpec;
 use stepwell::{
-    Claim, EffectClass, EffectCx, EffectHandler, EngineConfig, Error, Fence, JsonFileStore,
+    Claim, Clock, EffectClass, EffectCx, EffectHandler, EngineConfig, Error, Fence, JsonFileStore,
     LeaseAfter, LeaseRequest, Outcome, RunQuery, RunState, RunStatus, Runtime, StartOptions,
     StepRecord, Store, StoreError, WasmEngine,
 };
@@ -321,9 +321,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         stepwell::RuntimeConfig::default()
     };
+    // The `automation` scenario moves a clock of its own, kept beside the
+    // store: like a wall clock, it does not go back when a host restarts.
+    let clock_file = root.join("clock.txt");
+    let clock_start = std::fs::read_to_string(&clock_file)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| "2026-01-01T00:00:00Z".parse().unwrap());
+    let clock = Arc::new(stepwell::ManualClock::new(clock_start));
+    let advance = |to: chrono::DateTime<chrono::Utc>| {
+        if to > clock.now() {
+            let tmp = root.join(format!(".clock.{}.tmp", std::process::id()));
+            std::fs::write(&tmp, to.to_rfc3339()).unwrap();
+            std::fs::rename(&tmp, &clock_file).unwrap();
+            clock.set(to);
+        }
+    };
     let rt = Runtime::builder(store.clone())
         .engine(engine)
         .config(config)
+        .clock(clock.clone())
         .effect(Arc::new(SideEffect {
             log: root.join("side-effects.log"),
         }))
@@ -431,6 +448,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             rt.load_bundle(&dir)?;
             start(&rt, "external", "crash-external", json!({}))?;
             rt.tick("crash-external")?;
+        }
+        "automation" => {
+            // A flaky occurrence retried once after its backoff, then a
+            // run-now: admission, dispatch, retry scheduling, completion
+            // and a command, each a commit a crash may cut.
+            use stepwell::automation::{apply_automation_command, create_automation, Command};
+            let target = repo.join("flows/automations/flaky").canonicalize()?;
+            let request = json!({
+                "request_id": "crash-automation", "title": "Crash",
+                "target": {"workflow_id": "flaky", "bundle_ref": target.display().to_string(),
+                           "flow_id": "flaky", "input_data": {"prompt": "p", "fail_until": 2}},
+                "trigger": {"source_id": "schedule", "source_version": 1,
+                            "config": {"start_at": "2026-01-01T00:00:00Z", "every": "1h"}},
+                "workspace_root": "/tmp/crash-automation",
+            });
+            let t = |s: &str| -> chrono::DateTime<chrono::Utc> { s.parse().unwrap() };
+            create_automation(&rt, &request, clock.now(), None)?;
+            settle(&rt)?;
+            advance(t("2026-01-01T00:00:31Z"));
+            settle(&rt)?;
+            let id = stepwell::automation::automation_id("local", "local", "crash-automation");
+            apply_automation_command(
+                &rt,
+                &Command {
+                    automation_id: &id,
+                    command_id: "run-1",
+                    command_type: "run_now",
+                    ..Command::default()
+                },
+                clock.now(),
+            )?;
         }
         other => return Err(format!("unknown scenario {other}").into()),
     }

@@ -329,7 +329,7 @@ pub fn apply_automation_command(
         let reply = answer(found.payload, true);
         drop(txn);
         if reply["status"] == "applied" {
-            follow_up(rt, &id, kind, now)?;
+            follow_up(rt, &id, kind, command_id)?;
         }
         return Ok(reply);
     }
@@ -388,17 +388,21 @@ pub fn apply_automation_command(
     txn.commit(records, &mut run)?;
     drop(txn);
     if status == "applied" {
-        follow_up(rt, &id, kind, now)?;
+        follow_up(rt, &id, kind, command_id)?;
     }
     Ok(answer(&written.payload, false))
 }
 
-/// What an applied command does after its commit (again on a duplicate):
+/// What an applied command does after its commit (again on a duplicate,
+/// where it finds what was done already):
 /// `stop_current` cancels the occurrence's run tree, `unarchive` revives a
 /// controller that ended archived, every other command wakes a controller
 /// parked on its wake wait. Resumes do not tick: the driver runs the
 /// controller.
-fn follow_up(rt: &Runtime, id: &str, kind: &str, _now: DateTime<Utc>) -> Result<()> {
+fn follow_up(rt: &Runtime, id: &str, kind: &str, command_id: &str) -> Result<()> {
+    // Resumes are caused by the command's record: a duplicate (or a
+    // replay after a crash) never resumes the controller a second time.
+    let cause = record_key("automation.command_result", id, command_id);
     let run = rt.get_state(id)?;
     let state = run
         .vars
@@ -421,7 +425,7 @@ fn follow_up(rt: &Runtime, id: &str, kind: &str, _now: DateTime<Utc>) -> Result<
             if run.waiting.as_ref().is_some_and(|w| w.wait_key == key) {
                 let payload =
                     json!({"sub_run_id": child, "output": {"success": false, "cancelled": true}});
-                match rt.resume_at(id, Some(&key), payload, None, 0, false) {
+                match rt.resume_at(id, Some(&key), payload, Some(&cause), 0, false) {
                     Ok(_) | Err(Error::StaleResume { .. }) => {}
                     Err(e) => return Err(e),
                 }
@@ -453,7 +457,14 @@ fn follow_up(rt: &Runtime, id: &str, kind: &str, _now: DateTime<Utc>) -> Result<
     let wake = wake_wait_key(id);
     if run.status == RunStatus::Waiting && run.waiting.as_ref().is_some_and(|w| w.wait_key == wake)
     {
-        match rt.resume_at(id, Some(&wake), json!({"wake": kind}), None, 0, false) {
+        match rt.resume_at(
+            id,
+            Some(&wake),
+            json!({"wake": kind}),
+            Some(&cause),
+            0,
+            false,
+        ) {
             Ok(_) | Err(Error::StaleResume { .. }) => {}
             Err(e) => return Err(e),
         }

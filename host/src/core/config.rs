@@ -16,11 +16,12 @@ pub struct RuntimeConfig {
     /// The most node steps one `tick` (or `resume`, or `run`) executes
     /// before returning a still running run (a later tick continues).
     pub max_steps_per_tick: u64,
-    /// The most node steps one run may take in its whole life (counted in
-    /// `vars._runtime.node_visits`, so it survives restarts): a flow that
-    /// loops from node to node without ever waiting fails with
-    /// `limit_exceeded` instead of spinning for ever. For comparison,
-    /// Temporal ends a workflow's history at 51,200 events.
+    /// The most node steps one run may take without waiting (counted from
+    /// `vars._runtime.node_visits` and `waited_at_visit`, so it survives
+    /// restarts): a flow that loops from node to node without ever waiting
+    /// fails with `limit_exceeded` instead of spinning for ever, while a
+    /// run that waits between its loops (an automation controller) may
+    /// loop for as long as it lives.
     pub max_node_visits: u64,
     /// The most bytes a run's vars may take as JSON: a step that would call
     /// a guest with more fails the run with `state_too_large`. Default

@@ -140,6 +140,20 @@ pub(crate) fn node_visits(run: &RunState) -> u64 {
     runtime_u64(run, "node_visits").unwrap_or(0)
 }
 
+/// How many node steps the run has taken since it last waited (all of
+/// them if it never did): what `RuntimeConfig::max_node_visits` bounds.
+pub(crate) fn visits_since_wait(run: &RunState) -> u64 {
+    node_visits(run).saturating_sub(runtime_u64(run, "waited_at_visit").unwrap_or(0))
+}
+
+/// Notes that the run waits now (`vars._runtime.waited_at_visit`): a run
+/// that waits between its loops (an automation controller) never reaches
+/// the visit limit.
+pub(crate) fn mark_wait(run: &mut RunState) {
+    let n = node_visits(run);
+    set_counter(runtime_vars(run), "waited_at_visit", n);
+}
+
 /// Counts one more node step.
 pub(crate) fn count_visit(run: &mut RunState) -> u64 {
     let map = runtime_vars(run);

@@ -259,6 +259,20 @@ impl Runtime {
     pub fn load_bundle(&self, dir: &Path) -> Result<Bundle> {
         let kinds = self.inner.effects.kinds();
         let bundle = flow::load_bundle(dir, &self.inner.engine, &kinds)?;
+        if let Some(wf) = bundle
+            .workflows
+            .iter()
+            .find(|w| w.workflow_id == crate::automation::CONTROLLER_WORKFLOW_ID)
+        {
+            return Err(Error::Flow(flow::FlowError {
+                path: wf.source.clone(),
+                field: "workflow_id".into(),
+                message: format!(
+                    "{:?} is reserved for the automation controller the host embeds",
+                    wf.workflow_id
+                ),
+            }));
+        }
         for wf in &bundle.workflows {
             self.store().put_bundle(&wf.workflow_id, &bundle.dir)?;
         }

@@ -7,8 +7,8 @@ use super::clock::format_time;
 use super::config::RetryPolicy;
 use super::keys::{
     bad_result_key, children_started, count_child, count_data, count_visit, current_attempt,
-    data_bytes, effect_idempotency_key, is_host_owned, next_effect_seq, node_visits, set_attempt,
-    set_retry_seq, terminal_key, too_deep,
+    data_bytes, effect_idempotency_key, is_host_owned, mark_wait, next_effect_seq, node_visits,
+    set_attempt, set_retry_seq, terminal_key, too_deep, visits_since_wait,
 };
 use super::model::{
     EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus, WaitReason,
@@ -208,11 +208,11 @@ impl Runtime {
         // A tick that uses up the run's visit budget also fails it (one
         // more step, which refuses), rather than leave that to the next.
         while run.status == RunStatus::Running
-            && (steps < max_steps || node_visits(&run) >= limit)
+            && (steps < max_steps || visits_since_wait(&run) >= limit)
             && !(steps > 0 && txn.deadline.is_some_and(|d| std::time::Instant::now() >= d))
         {
             // Keep the lease through this commit if another step follows.
-            txn.keep = steps + 1 < max_steps || node_visits(&run) + 1 >= limit;
+            txn.keep = steps + 1 < max_steps || visits_since_wait(&run) + 1 >= limit;
             if top {
                 super::cascade::start();
             }
@@ -286,9 +286,9 @@ impl Runtime {
             return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
         };
         let limit = self.inner.config.max_node_visits;
-        if node_visits(run) >= limit {
+        if visits_since_wait(run) >= limit {
             let msg = format!(
-                "limit_exceeded: the run took {limit} node steps (RuntimeConfig::max_node_visits); a flow that loops must wait somewhere"
+                "limit_exceeded: the run took {limit} node steps without waiting (RuntimeConfig::max_node_visits); a flow that loops must wait somewhere"
             );
             return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
         }
@@ -528,6 +528,7 @@ impl Runtime {
                 });
                 set_attempt(run, 1);
                 run.status = RunStatus::Waiting;
+                mark_wait(run);
                 run.waiting = Some(*wait);
             }
             Outcome::HostChange(change) => {
@@ -586,6 +587,7 @@ impl Runtime {
                         });
                         set_attempt(run, 1);
                         run.status = RunStatus::Waiting;
+                        mark_wait(run);
                         run.waiting = Some(*wait);
                     }
                 }
@@ -771,6 +773,7 @@ impl Runtime {
         set_attempt(run, attempt + 1);
         set_retry_seq(run, seq);
         run.status = RunStatus::Waiting;
+        mark_wait(run);
         run.waiting = Some(WaitState {
             reason: WaitReason::Until,
             wait_key: format!("retry:{node_id}:{}", attempt + 1),
