@@ -1,0 +1,437 @@
+//! Automations from a user's shell: `stepwell automations ...` and
+//! `stepwell drive --until-idle` with a fixed clock (`--now`), and commands
+//! from many OS processes at once beside a driver, on one SQLite file.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use stepwell::host::{open_runtime, HostOptions, StoreSpec};
+use stepwell::{RunStatus, StepRecord};
+use stepwell_tests::{repo, stepwell_binary, wait_for};
+
+const ID: &str = "34f631d4-0bf3-5fea-a282-70c1b1d5b24b";
+
+struct Shell {
+    dir: tempfile::TempDir,
+}
+
+impl Shell {
+    fn new() -> Shell {
+        Shell {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("db.sqlite")
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(stepwell_binary());
+        c.arg("--db")
+            .arg(self.db())
+            .args(args)
+            .current_dir(repo())
+            .env_remove("STEPWELL_DB")
+            .env_remove("STEPWELL_STORE")
+            .env_remove("STEPWELL_TRIGGER_DIR");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    /// Runs and parses the JSON it prints; panics unless it exits 0.
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn ledger(&self, id: &str) -> Vec<StepRecord> {
+        let rt = open_runtime(&StoreSpec::Sqlite(self.db()), &HostOptions::default()).unwrap();
+        rt.get_ledger(id).unwrap()
+    }
+}
+
+fn memory_watch(workspace: &Path) -> String {
+    json!({
+        "request_id": "memory-watch",
+        "title": "Memory watch",
+        "target": {"workflow_id": "echo", "bundle_ref": "flows/automations/echo", "flow_id": "echo",
+                   "input_data": {"prompt": "check memory"}},
+        "trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "2m"}},
+        "workspace_root": workspace.display().to_string(),
+    })
+    .to_string()
+}
+
+fn names(ledger: &[StepRecord]) -> Vec<(String, Value)> {
+    ledger
+        .iter()
+        .filter(|r| {
+            r.idempotency_key
+                .as_deref()
+                .is_some_and(|k| k.starts_with("automation:"))
+        })
+        .map(|r| {
+            let e = r.effect.as_ref().unwrap();
+            (
+                e.payload["name"].as_str().unwrap().to_string(),
+                e.payload["payload"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// The issue's new-user session: an every-2m automation created at
+/// 00:00:00, driven at 00:00:00, 00:02:30 and 00:11:00: three children
+/// with the reference's ids, the third admission coalesced, the next fire
+/// time 00:12:00.
+#[test]
+fn a_new_user_runs_an_automation_from_the_shell() {
+    let sh = Shell::new();
+    let request = memory_watch(sh.dir.path());
+    let t0 = ["--now", "2026-01-01T00:00:00Z"];
+    let created = sh.json(
+        &[
+            &t0[..],
+            &["--json", "automations", "create", "--request", &request],
+        ]
+        .concat(),
+    );
+    assert_eq!(
+        created,
+        json!({"automation_id": ID, "revision": 1, "created": true})
+    );
+    // The same request again: the same automation.
+    let again = sh.json(
+        &[
+            &t0[..],
+            &["--json", "automations", "create", "--request", &request],
+        ]
+        .concat(),
+    );
+    assert_eq!(again["created"], false);
+    for now in [
+        "2026-01-01T00:00:00Z",
+        "2026-01-01T00:02:30Z",
+        "2026-01-01T00:11:00Z",
+    ] {
+        let report = sh.json(&["--now", now, "--json", "drive", "--until-idle"]);
+        assert!(report["passes"].as_u64().unwrap() >= 1, "{report}");
+        assert_eq!(report["errors"], json!([]), "{report}");
+    }
+    let runs = sh.json(&["--json", "list", "--workflow", "echo"]);
+    let mut ids: Vec<&str> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [
+            "1a852a72-f109-5b94-be0b-3a5dada8b537",
+            "1cc9f78d-ab67-5d54-acf2-fb44a5f70be2",
+            "2fe4b30e-c19c-5afa-b5e5-e8d9d05cbd12",
+        ]
+    );
+    let coalesced: Vec<Value> = names(&sh.ledger(ID))
+        .into_iter()
+        .filter(|(n, _)| n == "automation.coalesced")
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(coalesced.len(), 1);
+    assert_eq!(coalesced[0]["first_tick"], 2);
+    assert_eq!(coalesced[0]["last_tick"], 5);
+    assert_eq!(coalesced[0]["missed_count"], 3);
+    let shown = sh.json(&[
+        "--now",
+        "2026-01-01T00:11:00Z",
+        "--json",
+        "automations",
+        "show",
+        ID,
+    ]);
+    assert_eq!(shown["next_fire_at"], "2026-01-01T00:12:00+00:00");
+    assert_eq!(shown["status"], "active");
+    let occurrences = sh.json(&["--json", "automations", "occurrences", ID, "--limit", "2"]);
+    let items = occurrences["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0]["index"], 3);
+    assert_eq!(items[0]["fired_at"], "2026-01-01T00:10:00+00:00");
+    assert_eq!(occurrences["next_cursor"], "occ1:2");
+    let listed = sh.json(&[
+        "--now",
+        "2026-01-01T00:11:00Z",
+        "--json",
+        "automations",
+        "list",
+    ]);
+    assert_eq!(listed["items"][0]["automation_id"], ID);
+    assert_eq!(listed["items"][0]["occurrence_count"], 3);
+    // Human output names what it shows.
+    let text = sh.run(&["--now", "2026-01-01T00:11:00Z", "automations", "list"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(ID) && text.contains("2026-01-01T00:12:00+00:00"),
+        "{text}"
+    );
+}
+
+/// A command is answered as the library answers it; a rejected one exits 1.
+#[test]
+fn commands_from_the_shell() {
+    let sh = Shell::new();
+    let request = memory_watch(sh.dir.path());
+    sh.json(
+        &[
+            "--now",
+            "2026-01-01T00:00:00Z",
+            "automations",
+            "create",
+            "--request",
+            &request,
+        ]
+        .iter()
+        .copied()
+        .chain(["--json"])
+        .collect::<Vec<_>>(),
+    );
+    let out = sh.run(&[
+        "--now",
+        "2026-01-01T00:00:00Z",
+        "--json",
+        "automations",
+        "command",
+        ID,
+        "explode",
+        "--command-id",
+        "c1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["status"], "rejected");
+    assert_eq!(answer["error"]["reason_code"], "invalid_request");
+    assert_eq!(answer["error"]["field"], "type");
+    let pause = [
+        "--now",
+        "2026-01-01T00:01:00Z",
+        "--json",
+        "automations",
+        "command",
+        ID,
+        "automation.pause",
+        "--command-id",
+        "p1",
+    ];
+    assert_eq!(
+        sh.json(&pause),
+        json!({"status": "applied", "duplicate": false})
+    );
+    assert_eq!(
+        sh.json(&pause),
+        json!({"status": "applied", "duplicate": true})
+    );
+    let stale = sh.run(&[
+        "--json",
+        "automations",
+        "command",
+        ID,
+        "resume",
+        "--command-id",
+        "r1",
+        "--expected-revision",
+        "7",
+    ]);
+    assert_eq!(stale.status.code(), Some(1));
+    let answer: Value = serde_json::from_slice(&stale.stdout).unwrap();
+    assert_eq!(answer["error"]["reason_code"], "revision_conflict");
+    // An unknown automation is an error naming its code.
+    let missing = sh.run(&["--json", "automations", "show", "no-such-automation"]);
+    assert_eq!(missing.status.code(), Some(1));
+    let e: Value = serde_json::from_slice(&missing.stderr).unwrap();
+    assert_eq!(e["error"]["code"], "automation_not_found");
+    // A malformed request names the field.
+    let bad = sh.run(&[
+        "--json",
+        "automations",
+        "create",
+        "--request",
+        r#"{"request_id": "x", "title": "t", "surprise": 1}"#,
+    ]);
+    assert_eq!(bad.status.code(), Some(1));
+    let e: Value = serde_json::from_slice(&bad.stderr).unwrap();
+    assert_eq!(e["error"]["code"], "invalid_definition");
+    assert_eq!(e["error"]["field"], "surprise");
+}
+
+/// Commands from many processes at once, beside a driver process: every
+/// command is recorded once, the same command id sent by two processes at
+/// once is applied once (the other is its duplicate), every occurrence has
+/// exactly one run per attempt, and the state's version counts exactly the
+/// decisions in the ledger.
+#[test]
+fn commands_from_many_processes_beside_a_driver() {
+    let sh = Shell::new();
+    let request = json!({
+        "request_id": "manual-race",
+        "title": "Race",
+        "target": {"workflow_id": "echo", "bundle_ref": "flows/automations/echo", "flow_id": "echo",
+                   "input_data": {"prompt": "go"}},
+        "trigger": {"source_id": "manual", "source_version": 1, "config": {}},
+        "workspace_root": sh.dir.path().display().to_string(),
+    })
+    .to_string();
+    let created = sh.json(&["--json", "automations", "create", "--request", &request]);
+    let id = created["automation_id"].as_str().unwrap().to_string();
+    let mut driver = sh
+        .cmd(&["drive", "--interval-ms", "10"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut procs = Vec::new();
+    let sends: Vec<(String, &str)> = (0..6)
+        .map(|i| (format!("run-{i}"), "run_now"))
+        .chain([
+            ("same".to_string(), "run_now"),
+            ("same".to_string(), "run_now"),
+            ("p1".to_string(), "pause"),
+            ("q1".to_string(), "resume"),
+        ])
+        .collect();
+    for (cid, kind) in &sends {
+        procs.push((
+            cid.clone(),
+            sh.cmd(&[
+                "--json",
+                "automations",
+                "command",
+                &id,
+                kind,
+                "--command-id",
+                cid,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        ));
+    }
+    let mut answers: Vec<(String, Value)> = Vec::new();
+    for (cid, p) in procs {
+        let out = p.wait_with_output().unwrap();
+        let answer: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+            panic!(
+                "{cid}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        answers.push((cid, answer));
+    }
+    // Let the driver finish whatever was admitted.
+    let rt = open_runtime(&StoreSpec::Sqlite(sh.db()), &HostOptions::default()).unwrap();
+    wait_for("the controller to park", Duration::from_secs(30), || {
+        let run = rt.get_state(&id).unwrap();
+        run.status == RunStatus::Waiting
+            && run.waiting.as_ref().unwrap().wait_key.ends_with(":wake")
+            && run.vars["_runtime"]["automation"]["pending_occurrence"].is_null()
+            && run.vars["_runtime"]["automation"]["manual_pending"].is_null()
+    });
+    driver.kill().ok();
+    driver.wait().ok();
+    let same: Vec<&Value> = answers
+        .iter()
+        .filter(|(c, _)| c == "same")
+        .map(|(_, a)| a)
+        .collect();
+    assert_eq!(
+        same.iter().filter(|a| a["duplicate"] == false).count(),
+        1,
+        "{same:?}"
+    );
+    assert_eq!(same[0]["status"], same[1]["status"], "{same:?}");
+    let ledger = rt.get_ledger(&id).unwrap();
+    stepwell::store::verify_chain(&ledger).unwrap();
+    let records = names(&ledger);
+    let mut keys: Vec<&str> = ledger
+        .iter()
+        .filter_map(|r| r.idempotency_key.as_deref())
+        .filter(|k| k.starts_with("automation:"))
+        .collect();
+    let n = keys.len();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), n, "every record key once");
+    let results = records
+        .iter()
+        .filter(|(n, _)| n == "automation.command_result")
+        .count();
+    assert_eq!(results, 9, "one command_result per command id");
+    let decisions = records
+        .iter()
+        .filter(|(n, _)| {
+            [
+                "automation.command_result",
+                "automation.admitted",
+                "automation.dispatched",
+                "automation.retry_scheduled",
+                "automation.completed",
+            ]
+            .contains(&n.as_str())
+        })
+        .count();
+    let run = rt.get_state(&id).unwrap();
+    assert_eq!(
+        run.vars["_runtime"]["automation"]["state_version"],
+        json!(decisions)
+    );
+    let admitted: Vec<&Value> = records
+        .iter()
+        .filter(|(n, _)| n == "automation.admitted")
+        .map(|(_, p)| p)
+        .collect();
+    let applied_runs = answers
+        .iter()
+        .filter(|(c, a)| c.starts_with("run-") && a["status"] == "applied")
+        .count()
+        + usize::from(same.iter().any(|a| a["status"] == "applied"));
+    assert_eq!(
+        admitted.len(),
+        applied_runs,
+        "one occurrence per applied run-now"
+    );
+    let children = rt
+        .list_runs(&stepwell::RunQuery {
+            parent_run_id: Some(id.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(children.len(), admitted.len(), "one child per occurrence");
+    for a in admitted {
+        let child = rt.get_state(a["run_id"].as_str().unwrap()).unwrap();
+        assert_eq!(child.status, RunStatus::Completed);
+    }
+    // Every rejection says why.
+    for (cid, a) in &answers {
+        if a["status"] == "rejected" {
+            let code = a["error"]["reason_code"].as_str().unwrap();
+            assert!(
+                ["automation_busy", "invalid_state"].contains(&code),
+                "{cid}: {a}"
+            );
+        }
+    }
+}
