@@ -47,7 +47,7 @@ fn truthy(v: Option<&Value>) -> bool {
 }
 
 /// Python's `repr` of a string (what `str()` of a container shows).
-fn py_repr_str(s: &str, out: &mut String) {
+pub(crate) fn py_repr_str(s: &str, out: &mut String) {
     let quote = if s.contains('\'') && !s.contains('"') {
         '"'
     } else {

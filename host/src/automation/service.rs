@@ -238,9 +238,12 @@ pub fn create_automation(
     })
 }
 
-fn rejected(reason_code: &str, field: &str, message: &str) -> Value {
-    json!({"status": "rejected", "duplicate": false,
-           "error": {"reason_code": reason_code, "message": message, "field": field}})
+fn rejected(reason_code: &str, field: Option<&str>, message: &str) -> Value {
+    let mut error = json!({"reason_code": reason_code, "message": message});
+    if let Some(f) = field {
+        error["field"] = json!(f);
+    }
+    json!({"status": "rejected", "duplicate": false, "error": error})
 }
 
 /// A command for [`apply_automation_command`].
@@ -271,7 +274,8 @@ pub struct Command<'a> {
 /// controller). The same command id with the same command returns the
 /// recorded answer with `duplicate: true` (and runs the follow-ups again);
 /// with a different command it is `identity_conflict` and nothing is
-/// recorded. An unknown automation is `Err(automation_not_found)`.
+/// recorded. An unknown automation is rejected (`automation_not_found`,
+/// not recorded); `Err` is for failures of the host (the store).
 pub fn apply_automation_command(
     rt: &Runtime,
     c: &Command<'_>,
@@ -281,31 +285,33 @@ pub fn apply_automation_command(
     if command_id.is_empty() {
         return Ok(rejected(
             "invalid_request",
-            "command_id",
-            "command_id must be a non-empty string",
+            Some("command_id"),
+            "command_id is required",
         ));
     }
     let Some(kind) = command_type(c.command_type) else {
+        let mut shown = String::new();
+        super::outcome::py_repr_str(c.command_type, &mut shown);
         return Ok(rejected(
             "invalid_request",
-            "type",
-            &format!("Unknown automation command type: {}", c.command_type),
+            Some("type"),
+            &format!("unknown automation command type {shown}"),
         ));
     };
     let not_found = || {
-        automation_error(
+        rejected(
             "automation_not_found",
             None,
-            format!("no automation {}", c.automation_id),
+            &format!("Automation {} does not exist.", c.automation_id),
         )
     };
     let (mut txn, mut run) = match rt.claim(c.automation_id, rt.config().lease_wait) {
         Ok(held) => held,
-        Err(Error::RunNotFound { .. }) => return Err(not_found()),
+        Err(Error::RunNotFound { .. }) => return Ok(not_found()),
         Err(e) => return Err(e),
     };
     if run.workflow_id != CONTROLLER_WORKFLOW_ID {
-        return Err(not_found());
+        return Ok(not_found());
     }
     let id = run.run_id.clone();
     let digest = command_digest(kind, c.payload, c.expected_revision);
@@ -320,10 +326,18 @@ pub fn apply_automation_command(
     };
     if let Some(found) = find_record(&ledger, &key) {
         if found.payload["command_digest"] != json!(digest) {
+            let mut shown = String::new();
+            super::outcome::py_repr_str(command_id, &mut shown);
+            let recorded = match &found.payload["type"] {
+                Value::String(t) => t.clone(),
+                other => other.to_string(),
+            };
             return Ok(rejected(
                 "identity_conflict",
-                "command_id",
-                &format!("command id {command_id} was used for a different command"),
+                Some("command_id"),
+                &format!(
+                    "command_id {shown} was already used for a different command ({recorded})."
+                ),
             ));
         }
         let reply = answer(found.payload, true);
@@ -345,7 +359,28 @@ pub fn apply_automation_command(
         &triggers,
     )?;
     let (status, delta, error) = match decision {
-        CommandDecision::Applied(delta) => ("applied", delta, None),
+        CommandDecision::Applied(mut delta) => {
+            // A revised target names a bundle directory (loaded, stored
+            // absolute) or a workflow the store knows, as at creation.
+            let current = &run.vars["_meta"]["automation"]["target"];
+            match delta
+                .get_mut("definition")
+                .filter(|d| d["target"] != *current)
+            {
+                Some(definition) => match resolve_target(rt, definition) {
+                    Ok(()) => ("applied", delta, None),
+                    Err(Error::Automation(e)) => ("rejected", json!({}), Some(e.to_json())),
+                    Err(Error::Flow(e)) => (
+                        "rejected",
+                        json!({}),
+                        Some(json!({"reason_code": "invalid_definition",
+                                    "message": e.to_string(), "field": "target.bundle_ref"})),
+                    ),
+                    Err(e) => return Err(e),
+                },
+                None => ("applied", delta, None),
+            }
+        }
         CommandDecision::Rejected(e) => ("rejected", json!({}), Some(e)),
     };
     let mut fields = Map::new();
