@@ -20,6 +20,18 @@ Prints one JSON object on stdout (medians, same meaning as stepwell's figures):
 - `ask_resume_cycles_per_s_sqlite_chained`: the same with the ledger wrapped in
   the reference's HashChainedLedgerStore (SHA-256 chain, one BEGIN IMMEDIATE
   transaction per record), closer to stepwell's hash-chained ledger.
+- `automation_occurrences_per_s_sqlite`: one automation (schedule@1 every
+  1m from 2026-01-01T00:00:00Z, target `echo` answering
+  `{"response": "echo:" + prompt, "success": true}`) on SQLite; each
+  occurrence moves the controller's clock one minute, wakes the controller
+  (its due deadline, resumed as the reference's test harness does) and drives
+  it (`drive_automation`): admission, dispatch, the child's run, completion.
+  Occurrences/s, median of 3 batches of 100 on a fresh automation each
+  (--quick: 1 batch of 20). Needs abstractcore (`pip install --no-deps
+  abstractcore==2.30.0 pydantic httpx`); skipped without it.
+- `automation_commands_per_s_sqlite`: `apply_automation_command` pause and
+  resume in turn (new command ids), on a parked hourly automation on SQLite.
+  Commands/s, median of 3 batches of 200 (--quick: 1 of 40).
 - `reference_version`, `notes`.
 
 Every run's final status and output are checked; the script raises if a
@@ -173,6 +185,86 @@ def ledger_shape(rt: Runtime, wf: WorkflowSpec, kind: str) -> str:
     return f"{len(records)} records ({', '.join(types)})"
 
 
+T0 = "2026-01-01T00:00:00+00:00"
+
+
+def automation_world(path: Path):
+    """A runtime with the controller bundle and an `echo` target on SQLite, and
+    a clock for the controller (the reference reads it through
+    `controller._now_iso`, which its own tests replace the same way)."""
+    from abstractruntime.automations import controller as controller_mod
+    from abstractruntime.automations import register_controller_bundle
+    from abstractruntime.scheduler.registry import WorkflowRegistry
+
+    def answer(run, ctx):
+        return StepPlan(node_id="answer", complete_output={
+            "response": f"echo:{run.vars.get('prompt')}", "success": True})
+
+    registry = WorkflowRegistry()
+    registry.register(WorkflowSpec(workflow_id="echo", entry_node="answer", nodes={"answer": answer}))
+    register_controller_bundle(registry)
+    db = SqliteDatabase(path)
+    rt = Runtime(run_store=SqliteRunStore(db), ledger_store=SqliteLedgerStore(db), workflow_registry=registry)
+    clock = {"now": T0}
+    controller_mod._now_iso = lambda: clock["now"]
+    return rt, clock
+
+
+def automation_request(request_id: str, every: str) -> dict:
+    return {
+        "request_id": request_id, "title": "Bench",
+        "target": {"workflow_id": "echo", "bundle_ref": "bench@1.0.0", "flow_id": "echo",
+                   "input_data": {"prompt": "check memory"}},
+        "trigger": {"source_id": "schedule", "source_version": 1, "config": {"start_at": T0, "every": every}},
+        "workspace_root": "/tmp/automation-ws",
+    }
+
+
+def bench_automation_occurrences(root: Path, per_batch: int, batches: int) -> float:
+    from datetime import datetime, timedelta
+
+    from abstractruntime.automations import create_automation, drive_automation
+    from abstractruntime.automations.bundle import controller_workflow_spec
+
+    rates = []
+    for b in range(batches):
+        rt, clock = automation_world(root / f"occurrences-{b}.sqlite")
+        clock["now"] = T0
+        aid, _ = create_automation(rt, automation_request(f"bench-{b}", "1m"), now=T0)
+        drive_automation(rt, aid)
+        start = time.perf_counter()
+        for i in range(1, per_batch + 1):
+            clock["now"] = (datetime.fromisoformat(T0) + timedelta(minutes=i)).isoformat()
+            state = rt.get_state(aid)
+            rt.resume(workflow=controller_workflow_spec(), run_id=aid, wait_key=state.waiting.wait_key,
+                      payload={"timed_out": True}, max_steps=0)
+            drive_automation(rt, aid)
+        rates.append(per_batch / (time.perf_counter() - start))
+        st = rt.get_state(aid).vars["_runtime"]["automation"]
+        if st["next_index"] != per_batch + 2 or st["last_outcome"]["status"] != "completed":
+            raise RuntimeError(f"automation bench: unexpected state {st['next_index']} {st['last_outcome']}")
+    return statistics.median(rates)
+
+
+def bench_automation_commands(root: Path, per_batch: int, batches: int) -> float:
+    from abstractruntime.automations import apply_automation_command, create_automation, drive_automation
+
+    rates = []
+    for b in range(batches):
+        rt, clock = automation_world(root / f"commands-{b}.sqlite")
+        clock["now"] = T0
+        aid, _ = create_automation(rt, automation_request(f"cmd-{b}", "1h"), now=T0)
+        drive_automation(rt, aid)
+        start = time.perf_counter()
+        for i in range(per_batch):
+            kind = "automation.pause" if i % 2 == 0 else "automation.resume"
+            r = apply_automation_command(rt, automation_id=aid, command_id=f"c{i}", type=kind, now=T0)
+            if r["status"] != "applied":
+                raise RuntimeError(f"command bench: {r}")
+        rates.append(per_batch / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 chain repeats, 1 batch of 50 cycles")
@@ -197,6 +289,18 @@ def main() -> int:
         chained_rt = sqlite_runtime(root / "ask-chained.sqlite", chained=True)
         figures["ask_resume_cycles_per_s_sqlite_chained"] = round(
             bench_cycles(chained_rt, per_batch, batches))
+
+        try:
+            import abstractcore  # noqa: F401  (the automation layer needs it)
+            have_automations = True
+        except ImportError:
+            have_automations = False
+        if have_automations:
+            occ = (20, 1) if args.quick else (100, 3)
+            figures["automation_occurrences_per_s_sqlite"] = round(
+                bench_automation_occurrences(root, *occ), 1)
+            cmds = (40, 1) if args.quick else (200, 3)
+            figures["automation_commands_per_s_sqlite"] = round(bench_automation_commands(root, *cmds), 1)
 
         probe = sqlite_runtime(root / "probe.sqlite")
         chain_ledger = ledger_shape(probe, chain_workflow(chain_len), "chain")

@@ -466,6 +466,9 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.race_waits = 50;
             options.drive_runs = 30;
             options.hostile_rounds = 5;
+            options.automation_occurrences = 20;
+            options.automation_commands = 40;
+            options.automation_batches = 1;
         }
         let figures = cli::bench::run(&options)?;
         if cli.json {

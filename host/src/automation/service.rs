@@ -281,6 +281,22 @@ pub fn apply_automation_command(
     c: &Command<'_>,
     now: DateTime<Utc>,
 ) -> Result<Value> {
+    // Optimistic first: read, decide, and let the commit take the lease
+    // (one store write). If another holder has the controller (a driver
+    // ticking it) or it changed since it was read, decide again under a
+    // claimed lease.
+    match apply_held(rt, c, now, true) {
+        Err(Error::Conflict { .. }) => apply_held(rt, c, now, false),
+        other => other,
+    }
+}
+
+fn apply_held(
+    rt: &Runtime,
+    c: &Command<'_>,
+    now: DateTime<Utc>,
+    optimistic: bool,
+) -> Result<Value> {
     let command_id = super::definition::py_strip(c.command_id);
     if command_id.is_empty() {
         return Ok(rejected(
@@ -305,7 +321,13 @@ pub fn apply_automation_command(
             &format!("Automation {} does not exist.", c.automation_id),
         )
     };
-    let (mut txn, mut run) = match rt.claim(c.automation_id, rt.config().lease_wait) {
+    let wait = rt.config().lease_wait;
+    let held = if optimistic {
+        rt.hold_taking(c.automation_id, wait)
+    } else {
+        rt.claim(c.automation_id, wait)
+    };
+    let (mut txn, mut run) = match held {
         Ok(held) => held,
         Err(Error::RunNotFound { .. }) => return Ok(not_found()),
         Err(e) => return Err(e),
@@ -420,9 +442,20 @@ pub fn apply_automation_command(
             records.extend(observe(&run, &ledger, &t)?.record);
         }
     }
+    // The follow-up of most commands is to wake a controller parked on its
+    // wake wait: that resume is committed with the command, caused by its
+    // record (so a duplicate finds it done).
+    let cause = record_key("automation.command_result", &id, command_id);
+    let wake = wake_wait_key(&id);
+    let special = matches!(kind, "automation.stop_current" | "automation.unarchive");
+    let parked = run.status == RunStatus::Waiting
+        && run.waiting.as_ref().is_some_and(|w| w.wait_key == wake);
+    if status == "applied" && !special && parked {
+        records.push(rt.end_wait(&mut run, json!({"wake": kind}), "resumed", Some(&cause)));
+    }
     txn.commit(records, &mut run)?;
     drop(txn);
-    if status == "applied" {
+    if status == "applied" && special {
         follow_up(rt, &id, kind, command_id)?;
     }
     Ok(answer(&written.payload, false))

@@ -28,7 +28,7 @@ pub struct BenchOptions {
     pub cycle_batches: usize,
     /// Run only the benchmarks whose figure names contain this text
     /// (`dispatch`, `chain`, `memory`, `sqlite`, `json`, `ledger`, `cycles`,
-    /// `trigger`, `conflicts`, `3procs`, `hostile`).
+    /// `trigger`, `conflicts`, `3procs`, `hostile`, `automation`).
     pub only: Option<String>,
     /// Waits the two racing processes of `resume_conflicts_per_s_sqlite`
     /// each try to resume.
@@ -41,6 +41,12 @@ pub struct BenchOptions {
     /// The `stepwell` binary the multi-process benchmarks start (default:
     /// this one).
     pub exe: Option<PathBuf>,
+    /// Occurrences per batch of `automation_occurrences_per_s_sqlite`.
+    pub automation_occurrences: usize,
+    /// Commands per batch of `automation_commands_per_s_sqlite`.
+    pub automation_commands: usize,
+    /// Batches of both automation benchmarks (a fresh automation each).
+    pub automation_batches: usize,
 }
 
 impl Default for BenchOptions {
@@ -57,6 +63,9 @@ impl Default for BenchOptions {
             drive_runs: 300,
             hostile_rounds: 60,
             exe: None,
+            automation_occurrences: 100,
+            automation_commands: 200,
+            automation_batches: 3,
         }
     }
 }
@@ -304,6 +313,20 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             json!(round(rate, 0)),
         );
     }
+    if want("automation_occurrences_per_s_sqlite") {
+        let rate = automation_occurrences(options, &engine, &scratch.0.join("automation"))?;
+        figures.insert(
+            "automation_occurrences_per_s_sqlite".into(),
+            json!(round(rate, 1)),
+        );
+    }
+    if want("automation_commands_per_s_sqlite") {
+        let rate = automation_commands(options, &engine, &scratch.0.join("commands"))?;
+        figures.insert(
+            "automation_commands_per_s_sqlite".into(),
+            json!(round(rate, 1)),
+        );
+    }
     if !want("ask_resume_cycles_per_s_sqlite") {
         return Ok(Value::Object(figures));
     }
@@ -541,4 +564,107 @@ fn hostile_contained(options: &BenchOptions, engine: &WasmEngine, dir: &Path) ->
         calls += round()?;
     }
     Ok(calls as f64 / t.elapsed().as_secs_f64())
+}
+
+const AUTOMATION_T0: &str = "2026-01-01T00:00:00Z";
+
+/// A runtime on a fresh SQLite file with a clock the benchmark moves.
+fn automation_world(
+    engine: &WasmEngine,
+    db: &Path,
+) -> Result<(Runtime, Arc<stepwell::ManualClock>)> {
+    let clock = Arc::new(stepwell::ManualClock::new(
+        AUTOMATION_T0.parse().expect("a valid time"),
+    ));
+    let rt = Runtime::builder(Arc::new(SqliteStore::open(db)?))
+        .engine(engine.clone())
+        .clock(clock.clone())
+        .build()?;
+    Ok((rt, clock))
+}
+
+fn automation_request(options: &BenchOptions, request_id: &str, every: &str) -> Result<Value> {
+    let echo = options.flows_dir.join("automations/echo");
+    let echo = echo
+        .canonicalize()
+        .map_err(|e| invalid("flows_dir", format!("{}: {e}", echo.display())))?;
+    Ok(json!({
+        "request_id": request_id, "title": "Bench",
+        "target": {"workflow_id": "echo", "bundle_ref": echo.display().to_string(), "flow_id": "echo",
+                   "input_data": {"prompt": "check memory"}},
+        "trigger": {"source_id": "schedule", "source_version": 1,
+                    "config": {"start_at": AUTOMATION_T0, "every": every}},
+        "workspace_root": "/tmp/automation-ws",
+    }))
+}
+
+/// `automation_occurrences_per_s_sqlite`: one automation firing every
+/// minute; each occurrence moves the clock a minute and runs driver passes
+/// until nothing moves (the due wake, admission, dispatch, the `echo`
+/// child, the parent's resume, completion). Median of the batches.
+fn automation_occurrences(options: &BenchOptions, engine: &WasmEngine, dir: &Path) -> Result<f64> {
+    use stepwell::automation::{create_automation, drive_until_idle};
+    std::fs::create_dir_all(dir).map_err(|e| invalid("bench", e.to_string()))?;
+    let n = options.automation_occurrences.max(1);
+    let mut rates = Vec::new();
+    for b in 0..options.automation_batches.max(1) {
+        let (rt, clock) = automation_world(engine, &dir.join(format!("occ-{b}.sqlite")))?;
+        let t0: chrono::DateTime<chrono::Utc> = AUTOMATION_T0.parse().expect("a valid time");
+        let request = automation_request(options, &format!("bench-{b}"), "1m")?;
+        let id = create_automation(&rt, &request, t0, None)?.automation_id;
+        drive_until_idle(&rt, 100)?;
+        let t = Instant::now();
+        for i in 1..=n {
+            clock.set(t0 + chrono::Duration::minutes(i as i64));
+            drive_until_idle(&rt, 100)?;
+        }
+        rates.push(n as f64 / t.elapsed().as_secs_f64());
+        let state = rt.get_state(&id)?.vars["_runtime"]["automation"].clone();
+        if state["next_index"] != json!(n + 2) || state["last_outcome"]["status"] != "completed" {
+            return Err(invalid(
+                "bench",
+                format!(
+                    "automation bench: next_index {} last outcome {}",
+                    state["next_index"], state["last_outcome"]
+                ),
+            ));
+        }
+    }
+    Ok(median(rates))
+}
+
+/// `automation_commands_per_s_sqlite`: pause and resume in turn (new
+/// command ids) on a parked hourly automation. Median of the batches.
+fn automation_commands(options: &BenchOptions, engine: &WasmEngine, dir: &Path) -> Result<f64> {
+    use stepwell::automation::{apply_automation_command, create_automation, drive_until_idle};
+    std::fs::create_dir_all(dir).map_err(|e| invalid("bench", e.to_string()))?;
+    let n = options.automation_commands.max(1);
+    let mut rates = Vec::new();
+    for b in 0..options.automation_batches.max(1) {
+        let (rt, _clock) = automation_world(engine, &dir.join(format!("cmd-{b}.sqlite")))?;
+        let t0: chrono::DateTime<chrono::Utc> = AUTOMATION_T0.parse().expect("a valid time");
+        let request = automation_request(options, &format!("cmd-{b}"), "1h")?;
+        let id = create_automation(&rt, &request, t0, None)?.automation_id;
+        drive_until_idle(&rt, 100)?;
+        let t = Instant::now();
+        for i in 0..n {
+            let kind = if i % 2 == 0 { "pause" } else { "resume" };
+            let command_id = format!("c{i}");
+            let answer = apply_automation_command(
+                &rt,
+                &stepwell::automation::Command {
+                    automation_id: &id,
+                    command_id: &command_id,
+                    command_type: kind,
+                    ..Default::default()
+                },
+                t0,
+            )?;
+            if answer["status"] != "applied" {
+                return Err(invalid("bench", format!("command bench: {answer}")));
+            }
+        }
+        rates.push(n as f64 / t.elapsed().as_secs_f64());
+    }
+    Ok(median(rates))
 }

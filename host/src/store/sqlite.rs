@@ -101,6 +101,8 @@ CREATE INDEX IF NOT EXISTS runs_session ON runs(session_id, role) WHERE session_
 CREATE INDEX IF NOT EXISTS runs_quarantine ON runs(quarantine) WHERE quarantine IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ledger_caused ON ledger(run_id, idem_key)
     WHERE idem_key LIKE 'resumed-by:%';
+CREATE INDEX IF NOT EXISTS ledger_automation ON ledger(run_id, idem_key)
+    WHERE idem_key LIKE 'automation:%';
 ";
 
 /// The columns every statement on `runs` binds, as ?1 run_id,
@@ -757,11 +759,17 @@ impl Store for SqliteStore {
         idempotency_key: &str,
     ) -> Result<Vec<StepRecord>, StoreError> {
         // Keys of resumes another run's effect caused are indexed (a
-        // long-lived listener is checked on every delivery); any other key
-        // is found in the run's part of the ledger.
+        // long-lived listener is checked on every delivery), and so are an
+        // automation controller's record keys (checked on every decision);
+        // any other key is found in the run's part of the ledger.
+        // (Named: without statistics the planner prefers the primary key,
+        // which scans the run's whole ledger.)
         let sql = if idempotency_key.starts_with("resumed-by:") {
-            "SELECT seq, data FROM ledger WHERE run_id = ?1 AND idem_key = ?2
-               AND idem_key LIKE 'resumed-by:%' ORDER BY seq"
+            "SELECT seq, data FROM ledger INDEXED BY ledger_caused
+               WHERE run_id = ?1 AND idem_key = ?2 AND idem_key LIKE 'resumed-by:%' ORDER BY seq"
+        } else if idempotency_key.starts_with("automation:") {
+            "SELECT seq, data FROM ledger INDEXED BY ledger_automation
+               WHERE run_id = ?1 AND idem_key = ?2 AND idem_key LIKE 'automation:%' ORDER BY seq"
         } else {
             "SELECT seq, data FROM ledger WHERE run_id = ?1 AND idem_key = ?2 ORDER BY seq"
         };
