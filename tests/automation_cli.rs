@@ -435,3 +435,57 @@ fn commands_from_many_processes_beside_a_driver() {
         }
     }
 }
+
+/// The README's automation session, run as written: every `$ stepwell`
+/// line of the block, and the output it shows.
+#[test]
+fn the_readme_session_runs_as_written() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let section = &readme[readme
+        .find("## Automations")
+        .expect("an Automations section")..];
+    let start = section.find("```\n").unwrap() + 4;
+    let block = &section[start..start + section[start..].find("```").unwrap()];
+    let sh = Shell::new();
+    let mut lines = block.lines().peekable();
+    let mut ran = 0;
+    while let Some(line) = lines.next() {
+        let command = line.strip_prefix("$ ").expect("a command line");
+        let mut shown = Vec::new();
+        while let Some(next) = lines.peek() {
+            if next.starts_with("$ ") {
+                break;
+            }
+            shown.push(lines.next().unwrap());
+        }
+        if command.starts_with("cat ") {
+            std::fs::write(sh.dir.path().join("hourly.json"), shown.join("\n")).unwrap();
+            continue;
+        }
+        // Drop a trailing `# comment`, then the program name.
+        let command = command.split("  #").next().unwrap().trim();
+        let request = format!("@{}", sh.dir.path().join("hourly.json").display());
+        let args: Vec<String> = command
+            .split_whitespace()
+            .skip(1)
+            .map(|a| {
+                if a == "@hourly.json" {
+                    request.clone()
+                } else {
+                    a.to_string()
+                }
+            })
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = sh.run(&args);
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            printed.trim_end().lines().collect::<Vec<_>>(),
+            shown,
+            "{command}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ran += 1;
+    }
+    assert!(ran >= 10, "{ran} commands");
+}

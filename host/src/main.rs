@@ -228,12 +228,10 @@ enum TriggerCommand {
     Validate {
         /// SOURCE@VERSION, for example schedule@1.
         source: String,
-        /// The config, a JSON object.
+        /// The config, a JSON object. The creation time is the global
+        /// `--now` (default: the current time).
         #[arg(long)]
         config: String,
-        /// The creation time (default: now), RFC 3339.
-        #[arg(long)]
-        now: Option<String>,
     },
     /// Print the next fire times, as the source computes them.
     Preview {
@@ -287,6 +285,7 @@ fn triggers(
     limits: SandboxLimits,
     dir: Option<PathBuf>,
     command: TriggerCommand,
+    now: Option<String>,
     json: bool,
 ) -> Result<(), Error> {
     let engine = stepwell::WasmEngine::new(stepwell::EngineConfig {
@@ -318,11 +317,7 @@ fn triggers(
                 }
             }
         }
-        TriggerCommand::Validate {
-            source,
-            config,
-            now,
-        } => {
+        TriggerCommand::Validate { source, config } => {
             let now = parse_time_arg("--now", now)?;
             let config = parse_json("--config", &config)?;
             let out = registry.call(
@@ -539,7 +534,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
         command,
     } = cli.command
     {
-        return triggers(&spec, limits, trigger_dir, command, cli.json);
+        return triggers(&spec, limits, trigger_dir, command, cli.now, cli.json);
     }
     let rt = open_runtime(&spec, &options)?;
     match cli.command {

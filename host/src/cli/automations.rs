@@ -250,7 +250,7 @@ pub fn run(
                         a["kind"].as_str().unwrap_or_default(),
                         a["index"],
                         a["title"].as_str().unwrap_or_default(),
-                        a["body"].as_str().unwrap_or_default(),
+                        a["body"].as_str().unwrap_or_default().replace('\n', " "),
                     );
                 }
                 if let Some(c) = page["next_cursor"].as_str() {
