@@ -600,3 +600,153 @@ fn controller_effects_refuse_other_workflows() {
         "{error}"
     );
 }
+
+/// One workflow id names one bundle per store: an automation whose bundle
+/// re-defines another bundle's workflow id is refused, so it cannot change
+/// the code another automation's occurrences run.
+#[test]
+fn a_bundle_cannot_take_over_another_bundles_workflow() {
+    let h = host(Backend::Sqlite, &Arc::new(ManualClock::new(at(T0))));
+    create_automation(
+        &h.rt,
+        &request("a", "echo", json!({"prompt": "x"})),
+        at(T0),
+        None,
+    )
+    .unwrap();
+    let evil = stepwell_tests::write_bundle(
+        h.dir.path(),
+        "evil",
+        &[(
+            "flow.json",
+            json!({"workflow_id": "echo", "entry": "end", "nodes": {"end": {"complete": {"owned": true}}}}),
+        )],
+    );
+    let mut b = request("b", "echo", json!({"prompt": "x"}));
+    b["target"]["bundle_ref"] = json!(evil.display().to_string());
+    let e = create_automation(&h.rt, &b, at(T0), None).unwrap_err();
+    assert_eq!(e.reason_code(), "invalid_definition");
+    let text = e.to_string();
+    assert!(
+        text.contains("target.bundle_ref") && text.contains("already defined by the bundle"),
+        "{text}"
+    );
+    assert_eq!(
+        h.store.bundle_dir("echo").unwrap().unwrap(),
+        target_dir("echo")
+    );
+}
+
+/// Inputs are bounded, and the controller is no target.
+#[test]
+fn oversized_inputs_and_the_controller_as_target_are_refused() {
+    let h = host(Backend::Memory, &Arc::new(ManualClock::new(at(T0))));
+    let big = "x".repeat(stepwell::automation::MAX_INPUT_DATA_BYTES);
+    let e = create_automation(
+        &h.rt,
+        &request("big", "echo", json!({"prompt": big})),
+        at(T0),
+        None,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("target.input_data"), "{e}");
+    let mut req = request("self", "echo", json!({}));
+    req["target"]["workflow_id"] = json!(stepwell::automation::CONTROLLER_WORKFLOW_ID);
+    let e = create_automation(&h.rt, &req, at(T0), None).unwrap_err();
+    assert!(e.to_string().contains("target.workflow_id"), "{e}");
+    assert!(h.rt.list_runs(&Default::default()).unwrap().is_empty());
+}
+
+/// A step of the controller that fails (here: over the runtime's state
+/// budget) does not fail the automation: the controller stays at its node,
+/// the driver reports it, and a host with room goes on from there.
+#[test]
+fn a_failing_controller_step_leaves_the_controller_at_its_node() {
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let tight = stepwell::RuntimeConfig {
+        max_state_bytes: 24 << 10,
+        ..Default::default()
+    };
+    let h = Host::with_config(Backend::Sqlite, clock.clone(), tight);
+    let id = create_automation(
+        &h.rt,
+        &request("tight", "echo", json!({"prompt": "y".repeat(16 << 10)})),
+        at(T0),
+        None,
+    )
+    .unwrap()
+    .automation_id;
+    let report = drive_until_idle(&h.rt, 100).unwrap();
+    assert!(
+        report.errors.iter().any(|e| e.run_id == id
+            && e.error.contains("controller_seam")
+            && e.error.contains("state_too_large")),
+        "{report:?}"
+    );
+    let run = h.rt.get_state(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Running, "{:?}", run.error);
+    // Another host on the same store, with the default budget.
+    let roomy = h.runtime(Some(clock.clone()), Default::default());
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    drive_until_idle(&roomy, 100).unwrap();
+    let page = list_occurrences(&roomy, &id, None, 50).unwrap();
+    assert_eq!(page["items"][0]["status"], "completed", "{page}");
+}
+
+/// The automation id reads tenant and user as the reference does:
+/// `str(value or "local")`.
+#[test]
+fn ids_from_any_tenant_value_are_the_references() {
+    let h = host(Backend::Memory, &Arc::new(ManualClock::new(at(T0))));
+    for (tenant, expected) in [
+        (json!(0), "e3d8cf62-a62a-54d9-bdf8-807016bf8f75"),
+        (json!(true), "c2bdf8e1-6153-5ba7-af92-31335e06700c"),
+        (json!({"a": 1}), "cd8e7c8f-7528-5ef7-a0cd-e819a78a5ddd"),
+        (json!(1.5), "7f69dba2-bc30-54c6-8af5-2bb86c78eb38"),
+        (json!("x"), "61f63e3e-dde6-5b2b-bc0a-1bc9a4c61bb9"),
+        (json!([1, "a"]), "4aba8f4b-eb08-5f97-b589-dadcb48eff1c"),
+    ] {
+        let mut req = request("r", "echo", json!({}));
+        req["tenant"] = tenant.clone();
+        match create_automation(&h.rt, &req, at(T0), None) {
+            Ok(c) => assert_eq!(c.automation_id, expected, "{tenant}"),
+            Err(e) => panic!("{tenant}: {e}"),
+        }
+    }
+}
+
+/// A creation replayed after its target bundle moved still finds its
+/// automation; a command payload that is not an object is refused.
+#[test]
+fn a_replayed_creation_survives_a_moved_bundle() {
+    let h = host(Backend::Sqlite, &Arc::new(ManualClock::new(at(T0))));
+    let copy = h.dir.path().join("echo-copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in ["flow.json", "steps.wasm"] {
+        std::fs::copy(target_dir("echo").join(f), copy.join(f)).unwrap();
+    }
+    let mut req = request("moved", "echo", json!({"prompt": "x"}));
+    req["target"]["bundle_ref"] = json!(copy.display().to_string());
+    let first = create_automation(&h.rt, &req, at(T0), None).unwrap();
+    std::fs::rename(&copy, h.dir.path().join("elsewhere")).unwrap();
+    let again = create_automation(&h.rt, &req, at(T0), None).unwrap();
+    assert_eq!(again.automation_id, first.automation_id);
+    assert!(!again.created);
+    for payload in [json!([]), json!("text"), json!(3)] {
+        let a = apply_automation_command(
+            &h.rt,
+            &Command {
+                automation_id: &first.automation_id,
+                command_id: "c1",
+                command_type: "pause",
+                payload: Some(&payload),
+                ..Command::default()
+            },
+            at(T0),
+        )
+        .unwrap();
+        assert_eq!(a["error"]["reason_code"], "invalid_request", "{payload}");
+        assert_eq!(a["error"]["field"], "payload");
+    }
+    assert_eq!(automation_records(&h.rt, &first.automation_id).len(), 1);
+}

@@ -355,15 +355,21 @@ fn a_loop_of_identical_records_loses_none_to_a_crash() {
     });
 }
 
-/// An automation (spec section 7): after a crash at any point of
-/// admission, dispatch, retry scheduling, completion or a command, and
-/// recovery, the controller's ledger is the uninterrupted one (every
-/// record key once), and there is exactly one child run per occurrence id.
+/// Automations (spec section 7): after a crash at any point of admission,
+/// dispatch, retry scheduling, completion or a command (run now; stop
+/// current of a person-waiting occurrence, archive, unarchive, whose
+/// follow-ups run after the command's commit and again when it is sent
+/// again), and recovery, each controller's ledger is the uninterrupted one
+/// (every record key once), and there is exactly one child run per
+/// occurrence id.
 #[test]
 fn an_automation_survives_a_crash_at_every_point() {
     both(|| Scenario {
         name: "automation",
-        roots: &["ebbf9de7-276d-5cdb-a787-159013ec055b"],
+        roots: &[
+            "ebbf9de7-276d-5cdb-a787-159013ec055b",
+            "8bf50d57-4d62-55b2-a735-d265f66167b4",
+        ],
         concurrent: false,
     });
 }

@@ -479,6 +479,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 },
                 clock.now(),
             )?;
+            // A person-waiting occurrence stopped (its run cancelled, the
+            // controller resumed: follow-ups after the command's commit,
+            // run again when the command is sent again), then archive and
+            // unarchive (a revived controller).
+            let ask = repo.join("flows/automations/ask").canonicalize()?;
+            let request = json!({
+                "request_id": "crash-ask", "title": "Crash ask",
+                "target": {"workflow_id": "ask", "bundle_ref": ask.display().to_string(),
+                           "flow_id": "ask", "input_data": {}},
+                "trigger": {"source_id": "schedule", "source_version": 1,
+                            "config": {"start_at": "2026-01-01T00:00:00Z", "every": "1h"}},
+                "workspace_root": "/tmp/crash-automation",
+            });
+            create_automation(&rt, &request, clock.now(), None)?;
+            settle(&rt)?;
+            let ask_id = stepwell::automation::automation_id("local", "local", "crash-ask");
+            for (command_id, kind) in [
+                ("stop-1", "stop_current"),
+                ("arch-1", "archive"),
+                ("un-1", "unarchive"),
+            ] {
+                let answer = apply_automation_command(
+                    &rt,
+                    &Command {
+                        automation_id: &ask_id,
+                        command_id,
+                        command_type: kind,
+                        ..Command::default()
+                    },
+                    clock.now(),
+                )?;
+                if answer["status"] != "applied" {
+                    return Err(format!("{kind}: {answer}").into());
+                }
+                settle(&rt)?;
+            }
         }
         other => return Err(format!("unknown scenario {other}").into()),
     }

@@ -515,7 +515,12 @@ fn execute(cli: Cli) -> Result<(), Error> {
     let fixed_now = cli
         .now
         .as_deref()
-        .map(|t| parse_time_arg("--now", Some(t.to_string())))
+        .map(|t| {
+            stepwell::automation::parse_timestamp(t, "--now").map_err(|e| Error::InvalidInput {
+                field: "--now".into(),
+                message: e.message,
+            })
+        })
         .transpose()?;
     let options = HostOptions {
         limits,
@@ -752,6 +757,10 @@ fn execute(cli: Cli) -> Result<(), Error> {
             }
             for e in &report.errors {
                 eprintln!("  {}: {}", e.run_id, e.error);
+            }
+            if !report.errors.is_empty() {
+                // Something could not move: say so in the exit status.
+                RUN_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
         Command::Drive {

@@ -41,7 +41,7 @@ use super::AutomationError;
 use crate::core::config::StartOptions;
 use crate::core::model::{RunState, StepRecord, WaitReason, WaitState};
 use crate::core::{Error, Result};
-use crate::effects::subworkflow::{ended_child, wait_key, OnChildFailure};
+use crate::effects::subworkflow::wait_key;
 use crate::effects::{EffectClass, EffectCx, EffectHandler, HostChange, Outcome, Then};
 use crate::triggers::{Envelope, TriggerRegistry};
 use crate::wasm::WasmEngine;
@@ -707,15 +707,10 @@ fn dispatch(mut turn: Turn<'_>) -> Result<Outcome> {
             "the occurrence run was created as {started}, not under its id {child_id}"
         )));
     }
-    let child = turn.cx.runs.get_run(&child_id)?;
-    if child.status.is_terminal() {
-        // Ended already (a replay): continue with its outcome at once.
-        let result = match ended_child(&child, OnChildFailure::Data) {
-            Outcome::Completed(v) => v,
-            _ => Value::Null,
-        };
-        return turn.finish("record_outcome", Then::Continue(result));
-    }
+    // The controller waits on the attempt's run even if it has ended
+    // already (a dispatch replayed after a crash, whose run went on): the
+    // driver resumes a parent whose child ended, so a replay writes the
+    // same records as a first try.
     let wait = WaitState {
         reason: WaitReason::Subworkflow,
         wait_key: wait_key(&child_id),

@@ -112,7 +112,7 @@ fn py_repr(v: &Value, out: &mut String) {
 
 /// Python's `str()` of a JSON value: strings as they are, the rest as
 /// their `repr` (`True`, `None`, `{'a': 1}`).
-fn py_str(v: &Value) -> String {
+pub(crate) fn py_str(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         other => {

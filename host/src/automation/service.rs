@@ -25,7 +25,6 @@ use super::{AutomationError, CommandDecision};
 use crate::core::config::StartOptions;
 use crate::core::model::{RunState, RunStatus};
 use crate::core::{Error, Result};
-use crate::effects::subworkflow::wait_key;
 use crate::store::RunIndexQuery;
 use crate::Runtime;
 
@@ -57,49 +56,84 @@ fn owner_of(request: &Value, principal: Option<&str>) -> String {
     format!("{}:{}", part("tenant"), part("user"))
 }
 
+/// The reference's `str(request.get(key) or "local")`: a falsy value
+/// (absent, null, false, 0, "", [], {}) is `local`, anything else Python's
+/// `str()` of it.
 fn id_part(request: &Value, key: &str) -> String {
-    match request.get(key) {
-        None | Some(Value::Null) => "local".into(),
-        Some(Value::String(s)) if s.is_empty() => "local".into(),
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => other.to_string(),
+    let falsy = match request.get(key) {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => true,
+        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+        Some(Value::String(s)) => s.is_empty(),
+        Some(Value::Array(a)) => a.is_empty(),
+        Some(Value::Object(o)) => o.is_empty(),
+        Some(Value::Bool(true)) => false,
+    };
+    if falsy {
+        return "local".into();
     }
+    super::outcome::py_str(&request[key])
 }
+
+/// The most bytes (as JSON) an automation's `target.input_data` may take:
+/// an occurrence's inputs are frozen into the controller's state, which
+/// every controller step carries.
+pub const MAX_INPUT_DATA_BYTES: usize = 1 << 20;
 
 /// Makes the target's workflow known to the runtime: `target.bundle_ref`
 /// naming a bundle directory is loaded (and recorded in the store, so
 /// every process finds it) and stored as an absolute path; any other
-/// `bundle_ref` needs `target.workflow_id` known to the store already.
+/// `bundle_ref` needs `target.workflow_id` known to the store already. The
+/// inputs are bounded ([`MAX_INPUT_DATA_BYTES`]) and the controller itself
+/// is no target.
 fn resolve_target(rt: &Runtime, definition: &mut Value) -> Result<()> {
     let target = &mut definition["target"];
-    let workflow_id = target["workflow_id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let bundle_ref = target["bundle_ref"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let size = serde_json::to_vec(&target["input_data"]).map_or(0, |b| b.len());
+    if size > MAX_INPUT_DATA_BYTES {
+        return Err(automation_error(
+            "invalid_definition",
+            Some("target.input_data"),
+            format!(
+                "target.input_data takes {size} bytes of JSON, over the limit of {MAX_INPUT_DATA_BYTES} (every occurrence's inputs are frozen into the controller's state)"
+            ),
+        ));
+    }
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let workflow_id = text(&target["workflow_id"]);
+    let bundle_ref = text(&target["bundle_ref"]);
+    if workflow_id == CONTROLLER_WORKFLOW_ID {
+        return Err(automation_error(
+            "invalid_definition",
+            Some("target.workflow_id"),
+            "an automation cannot target the automation controller itself",
+        ));
+    }
     let dir = Path::new(&bundle_ref);
     if dir.is_dir() {
-        let bundle = rt.load_bundle(dir)?;
+        let bundle = rt.load_bundle(dir).map_err(|e| match e {
+            Error::Flow(f) => {
+                let text = f.to_string();
+                let text = text.strip_prefix("invalid_definition: ").unwrap_or(&text);
+                automation_error("invalid_definition", Some("target.bundle_ref"), text)
+            }
+            other => other,
+        })?;
         if !bundle
             .workflows
             .iter()
             .any(|w| w.workflow_id == workflow_id)
         {
+            let defined: Vec<&str> = bundle
+                .workflows
+                .iter()
+                .map(|w| w.workflow_id.as_str())
+                .collect();
             return Err(automation_error(
                 "invalid_definition",
                 Some("target.workflow_id"),
                 format!(
                     "the bundle {} defines no workflow {workflow_id:?} (it defines {})",
                     bundle.dir.display(),
-                    bundle
-                        .workflows
-                        .iter()
-                        .map(|w| w.workflow_id.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    defined.join(", ")
                 ),
             ));
         }
@@ -114,6 +148,11 @@ fn resolve_target(rt: &Runtime, definition: &mut Value) -> Result<()> {
             format!(
                 "{bundle_ref:?} is not a bundle directory, and no loaded bundle defines workflow {workflow_id:?}"
             ),
+        )),
+        Err(Error::Flow(f)) => Err(automation_error(
+            "invalid_definition",
+            Some("target.bundle_ref"),
+            format!("the bundle recorded for workflow {workflow_id:?} cannot be loaded: {f}"),
         )),
         Err(e) => Err(e),
     }
@@ -159,6 +198,29 @@ pub fn create_automation(
             format!("context mode {mode:?} is not supported yet (only \"independent\")"),
         ));
     }
+    let conflict = || {
+        let mut shown = String::new();
+        match request.get("request_id") {
+            Some(Value::String(r)) => super::outcome::py_repr_str(r, &mut shown),
+            other => shown = other.map(Value::to_string).unwrap_or_else(|| "None".into()),
+        }
+        automation_error(
+            "identity_conflict",
+            Some("request_id"),
+            format!("request_id {shown} was already used for a different automation request"),
+        )
+    };
+    // A replayed creation finds its automation before anything else is
+    // looked at (its bundle may have moved since).
+    let digest = request_digest(request);
+    if let Some(existing) = rt.store().load_run(&id)? {
+        if existing.vars["_meta"]["creation_digest"] != json!(digest)
+            || existing.workflow_id != CONTROLLER_WORKFLOW_ID
+        {
+            return Err(conflict());
+        }
+        return Ok(existing_created(&existing));
+    }
     resolve_target(rt, &mut definition)?;
     let b = super::commands::binding_of(&definition);
     let source = triggers
@@ -170,7 +232,7 @@ pub fn create_automation(
     let state = initial_state(&definition, &trigger_state);
     let mut meta = Map::new();
     meta.insert("automation".into(), definition.clone());
-    meta.insert("creation_digest".into(), json!(request_digest(request)));
+    meta.insert("creation_digest".into(), json!(digest));
     meta.insert(
         "automation_owner".into(),
         json!(owner_of(request, principal)),
@@ -191,34 +253,15 @@ pub fn create_automation(
         parent_run_id: None,
         runtime,
     };
-    let existed = rt.store().load_run(&id)?.is_some();
-    match rt.start(CONTROLLER_WORKFLOW_ID, options) {
-        Ok(_) => {}
-        Err(Error::IdentityConflict { .. }) => {
-            return Err(automation_error(
-                "identity_conflict",
-                Some("request_id"),
-                format!("automation {id} exists with a different creation request"),
-            ))
-        }
-        Err(e) => return Err(e),
-    }
-    // The `automation.created` observation, once.
-    let (mut txn, mut run) = rt.claim(&id, rt.config().lease_wait)?;
-    let stored = run
-        .vars
-        .get("_meta")
-        .and_then(|m| m.get("automation"))
-        .cloned()
-        .unwrap_or(Value::Null);
-    let at = stored["created_at"]
+    // The controller and its `automation.created` record are one commit:
+    // the commit that creates the run (it fails if the run exists).
+    let mut run = rt.new_run(CONTROLLER_WORKFLOW_ID, options)?;
+    let at = definition["created_at"]
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let key = record_key("automation.created", &id, "1");
-    let ledger = rt.store().find_records(&id, &key)?;
     let mut fields = Map::new();
-    fields.insert("definition".into(), stored.clone());
+    fields.insert("definition".into(), definition.clone());
     let t = Transition {
         name: "automation.created",
         discriminator: "1",
@@ -227,15 +270,40 @@ pub fn create_automation(
         command_id: None,
         at: &at,
     };
-    let written = observe(&run, &ledger, &t)?;
-    if let Some(record) = written.record {
-        txn.commit(vec![record], &mut run)?;
+    let record = observe(&run, &[], &t)?.record;
+    let mut txn = rt.hold_new(&id)?;
+    match txn.commit(record.into_iter().collect(), &mut run) {
+        Ok(()) => Ok(Created {
+            automation_id: id,
+            revision: definition["revision"].as_u64().unwrap_or(1),
+            created: true,
+        }),
+        // Created by another process meanwhile: the same request, or not.
+        Err(Error::Conflict { .. }) => {
+            drop(txn);
+            match rt.store().load_run(&id)? {
+                Some(existing)
+                    if existing.vars["_meta"]["creation_digest"] == json!(digest)
+                        && existing.workflow_id == CONTROLLER_WORKFLOW_ID =>
+                {
+                    Ok(existing_created(&existing))
+                }
+                _ => Err(conflict()),
+            }
+        }
+        Err(e) => Err(e),
     }
-    Ok(Created {
-        automation_id: id,
-        revision: stored["revision"].as_u64().unwrap_or(1),
-        created: !existed,
-    })
+}
+
+/// What a replayed creation answers: the automation as it is now.
+fn existing_created(run: &RunState) -> Created {
+    Created {
+        automation_id: run.run_id.clone(),
+        revision: run.vars["_meta"]["automation"]["revision"]
+            .as_u64()
+            .unwrap_or(1),
+        created: false,
+    }
 }
 
 fn rejected(reason_code: &str, field: Option<&str>, message: &str) -> Value {
@@ -314,6 +382,13 @@ fn apply_held(
             &format!("unknown automation command type {shown}"),
         ));
     };
+    if c.payload.is_some_and(|p| !p.is_null() && !p.is_object()) {
+        return Ok(rejected(
+            "invalid_request",
+            Some("payload"),
+            "payload must be a JSON object",
+        ));
+    }
     let not_found = || {
         rejected(
             "automation_not_found",
@@ -447,7 +522,10 @@ fn apply_held(
     // record (so a duplicate finds it done).
     let cause = record_key("automation.command_result", &id, command_id);
     let wake = wake_wait_key(&id);
-    let special = matches!(kind, "automation.stop_current" | "automation.unarchive");
+    let pending = &run.vars["_runtime"]["automation"]["pending_occurrence"];
+    let cancels = kind == "automation.stop_current" && pending["phase"] == "dispatched";
+    let revives = kind == "automation.unarchive" && run.status == RunStatus::Completed;
+    let special = cancels || revives;
     let parked = run.status == RunStatus::Waiting
         && run.waiting.as_ref().is_some_and(|w| w.wait_key == wake);
     if status == "applied" && !special && parked {
@@ -487,19 +565,14 @@ fn follow_up(rt: &Runtime, id: &str, kind: &str, command_id: &str) -> Result<()>
             .as_ref()
             .filter(|p| p["phase"] == "dispatched" && p["stop_requested"] == Value::Bool(true))
         {
+            // The controller hears of its cancelled run as any parent of a
+            // run that ended does (the driver resumes it with the run's
+            // outcome), whichever process cancelled it.
             let child = p["run_id"].as_str().unwrap_or_default().to_string();
             cancel_tree(rt, &child)?;
-            let key = wait_key(&child);
-            if run.waiting.as_ref().is_some_and(|w| w.wait_key == key) {
-                let payload =
-                    json!({"sub_run_id": child, "output": {"success": false, "cancelled": true}});
-                match rt.resume_at(id, Some(&key), payload, Some(&cause), 0, false) {
-                    Ok(_) | Err(Error::StaleResume { .. }) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            return Ok(());
         }
+        // A stop that needed a wake had it committed with the command.
+        return Ok(());
     }
     if kind == "automation.unarchive" {
         let definition = &run.vars["_meta"]["automation"];
@@ -519,8 +592,9 @@ fn follow_up(rt: &Runtime, id: &str, kind: &str, command_id: &str) -> Result<()>
                 run.error = None;
                 txn.commit(Vec::new(), &mut run)?;
             }
-            return Ok(());
         }
+        // An unarchive that needed a wake had it committed with the command.
+        return Ok(());
     }
     let wake = wake_wait_key(id);
     if run.status == RunStatus::Waiting && run.waiting.as_ref().is_some_and(|w| w.wait_key == wake)
@@ -559,8 +633,13 @@ fn cancel_tree(rt: &Runtime, root: &str) -> Result<()> {
 }
 
 fn controller(rt: &Runtime, id: &str) -> Result<RunState> {
-    let not_found =
-        || automation_error("automation_not_found", None, format!("no automation {id}"));
+    let not_found = || {
+        automation_error(
+            "automation_not_found",
+            None,
+            format!("Automation {id} does not exist."),
+        )
+    };
     match rt.get_state(id) {
         Ok(run) if run.workflow_id == CONTROLLER_WORKFLOW_ID => Ok(run),
         Ok(_) | Err(Error::RunNotFound { .. }) => Err(not_found()),

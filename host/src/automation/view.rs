@@ -108,6 +108,14 @@ pub fn next_fire_at(
     Ok(Some(admitted.admission.map_or(until, |a| a.fired_at)))
 }
 
+/// A stored run time in the automation layer's spelling (`+00:00`).
+fn reference_time(t: &str) -> Value {
+    match super::time::parse_timestamp(t, "at") {
+        Ok(t) => Value::String(format_timestamp(t)),
+        Err(_) => Value::String(t.to_string()),
+    }
+}
+
 /// The automation whose controller is `run`, as a reader sees it at
 /// `now`: `{automation_id, definition, active_revision, state (without
 /// intent), status, next_fire_at, current_occurrence}`.
@@ -180,7 +188,7 @@ pub fn automation_summary(
         "pending_occurrence": pending,
         "last_outcome": state.get("last_outcome").cloned().unwrap_or(Value::Null),
         "archived_at": definition.get("archived_at").cloned().unwrap_or(Value::Null),
-        "created_at": run.created_at,
-        "updated_at": run.updated_at,
+        "created_at": reference_time(&run.created_at),
+        "updated_at": reference_time(&run.updated_at),
     }))
 }

@@ -121,10 +121,9 @@ impl RuntimeBuilder {
             trigger_dir,
         ));
         let mut effects = self.effects;
+        // The controller's own effects: an application cannot replace them.
         for handler in crate::automation::controller_effects(triggers.clone()) {
-            if effects.get(handler.kind()).is_none() {
-                effects.register(handler);
-            }
+            effects.register(handler);
         }
         let keeper = LeaseKeeper::start(
             super::txn::new_holder_id(),
@@ -259,6 +258,25 @@ impl Runtime {
     pub fn load_bundle(&self, dir: &Path) -> Result<Bundle> {
         let kinds = self.inner.effects.kinds();
         let bundle = flow::load_bundle(dir, &self.inner.engine, &kinds)?;
+        // One workflow id names one bundle per store: a bundle elsewhere
+        // that defines an id already recorded for a bundle that still
+        // exists would change the code the runs (and automations) of that
+        // id execute.
+        for wf in &bundle.workflows {
+            if let Some(recorded) = self.store().bundle_dir(&wf.workflow_id)? {
+                if recorded != bundle.dir && recorded.join(flow::MAIN_FLOW_FILE).is_file() {
+                    return Err(Error::Flow(flow::FlowError {
+                        path: wf.source.clone(),
+                        field: "workflow_id".into(),
+                        message: format!(
+                            "workflow {:?} is already defined by the bundle {} in this store (one workflow id names one bundle; rename it, or remove that bundle)",
+                            wf.workflow_id,
+                            recorded.display()
+                        ),
+                    }));
+                }
+            }
+        }
         if let Some(wf) = bundle
             .workflows
             .iter()
@@ -369,7 +387,7 @@ impl Runtime {
     }
 
     /// A new run of `workflow_id` (not stored).
-    fn new_run(&self, workflow_id: &str, options: StartOptions) -> Result<RunState> {
+    pub(crate) fn new_run(&self, workflow_id: &str, options: StartOptions) -> Result<RunState> {
         let wf = self.workflow(workflow_id)?;
         if let Some(id) = &options.run_id {
             if !valid_run_id(id) {

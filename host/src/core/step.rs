@@ -800,6 +800,9 @@ impl Runtime {
         started_at: &str,
         msg: String,
     ) -> Result<()> {
+        if let Some(e) = controller_holds(run, &msg) {
+            return Err(e);
+        }
         records.push(StepRecord {
             status: StepStatus::Failed,
             error: Some(msg.clone()),
@@ -828,6 +831,9 @@ impl Runtime {
     ) -> Result<()> {
         undo_patch(run, undo);
         let msg = failure.to_string();
+        if let Some(e) = controller_holds(run, &msg) {
+            return Err(e);
+        }
         records.push(StepRecord {
             error: Some(msg.clone()),
             result: failure.retryable.then(|| json!({ "retryable": true })),
@@ -838,6 +844,19 @@ impl Runtime {
         fail(run, msg, ended_at);
         txn.commit(records, run)
     }
+}
+
+/// An automation controller is never failed by one of its steps: the step
+/// commits nothing and the controller stays at its node (the driver tries
+/// it again, backing off), so the automation outlives a broken step.
+fn controller_holds(run: &RunState, msg: &str) -> Option<crate::core::Error> {
+    (run.workflow_id == crate::automation::CONTROLLER_WORKFLOW_ID).then(|| {
+        crate::core::Error::Automation(crate::automation::AutomationError::new(
+            "controller_seam",
+            None,
+            format!("the controller's step failed, left at its node to be tried again: {msg}"),
+        ))
+    })
 }
 
 fn go(run: &mut RunState, target: Target, effect_result: Option<Value>) {
