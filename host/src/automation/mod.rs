@@ -93,11 +93,15 @@ pub(crate) fn controller_workflow(
 ) -> Result<crate::flow::Workflow, crate::flow::FlowError> {
     const FLOW: &str = include_str!(env!("STEPWELL_BUILTIN_CONTROLLER_FLOW"));
     const NODES: &[u8] = include_bytes!(env!("STEPWELL_BUILTIN_CONTROLLER"));
-    crate::flow::load_embedded_flow(
+    let mut wf = crate::flow::load_embedded_flow(
         std::path::Path::new("builtin:automation-controller/flow.json"),
         FLOW,
         engine,
         effects,
         &[("nodes.wasm", NODES)],
-    )
+    )?;
+    // Controller errors never fail the controller run (the automation
+    // would end): a failing step is tried again.
+    wf.steps_never_fail = true;
+    Ok(wf)
 }

@@ -266,6 +266,7 @@ impl Runtime {
         depth: u32,
         sessions: &mut Sessions,
     ) -> Result<()> {
+        txn.steps_never_fail = wf.steps_never_fail;
         let now = self.now();
         let started_at = format_time(now);
         let Some(node_id) = run.current_node.clone() else {
@@ -800,8 +801,8 @@ impl Runtime {
         started_at: &str,
         msg: String,
     ) -> Result<()> {
-        if let Some(e) = controller_holds(run, &msg) {
-            return Err(e);
+        if txn.steps_never_fail {
+            return Err(held_at_node(msg));
         }
         records.push(StepRecord {
             status: StepStatus::Failed,
@@ -831,8 +832,8 @@ impl Runtime {
     ) -> Result<()> {
         undo_patch(run, undo);
         let msg = failure.to_string();
-        if let Some(e) = controller_holds(run, &msg) {
-            return Err(e);
+        if txn.steps_never_fail {
+            return Err(held_at_node(msg));
         }
         records.push(StepRecord {
             error: Some(msg.clone()),
@@ -846,17 +847,15 @@ impl Runtime {
     }
 }
 
-/// An automation controller is never failed by one of its steps: the step
-/// commits nothing and the controller stays at its node (the driver tries
-/// it again, backing off), so the automation outlives a broken step.
-fn controller_holds(run: &RunState, msg: &str) -> Option<crate::core::Error> {
-    (run.workflow_id == crate::automation::CONTROLLER_WORKFLOW_ID).then(|| {
-        crate::core::Error::Automation(crate::automation::AutomationError::new(
-            "controller_seam",
-            None,
-            format!("the controller's step failed, left at its node to be tried again: {msg}"),
-        ))
-    })
+/// The error of a step that failed in a run whose workflow's steps never
+/// fail it (the automation controller): nothing was committed, the run
+/// stays at its node, and the driver tries it again.
+fn held_at_node(msg: String) -> crate::core::Error {
+    crate::core::Error::Automation(crate::automation::AutomationError::new(
+        "controller_seam",
+        None,
+        format!("the step failed and the run is left at its node to be tried again: {msg}"),
+    ))
 }
 
 fn go(run: &mut RunState, target: Target, effect_result: Option<Value>) {

@@ -201,6 +201,9 @@ pub(crate) struct RunTxn<'a> {
     /// When the steps taken through this hold stop (after the step under
     /// way), if they do: how the driver gives every run its turn.
     pub deadline: Option<std::time::Instant>,
+    /// Whether a failing step commits nothing and returns the error (the
+    /// workflow's `steps_never_fail`), set by the step.
+    pub steps_never_fail: bool,
     _guard: RunLockGuard<'a>,
 }
 
@@ -252,6 +255,7 @@ impl Runtime {
                         keep: false,
                         commits: 0,
                         deadline: None,
+                        steps_never_fail: false,
                         _guard: guard,
                     };
                     self.load_offloaded(&mut run)?;
@@ -321,6 +325,7 @@ impl Runtime {
                 keep: false,
                 commits: 0,
                 deadline: None,
+                steps_never_fail: false,
                 _guard: guard,
             },
             run,
@@ -343,6 +348,7 @@ impl Runtime {
             keep: false,
             commits: 0,
             deadline: None,
+            steps_never_fail: false,
             _guard: guard,
         })
     }

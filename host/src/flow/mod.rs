@@ -110,6 +110,11 @@ pub struct Workflow {
     pub nodes: HashMap<String, Node>,
     /// The flow file it was loaded from.
     pub source: PathBuf,
+    /// Whether a failing step leaves the run at its node (nothing
+    /// committed; the driver tries again, backing off) instead of failing
+    /// the run. Only the host's own embedded workflows (the automation
+    /// controller) are loaded this way; a flow document cannot ask for it.
+    pub steps_never_fail: bool,
 }
 
 /// One node of a [`Workflow`].
@@ -450,5 +455,6 @@ fn build_workflow(
         entry: doc.entry,
         nodes,
         source: path.to_path_buf(),
+        steps_never_fail: false,
     })
 }
