@@ -948,3 +948,42 @@ fn s38_automation_pages() {
     assert_eq!(e.reason_code(), "invalid_request");
     assert_eq!(automation_id("local", "local", "auto-3"), ids[3]);
 }
+
+/// Spec 2.10: waits on a person in the occurrence trees are live facts
+/// (never attention items), typed by kind; the controller's own wake wait
+/// is never one.
+#[test]
+fn s_pending_waits_are_live_facts() {
+    let w = World::new();
+    let id = w.create(json!({"workflow_id": "ask", "input_data": {}, "trigger": hourly()}));
+    w.drive(&id);
+    let child = w.children(&id).remove(0);
+    let waits = stepwell::automation::pending_waits(w.rt(), &id, 20).unwrap();
+    let key = child.waiting.as_ref().unwrap().wait_key.clone();
+    assert_eq!(
+        waits,
+        vec![
+            json!({"run_id": child.run_id, "wait_key": key, "kind": "ask_user",
+                    "reason": "user", "index": 1, "prompt": "Proceed?",
+                    "choices": ["yes", "no"]})
+        ]
+    );
+    assert!(list_attention(w.rt(), &id, 0, None, 50).unwrap()["items"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    w.answer(&child, "yes");
+    w.drive(&id);
+    assert!(stepwell::automation::pending_waits(w.rt(), &id, 20)
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        w.rt().get_state(&id).unwrap().waiting.unwrap().wait_key,
+        format!("automation:{id}:wake")
+    );
+    let other = w.create(json!({"request_id": "quiet", "trigger": hourly()}));
+    w.drive(&other);
+    assert!(stepwell::automation::pending_waits(w.rt(), &other, 20)
+        .unwrap()
+        .is_empty());
+}

@@ -78,8 +78,8 @@ pub use queries::{
 };
 pub use service::{
     apply_automation_command, create_automation, drive_until_idle, list_attention,
-    list_automations, list_occurrences, show_automation, Command, Created, IdleReport,
-    MAX_INPUT_DATA_BYTES,
+    list_automations, list_occurrences, pending_waits, show_automation, Command, Created,
+    IdleReport, MAX_INPUT_DATA_BYTES,
 };
 pub use time::{format_timestamp, parse_duration, parse_timestamp, MAX_DURATION_SECONDS};
 pub use view::{automation_summary, get_automation, next_fire_at, HISTORY_REPLAY_MAX_TOKENS};

@@ -768,3 +768,136 @@ pub fn drive_until_idle(rt: &Runtime, max_passes: u64) -> Result<IdleReport> {
     }
     Ok(report)
 }
+
+/// The kind of a run's wait on a person (`ask_user`, `tool_approval`,
+/// `event`), or `None` when it waits on something else: an automation's
+/// wake wait, a time, a child run, or an event without a prompt or choices.
+fn wait_kind(run: &RunState) -> Option<&'static str> {
+    let w = run
+        .waiting
+        .as_ref()
+        .filter(|_| run.status == RunStatus::Waiting)?;
+    if w.wait_key.starts_with("automation:") && w.wait_key.ends_with(":wake") {
+        return None;
+    }
+    let details = w.details.as_ref().and_then(Value::as_object);
+    match w.reason {
+        crate::WaitReason::User => {
+            let pause = w.wait_key == format!("pause:{}", run.run_id)
+                || details.is_some_and(|d| d.get("kind") == Some(&json!("pause")));
+            if pause {
+                None
+            } else if details.is_some_and(|d| d.get("mode") == Some(&json!("approval_required"))) {
+                Some("tool_approval")
+            } else {
+                Some("ask_user")
+            }
+        }
+        crate::WaitReason::Event => {
+            let asks = w.prompt.as_deref().is_some_and(|p| !p.is_empty())
+                || w.choices.as_ref().is_some_and(|c| !c.is_empty());
+            if !asks {
+                None
+            } else if details.is_some_and(|d| d.get("mode") == Some(&json!("approval_required"))) {
+                Some("tool_approval")
+            } else {
+                Some("event")
+            }
+        }
+        _ => None,
+    }
+}
+
+/// `{run_id, wait_key, kind, reason, prompt?, choices?, details?}` of a run
+/// waiting on a person (the reference's `typed_wait`).
+fn typed_wait(run: &RunState) -> Option<Value> {
+    let kind = wait_kind(run)?;
+    let w = run.waiting.as_ref()?;
+    let mut item = json!({"run_id": run.run_id, "wait_key": w.wait_key, "kind": kind,
+                          "reason": w.reason.as_str()});
+    if let Some(p) = w.prompt.as_deref().filter(|p| !p.is_empty()) {
+        item["prompt"] = json!(p);
+    }
+    if let Some(c) = w.choices.as_ref().filter(|c| !c.is_empty()) {
+        item["choices"] = json!(c);
+    }
+    if kind == "tool_approval" {
+        let calls: Vec<Value> = w
+            .details
+            .as_ref()
+            .and_then(|d| d.get("tool_calls"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_object)
+            .map(|c| {
+                let mut call = json!({
+                    "name": c.get("name").and_then(Value::as_str).unwrap_or_default(),
+                    "arguments": c.get("arguments").filter(|a| a.is_object()).cloned().unwrap_or(json!({})),
+                });
+                if let Some(id) = c.get("call_id").and_then(Value::as_str).filter(|i| !i.is_empty()) {
+                    call["call_id"] = json!(id);
+                }
+                call
+            })
+            .collect();
+        item["details"] = json!(calls);
+    } else if kind == "event" {
+        let scopes = [
+            ("session", run.session_id.clone()),
+            ("run", Some(run.run_id.clone())),
+            ("workflow", Some(run.workflow_id.clone())),
+            ("global", Some("global".to_string())),
+        ];
+        for (scope, scope_id) in scopes {
+            let Some(scope_id) = scope_id.filter(|s| !s.is_empty()) else {
+                continue;
+            };
+            let prefix = format!("evt:{scope}:{scope_id}:");
+            if let Some(name) = w.wait_key.strip_prefix(&prefix).filter(|n| !n.is_empty()) {
+                item["details"] = json!({"scope": scope, "name": name});
+                break;
+            }
+        }
+    }
+    Some(item)
+}
+
+/// The waits on a person in automation `id`'s occurrence trees (the
+/// occurrences and every run below them), oldest occurrence first, at most
+/// `limit`: `{run_id, wait_key, kind: "ask_user" | "tool_approval" |
+/// "event", reason, index, prompt?, choices?, details?}`. Live facts read
+/// from the runs waiting now (the run index), never attention items.
+/// Answer an `ask_user` wait with `stepwell resume RUN --payload
+/// '{"text": ...}'`.
+pub fn pending_waits(rt: &Runtime, id: &str, limit: usize) -> Result<Vec<Value>> {
+    controller(rt, id)?;
+    let mut rows = rt.store().list_run_index(&RunIndexQuery {
+        status: Some(RunStatus::Waiting),
+        automation_id: Some(vec![id.to_string()]),
+        role: Some(vec!["occurrence".into(), "descendant".into()]),
+        limit: Some(100_000),
+        ..Default::default()
+    })?;
+    rows.sort_by(|a, b| {
+        (a.occurrence_index.unwrap_or(-1), &a.created_at, &a.run_id).cmp(&(
+            b.occurrence_index.unwrap_or(-1),
+            &b.created_at,
+            &b.run_id,
+        ))
+    });
+    let mut out = Vec::new();
+    for row in rows {
+        if out.len() >= limit {
+            break;
+        }
+        let Some(run) = rt.store().load_run(&row.run_id)? else {
+            continue;
+        };
+        if let Some(mut item) = typed_wait(&run) {
+            item["index"] = run.vars["_meta"]["occurrence"]["occurrence_index"].clone();
+            out.push(item);
+        }
+    }
+    Ok(out)
+}

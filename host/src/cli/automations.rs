@@ -6,7 +6,7 @@ use clap::Subcommand;
 use serde_json::Value;
 use stepwell::automation::{
     apply_automation_command, create_automation, list_attention, list_automations,
-    list_occurrences, show_automation, Command,
+    list_occurrences, pending_waits, show_automation, Command,
 };
 use stepwell::{Error, Runtime};
 
@@ -73,6 +73,15 @@ pub enum AutomationCommand {
         /// At most this many (1..500).
         #[arg(long, default_value_t = 50)]
         limit: i64,
+    },
+    /// The waits on a person in an automation's occurrences (live: the
+    /// runs waiting now), oldest occurrence first.
+    Waits {
+        /// The automation id.
+        id: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
     },
     /// An automation's attention items (failures, notifications), oldest
     /// first.
@@ -230,6 +239,23 @@ pub fn run(
                 }
                 if let Some(c) = page["next_cursor"].as_str() {
                     println!("more: --cursor {c}");
+                }
+            }
+        }
+        AutomationCommand::Waits { id, limit } => {
+            let waits = pending_waits(rt, &id, limit)?;
+            if json {
+                println!("{}", Value::Array(waits));
+            } else {
+                for w in &waits {
+                    println!(
+                        "#{}  {}  run {}  key {}  {}",
+                        w["index"],
+                        w["kind"].as_str().unwrap_or_default(),
+                        w["run_id"].as_str().unwrap_or_default(),
+                        w["wait_key"].as_str().unwrap_or_default(),
+                        w["prompt"].as_str().unwrap_or_default(),
+                    );
                 }
             }
         }
