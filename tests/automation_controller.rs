@@ -750,3 +750,41 @@ fn a_replayed_creation_survives_a_moved_bundle() {
     }
     assert_eq!(automation_records(&h.rt, &first.automation_id).len(), 1);
 }
+
+/// A plugin trigger source drives an automation like a built-in one: the
+/// `cron@1` plugin's own state is kept in `source_state` and handed back
+/// to it; an occurrence fires at the tick's time.
+#[test]
+fn a_plugin_trigger_source_drives_an_automation() {
+    let clock = Arc::new(ManualClock::new(at("2026-12-01T07:00:00Z")));
+    let h = host(Backend::Sqlite, &clock);
+    let rt = stepwell::Runtime::builder(h.store.clone())
+        .engine(h.rt.engine().clone())
+        .clock(clock.clone() as Arc<dyn stepwell::Clock>)
+        .trigger_dir(repo().join("flows/triggers/plugins"))
+        .build()
+        .unwrap();
+    let mut req = request("cron", "echo", json!({"prompt": "x"}));
+    req["trigger"] = json!({"source_id": "cron", "source_version": 1,
+        "config": {"expression": "0 9 * * 1-5", "timezone": "Europe/Paris"}});
+    let id = create_automation(&rt, &req, at("2026-12-01T07:00:00Z"), None)
+        .unwrap()
+        .automation_id;
+    drive_until_idle(&rt, 100).unwrap();
+    let run = rt.get_state(&id).unwrap();
+    assert_eq!(
+        run.waiting.as_ref().unwrap().until.as_deref(),
+        Some("2026-12-01T08:00:00Z")
+    );
+    clock.set(at("2026-12-01T08:00:30Z"));
+    drive_until_idle(&rt, 100).unwrap();
+    let page = list_occurrences(&rt, &id, None, 50).unwrap();
+    assert_eq!(page["items"][0]["status"], "completed", "{page}");
+    assert_eq!(page["items"][0]["fired_at"], "2026-12-01T08:00:00Z");
+    let shown = show_automation(&rt, &id, at("2026-12-01T08:00:30Z")).unwrap();
+    assert_eq!(
+        shown["state"]["source_state"],
+        json!({"admitted": 1, "next_at": "2026-12-02T08:00:00Z", "next_tick": 1})
+    );
+    assert_eq!(shown["next_fire_at"], "2026-12-02T08:00:00Z");
+}

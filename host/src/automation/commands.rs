@@ -204,10 +204,11 @@ pub fn decide_command(
             if !paused {
                 return Ok(CommandDecision::Applied(json!({})));
             }
-            let mut rearmed = stored_object(
+            let rearmed = stored_object(
                 "the trigger's rearmed state",
                 rearm(definition, &trigger_state_of(state), &at, triggers)?,
             )?;
+            let mut rearmed = Value::Object(super::definition::stored_trigger_state(&rearmed));
             rearmed["paused"] = json!(false);
             CommandDecision::Applied(json!({"state": rearmed}))
         }
@@ -280,10 +281,18 @@ pub fn decide_command(
                     .get(&format!("{}@{}", b.source_id, b.source_version))
                     .map_err(trigger_error)?;
                 let fresh = source.initial_state(&b, &at).map_err(trigger_error)?;
-                delta["state"] = stored_object(
+                let rearmed = stored_object(
                     "the trigger's rearmed state",
                     source.rearm(&b, &fresh, &at).map_err(trigger_error)?,
                 )?;
+                let mut stored = super::definition::stored_trigger_state(&rearmed);
+                // The old source's own state does not carry over.
+                if state.get("source_state").is_some_and(|s| !s.is_null())
+                    && !stored.contains_key("source_state")
+                {
+                    stored.insert("source_state".into(), Value::Null);
+                }
+                delta["state"] = Value::Object(stored);
             }
             CommandDecision::Applied(delta)
         }

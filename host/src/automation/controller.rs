@@ -402,9 +402,7 @@ impl ControllerEffect {
                         &admission.payload,
                     )
                     .map_err(trigger_failure)?;
-                if let Value::Object(m) = admitted.state {
-                    trigger_update = m;
-                }
+                trigger_update = super::definition::stored_trigger_state(&admitted.state);
                 let first =
                     occurrence_run_id(&id, OccurrenceKind::Scheduled { revision, index }, 1);
                 (envelope_json(envelope), first, None)

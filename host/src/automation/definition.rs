@@ -825,8 +825,39 @@ pub fn automation_status(run: &RunState) -> AutomationStatus {
     }
 }
 
-/// The trigger-owned slice of a controller state: `{anchor, tick,
-/// scheduled_count, exhausted, source_state?}`.
+/// The keys every source's state shares with the controller's state.
+pub const SHARED_TRIGGER_KEYS: [&str; 4] = ["anchor", "tick", "scheduled_count", "exhausted"];
+
+/// A source's state as the controller keeps it: its shared keys
+/// ([`SHARED_TRIGGER_KEYS`]) as they are, and every other key of its own
+/// (a plugin's cursor, say) in `source_state`, merged with a
+/// `source_state` object the source returned itself. `schedule@1` and
+/// `manual@1` keep only shared keys: their state is the reference's.
+pub fn stored_trigger_state(source: &Value) -> Map<String, Value> {
+    let mut out = Map::new();
+    let Some(m) = source.as_object() else {
+        return out;
+    };
+    let mut own = match m.get("source_state") {
+        Some(Value::Object(o)) => o.clone(),
+        _ => Map::new(),
+    };
+    for (k, v) in m {
+        if SHARED_TRIGGER_KEYS.contains(&k.as_str()) {
+            out.insert(k.clone(), v.clone());
+        } else if k != "source_state" {
+            own.insert(k.clone(), v.clone());
+        }
+    }
+    if !own.is_empty() {
+        out.insert("source_state".into(), Value::Object(own));
+    }
+    out
+}
+
+/// The state the controller hands its trigger source: the shared keys
+/// `{anchor, tick, scheduled_count, exhausted}` (defaults `null`, 0, 0,
+/// false) and the keys of `source_state` (the source's own) beside them.
 pub fn trigger_state_of(state: &Value) -> Value {
     let mut out = json!({
         "anchor": state.get("anchor").cloned().unwrap_or(Value::Null),
@@ -834,8 +865,12 @@ pub fn trigger_state_of(state: &Value) -> Value {
         "scheduled_count": state.get("scheduled_count").and_then(Value::as_u64).unwrap_or(0),
         "exhausted": state.get("exhausted").and_then(Value::as_bool).unwrap_or(false),
     });
-    if let Some(s @ Value::Object(_)) = state.get("source_state") {
-        out["source_state"] = s.clone();
+    if let Some(Value::Object(own)) = state.get("source_state") {
+        for (k, v) in own {
+            if !SHARED_TRIGGER_KEYS.contains(&k.as_str()) {
+                out[k] = v.clone();
+            }
+        }
     }
     out
 }
@@ -843,23 +878,24 @@ pub fn trigger_state_of(state: &Value) -> Value {
 /// The controller's state at creation (`vars._runtime.automation`), from
 /// the definition and the trigger's initial state.
 pub fn initial_state(definition: &Value, trigger_state: &Value) -> Value {
-    let slice = trigger_state_of(trigger_state);
+    let stored = stored_trigger_state(trigger_state);
+    let shared = |k: &str, default: Value| stored.get(k).cloned().unwrap_or(default);
     let mut state = json!({
         "state_version": 0,
         "active_revision": definition["revision"].as_u64().unwrap_or(1),
         "pending_occurrence": null,
-        "anchor": slice["anchor"],
-        "tick": slice["tick"],
+        "anchor": shared("anchor", Value::Null),
+        "tick": shared("tick", json!(0)),
         "next_index": 1,
-        "scheduled_count": slice["scheduled_count"],
+        "scheduled_count": shared("scheduled_count", json!(0)),
         "paused": false,
         "attention_seq": 0,
-        "exhausted": slice["exhausted"],
+        "exhausted": shared("exhausted", json!(false)),
         "manual_pending": null,
         "last_outcome": null,
         "intent": null,
     });
-    if let Some(s) = slice.get("source_state") {
+    if let Some(s) = stored.get("source_state") {
         state["source_state"] = s.clone();
     }
     state

@@ -47,10 +47,10 @@ pub use controller::{build_prepared, controller_effects, TriggerCatalog};
 pub use decision::{decide, observe, Transition, Written};
 pub use definition::{
     automation_status, backoff_delay, build_definition, initial_state, revise_definition,
-    trigger_changed, trigger_state_of, validate_context, validate_email_recipients,
-    validate_notify, validate_policy, validate_target, validate_untrusted_input_tools,
-    AutomationStatus, DEFAULT_RETRY, DEFINITION_SCHEMA_VERSION, NOTIFY_BODY_MAX, NOTIFY_TITLE_MAX,
-    TITLE_MAX,
+    stored_trigger_state, trigger_changed, trigger_state_of, validate_context,
+    validate_email_recipients, validate_notify, validate_policy, validate_target,
+    validate_untrusted_input_tools, AutomationStatus, DEFAULT_RETRY, DEFINITION_SCHEMA_VERSION,
+    NOTIFY_BODY_MAX, NOTIFY_TITLE_MAX, SHARED_TRIGGER_KEYS, TITLE_MAX,
 };
 pub use envelope::{
     binding_source_uri, ensure_cloudevent_attributes, event_type, occurrence_origin,

@@ -480,7 +480,7 @@ impl TriggerSource for CronSource {
         s.admitted += 1;
         let admission = Admission {
             event_id: format!("cron@1:{}:{last}", binding.binding_id),
-            fired_at: format_time(now_us),
+            fired_at: format_time(at),
             payload,
         };
         Ok((Some(admission), state_value(&s)))
