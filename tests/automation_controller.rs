@@ -788,3 +788,126 @@ fn a_plugin_trigger_source_drives_an_automation() {
     );
     assert_eq!(shown["next_fire_at"], "2026-12-02T08:00:00Z");
 }
+
+/// A database of schema 4 (before the automation key index) gets the
+/// index when it is opened: automation lookups name it.
+#[test]
+fn a_schema_4_database_gets_the_automation_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.sqlite");
+    drop(stepwell::SqliteStore::open(&db).unwrap());
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute_batch("DROP INDEX ledger_automation; PRAGMA user_version = 4;")
+            .unwrap();
+    }
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let store: Arc<dyn stepwell::Store> = Arc::new(stepwell::SqliteStore::open(&db).unwrap());
+    let rt = stepwell::Runtime::builder(store)
+        .engine(stepwell_tests::engine())
+        .clock(clock as Arc<dyn stepwell::Clock>)
+        .build()
+        .unwrap();
+    let id = create_automation(&rt, &request("upgraded", "echo", json!({})), at(T0), None)
+        .unwrap()
+        .automation_id;
+    assert_eq!(
+        command(&rt, &id, "pause", "p1", "2026-01-01T00:00:01Z")["status"],
+        "applied"
+    );
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 5);
+}
+
+/// A revision from schedule@1 to a plugin source starts the trigger state
+/// afresh (shared keys at their initial values), and a plugin source that
+/// runs out is noted exhausted.
+#[test]
+fn a_revision_to_a_plugin_source_starts_afresh() {
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let h = host(Backend::Sqlite, &clock);
+    let rt = stepwell::Runtime::builder(h.store.clone())
+        .engine(h.rt.engine().clone())
+        .clock(clock.clone() as Arc<dyn stepwell::Clock>)
+        .trigger_dir(repo().join("flows/triggers/plugins"))
+        .build()
+        .unwrap();
+    let mut req = request("to-cron", "echo", json!({"prompt": "x"}));
+    req["trigger"]["config"] = json!({"start_at": T0, "every": "1h"});
+    let id = create_automation(&rt, &req, at(T0), None)
+        .unwrap()
+        .automation_id;
+    drive_until_idle(&rt, 100).unwrap();
+    let a = apply_automation_command(
+        &rt,
+        &Command {
+            automation_id: &id,
+            command_id: "r1",
+            command_type: "revise",
+            payload: Some(
+                &json!({"changes": {"trigger": {"source_id": "cron", "source_version": 1,
+                "config": {"expression": "0 * * * *", "count": 1}}}}),
+            ),
+            ..Command::default()
+        },
+        at(T0),
+    )
+    .unwrap();
+    assert_eq!(a["status"], "applied", "{a}");
+    let state = show_automation(&rt, &id, at(T0)).unwrap()["state"].clone();
+    assert_eq!(
+        (
+            &state["tick"],
+            &state["scheduled_count"],
+            &state["exhausted"]
+        ),
+        (&json!(0), &json!(0), &json!(false))
+    );
+    clock.set(at("2026-01-01T01:00:10Z"));
+    drive_until_idle(&rt, 100).unwrap();
+    clock.set(at("2026-01-01T03:00:10Z"));
+    drive_until_idle(&rt, 100).unwrap();
+    let shown = show_automation(&rt, &id, at("2026-01-01T03:00:10Z")).unwrap();
+    assert_eq!(
+        list_occurrences(&rt, &id, None, 50).unwrap()["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(shown["status"], "completed", "{shown}");
+    assert_eq!(shown["state"]["exhausted"], true);
+    // A host without the plugin still lists every automation, the one it
+    // cannot read with why.
+    let mut req = request("cron-active", "echo", json!({"prompt": "x"}));
+    req["trigger"] = json!({"source_id": "cron", "source_version": 1,
+                            "config": {"expression": "0 * * * *"}});
+    create_automation(&rt, &req, at("2026-01-01T03:00:10Z"), None).unwrap();
+    let listed =
+        stepwell::automation::list_automations(&h.rt, None, None, 50, at("2026-01-01T03:00:10Z"))
+            .unwrap();
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{listed}");
+    assert_eq!(
+        items[0]["error"]["reason_code"], "unknown_trigger_source",
+        "{listed}"
+    );
+}
+
+/// The one-bundle rule looks at what the recorded bundle defines now: a
+/// bundle that no longer defines the id does not hold it.
+#[test]
+fn a_bundle_that_no_longer_defines_an_id_does_not_hold_it() {
+    let h = host(Backend::Sqlite, &Arc::new(ManualClock::new(at(T0))));
+    let flow = |id: &str| json!({"workflow_id": id, "entry": "end", "nodes": {"end": {"complete": {"ok": true}}}});
+    let x = stepwell_tests::write_bundle(h.dir.path(), "x", &[("flow.json", flow("xw"))]);
+    h.rt.load_bundle(&x).unwrap();
+    let y = stepwell_tests::write_bundle(h.dir.path(), "y", &[("flow.json", flow("xw"))]);
+    assert!(h.rt.load_bundle(&y).is_err(), "x still defines xw");
+    stepwell_tests::write_bundle(h.dir.path(), "x", &[("flow.json", flow("xw2"))]);
+    h.rt.load_bundle(&y).unwrap();
+    assert_eq!(h.store.bundle_dir("xw").unwrap().unwrap(), y);
+}

@@ -286,6 +286,17 @@ pub fn decide_command(
                     source.rearm(&b, &fresh, &at).map_err(trigger_error)?,
                 )?;
                 let mut stored = super::definition::stored_trigger_state(&rearmed);
+                // A fresh trigger state: every shared key, from the new
+                // source or its initial value (a source that keeps none of
+                // them, a plugin, starts from zero too).
+                for (k, default) in [
+                    ("anchor", Value::Null),
+                    ("tick", json!(0)),
+                    ("scheduled_count", json!(0)),
+                    ("exhausted", json!(false)),
+                ] {
+                    stored.entry(k).or_insert(default);
+                }
                 // The old source's own state does not carry over.
                 if state.get("source_state").is_some_and(|s| !s.is_null())
                     && !stored.contains_key("source_state")

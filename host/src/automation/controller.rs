@@ -292,13 +292,31 @@ impl EffectHandler for ControllerEffect {
 }
 
 impl ControllerEffect {
-    fn wait(&self, turn: Turn<'_>) -> Result<Outcome> {
+    fn wait(&self, mut turn: Turn<'_>) -> Result<Outcome> {
         let definition = turn.definition()?;
         let state = turn.state()?;
         let triggers = self.catalog.registry()?;
         match plan_wait(&definition, &state, turn.now, &triggers)? {
             WaitPlan::Go => turn.finish("go", Then::Continue(Value::Null)),
-            WaitPlan::End => turn.finish("end", Then::Continue(Value::Null)),
+            WaitPlan::End => {
+                // A source that keeps no `exhausted` of its own (a plugin)
+                // has it noted once it says it will never fire again.
+                let nothing_pending =
+                    state["pending_occurrence"].is_null() && state["manual_pending"].is_null();
+                let archived = !definition["archived_at"].is_null();
+                if nothing_pending && !archived && state["exhausted"] != Value::Bool(true) {
+                    if let Some(s) = turn
+                        .run
+                        .vars
+                        .get_mut("_runtime")
+                        .and_then(|r| r.get_mut("automation"))
+                        .and_then(Value::as_object_mut)
+                    {
+                        s.insert("exhausted".into(), Value::Bool(true));
+                    }
+                }
+                turn.finish("end", Then::Continue(Value::Null))
+            }
             WaitPlan::Park(until) => {
                 let wait = WaitState {
                     reason: WaitReason::Event,

@@ -271,7 +271,15 @@ pub fn create_automation(
         at: &at,
     };
     let record = observe(&run, &[], &t)?.record;
-    let mut txn = rt.hold_new(&id)?;
+    let mut txn = match rt.hold_new(&id) {
+        Ok(txn) => txn,
+        // Another thread of this process is creating it right now.
+        Err(Error::Conflict { .. }) => {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            return create_automation(rt, request, now, principal);
+        }
+        Err(e) => return Err(e),
+    };
     match txn.commit(record.into_iter().collect(), &mut run) {
         Ok(()) => Ok(Created {
             automation_id: id,
@@ -534,7 +542,16 @@ fn apply_held(
     txn.commit(records, &mut run)?;
     drop(txn);
     if status == "applied" && special {
-        follow_up(rt, &id, kind, command_id)?;
+        // Recorded: a conflict from here on is not the command's (the
+        // caller must not decide it again).
+        follow_up(rt, &id, kind, command_id).map_err(|e| match e {
+            Error::Conflict { .. } => automation_error(
+                "conflict",
+                None,
+                format!("the command was recorded; its follow-up could not run yet (send it again): {e}"),
+            ),
+            other => other,
+        })?;
     }
     Ok(answer(&written.payload, false))
 }
@@ -707,7 +724,17 @@ pub fn list_automations(
                 .map(|(c, r, _): &(String, String, Value)| automations_cursor(c, r));
             break;
         }
-        let summary = automation_summary(&run, now, &triggers)?;
+        // One automation that cannot be summarised (its trigger source is
+        // not loaded here, say) does not hide the others.
+        let summary = match automation_summary(&run, now, &triggers) {
+            Ok(s) => s,
+            Err(e) => json!({
+                "automation_id": run_id,
+                "title": run.vars["_meta"]["automation"]["title"],
+                "status": automation_status(&run).as_str(),
+                "error": e.to_json(),
+            }),
+        };
         items.push((created, run_id, summary));
     }
     Ok(json!({

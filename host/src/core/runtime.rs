@@ -184,6 +184,23 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// Whether the bundle at `dir` still defines `workflow_id` (its flow files
+/// are read, not loaded).
+fn defines(dir: &std::path::Path, workflow_id: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.filter_map(|e| e.ok()).any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        (name == flow::MAIN_FLOW_FILE || name.ends_with(".flow.json"))
+            && std::fs::read(e.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .is_some_and(|d| d["workflow_id"] == workflow_id)
+    })
+}
+
 fn valid_run_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 200
@@ -264,7 +281,7 @@ impl Runtime {
         // id execute.
         for wf in &bundle.workflows {
             if let Some(recorded) = self.store().bundle_dir(&wf.workflow_id)? {
-                if recorded != bundle.dir && recorded.join(flow::MAIN_FLOW_FILE).is_file() {
+                if recorded != bundle.dir && defines(&recorded, &wf.workflow_id) {
                     return Err(Error::Flow(flow::FlowError {
                         path: wf.source.clone(),
                         field: "workflow_id".into(),
