@@ -109,6 +109,17 @@ fn automation_records(rt: &Runtime, id: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Another runtime on `h`'s store that also loads the plugin trigger
+/// sources of `flows/triggers/plugins` (`cron@1`).
+fn plugin_runtime(h: &Host, clock: &Arc<ManualClock>) -> Runtime {
+    stepwell::Runtime::builder(h.store.clone())
+        .engine(h.rt.engine().clone())
+        .clock(clock.clone() as Arc<dyn stepwell::Clock>)
+        .trigger_dir(repo().join("flows/triggers/plugins"))
+        .build()
+        .unwrap()
+}
+
 fn host(b: Backend, clock: &Arc<ManualClock>) -> Host {
     Host::with_clock(b, clock.clone())
 }
@@ -758,12 +769,7 @@ fn a_replayed_creation_survives_a_moved_bundle() {
 fn a_plugin_trigger_source_drives_an_automation() {
     let clock = Arc::new(ManualClock::new(at("2026-12-01T07:00:00Z")));
     let h = host(Backend::Sqlite, &clock);
-    let rt = stepwell::Runtime::builder(h.store.clone())
-        .engine(h.rt.engine().clone())
-        .clock(clock.clone() as Arc<dyn stepwell::Clock>)
-        .trigger_dir(repo().join("flows/triggers/plugins"))
-        .build()
-        .unwrap();
+    let rt = plugin_runtime(&h, &clock);
     let mut req = request("cron", "echo", json!({"prompt": "x"}));
     req["trigger"] = json!({"source_id": "cron", "source_version": 1,
         "config": {"expression": "0 9 * * 1-5", "timezone": "Europe/Paris"}});
@@ -829,12 +835,7 @@ fn a_schema_4_database_gets_the_automation_index() {
 fn a_revision_to_a_plugin_source_starts_afresh() {
     let clock = Arc::new(ManualClock::new(at(T0)));
     let h = host(Backend::Sqlite, &clock);
-    let rt = stepwell::Runtime::builder(h.store.clone())
-        .engine(h.rt.engine().clone())
-        .clock(clock.clone() as Arc<dyn stepwell::Clock>)
-        .trigger_dir(repo().join("flows/triggers/plugins"))
-        .build()
-        .unwrap();
+    let rt = plugin_runtime(&h, &clock);
     let mut req = request("to-cron", "echo", json!({"prompt": "x"}));
     req["trigger"]["config"] = json!({"start_at": T0, "every": "1h"});
     let id = create_automation(&rt, &req, at(T0), None)
