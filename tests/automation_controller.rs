@@ -780,19 +780,19 @@ fn a_plugin_trigger_source_drives_an_automation() {
     let run = rt.get_state(&id).unwrap();
     assert_eq!(
         run.waiting.as_ref().unwrap().until.as_deref(),
-        Some("2026-12-01T08:00:00Z")
+        Some("2026-12-01T08:00:00+00:00")
     );
     clock.set(at("2026-12-01T08:00:30Z"));
     drive_until_idle(&rt, 100).unwrap();
     let page = list_occurrences(&rt, &id, None, 50).unwrap();
     assert_eq!(page["items"][0]["status"], "completed", "{page}");
-    assert_eq!(page["items"][0]["fired_at"], "2026-12-01T08:00:00Z");
+    assert_eq!(page["items"][0]["fired_at"], "2026-12-01T08:00:00+00:00");
     let shown = show_automation(&rt, &id, at("2026-12-01T08:00:30Z")).unwrap();
     assert_eq!(
         shown["state"]["source_state"],
         json!({"admitted": 1, "next_at": "2026-12-02T08:00:00Z", "next_tick": 1})
     );
-    assert_eq!(shown["next_fire_at"], "2026-12-02T08:00:00Z");
+    assert_eq!(shown["next_fire_at"], "2026-12-02T08:00:00+00:00");
 }
 
 /// A database of schema 4 (before the automation key index) gets the

@@ -500,7 +500,7 @@ fn envelope_json(e: Envelope) -> Value {
         "event_id": e.event_id,
         "source_id": e.source_id,
         "source_version": e.source_version,
-        "fired_at": e.fired_at,
+        "fired_at": super::time::respell(&e.fired_at),
         "payload": e.payload,
         "binding_id": e.binding_id,
     }));

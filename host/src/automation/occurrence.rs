@@ -219,7 +219,9 @@ pub fn plan_wait(
             crate::triggers::Wait::Exhausted => WaitPlan::End,
             crate::triggers::Wait::Idle => WaitPlan::Park(None),
             crate::triggers::Wait::Until { until } if due(&until) => WaitPlan::Go,
-            crate::triggers::Wait::Until { until } => WaitPlan::Park(Some(until)),
+            crate::triggers::Wait::Until { until } => {
+                WaitPlan::Park(Some(super::time::respell(&until)))
+            }
         },
     )
 }

@@ -13,6 +13,12 @@ use super::AutomationError;
 /// The longest duration accepted: 366 days, in seconds.
 pub const MAX_DURATION_SECONDS: i64 = 366 * 86_400;
 
+/// A time a trigger source wrote (a plugin may write `Z`) in the
+/// automation layer's spelling; text that is not a time is kept as it is.
+pub fn respell(t: &str) -> String {
+    parse_timestamp(t, "time").map_or_else(|_| t.to_string(), format_timestamp)
+}
+
 /// `t` in the reference's spelling (`2026-01-01T00:02:00+00:00`,
 /// `2026-01-01T00:02:00.250000+00:00`). Sub-microsecond digits are dropped.
 pub fn format_timestamp(t: DateTime<Utc>) -> String {

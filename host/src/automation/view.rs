@@ -102,10 +102,11 @@ pub fn next_fire_at(
         return Ok(None);
     };
     if parse_timestamp(&until, "until").is_ok_and(|u| u > now) {
-        return Ok(Some(until));
+        return Ok(Some(super::time::respell(&until)));
     }
     let admitted = source.admit(&b, &slice, &at).map_err(trigger_error)?;
-    Ok(Some(admitted.admission.map_or(until, |a| a.fired_at)))
+    let due = admitted.admission.map_or(until, |a| a.fired_at);
+    Ok(Some(super::time::respell(&due)))
 }
 
 /// A stored run time in the automation layer's spelling (`+00:00`).
