@@ -120,6 +120,14 @@ fn plugin_runtime(h: &Host, clock: &Arc<ManualClock>) -> Runtime {
         .unwrap()
 }
 
+/// How many occurrences automation `id` has had.
+fn occurrence_count(rt: &Runtime, id: &str) -> usize {
+    list_occurrences(rt, id, None, 50).unwrap()["items"]
+        .as_array()
+        .unwrap()
+        .len()
+}
+
 fn host(b: Backend, clock: &Arc<ManualClock>) -> Host {
     Host::with_clock(b, clock.clone())
 }
@@ -524,13 +532,7 @@ fn a_one_shot_fires_once_and_the_controller_completes() {
     assert_eq!(h.rt.get_state(&id).unwrap().status, RunStatus::Completed);
     let shown = show_automation(&h.rt, &id, at("2026-01-01T01:00:05Z")).unwrap();
     assert_eq!(shown["status"], "completed");
-    assert_eq!(
-        list_occurrences(&h.rt, &id, None, 50).unwrap()["items"]
-            .as_array()
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(occurrence_count(&h.rt, &id), 1);
 }
 
 /// The controller loops for as long as the automation lives: the limit on
@@ -559,13 +561,7 @@ fn a_controller_outlives_the_node_step_limit() {
     let run = h.rt.get_state(&id).unwrap();
     assert_eq!(run.status, RunStatus::Waiting, "{:?}", run.error);
     assert!(run.vars["_runtime"]["node_visits"].as_u64().unwrap() > 100);
-    assert_eq!(
-        list_occurrences(&h.rt, &id, None, 50).unwrap()["items"]
-            .as_array()
-            .unwrap()
-            .len(),
-        21
-    );
+    assert_eq!(occurrence_count(&h.rt, &id), 21);
 }
 
 /// No bundle may define the controller's workflow: its host effects
@@ -872,13 +868,7 @@ fn a_revision_to_a_plugin_source_starts_afresh() {
     clock.set(at("2026-01-01T03:00:10Z"));
     drive_until_idle(&rt, 100).unwrap();
     let shown = show_automation(&rt, &id, at("2026-01-01T03:00:10Z")).unwrap();
-    assert_eq!(
-        list_occurrences(&rt, &id, None, 50).unwrap()["items"]
-            .as_array()
-            .unwrap()
-            .len(),
-        2
-    );
+    assert_eq!(occurrence_count(&rt, &id), 2);
     assert_eq!(shown["status"], "completed", "{shown}");
     assert_eq!(shown["state"]["exhausted"], true);
     // A host without the plugin still lists every automation, the one it

@@ -41,7 +41,7 @@ use super::AutomationError;
 use crate::core::config::StartOptions;
 use crate::core::model::{RunState, StepRecord, WaitReason, WaitState};
 use crate::core::{Error, Result};
-use crate::effects::subworkflow::wait_key;
+use crate::effects::subworkflow::{child_wait, OnChildFailure};
 use crate::effects::{EffectClass, EffectCx, EffectHandler, HostChange, Outcome, Then};
 use crate::triggers::{Envelope, TriggerRegistry};
 use crate::wasm::WasmEngine;
@@ -88,24 +88,15 @@ impl TriggerCatalog {
 
 /// The controller's host effects, sharing `catalog`.
 pub fn controller_effects(catalog: Arc<TriggerCatalog>) -> Vec<Arc<dyn EffectHandler>> {
-    vec![
-        Arc::new(ControllerEffect {
-            node: Node::Wait,
-            catalog: catalog.clone(),
-        }),
-        Arc::new(ControllerEffect {
-            node: Node::Admit,
-            catalog: catalog.clone(),
-        }),
-        Arc::new(ControllerEffect {
-            node: Node::Dispatch,
-            catalog: catalog.clone(),
-        }),
-        Arc::new(ControllerEffect {
-            node: Node::RecordOutcome,
-            catalog,
-        }),
-    ]
+    [Node::Wait, Node::Admit, Node::Dispatch, Node::RecordOutcome]
+        .into_iter()
+        .map(|node| {
+            Arc::new(ControllerEffect {
+                node,
+                catalog: catalog.clone(),
+            }) as Arc<dyn EffectHandler>
+        })
+        .collect()
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -150,24 +141,23 @@ impl<'a> Turn<'a> {
         self.run.run_id.clone()
     }
 
-    fn definition(&self) -> Result<Value> {
+    /// The object at `<top>.automation` of the controller's vars.
+    fn part(&self, top: &str, what: &str) -> Result<Value> {
         self.run
             .vars
-            .get("_meta")
+            .get(top)
             .and_then(|m| m.get("automation"))
             .filter(|d| d.is_object())
             .cloned()
-            .ok_or_else(|| seam("the controller has no _meta.automation definition"))
+            .ok_or_else(|| seam(format!("the controller has no {top}.automation {what}")))
+    }
+
+    fn definition(&self) -> Result<Value> {
+        self.part("_meta", "definition")
     }
 
     fn state(&self) -> Result<Value> {
-        self.run
-            .vars
-            .get("_runtime")
-            .and_then(|r| r.get("automation"))
-            .filter(|s| s.is_object())
-            .cloned()
-            .ok_or_else(|| seam("the controller has no _runtime.automation state"))
+        self.part("_runtime", "state")
     }
 
     fn ledger_for(&self, name: &str, discriminator: &str) -> Result<Vec<StepRecord>> {
@@ -727,21 +717,7 @@ fn dispatch(mut turn: Turn<'_>) -> Result<Outcome> {
     // already (a dispatch replayed after a crash, whose run went on): the
     // driver resumes a parent whose child ended, so a replay writes the
     // same records as a first try.
-    let wait = WaitState {
-        reason: WaitReason::Subworkflow,
-        wait_key: wait_key(&child_id),
-        until: None,
-        resume_to_node: None,
-        result_key: None,
-        prompt: None,
-        choices: None,
-        details: Some(json!({
-            "sub_run_id": child_id,
-            "sub_workflow_id": workflow_id,
-            "async": true,
-            "on_child_failure": "data",
-        })),
-    };
+    let wait = child_wait(&child_id, workflow_id, true, OnChildFailure::Data);
     turn.finish("record_outcome", Then::Wait(Box::new(wait)))
 }
 

@@ -496,14 +496,7 @@ impl Runtime {
                         txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
                     );
                 }
-                if let Some(key) = &effect.result_key {
-                    template::assign(&mut run.vars, key, result.clone());
-                }
-                records.push(StepRecord {
-                    result: Some(result.clone()),
-                    ..outcome_record(&base, StepStatus::Completed, &ended_at)
-                });
-                go(run, target, Some(result));
+                complete_effect(run, &mut records, &base, &ended_at, target, result);
             }
             Outcome::Waiting(mut wait) => {
                 wait.resume_to_node = match target {
@@ -522,15 +515,7 @@ impl Runtime {
                         );
                     }
                 };
-                wait.result_key = effect.result_key.clone();
-                records.push(StepRecord {
-                    result: Some(json!({ "wait": wait })),
-                    ..outcome_record(&base, StepStatus::Waiting, &ended_at)
-                });
-                set_attempt(run, 1);
-                run.status = RunStatus::Waiting;
-                mark_wait(run);
-                run.waiting = Some(*wait);
+                park(run, &mut records, &base, &ended_at, *wait);
             }
             Outcome::HostChange(change) => {
                 let change = *change;
@@ -567,29 +552,14 @@ impl Runtime {
                 let target = route.unwrap_or(target);
                 match change.then {
                     Then::Continue(result) => {
-                        if let Some(key) = &effect.result_key {
-                            template::assign(&mut run.vars, key, result.clone());
-                        }
-                        records.push(StepRecord {
-                            result: Some(result.clone()),
-                            ..outcome_record(&base, StepStatus::Completed, &ended_at)
-                        });
-                        go(run, target, Some(result));
+                        complete_effect(run, &mut records, &base, &ended_at, target, result);
                     }
                     Then::Wait(mut wait) => {
                         wait.resume_to_node = match target {
                             Target::Node(n) => Some(n),
                             _ => None,
                         };
-                        wait.result_key = effect.result_key.clone();
-                        records.push(StepRecord {
-                            result: Some(json!({ "wait": wait })),
-                            ..outcome_record(&base, StepStatus::Waiting, &ended_at)
-                        });
-                        set_attempt(run, 1);
-                        run.status = RunStatus::Waiting;
-                        mark_wait(run);
-                        run.waiting = Some(*wait);
+                        park(run, &mut records, &base, &ended_at, *wait);
                     }
                 }
             }
@@ -845,6 +815,46 @@ impl Runtime {
         fail(run, msg, ended_at);
         txn.commit(records, run)
     }
+}
+
+/// The end of an effect that completed with `result`: written to the
+/// effect's result key, recorded, and the run goes on to `target`.
+fn complete_effect(
+    run: &mut RunState,
+    records: &mut Vec<StepRecord>,
+    base: &StepRecord,
+    ended_at: &str,
+    target: Target,
+    result: Value,
+) {
+    if let Some(key) = base.effect.as_ref().and_then(|e| e.result_key.as_deref()) {
+        template::assign(&mut run.vars, key, result.clone());
+    }
+    records.push(StepRecord {
+        result: Some(result.clone()),
+        ..outcome_record(base, StepStatus::Completed, ended_at)
+    });
+    go(run, target, Some(result));
+}
+
+/// Parks the run on `wait` (its `resume_to_node` set): the wait takes the
+/// effect's result key, is recorded, and the run is waiting.
+fn park(
+    run: &mut RunState,
+    records: &mut Vec<StepRecord>,
+    base: &StepRecord,
+    ended_at: &str,
+    mut wait: WaitState,
+) {
+    wait.result_key = base.effect.as_ref().and_then(|e| e.result_key.clone());
+    records.push(StepRecord {
+        result: Some(json!({ "wait": wait })),
+        ..outcome_record(base, StepStatus::Waiting, ended_at)
+    });
+    set_attempt(run, 1);
+    run.status = RunStatus::Waiting;
+    mark_wait(run);
+    run.waiting = Some(wait);
 }
 
 /// The error of a step that failed in a run whose workflow's steps never

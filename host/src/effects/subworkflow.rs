@@ -327,20 +327,37 @@ impl EffectHandler for StartSubworkflow {
         if child.status.is_terminal() {
             return Ok(ended_child(&child, policy));
         }
-        Ok(Outcome::Waiting(Box::new(WaitState {
-            reason: WaitReason::Subworkflow,
-            wait_key: wait_key(&child_id),
-            until: None,
-            resume_to_node: None,
-            result_key: None,
-            prompt: None,
-            choices: None,
-            details: Some(json!({
-                "sub_run_id": child_id,
-                "sub_workflow_id": workflow_id,
-                "async": is_async,
-                "on_child_failure": policy.as_str(),
-            })),
-        })))
+        Ok(Outcome::Waiting(Box::new(child_wait(
+            &child_id,
+            &workflow_id,
+            is_async,
+            policy,
+        ))))
+    }
+}
+
+/// The wait of a parent on child `child_id` (of `workflow_id`): reason
+/// `subworkflow`, key [`wait_key`], with what the driver needs to resume
+/// it when the child ends (`on_child_failure`).
+pub fn child_wait(
+    child_id: &str,
+    workflow_id: &str,
+    is_async: bool,
+    policy: OnChildFailure,
+) -> WaitState {
+    WaitState {
+        reason: WaitReason::Subworkflow,
+        wait_key: wait_key(child_id),
+        until: None,
+        resume_to_node: None,
+        result_key: None,
+        prompt: None,
+        choices: None,
+        details: Some(json!({
+            "sub_run_id": child_id,
+            "sub_workflow_id": workflow_id,
+            "async": is_async,
+            "on_child_failure": policy.as_str(),
+        })),
     }
 }
