@@ -588,24 +588,30 @@ fn the_controller_workflow_id_is_reserved() {
 #[test]
 fn controller_effects_refuse_other_workflows() {
     let h = host(Backend::Memory, &Arc::new(ManualClock::new(at(T0))));
-    let dir = stepwell_tests::write_bundle(
-        h.dir.path(),
-        "borrower",
-        &[(
-            "flow.json",
-            json!({"workflow_id": "borrower", "entry": "admit",
-                   "nodes": {"admit": {"effect": "automation.admit", "next": "end"},
-                             "end": {"complete": {"ok": true}}}}),
-        )],
-    );
-    h.rt.load_bundle(&dir).unwrap();
-    let run = h.rt.run("borrower", Default::default()).unwrap();
-    assert_eq!(run.status, RunStatus::Failed);
-    let error = run.error.unwrap();
-    assert!(
-        error.starts_with("invalid_effect") && error.contains("automation controller"),
-        "{error}"
-    );
+    for (i, kind) in stepwell::automation::core::protocol::EFFECTS
+        .iter()
+        .enumerate()
+    {
+        let workflow = format!("borrower{i}");
+        let dir = stepwell_tests::write_bundle(
+            h.dir.path(),
+            &workflow,
+            &[(
+                "flow.json",
+                json!({"workflow_id": workflow, "entry": "take",
+                       "nodes": {"take": {"effect": kind, "next": "end"},
+                                 "end": {"complete": {"ok": true}}}}),
+            )],
+        );
+        h.rt.load_bundle(&dir).unwrap();
+        let run = h.rt.run(&workflow, Default::default()).unwrap();
+        assert_eq!(run.status, RunStatus::Failed, "{kind}");
+        let error = run.error.unwrap();
+        assert!(
+            error.starts_with("invalid_effect") && error.contains("automation controller"),
+            "{kind}: {error}"
+        );
+    }
 }
 
 /// One workflow id names one bundle per store: an automation whose bundle

@@ -29,46 +29,39 @@ mod commands;
 mod controller;
 mod decision;
 mod definition;
-mod envelope;
-mod error;
-mod ids;
 mod occurrence;
 mod outcome;
 mod queries;
 mod service;
-mod time;
 mod view;
+
+use stepwell_automation_core::{envelope, ids, time};
+
+/// The controller's decisions with no I/O, shared with its WebAssembly
+/// nodes: the crate `stepwell-automation-core` (its [`node`](core::node)
+/// decisions and the [`protocol`](core::protocol) of the host effects).
+pub use stepwell_automation_core as core;
 
 pub use commands::{
     command_digest, command_observation, command_type, decide_command, CommandDecision,
     Observation, COMMAND_TYPES,
 };
-pub use controller::{build_prepared, controller_effects, TriggerCatalog};
+pub use controller::{controller_effects, TriggerCatalog};
 pub use decision::{decide, observe, Transition, Written};
 pub use definition::{
     automation_status, backoff_delay, build_definition, initial_state, revise_definition,
     stored_trigger_state, trigger_changed, trigger_state_of, validate_context,
     validate_email_recipients, validate_notify, validate_policy, validate_target,
-    validate_untrusted_input_tools, AutomationStatus, DEFAULT_RETRY, DEFINITION_SCHEMA_VERSION,
-    NOTIFY_BODY_MAX, NOTIFY_TITLE_MAX, SHARED_TRIGGER_KEYS, TITLE_MAX,
-};
-pub use envelope::{
-    binding_source_uri, ensure_cloudevent_attributes, event_type, occurrence_origin,
-    occurrence_vars, prompt_header, to_cloudevent, DATACONTENTTYPE, SPECVERSION,
-};
-pub use error::{static_reason_code, AutomationError};
-pub use ids::{
-    automation_id, automation_session_id, binding_id, canonical_json, discussion_ids,
-    occurrence_run_id, record_key, request_digest, wake_wait_key, OccurrenceKind,
-    AUTOMATION_NAMESPACE, CONTROLLER_BUNDLE_ID, CONTROLLER_BUNDLE_REF, CONTROLLER_BUNDLE_VERSION,
-    CONTROLLER_FLOW_ID, CONTROLLER_WORKFLOW_ID, RECORD_SCHEMA_VERSION,
+    validate_untrusted_input_tools, AutomationStatus, TriggerCheck, DEFAULT_RETRY,
+    DEFINITION_SCHEMA_VERSION, NOTIFY_BODY_MAX, NOTIFY_TITLE_MAX, SHARED_TRIGGER_KEYS, TITLE_MAX,
 };
 pub use occurrence::{
-    definition_ends, plan_dispatch, plan_outcome, plan_wait, wake_payload, Planned, WaitPlan,
+    definition_ends, plan_dispatch, plan_outcome, plan_wait, plan_wait_locally, trigger_wait,
+    wait_after_prepare, wake_payload, WaitPlan,
 };
 pub use outcome::{
-    complete_occurrence, current_occurrence, normalize_occurrence_output, notify_payload,
-    Completion, OccurrenceOutcome, NOTIFY_DEFAULT_BODY_MAX,
+    child_view, complete_occurrence, current_occurrence, normalize_occurrence_output,
+    notify_payload, ChildView, Completion, OccurrenceOutcome, NOTIFY_DEFAULT_BODY_MAX,
 };
 pub use queries::{
     attention_cursor, attention_page, automation_record, automation_records, automations_cursor,
@@ -81,7 +74,22 @@ pub use service::{
     list_automations, list_occurrences, pending_waits, show_automation, Command, Created,
     IdleReport, MAX_INPUT_DATA_BYTES,
 };
-pub use time::{format_timestamp, parse_duration, parse_timestamp, MAX_DURATION_SECONDS};
+pub use stepwell_automation_core::envelope::{
+    binding_source_uri, ensure_cloudevent_attributes, event_type, occurrence_origin,
+    occurrence_vars, prompt_header, to_cloudevent, DATACONTENTTYPE, SPECVERSION,
+};
+pub use stepwell_automation_core::ids::{
+    automation_id, automation_session_id, binding_id, canonical_json, discussion_ids,
+    occurrence_run_id, record_key, request_digest, wake_wait_key, OccurrenceKind,
+    AUTOMATION_NAMESPACE, CONTROLLER_BUNDLE_ID, CONTROLLER_BUNDLE_REF, CONTROLLER_BUNDLE_VERSION,
+    CONTROLLER_FLOW_ID, CONTROLLER_WORKFLOW_ID, RECORD_SCHEMA_VERSION,
+};
+pub use stepwell_automation_core::protocol::Planned;
+pub use stepwell_automation_core::time::{
+    format_timestamp, parse_duration, parse_timestamp, MAX_DURATION_SECONDS,
+};
+pub use stepwell_automation_core::{admitted_envelope, build_prepared};
+pub use stepwell_automation_core::{static_reason_code, AutomationError};
 pub use view::{automation_summary, get_automation, next_fire_at, HISTORY_REPLAY_MAX_TOKENS};
 
 /// The controller's workflow (`CONTROLLER_WORKFLOW_ID`), from the flow

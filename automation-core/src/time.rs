@@ -8,7 +8,7 @@
 
 use chrono::{DateTime, Datelike, Duration, SecondsFormat, Timelike, Utc};
 
-use super::AutomationError;
+use crate::AutomationError;
 
 /// The longest duration accepted: 366 days, in seconds.
 pub const MAX_DURATION_SECONDS: i64 = 366 * 86_400;

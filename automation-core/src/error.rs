@@ -48,7 +48,7 @@ impl AutomationError {
 }
 
 /// The reason codes of the automation layer, as `'static` strings (for
-/// [`crate::Error::reason_code`]); an unknown one reads `automation_error`.
+/// the host's `Error::reason_code`); an unknown one reads `automation_error`.
 pub fn static_reason_code(code: &str) -> &'static str {
     const CODES: [&str; 14] = [
         "invalid_definition",

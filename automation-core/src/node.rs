@@ -1,0 +1,559 @@
+//! What each node of the controller decides.
+//!
+//! A node sees the controller's vars ([`Controller`]): the definition
+//! (`_meta.automation`), the state (`_runtime.automation`), the step's
+//! `now`, and the answer of the host effect it asked for on its previous
+//! visit ([`crate::protocol::FACTS_KEY`]). It answers with a [`Step`]: a
+//! route, a question to the host (after which it runs again), a commit of
+//! decisions, the wake wait, or the start of the occurrence's run.
+
+use chrono::{DateTime, Utc};
+use serde_json::{json, Map, Value};
+
+use crate::admission::{admitted_envelope, build_prepared};
+use crate::definition::stored_trigger_state;
+use crate::ids::{occurrence_run_id, OccurrenceKind};
+use crate::occurrence::{
+    definition_ends, plan_dispatch, plan_outcome, plan_wait_locally, wait_after_prepare, WaitPlan,
+};
+use crate::outcome::{complete_occurrence, ChildView};
+use crate::protocol::{Commit, Entry, Observed, Park, Planned, TriggerAnswer, TriggerCall};
+use crate::time::{format_timestamp, parse_timestamp};
+use crate::{into_map, set, AutomationError};
+
+/// What a node does next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Follow this route of the node, changing nothing.
+    Route(&'static str),
+    /// Ask the host to call the trigger source; the node runs again with
+    /// the answer.
+    AskTrigger(TriggerCall),
+    /// Ask the host for the attempt's run; the node runs again with it.
+    ReadOccurrence(String),
+    /// Commit these records (and notes), park if it says so, then follow
+    /// the route.
+    Commit(Commit, &'static str),
+    /// Start the dispatched attempt's run (if absent) and wait for it.
+    StartOccurrence(String),
+}
+
+/// What a node sees of the controller run.
+#[derive(Debug, Clone, Copy)]
+pub struct Controller<'a> {
+    /// The automation's id (the controller run's id).
+    pub id: &'a str,
+    /// `_meta.automation`.
+    pub definition: &'a Value,
+    /// `_runtime.automation`.
+    pub state: &'a Value,
+    /// `_meta.automation_owner`, when the creator named one.
+    pub owner: Option<&'a str>,
+    /// The step's time.
+    pub now: DateTime<Utc>,
+    /// The answer of the host effect asked for on the previous visit.
+    pub facts: Option<&'a Value>,
+    /// What the dispatch's wait wrote when the attempt's run ended.
+    pub dispatch: Option<&'a Value>,
+}
+
+fn pending(state: &Value) -> Option<&Value> {
+    state.get("pending_occurrence").filter(|p| p.is_object())
+}
+
+fn commit(entries: Vec<Entry>, route: &'static str) -> Step {
+    Step::Commit(
+        Commit {
+            entries,
+            ..Commit::default()
+        },
+        route,
+    )
+}
+
+impl Controller<'_> {
+    fn trigger_answer(&self) -> Option<TriggerAnswer> {
+        self.facts
+            .and_then(|f| serde_json::from_value::<TriggerAnswer>(f.clone()).ok())
+    }
+
+    /// `read_definition`: `end` when nothing is pending and the automation
+    /// is archived or its trigger exhausted; else `continue`.
+    pub fn read_definition(&self) -> Step {
+        if definition_ends(self.definition, self.state) {
+            Step::Route("end")
+        } else {
+            Step::Route("continue")
+        }
+    }
+
+    /// `wait`: [`plan_wait_locally`], else the trigger's `prepare`
+    /// ([`wait_after_prepare`]): `go` on to `admit`, park on the wake wait,
+    /// or `end` (noting a source that ran out as exhausted).
+    pub fn wait(&self) -> Step {
+        let plan = match plan_wait_locally(self.definition, self.state, self.now) {
+            Some(plan) => plan,
+            None => match self.trigger_answer() {
+                Some(TriggerAnswer::Prepare { wait }) => wait_after_prepare(&wait, self.now),
+                _ => return Step::AskTrigger(TriggerCall::Prepare),
+            },
+        };
+        match plan {
+            WaitPlan::Go => Step::Route("go"),
+            WaitPlan::Park(until) => Step::Commit(
+                Commit {
+                    park: Some(Park { until }),
+                    ..Commit::default()
+                },
+                "go",
+            ),
+            WaitPlan::End => {
+                // A source that keeps no `exhausted` of its own (a plugin)
+                // has it noted once it says it will never fire again.
+                let nothing_pending = self.state["pending_occurrence"].is_null()
+                    && self.state["manual_pending"].is_null();
+                let archived = !self.definition["archived_at"].is_null();
+                if nothing_pending && !archived && self.state["exhausted"] != Value::Bool(true) {
+                    Step::Commit(
+                        Commit {
+                            note_exhausted: true,
+                            ..Commit::default()
+                        },
+                        "end",
+                    )
+                } else {
+                    Step::Route("end")
+                }
+            }
+        }
+    }
+
+    /// `admit`: a pending occurrence is cancelled (a stop asked before its
+    /// dispatch), left to its backoff (`rearm`) or dispatched; else a
+    /// queued run-now (through `manual@1`) or the trigger's admission is
+    /// admitted (`automation.admitted`, with `automation.coalesced` when
+    /// the source folded missed ticks) and goes on to `prepare`; paused,
+    /// archived or nothing due goes back (`rearm`).
+    pub fn admit(&self) -> Result<Step, AutomationError> {
+        let (definition, state) = (self.definition, self.state);
+        let at = format_timestamp(self.now);
+        if let Some(pending) = pending(state) {
+            let phase = pending.get("phase").and_then(Value::as_str);
+            if set(pending.get("stop_requested")) && phase != Some("dispatched") {
+                let c = complete_occurrence(definition, state, "cancelled", None, &at);
+                let index = pending["index"].as_u64().unwrap_or(0);
+                let decision = Planned {
+                    name: "automation.completed".into(),
+                    discriminator: index.to_string(),
+                    fields: into_map(c.fields),
+                    delta: json!({"state": c.state}),
+                };
+                return Ok(commit(vec![Entry::Decision(decision)], "rearm"));
+            }
+            let due = pending
+                .get("retry_at")
+                .and_then(Value::as_str)
+                .and_then(|t| parse_timestamp(t, "retry_at").ok())
+                .is_none_or(|t| t <= self.now);
+            if phase == Some("backoff") && !due {
+                return Ok(Step::Route("rearm"));
+            }
+            return Ok(Step::Route("dispatch"));
+        }
+        let index = state["next_index"].as_u64().filter(|i| *i > 0).unwrap_or(1);
+        let revision = definition["revision"].as_u64().unwrap_or(1);
+        let manual = state
+            .get("manual_pending")
+            .and_then(|m| m.get("command_id"))
+            .and_then(Value::as_str);
+        let mut trigger_update = Map::new();
+        let mut coalesced = None;
+        let (envelope, first_run_id, command_id) = match manual {
+            Some(command_id) => {
+                let Some(TriggerAnswer::Manual { envelope }) = self.trigger_answer() else {
+                    return Ok(Step::AskTrigger(TriggerCall::Manual {
+                        command_id: command_id.to_string(),
+                        fired_at: at,
+                    }));
+                };
+                let first = occurrence_run_id(self.id, OccurrenceKind::Manual { command_id }, 1);
+                (admitted_envelope(&envelope), first, Some(command_id))
+            }
+            None => {
+                if set(state.get("paused")) || set(definition.get("archived_at")) {
+                    return Ok(Step::Route("rearm"));
+                }
+                let Some(TriggerAnswer::Admit {
+                    state: source_state,
+                    admitted,
+                }) = self.trigger_answer()
+                else {
+                    return Ok(Step::AskTrigger(TriggerCall::Admit));
+                };
+                let Some(admitted) = admitted else {
+                    // A stale wake: nothing is due.
+                    return Ok(Step::Route("rearm"));
+                };
+                coalesced = admitted
+                    .payload
+                    .get("coalesced")
+                    .and_then(Value::as_object)
+                    .cloned();
+                trigger_update = stored_trigger_state(&source_state);
+                let first =
+                    occurrence_run_id(self.id, OccurrenceKind::Scheduled { revision, index }, 1);
+                (admitted_envelope(&admitted.envelope), first, None)
+            }
+        };
+        let prepared = build_prepared(
+            self.id,
+            definition,
+            self.owner,
+            index,
+            &envelope,
+            &first_run_id,
+        )?;
+        let event_id = envelope["event_id"].clone();
+        let pending = json!({
+            "run_id": first_run_id,
+            "index": index,
+            "attempt": 1,
+            "event_id": event_id,
+            "revision": revision,
+            "envelope": envelope,
+            "phase": "admitted",
+            "command_id": command_id,
+            "prepared": prepared,
+            "retry": definition["policy"]["retry"],
+            "session_kind": "occurrence",
+            "stop_requested": false,
+        });
+        let mut entries = Vec::new();
+        if let Some(mut fields) = coalesced {
+            fields.insert("event_id".into(), event_id.clone());
+            entries.push(Entry::Observation(Observed {
+                name: "automation.coalesced".into(),
+                discriminator: event_id.as_str().unwrap_or_default().to_string(),
+                fields,
+            }));
+        }
+        let mut delta = trigger_update;
+        delta.insert("pending_occurrence".into(), pending);
+        delta.insert("next_index".into(), json!(index + 1));
+        delta.insert("manual_pending".into(), Value::Null);
+        entries.push(Entry::Decision(Planned {
+            name: "automation.admitted".into(),
+            discriminator: index.to_string(),
+            fields: into_map(json!({
+                "run_id": first_run_id,
+                "index": index,
+                "attempt": 1,
+                "event_id": event_id,
+                "trigger_envelope": envelope,
+                "prepared": prepared,
+            })),
+            delta: json!({"state": delta}),
+        }));
+        Ok(commit(entries, "prepare"))
+    }
+
+    /// `prepare_context`: the occurrence's inputs were frozen at admission;
+    /// it checks that one is pending and goes on to `dispatch`.
+    pub fn prepare_context(&self) -> Result<Step, AutomationError> {
+        if pending(self.state).is_none() {
+            return Err(AutomationError::new(
+                "invalid_state",
+                None,
+                "prepare_context: no occurrence is pending (admit routes here only after admitting one)",
+            ));
+        }
+        Ok(Step::Route("dispatch"))
+    }
+
+    /// `dispatch`: `automation.dispatched` for the current attempt (then
+    /// this node again), else the start of its run and the wait for it.
+    pub fn dispatch(&self) -> Result<Step, AutomationError> {
+        if let Some(planned) = plan_dispatch(self.id, self.state)? {
+            return Ok(commit(vec![Entry::Decision(planned)], "dispatch"));
+        }
+        let run_id = pending(self.state)
+            .and_then(|p| p["run_id"].as_str())
+            .unwrap_or_default();
+        Ok(Step::StartOccurrence(run_id.to_string()))
+    }
+
+    /// `record_outcome`: what the ended attempt's run means
+    /// ([`plan_outcome`]: completed, cancelled, failed, or a retry after
+    /// its backoff), then `next`; a run still going is waited on again
+    /// (`dispatch`).
+    pub fn record_outcome(&self) -> Result<Step, AutomationError> {
+        let (definition, state) = (self.definition, self.state);
+        let Some(pending) = pending(state) else {
+            return Ok(Step::Route("next"));
+        };
+        if pending["phase"] != "dispatched" {
+            return Ok(Step::Route("next"));
+        }
+        let run_id = pending["run_id"].as_str().unwrap_or_default();
+        if let Some(sub) = self
+            .dispatch
+            .and_then(|d| d.get("sub_run_id"))
+            .and_then(Value::as_str)
+        {
+            if sub != run_id {
+                return Err(AutomationError::new(
+                    "invalid_state",
+                    None,
+                    format!(
+                        "the dispatch answered for run {sub}, not for the occurrence's run {run_id}"
+                    ),
+                ));
+            }
+        }
+        let child = self
+            .facts
+            .and_then(|f| serde_json::from_value::<ChildView>(f.clone()).ok())
+            .filter(|c| c.run_id == run_id);
+        let Some(child) = child else {
+            return Ok(Step::ReadOccurrence(run_id.to_string()));
+        };
+        Ok(match plan_outcome(definition, state, &child, self.now)? {
+            None => Step::Route("dispatch"),
+            Some(planned) => commit(vec![Entry::Decision(planned)], "next"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::definition::DEFAULT_RETRY;
+    use crate::protocol::{Admitted, TriggerWait};
+
+    const ID: &str = "34f631d4-0bf3-5fea-a282-70c1b1d5b24b";
+
+    fn definition() -> Value {
+        json!({
+            "revision": 1, "title": "Watch", "archived_at": null, "workspace_root": "/w",
+            "notify": {"channels": ["console"]}, "context": {"mode": "independent"},
+            "target": {"workflow_id": "echo", "input_data": {"prompt": "hi"}},
+            "trigger": {"binding_id": "b1", "source_id": "schedule", "source_version": 1,
+                        "config": {"every": "1h"}},
+            "policy": {"retry": serde_json::from_str::<Value>(DEFAULT_RETRY).unwrap(),
+                       "tool_approval": "auto", "untrusted_input_tools": []},
+        })
+    }
+
+    fn state() -> Value {
+        json!({"pending_occurrence": null, "manual_pending": null, "paused": false,
+               "exhausted": false, "next_index": 1, "attention_seq": 0, "state_version": 0})
+    }
+
+    fn now() -> DateTime<Utc> {
+        parse_timestamp("2026-01-01T00:30:00Z", "now").unwrap()
+    }
+
+    fn at<'a>(definition: &'a Value, state: &'a Value, facts: Option<&'a Value>) -> Controller<'a> {
+        Controller {
+            id: ID,
+            definition,
+            state,
+            owner: None,
+            now: now(),
+            facts,
+            dispatch: None,
+        }
+    }
+
+    fn answer(a: TriggerAnswer) -> Value {
+        serde_json::to_value(a).unwrap()
+    }
+
+    #[test]
+    fn wait_asks_the_trigger_only_when_the_state_does_not_say() {
+        let (d, s) = (definition(), state());
+        assert_eq!(
+            at(&d, &s, None).wait(),
+            Step::AskTrigger(TriggerCall::Prepare)
+        );
+        // An answer to another question is not an answer: ask again.
+        let stale = answer(TriggerAnswer::Manual {
+            envelope: json!({}),
+        });
+        assert_eq!(
+            at(&d, &s, Some(&stale)).wait(),
+            Step::AskTrigger(TriggerCall::Prepare)
+        );
+        let later = answer(TriggerAnswer::Prepare {
+            wait: TriggerWait::Until {
+                until: "2026-01-01T01:00:00Z".into(),
+            },
+        });
+        let Step::Commit(c, "go") = at(&d, &s, Some(&later)).wait() else {
+            panic!("a later tick parks");
+        };
+        assert_eq!(
+            c.park.unwrap().until.as_deref(),
+            Some("2026-01-01T01:00:00+00:00")
+        );
+        assert!(c.entries.is_empty() && !c.note_exhausted);
+        let due = answer(TriggerAnswer::Prepare {
+            wait: TriggerWait::Until {
+                until: "2026-01-01T00:00:00Z".into(),
+            },
+        });
+        assert_eq!(at(&d, &s, Some(&due)).wait(), Step::Route("go"));
+        let over = answer(TriggerAnswer::Prepare {
+            wait: TriggerWait::Exhausted,
+        });
+        let Step::Commit(c, "end") = at(&d, &s, Some(&over)).wait() else {
+            panic!("an exhausted source ends");
+        };
+        assert!(c.note_exhausted && c.park.is_none());
+        let mut queued = state();
+        queued["manual_pending"] = json!({"command_id": "c1"});
+        assert_eq!(at(&d, &queued, None).wait(), Step::Route("go"));
+    }
+
+    #[test]
+    fn admit_freezes_a_run_now_through_manual() {
+        let d = definition();
+        let mut s = state();
+        s["manual_pending"] = json!({"command_id": "c1"});
+        s["paused"] = json!(true);
+        let ask = at(&d, &s, None).admit().unwrap();
+        assert_eq!(
+            ask,
+            Step::AskTrigger(TriggerCall::Manual {
+                command_id: "c1".into(),
+                fired_at: "2026-01-01T00:30:00+00:00".into(),
+            })
+        );
+        let scheduled = answer(TriggerAnswer::Admit {
+            state: json!({}),
+            admitted: None,
+        });
+        assert_eq!(at(&d, &s, Some(&scheduled)).admit().unwrap(), ask);
+        let envelope = json!({"event_id": "manual:c1", "source_id": "manual", "source_version": 1,
+                              "fired_at": "2026-01-01T00:30:00Z", "payload": {"command_id": "c1"},
+                              "binding_id": "b1"});
+        let manual = answer(TriggerAnswer::Manual { envelope });
+        let Step::Commit(c, "prepare") = at(&d, &s, Some(&manual)).admit().unwrap() else {
+            panic!("a run-now is admitted");
+        };
+        let [Entry::Decision(p)] = c.entries.as_slice() else {
+            panic!("one decision: {:?}", c.entries);
+        };
+        assert_eq!(p.name, "automation.admitted");
+        let run_id = occurrence_run_id(ID, OccurrenceKind::Manual { command_id: "c1" }, 1);
+        assert_eq!(p.fields["run_id"], json!(run_id));
+        let pending = &p.delta["state"]["pending_occurrence"];
+        assert_eq!(pending["command_id"], "c1");
+        assert_eq!(pending["envelope"]["fired_at"], "2026-01-01T00:30:00+00:00");
+        assert_eq!(
+            pending["prepared"]["input_data"]["prompt"],
+            "[Trigger manual@1 · occurrence 1 · fired 2026-01-01T00:30:00+00:00]\nhi"
+        );
+        assert_eq!(p.delta["state"]["manual_pending"], Value::Null);
+    }
+
+    #[test]
+    fn admit_coalesces_and_a_stale_wake_rearms() {
+        let (d, s) = (definition(), state());
+        assert_eq!(
+            at(&d, &s, None).admit().unwrap(),
+            Step::AskTrigger(TriggerCall::Admit)
+        );
+        let nothing = answer(TriggerAnswer::Admit {
+            state: json!({"tick": 3}),
+            admitted: None,
+        });
+        assert_eq!(
+            at(&d, &s, Some(&nothing)).admit().unwrap(),
+            Step::Route("rearm")
+        );
+        let admitted = answer(TriggerAnswer::Admit {
+            state: json!({"tick": 4, "scheduled_count": 2, "cursor": 9}),
+            admitted: Some(Admitted {
+                payload: json!({"coalesced": {"missed": 2}}),
+                envelope: json!({"event_id": "e4", "source_id": "schedule", "source_version": 1,
+                                 "fired_at": "2026-01-01T00:00:00Z", "payload": {},
+                                 "binding_id": "b1"}),
+            }),
+        });
+        let Step::Commit(c, "prepare") = at(&d, &s, Some(&admitted)).admit().unwrap() else {
+            panic!("admitted");
+        };
+        let [Entry::Observation(o), Entry::Decision(p)] = c.entries.as_slice() else {
+            panic!(
+                "the coalesced observation, then the admission: {:?}",
+                c.entries
+            );
+        };
+        assert_eq!(
+            (o.name.as_str(), o.discriminator.as_str()),
+            ("automation.coalesced", "e4")
+        );
+        assert_eq!(o.fields["missed"], 2);
+        assert_eq!(p.delta["state"]["tick"], 4);
+        assert_eq!(p.delta["state"]["source_state"], json!({"cursor": 9}));
+        assert_eq!(p.delta["state"]["next_index"], 2);
+    }
+
+    #[test]
+    fn dispatch_records_then_starts_and_an_outcome_needs_its_own_run() {
+        let d = definition();
+        let mut s = state();
+        s["pending_occurrence"] = json!({"run_id": "r1", "index": 1, "attempt": 1, "revision": 1,
+                                         "phase": "admitted", "command_id": null,
+                                         "retry": d["policy"]["retry"]});
+        let Step::Commit(c, "dispatch") = at(&d, &s, None).dispatch().unwrap() else {
+            panic!("the dispatch is recorded first");
+        };
+        let [Entry::Decision(p)] = c.entries.as_slice() else {
+            panic!("one decision");
+        };
+        s["pending_occurrence"] = p.delta["state"]["pending_occurrence"].clone();
+        let run_id = s["pending_occurrence"]["run_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            at(&d, &s, None).dispatch().unwrap(),
+            Step::StartOccurrence(run_id.clone())
+        );
+        // A read of another run is not the answer.
+        let other = json!({"run_id": "r0", "status": "completed", "output": {}, "error": null});
+        assert_eq!(
+            at(&d, &s, Some(&other)).record_outcome().unwrap(),
+            Step::ReadOccurrence(run_id.clone())
+        );
+        let going = json!({"run_id": run_id, "status": "waiting"});
+        assert_eq!(
+            at(&d, &s, Some(&going)).record_outcome().unwrap(),
+            Step::Route("dispatch")
+        );
+        let failed = json!({"run_id": run_id, "status": "failed", "error": "boom"});
+        let Step::Commit(c, "next") = at(&d, &s, Some(&failed)).record_outcome().unwrap() else {
+            panic!("an ended run is recorded");
+        };
+        let [Entry::Decision(p)] = c.entries.as_slice() else {
+            panic!("one decision");
+        };
+        assert_eq!(p.name, "automation.retry_scheduled");
+        assert_eq!(p.fields["retry_at"], "2026-01-01T00:30:30+00:00");
+        let mut stopped = s.clone();
+        stopped["pending_occurrence"]["phase"] = json!("admitted");
+        stopped["pending_occurrence"]["stop_requested"] = json!(true);
+        let Step::Commit(c, "rearm") = at(&d, &stopped, None).admit().unwrap() else {
+            panic!("a stop before the dispatch cancels");
+        };
+        let [Entry::Decision(p)] = c.entries.as_slice() else {
+            panic!("one decision");
+        };
+        assert_eq!(
+            (p.name.as_str(), &p.fields["status"]),
+            ("automation.completed", &json!("cancelled"))
+        );
+    }
+}

@@ -1,0 +1,173 @@
+//! What the controller's nodes ask of the host, and what it answers.
+//!
+//! The nodes decide; the host does what needs the store or a trigger
+//! source, through four effects only the controller may ask for:
+//!
+//! - [`TRIGGER_EFFECT`] (`automation.trigger`, payload [`TriggerCall`]): a
+//!   call of the bound trigger source (`prepare`, or `admit` and
+//!   `normalize` of its admission) or `manual@1`'s `normalize` of a
+//!   run-now; the [`TriggerAnswer`] lands in [`FACTS_KEY`] and the node runs
+//!   again with it.
+//! - [`READ_OCCURRENCE_EFFECT`] (`automation.read_occurrence`, payload
+//!   `{"run_id"}`): the attempt's run as a [`crate::ChildView`], in
+//!   [`FACTS_KEY`].
+//! - [`COMMIT_EFFECT`] (`automation.commit`, payload [`Commit`]): the
+//!   decisions and observations, each written once per key, committed with
+//!   the step (the record and the changed `_runtime.automation` /
+//!   `_meta.automation` in one atomic commit), then the node's route, or
+//!   the wake wait (`wait_event` on `automation:<id>:wake`, with the
+//!   deadline when there is one) before it.
+//! - [`START_OCCURRENCE_EFFECT`] (`automation.start_occurrence`, payload
+//!   `{"run_id"}`): creates the dispatched attempt's run under its
+//!   deterministic id (if absent) from the inputs frozen at admission, and
+//!   waits for it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The trigger call effect.
+pub const TRIGGER_EFFECT: &str = "automation.trigger";
+/// The occurrence read effect.
+pub const READ_OCCURRENCE_EFFECT: &str = "automation.read_occurrence";
+/// The decision commit effect.
+pub const COMMIT_EFFECT: &str = "automation.commit";
+/// The occurrence start effect.
+pub const START_OCCURRENCE_EFFECT: &str = "automation.start_occurrence";
+/// Every controller effect.
+pub const EFFECTS: [&str; 4] = [
+    TRIGGER_EFFECT,
+    READ_OCCURRENCE_EFFECT,
+    COMMIT_EFFECT,
+    START_OCCURRENCE_EFFECT,
+];
+/// Where a read effect's answer lands in the controller's vars (the node
+/// that asked runs again with it, and drops it when it decides).
+pub const FACTS_KEY: &str = "_temp.automation_facts";
+/// Where the dispatch's wait writes the ended attempt's summary.
+pub const DISPATCH_KEY: &str = "_temp.automation_dispatch";
+
+/// A decision the controller is about to write: its name, discriminator,
+/// fields and delta (committed by the host with its record).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Planned {
+    /// `automation.<x>`.
+    pub name: String,
+    /// What makes its key unique.
+    pub discriminator: String,
+    /// The record's fields.
+    pub fields: Map<String, Value>,
+    /// `{"state": {...}}`, and `definition` when it changes.
+    pub delta: Value,
+}
+
+/// A fact to record without changing the state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observed {
+    /// `automation.<x>`.
+    pub name: String,
+    /// What makes its key unique.
+    pub discriminator: String,
+    /// The record's fields.
+    pub fields: Map<String, Value>,
+}
+
+/// One record of a commit, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "as", rename_all = "lowercase")]
+pub enum Entry {
+    /// A decision (the state changes).
+    Decision(Planned),
+    /// An observation (the state does not change).
+    Observation(Observed),
+}
+
+/// What `automation.commit` writes in one step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Commit {
+    /// The records, in order; a key written before is not written again.
+    #[serde(default)]
+    pub entries: Vec<Entry>,
+    /// State keys set without a record: only `exhausted`, which a source
+    /// that keeps none of its own (a plugin) says by ending.
+    #[serde(default)]
+    pub note_exhausted: bool,
+    /// After the commit, park on the wake wait (`automation:<id>:wake`)
+    /// instead of going on at once; the route is followed when it ends.
+    #[serde(default)]
+    pub park: Option<Park>,
+}
+
+/// The wake wait: a command, or the deadline, ends it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Park {
+    /// The deadline (the next due time or the retry time, in the
+    /// automation layer's spelling), if there is one.
+    pub until: Option<String>,
+}
+
+/// A trigger call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum TriggerCall {
+    /// The bound source's `prepare` on the persisted cursor.
+    Prepare,
+    /// The bound source's `admit` on the persisted cursor, and `normalize`
+    /// of what it admits.
+    Admit,
+    /// `manual@1`'s `normalize` of run-now command `command_id`, fired at
+    /// `fired_at`.
+    Manual {
+        /// The run-now command's id.
+        command_id: String,
+        /// When it fires (the node's `now`).
+        fired_at: String,
+    },
+}
+
+/// What a source's `prepare` says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum TriggerWait {
+    /// Nothing fires before `until`.
+    Until {
+        /// An RFC 3339 time.
+        until: String,
+    },
+    /// No deadline: only a command moves it.
+    Idle,
+    /// It never fires again.
+    Exhausted,
+}
+
+/// An admission and its envelope.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Admitted {
+    /// The admission's payload (`coalesced` says what it folded).
+    pub payload: Value,
+    /// Its normalized envelope `{event_id, source_id, source_version,
+    /// fired_at, payload, binding_id}`.
+    pub envelope: Value,
+}
+
+/// The answer of a [`TriggerCall`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum TriggerAnswer {
+    /// The answer of [`TriggerCall::Prepare`].
+    Prepare {
+        /// When it fires.
+        wait: TriggerWait,
+    },
+    /// The answer of [`TriggerCall::Admit`].
+    Admit {
+        /// The source's state after the call.
+        state: Value,
+        /// What it admitted (`None`: nothing is due, a stale wake).
+        admitted: Option<Admitted>,
+    },
+    /// The answer of [`TriggerCall::Manual`].
+    Manual {
+        /// The normalized envelope.
+        envelope: Value,
+    },
+}
