@@ -698,12 +698,26 @@ fn a_failing_controller_step_leaves_the_controller_at_its_node() {
     );
     let run = h.rt.get_state(&id).unwrap();
     assert_eq!(run.status, RunStatus::Running, "{:?}", run.error);
+    // The operator sees why: in the view and in the list.
+    let shown = stepwell::automation::show_automation(&h.rt, &id, at(T0)).unwrap();
+    let held = &shown["held"];
+    assert!(
+        held["error"].as_str().unwrap().contains("state_too_large"),
+        "{shown}"
+    );
+    assert_eq!(held["failures"], 1, "{held}");
+    assert!(held["retry_at"].is_string(), "{held}");
+    let listed = stepwell::automation::list_automations(&h.rt, None, None, 10, at(T0)).unwrap();
+    assert_eq!(listed["items"][0]["held"], *held, "{listed}");
     // Another host on the same store, with the default budget.
     let roomy = h.runtime(Some(clock.clone()), Default::default());
     std::thread::sleep(std::time::Duration::from_millis(1100));
     drive_until_idle(&roomy, 100).unwrap();
     let page = list_occurrences(&roomy, &id, None, 50).unwrap();
     assert_eq!(page["items"][0]["status"], "completed", "{page}");
+    // Moving again ends the hold.
+    let shown = stepwell::automation::show_automation(&roomy, &id, at(T0)).unwrap();
+    assert!(shown.get("held").is_none(), "{shown}");
 }
 
 /// The automation id reads tenant and user as the reference does:
@@ -798,7 +812,8 @@ fn a_plugin_trigger_source_drives_an_automation() {
 }
 
 /// A database of schema 4 (before the automation key index) gets the
-/// index when it is opened: automation lookups name it.
+/// index when it is opened (automation lookups name it), and the column
+/// of a held run's reason (schema 6).
 #[test]
 fn a_schema_4_database_gets_the_automation_index() {
     let dir = tempfile::tempdir().unwrap();
@@ -806,8 +821,11 @@ fn a_schema_4_database_gets_the_automation_index() {
     drop(stepwell::SqliteStore::open(&db).unwrap());
     {
         let conn = rusqlite::Connection::open(&db).unwrap();
-        conn.execute_batch("DROP INDEX ledger_automation; PRAGMA user_version = 4;")
-            .unwrap();
+        conn.execute_batch(
+            "DROP INDEX ledger_automation; ALTER TABLE runs DROP COLUMN defer_reason;
+             PRAGMA user_version = 4;",
+        )
+        .unwrap();
     }
     let clock = Arc::new(ManualClock::new(at(T0)));
     let store: Arc<dyn stepwell::Store> = Arc::new(stepwell::SqliteStore::open(&db).unwrap());
@@ -827,7 +845,13 @@ fn a_schema_4_database_gets_the_automation_index() {
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
+    let has_reason: bool = conn
+        .prepare("SELECT 1 FROM pragma_table_info('runs') WHERE name = 'defer_reason'")
+        .unwrap()
+        .exists([])
+        .unwrap();
+    assert!(has_reason, "the deferral reason column is added");
 }
 
 /// A revision from schedule@1 to a plugin source starts the trigger state

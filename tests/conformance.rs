@@ -568,24 +568,43 @@ fn deferred_runs_are_listed_after_their_time_and_last(b: Backend) {
     // Set aside for five minutes: not listed before then.
     let count = f
         .store
-        .defer("a", &|n| later + chrono::Duration::seconds(n as i64 - 1))
+        .defer("a", None, &|n| {
+            later + chrono::Duration::seconds(n as i64 - 1)
+        })
         .unwrap();
     assert_eq!(count, 1);
-    assert_eq!(f.store.defer("a", &|_| later).unwrap(), 2, "counted");
-    assert_eq!(f.store.defer("due", &|_| later).unwrap(), 1);
-    assert_eq!(f.store.defer("nobody", &|_| later).unwrap(), 0);
+    let first = f.store.deferral("a").unwrap().unwrap();
+    assert_eq!((first.until, first.count, first.reason), (later, 1, None));
+    assert_eq!(
+        f.store
+            .defer("a", Some("boom: the trigger"), &|_| later)
+            .unwrap(),
+        2,
+        "counted"
+    );
+    // The reason is the last deferral's.
+    let held = f.store.deferral("a").unwrap().unwrap();
+    assert_eq!(held.count, 2);
+    assert_eq!(held.reason.as_deref(), Some("boom: the trigger"));
+    assert_eq!(f.store.deferred_until("a").unwrap(), Some(later));
+    assert_eq!(f.store.defer("due", None, &|_| later).unwrap(), 1);
+    assert_eq!(f.store.defer("nobody", None, &|_| later).unwrap(), 0);
+    assert_eq!(f.store.deferral("nobody").unwrap(), None);
+    assert_eq!(f.store.deferral("c").unwrap(), None);
     assert_eq!(f.store.list_claimable(now, 100).unwrap(), ["b", "c"]);
     assert!(f.store.list_due(now, 100).unwrap().is_empty());
     // After its time, a deferred run comes after the never-deferred ones,
     // and among deferred ones the earliest first.
-    f.store.defer("b", &|_| now).unwrap();
+    f.store.defer("b", None, &|_| now).unwrap();
     assert_eq!(f.store.list_claimable(later, 100).unwrap(), ["c", "b", "a"]);
     assert_eq!(f.store.list_due(later, 100).unwrap(), ["due"]);
-    // A commit ends the deferral and its count.
+    // A commit ends the deferral, its count and its reason.
     let mut a = run("a", "wf");
     save(&*f.store, &mut a, 1);
+    assert_eq!(f.store.deferral("a").unwrap(), None);
     assert_eq!(f.store.list_claimable(now, 100).unwrap(), ["a", "c", "b"]);
-    assert_eq!(f.store.defer("a", &|_| now).unwrap(), 1);
+    assert_eq!(f.store.defer("a", None, &|_| now).unwrap(), 1);
+    assert_eq!(f.store.deferral("a").unwrap().unwrap().reason, None);
 }
 
 fn quarantined_runs_are_set_aside(b: Backend) {

@@ -170,9 +170,13 @@ impl Store for FaultStore {
     fn defer(
         &self,
         id: &str,
+        reason: Option<&str>,
         until: &dyn Fn(u32) -> chrono::DateTime<chrono::Utc>,
     ) -> Result<u32, StoreError> {
-        self.write("defer", || self.inner.defer(id, until))
+        self.write("defer", || self.inner.defer(id, reason, until))
+    }
+    fn deferral(&self, id: &str) -> Result<Option<stepwell::store::Deferral>, StoreError> {
+        self.inner.deferral(id)
     }
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.inner.list_quarantined()

@@ -1511,9 +1511,13 @@ impl Store for SaveFails {
     fn defer(
         &self,
         id: &str,
+        reason: Option<&str>,
         until: &dyn Fn(u32) -> chrono::DateTime<chrono::Utc>,
     ) -> Result<u32, StoreError> {
-        self.inner.defer(id, until)
+        self.inner.defer(id, reason, until)
+    }
+    fn deferral(&self, id: &str) -> Result<Option<stepwell::store::Deferral>, StoreError> {
+        self.inner.deferral(id)
     }
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.inner.list_quarantined()

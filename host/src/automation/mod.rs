@@ -70,7 +70,7 @@ pub use queries::{
     AUTOMATIONS_CURSOR_PREFIX, MAX_PAGE, OCCURRENCE_CURSOR_PREFIX,
 };
 pub use service::{
-    apply_automation_command, create_automation, drive_until_idle, list_attention,
+    apply_automation_command, create_automation, drive_until_idle, held, list_attention,
     list_automations, list_occurrences, pending_waits, show_automation, Command, Created,
     IdleReport, MAX_INPUT_DATA_BYTES,
 };

@@ -668,7 +668,29 @@ fn controller(rt: &Runtime, id: &str) -> Result<RunState> {
 /// [`super::get_automation`]).
 pub fn show_automation(rt: &Runtime, id: &str, now: DateTime<Utc>) -> Result<Value> {
     let run = controller(rt, id)?;
-    Ok(get_automation(&run, now, &*rt.triggers()?)?)
+    let mut view = get_automation(&run, now, &*rt.triggers()?)?;
+    if let Some(held) = held(rt, id)? {
+        view["held"] = held;
+    }
+    Ok(view)
+}
+
+/// Why the controller of automation `id` is held at its node, if the
+/// driver could not move it the last time it tried (a trigger source that
+/// fails, a store error): `{"error", "failures", "retry_at"}`, until the
+/// controller's next commit. A stepwell addition: the reference has no
+/// driver that keeps a controller it cannot move.
+pub fn held(rt: &Runtime, id: &str) -> Result<Option<Value>> {
+    let Some(d) = rt.store().deferral(id)? else {
+        return Ok(None);
+    };
+    Ok(d.reason.map(|error| {
+        json!({
+            "error": error,
+            "failures": d.count,
+            "retry_at": format_timestamp(d.until),
+        })
+    }))
 }
 
 /// One page of the automations, newest first (by creation time, then id):
@@ -726,7 +748,7 @@ pub fn list_automations(
         }
         // One automation that cannot be summarised (its trigger source is
         // not loaded here, say) does not hide the others.
-        let summary = match automation_summary(&run, now, &triggers) {
+        let mut summary = match automation_summary(&run, now, &triggers) {
             Ok(s) => s,
             Err(e) => json!({
                 "automation_id": run_id,
@@ -735,6 +757,9 @@ pub fn list_automations(
                 "error": e.to_json(),
             }),
         };
+        if let Some(held) = held(rt, &run_id)? {
+            summary["held"] = held;
+        }
         items.push((created, run_id, summary));
     }
     Ok(json!({

@@ -144,7 +144,7 @@ impl Runtime {
                     // Used its steps for this pass: behind the runs that
                     // wait for theirs in the next one.
                     drop(txn);
-                    self.store().defer(id, &|_| lease_now())?;
+                    self.store().defer(id, None, &|_| lease_now())?;
                 }
             }
             Err(Error::Conflict { .. }) => report.busy.push(id.to_string()),
@@ -159,8 +159,9 @@ impl Runtime {
     /// A run the pass took on but could not move: quarantined, or reported
     /// and set aside for a while.
     fn not_moved(&self, id: &str, why: Why, e: Error, report: &mut DriveReport) -> Result<()> {
+        let reason = e.to_string();
         if self.quarantine_or_report(id, e, report)? {
-            self.back_off(id, why)?;
+            self.back_off(id, why, &reason)?;
         }
         Ok(())
     }
@@ -169,14 +170,14 @@ impl Runtime {
     /// time it fails again (1 s, 2 s, 4 s, ... up to 5 minutes), so that a
     /// few broken runs never fill every pass. A commit of the run (a resume
     /// from elsewhere, say) ends the back-off.
-    fn back_off(&self, id: &str, why: Why) -> Result<()> {
+    fn back_off(&self, id: &str, why: Why, reason: &str) -> Result<()> {
         // Due waits are listed by the runtime's clock, running runs by the
         // system clock.
         let now = match why {
             Why::Due => self.now(),
             Why::Running => lease_now(),
         };
-        self.store().defer(id, &|failures| {
+        self.store().defer(id, Some(reason), &|failures| {
             let secs = 1i64 << failures.saturating_sub(1).min(9);
             now + chrono::Duration::seconds(secs.min(MAX_BACK_OFF_SECS))
         })?;

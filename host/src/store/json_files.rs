@@ -46,8 +46,8 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    check_next_version, link, wait_due_at, Claim, Durability, Fence, LeaseAfter, LeaseRequest,
-    RunQuery, Store, StoreError,
+    check_next_version, link, wait_due_at, Claim, Deferral, Durability, Fence, LeaseAfter,
+    LeaseRequest, RunQuery, Store, StoreError,
 };
 use crate::core::clock::format_time;
 use crate::core::model::{RunState, RunStatus, StepRecord};
@@ -79,6 +79,9 @@ struct LockData {
     defer_until_us: Option<i64>,
     #[serde(default, skip_serializing_if = "is_zero")]
     defer_count: u32,
+    /// Why it was last deferred.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    defer_reason: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -814,6 +817,7 @@ impl Store for JsonFileStore {
         }
         data.defer_until_us = None;
         data.defer_count = 0;
+        data.defer_reason = None;
         match (lease, fence.holder) {
             (LeaseAfter::Renew(until), Some(h)) => {
                 data.holder = Some(h.to_string());
@@ -990,7 +994,12 @@ impl Store for JsonFileStore {
         Ok(out)
     }
 
-    fn defer(&self, run_id: &str, until: &dyn Fn(u32) -> DateTime<Utc>) -> Result<u32, StoreError> {
+    fn defer(
+        &self,
+        run_id: &str,
+        reason: Option<&str>,
+        until: &dyn Fn(u32) -> DateTime<Utc>,
+    ) -> Result<u32, StoreError> {
         if !safe_id(run_id) {
             return Ok(0);
         }
@@ -1002,18 +1011,24 @@ impl Store for JsonFileStore {
         let mut data = lock.read();
         data.defer_count = data.defer_count.saturating_add(1);
         data.defer_until_us = Some(until(data.defer_count).timestamp_micros());
+        data.defer_reason = reason.map(str::to_string);
         lock.write(&data)?;
         Ok(data.defer_count)
     }
 
-    fn deferred_until(&self, run_id: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+    fn deferral(&self, run_id: &str) -> Result<Option<Deferral>, StoreError> {
         if !safe_id(run_id) {
             return Ok(None);
         }
-        Ok(self
-            .lock_data(run_id)
+        let data = self.lock_data(run_id);
+        Ok(data
             .defer_until_us
-            .and_then(DateTime::from_timestamp_micros))
+            .and_then(DateTime::from_timestamp_micros)
+            .map(|until| Deferral {
+                until,
+                count: data.defer_count,
+                reason: data.defer_reason,
+            }))
     }
 
     fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {

@@ -15,8 +15,8 @@ use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 
 use super::{
-    check_next_version, link, wait_due_at, Claim, Fence, LeaseAfter, LeaseRequest, RunQuery, Store,
-    StoreError,
+    check_next_version, link, wait_due_at, Claim, Deferral, Fence, LeaseAfter, LeaseRequest,
+    RunQuery, Store, StoreError,
 };
 use crate::core::clock::format_time;
 use crate::core::model::{EffectRecord, RunState, RunStatus, StepRecord, StepStatus};
@@ -31,6 +31,8 @@ struct Slot {
     committed: usize,
     /// Deferred until, and how many times since the last commit.
     defer: Option<(DateTime<Utc>, u32)>,
+    /// Why it was last deferred.
+    defer_reason: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -77,6 +79,7 @@ impl MemoryStore {
                 update_run(&mut slot.run, run);
                 slot.committed = committed;
                 slot.defer = None;
+                slot.defer_reason = None;
                 match (renew, slot.lease.as_mut()) {
                     (Some((h, until)), Some(held)) if held.0 == h => held.1 = until,
                     (Some((h, until)), _) => slot.lease = Some((h.to_string(), until)),
@@ -379,6 +382,7 @@ impl Tables {
             lease,
             committed,
             defer: None,
+            defer_reason: None,
         };
         self.runs.insert(run.run_id.clone(), slot);
     }
@@ -638,23 +642,30 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    fn defer(&self, run_id: &str, until: &dyn Fn(u32) -> DateTime<Utc>) -> Result<u32, StoreError> {
+    fn defer(
+        &self,
+        run_id: &str,
+        reason: Option<&str>,
+        until: &dyn Fn(u32) -> DateTime<Utc>,
+    ) -> Result<u32, StoreError> {
         let mut t = self.tables.lock();
         let Some(slot) = t.runs.get_mut(run_id) else {
             return Ok(0);
         };
         let count = slot.defer.map_or(0, |(_, n)| n).saturating_add(1);
         slot.defer = Some((until(count), count));
+        slot.defer_reason = reason.map(str::to_string);
         Ok(count)
     }
 
-    fn deferred_until(&self, run_id: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
-        Ok(self
-            .tables
-            .lock()
-            .runs
-            .get(run_id)
-            .and_then(|s| s.defer.map(|(until, _)| until)))
+    fn deferral(&self, run_id: &str) -> Result<Option<Deferral>, StoreError> {
+        Ok(self.tables.lock().runs.get(run_id).and_then(|s| {
+            s.defer.map(|(until, count)| Deferral {
+                until,
+                count,
+                reason: s.defer_reason.clone(),
+            })
+        }))
     }
 
     fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {

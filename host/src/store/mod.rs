@@ -470,6 +470,18 @@ pub fn filter_values(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// A run the driver set aside ([`Store::defer`]), until its next commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deferral {
+    /// Kept off the driver's lists until then.
+    pub until: DateTime<Utc>,
+    /// Deferrals since the run's last commit.
+    pub count: u32,
+    /// Why the driver could not move it (`None`: it moved, and waits for
+    /// its turn).
+    pub reason: Option<String>,
+}
+
 /// Runs, their ledgers, and the bundles their workflows come from.
 ///
 /// # The run transaction
@@ -687,18 +699,31 @@ pub trait Store: Send + Sync {
     /// Keeps a run the driver could not move (or has just served) off
     /// [`Store::list_due`] and [`Store::list_claimable`] for a while: adds
     /// one to the run's count of deferrals since its last commit, and sets
-    /// it aside until `until(count)`. Returns the count (0: no such run).
-    /// A commit clears both. `list_claimable` lists the runs deferred
-    /// longest ago (and those never deferred) first, so that a driver
-    /// serving more runs than one pass takes rotates through all of them.
-    fn defer(&self, run_id: &str, until: &dyn Fn(u32) -> DateTime<Utc>) -> Result<u32, StoreError>;
+    /// it aside until `until(count)`, with `reason` (why it could not be
+    /// moved; `None` for a run that moved and only waits for its turn).
+    /// Returns the count (0: no such run). A commit clears all three.
+    /// `list_claimable` lists the runs deferred longest ago (and those
+    /// never deferred) first, so that a driver serving more runs than one
+    /// pass takes rotates through all of them.
+    fn defer(
+        &self,
+        run_id: &str,
+        reason: Option<&str>,
+        until: &dyn Fn(u32) -> DateTime<Utc>,
+    ) -> Result<u32, StoreError>;
+
+    /// The run's deferral ([`Store::defer`]) since its last commit, if it
+    /// has one; a store that keeps no deferrals answers `None`.
+    fn deferral(&self, run_id: &str) -> Result<Option<Deferral>, StoreError> {
+        let _ = run_id;
+        Ok(None)
+    }
 
     /// Until when the run is deferred ([`Store::defer`]), if it is. The
     /// default lists of parents and orphans use it to leave deferred runs
-    /// out; a store that keeps no deferrals answers `None`.
+    /// out.
     fn deferred_until(&self, run_id: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
-        let _ = run_id;
-        Ok(None)
+        Ok(self.deferral(run_id)?.map(|d| d.until))
     }
 
     /// Quarantined runs and why, in the order they were set aside.

@@ -20,8 +20,8 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
-    check_next_version, link, wait_due_at, Attribution, Claim, Durability, Fence, LeaseAfter,
-    LeaseRequest, RunIndexQuery, RunIndexRow, RunQuery, Store, StoreError,
+    check_next_version, link, wait_due_at, Attribution, Claim, Deferral, Durability, Fence,
+    LeaseAfter, LeaseRequest, RunIndexQuery, RunIndexRow, RunQuery, Store, StoreError,
 };
 use crate::core::clock::format_time;
 use crate::core::model::{RunState, RunStatus, StepRecord};
@@ -29,7 +29,7 @@ use crate::core::model::{RunState, RunStatus, StepRecord};
 /// The schema version this build writes. A database with a higher
 /// `user_version` was written by a newer stepwell and is refused; an older
 /// one is migrated when opened.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -88,6 +88,7 @@ const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("runs", "ledger_seq", "INTEGER"),
     ("runs", "defer_until_us", "INTEGER"),
     ("runs", "defer_count", "INTEGER"),
+    ("runs", "defer_reason", "TEXT"),
 ];
 
 const INDEXES: &str = "
@@ -124,7 +125,7 @@ const INSERT_RUN: &str = "INSERT INTO runs (run_id, workflow_id, status, wait_re
 /// times and lease: no index page is written.
 const UPDATE_DATA: &str = "UPDATE runs SET data = ?9, version = ?10, updated_at = ?17,
         lease_holder = ?18, lease_until_us = ?19, ledger_seq = ?23, defer_until_us = NULL,
-        defer_count = NULL
+        defer_count = NULL, defer_reason = NULL
     WHERE run_id = ?1 AND version = ?20 AND (?21 IS NULL OR lease_holder = ?21
         OR (?22 IS NOT NULL AND (lease_holder IS NULL OR lease_until_us < ?22)))
       AND quarantine IS NULL
@@ -137,7 +138,8 @@ const UPDATE_ALL: &str = "UPDATE runs SET workflow_id = ?2, status = ?3, wait_re
         wait_key = ?5, wait_due_us = ?6, parent_run_id = ?7, session_id = ?8, data = ?9,
         version = ?10, automation_id = ?11, role = ?12, occurrence_index = ?13,
         session_kind = ?14, workspace_root = ?15, updated_at = ?17, lease_holder = ?18,
-        lease_until_us = ?19, ledger_seq = ?23, defer_until_us = NULL, defer_count = NULL
+        lease_until_us = ?19, ledger_seq = ?23, defer_until_us = NULL, defer_count = NULL,
+        defer_reason = NULL
     WHERE run_id = ?1 AND version = ?20 AND (?21 IS NULL OR lease_holder = ?21
         OR (?22 IS NOT NULL AND (lease_holder IS NULL OR lease_until_us < ?22)))
       AND quarantine IS NULL";
@@ -899,7 +901,12 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn defer(&self, run_id: &str, until: &dyn Fn(u32) -> DateTime<Utc>) -> Result<u32, StoreError> {
+    fn defer(
+        &self,
+        run_id: &str,
+        reason: Option<&str>,
+        until: &dyn Fn(u32) -> DateTime<Utc>,
+    ) -> Result<u32, StoreError> {
         self.write(|tx| {
             let count: Option<i64> = tx
                 .prepare_cached(
@@ -912,20 +919,33 @@ impl Store for SqliteStore {
                 return Ok(0);
             };
             let count = u32::try_from(count).unwrap_or(u32::MAX);
-            tx.prepare_cached("UPDATE runs SET defer_until_us = ?2 WHERE run_id = ?1")
-                .and_then(|mut st| st.execute(params![run_id, until(count).timestamp_micros()]))
-                .map_err(|e| self.err(e))?;
+            tx.prepare_cached(
+                "UPDATE runs SET defer_until_us = ?2, defer_reason = ?3 WHERE run_id = ?1",
+            )
+            .and_then(|mut st| st.execute(params![run_id, until(count).timestamp_micros(), reason]))
+            .map_err(|e| self.err(e))?;
             Ok(count)
         })
     }
 
-    fn deferred_until(&self, run_id: &str) -> Result<Option<DateTime<Utc>>, StoreError> {
+    fn deferral(&self, run_id: &str) -> Result<Option<Deferral>, StoreError> {
         let conn = self.conn.lock();
-        let until: Option<Option<i64>> = conn
-            .prepare_cached("SELECT defer_until_us FROM runs WHERE run_id = ?1")
-            .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
+        let row: Option<(Option<i64>, Option<i64>, Option<String>)> = conn
+            .prepare_cached(
+                "SELECT defer_until_us, defer_count, defer_reason FROM runs WHERE run_id = ?1",
+            )
+            .and_then(|mut st| {
+                st.query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .optional()
+            })
             .map_err(|e| self.err(e))?;
-        Ok(until.flatten().and_then(DateTime::from_timestamp_micros))
+        Ok(row.and_then(|(until, count, reason)| {
+            Some(Deferral {
+                until: DateTime::from_timestamp_micros(until?)?,
+                count: u32::try_from(count.unwrap_or(0)).unwrap_or(u32::MAX),
+                reason,
+            })
+        }))
     }
 
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
