@@ -52,15 +52,7 @@ fn fixture(name: &str) -> Value {
 
 /// A record payload's own fields (without the ones every record has).
 fn own_fields(payload: &Value) -> serde_json::Map<String, Value> {
-    let common = [
-        "schema_version",
-        "automation_id",
-        "revision",
-        "at",
-        "state_version",
-        "delta",
-        "command_id",
-    ];
+    let common = stepwell::automation::decisions::protocol::COMMON_FIELDS;
     payload
         .as_object()
         .unwrap()

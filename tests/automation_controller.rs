@@ -588,7 +588,7 @@ fn the_controller_workflow_id_is_reserved() {
 #[test]
 fn controller_effects_refuse_other_workflows() {
     let h = host(Backend::Memory, &Arc::new(ManualClock::new(at(T0))));
-    for (i, kind) in stepwell::automation::core::protocol::EFFECTS
+    for (i, kind) in stepwell::automation::decisions::protocol::EFFECTS
         .iter()
         .enumerate()
     {
@@ -931,4 +931,129 @@ fn a_bundle_that_no_longer_defines_an_id_does_not_hold_it() {
     stepwell_tests::write_bundle(h.dir.path(), "x", &[("flow.json", flow("xw2"))]);
     h.rt.load_bundle(&y).unwrap();
     assert_eq!(h.store.bundle_dir("xw").unwrap().unwrap(), y);
+}
+
+/// A command that lands between a node's question to the host and its
+/// decision makes the node ask again: a trigger revised while a `prepare`
+/// answer of the old trigger waits is not parked on by the old deadline.
+#[test]
+fn an_answer_asked_before_a_command_is_asked_again() {
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let one_step = stepwell::RuntimeConfig {
+        max_steps_per_tick: 1,
+        ..Default::default()
+    };
+    let h = Host::with_config(Backend::Sqlite, clock.clone(), one_step);
+    let mut req = request("stale", "echo", json!({"prompt": "x"}));
+    req["trigger"]["config"] = json!({"start_at": "2026-01-01T00:05:00Z", "every": "1m"});
+    let id = create_automation(&h.rt, &req, at(T0), None)
+        .unwrap()
+        .automation_id;
+    // start, read_definition, then wait asks the trigger's prepare.
+    let mut run = h.rt.get_state(&id).unwrap();
+    for _ in 0..3 {
+        run = h.rt.tick(&id).unwrap();
+    }
+    assert_eq!(run.current_node.as_deref(), Some("wait"));
+    let facts = &run.vars["_automation_facts"];
+    assert_eq!(facts["answer"]["op"], "prepare", "{facts}");
+    assert_eq!(
+        facts["answer"]["wait"]["until"], "2026-01-01T00:05:00+00:00",
+        "{facts}"
+    );
+    let revised = apply_automation_command(
+        &h.rt,
+        &Command {
+            automation_id: &id,
+            command_id: "later",
+            command_type: "revise",
+            payload: Some(&json!({"changes": {"trigger": {"source_id": "schedule",
+                "source_version": 1, "config": {"start_at": "2026-01-01T03:00:00Z", "every": "1h"}}}})),
+            ..Command::default()
+        },
+        at(T0),
+    )
+    .unwrap();
+    assert_eq!(revised["status"], "applied", "{revised}");
+    drive_until_idle(&h.rt, 100).unwrap();
+    let run = h.rt.get_state(&id).unwrap();
+    assert_eq!(
+        run.waiting.as_ref().unwrap().until.as_deref(),
+        Some("2026-01-01T03:00:00+00:00"),
+        "parked by the revised trigger, not by the old answer"
+    );
+    assert!(
+        run.vars.get("_automation_facts").is_none(),
+        "the answer is dropped"
+    );
+}
+
+/// A controller's data budget counts from its last wait: an automation
+/// whose inputs are large fires for as long as it lives.
+#[test]
+fn a_controller_with_large_inputs_outlives_the_data_budget() {
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let small = stepwell::RuntimeConfig {
+        max_run_data_bytes: 4 << 20,
+        ..Default::default()
+    };
+    let h = Host::with_config(Backend::Sqlite, clock.clone(), small);
+    let mut req = request("big", "echo", json!({"prompt": "y".repeat(200 << 10)}));
+    req["trigger"]["config"] = json!({"start_at": T0, "every": "1m"});
+    let id = create_automation(&h.rt, &req, at(T0), None)
+        .unwrap()
+        .automation_id;
+    for minute in 0..30 {
+        clock.set(at(T0) + chrono::Duration::minutes(minute));
+        let report = drive_until_idle(&h.rt, 100).unwrap();
+        assert!(report.errors.is_empty(), "minute {minute}: {report:?}");
+    }
+    let run = h.rt.get_state(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Waiting, "{:?}", run.error);
+    let shown = show_automation(&h.rt, &id, at(T0)).unwrap();
+    assert_eq!(shown["state"]["next_index"], 31, "30 occurrences");
+    assert!(
+        run.vars["_runtime"]["data_bytes"].as_u64().unwrap() > 4 << 20,
+        "more than the budget over its life"
+    );
+    // The commit steps' own records name the records they wrote; the
+    // fields and deltas are in those records only.
+    let ledger = h.rt.get_ledger(&id).unwrap();
+    let commits: Vec<_> = ledger
+        .iter()
+        .filter_map(|r| r.effect.as_ref())
+        .filter(|e| e.kind == "automation.commit")
+        .collect();
+    assert!(commits.len() > 60, "{}", commits.len());
+    for e in commits {
+        for entry in e.payload["entries"].as_array().unwrap() {
+            let keys: Vec<&String> = entry.as_object().unwrap().keys().collect();
+            assert_eq!(keys, ["as", "discriminator", "name"], "{entry}");
+        }
+    }
+    // Per occurrence, the reference's records carry the prompt three times
+    // (admitted: the frozen inputs, and the pending occurrence in its
+    // delta; dispatched: the pending occurrence), and the echoed answer
+    // comes twice (the child's end resuming the controller, and the read
+    // of it): about five copies, not the eleven of commit payloads kept in
+    // full.
+    let bytes = serde_json::to_vec(&ledger).unwrap().len();
+    assert!(
+        bytes < 30 * 6 * (200 << 10),
+        "at most about five copies of the prompt per occurrence: {bytes}"
+    );
+}
+
+/// Runs of the controller's workflow come only with their automation.
+#[test]
+fn the_controller_cannot_be_started_on_its_own() {
+    let h = host(Backend::Memory, &Arc::new(ManualClock::new(at(T0))));
+    let id = stepwell::automation::CONTROLLER_WORKFLOW_ID;
+    for e in [
+        h.rt.start(id, Default::default()).unwrap_err(),
+        h.rt.run(id, Default::default()).unwrap_err(),
+    ] {
+        assert_eq!(e.reason_code(), "invalid_input", "{e}");
+        assert!(e.to_string().contains("automations create"), "{e}");
+    }
 }

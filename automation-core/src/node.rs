@@ -17,7 +17,9 @@ use crate::occurrence::{
     definition_ends, plan_dispatch, plan_outcome, plan_wait_locally, wait_after_prepare, WaitPlan,
 };
 use crate::outcome::{complete_occurrence, ChildView};
-use crate::protocol::{Commit, Entry, Observed, Park, Planned, TriggerAnswer, TriggerCall};
+use crate::protocol::{
+    Basis, Commit, Entry, Facts, Observed, Park, Planned, TriggerAnswer, TriggerCall,
+};
 use crate::time::{format_timestamp, parse_timestamp};
 use crate::{into_map, set, AutomationError};
 
@@ -26,10 +28,10 @@ use crate::{into_map, set, AutomationError};
 pub enum Step {
     /// Follow this route of the node, changing nothing.
     Route(&'static str),
-    /// Ask the host to call the trigger source; the node runs again with
+    /// Ask the host to call the trigger source; the node runs `again` with
     /// the answer.
     AskTrigger(TriggerCall),
-    /// Ask the host for the attempt's run; the node runs again with it.
+    /// Ask the host for the attempt's run; the node runs `again` with it.
     ReadOccurrence(String),
     /// Commit these records (and notes), park if it says so, then follow
     /// the route.
@@ -51,7 +53,8 @@ pub struct Controller<'a> {
     pub owner: Option<&'a str>,
     /// The step's time.
     pub now: DateTime<Utc>,
-    /// The answer of the host effect asked for on the previous visit.
+    /// The answer of the host effect asked for on the previous visit
+    /// ([`crate::protocol::Facts`]).
     pub facts: Option<&'a Value>,
     /// What the dispatch's wait wrote when the attempt's run ended.
     pub dispatch: Option<&'a Value>,
@@ -71,10 +74,30 @@ fn commit(entries: Vec<Entry>, route: &'static str) -> Step {
     )
 }
 
+/// An answer the node may decide from, and the time it decides as of.
+struct Answer<T> {
+    answer: T,
+    now: DateTime<Utc>,
+    at: String,
+}
+
 impl Controller<'_> {
-    fn trigger_answer(&self) -> Option<TriggerAnswer> {
-        self.facts
-            .and_then(|f| serde_json::from_value::<TriggerAnswer>(f.clone()).ok())
+    /// The answer of the previous visit, if it is a `T` asked on the state
+    /// and revision the node sees now (a command in between moved the
+    /// state version: the node asks again).
+    fn answer<T: serde::de::DeserializeOwned>(&self) -> Option<Answer<T>> {
+        let facts: Facts = serde_json::from_value(self.facts?.clone()).ok()?;
+        let now = parse_timestamp(&facts.basis.asked_at, "asked_at").ok()?;
+        let at = format_timestamp(now);
+        if facts.basis != Basis::of(self.definition, self.state, &facts.basis.asked_at) {
+            return None;
+        }
+        let answer = serde_json::from_value(facts.answer).ok()?;
+        Some(Answer { answer, now, at })
+    }
+
+    fn trigger_answer(&self) -> Option<Answer<TriggerAnswer>> {
+        self.answer()
     }
 
     /// `read_definition`: `end` when nothing is pending and the automation
@@ -91,10 +114,14 @@ impl Controller<'_> {
     /// ([`wait_after_prepare`]): `go` on to `admit`, park on the wake wait,
     /// or `end` (noting a source that ran out as exhausted).
     pub fn wait(&self) -> Step {
-        let plan = match plan_wait_locally(self.definition, self.state, self.now) {
-            Some(plan) => plan,
+        let (plan, at) = match plan_wait_locally(self.definition, self.state, self.now) {
+            Some(plan) => (plan, None),
             None => match self.trigger_answer() {
-                Some(TriggerAnswer::Prepare { wait }) => wait_after_prepare(&wait, self.now),
+                Some(Answer {
+                    answer: TriggerAnswer::Prepare { wait },
+                    now,
+                    at,
+                }) => (wait_after_prepare(&wait, now), Some(at)),
                 _ => return Step::AskTrigger(TriggerCall::Prepare),
             },
         };
@@ -102,6 +129,7 @@ impl Controller<'_> {
             WaitPlan::Go => Step::Route("go"),
             WaitPlan::Park(until) => Step::Commit(
                 Commit {
+                    at,
                     park: Some(Park { until }),
                     ..Commit::default()
                 },
@@ -116,6 +144,7 @@ impl Controller<'_> {
                 if nothing_pending && !archived && self.state["exhausted"] != Value::Bool(true) {
                     Step::Commit(
                         Commit {
+                            at,
                             note_exhausted: true,
                             ..Commit::default()
                         },
@@ -168,24 +197,36 @@ impl Controller<'_> {
             .and_then(Value::as_str);
         let mut trigger_update = Map::new();
         let mut coalesced = None;
-        let (envelope, first_run_id, command_id) = match manual {
+        let (envelope, first_run_id, command_id, at) = match manual {
             Some(command_id) => {
-                let Some(TriggerAnswer::Manual { envelope }) = self.trigger_answer() else {
+                let event_id = format!("manual:{command_id}");
+                let answer = self.trigger_answer().and_then(|a| match a.answer {
+                    TriggerAnswer::Manual { envelope } if envelope["event_id"] == event_id => {
+                        Some((envelope, a.at))
+                    }
+                    _ => None,
+                });
+                let Some((envelope, at)) = answer else {
                     return Ok(Step::AskTrigger(TriggerCall::Manual {
                         command_id: command_id.to_string(),
                         fired_at: at,
                     }));
                 };
                 let first = occurrence_run_id(self.id, OccurrenceKind::Manual { command_id }, 1);
-                (admitted_envelope(&envelope), first, Some(command_id))
+                (admitted_envelope(&envelope), first, Some(command_id), at)
             }
             None => {
                 if set(state.get("paused")) || set(definition.get("archived_at")) {
                     return Ok(Step::Route("rearm"));
                 }
-                let Some(TriggerAnswer::Admit {
-                    state: source_state,
-                    admitted,
+                let Some(Answer {
+                    answer:
+                        TriggerAnswer::Admit {
+                            state: source_state,
+                            admitted,
+                        },
+                    at,
+                    ..
                 }) = self.trigger_answer()
                 else {
                     return Ok(Step::AskTrigger(TriggerCall::Admit));
@@ -202,7 +243,7 @@ impl Controller<'_> {
                 trigger_update = stored_trigger_state(&source_state);
                 let first =
                     occurrence_run_id(self.id, OccurrenceKind::Scheduled { revision, index }, 1);
-                (admitted_envelope(&admitted.envelope), first, None)
+                (admitted_envelope(&admitted.envelope), first, None, at)
             }
         };
         let prepared = build_prepared(
@@ -254,7 +295,14 @@ impl Controller<'_> {
             })),
             delta: json!({"state": delta}),
         }));
-        Ok(commit(entries, "prepare"))
+        Ok(Step::Commit(
+            Commit {
+                at: Some(at),
+                entries,
+                ..Commit::default()
+            },
+            "prepare",
+        ))
     }
 
     /// `prepare_context`: the occurrence's inputs were frozen at admission;
@@ -271,10 +319,10 @@ impl Controller<'_> {
     }
 
     /// `dispatch`: `automation.dispatched` for the current attempt (then
-    /// this node again), else the start of its run and the wait for it.
+    /// this node `again`), else the start of its run and the wait for it.
     pub fn dispatch(&self) -> Result<Step, AutomationError> {
         if let Some(planned) = plan_dispatch(self.id, self.state)? {
-            return Ok(commit(vec![Entry::Decision(planned)], "dispatch"));
+            return Ok(commit(vec![Entry::Decision(planned)], "again"));
         }
         let run_id = pending(self.state)
             .and_then(|p| p["run_id"].as_str())
@@ -310,16 +358,22 @@ impl Controller<'_> {
                 ));
             }
         }
-        let child = self
-            .facts
-            .and_then(|f| serde_json::from_value::<ChildView>(f.clone()).ok())
-            .filter(|c| c.run_id == run_id);
-        let Some(child) = child else {
+        let read = self
+            .answer::<ChildView>()
+            .filter(|a| a.answer.run_id == run_id);
+        let Some(Answer { answer, now, at }) = read else {
             return Ok(Step::ReadOccurrence(run_id.to_string()));
         };
-        Ok(match plan_outcome(definition, state, &child, self.now)? {
+        Ok(match plan_outcome(definition, state, &answer, now)? {
             None => Step::Route("dispatch"),
-            Some(planned) => commit(vec![Entry::Decision(planned)], "next"),
+            Some(planned) => Step::Commit(
+                Commit {
+                    at: Some(at),
+                    entries: vec![Entry::Decision(planned)],
+                    ..Commit::default()
+                },
+                "next",
+            ),
         })
     }
 }
@@ -365,8 +419,17 @@ mod tests {
         }
     }
 
+    /// `a` as the host answers it, asked on `state` of `definition()` at
+    /// `asked_at`.
+    fn asked(a: impl serde::Serialize, state: &Value, asked_at: &str) -> Value {
+        json!(Facts {
+            basis: Basis::of(&definition(), state, asked_at),
+            answer: serde_json::to_value(a).unwrap(),
+        })
+    }
+
     fn answer(a: TriggerAnswer) -> Value {
-        serde_json::to_value(a).unwrap()
+        asked(a, &state(), "2026-01-01T00:29:00+00:00")
     }
 
     #[test]
@@ -410,6 +473,13 @@ mod tests {
             panic!("an exhausted source ends");
         };
         assert!(c.note_exhausted && c.park.is_none());
+        // An exhaustion asked on another state version is not this one's.
+        let mut moved = state();
+        moved["state_version"] = json!(4);
+        assert_eq!(
+            at(&d, &moved, Some(&over)).wait(),
+            Step::AskTrigger(TriggerCall::Prepare)
+        );
         let mut queued = state();
         queued["manual_pending"] = json!({"command_id": "c1"});
         assert_eq!(at(&d, &queued, None).wait(), Step::Route("go"));
@@ -437,10 +507,16 @@ mod tests {
         let envelope = json!({"event_id": "manual:c1", "source_id": "manual", "source_version": 1,
                               "fired_at": "2026-01-01T00:30:00Z", "payload": {"command_id": "c1"},
                               "binding_id": "b1"});
-        let manual = answer(TriggerAnswer::Manual { envelope });
+        let manual = asked(
+            TriggerAnswer::Manual { envelope },
+            &s,
+            "2026-01-01T00:29:00Z",
+        );
         let Step::Commit(c, "prepare") = at(&d, &s, Some(&manual)).admit().unwrap() else {
             panic!("a run-now is admitted");
         };
+        // Decided as of the question.
+        assert_eq!(c.at.as_deref(), Some("2026-01-01T00:29:00+00:00"));
         let [Entry::Decision(p)] = c.entries.as_slice() else {
             panic!("one decision: {:?}", c.entries);
         };
@@ -484,6 +560,19 @@ mod tests {
         let Step::Commit(c, "prepare") = at(&d, &s, Some(&admitted)).admit().unwrap() else {
             panic!("admitted");
         };
+        // Asked before a command moved the state: asked again.
+        let mut moved = state();
+        moved["state_version"] = json!(1);
+        assert_eq!(
+            at(&d, &moved, Some(&admitted)).admit().unwrap(),
+            Step::AskTrigger(TriggerCall::Admit)
+        );
+        let mut revised = definition();
+        revised["revision"] = json!(2);
+        assert_eq!(
+            at(&revised, &s, Some(&admitted)).admit().unwrap(),
+            Step::AskTrigger(TriggerCall::Admit)
+        );
         let [Entry::Observation(o), Entry::Decision(p)] = c.entries.as_slice() else {
             panic!(
                 "the coalesced observation, then the admission: {:?}",
@@ -507,7 +596,7 @@ mod tests {
         s["pending_occurrence"] = json!({"run_id": "r1", "index": 1, "attempt": 1, "revision": 1,
                                          "phase": "admitted", "command_id": null,
                                          "retry": d["policy"]["retry"]});
-        let Step::Commit(c, "dispatch") = at(&d, &s, None).dispatch().unwrap() else {
+        let Step::Commit(c, "again") = at(&d, &s, None).dispatch().unwrap() else {
             panic!("the dispatch is recorded first");
         };
         let [Entry::Decision(p)] = c.entries.as_slice() else {
@@ -523,17 +612,19 @@ mod tests {
             Step::StartOccurrence(run_id.clone())
         );
         // A read of another run is not the answer.
-        let other = json!({"run_id": "r0", "status": "completed", "output": {}, "error": null});
+        let read = |view: Value| asked(view, &s, "2026-01-01T00:30:00Z");
+        let other =
+            read(json!({"run_id": "r0", "status": "completed", "output": {}, "error": null}));
         assert_eq!(
             at(&d, &s, Some(&other)).record_outcome().unwrap(),
             Step::ReadOccurrence(run_id.clone())
         );
-        let going = json!({"run_id": run_id, "status": "waiting"});
+        let going = read(json!({"run_id": run_id, "status": "waiting"}));
         assert_eq!(
             at(&d, &s, Some(&going)).record_outcome().unwrap(),
             Step::Route("dispatch")
         );
-        let failed = json!({"run_id": run_id, "status": "failed", "error": "boom"});
+        let failed = read(json!({"run_id": run_id, "status": "failed", "error": "boom"}));
         let Step::Commit(c, "next") = at(&d, &s, Some(&failed)).record_outcome().unwrap() else {
             panic!("an ended run is recorded");
         };
@@ -555,5 +646,30 @@ mod tests {
             (p.name.as_str(), &p.fields["status"]),
             ("automation.completed", &json!("cancelled"))
         );
+    }
+
+    #[test]
+    fn the_controller_copies_only_what_an_outcome_reads() {
+        let output = json!({"response": "ok", "huge": "x".repeat(1000), "success": true,
+                            "result": {"answer": "a", "deep": [[[[1]]]]}, "notify": {"title": "t"}});
+        let view = ChildView::of("r1", "completed", Some(&output), None);
+        assert_eq!(
+            view.output,
+            Some(
+                json!({"response": "ok", "success": true, "notify": {"title": "t"},
+                        "result": {"answer": "a"}})
+            )
+        );
+        let full = ChildView {
+            output: Some(output),
+            ..view.clone()
+        };
+        assert_eq!(
+            crate::normalize_occurrence_output(&view),
+            crate::normalize_occurrence_output(&full)
+        );
+        let text = ChildView::of("r1", "failed", Some(&json!("no object")), Some("boom"));
+        assert_eq!(text.output, Some(json!({})));
+        assert_eq!(text.error.as_deref(), Some("boom"));
     }
 }

@@ -31,6 +31,43 @@ impl ChildView {
     pub fn ended(&self) -> bool {
         matches!(self.status.as_str(), "completed" | "failed" | "cancelled")
     }
+
+    /// The view of a run whose output is `output`, keeping of it only what
+    /// [`normalize_occurrence_output`] reads (`response`, `answer`,
+    /// `notify`, `success`, `error`, and `result` when it is text, or those
+    /// keys of it when it is an object): what the controller copies of an
+    /// occurrence's run, however large the rest of its output.
+    pub fn of(run_id: &str, status: &str, output: Option<&Value>, error: Option<&str>) -> Self {
+        const READ: [&str; 5] = ["response", "answer", "notify", "success", "error"];
+        let keep = |m: &Map<String, Value>| -> Map<String, Value> {
+            READ.iter()
+                .filter_map(|k| m.get(*k).map(|v| (k.to_string(), v.clone())))
+                .collect()
+        };
+        let output = output.map(|o| match o {
+            Value::Object(m) => {
+                let mut kept = keep(m);
+                match m.get("result") {
+                    Some(Value::String(s)) => {
+                        kept.insert("result".into(), Value::String(s.clone()));
+                    }
+                    Some(Value::Object(r)) => {
+                        kept.insert("result".into(), Value::Object(keep(r)));
+                    }
+                    _ => {}
+                }
+                Value::Object(kept)
+            }
+            // Not an object: read as `{}`.
+            _ => Value::Object(Map::new()),
+        });
+        ChildView {
+            run_id: run_id.to_string(),
+            status: status.to_string(),
+            output,
+            error: error.map(str::to_string),
+        }
+    }
 }
 
 /// The body of a `notify: true` item is the answer cut to this many

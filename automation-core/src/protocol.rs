@@ -6,11 +6,17 @@
 //! - [`TRIGGER_EFFECT`] (`automation.trigger`, payload [`TriggerCall`]): a
 //!   call of the bound trigger source (`prepare`, or `admit` and
 //!   `normalize` of its admission) or `manual@1`'s `normalize` of a
-//!   run-now; the [`TriggerAnswer`] lands in [`FACTS_KEY`] and the node runs
-//!   again with it.
+//!   run-now; the [`TriggerAnswer`] lands in [`FACTS_KEY`] (as [`Facts`])
+//!   and the node runs again with it.
 //! - [`READ_OCCURRENCE_EFFECT`] (`automation.read_occurrence`, payload
-//!   `{"run_id"}`): the attempt's run as a [`crate::ChildView`], in
-//!   [`FACTS_KEY`].
+//!   `{"run_id"}`): the attempt's run as a [`crate::ChildView`] (its output
+//!   cut to what an outcome reads), in [`FACTS_KEY`].
+//!
+//! An answer carries its [`Basis`]: the state version and revision it was
+//! asked on, and when. A node uses it only while both still hold (a
+//! command in between, which always moves the state version, makes it ask
+//! again), and decides as of the time it asked: one turn, one `now`, as
+//! when the question and the decision were one step.
 //! - [`COMMIT_EFFECT`] (`automation.commit`, payload [`Commit`]): the
 //!   decisions and observations, each written once per key, committed with
 //!   the step (the record and the changed `_runtime.automation` /
@@ -41,14 +47,64 @@ pub const EFFECTS: [&str; 4] = [
     START_OCCURRENCE_EFFECT,
 ];
 /// Where a read effect's answer lands in the controller's vars (the node
-/// that asked runs again with it, and drops it when it decides).
-pub const FACTS_KEY: &str = "_temp.automation_facts";
+/// that asked runs again with it, and drops it when it decides): a var of
+/// its own, so that dropping it sends nothing else back.
+pub const FACTS_KEY: &str = "_automation_facts";
 /// Where the dispatch's wait writes the ended attempt's summary.
 pub const DISPATCH_KEY: &str = "_temp.automation_dispatch";
+
+/// The keys every automation record has beside its own fields (the host
+/// sets them; a node's fields may not).
+pub const COMMON_FIELDS: [&str; 7] = [
+    "schema_version",
+    "automation_id",
+    "revision",
+    "at",
+    "state_version",
+    "delta",
+    "command_id",
+];
+
+/// What an answer was asked on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Basis {
+    /// The controller's `state_version` then.
+    pub state_version: u64,
+    /// The definition's `revision` then.
+    pub revision: u64,
+    /// When it was asked (the host's clock, the automation layer's
+    /// spelling): the time the node decides as of.
+    pub asked_at: String,
+}
+
+impl Basis {
+    /// The basis of an answer asked at `asked_at` on the controller whose
+    /// definition and state these are (a `state_version` or `revision` that
+    /// is not a whole number reads as 0).
+    pub fn of(definition: &Value, state: &Value, asked_at: &str) -> Basis {
+        Basis {
+            state_version: state["state_version"].as_u64().unwrap_or(0),
+            revision: definition["revision"].as_u64().unwrap_or(0),
+            asked_at: asked_at.to_string(),
+        }
+    }
+}
+
+/// An answer of the host, with its basis (what lands in [`FACTS_KEY`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Facts {
+    /// What it was asked on.
+    pub basis: Basis,
+    /// A [`TriggerAnswer`] or a [`crate::ChildView`].
+    pub answer: Value,
+}
 
 /// A decision the controller is about to write: its name, discriminator,
 /// fields and delta (committed by the host with its record).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Planned {
     /// `automation.<x>`.
     pub name: String,
@@ -62,6 +118,7 @@ pub struct Planned {
 
 /// A fact to record without changing the state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Observed {
     /// `automation.<x>`.
     pub name: String,
@@ -83,12 +140,19 @@ pub enum Entry {
 
 /// What `automation.commit` writes in one step.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Commit {
+    /// The time the decision is made as of (the [`Basis::asked_at`] of the
+    /// answer it rests on), in the automation layer's spelling; absent, the
+    /// step's own time.
+    #[serde(default)]
+    pub at: Option<String>,
     /// The records, in order; a key written before is not written again.
     #[serde(default)]
     pub entries: Vec<Entry>,
-    /// State keys set without a record: only `exhausted`, which a source
-    /// that keeps none of its own (a plugin) says by ending.
+    /// Note `exhausted: true` in the state without a record: a source that
+    /// keeps none of its own (a plugin) says so by ending. (The host also
+    /// refreshes `active_revision` from the definition on every commit.)
     #[serde(default)]
     pub note_exhausted: bool,
     /// After the commit, park on the wake wait (`automation:<id>:wake`)
@@ -99,6 +163,7 @@ pub struct Commit {
 
 /// The wake wait: a command, or the deadline, ends it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Park {
     /// The deadline (the next due time or the retry time, in the
     /// automation layer's spelling), if there is one.

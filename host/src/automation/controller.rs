@@ -28,8 +28,8 @@ use std::sync::{Arc, OnceLock};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
 use stepwell_automation_core::protocol::{
-    Admitted, Commit, Entry, TriggerAnswer, TriggerCall, COMMIT_EFFECT, READ_OCCURRENCE_EFFECT,
-    START_OCCURRENCE_EFFECT, TRIGGER_EFFECT,
+    Admitted, Basis, Commit, Entry, Facts, TriggerAnswer, TriggerCall, COMMIT_EFFECT,
+    COMMON_FIELDS, READ_OCCURRENCE_EFFECT, START_OCCURRENCE_EFFECT, TRIGGER_EFFECT,
 };
 
 use super::commands::binding_of;
@@ -39,7 +39,7 @@ use super::envelope::occurrence_vars;
 use super::ids::{record_key, wake_wait_key};
 use super::occurrence::trigger_wait;
 use super::outcome::child_view;
-use super::time::format_timestamp;
+use super::time::{format_timestamp, parse_timestamp};
 use super::AutomationError;
 use crate::core::config::StartOptions;
 use crate::core::model::{RunState, WaitReason, WaitState};
@@ -169,6 +169,16 @@ fn envelope_json(e: Envelope) -> Value {
     })
 }
 
+/// `answer` with what it was asked on ([`Facts`]).
+fn facts(cx: &EffectCx<'_>, answer: Value) -> Result<Value> {
+    let basis = Basis::of(
+        definition(cx.run)?,
+        state(cx.run)?,
+        &format_timestamp(cx.now),
+    );
+    Ok(json!(Facts { basis, answer }))
+}
+
 fn object_payload<T: serde::de::DeserializeOwned>(
     kind: &str,
     payload: &Map<String, Value>,
@@ -204,6 +214,21 @@ impl EffectHandler for ControllerEffect {
         self.kind == Kind::Commit
     }
 
+    /// A commit's records hold its fields and deltas: the step's own
+    /// records keep which records it wrote, and the rest of the payload.
+    fn recorded_payload(&self, payload: &Value) -> Option<Value> {
+        if self.kind != Kind::Commit {
+            return None;
+        }
+        let mut kept = payload.as_object()?.clone();
+        if let Some(Value::Array(entries)) = kept.get_mut("entries") {
+            for e in entries.iter_mut().filter_map(Value::as_object_mut) {
+                e.retain(|k, _| matches!(k.as_str(), "as" | "name" | "discriminator"));
+            }
+        }
+        Some(Value::Object(kept))
+    }
+
     fn commits_first(&self) -> bool {
         // The child is created under the controller, which must exist
         // with its resume committed before.
@@ -236,7 +261,7 @@ impl EffectHandler for ControllerEffect {
                 let answer = self.trigger(cx, call)?;
                 let answer = serde_json::to_value(answer)
                     .map_err(|e| seam(format!("a trigger answer is not JSON: {e}")))?;
-                Ok(Outcome::Completed(answer))
+                Ok(Outcome::Completed(facts(cx, answer)?))
             }
             Kind::ReadOccurrence => {
                 let run_id = payload.get("run_id").and_then(Value::as_str);
@@ -244,7 +269,7 @@ impl EffectHandler for ControllerEffect {
                 match run_id {
                     Some(id) if Some(id) == pending => {
                         let child = cx.runs.get_run(id)?;
-                        Ok(Outcome::Completed(json!(child_view(&child))))
+                        Ok(Outcome::Completed(facts(cx, json!(child_view(&child)))?))
                     }
                     _ => Err(seam(format!(
                         "{READ_OCCURRENCE_EFFECT} asked for run {run_id:?}, not for the pending occurrence's run {pending:?}"
@@ -321,27 +346,90 @@ impl ControllerEffect {
     }
 }
 
-/// Writes `commit`'s records on the controller (each once per key), applies
-/// the decisions' deltas, and answers the step's change: the new state and
-/// definition and the records; then the node's route, or the wake wait
+/// The records each node may write: `(name, as a decision)`.
+fn allowed(node: &str) -> &'static [(&'static str, bool)] {
+    match node {
+        "admit" => &[
+            ("automation.admitted", true),
+            ("automation.coalesced", false),
+            ("automation.completed", true),
+        ],
+        "dispatch" => &[("automation.dispatched", true)],
+        "record_outcome" => &[
+            ("automation.completed", true),
+            ("automation.retry_scheduled", true),
+        ],
+        _ => &[],
+    }
+}
+
+fn refuse(message: String) -> Outcome {
+    Outcome::Failed(crate::effects::Failure::permanent(
+        "invalid_effect",
+        format!("{COMMIT_EFFECT}: {message}"),
+    ))
+}
+
+/// Writes `commit`'s records on the controller, applies the decisions'
+/// deltas, and answers the step's change: the new state and definition and
+/// the records; then the node's route, or the wake wait
 /// (`automation:<id>:wake`, until the deadline the node chose) before it.
+///
+/// The host checks what it writes: each node writes only its own records
+/// (`admit`: admitted, coalesced, a cancelled completion; `dispatch`:
+/// dispatched; `record_outcome`: completed, retry_scheduled), a delta
+/// changes only state keys (never the definition), fields never set a
+/// record's common keys, only `wait` parks or notes an exhausted source,
+/// and a decision's key is new (one already written with a state that
+/// does not show it means the node would loop).
 fn commit_decisions(cx: &EffectCx<'_>, commit: Commit) -> Result<Outcome> {
     let mut run = cx.run.clone();
-    let at = format_timestamp(cx.now);
     let node = run.current_node.clone().unwrap_or_default();
+    let at = match &commit.at {
+        None => format_timestamp(cx.now),
+        Some(t) => match parse_timestamp(t, "at") {
+            Ok(t) if t <= cx.now => format_timestamp(t),
+            _ => return Ok(refuse(format!("at {t:?} is not a time up to now"))),
+        },
+    };
     let mut records = Vec::new();
     for entry in commit.entries {
         let (name, discriminator, fields, delta) = match entry {
             Entry::Decision(p) => (p.name, p.discriminator, p.fields, Some(p.delta)),
             Entry::Observation(o) => (o.name, o.discriminator, o.fields, None),
         };
-        if !name.starts_with("automation.") {
-            return Err(seam(format!(
-                "a controller record must be named automation.<x>, not {name:?}"
+        if !allowed(&node).contains(&(name.as_str(), delta.is_some())) {
+            let what = if delta.is_some() {
+                "decision"
+            } else {
+                "observation"
+            };
+            return Ok(refuse(format!(
+                "node {node:?} may not write the {what} {name:?}"
             )));
+        }
+        if let Some(k) = COMMON_FIELDS.iter().find(|k| fields.contains_key(**k)) {
+            return Ok(refuse(format!(
+                "{name}: the field {k:?} is the host's to set"
+            )));
+        }
+        if let Some(delta) = &delta {
+            let only_state = delta
+                .as_object()
+                .is_some_and(|d| d.len() == 1 && d.get("state").is_some_and(Value::is_object));
+            if !only_state {
+                return Ok(refuse(format!(
+                    "{name}: a delta must be {{\"state\": {{...}}}} (the controller never changes the definition)"
+                )));
+            }
         }
         let key = record_key(&name, &run.run_id, &discriminator);
         let ledger = cx.runs.find_records(&run.run_id, &key)?;
+        if delta.is_some() && !ledger.is_empty() {
+            return Err(seam(format!(
+                "{key} was decided before, but the controller's state does not show it"
+            )));
+        }
         let t = Transition {
             name: &name,
             discriminator: &discriminator,
@@ -358,23 +446,43 @@ fn commit_decisions(cx: &EffectCx<'_>, commit: Commit) -> Result<Outcome> {
     }
     let mut state = state(&run)?.clone();
     let definition = definition(&run)?.clone();
+    if (commit.note_exhausted || commit.park.is_some()) && node != "wait" {
+        return Ok(refuse(format!(
+            "node {node:?} may not park or note an exhausted source"
+        )));
+    }
     if commit.note_exhausted {
+        let idle = state["pending_occurrence"].is_null()
+            && state["manual_pending"].is_null()
+            && definition["archived_at"].is_null();
+        if !idle {
+            return Ok(refuse(
+                "a source is noted exhausted only when nothing is pending and the automation is not archived".into(),
+            ));
+        }
         state["exhausted"] = json!(true);
     }
     // `active_revision` is derived from the definition on every save.
     state["active_revision"] = definition["revision"].clone();
     let then = match commit.park {
         None => Then::Continue(Value::Null),
-        Some(park) => Then::Wait(Box::new(WaitState {
-            reason: WaitReason::Event,
-            wait_key: wake_wait_key(&run.run_id),
-            until: park.until,
-            resume_to_node: None,
-            result_key: None,
-            prompt: None,
-            choices: None,
-            details: None,
-        })),
+        Some(park) => {
+            let until = match park.until.as_deref().map(|u| parse_timestamp(u, "until")) {
+                None => None,
+                Some(Ok(t)) => Some(format_timestamp(t)),
+                Some(Err(e)) => return Ok(refuse(format!("park: {e}"))),
+            };
+            Then::Wait(Box::new(WaitState {
+                reason: WaitReason::Event,
+                wait_key: wake_wait_key(&run.run_id),
+                until,
+                resume_to_node: None,
+                result_key: None,
+                prompt: None,
+                choices: None,
+                details: None,
+            }))
+        }
     };
     Ok(Outcome::HostChange(Box::new(HostChange {
         assign: vec![

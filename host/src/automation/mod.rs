@@ -4,11 +4,14 @@
 //! An automation is a controller run whose id is the automation's id; its
 //! definition lives in the controller's `vars._meta.automation`, its state
 //! in `vars._runtime.automation`, and every transition is an
-//! `automation.*` record in its ledger. This module holds the parts every
-//! other piece stands on, all pure: the identifiers (deterministic UUIDs),
-//! the reference's timestamp and duration spellings, canonical JSON and
-//! request digests, and the definition (validation of a creation request,
-//! revisions, status, the controller's initial state, retry backoff).
+//! `automation.*` record in its ledger. The rules with no I/O (the
+//! identifiers, the reference's timestamp and duration spellings, canonical
+//! JSON and digests, the definition, admissions, outcomes, and what each
+//! controller node decides) are the crate `stepwell-automation-core`
+//! ([`decisions`]), which the controller's WebAssembly nodes are built
+//! from too; they are re-exported here. This module is the half that
+//! touches the store: the controller's host effects, creation, commands,
+//! queries and views.
 //!
 //! The behaviour is the reference implementation's (abstractruntime
 //! 0.13.0); `docs/automations.md` is the user's guide.
@@ -38,9 +41,9 @@ mod view;
 use stepwell_automation_core::{envelope, ids, time};
 
 /// The controller's decisions with no I/O, shared with its WebAssembly
-/// nodes: the crate `stepwell-automation-core` (its [`node`](core::node)
-/// decisions and the [`protocol`](core::protocol) of the host effects).
-pub use stepwell_automation_core as core;
+/// nodes: the crate `stepwell-automation-core` (its [`node`](decisions::node)
+/// decisions and the [`protocol`](decisions::protocol) of the host effects).
+pub use stepwell_automation_core as decisions;
 
 pub use commands::{
     command_digest, command_observation, command_type, decide_command, CommandDecision,

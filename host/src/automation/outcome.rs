@@ -8,14 +8,14 @@ pub use stepwell_automation_core::outcome::*;
 
 use crate::core::model::RunState;
 
-/// What the controller sees of run `run` ([`ChildView`]).
+/// What the controller sees of run `run` ([`ChildView::of`]).
 pub fn child_view(run: &RunState) -> ChildView {
-    ChildView {
-        run_id: run.run_id.clone(),
-        status: run.status.as_str().to_string(),
-        output: run.output.clone(),
-        error: run.error.clone(),
-    }
+    ChildView::of(
+        &run.run_id,
+        run.status.as_str(),
+        run.output.as_ref(),
+        run.error.as_deref(),
+    )
 }
 
 /// The outcome of the ended occurrence root `child`

@@ -151,7 +151,17 @@ pub(crate) fn visits_since_wait(run: &RunState) -> u64 {
 /// the visit limit.
 pub(crate) fn mark_wait(run: &mut RunState) {
     let n = node_visits(run);
-    set_counter(runtime_vars(run), "waited_at_visit", n);
+    let bytes = data_bytes(run);
+    let map = runtime_vars(run);
+    set_counter(map, "waited_at_visit", n);
+    set_counter(map, "data_at_wait", bytes);
+}
+
+/// The bytes of data the run wrote since it last waited: the budget of a
+/// workflow whose steps never fail it (the automation controller, which
+/// lives for as long as its automation).
+pub(crate) fn data_since_wait(run: &RunState) -> u64 {
+    data_bytes(run).saturating_sub(runtime_u64(run, "data_at_wait").unwrap_or(0))
 }
 
 /// Counts one more node step.

@@ -355,6 +355,7 @@ impl Runtime {
     /// and returns its id. `vars._limits` is filled in when absent. Does not
     /// execute anything: call [`Runtime::tick`] (or let the driver).
     pub fn start(&self, workflow_id: &str, options: StartOptions) -> Result<String> {
+        refuse_controller(workflow_id)?;
         let explicit = options.run_id.is_some();
         let run = self.new_run(workflow_id, options)?;
         let stored = match &self.inner.offloader {
@@ -388,6 +389,7 @@ impl Runtime {
     /// its id, loses nothing. With an explicit id it is `start` (create if
     /// absent, identity-checked) followed by `tick`.
     pub fn run(&self, workflow_id: &str, options: StartOptions) -> Result<RunState> {
+        refuse_controller(workflow_id)?;
         if options.run_id.is_some() || self.inner.config.max_steps_per_tick == 0 {
             let id = self.start(workflow_id, options)?;
             return self.tick(&id);
@@ -1025,6 +1027,19 @@ fn seed_creation_digest(
     };
     meta.insert("creation_digest".into(), Value::String(digest));
     vars.insert("_meta".into(), Value::Object(meta));
+}
+
+/// Runs of the automation controller are created with their automation
+/// (`automation::create_automation`), never started on their own: without
+/// an automation's state they could only be held at their first node.
+fn refuse_controller(workflow_id: &str) -> Result<()> {
+    if workflow_id == crate::automation::CONTROLLER_WORKFLOW_ID {
+        return Err(Error::invalid(
+            "workflow_id",
+            format!("{workflow_id} is the automation controller: its runs are created with their automation (stepwell automations create)"),
+        ));
+    }
+    Ok(())
 }
 
 /// What the drive loop and the effects reach other runs through.

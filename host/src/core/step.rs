@@ -7,8 +7,8 @@ use super::clock::format_time;
 use super::config::RetryPolicy;
 use super::keys::{
     bad_result_key, children_started, count_child, count_data, count_visit, current_attempt,
-    data_bytes, effect_idempotency_key, is_host_owned, mark_wait, next_effect_seq, node_visits,
-    set_attempt, set_retry_seq, terminal_key, too_deep, visits_since_wait,
+    data_bytes, data_since_wait, effect_idempotency_key, is_host_owned, mark_wait, next_effect_seq,
+    node_visits, set_attempt, set_retry_seq, terminal_key, too_deep, visits_since_wait,
 };
 use super::model::{
     EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus, WaitReason,
@@ -293,7 +293,7 @@ impl Runtime {
             );
             return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
         }
-        if let Some(msg) = self.over_data_budget(run) {
+        if let Some(msg) = self.over_data_budget(run, wf.steps_never_fail) {
             return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
         }
         let plan = match self.plan(wf, node, run, &started_at, sessions) {
@@ -302,7 +302,7 @@ impl Runtime {
         };
         if plan.output_bytes > 0 {
             count_data(run, plan.output_bytes as u64);
-            if let Some(msg) = self.over_data_budget(run) {
+            if let Some(msg) = self.over_data_budget(run, wf.steps_never_fail) {
                 return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
             }
         }
@@ -422,7 +422,10 @@ impl Runtime {
             status: StepStatus::Started,
             effect: Some(EffectRecord {
                 kind: effect.kind.clone(),
-                payload: effect.payload.clone(),
+                payload: handler
+                    .recorded_payload(&effect.payload)
+                    .filter(|_| class == EffectClass::Pure)
+                    .unwrap_or_else(|| effect.payload.clone()),
                 result_key: effect.result_key.clone(),
             }),
             idempotency_key: Some(key.clone()),
@@ -491,7 +494,8 @@ impl Runtime {
         let ended_at = format_time(self.now());
         match outcome {
             Outcome::Completed(result) => {
-                if let Some(failure) = self.check_result(run, &effect, &result) {
+                if let Some(failure) = self.check_result(run, &effect, &result, wf.steps_never_fail)
+                {
                     return self.fail_effect(
                         txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
                     );
@@ -590,13 +594,19 @@ impl Runtime {
         txn.commit(records, run)
     }
 
-    /// Why the run may not take more data, if its budget is spent.
-    fn over_data_budget(&self, run: &RunState) -> Option<String> {
+    /// Why the run may not take more data, if its budget is spent: over
+    /// its life, or (`per_wait`: a workflow whose steps never fail it, the
+    /// automation controller) since it last waited.
+    fn over_data_budget(&self, run: &RunState, per_wait: bool) -> Option<String> {
         let limit = self.inner.config.max_run_data_bytes;
-        (data_bytes(run) > limit).then(|| {
+        let (spent, since) = if per_wait {
+            (data_since_wait(run), " since it last waited")
+        } else {
+            (data_bytes(run), "")
+        };
+        (spent > limit).then(|| {
             format!(
-                "limit_exceeded: the run's steps wrote {} bytes of data (guest output, effect results, resume payloads), over the limit of {limit} (RuntimeConfig::max_run_data_bytes)",
-                data_bytes(run)
+                "limit_exceeded: the run's steps wrote {spent} bytes of data{since} (guest output, effect results, resume payloads), over the limit of {limit} (RuntimeConfig::max_run_data_bytes)"
             )
         })
     }
@@ -609,6 +619,7 @@ impl Runtime {
         run: &mut RunState,
         effect: &EffectRequest,
         result: &Value,
+        per_wait: bool,
     ) -> Option<Failure> {
         let parts = effect
             .result_key
@@ -632,7 +643,7 @@ impl Runtime {
             ));
         }
         count_data(run, bytes as u64);
-        self.over_data_budget(run).map(|msg| {
+        self.over_data_budget(run, per_wait).map(|msg| {
             Failure::permanent(
                 "limit_exceeded",
                 msg["limit_exceeded: ".len()..].to_string(),

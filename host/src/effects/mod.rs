@@ -295,6 +295,16 @@ pub trait EffectHandler: Send + Sync {
         false
     }
 
+    /// What the step's ledger records keep of `payload` (`None`: all of
+    /// it). Only for a [`EffectClass::Pure`] effect whose payload is
+    /// written in full elsewhere in the same commit (the automation
+    /// controller's decisions, in their `automation.*` records): a replay
+    /// asks the node again and never reads it back.
+    fn recorded_payload(&self, payload: &Value) -> Option<Value> {
+        let _ = payload;
+        None
+    }
+
     /// Whether the run's pending records (a resume not committed yet, or
     /// the run itself) must be committed before the effect executes: true
     /// for every effect that touches other runs or the world, so nothing

@@ -57,12 +57,12 @@ fn temp_without(input: &Input, path: &str) -> Option<Value> {
     })
 }
 
-/// The plan of `step` at node `node`: a question to the host comes back to
-/// this node with its answer in `_temp.automation_facts`; every other step
+/// The plan of `step`: a question to the host comes back to this node
+/// (route `again`) with its answer in `_automation_facts`; every other step
 /// drops that answer.
-fn plan(input: &Input, node: &str, step: Step) -> Plan {
+fn plan(input: &Input, step: Step) -> Plan {
     let ask = |kind: &str, payload: Value| {
-        Plan::goto(node).with_effect(Effect::new(kind, payload).result_key(FACTS_KEY))
+        Plan::goto("again").with_effect(Effect::new(kind, payload).result_key(FACTS_KEY))
     };
     let plan = match step {
         Step::AskTrigger(call) => {
@@ -88,9 +88,10 @@ fn plan(input: &Input, node: &str, step: Step) -> Plan {
             .result_key(DISPATCH_KEY),
         ),
     };
-    match temp_without(input, FACTS_KEY) {
-        Some(temp) => plan.set("_temp", temp),
-        None => plan,
+    if input.vars.contains_key(FACTS_KEY) {
+        plan.set(FACTS_KEY, Value::Null)
+    } else {
+        plan
     }
 }
 
@@ -132,7 +133,7 @@ fn nodes(input: Input) -> Result<Plan, NodeError> {
             )))
         }
     };
-    Ok(plan(&input, node, step))
+    Ok(plan(&input, step))
 }
 
 export_node!(nodes);
