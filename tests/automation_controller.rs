@@ -916,6 +916,12 @@ fn a_revision_to_a_plugin_source_starts_afresh() {
         items[0]["error"]["reason_code"], "unknown_trigger_source",
         "{listed}"
     );
+    // ... and shows it, without a next firing, saying why.
+    let cron_id = items[0]["automation_id"].as_str().unwrap();
+    let shown = show_automation(&h.rt, cron_id, at("2026-01-01T03:00:10Z")).unwrap();
+    assert_eq!(shown["next_fire_at"], Value::Null, "{shown}");
+    assert_eq!(shown["error"]["reason_code"], "unknown_trigger_source");
+    assert_eq!(shown["definition"]["trigger"]["source_id"], "cron");
 }
 
 /// The one-bundle rule looks at what the recorded bundle defines now: a

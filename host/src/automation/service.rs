@@ -668,7 +668,21 @@ fn controller(rt: &Runtime, id: &str) -> Result<RunState> {
 /// [`super::get_automation`]).
 pub fn show_automation(rt: &Runtime, id: &str, now: DateTime<Utc>) -> Result<Value> {
     let run = controller(rt, id)?;
-    let mut view = get_automation(&run, now, &*rt.triggers()?)?;
+    let mut view = match get_automation(&run, now, &*rt.triggers()?) {
+        Ok(view) => view,
+        // A trigger source this host cannot call (a plugin it does not
+        // have): the automation is still shown, with why it has no
+        // next_fire_at.
+        Err(e)
+            if e.reason_code.starts_with("trigger")
+                || e.reason_code == "unknown_trigger_source" =>
+        {
+            let mut view = super::view::automation_view(&run, Value::Null)?;
+            view["error"] = e.to_json();
+            view
+        }
+        Err(e) => return Err(e.into()),
+    };
     if let Some(held) = held(rt, id)? {
         view["held"] = held;
     }

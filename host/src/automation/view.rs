@@ -125,6 +125,13 @@ pub fn get_automation(
     now: DateTime<Utc>,
     triggers: &TriggerRegistry,
 ) -> Result<Value, AutomationError> {
+    let next = next_fire_at(run, now, triggers)?;
+    automation_view(run, json!(next))
+}
+
+/// [`get_automation`] with `next_fire_at` given (`null` where the trigger
+/// source cannot be asked).
+pub(crate) fn automation_view(run: &RunState, next: Value) -> Result<Value, AutomationError> {
     let (definition, state) = parts(run)?;
     let active = state
         .get("active_revision")
@@ -146,7 +153,7 @@ pub fn get_automation(
         "active_revision": active,
         "state": shown,
         "status": automation_status(run).as_str(),
-        "next_fire_at": next_fire_at(run, now, triggers)?,
+        "next_fire_at": next,
         "current_occurrence": current_occurrence(run),
     }))
 }

@@ -171,6 +171,14 @@ pub fn run(
                         item["occurrence_count"],
                         item["title"].as_str().unwrap_or_default(),
                     );
+                    if let Some(held) = item.get("held") {
+                        println!(
+                            "  held after {} failed tries, next try {}: {}",
+                            held["failures"],
+                            held["retry_at"].as_str().unwrap_or_default(),
+                            held["error"].as_str().unwrap_or_default(),
+                        );
+                    }
                 }
                 if let Some(c) = page["next_cursor"].as_str() {
                     println!("more: --cursor {c}");
