@@ -161,6 +161,9 @@ struct Scenario {
     /// earlier time while the other already moved on records a later
     /// outcome, correctly, that an uninterrupted run does not have.
     concurrent: bool,
+    /// The loopback LLM server the scenario calls (its hosts get its URL
+    /// in `STEPWELL_CRASH_LLM_URL`).
+    llm: Option<stepwell_tests::llm_mock::LlmMock>,
 }
 
 fn phases(kind: Kind) -> &'static [&'static str] {
@@ -178,6 +181,8 @@ fn check(kind: Kind, dir: &Path, s: &Scenario, expected: &Value, what: &str) {
 }
 
 fn harness(kind: Kind, s: Scenario) {
+    let requests = || s.llm.as_ref().map_or(0, |m| m.count());
+    let asked_at_start = requests();
     let clean = tempfile::tempdir().unwrap();
     let Ended::Done(report) = run(kind, clean.path(), s.name, None) else {
         panic!("an uninterrupted host did not complete");
@@ -190,10 +195,18 @@ fn harness(kind: Kind, s: Scenario) {
     if external {
         assert_eq!(side_effects(clean.path()).len(), 1);
     }
+    if s.llm.is_some() {
+        assert_eq!(
+            requests() - asked_at_start,
+            1,
+            "the uninterrupted run asks once"
+        );
+    }
     let mut fired = std::collections::BTreeMap::<&str, usize>::new();
     for n in 1..=points {
         for phase in phases(kind) {
             let dir = tempfile::tempdir().unwrap();
+            let asked_before = requests();
             let how = run(kind, dir.path(), s.name, Some((n, phase)));
             match (*phase, &how) {
                 ("before" | "after", Ended::Crashed) => {}
@@ -223,6 +236,17 @@ fn harness(kind: Kind, s: Scenario) {
                 &expected,
                 &format!("crash at point {n} ({phase})"),
             );
+            if s.llm.is_some() {
+                // The server's own count: once its answer is recorded the
+                // call is never made again; only a crash between the
+                // answer and that record repeats it.
+                let asked = requests() - asked_before;
+                let max = if *phase == "after" { 1 } else { 2 };
+                assert!(
+                    (1..=max).contains(&asked),
+                    "{phase} at {n}: the model was asked {asked} times"
+                );
+            }
             if external {
                 let keys = side_effects(dir.path());
                 assert!(
@@ -292,6 +316,7 @@ fn chain_survives_a_crash_at_every_point() {
         name: "chain",
         roots: &["crash-chain"],
         concurrent: true,
+        llm: None,
     });
 }
 
@@ -301,6 +326,7 @@ fn ask_user_survives_a_crash_at_every_point() {
         name: "ask",
         roots: &["crash-ask"],
         concurrent: true,
+        llm: None,
     });
 }
 
@@ -310,6 +336,7 @@ fn a_subworkflow_with_an_explicit_child_id_gets_exactly_one_child() {
         name: "subworkflow",
         roots: &["crash-sub"],
         concurrent: true,
+        llm: None,
     });
 }
 
@@ -322,6 +349,7 @@ fn an_event_is_delivered_once_and_its_result_reused_after_a_crash() {
         name: "event",
         roots: &["crash-emitter", "crash-waiter"],
         concurrent: true,
+        llm: None,
     });
 }
 
@@ -331,6 +359,7 @@ fn a_replayed_event_does_not_resume_a_listener_waiting_on_it_again() {
         name: "event-loop",
         roots: &["crash-ticker", "crash-looper"],
         concurrent: true,
+        llm: None,
     });
 }
 
@@ -340,7 +369,30 @@ fn an_external_effect_runs_once_once_its_outcome_is_recorded() {
         name: "external",
         roots: &["crash-external"],
         concurrent: true,
+        llm: None,
     });
+}
+
+/// An `llm_call` whose host crashes at any point asks the model once,
+/// twice only when the crash falls between the answer and its record; the
+/// run ends with the answer either way (the loopback server counts).
+#[test]
+fn an_llm_call_is_not_repeated_once_its_answer_is_recorded() {
+    let mock =
+        stepwell_tests::llm_mock::LlmMock::always(stepwell_tests::llm_mock::Reply::text("Hi"));
+    // The crash hosts inherit it (only the llm scenario reads it).
+    std::env::set_var("STEPWELL_CRASH_LLM_URL", &mock.base_url);
+    for kind in [Kind::Sqlite, Kind::Json] {
+        harness(
+            kind,
+            Scenario {
+                name: "llm",
+                roots: &["crash-llm"],
+                concurrent: false,
+                llm: Some(mock.clone()),
+            },
+        );
+    }
 }
 
 #[test]
@@ -352,6 +404,7 @@ fn a_loop_of_identical_records_loses_none_to_a_crash() {
         name: "loop",
         roots: &["crash-loop"],
         concurrent: true,
+        llm: None,
     });
 }
 
@@ -371,5 +424,6 @@ fn an_automation_survives_a_crash_at_every_point() {
             "8bf50d57-4d62-55b2-a735-d265f66167b4",
         ],
         concurrent: false,
+        llm: None,
     });
 }

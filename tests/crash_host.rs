@@ -218,6 +218,26 @@ impl EffectHandler for SideEffect {
     }
 }
 
+/// `llm_call` against the loopback server the harness names in
+/// `STEPWELL_CRASH_LLM_URL` (the `llm` scenario).
+fn llm_call() -> stepwell::effects::llm::LlmCall {
+    let url =
+        std::env::var("STEPWELL_CRASH_LLM_URL").unwrap_or_else(|_| "http://127.0.0.1:9/v1".into());
+    let provider = stepwell::llm::Provider {
+        name: "mock".into(),
+        base_url: url,
+        api_key_env: None,
+        default_model: Some("mock-model".into()),
+        timeout_s: Some(10.0),
+        headers: Default::default(),
+    };
+    stepwell::effects::llm::LlmCall::new(
+        stepwell::llm::Providers::default()
+            .with(provider)
+            .with_default("mock"),
+    )
+}
+
 fn start(rt: &Runtime, wf: &str, id: &str, vars: Value) -> Result<(), Error> {
     rt.start(
         wf,
@@ -348,6 +368,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .effect(Arc::new(SideEffect {
             log: root.join("side-effects.log"),
         }))
+        .effect(Arc::new(llm_call()))
         .build()?;
     let examples = repo.join("flows/examples");
     match scenario {
@@ -436,6 +457,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             rt.load_bundle(&dir)?;
             start(&rt, "loop", "crash-loop", json!({}))?;
             rt.tick("crash-loop")?;
+        }
+        "llm" => {
+            let dir = bundle(
+                &root,
+                "llm",
+                &[(
+                    "flow.json",
+                    json!({"workflow_id": "llm", "entry": "ask",
+                           "nodes": {"ask": {"effect": "llm_call", "payload": {"prompt": "Hello"},
+                                             "result_key": "answer", "next": "done"},
+                                     "done": {"complete": {"$var": "answer.content"}}}}),
+                )],
+            );
+            rt.load_bundle(&dir)?;
+            start(&rt, "llm", "crash-llm", json!({}))?;
+            rt.tick("crash-llm")?;
         }
         "external" => {
             let dir = bundle(

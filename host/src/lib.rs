@@ -31,6 +31,7 @@ pub mod core;
 pub mod effects;
 pub mod flow;
 pub mod host;
+pub mod llm;
 pub mod store;
 pub mod triggers;
 pub mod wasm;

@@ -12,6 +12,8 @@ use stepwell::{
 };
 use tempfile::TempDir;
 
+pub mod llm_mock;
+
 /// The repository root.
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

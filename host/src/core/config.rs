@@ -97,7 +97,8 @@ pub struct RuntimeConfig {
     pub warn_tokens_pct: u64,
     /// Retry policies for failed effects, by effect kind. An effect without
     /// one fails its run at the first failure; a failure that says it is not
-    /// retryable fails it whatever the policy.
+    /// retryable fails it whatever the policy. Default: `llm_call` three
+    /// attempts (backoff 1 s, doubling, at most 30 s).
     pub retries: HashMap<String, RetryPolicy>,
 }
 
@@ -158,7 +159,18 @@ impl Default for RuntimeConfig {
             max_history_messages: -1,
             warn_iterations_pct: 80,
             warn_tokens_pct: 80,
-            retries: HashMap::new(),
+            // A model call has no side effect: tried three times, 1 s then
+            // 2 s apart (the reference's factories; a tool call is never
+            // retried by default).
+            retries: HashMap::from([(
+                "llm_call".to_string(),
+                RetryPolicy {
+                    max_attempts: 3,
+                    initial_backoff: Duration::from_secs(1),
+                    factor: 2.0,
+                    max_backoff: Duration::from_secs(30),
+                },
+            )]),
         }
     }
 }

@@ -424,7 +424,6 @@ impl Runtime {
                 kind: effect.kind.clone(),
                 payload: handler
                     .recorded_payload(&effect.payload)
-                    .filter(|_| class == EffectClass::Pure)
                     .unwrap_or_else(|| effect.payload.clone()),
                 result_key: effect.result_key.clone(),
             }),

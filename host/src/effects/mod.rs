@@ -18,6 +18,7 @@
 //! whether a retry could help).
 
 pub mod events;
+pub mod llm;
 pub mod subworkflow;
 pub mod vars_query;
 pub mod waits;
@@ -296,10 +297,11 @@ pub trait EffectHandler: Send + Sync {
     }
 
     /// What the step's ledger records keep of `payload` (`None`: all of
-    /// it). Only for a [`EffectClass::Pure`] effect whose payload is
-    /// written in full elsewhere in the same commit (the automation
-    /// controller's decisions, in their `automation.*` records): a replay
-    /// asks the node again and never reads it back.
+    /// it): secrets redacted (`llm_call`), or only what is not written in
+    /// full elsewhere in the same commit (the automation controller's
+    /// decisions, in their `automation.*` records). A replay asks the node
+    /// again for the payload, and finds a recorded outcome by its
+    /// idempotency key: it never reads the recorded payload back.
     fn recorded_payload(&self, payload: &Value) -> Option<Value> {
         let _ = payload;
         None
@@ -364,6 +366,7 @@ impl EffectRegistry {
         r.register(Arc::new(events::EmitEvent));
         r.register(Arc::new(subworkflow::StartSubworkflow));
         r.register(Arc::new(vars_query::VarsQuery));
+        r.register(Arc::new(llm::LlmCall::from_env()));
         r
     }
 

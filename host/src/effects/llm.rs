@@ -1,0 +1,179 @@
+//! `llm_call`: one chat-completions request to an OpenAI-compatible
+//! server, its answer written to the effect's `result_key`.
+//!
+//! An external effect: its outcome is recorded in the ledger ahead of the
+//! step's commit, and a step replayed after a crash reuses it, so a paid
+//! call is never made twice once its answer is recorded. Secrets in the
+//! payload (`params.api_key` and the like) are recorded as `[redacted]`
+//! and never sent in the body; the provider's key comes from its
+//! environment variable at each call.
+
+use serde_json::{json, Map, Value};
+
+use super::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
+use crate::core::Result;
+use crate::llm::{
+    chat_request, finish_is_truncation, normalize_response, output_budget, redact,
+    truncation_message, Providers,
+};
+
+/// The environment variable naming a providers file (JSON, see
+/// `docs/llm.md`).
+pub const LLM_CONFIG_ENV: &str = "STEPWELL_LLM_CONFIG";
+
+/// The `llm_call` handler over a set of providers.
+#[derive(Debug, Clone)]
+pub struct LlmCall {
+    providers: std::result::Result<Providers, String>,
+}
+
+impl LlmCall {
+    /// Calls `providers`.
+    pub fn new(providers: Providers) -> Self {
+        LlmCall {
+            providers: Ok(providers),
+        }
+    }
+
+    /// The providers of the environment: the file `STEPWELL_LLM_CONFIG`
+    /// names over the built-in profiles, or the built-in profiles alone. A
+    /// file that cannot be read fails every call with why.
+    pub fn from_env() -> Self {
+        let providers = match std::env::var_os(LLM_CONFIG_ENV).filter(|p| !p.is_empty()) {
+            Some(path) => Providers::load(std::path::Path::new(&path)),
+            None => Ok(Providers::from_env()),
+        };
+        LlmCall { providers }
+    }
+}
+
+/// Python-style truthiness of the reference's "bool-ish" flags: booleans,
+/// non-zero numbers, and the strings `1`, `true`, `yes`, `y`, `on`.
+fn boolish(v: Option<&Value>) -> bool {
+    match v {
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Number(n)) => n.as_f64().is_some_and(|f| f != 0.0),
+        Some(Value::String(s)) => {
+            matches!(
+                s.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "y" | "on"
+            )
+        }
+        _ => false,
+    }
+}
+
+fn nonblank(v: Option<&Value>) -> Option<&str> {
+    v.and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+}
+
+/// The reference's refusal of a payload with nothing to send.
+fn no_input(node: Option<&str>) -> Failure {
+    let at = node.map(|n| format!(" (node {n})")).unwrap_or_default();
+    Failure::permanent(
+        "invalid_effect",
+        format!(
+            "llm_call{at} requires payload.prompt or payload.messages; both were empty. Supply the flow's prompt input when starting the run (input_data.<prompt pin>), or connect/pin it in the flow."
+        ),
+    )
+}
+
+impl EffectHandler for LlmCall {
+    fn kind(&self) -> &str {
+        "llm_call"
+    }
+
+    fn class(&self) -> EffectClass {
+        EffectClass::External
+    }
+
+    fn recorded_payload(&self, payload: &Value) -> Option<Value> {
+        Some(redact(payload))
+    }
+
+    fn execute(
+        &self,
+        cx: &EffectCx<'_>,
+        payload: &Map<String, Value>,
+        _prepared: Option<&Value>,
+    ) -> Result<Outcome> {
+        let has_messages = payload
+            .get("messages")
+            .and_then(Value::as_array)
+            .is_some_and(|m| !m.is_empty());
+        if nonblank(payload.get("prompt")).is_none()
+            && nonblank(payload.get("text")).is_none()
+            && !has_messages
+        {
+            return Ok(Outcome::Failed(no_input(cx.run.current_node.as_deref())));
+        }
+        let providers = match &self.providers {
+            Ok(p) => p,
+            Err(e) => {
+                return Ok(Outcome::Failed(Failure::permanent(
+                    "llm_unavailable",
+                    e.clone(),
+                )))
+            }
+        };
+        let runtime = cx.run.vars.get("_runtime");
+        let pick = |key: &str| {
+            nonblank(payload.get(key)).or_else(|| nonblank(runtime.and_then(|r| r.get(key))))
+        };
+        let provider = match providers.resolve(pick("provider")) {
+            Ok(p) => p,
+            Err(e) => return Ok(Outcome::Failed(Failure::permanent(e.code, e.message))),
+        };
+        let Some(model) = pick("model").or(provider.default_model.as_deref()) else {
+            return Ok(Outcome::Failed(Failure::permanent(
+                "llm_unavailable",
+                format!(
+                    "no model: name one in payload.model, _runtime.model, or the default_model of provider {}",
+                    provider.name
+                ),
+            )));
+        };
+        let limit = cx
+            .run
+            .vars
+            .get("_limits")
+            .and_then(|l| l.get("max_output_tokens"))
+            .and_then(Value::as_u64)
+            .filter(|n| *n > 0);
+        let budget = output_budget(payload, limit);
+        let request = chat_request(payload, model, budget);
+        let answer = match providers.call(provider, &request.body) {
+            Ok(a) => a,
+            Err(e) => {
+                return Ok(Outcome::Failed(Failure {
+                    code: e.code.to_string(),
+                    message: e.message,
+                    retryable: e.retryable,
+                }))
+            }
+        };
+        let metadata = json!({
+            "_provider_request": {
+                "url": format!("{}/chat/completions", provider.base_url.trim_end_matches('/')),
+                "payload": redact(&request.body),
+            },
+            "provider": provider.name,
+            "effect_idempotency_key": cx.key,
+            "attempt": cx.attempt,
+        });
+        let structured = payload.get("response_schema").is_some_and(|s| !s.is_null());
+        let result = normalize_response(answer, structured, metadata);
+        let truncated = finish_is_truncation(result["finish_reason"].as_str());
+        let allowed =
+            boolish(payload.get("allow_truncation")) || boolish(payload.get("allow_truncated"));
+        if truncated && !allowed {
+            return Ok(Outcome::Failed(Failure::permanent(
+                "llm_truncated",
+                truncation_message(request.max_output_tokens),
+            )));
+        }
+        Ok(Outcome::Completed(result))
+    }
+}

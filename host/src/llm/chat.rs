@@ -1,0 +1,486 @@
+//! An `llm_call` payload as a chat-completions request, and the answer as
+//! the effect's result.
+
+use serde_json::{json, Map, Value};
+
+/// What a recorded secret reads as.
+pub const REDACTED: &str = "[redacted]";
+
+/// A request ready to send, and what it was built from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    /// The body (`model`, `messages`, ...).
+    pub body: Value,
+    /// The output budget asked for (`max_tokens`), if any.
+    pub max_output_tokens: Option<u64>,
+}
+
+fn text(v: Option<&Value>) -> Option<&str> {
+    v.and_then(Value::as_str).filter(|s| !s.trim().is_empty())
+}
+
+fn positive(v: Option<&Value>) -> Option<u64> {
+    match v? {
+        Value::Number(n) => n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && *f > 0.0)
+                .map(|f| f as u64)
+        }),
+        Value::String(s) => s.trim().parse::<u64>().ok(),
+        _ => None,
+    }
+    .filter(|n| *n > 0)
+}
+
+/// The output budget of a payload: `params.max_output_tokens`, else
+/// `params.max_tokens`, else `max_output_tokens`, else `max_out_tokens`,
+/// else `limit` (the run's `_limits.max_output_tokens`); a value that is
+/// not a positive whole number counts as unset.
+pub fn output_budget(payload: &Map<String, Value>, limit: Option<u64>) -> Option<u64> {
+    let params = payload.get("params");
+    positive(params.and_then(|p| p.get("max_output_tokens")))
+        .or_else(|| positive(params.and_then(|p| p.get("max_tokens"))))
+        .or_else(|| positive(payload.get("max_output_tokens")))
+        .or_else(|| positive(payload.get("max_out_tokens")))
+        .or(limit)
+}
+
+/// A tool spec in the OpenAI form: a `{"type": "function", ...}` spec is
+/// kept; a `{name, description, parameters}` spec becomes one, its
+/// `parameters` a JSON Schema as they are, or (AbstractCore's map of
+/// `param -> {type, description, default?}`) an object schema whose
+/// required properties are those without a default.
+fn tool_spec(tool: &Value) -> Option<Value> {
+    if tool.get("type").and_then(Value::as_str) == Some("function")
+        && tool.get("function").is_some()
+    {
+        return Some(tool.clone());
+    }
+    let name = text(tool.get("name"))?;
+    let params = tool.get("parameters").cloned().unwrap_or(json!({}));
+    let schema = if params.get("type").is_some() || params.get("properties").is_some() {
+        params
+    } else {
+        let mut properties = Map::new();
+        let mut required = Vec::new();
+        for (k, v) in params.as_object().into_iter().flatten() {
+            let mut p = v.as_object().cloned().unwrap_or_default();
+            if p.remove("default").is_none() {
+                required.push(json!(k));
+            }
+            properties.insert(k.clone(), Value::Object(p));
+        }
+        json!({"type": "object", "properties": properties, "required": required})
+    };
+    Some(json!({"type": "function", "function": {
+        "name": name,
+        "description": tool.get("description").cloned().unwrap_or(json!("")),
+        "parameters": schema,
+    }}))
+}
+
+/// A requested response schema as a JSON Schema: a JSON string is parsed;
+/// the `response_format` / `json_schema` / `schema` wrappers are unwrapped;
+/// a JSON Schema is kept (`type: object` added when it has `properties`);
+/// any other object is a field map, each key a required property whose
+/// schema follows its example value.
+fn response_schema(v: &Value) -> Option<Value> {
+    let v = match v {
+        Value::String(s) => serde_json::from_str(s).ok()?,
+        other => other.clone(),
+    };
+    let mut v = v;
+    for wrapper in ["response_format", "json_schema", "schema"] {
+        if let Some(inner) = v.get(wrapper).filter(|i| i.is_object()).cloned() {
+            v = inner;
+        }
+        if let Some(inner) = v.get("schema").filter(|i| i.is_object()).cloned() {
+            v = inner;
+        }
+    }
+    let m = v.as_object()?;
+    if m.contains_key("type") || m.contains_key("properties") {
+        let mut m = m.clone();
+        if m.contains_key("properties") {
+            m.entry("type").or_insert(json!("object"));
+        }
+        return Some(Value::Object(m));
+    }
+    Some(infer(&v))
+}
+
+fn infer(example: &Value) -> Value {
+    match example {
+        Value::Bool(_) => json!({"type": "boolean"}),
+        Value::Number(n) if n.is_i64() || n.is_u64() => json!({"type": "integer"}),
+        Value::Number(_) => json!({"type": "number"}),
+        Value::String(s) => json!({"type": "string", "description": s}),
+        Value::Array(a) => {
+            let item = a
+                .iter()
+                .find(|x| !x.is_null())
+                .map(infer)
+                .unwrap_or(json!({}));
+            json!({"type": "array", "items": item})
+        }
+        Value::Object(m) => {
+            let properties: Map<String, Value> =
+                m.iter().map(|(k, v)| (k.clone(), infer(v))).collect();
+            let required: Vec<&String> = m.keys().collect();
+            json!({"type": "object", "properties": properties, "required": required})
+        }
+        Value::Null => json!({}),
+    }
+}
+
+/// The chat-completions request of an `llm_call` payload for `model`, with
+/// output budget `budget` ([`output_budget`]):
+///
+/// - one system message: `system_prompt`, then the content of the leading
+///   `system` messages, joined by a blank line (system messages that start
+///   `Recent tool activity` are dropped);
+/// - the other messages, with only `role`, `content`, `name`,
+///   `tool_calls` and `tool_call_id`;
+/// - `prompt` (or `text` when `prompt` is blank) as the last user message;
+/// - `tools` in the OpenAI form with `tool_choice: auto`;
+/// - `max_tokens`, and of `params` only `temperature`, `stop`, `seed` (a
+///   whole number from 0), `frequency_penalty`, `presence_penalty`;
+/// - `response_format` from `response_schema`;
+/// - `stream: false`.
+pub fn chat_request(payload: &Map<String, Value>, model: &str, budget: Option<u64>) -> ChatRequest {
+    let mut system: Vec<String> = text(payload.get("system_prompt"))
+        .map(str::to_string)
+        .into_iter()
+        .collect();
+    let mut messages = Vec::new();
+    let mut leading = true;
+    for m in payload
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let Some(o) = m.as_object() else { continue };
+        let role = o.get("role").and_then(Value::as_str).unwrap_or("user");
+        let content = o.get("content").and_then(Value::as_str).unwrap_or_default();
+        if role == "system" {
+            if content.starts_with("Recent tool activity") {
+                continue;
+            }
+            if leading {
+                if !content.trim().is_empty() {
+                    system.push(content.to_string());
+                }
+                continue;
+            }
+        }
+        leading = false;
+        let kept: Map<String, Value> = o
+            .iter()
+            .filter(|(k, _)| {
+                matches!(
+                    k.as_str(),
+                    "role" | "content" | "name" | "tool_calls" | "tool_call_id"
+                )
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        messages.push(Value::Object(kept));
+    }
+    let mut wire = Vec::new();
+    if !system.is_empty() {
+        wire.push(json!({"role": "system", "content": system.join("\n\n")}));
+    }
+    wire.extend(messages);
+    if let Some(prompt) = text(payload.get("prompt")).or_else(|| text(payload.get("text"))) {
+        wire.push(json!({"role": "user", "content": prompt}));
+    }
+    let mut body = json!({"model": model, "messages": wire, "stream": false});
+    let tools: Vec<Value> = payload
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(tool_spec)
+        .collect();
+    if !tools.is_empty() {
+        body["tools"] = json!(tools);
+        body["tool_choice"] = json!("auto");
+    }
+    if let Some(n) = budget {
+        body["max_tokens"] = json!(n);
+    }
+    if let Some(params) = payload.get("params").and_then(Value::as_object) {
+        if let Some(t) = params.get("temperature").and_then(Value::as_f64) {
+            body["temperature"] = json!(t);
+        }
+        for k in ["stop", "frequency_penalty", "presence_penalty"] {
+            if let Some(v) = params.get(k).filter(|v| !v.is_null()) {
+                body[k] = v.clone();
+            }
+        }
+        if let Some(seed) = params.get("seed").and_then(Value::as_u64) {
+            body["seed"] = json!(seed);
+        }
+    }
+    if let Some(schema) = payload.get("response_schema").and_then(response_schema) {
+        let name = text(payload.get("response_schema_name")).unwrap_or("StructuredOutput");
+        body["response_format"] = json!({"type": "json_schema",
+                                         "json_schema": {"name": name, "schema": schema}});
+    }
+    ChatRequest {
+        body,
+        max_output_tokens: budget,
+    }
+}
+
+/// Whether a finish reason says the answer was cut (`length`,
+/// `max_tokens`, `max_output_tokens`, in any case).
+pub fn finish_is_truncation(reason: Option<&str>) -> bool {
+    reason.is_some_and(|r| {
+        matches!(
+            r.to_ascii_lowercase().as_str(),
+            "length" | "max_tokens" | "max_output_tokens"
+        )
+    })
+}
+
+/// The reference's text for a truncated answer, with the budget asked for.
+pub fn truncation_message(budget: Option<u64>) -> String {
+    format!(
+        "LLM_CALL output was truncated (finish_reason=length). Attempted max_output_tokens: {}. Increase max_output_tokens/max_out_tokens (or set allow_truncation=true).",
+        budget.map(|b| b.to_string()).unwrap_or_default()
+    )
+}
+
+fn normalize_tool_call(call: &Value) -> Option<Value> {
+    let function = call.get("function");
+    let name = text(call.get("name")).or_else(|| text(function.and_then(|f| f.get("name"))))?;
+    let raw = call
+        .get("arguments")
+        .or_else(|| function.and_then(|f| f.get("arguments")))
+        .cloned()
+        .unwrap_or(json!({}));
+    let arguments = match raw {
+        Value::String(s) => match serde_json::from_str::<Value>(&s) {
+            Ok(Value::Object(m)) => Value::Object(m),
+            _ => json!({}),
+        },
+        Value::Object(m) => Value::Object(m),
+        _ => json!({}),
+    };
+    let call_id = call
+        .get("call_id")
+        .or_else(|| call.get("id"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    Some(json!({"name": name, "arguments": arguments, "call_id": call_id}))
+}
+
+/// The `llm_call` result of chat-completions answer `body`: `{content,
+/// reasoning, data, raw_response, tool_calls, usage, model, finish_reason,
+/// metadata, trace_id, gen_time}`. Tool calls are `{name, arguments (an
+/// object), call_id}` (none: `null`); the reasoning is the message's
+/// `reasoning`, `reasoning_content`, `thinking` or `thinking_content`; the
+/// usage gains `input_tokens` / `output_tokens`; with `structured`, `data`
+/// is the content parsed as JSON (a non-object wrapped as `{"value": x}`).
+/// A body without `choices[0]` completes with `content: null` and the body
+/// as `data`.
+pub fn normalize_response(body: Value, structured: bool, metadata: Value) -> Value {
+    let choice = body.get("choices").and_then(|c| c.get(0)).cloned();
+    let Some(choice) = choice else {
+        return json!({"content": null, "reasoning": null, "data": body, "raw_response": body,
+                      "tool_calls": null, "usage": null, "model": null, "finish_reason": null,
+                      "metadata": metadata, "trace_id": null, "gen_time": null});
+    };
+    let message = choice.get("message").cloned().unwrap_or(json!({}));
+    let content = message
+        .get("content")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let reasoning = [
+        "reasoning",
+        "reasoning_content",
+        "thinking",
+        "thinking_content",
+    ]
+    .iter()
+    .find_map(|k| message.get(*k).and_then(Value::as_str))
+    .map(str::to_string);
+    let calls: Vec<Value> = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(normalize_tool_call)
+        .collect();
+    let mut usage = body.get("usage").filter(|u| u.is_object()).cloned();
+    if let Some(Value::Object(u)) = usage.as_mut() {
+        for (alias, from) in [
+            ("input_tokens", "prompt_tokens"),
+            ("output_tokens", "completion_tokens"),
+        ] {
+            if !u.contains_key(alias) {
+                if let Some(v) = u.get(from).cloned() {
+                    u.insert(alias.into(), v);
+                }
+            }
+        }
+    }
+    let data = if structured {
+        content
+            .as_deref()
+            .and_then(|c| serde_json::from_str::<Value>(c.trim()).ok())
+            .map(|v| {
+                if v.is_object() {
+                    v
+                } else {
+                    json!({"value": v})
+                }
+            })
+    } else {
+        None
+    };
+    json!({
+        "content": content,
+        "reasoning": reasoning,
+        "data": data,
+        "raw_response": body,
+        "tool_calls": if calls.is_empty() { Value::Null } else { json!(calls) },
+        "usage": usage,
+        "model": body.get("model").cloned().unwrap_or(Value::Null),
+        "finish_reason": choice.get("finish_reason").cloned().unwrap_or(Value::Null),
+        "metadata": metadata,
+        "trace_id": null,
+        "gen_time": null,
+    })
+}
+
+/// Whether key `k` names a secret (the reference's rule: `api_key`,
+/// `api-key`, `apikey`, `authorization`, `password`, `secret`, or a
+/// `token` next to `access`, `auth`, `bearer`, `bot`, `csrf`, `id`,
+/// `refresh` or `session`).
+fn secret_key(k: &str) -> bool {
+    let k = k.to_ascii_lowercase();
+    if [
+        "api_key",
+        "api-key",
+        "apikey",
+        "authorization",
+        "password",
+        "secret",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
+    {
+        return true;
+    }
+    let parts: Vec<&str> = k.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+    parts.contains(&"token")
+        && parts.iter().any(|p| {
+            matches!(
+                *p,
+                "access" | "auth" | "bearer" | "bot" | "csrf" | "id" | "refresh" | "session"
+            )
+        })
+}
+
+/// `v` with every value under a secret key replaced by [`REDACTED`], at
+/// any depth: what the ledger keeps of a payload.
+pub fn redact(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let v = if secret_key(k) {
+                        json!(REDACTED)
+                    } else {
+                        redact(v)
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(redact).collect()),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn the_request_follows_the_reference() {
+        let p = payload(json!({
+            "prompt": "hello", "system_prompt": "sys",
+            "messages": [{"role": "system", "content": "more"},
+                         {"role": "user", "content": "before", "metadata": {"x": 1}},
+                         {"role": "system", "content": "Recent tool activity: ..."}],
+            "params": {"temperature": 0, "max_tokens": 5, "api_key": "sk-1", "seed": -1},
+            "tools": [{"name": "read_file", "description": "Read",
+                       "parameters": {"file_path": {"type": "string"}, "limit": {"type": "integer", "default": 10}}}]
+        }));
+        let budget = output_budget(&p, None);
+        assert_eq!(budget, Some(5));
+        let r = chat_request(&p, "m", budget);
+        assert_eq!(
+            r.body["messages"],
+            json!([{"role": "system", "content": "sys\n\nmore"},
+                   {"role": "user", "content": "before"},
+                   {"role": "user", "content": "hello"}])
+        );
+        assert_eq!(r.body["temperature"], 0.0);
+        assert_eq!(r.body["max_tokens"], 5);
+        assert!(r.body.get("seed").is_none() && r.body.get("api_key").is_none());
+        assert_eq!(r.body["tool_choice"], "auto");
+        assert_eq!(
+            r.body["tools"][0]["function"]["parameters"],
+            json!({"type": "object", "properties": {"file_path": {"type": "string"}, "limit": {"type": "integer"}},
+                   "required": ["file_path"]})
+        );
+    }
+
+    #[test]
+    fn tool_calls_and_usage_are_normalised() {
+        let body = json!({"model": "m", "choices": [{"message": {"content": null, "reasoning_content": "think",
+            "tool_calls": [{"id": "call_2", "type": "function",
+                            "function": {"name": "fetch_url", "arguments": "{\"url\":\"https://example.com\"}"}},
+                           {"id": "call_3", "function": {"arguments": "{}"}}]}, "finish_reason": "tool_calls"}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29}});
+        let r = normalize_response(body, false, json!({}));
+        assert_eq!(
+            r["tool_calls"],
+            json!([{"name": "fetch_url", "arguments": {"url": "https://example.com"}, "call_id": "call_2"}])
+        );
+        assert_eq!(r["reasoning"], "think");
+        assert_eq!(r["usage"]["input_tokens"], 20);
+        assert_eq!(r["usage"]["output_tokens"], 9);
+        let s = normalize_response(
+            json!({"choices": [{"message": {"content": "[1, 2]"}, "finish_reason": "stop"}]}),
+            true,
+            json!({}),
+        );
+        assert_eq!(s["data"], json!({"value": [1, 2]}));
+    }
+
+    #[test]
+    fn secrets_are_redacted_at_any_depth() {
+        let v = json!({"params": {"api_key": "sk", "provider_api_key": "x", "session_token": "t",
+                                  "max_tokens": 3, "nested": [{"Authorization": "Bearer y"}]}});
+        assert_eq!(
+            redact(&v),
+            json!({"params": {"api_key": REDACTED, "provider_api_key": REDACTED, "session_token": REDACTED,
+                              "max_tokens": 3, "nested": [{"Authorization": REDACTED}]}})
+        );
+        assert!(finish_is_truncation(Some("LENGTH")) && !finish_is_truncation(Some("stop")));
+        assert_eq!(
+            truncation_message(Some(10)),
+            "LLM_CALL output was truncated (finish_reason=length). Attempted max_output_tokens: 10. Increase max_output_tokens/max_out_tokens (or set allow_truncation=true)."
+        );
+    }
+}

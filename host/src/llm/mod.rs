@@ -1,0 +1,18 @@
+//! LLM calls over the OpenAI-compatible chat-completions API (the one
+//! OpenAI, Ollama, LM Studio, vLLM and llama.cpp's server all serve): the
+//! providers a host may call ([`Providers`]), the request an `llm_call`
+//! payload becomes ([`chat_request`]), the HTTP exchange ([`Providers::call`])
+//! and the normalised result ([`normalize_response`]).
+//!
+//! The behaviour is the reference implementation's (abstractruntime 0.13.0,
+//! AbstractCore's OpenAI-compatible client); `docs/llm.md` is the user's
+//! guide.
+
+mod chat;
+mod providers;
+
+pub use chat::{
+    chat_request, finish_is_truncation, normalize_response, output_budget, redact,
+    truncation_message, ChatRequest, REDACTED,
+};
+pub use providers::{LlmError, Provider, Providers, DEFAULT_TIMEOUT_S};

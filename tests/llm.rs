@@ -1,0 +1,273 @@
+//! `llm_call` against a real HTTP server on loopback
+//! (`support/llm_mock.rs`, an OpenAI-compatible chat-completions server
+//! scripted per test, which counts what it got).
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use stepwell::effects::llm::LlmCall;
+use stepwell::llm::{Provider, Providers};
+use stepwell::{Clock, ManualClock, RunStatus, Runtime, RuntimeConfig};
+use stepwell_tests::llm_mock::{completion, LlmMock, Reply};
+use stepwell_tests::{vars, write_bundle};
+
+/// A runtime whose default provider `mock` is `mock`, with its key in
+/// environment variable `key_env`.
+fn runtime(
+    mock: &LlmMock,
+    key_env: &str,
+    config: RuntimeConfig,
+) -> (Runtime, Arc<ManualClock>, tempfile::TempDir) {
+    let provider = Provider {
+        name: "mock".into(),
+        base_url: mock.base_url.clone(),
+        api_key_env: Some(key_env.into()),
+        default_model: Some("mock-model".into()),
+        timeout_s: Some(1.0),
+        headers: Default::default(),
+    };
+    let providers = Providers::default().with(provider).with_default("mock");
+    let clock = stepwell_tests::manual_clock();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
+    let rt = Runtime::builder(store)
+        .engine(stepwell_tests::engine())
+        .clock(clock.clone() as Arc<dyn Clock>)
+        .config(config)
+        .effect(Arc::new(LlmCall::new(providers)))
+        .build()
+        .unwrap();
+    let bundle = write_bundle(
+        dir.path(),
+        "ask-llm",
+        &[(
+            "flow.json",
+            json!({"workflow_id": "ask-llm", "entry": "ask", "nodes": {
+                "ask": {"effect": "llm_call", "payload": {"$var": "llm"}, "result_key": "answer", "next": "end"},
+                "end": {"complete": {"answer": {"$var": "answer"}}}}}),
+        )],
+    );
+    rt.load_bundle(&bundle).unwrap();
+    (rt, clock, dir)
+}
+
+fn ask(rt: &Runtime, payload: Value) -> stepwell::RunState {
+    rt.run(
+        "ask-llm",
+        stepwell::StartOptions {
+            vars: vars(json!({"llm": payload})),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn no_retries() -> RuntimeConfig {
+    RuntimeConfig {
+        retries: Default::default(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_plain_answer_and_what_was_sent_and_recorded() {
+    let mock = LlmMock::start(vec![Reply::text("Hi there")]);
+    std::env::set_var("STEPWELL_TEST_LLM_KEY_PLAIN", "k-123");
+    let (rt, _, _dir) = runtime(
+        &mock,
+        "STEPWELL_TEST_LLM_KEY_PLAIN",
+        RuntimeConfig::default(),
+    );
+    let run = ask(
+        &rt,
+        json!({"prompt": "Hello", "system_prompt": "sys",
+               "params": {"temperature": 0, "max_tokens": 5, "api_key": "sk-secret"}}),
+    );
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    let answer = &run.output.as_ref().unwrap()["answer"];
+    assert_eq!(answer["content"], "Hi there");
+    assert_eq!(answer["finish_reason"], "stop");
+    assert_eq!(answer["model"], "mock-model");
+    assert_eq!(answer["tool_calls"], Value::Null);
+    assert_eq!(answer["usage"]["input_tokens"], 20);
+    assert_eq!(answer["usage"]["output_tokens"], 9);
+    let sent = mock.requests();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].line, "POST /v1/chat/completions HTTP/1.1");
+    assert_eq!(sent[0].header("authorization"), Some("Bearer k-123"));
+    let body = &sent[0].body;
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "system", "content": "sys"}, {"role": "user", "content": "Hello"}])
+    );
+    assert_eq!(
+        (&body["model"], &body["temperature"], &body["max_tokens"]),
+        (&json!("mock-model"), &json!(0.0), &json!(5))
+    );
+    assert!(!body.to_string().contains("sk-secret"), "{body}");
+    // The ledger keeps the call, never the secret.
+    let ledger = serde_json::to_string(&rt.get_ledger(&run.run_id).unwrap()).unwrap();
+    assert!(
+        !ledger.contains("sk-secret") && !ledger.contains("k-123"),
+        "{ledger}"
+    );
+    assert!(ledger.contains("[redacted]"));
+}
+
+#[test]
+fn tool_calls_are_normalised() {
+    let message = json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_2", "type": "function",
+         "function": {"name": "fetch_url", "arguments": "{\"url\":\"https://example.com\"}"}}]});
+    let mock = LlmMock::start(vec![Reply::Json(completion(message, "tool_calls"))]);
+    let (rt, _, _dir) = runtime(
+        &mock,
+        "STEPWELL_TEST_LLM_KEY_NONE",
+        RuntimeConfig::default(),
+    );
+    let run = ask(
+        &rt,
+        json!({"prompt": "fetch", "tools": [{"name": "fetch_url", "description": "Fetch a URL",
+                                             "parameters": {"url": {"type": "string"}}}]}),
+    );
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(
+        run.output.unwrap()["answer"]["tool_calls"],
+        json!([{"name": "fetch_url", "arguments": {"url": "https://example.com"}, "call_id": "call_2"}])
+    );
+    let body = &mock.requests()[0].body;
+    assert_eq!(body["tool_choice"], "auto");
+    assert_eq!(
+        body["tools"][0]["function"]["parameters"]["required"],
+        json!(["url"])
+    );
+    assert!(mock.requests()[0].header("authorization").is_none());
+}
+
+#[test]
+fn a_truncated_answer_fails_once_unless_allowed() {
+    let cut = || {
+        Reply::Json(completion(
+            json!({"role": "assistant", "content": "partial"}),
+            "length",
+        ))
+    };
+    let mock = LlmMock::start(vec![cut(), cut()]);
+    let (rt, _, _dir) = runtime(
+        &mock,
+        "STEPWELL_TEST_LLM_KEY_NONE",
+        RuntimeConfig::default(),
+    );
+    let run = ask(&rt, json!({"prompt": "long", "max_out_tokens": 10}));
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(
+        run.error.as_deref(),
+        Some("llm_truncated: LLM_CALL output was truncated (finish_reason=length). Attempted max_output_tokens: 10. Increase max_output_tokens/max_out_tokens (or set allow_truncation=true).")
+    );
+    assert_eq!(mock.count(), 1, "never retried");
+    assert_eq!(mock.requests()[0].body["max_tokens"], 10);
+    let run = ask(
+        &rt,
+        json!({"prompt": "long", "max_out_tokens": 10, "allow_truncation": true}),
+    );
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(run.output.unwrap()["answer"]["content"], "partial");
+}
+
+#[test]
+fn a_payload_without_input_or_with_an_unknown_provider_calls_nothing() {
+    let mock = LlmMock::start(vec![]);
+    let (rt, _, _dir) = runtime(
+        &mock,
+        "STEPWELL_TEST_LLM_KEY_NONE",
+        RuntimeConfig::default(),
+    );
+    let run = ask(&rt, json!({"request": "Hello"}));
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(
+        run.error.as_deref(),
+        Some("invalid_effect: llm_call (node ask) requires payload.prompt or payload.messages; both were empty. Supply the flow's prompt input when starting the run (input_data.<prompt pin>), or connect/pin it in the flow.")
+    );
+    let run = ask(&rt, json!({"prompt": "Hello", "provider": "nope"}));
+    assert_eq!(
+        run.error.as_deref(),
+        Some("llm_unavailable: Unknown provider: nope")
+    );
+    assert_eq!(mock.count(), 0);
+}
+
+#[test]
+fn a_client_error_fails_at_once_and_a_server_error_is_retried() {
+    let mock = LlmMock::start(vec![Reply::Status(
+        400,
+        json!({"error": {"message": "bad model", "type": "invalid_request_error"}}),
+    )]);
+    let (rt, clock, _dir) = runtime(
+        &mock,
+        "STEPWELL_TEST_LLM_KEY_NONE",
+        RuntimeConfig::default(),
+    );
+    let run = ask(&rt, json!({"prompt": "Hello"}));
+    assert_eq!(run.status, RunStatus::Failed);
+    let error = run.error.unwrap();
+    assert!(
+        error.starts_with("llm_request_failed: API error (400) from http://127.0.0.1:"),
+        "{error}"
+    );
+    assert!(
+        error.ends_with("/v1/chat/completions: bad model"),
+        "{error}"
+    );
+    assert_eq!(mock.count(), 1);
+
+    mock.push(Reply::Status(503, json!({"error": {"message": "busy"}})));
+    mock.push(Reply::text("after a retry"));
+    let run = ask(&rt, json!({"prompt": "Hello"}));
+    assert_eq!(
+        run.status,
+        RunStatus::Waiting,
+        "waits for its retry: {:?}",
+        run.error
+    );
+    assert!(run
+        .waiting
+        .as_ref()
+        .unwrap()
+        .wait_key
+        .starts_with("retry:ask:"));
+    clock.advance(chrono::Duration::seconds(2));
+    rt.drive_once().unwrap();
+    let run = rt.get_state(&run.run_id).unwrap();
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(run.output.unwrap()["answer"]["content"], "after a retry");
+    assert_eq!(mock.count(), 3);
+}
+
+#[test]
+fn a_slow_or_silent_server_fails_the_call() {
+    let mock = LlmMock::start(vec![
+        Reply::Delay(
+            std::time::Duration::from_secs(3),
+            Box::new(Reply::text("late")),
+        ),
+        Reply::Close,
+    ]);
+    let (rt, _, _dir) = runtime(&mock, "STEPWELL_TEST_LLM_KEY_NONE", no_retries());
+    let run = ask(&rt, json!({"prompt": "Hello"}));
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(
+        run.error.as_deref().unwrap().starts_with("llm_timeout: "),
+        "{:?}",
+        run.error
+    );
+    let run = ask(&rt, json!({"prompt": "Hello"}));
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(
+        run.error
+            .as_deref()
+            .unwrap()
+            .starts_with("llm_request_failed: "),
+        "{:?}",
+        run.error
+    );
+}
