@@ -271,3 +271,25 @@ fn a_slow_or_silent_server_fails_the_call() {
         run.error
     );
 }
+
+#[test]
+fn usage_lands_in_limits_and_a_turn_in_the_context_when_asked() {
+    let mut body = completion(json!({"role": "assistant", "content": " OK "}), "stop");
+    body["usage"] = json!({"prompt_tokens": 1234, "total_tokens": 2000});
+    let mock = LlmMock::start(vec![Reply::Json(body.clone()), Reply::Json(body)]);
+    let (rt, _, _dir) = runtime(
+        &mock,
+        "STEPWELL_TEST_LLM_KEY_NONE",
+        RuntimeConfig::default(),
+    );
+    let run = ask(&rt, json!({"prompt": "Hello", "include_context": true}));
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(run.vars["_limits"]["estimated_tokens_used"], 1234);
+    assert_eq!(
+        run.vars["context"]["messages"],
+        json!([{"role": "user", "content": "Hello", "metadata": {"kind": "llm_turn", "node_id": "ask"}},
+               {"role": "assistant", "content": "OK", "metadata": {"kind": "llm_turn", "node_id": "ask"}}])
+    );
+    let run = ask(&rt, json!({"prompt": "Hello"}));
+    assert!(run.vars.get("context").is_none(), "only when asked");
+}

@@ -320,6 +320,10 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             json!(round(rate, 1)),
         );
     }
+    if want("llm_call_overhead_us_p50") {
+        let us = llm_call_overhead(options, &engine, &scratch.0.join("llm"))?;
+        figures.insert("llm_call_overhead_us_p50".into(), json!(round(us, 1)));
+    }
     if want("automation_commands_per_s_sqlite") {
         let rate = automation_commands(options, &engine, &scratch.0.join("commands"))?;
         figures.insert(
@@ -360,6 +364,115 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         json!(round(median(rates), 0)),
     );
     Ok(Value::Object(figures))
+}
+
+/// A chat-completions server on loopback that answers every request at
+/// once with the same completion (keeping connections open); returns its
+/// base URL.
+fn instant_llm_server() -> Result<String> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| invalid("bench", e.to_string()))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| invalid("bench", e.to_string()))?
+        .port();
+    let body = json!({"id": "c", "object": "chat.completion", "model": "bench",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+    .to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let _ = stream.set_nodelay(true);
+                let Ok(mut writer) = stream.try_clone() else {
+                    return;
+                };
+                let mut reader = BufReader::new(stream);
+                loop {
+                    let mut length = 0usize;
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let h = h.trim_end().to_ascii_lowercase();
+                        if h.is_empty() {
+                            break;
+                        }
+                        if let Some(v) = h.strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut buf = vec![0; length];
+                    if reader.read_exact(&mut buf).is_err() {
+                        return;
+                    }
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if writer.write_all(head.as_bytes()).is_err()
+                        || writer.write_all(body.as_bytes()).is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(format!("http://127.0.0.1:{port}/v1"))
+}
+
+/// The host's time for a run of one `llm_call` node (start, the request
+/// to a loopback server that answers at once, the recorded outcome, the
+/// commit), memory store, warm: median, in microseconds.
+fn llm_call_overhead(options: &BenchOptions, engine: &WasmEngine, dir: &Path) -> Result<f64> {
+    use stepwell::effects::llm::LlmCall;
+    use stepwell::llm::{Provider, Providers};
+    let url = instant_llm_server()?;
+    let provider = Provider {
+        name: "bench".into(),
+        base_url: url,
+        api_key_env: None,
+        default_model: Some("bench".into()),
+        timeout_s: Some(10.0),
+        headers: Default::default(),
+    };
+    let rt = Runtime::builder(Arc::new(MemoryStore::new()))
+        .engine(engine.clone())
+        .effect(Arc::new(LlmCall::new(
+            Providers::default().with(provider).with_default("bench"),
+        )))
+        .build()?;
+    std::fs::create_dir_all(dir).map_err(|e| invalid("bench", e.to_string()))?;
+    let doc = json!({"workflow_id": "bench.llm", "entry": "ask", "nodes": {
+        "ask": {"effect": "llm_call", "payload": {"prompt": "hi"}, "result_key": "answer", "next": "end"},
+        "end": {"complete": {"$var": "answer.content"}}}});
+    std::fs::write(dir.join("flow.json"), doc.to_string())
+        .map_err(|e| invalid("bench", e.to_string()))?;
+    rt.load_bundle(dir)?;
+    let samples = options.dispatch_samples.clamp(50, 2_000);
+    let mut times = Vec::with_capacity(samples);
+    for i in 0..(samples + 50) {
+        let t = Instant::now();
+        let run = rt.run("bench.llm", StartOptions::default())?;
+        if run.status != RunStatus::Completed {
+            return Err(invalid(
+                "bench",
+                format!("the llm run ended {:?}: {:?}", run.status, run.error),
+            ));
+        }
+        if i >= 50 {
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(median(times))
 }
 
 /// The `stepwell` binary the multi-process benchmarks start.

@@ -499,6 +499,9 @@ impl Runtime {
                         txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
                     );
                 }
+                if let Some(payload) = effect.payload.as_object() {
+                    handler.after_completed(run, payload, &result);
+                }
                 complete_effect(run, &mut records, &base, &ended_at, target, result);
             }
             Outcome::Waiting(mut wait) => {

@@ -11,6 +11,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
+use crate::core::model::RunState;
 use crate::core::Result;
 use crate::llm::{
     chat_request, finish_is_truncation, normalize_response, output_budget, redact,
@@ -91,6 +92,82 @@ impl EffectHandler for LlmCall {
 
     fn recorded_payload(&self, payload: &Value) -> Option<Value> {
         Some(redact(payload))
+    }
+
+    /// `_limits.estimated_tokens_used`: the answer's input tokens
+    /// (`input_tokens`, else `prompt_tokens`, else `total_tokens`; the last
+    /// call's, not a sum). With `include_context` (or `use_context`), the
+    /// turn is appended to `context.messages`: the user's text (the prompt,
+    /// else the last user message) and the answer (its content, else its
+    /// data as indented JSON), each with `metadata: {kind: "llm_turn",
+    /// node_id}`; an empty text is skipped.
+    fn after_completed(&self, run: &mut RunState, payload: &Map<String, Value>, result: &Value) {
+        let usage = &result["usage"];
+        let used = ["input_tokens", "prompt_tokens", "total_tokens"]
+            .iter()
+            .map(|k| &usage[*k])
+            .find(|v| !v.is_null());
+        if let Some(n) = used.and_then(|v| v.as_i64().or_else(|| v.as_f64().map(|f| f as i64))) {
+            let limits = run
+                .vars
+                .entry("_limits")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if !limits.is_object() {
+                *limits = Value::Object(Map::new());
+            }
+            limits["estimated_tokens_used"] = json!(n);
+        }
+        let asked = payload
+            .get("include_context")
+            .filter(|v| !v.is_null())
+            .or(payload.get("use_context"));
+        if !boolish(asked) {
+            return;
+        }
+        let user = nonblank(payload.get("prompt"))
+            .map(str::to_string)
+            .or_else(|| {
+                payload
+                    .get("messages")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .rev()
+                    .filter(|m| m["role"] == "user")
+                    .find_map(|m| nonblank(m.get("content")).map(str::to_string))
+            });
+        let answer = nonblank(result.get("content"))
+            .map(str::to_string)
+            .or_else(|| {
+                result
+                    .get("data")
+                    .filter(|d| d.is_object() || d.is_array())
+                    .and_then(|d| serde_json::to_string_pretty(d).ok())
+            });
+        let node = run
+            .current_node
+            .clone()
+            .filter(|n| !n.trim().is_empty())
+            .unwrap_or_else(|| "unknown".into());
+        let context = run
+            .vars
+            .entry("context")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !context.is_object() {
+            *context = Value::Object(Map::new());
+        }
+        if !context["messages"].is_array() {
+            context["messages"] = json!([]);
+        }
+        let Some(messages) = context["messages"].as_array_mut() else {
+            return;
+        };
+        for (role, text) in [("user", user), ("assistant", answer)] {
+            if let Some(text) = text {
+                messages.push(json!({"role": role, "content": text,
+                                     "metadata": {"kind": "llm_turn", "node_id": node}}));
+            }
+        }
     }
 
     fn execute(

@@ -307,6 +307,20 @@ pub trait EffectHandler: Send + Sync {
         None
     }
 
+    /// Writes of a completed effect beyond its `result_key`, in the same
+    /// commit (`llm_call`: `_limits.estimated_tokens_used`, and the turn in
+    /// `context.messages` when asked): derived only from the payload and
+    /// the result, so that a replay reusing a recorded result writes the
+    /// same.
+    fn after_completed(
+        &self,
+        run: &mut crate::core::model::RunState,
+        payload: &Map<String, Value>,
+        result: &Value,
+    ) {
+        let _ = (run, payload, result);
+    }
+
     /// Whether the run's pending records (a resume not committed yet, or
     /// the run itself) must be committed before the effect executes: true
     /// for every effect that touches other runs or the world, so nothing
