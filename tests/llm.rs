@@ -293,3 +293,35 @@ fn usage_lands_in_limits_and_a_turn_in_the_context_when_asked() {
     let run = ask(&rt, json!({"prompt": "Hello"}));
     assert!(run.vars.get("context").is_none(), "only when asked");
 }
+
+/// `_absorb_failure`: the final failure (after the retries) is the effect's
+/// result, and the run goes on; without it the run fails.
+#[test]
+fn an_absorbed_failure_is_the_result_and_the_run_goes_on() {
+    let refused = || Reply::Status(400, json!({"error": {"message": "no"}}));
+    let mock = LlmMock::start(vec![refused(), refused()]);
+    let (rt, _, _dir) = runtime(
+        &mock,
+        "STEPWELL_TEST_LLM_KEY_NONE",
+        RuntimeConfig::default(),
+    );
+    let run = ask(&rt, json!({"prompt": "Hello", "_absorb_failure": true}));
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    let answer = &run.output.as_ref().unwrap()["answer"];
+    assert_eq!(answer["ok"], false);
+    let error = answer["absorbed_failure"].as_str().unwrap();
+    assert!(
+        error.starts_with("llm_request_failed: API error (400)"),
+        "{error}"
+    );
+    let ledger = rt.get_ledger(&run.run_id).unwrap();
+    assert!(
+        ledger
+            .iter()
+            .any(|r| r.status == stepwell::StepStatus::Failed && r.error.as_deref() == Some(error)),
+        "the failure is recorded as a failure"
+    );
+    let run = ask(&rt, json!({"prompt": "Hello", "_absorb_failure": false}));
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(mock.count(), 2);
+}

@@ -586,9 +586,29 @@ impl Runtime {
                     },
                     _ => failure,
                 };
-                return self.fail_effect(
-                    txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
-                );
+                let absorb = effect.payload.get("_absorb_failure").is_some_and(truthy);
+                match target {
+                    // Opted in, with a node to go on to: the final failure
+                    // is the effect's result, and the run goes on.
+                    Target::Node(_) if absorb => {
+                        let absorbed =
+                            json!({"ok": false, "absorbed_failure": failure.to_string()});
+                        records.push(StepRecord {
+                            error: Some(failure.to_string()),
+                            result: Some(absorbed.clone()),
+                            ..outcome_record(&base, StepStatus::Failed, &ended_at)
+                        });
+                        if let Some(key) = effect.result_key.as_deref() {
+                            template::assign(&mut run.vars, key, absorbed.clone());
+                        }
+                        go(run, target, Some(absorbed));
+                    }
+                    _ => {
+                        return self.fail_effect(
+                            txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
+                        );
+                    }
+                }
             }
         }
         records = settle_ahead(txn, records, ahead, replayed)?;
@@ -887,6 +907,19 @@ fn go(run: &mut RunState, target: Target, effect_result: Option<Value>) {
         Target::Node(n) => run.current_node = Some(n),
         Target::Complete(out) => complete(run, out),
         Target::End => complete(run, effect_result.unwrap_or(Value::Null)),
+    }
+}
+
+/// Python's truth value of a JSON value (the reference's `bool(...)` of a
+/// payload flag).
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
     }
 }
 
