@@ -325,3 +325,56 @@ fn an_absorbed_failure_is_the_result_and_the_run_goes_on() {
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(mock.count(), 2);
 }
+
+/// Structured output: the schema is sent as `response_format`, the answer
+/// parsed into `data` and checked against it; a mismatch completes, saying
+/// why in the metadata.
+#[test]
+fn structured_output_is_parsed_and_checked() {
+    let answer = |content: &str| {
+        Reply::Json(completion(
+            json!({"role": "assistant", "content": content}),
+            "stop",
+        ))
+    };
+    let mock = LlmMock::start(vec![
+        answer(r#"{"answer": "yes", "n": 2}"#),
+        answer(r#"{"answer": "yes"}"#),
+        answer("not json"),
+    ]);
+    let (rt, _, _dir) = runtime(
+        &mock,
+        "STEPWELL_TEST_LLM_KEY_NONE",
+        RuntimeConfig::default(),
+    );
+    let schema = json!({"answer": "the answer", "n": 1});
+    let run = ask(&rt, json!({"prompt": "q", "response_schema": schema}));
+    let out = &run.output.as_ref().unwrap()["answer"];
+    assert_eq!(out["data"], json!({"answer": "yes", "n": 2}));
+    assert!(
+        out["metadata"]
+            .get("_structured_output_validation_error")
+            .is_none(),
+        "{out}"
+    );
+    assert_eq!(
+        mock.requests()[0].body["response_format"],
+        json!({"type": "json_schema", "json_schema": {"name": "StructuredOutput", "schema": {
+            "type": "object", "required": ["answer", "n"],
+            "properties": {"answer": {"type": "string", "description": "the answer"},
+                           "n": {"type": "integer"}}}}})
+    );
+    let run = ask(&rt, json!({"prompt": "q", "response_schema": schema}));
+    let out = &run.output.as_ref().unwrap()["answer"];
+    assert_eq!(
+        out["metadata"]["_structured_output_validation_error"],
+        "$.n: required"
+    );
+    let run = ask(&rt, json!({"prompt": "q", "response_schema": schema}));
+    let out = &run.output.as_ref().unwrap()["answer"];
+    assert_eq!(out["data"], Value::Null);
+    assert!(
+        out["metadata"]["_structured_output_parse_error"].is_string(),
+        "{out}"
+    );
+}

@@ -15,7 +15,7 @@ use crate::core::model::RunState;
 use crate::core::Result;
 use crate::llm::{
     chat_request, finish_is_truncation, normalize_response, output_budget, redact,
-    truncation_message, Providers,
+    requested_schema, schema_mismatch, truncation_message, Providers,
 };
 
 /// The environment variable naming a providers file (JSON, see
@@ -240,8 +240,23 @@ impl EffectHandler for LlmCall {
             "effect_idempotency_key": cx.key,
             "attempt": cx.attempt,
         });
-        let structured = payload.get("response_schema").is_some_and(|s| !s.is_null());
-        let result = normalize_response(answer, structured, metadata);
+        let schema = requested_schema(payload);
+        let mut result = normalize_response(answer, schema.is_some(), metadata);
+        if let Some(schema) = &schema {
+            // Checked, not repaired: an answer that does not parse or does
+            // not match completes, saying why in its metadata.
+            let content = result["content"]
+                .as_str()
+                .map(str::trim)
+                .unwrap_or_default();
+            if result["data"].is_null() && !content.is_empty() {
+                if let Err(e) = serde_json::from_str::<Value>(content) {
+                    result["metadata"]["_structured_output_parse_error"] = json!(e.to_string());
+                }
+            } else if let Some(why) = schema_mismatch(&result["data"], schema, "$") {
+                result["metadata"]["_structured_output_validation_error"] = json!(why);
+            }
+        }
         let truncated = finish_is_truncation(result["finish_reason"].as_str());
         let allowed =
             boolish(payload.get("allow_truncation")) || boolish(payload.get("allow_truncated"));

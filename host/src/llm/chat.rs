@@ -223,7 +223,7 @@ pub fn chat_request(payload: &Map<String, Value>, model: &str, budget: Option<u6
             body["seed"] = json!(seed);
         }
     }
-    if let Some(schema) = payload.get("response_schema").and_then(response_schema) {
+    if let Some(schema) = requested_schema(payload) {
         let name = text(payload.get("response_schema_name")).unwrap_or("StructuredOutput");
         body["response_format"] = json!({"type": "json_schema",
                                          "json_schema": {"name": name, "schema": schema}});
@@ -232,6 +232,81 @@ pub fn chat_request(payload: &Map<String, Value>, model: &str, budget: Option<u6
         body,
         max_output_tokens: budget,
     }
+}
+
+/// Why `value` does not match JSON Schema `schema`, if it does not (the
+/// common keywords: `type` (one or a list), `properties`, `required`,
+/// `additionalProperties: false`, `items`, `enum`; others are not
+/// checked). `at` names where `value` is (`$` at the top).
+pub fn schema_mismatch(value: &Value, schema: &Value, at: &str) -> Option<String> {
+    let types: Vec<&str> = match schema.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    let is = |t: &str| match t {
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        "string" => value.is_string(),
+        "integer" => value.as_f64().is_some_and(|f| f.fract() == 0.0),
+        "number" => value.is_number(),
+        "boolean" => value.is_boolean(),
+        "null" => value.is_null(),
+        _ => true,
+    };
+    if !types.is_empty() && !types.iter().any(|t| is(t)) {
+        return Some(format!(
+            "{at}: expected {}, got {value}",
+            types.join(" or ")
+        ));
+    }
+    if let Some(Value::Array(allowed)) = schema.get("enum") {
+        if !allowed.contains(value) {
+            return Some(format!(
+                "{at}: {value} is not one of {}",
+                Value::Array(allowed.clone())
+            ));
+        }
+    }
+    if let Value::Object(m) = value {
+        for key in schema["required"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+        {
+            if !m.contains_key(key) {
+                return Some(format!("{at}.{key}: required"));
+            }
+        }
+        let properties = schema.get("properties").and_then(Value::as_object);
+        for (k, v) in m {
+            match properties.and_then(|p| p.get(k)) {
+                Some(sub) => {
+                    if let Some(why) = schema_mismatch(v, sub, &format!("{at}.{k}")) {
+                        return Some(why);
+                    }
+                }
+                None if schema.get("additionalProperties") == Some(&Value::Bool(false)) => {
+                    return Some(format!("{at}.{k}: not allowed"));
+                }
+                None => {}
+            }
+        }
+    }
+    if let (Value::Array(items), Some(sub)) = (value, schema.get("items")) {
+        for (i, v) in items.iter().enumerate() {
+            if let Some(why) = schema_mismatch(v, sub, &format!("{at}[{i}]")) {
+                return Some(why);
+            }
+        }
+    }
+    None
+}
+
+/// The JSON Schema a payload's `response_schema` stands for, if it names one.
+pub fn requested_schema(payload: &Map<String, Value>) -> Option<Value> {
+    payload.get("response_schema").and_then(response_schema)
 }
 
 /// Whether a finish reason says the answer was cut (`length`,

@@ -13,6 +13,6 @@ mod providers;
 
 pub use chat::{
     chat_request, finish_is_truncation, normalize_response, output_budget, redact,
-    truncation_message, ChatRequest, REDACTED,
+    requested_schema, schema_mismatch, truncation_message, ChatRequest, REDACTED,
 };
 pub use providers::{LlmError, Provider, Providers, DEFAULT_TIMEOUT_S};
