@@ -378,3 +378,27 @@ fn structured_output_is_parsed_and_checked() {
         "{out}"
     );
 }
+
+/// A redirect is not followed: the key goes only to the URL its profile
+/// names.
+#[test]
+fn a_redirect_is_not_followed() {
+    let elsewhere = LlmMock::start(vec![Reply::text("stolen")]);
+    let mock = LlmMock::start(vec![Reply::Redirect(format!(
+        "{}/chat/completions",
+        elsewhere.base_url
+    ))]);
+    std::env::set_var("STEPWELL_TEST_LLM_KEY_REDIRECT", "k-secret");
+    let (rt, _, _dir) = runtime(&mock, "STEPWELL_TEST_LLM_KEY_REDIRECT", no_retries());
+    let run = ask(&rt, json!({"prompt": "Hello"}));
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(
+        run.error
+            .as_deref()
+            .unwrap()
+            .starts_with("llm_request_failed: API error (307)"),
+        "{:?}",
+        run.error
+    );
+    assert_eq!((mock.count(), elsewhere.count()), (1, 0));
+}

@@ -22,6 +22,8 @@ pub enum Reply {
     Delay(Duration, Box<Reply>),
     /// Closes the connection without an answer.
     Close,
+    /// 307 to this URL.
+    Redirect(String),
 }
 
 impl Reply {
@@ -183,6 +185,13 @@ fn answer(mut stream: TcpStream, reply: Reply) {
             return answer(stream, *then);
         }
         Reply::Close => return,
+        Reply::Redirect(to) => {
+            let head = format!(
+                "HTTP/1.1 307 X\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            let _ = stream.write_all(head.as_bytes());
+            return;
+        }
     };
     let body = serde_json::to_vec(&body).unwrap();
     let head = format!(

@@ -88,9 +88,12 @@ fn agent() -> ureq::Agent {
     static AGENT: std::sync::OnceLock<ureq::Agent> = std::sync::OnceLock::new();
     AGENT
         .get_or_init(|| {
+            // No redirects: a key is only ever sent to the URL its
+            // profile names.
             ureq::Agent::config_builder()
                 .timeout_connect(Some(CONNECT_TIMEOUT))
                 .http_status_as_error(false)
+                .max_redirects(0)
                 .build()
                 .into()
         })
