@@ -203,6 +203,7 @@ fn harness(kind: Kind, s: Scenario) {
         );
     }
     let mut fired = std::collections::BTreeMap::<&str, usize>::new();
+    let mut asked_twice = 0;
     for n in 1..=points {
         for phase in phases(kind) {
             let dir = tempfile::tempdir().unwrap();
@@ -241,6 +242,7 @@ fn harness(kind: Kind, s: Scenario) {
                 // call is never made again; only a crash between the
                 // answer and that record repeats it.
                 let asked = requests() - asked_before;
+                asked_twice += usize::from(asked == 2);
                 let max = if *phase == "after" { 1 } else { 2 };
                 assert!(
                     (1..=max).contains(&asked),
@@ -274,6 +276,18 @@ fn harness(kind: Kind, s: Scenario) {
     }
     assert_eq!(fired["before"], points);
     assert_eq!(fired["after"], points, "every after fault fired");
+    if s.llm.is_some() {
+        // The window is real: a fault just before the answer's record
+        // makes the recovery ask again; every other point never does.
+        assert!(
+            asked_twice >= 1,
+            "{kind:?}: no crash point repeated the call"
+        );
+        assert!(
+            asked_twice <= phases(kind).len(),
+            "{kind:?}: {asked_twice} crash points repeated the call"
+        );
+    }
 
     // Two hosts at once on one store, and a crashing host beside a live one.
     let trials = if s.concurrent { 3 } else { 0 };

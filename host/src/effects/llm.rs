@@ -14,8 +14,8 @@ use super::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
 use crate::core::model::RunState;
 use crate::core::Result;
 use crate::llm::{
-    chat_request, finish_is_truncation, normalize_response, output_budget, redact,
-    requested_schema, schema_mismatch, truncation_message, Providers,
+    chat_request, finish_is_truncation, normalize_response, output_budget, parse_json_text, redact,
+    requested_schema, schema_mismatch, shown_url, truncation_message, Providers,
 };
 
 /// The environment variable naming a providers file (JSON, see
@@ -233,7 +233,7 @@ impl EffectHandler for LlmCall {
         };
         let metadata = json!({
             "_provider_request": {
-                "url": format!("{}/chat/completions", provider.base_url.trim_end_matches('/')),
+                "url": shown_url(&format!("{}/chat/completions", provider.base_url.trim_end_matches('/'))),
                 "payload": redact(&request.body),
             },
             "provider": provider.name,
@@ -250,7 +250,7 @@ impl EffectHandler for LlmCall {
                 .map(str::trim)
                 .unwrap_or_default();
             if result["data"].is_null() && !content.is_empty() {
-                if let Err(e) = serde_json::from_str::<Value>(content) {
+                if let Err(e) = parse_json_text(content) {
                     result["metadata"]["_structured_output_parse_error"] = json!(e.to_string());
                 }
             } else if let Some(why) = schema_mismatch(&result["data"], schema, "$") {

@@ -79,34 +79,114 @@ fn tool_spec(tool: &Value) -> Option<Value> {
     }}))
 }
 
-/// A requested response schema as a JSON Schema: a JSON string is parsed;
-/// the `response_format` / `json_schema` / `schema` wrappers are unwrapped;
-/// a JSON Schema is kept (`type: object` added when it has `properties`);
-/// any other object is a field map, each key a required property whose
-/// schema follows its example value.
+const SCHEMA_TYPES: [&str; 7] = [
+    "object", "array", "string", "integer", "number", "boolean", "null",
+];
+
+/// Whether an object reads as a JSON Schema rather than a field map (the
+/// reference's test): `$schema`, `$id`, `$ref`, `$defs`, `definitions`,
+/// `oneOf`, `anyOf`, `allOf`, `enum`, `const`, `items`, a `required` list, a
+/// `properties` object, or a `type` naming JSON Schema types.
+fn looks_like_schema(m: &Map<String, Value>) -> bool {
+    let keys = [
+        "$schema",
+        "$id",
+        "$ref",
+        "$defs",
+        "definitions",
+        "oneOf",
+        "anyOf",
+        "allOf",
+        "enum",
+        "const",
+        "items",
+    ];
+    if keys.iter().any(|k| m.contains_key(*k)) {
+        return true;
+    }
+    if m.get("required").is_some_and(Value::is_array)
+        || m.get("properties").is_some_and(Value::is_object)
+    {
+        return true;
+    }
+    match m.get("type") {
+        Some(Value::String(t)) => SCHEMA_TYPES.contains(&t.as_str()),
+        Some(Value::Array(ts)) => {
+            !ts.is_empty()
+                && ts
+                    .iter()
+                    .all(|t| t.as_str().is_some_and(|t| SCHEMA_TYPES.contains(&t)))
+        }
+        _ => false,
+    }
+}
+
+/// The reference's unwrapping of a pasted request: `response_format` /
+/// `responseFormat`, then `{type: json_schema, json_schema: {schema}}`,
+/// `{json_schema: {schema}}`, or `{schema}` when the object is not itself a
+/// schema.
+fn unwrap_schema(mut m: Map<String, Value>) -> Map<String, Value> {
+    for key in ["response_format", "responseFormat"] {
+        if let Some(Value::Object(inner)) = m.get(key) {
+            m = inner.clone();
+        }
+    }
+    if let Some(Value::Object(inner)) = m.get("json_schema").and_then(|j| j.get("schema")) {
+        return inner.clone();
+    }
+    if let Some(Value::Object(inner)) = m.get("schema") {
+        if !looks_like_schema(&m) {
+            return inner.clone();
+        }
+    }
+    m
+}
+
+/// An object as an object schema: a JSON Schema kept (`type: object`
+/// added when it has `properties` and no type); else a field map, each key
+/// (trimmed, blank ones skipped) a required property whose schema follows
+/// its example value.
+fn object_schema(m: &Map<String, Value>) -> Value {
+    if looks_like_schema(m) {
+        let mut out = m.clone();
+        if out.get("properties").is_some_and(Value::is_object)
+            && out.get("type").is_none_or(Value::is_null)
+        {
+            out.insert("type".into(), json!("object"));
+        }
+        return Value::Object(out);
+    }
+    let mut properties = Map::new();
+    let mut required = Vec::new();
+    for (k, v) in m {
+        let key = k.trim();
+        if key.is_empty() {
+            continue;
+        }
+        required.push(json!(key));
+        properties.insert(key.to_string(), infer(v));
+    }
+    let mut schema = json!({"type": "object", "properties": properties});
+    if !required.is_empty() {
+        schema["required"] = json!(required);
+    }
+    schema
+}
+
+/// A requested response schema as a JSON Schema (the reference's
+/// normalisation): a JSON string is parsed (one that does not parse asks
+/// for nothing); wrappers are unwrapped; an empty object asks for nothing.
 fn response_schema(v: &Value) -> Option<Value> {
     let v = match v {
-        Value::String(s) => serde_json::from_str(s).ok()?,
+        Value::String(s) if !s.trim().is_empty() => serde_json::from_str(s).ok()?,
         other => other.clone(),
     };
-    let mut v = v;
-    for wrapper in ["response_format", "json_schema", "schema"] {
-        if let Some(inner) = v.get(wrapper).filter(|i| i.is_object()).cloned() {
-            v = inner;
-        }
-        if let Some(inner) = v.get("schema").filter(|i| i.is_object()).cloned() {
-            v = inner;
-        }
+    let m = v.as_object().filter(|m| !m.is_empty())?.clone();
+    let m = unwrap_schema(m);
+    if m.is_empty() {
+        return None;
     }
-    let m = v.as_object()?;
-    if m.contains_key("type") || m.contains_key("properties") {
-        let mut m = m.clone();
-        if m.contains_key("properties") {
-            m.entry("type").or_insert(json!("object"));
-        }
-        return Some(Value::Object(m));
-    }
-    Some(infer(&v))
+    Some(object_schema(&m))
 }
 
 fn infer(example: &Value) -> Value {
@@ -116,21 +196,45 @@ fn infer(example: &Value) -> Value {
         Value::Number(_) => json!({"type": "number"}),
         Value::String(s) => json!({"type": "string", "description": s}),
         Value::Array(a) => {
-            let item = a
-                .iter()
-                .find(|x| !x.is_null())
-                .map(infer)
-                .unwrap_or(json!({}));
-            json!({"type": "array", "items": item})
+            let item = a.iter().find(|x| !x.is_null()).map(|x| match x {
+                Value::String(_) => json!({"type": "string"}),
+                other => infer(other),
+            });
+            match item {
+                Some(item) => json!({"type": "array", "items": item}),
+                None => json!({"type": "array"}),
+            }
         }
-        Value::Object(m) => {
-            let properties: Map<String, Value> =
-                m.iter().map(|(k, v)| (k.clone(), infer(v))).collect();
-            let required: Vec<&String> = m.keys().collect();
-            json!({"type": "object", "properties": properties, "required": required})
-        }
+        Value::Object(m) => object_schema(m),
         Value::Null => json!({}),
     }
+}
+
+/// The JSON an answer's text holds, as the reference reads it: the text
+/// itself, else inside a code fence, else the first object or array in it.
+pub fn parse_json_text(text: &str) -> Result<Value, String> {
+    let t = text.trim();
+    let first = match serde_json::from_str::<Value>(t) {
+        Ok(v) => return Ok(v),
+        Err(e) => e.to_string(),
+    };
+    if let Some(rest) = t.strip_prefix("```") {
+        let body = rest.split_once('\n').map_or("", |(_, b)| b);
+        let body = body.trim_end();
+        let body = body.strip_suffix("```").unwrap_or(body);
+        if let Ok(v) = serde_json::from_str::<Value>(body.trim()) {
+            return Ok(v);
+        }
+    }
+    for (i, c) in t.char_indices() {
+        if c == '{' || c == '[' {
+            let mut stream = serde_json::Deserializer::from_str(&t[i..]).into_iter::<Value>();
+            if let Some(Ok(v)) = stream.next() {
+                return Ok(v);
+            }
+        }
+    }
+    Err(first)
 }
 
 /// The chat-completions request of an `llm_call` payload for `model`, with
@@ -403,15 +507,20 @@ pub fn normalize_response(body: Value, structured: bool, metadata: Value) -> Val
         }
     }
     let data = if structured {
-        content
-            .as_deref()
-            .and_then(|c| serde_json::from_str::<Value>(c.trim()).ok())
-            .map(|v| {
-                if v.is_object() {
-                    v
-                } else {
-                    json!({"value": v})
-                }
+        body.get("data")
+            .filter(|d| !d.is_null())
+            .cloned()
+            .or_else(|| {
+                content
+                    .as_deref()
+                    .and_then(|c| parse_json_text(c).ok())
+                    .map(|v| {
+                        if v.is_object() {
+                            v
+                        } else {
+                            json!({"value": v})
+                        }
+                    })
             })
     } else {
         None
@@ -431,44 +540,43 @@ pub fn normalize_response(body: Value, structured: bool, metadata: Value) -> Val
     })
 }
 
-/// Whether key `k` names a secret (the reference's rule: `api_key`,
-/// `api-key`, `apikey`, `authorization`, `password`, `secret`, or a
-/// `token` next to `access`, `auth`, `bearer`, `bot`, `csrf`, `id`,
-/// `refresh` or `session`).
+/// Whether key `k` names a secret. Stricter than the reference's rule for
+/// recorded params (which this includes), as its rule for stored
+/// artifacts is: a key with a part ending in `token` (not `tokens`), or
+/// containing `secret` or `password`, or naming an API key,
+/// `authorization` or a private key.
 fn secret_key(k: &str) -> bool {
     let k = k.to_ascii_lowercase();
-    if [
+    let named = [
         "api_key",
         "api-key",
         "apikey",
         "authorization",
         "password",
         "secret",
-    ]
-    .iter()
-    .any(|s| k.contains(s))
-    {
-        return true;
-    }
-    let parts: Vec<&str> = k.split(|c: char| !c.is_ascii_alphanumeric()).collect();
-    parts.contains(&"token")
-        && parts.iter().any(|p| {
-            matches!(
-                *p,
-                "access" | "auth" | "bearer" | "bot" | "csrf" | "id" | "refresh" | "session"
-            )
-        })
+        "private_key",
+        "private-key",
+        "privatekey",
+    ];
+    named.iter().any(|s| k.contains(s))
+        || k.split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|p| p.ends_with("token"))
 }
 
-/// `v` with every value under a secret key replaced by [`REDACTED`], at
-/// any depth: what the ledger keeps of a payload.
+/// `v` with every non-empty value under a secret key replaced by
+/// [`REDACTED`], at any depth, except inside `tools`, `messages` and
+/// `response_schema` (schemas and conversation, whose keys name fields,
+/// not secrets): what the ledger keeps of a payload.
 pub fn redact(v: &Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
             m.iter()
                 .map(|(k, v)| {
-                    let v = if secret_key(k) {
+                    let empty = v.is_null() || v.as_str() == Some("");
+                    let v = if secret_key(k) && !empty {
                         json!(REDACTED)
+                    } else if matches!(k.as_str(), "tools" | "messages" | "response_schema") {
+                        v.clone()
                     } else {
                         redact(v)
                     };
@@ -544,13 +652,66 @@ mod tests {
     }
 
     #[test]
+    fn schemas_are_normalised_as_the_reference_does() {
+        let p = |v: Value| response_schema(&v);
+        assert_eq!(
+            p(json!({"type": "cat", "name": "Tom"})),
+            Some(
+                json!({"type": "object", "required": ["name", "type"], "properties": {
+                "type": {"type": "string", "description": "cat"},
+                "name": {"type": "string", "description": "Tom"}}})
+            )
+        );
+        let any = json!({"anyOf": [{"type": "string"}, {"type": "integer"}]});
+        assert_eq!(p(any.clone()), Some(any));
+        assert_eq!(p(json!({})), None);
+        assert_eq!(p(json!("not json")), None);
+        assert_eq!(
+            p(json!({"type": "json_schema", "json_schema": {"name": "x",
+                     "schema": {"properties": {"a": {"type": "string"}}}}})),
+            Some(json!({"type": "object", "properties": {"a": {"type": "string"}}}))
+        );
+        assert_eq!(
+            p(json!({"json_schema": {"name": "x", "strict": true}})),
+            Some(
+                json!({"type": "object", "required": ["json_schema"], "properties": {"json_schema": {
+                "type": "object", "required": ["name", "strict"],
+                "properties": {"name": {"type": "string", "description": "x"},
+                               "strict": {"type": "boolean"}}}}})
+            )
+        );
+        assert_eq!(
+            p(json!({"tags": ["a"], "none": []})),
+            Some(
+                json!({"type": "object", "required": ["none", "tags"], "properties": {
+                "tags": {"type": "array", "items": {"type": "string"}}, "none": {"type": "array"}}})
+            )
+        );
+        assert_eq!(
+            parse_json_text("```json\n{\"a\": 1}\n```"),
+            Ok(json!({"a": 1}))
+        );
+        assert_eq!(
+            parse_json_text("Here you go: {\"a\": 2} thanks"),
+            Ok(json!({"a": 2}))
+        );
+        assert!(parse_json_text("no json here").is_err());
+    }
+
+    #[test]
     fn secrets_are_redacted_at_any_depth() {
         let v = json!({"params": {"api_key": "sk", "provider_api_key": "x", "session_token": "t",
-                                  "max_tokens": 3, "nested": [{"Authorization": "Bearer y"}]}});
+                                  "token": "ghp", "Token": "t", "hf_token": "h", "private_key": "k",
+                                  "accessToken": "a", "max_tokens": 3, "empty_token": "", "null_secret": null,
+                                  "nested": [{"Authorization": "Bearer y"}]},
+                       "tools": [{"name": "login", "parameters": {"password": {"type": "string"}}}]});
         assert_eq!(
             redact(&v),
             json!({"params": {"api_key": REDACTED, "provider_api_key": REDACTED, "session_token": REDACTED,
-                              "max_tokens": 3, "nested": [{"Authorization": REDACTED}]}})
+                              "token": REDACTED, "Token": REDACTED, "hf_token": REDACTED, "private_key": REDACTED,
+                              "accessToken": REDACTED, "max_tokens": 3, "empty_token": "", "null_secret": null,
+                              "nested": [{"Authorization": REDACTED}]},
+                   "tools": [{"name": "login", "parameters": {"password": {"type": "string"}}}]})
         );
         assert!(finish_is_truncation(Some("LENGTH")) && !finish_is_truncation(Some("stop")));
         assert_eq!(

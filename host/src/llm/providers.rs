@@ -238,13 +238,19 @@ impl Providers {
     /// Sends chat-completions request `body` to `provider` and returns the
     /// answer's JSON body.
     pub fn call(&self, provider: &Provider, body: &Value) -> Result<Value, LlmError> {
-        let url = format!(
+        let target = format!(
             "{}/chat/completions",
             provider.base_url.trim_end_matches('/')
         );
-        let timeout = provider.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S).max(0.001);
+        // What messages and records say: never the URL's credentials.
+        let url = shown_url(&target);
+        // At most a day and a half, whatever the file says.
+        let timeout = provider
+            .timeout_s
+            .unwrap_or(DEFAULT_TIMEOUT_S)
+            .clamp(0.001, 129_600.0);
         let mut request = agent()
-            .post(&url)
+            .post(&target)
             .config()
             .timeout_global(Some(Duration::from_secs_f64(timeout)))
             .build()
@@ -301,15 +307,29 @@ impl Providers {
     }
 }
 
+/// `url` without the credentials it may carry (`https://user:key@host/...`
+/// reads `https://host/...`).
+pub fn shown_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
 /// The reference's retry classification of an HTTP error: 4xx fail at once
 /// except 408, 409, 425 and 429 (and a 400 naming a known generation
 /// artifact); every other status is worth another try.
 fn status_retryable(status: u16, message: &str) -> bool {
     let artifact = [
         "unexpected tokens remaining in message header",
-        "HarmonyError",
+        "harmonyerror",
         "harmony generation artifact",
     ];
+    let message = message.to_ascii_lowercase();
     if artifact.iter().any(|a| message.contains(a)) {
         return true;
     }
@@ -332,5 +352,11 @@ mod tests {
             400,
             "HarmonyError: unexpected tokens remaining in message header"
         ));
+        assert!(status_retryable(400, "harmonyerror"));
+        assert_eq!(
+            shown_url("https://user:sk-1@api.example.com/v1/chat/completions"),
+            "https://api.example.com/v1/chat/completions"
+        );
+        assert_eq!(shown_url("http://127.0.0.1:8/v1"), "http://127.0.0.1:8/v1");
     }
 }
