@@ -14,8 +14,9 @@ use super::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
 use crate::core::model::RunState;
 use crate::core::Result;
 use crate::llm::{
-    chat_request, finish_is_truncation, normalize_response, output_budget, parse_json_text, redact,
-    requested_schema, schema_mismatch, shown_url, truncation_message, Providers,
+    attempted_budget, chat_request, finish_is_truncation, normalize_response, output_budget,
+    parse_json_text, positive, redact, requested_schema, schema_mismatch, shown_url,
+    truncation_message, Providers,
 };
 
 /// The environment variable naming a providers file (JSON, see
@@ -216,9 +217,7 @@ impl EffectHandler for LlmCall {
             .run
             .vars
             .get("_limits")
-            .and_then(|l| l.get("max_output_tokens"))
-            .and_then(Value::as_u64)
-            .filter(|n| *n > 0);
+            .and_then(|l| positive(l.get("max_output_tokens")));
         let budget = output_budget(payload, limit);
         let request = chat_request(payload, model, budget);
         let answer = match providers.call(provider, &request.body) {
@@ -263,7 +262,7 @@ impl EffectHandler for LlmCall {
         if truncated && !allowed {
             return Ok(Outcome::Failed(Failure::permanent(
                 "llm_truncated",
-                truncation_message(request.max_output_tokens),
+                truncation_message(&attempted_budget(payload, request.max_output_tokens)),
             )));
         }
         Ok(Outcome::Completed(result))

@@ -19,30 +19,61 @@ fn text(v: Option<&Value>) -> Option<&str> {
     v.and_then(Value::as_str).filter(|s| !s.trim().is_empty())
 }
 
-fn positive(v: Option<&Value>) -> Option<u64> {
+/// Python's `int()` of a budget, when it is above 0: a whole number, a
+/// float (truncated), or a string of digits; never a boolean.
+pub fn positive(v: Option<&Value>) -> Option<u64> {
     match v? {
-        Value::Number(n) => n.as_u64().or_else(|| {
+        Value::Number(n) => n.as_i64().or_else(|| {
             n.as_f64()
-                .filter(|f| f.fract() == 0.0 && *f > 0.0)
-                .map(|f| f as u64)
+                .filter(|f| f.is_finite())
+                .map(|f| f.trunc() as i64)
         }),
-        Value::String(s) => s.trim().parse::<u64>().ok(),
+        Value::String(s) => s.trim().parse::<i64>().ok(),
         _ => None,
     }
     .filter(|n| *n > 0)
+    .map(|n| n as u64)
 }
 
-/// The output budget of a payload: `params.max_output_tokens`, else
-/// `params.max_tokens`, else `max_output_tokens`, else `max_out_tokens`,
-/// else `limit` (the run's `_limits.max_output_tokens`); a value that is
-/// not a positive whole number counts as unset.
+/// The output budget of a payload, in the reference's order: the
+/// candidate is `params.max_output_tokens` when `params` has that key,
+/// else `params.max_tokens`; when that is absent or null, the payload's
+/// `max_output_tokens`, else its `max_out_tokens`. A candidate that is not
+/// above 0 ([`positive`]) gives `limit` (the run's
+/// `_limits.max_output_tokens`).
 pub fn output_budget(payload: &Map<String, Value>, limit: Option<u64>) -> Option<u64> {
-    let params = payload.get("params");
-    positive(params.and_then(|p| p.get("max_output_tokens")))
-        .or_else(|| positive(params.and_then(|p| p.get("max_tokens"))))
-        .or_else(|| positive(payload.get("max_output_tokens")))
-        .or_else(|| positive(payload.get("max_out_tokens")))
-        .or(limit)
+    let params = payload.get("params").and_then(Value::as_object);
+    let named = params.and_then(|p| {
+        if p.contains_key("max_output_tokens") {
+            p.get("max_output_tokens")
+        } else {
+            p.get("max_tokens")
+        }
+    });
+    let candidate = named
+        .filter(|v| !v.is_null())
+        .or_else(|| payload.get("max_output_tokens").filter(|v| !v.is_null()))
+        .or_else(|| payload.get("max_out_tokens").filter(|v| !v.is_null()));
+    positive(candidate).or(limit)
+}
+
+/// The budget the truncation text names, as the reference writes it: the
+/// `params.max_output_tokens` the call was made with, which is the
+/// payload's own when it names one, the budget when `params` names
+/// neither key, and nothing when it names only `max_tokens`.
+pub fn attempted_budget(payload: &Map<String, Value>, budget: Option<u64>) -> String {
+    let params = payload.get("params").and_then(Value::as_object);
+    match params
+        .and_then(|p| p.get("max_output_tokens"))
+        .filter(|v| !v.is_null())
+    {
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+        None if params.is_some_and(|p| p.get("max_tokens").is_some_and(|v| !v.is_null())) => {
+            String::new()
+        }
+        None => budget.map(|b| b.to_string()).unwrap_or_default(),
+    }
 }
 
 /// A tool spec in the OpenAI form: a `{"type": "function", ...}` spec is
@@ -424,11 +455,11 @@ pub fn finish_is_truncation(reason: Option<&str>) -> bool {
     })
 }
 
-/// The reference's text for a truncated answer, with the budget asked for.
-pub fn truncation_message(budget: Option<u64>) -> String {
+/// The reference's text for a truncated answer, naming the budget
+/// attempted ([`attempted_budget`]).
+pub fn truncation_message(attempted: &str) -> String {
     format!(
-        "LLM_CALL output was truncated (finish_reason=length). Attempted max_output_tokens: {}. Increase max_output_tokens/max_out_tokens (or set allow_truncation=true).",
-        budget.map(|b| b.to_string()).unwrap_or_default()
+        "LLM_CALL output was truncated (finish_reason=length). Attempted max_output_tokens: {attempted}. Increase max_output_tokens/max_out_tokens (or set allow_truncation=true)."
     )
 }
 
@@ -629,6 +660,39 @@ mod tests {
     }
 
     #[test]
+    fn the_output_budget_follows_the_reference() {
+        let b = |v: Value, limit| output_budget(&payload(v), limit);
+        assert_eq!(
+            b(
+                json!({"params": {"max_output_tokens": 0, "max_tokens": 5}}),
+                Some(7)
+            ),
+            Some(7)
+        );
+        assert_eq!(
+            b(
+                json!({"params": {"max_tokens": 0}, "max_out_tokens": 10}),
+                None
+            ),
+            None
+        );
+        assert_eq!(
+            b(
+                json!({"params": {"max_tokens": null}, "max_out_tokens": 10}),
+                None
+            ),
+            Some(10)
+        );
+        assert_eq!(b(json!({"max_output_tokens": 12.7}), None), Some(12));
+        assert_eq!(b(json!({"max_out_tokens": "100"}), None), Some(100));
+        assert_eq!(b(json!({"max_out_tokens": true}), Some(3)), Some(3));
+        let a = |v: Value, budget| attempted_budget(&payload(v), budget);
+        assert_eq!(a(json!({"max_out_tokens": 10}), Some(10)), "10");
+        assert_eq!(a(json!({"params": {"max_tokens": 5}}), Some(5)), "");
+        assert_eq!(a(json!({"params": {"max_output_tokens": 8}}), Some(8)), "8");
+    }
+
+    #[test]
     fn tool_calls_and_usage_are_normalised() {
         let body = json!({"model": "m", "choices": [{"message": {"content": null, "reasoning_content": "think",
             "tool_calls": [{"id": "call_2", "type": "function",
@@ -715,7 +779,7 @@ mod tests {
         );
         assert!(finish_is_truncation(Some("LENGTH")) && !finish_is_truncation(Some("stop")));
         assert_eq!(
-            truncation_message(Some(10)),
+            truncation_message("10"),
             "LLM_CALL output was truncated (finish_reason=length). Attempted max_output_tokens: 10. Increase max_output_tokens/max_out_tokens (or set allow_truncation=true)."
         );
     }

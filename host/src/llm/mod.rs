@@ -12,7 +12,8 @@ mod chat;
 mod providers;
 
 pub use chat::{
-    chat_request, finish_is_truncation, normalize_response, output_budget, parse_json_text, redact,
-    requested_schema, schema_mismatch, truncation_message, ChatRequest, REDACTED,
+    attempted_budget, chat_request, finish_is_truncation, normalize_response, output_budget,
+    parse_json_text, positive, redact, requested_schema, schema_mismatch, truncation_message,
+    ChatRequest, REDACTED,
 };
 pub use providers::{shown_url, LlmError, Provider, Providers, DEFAULT_TIMEOUT_S};
