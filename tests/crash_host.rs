@@ -224,18 +224,10 @@ fn llm_call() -> stepwell::effects::llm::LlmCall {
     let url =
         std::env::var("STEPWELL_CRASH_LLM_URL").unwrap_or_else(|_| "http://127.0.0.1:9/v1".into());
     let provider = stepwell::llm::Provider {
-        name: "mock".into(),
-        base_url: url,
-        api_key_env: None,
-        default_model: Some("mock-model".into()),
         timeout_s: Some(10.0),
-        headers: Default::default(),
+        ..stepwell::llm::Provider::new("mock", &url, Some("mock-model"))
     };
-    stepwell::effects::llm::LlmCall::new(
-        stepwell::llm::Providers::default()
-            .with(provider)
-            .with_default("mock"),
-    )
+    stepwell::effects::llm::LlmCall::new(stepwell::llm::Providers::only(provider))
 }
 
 fn start(rt: &Runtime, wf: &str, id: &str, vars: Value) -> Result<(), Error> {

@@ -18,15 +18,11 @@ fn runtime(
     key_env: &str,
     config: RuntimeConfig,
 ) -> (Runtime, Arc<ManualClock>, tempfile::TempDir) {
-    let provider = Provider {
-        name: "mock".into(),
-        base_url: mock.base_url.clone(),
+    let providers = Providers::only(Provider {
         api_key_env: Some(key_env.into()),
-        default_model: Some("mock-model".into()),
         timeout_s: Some(1.0),
-        headers: Default::default(),
-    };
-    let providers = Providers::default().with(provider).with_default("mock");
+        ..Provider::new("mock", &mock.base_url, Some("mock-model"))
+    });
     let clock = stepwell_tests::manual_clock();
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
@@ -49,6 +45,11 @@ fn runtime(
     );
     rt.load_bundle(&bundle).unwrap();
     (rt, clock, dir)
+}
+
+/// [`runtime`] with no API key and the default configuration.
+fn keyless(mock: &LlmMock) -> (Runtime, Arc<ManualClock>, tempfile::TempDir) {
+    runtime(mock, "STEPWELL_TEST_LLM_KEY_NONE", RuntimeConfig::default())
 }
 
 fn ask(rt: &Runtime, payload: Value) -> stepwell::RunState {
@@ -120,11 +121,7 @@ fn tool_calls_are_normalised() {
         {"id": "call_2", "type": "function",
          "function": {"name": "fetch_url", "arguments": "{\"url\":\"https://example.com\"}"}}]});
     let mock = LlmMock::start(vec![Reply::Json(completion(message, "tool_calls"))]);
-    let (rt, _, _dir) = runtime(
-        &mock,
-        "STEPWELL_TEST_LLM_KEY_NONE",
-        RuntimeConfig::default(),
-    );
+    let (rt, _, _dir) = keyless(&mock);
     let run = ask(
         &rt,
         json!({"prompt": "fetch", "tools": [{"name": "fetch_url", "description": "Fetch a URL",
@@ -153,11 +150,7 @@ fn a_truncated_answer_fails_once_unless_allowed() {
         ))
     };
     let mock = LlmMock::start(vec![cut(), cut()]);
-    let (rt, _, _dir) = runtime(
-        &mock,
-        "STEPWELL_TEST_LLM_KEY_NONE",
-        RuntimeConfig::default(),
-    );
+    let (rt, _, _dir) = keyless(&mock);
     let run = ask(&rt, json!({"prompt": "long", "max_out_tokens": 10}));
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(
@@ -177,11 +170,7 @@ fn a_truncated_answer_fails_once_unless_allowed() {
 #[test]
 fn a_payload_without_input_or_with_an_unknown_provider_calls_nothing() {
     let mock = LlmMock::start(vec![]);
-    let (rt, _, _dir) = runtime(
-        &mock,
-        "STEPWELL_TEST_LLM_KEY_NONE",
-        RuntimeConfig::default(),
-    );
+    let (rt, _, _dir) = keyless(&mock);
     let run = ask(&rt, json!({"request": "Hello"}));
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(
@@ -202,11 +191,7 @@ fn a_client_error_fails_at_once_and_a_server_error_is_retried() {
         400,
         json!({"error": {"message": "bad model", "type": "invalid_request_error"}}),
     )]);
-    let (rt, clock, _dir) = runtime(
-        &mock,
-        "STEPWELL_TEST_LLM_KEY_NONE",
-        RuntimeConfig::default(),
-    );
+    let (rt, clock, _dir) = keyless(&mock);
     let run = ask(&rt, json!({"prompt": "Hello"}));
     assert_eq!(run.status, RunStatus::Failed);
     let error = run.error.unwrap();
@@ -277,11 +262,7 @@ fn usage_lands_in_limits_and_a_turn_in_the_context_when_asked() {
     let mut body = completion(json!({"role": "assistant", "content": " OK "}), "stop");
     body["usage"] = json!({"prompt_tokens": 1234, "total_tokens": 2000});
     let mock = LlmMock::start(vec![Reply::Json(body.clone()), Reply::Json(body)]);
-    let (rt, _, _dir) = runtime(
-        &mock,
-        "STEPWELL_TEST_LLM_KEY_NONE",
-        RuntimeConfig::default(),
-    );
+    let (rt, _, _dir) = keyless(&mock);
     let run = ask(&rt, json!({"prompt": "Hello", "include_context": true}));
     assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
     assert_eq!(run.vars["_limits"]["estimated_tokens_used"], 1234);
@@ -300,11 +281,7 @@ fn usage_lands_in_limits_and_a_turn_in_the_context_when_asked() {
 fn an_absorbed_failure_is_the_result_and_the_run_goes_on() {
     let refused = || Reply::Status(400, json!({"error": {"message": "no"}}));
     let mock = LlmMock::start(vec![refused(), refused()]);
-    let (rt, _, _dir) = runtime(
-        &mock,
-        "STEPWELL_TEST_LLM_KEY_NONE",
-        RuntimeConfig::default(),
-    );
+    let (rt, _, _dir) = keyless(&mock);
     let run = ask(&rt, json!({"prompt": "Hello", "_absorb_failure": true}));
     assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
     let answer = &run.output.as_ref().unwrap()["answer"];
@@ -342,11 +319,7 @@ fn structured_output_is_parsed_and_checked() {
         answer(r#"{"answer": "yes"}"#),
         answer("not json"),
     ]);
-    let (rt, _, _dir) = runtime(
-        &mock,
-        "STEPWELL_TEST_LLM_KEY_NONE",
-        RuntimeConfig::default(),
-    );
+    let (rt, _, _dir) = keyless(&mock);
     let schema = json!({"answer": "the answer", "n": 1});
     let run = ask(&rt, json!({"prompt": "q", "response_schema": schema}));
     let out = &run.output.as_ref().unwrap()["answer"];

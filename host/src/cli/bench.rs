@@ -437,18 +437,12 @@ fn llm_call_overhead(options: &BenchOptions, engine: &WasmEngine, dir: &Path) ->
     use stepwell::llm::{Provider, Providers};
     let url = instant_llm_server()?;
     let provider = Provider {
-        name: "bench".into(),
-        base_url: url,
-        api_key_env: None,
-        default_model: Some("bench".into()),
         timeout_s: Some(10.0),
-        headers: Default::default(),
+        ..Provider::new("bench", &url, Some("bench"))
     };
     let rt = Runtime::builder(Arc::new(MemoryStore::new()))
         .engine(engine.clone())
-        .effect(Arc::new(LlmCall::new(
-            Providers::default().with(provider).with_default("bench"),
-        )))
+        .effect(Arc::new(LlmCall::new(Providers::only(provider))))
         .build()?;
     std::fs::create_dir_all(dir).map_err(|e| invalid("bench", e.to_string()))?;
     let doc = json!({"workflow_id": "bench.llm", "entry": "ask", "nodes": {

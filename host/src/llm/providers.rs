@@ -41,6 +41,21 @@ pub struct Provider {
     pub headers: BTreeMap<String, String>,
 }
 
+impl Provider {
+    /// A profile `name` at `base_url` with `default_model`, no key, the
+    /// default timeout and no extra headers.
+    pub fn new(name: &str, base_url: &str, default_model: Option<&str>) -> Self {
+        Provider {
+            name: name.to_string(),
+            base_url: base_url.to_string(),
+            api_key_env: None,
+            default_model: default_model.map(str::to_string),
+            timeout_s: None,
+            headers: BTreeMap::new(),
+        }
+    }
+}
+
 /// The file form: `{"default": "<name>", "providers": [...]}`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -124,12 +139,8 @@ impl Providers {
             .unwrap_or_else(|| "http://localhost:11434/v1".into());
         let profile =
             |name: &str, url: String, key: Option<&str>, model: Option<String>| Provider {
-                name: name.into(),
-                base_url: url,
                 api_key_env: key.map(str::to_string),
-                default_model: model,
-                timeout_s: None,
-                headers: BTreeMap::new(),
+                ..Provider::new(name, &url, model.as_deref())
             };
         let profiles = vec![
             profile(
@@ -182,6 +193,12 @@ impl Providers {
             p.set_default_model(&model);
         }
         Ok(p)
+    }
+
+    /// `profile` alone, the default.
+    pub fn only(profile: Provider) -> Self {
+        let name = profile.name.clone();
+        Providers::default().with(profile).with_default(&name)
     }
 
     /// These providers with `profile` added (replacing one of its name).
