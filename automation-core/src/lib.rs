@@ -30,6 +30,7 @@ pub mod admission;
 pub mod definition;
 pub mod envelope;
 mod error;
+pub mod history;
 pub mod ids;
 pub mod node;
 pub mod occurrence;
