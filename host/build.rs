@@ -1,5 +1,6 @@
-//! Embeds the built-in trigger sources (`schedule@1`, `manual@1`) and the
-//! automation controller's nodes in the library: they are components built
+//! Embeds the built-in trigger sources (`schedule@1`, `manual@1`), the
+//! built-in workspace tools and the automation controller's nodes in the
+//! library: they are components built
 //! from `flows/triggers/builtin/` and `flows/automation-controller/` by
 //! `scripts/build-guests`, which must run before the host is built.
 
@@ -13,7 +14,10 @@ fn main() {
     println!("cargo:rerun-if-changed={}", dir.display());
     let controller = Path::new(&manifest).join("../flows/automation-controller");
     println!("cargo:rerun-if-changed={}", controller.display());
+    let tools = Path::new(&manifest).join("../flows/tools");
+    println!("cargo:rerun-if-changed={}", tools.display());
     let files = [
+        ("tools_workspace", tools.join("workspace.wasm")),
         ("schedule", dir.join("schedule.wasm")),
         ("manual", dir.join("manual.wasm")),
         ("controller", controller.join("nodes.wasm")),

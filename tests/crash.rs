@@ -141,7 +141,11 @@ fn outcome(kind: Kind, dir: &Path, roots: &[&str]) -> Value {
             "ledgers": ledgers,
         }));
     }
-    Value::Array(out)
+    // The store's own folder (a tool's workspace lives in it) is named the
+    // same in every trial.
+    let text = serde_json::to_string(&Value::Array(out)).unwrap();
+    let here = dir.canonicalize().unwrap();
+    serde_json::from_str(&text.replace(here.to_str().unwrap(), "$DIR")).unwrap()
 }
 
 /// The keys the `external` scenario's effect wrote to the outside world.
@@ -164,6 +168,19 @@ struct Scenario {
     /// The loopback LLM server the scenario calls (its hosts get its URL
     /// in `STEPWELL_CRASH_LLM_URL`).
     llm: Option<stepwell_tests::llm_mock::LlmMock>,
+    /// Whether the scenario's tools append lines to `ws/log.txt`: each
+    /// line once, twice only when a crash fell between the tool's run and
+    /// the record of its results.
+    tool_log: bool,
+}
+
+/// The lines the `tools` scenario's writes appended.
+fn tool_log(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("ws/log.txt"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 fn phases(kind: Kind) -> &'static [&'static str] {
@@ -202,6 +219,10 @@ fn harness(kind: Kind, s: Scenario) {
             "the uninterrupted run asks once"
         );
     }
+    if s.tool_log {
+        assert_eq!(tool_log(clean.path()), ["one", "two"]);
+    }
+    let mut wrote_twice = 0;
     let mut fired = std::collections::BTreeMap::<&str, usize>::new();
     let mut asked_twice = 0;
     for n in 1..=points {
@@ -230,13 +251,27 @@ fn harness(kind: Kind, s: Scenario) {
             }
             let recovered = run(kind, dir.path(), s.name, None);
             assert!(matches!(recovered, Ended::Done(_)), "recovery completes");
-            check(
-                kind,
-                dir.path(),
-                &s,
-                &expected,
-                &format!("crash at point {n} ({phase})"),
-            );
+            let repeated_write = s.tool_log && {
+                let lines = tool_log(dir.path());
+                ["one", "two"]
+                    .iter()
+                    .any(|l| lines.iter().filter(|x| x == l).count() > 1)
+            };
+            if repeated_write {
+                // The one window: a write ran twice, so its second result
+                // says the file grew twice. The run still ends the same.
+                let got = outcome(kind, dir.path(), s.roots);
+                assert_eq!(got[0]["status"], expected[0]["status"]);
+                assert_eq!(got[0]["output"], expected[0]["output"]);
+            } else {
+                check(
+                    kind,
+                    dir.path(),
+                    &s,
+                    &expected,
+                    &format!("crash at point {n} ({phase})"),
+                );
+            }
             if s.llm.is_some() {
                 // The server's own count: once its answer is recorded the
                 // call is never made again; only a crash between the
@@ -248,6 +283,17 @@ fn harness(kind: Kind, s: Scenario) {
                     (1..=max).contains(&asked),
                     "{phase} at {n}: the model was asked {asked} times"
                 );
+            }
+            if s.tool_log {
+                // Each approved write ran once, twice only when the crash
+                // fell between its run and the record of its results.
+                let lines = tool_log(dir.path());
+                let max = if *phase == "after" { 1 } else { 2 };
+                for line in ["one", "two"] {
+                    let count = lines.iter().filter(|l| *l == line).count();
+                    assert!((1..=max).contains(&count), "{phase} at {n}: {lines:?}");
+                    wrote_twice += usize::from(count == 2);
+                }
             }
             if external {
                 let keys = side_effects(dir.path());
@@ -286,6 +332,17 @@ fn harness(kind: Kind, s: Scenario) {
         assert!(
             asked_twice <= phases(kind).len(),
             "{kind:?}: {asked_twice} crash points repeated the call"
+        );
+    }
+
+    if s.tool_log {
+        assert!(
+            wrote_twice >= 1,
+            "{kind:?}: no crash point repeated a write"
+        );
+        assert!(
+            wrote_twice <= 2 * phases(kind).len(),
+            "{kind:?}: {wrote_twice} crash points repeated a write"
         );
     }
 
@@ -331,6 +388,7 @@ fn chain_survives_a_crash_at_every_point() {
         roots: &["crash-chain"],
         concurrent: true,
         llm: None,
+        tool_log: false,
     });
 }
 
@@ -341,6 +399,7 @@ fn ask_user_survives_a_crash_at_every_point() {
         roots: &["crash-ask"],
         concurrent: true,
         llm: None,
+        tool_log: false,
     });
 }
 
@@ -351,6 +410,7 @@ fn a_subworkflow_with_an_explicit_child_id_gets_exactly_one_child() {
         roots: &["crash-sub"],
         concurrent: true,
         llm: None,
+        tool_log: false,
     });
 }
 
@@ -364,6 +424,7 @@ fn an_event_is_delivered_once_and_its_result_reused_after_a_crash() {
         roots: &["crash-emitter", "crash-waiter"],
         concurrent: true,
         llm: None,
+        tool_log: false,
     });
 }
 
@@ -374,6 +435,7 @@ fn a_replayed_event_does_not_resume_a_listener_waiting_on_it_again() {
         roots: &["crash-ticker", "crash-looper"],
         concurrent: true,
         llm: None,
+        tool_log: false,
     });
 }
 
@@ -384,6 +446,7 @@ fn an_external_effect_runs_once_once_its_outcome_is_recorded() {
         roots: &["crash-external"],
         concurrent: true,
         llm: None,
+        tool_log: false,
     });
 }
 
@@ -404,6 +467,7 @@ fn an_llm_call_is_not_repeated_once_its_answer_is_recorded() {
                 roots: &["crash-llm"],
                 concurrent: false,
                 llm: Some(mock.clone()),
+                tool_log: false,
             },
         );
     }
@@ -419,6 +483,7 @@ fn a_loop_of_identical_records_loses_none_to_a_crash() {
         roots: &["crash-loop"],
         concurrent: true,
         llm: None,
+        tool_log: false,
     });
 }
 
@@ -439,5 +504,21 @@ fn an_automation_survives_a_crash_at_every_point() {
         ],
         concurrent: false,
         llm: None,
+        tool_log: false,
+    });
+}
+
+/// Approved tool calls (write_file appends, run inside the approval's
+/// resume) whose host crashes at any point: each write lands once, twice
+/// only when the crash falls between the tool's run and the record of its
+/// results, and the run ends as an uninterrupted one does.
+#[test]
+fn an_approved_tool_call_is_not_repeated_once_its_results_are_recorded() {
+    both(|| Scenario {
+        name: "tools",
+        roots: &["crash-tools"],
+        concurrent: false,
+        llm: None,
+        tool_log: true,
     });
 }

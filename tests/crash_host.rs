@@ -466,6 +466,45 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             start(&rt, "llm", "crash-llm", json!({}))?;
             rt.tick("crash-llm")?;
         }
+        "tools" => {
+            // Two writes, each waiting for a person's approval and run
+            // inside the resume: each appends a line to ws/log.txt (what
+            // the harness counts).
+            let append = |line: &str| {
+                json!({"tool_calls": [{"name": "write_file", "call_id": line,
+                    "arguments": {"file_path": "log.txt", "content": format!("{line}\n"), "mode": "a"}}]})
+            };
+            let dir = bundle(
+                &root,
+                "tools",
+                &[(
+                    "flow.json",
+                    json!({"workflow_id": "tools", "entry": "first",
+                           "nodes": {"first": {"effect": "tool_calls", "payload": append("one"),
+                                               "result_key": "first", "next": "second"},
+                                     "second": {"effect": "tool_calls", "payload": append("two"),
+                                                "result_key": "second", "next": "done"},
+                                     "done": {"complete": {"first": {"$var": "first.results.0.success"},
+                                                           "second": {"$var": "second.results.0.success"}}}}}),
+                )],
+            );
+            rt.load_bundle(&dir)?;
+            let ws = root.join("ws");
+            start(
+                &rt,
+                "tools",
+                "crash-tools",
+                json!({"workspace_root": ws.to_str().unwrap()}),
+            )?;
+            let mut state = rt.tick("crash-tools")?;
+            while state.status == RunStatus::Waiting {
+                state = match rt.respond("crash-tools", json!({"approved": true})) {
+                    Ok(s) => s,
+                    Err(Error::StaleResume { .. }) => rt.get_state("crash-tools")?,
+                    Err(e) => return Err(e.into()),
+                };
+            }
+        }
         "external" => {
             let dir = bundle(
                 &root,

@@ -107,11 +107,21 @@ pub fn record_key(name: &str, automation_id: &str, discriminator: &str) -> Strin
 /// `1e-05`), so a digest is the reference's digest of the same value.
 pub fn canonical_json(value: &Value) -> String {
     let mut out = String::new();
-    write_canonical(value, &mut out);
+    write_canonical(value, &mut out, false);
     out
 }
 
-fn write_canonical(value: &Value, out: &mut String) {
+/// [`canonical_json`] with every non-ASCII character escaped as `\uXXXX`
+/// (UTF-16 surrogate pairs beyond the BMP): Python's `json.dumps(v,
+/// sort_keys=True, separators=(",", ":"))` with its default `ensure_ascii`,
+/// which the reference's effect digests hash.
+pub fn canonical_json_ascii(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out, true);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String, ascii: bool) {
     match value {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
@@ -121,9 +131,9 @@ fn write_canonical(value: &Value, out: &mut String) {
                 if i > 0 {
                     out.push(',');
                 }
-                write_string(k, out);
+                write_string(k, out, ascii);
                 out.push(':');
-                write_canonical(&map[k], out);
+                write_canonical(&map[k], out, ascii);
             }
             out.push('}');
         }
@@ -133,11 +143,11 @@ fn write_canonical(value: &Value, out: &mut String) {
                 if i > 0 {
                     out.push(',');
                 }
-                write_canonical(v, out);
+                write_canonical(v, out, ascii);
             }
             out.push(']');
         }
-        Value::String(s) => write_string(s, out),
+        Value::String(s) => write_string(s, out, ascii),
         Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
             (Some(i), _, _) => out.push_str(&i.to_string()),
             (_, Some(u), _) => out.push_str(&u.to_string()),
@@ -149,10 +159,25 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
-fn write_string(s: &str, out: &mut String) {
+fn write_string(s: &str, out: &mut String, ascii: bool) {
     // serde_json escapes exactly what Python's json.dumps(ensure_ascii=False)
     // escapes: the quote, the backslash and control characters.
-    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+    let text = serde_json::to_string(s).unwrap_or_default();
+    if !ascii {
+        out.push_str(&text);
+        return;
+    }
+    // Python writes DEL as is, and every character past it as \uXXXX.
+    for c in text.chars() {
+        if (c as u32) < 0x80 {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
 }
 
 /// `repr(f)` of a finite Python float: the shortest digits that read back,

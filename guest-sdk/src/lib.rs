@@ -24,6 +24,7 @@
 
 use serde_json::{Map, Value};
 
+pub mod tool;
 pub mod trigger;
 
 /// Bindings generated from `wit/stepwell.wit` (the `node` world). Authors do not

@@ -126,6 +126,9 @@ pub struct HostOptions {
     /// The runtime's clock (`None`: the system clock); a fixed clock
     /// makes a command act at a chosen time (`stepwell --now`).
     pub clock: Option<Arc<dyn crate::Clock>>,
+    /// The folder of third-party tool components (`None`: the
+    /// `STEPWELL_TOOL_DIR` environment variable, else none).
+    pub tool_dir: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for HostOptions {
@@ -135,6 +138,7 @@ impl std::fmt::Debug for HostOptions {
             .field("durability", &self.durability)
             .field("config", &self.config)
             .field("clock", &self.clock.as_ref().map(|c| c.now()))
+            .field("tool_dir", &self.tool_dir)
             .finish()
     }
 }
@@ -169,6 +173,9 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
         .artifacts(spec.artifacts()?, DEFAULT_OFFLOAD_BYTES);
     if let Some(clock) = &options.clock {
         builder = builder.clock(clock.clone());
+    }
+    if let Some(dir) = &options.tool_dir {
+        builder = builder.tool_dir(dir.clone());
     }
     builder.build()
 }

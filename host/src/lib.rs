@@ -33,6 +33,7 @@ pub mod flow;
 pub mod host;
 pub mod llm;
 pub mod store;
+pub mod tools;
 pub mod triggers;
 pub mod wasm;
 

@@ -46,6 +46,10 @@ struct Cli {
     /// host dies, its runs wait this long before another host takes them.
     #[arg(long, global = true, default_value_t = 30_000)]
     lease_ttl_ms: u64,
+    /// A folder of third-party tool components (*.wasm) that `tool_calls`
+    /// may run beside the built-in workspace tools.
+    #[arg(long, global = true, env = stepwell::tools::TOOL_DIR_ENV)]
+    tool_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -65,6 +69,12 @@ enum Command {
         /// An explicit run id (created only if free).
         #[arg(long)]
         run_id: Option<String>,
+        /// The operator's policy for the run, a JSON object merged into
+        /// `vars._runtime` (only the keys of docs/tools.md, "Run policy":
+        /// allowed_tools, tool_policy, tool_executor, tool_timeout_s,
+        /// workspace_read_only, workspace_read_only_paths, ...).
+        #[arg(long)]
+        runtime: Option<String>,
     },
     /// Resume a waiting run with a payload.
     Resume {
@@ -159,6 +169,11 @@ enum Command {
         #[command(subcommand)]
         command: TriggerCommand,
     },
+    /// Tools: list what `tool_calls` can run.
+    Tools {
+        #[command(subcommand)]
+        command: ToolCommand,
+    },
     /// Measure the host and print the figures (medians). Uses its own scratch
     /// stores and the default guest limits: --db and the --guest-* flags do
     /// not apply.
@@ -218,6 +233,12 @@ enum SnapshotCommand {
         /// The snapshot.
         snapshot_id: String,
     },
+}
+
+#[derive(Subcommand)]
+enum ToolCommand {
+    /// List every tool with its class, origin and availability.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -533,6 +554,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             std::sync::Arc::new(stepwell::ManualClock::new(t))
                 as std::sync::Arc<dyn stepwell::Clock>
         }),
+        tool_dir: cli.tool_dir.clone(),
     };
     if let Command::Triggers {
         trigger_dir,
@@ -557,10 +579,17 @@ fn execute(cli: Cli) -> Result<(), Error> {
             vars,
             workflow,
             run_id,
+            runtime,
         } => {
             let bundle = rt.load_bundle(&flow_dir)?;
             let vars = match vars {
                 Some(v) => parse_object("--vars", &v)?,
+                None => Map::new(),
+            };
+            let runtime = match runtime {
+                Some(r) => {
+                    stepwell::core::config::operator_runtime(parse_object("--runtime", &r)?)?
+                }
                 None => Map::new(),
             };
             let wf = workflow.unwrap_or(bundle.main_workflow_id);
@@ -569,6 +598,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 StartOptions {
                     vars,
                     run_id,
+                    runtime,
                     ..StartOptions::default()
                 },
             )?;
@@ -793,6 +823,31 @@ fn execute(cli: Cli) -> Result<(), Error> {
             }
             std::thread::sleep(Duration::from_millis(interval_ms));
         },
+        Command::Tools {
+            command: ToolCommand::List,
+        } => {
+            let table = rt.tools()?;
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(table.entries()).unwrap_or_default()
+                );
+            } else {
+                for e in table.entries() {
+                    let class = e.spec.as_ref().map_or("-", |s| s.class.as_str());
+                    let origin = match &e.origin {
+                        stepwell::tools::Origin::Builtin => "builtin".to_string(),
+                        stepwell::tools::Origin::File(p) => p.display().to_string(),
+                    };
+                    match &e.reason {
+                        None => println!("{:<16} {:<7} {origin}", e.name, class),
+                        Some(why) => {
+                            println!("{:<16} {:<7} {origin}  UNAVAILABLE: {why}", e.name, class)
+                        }
+                    }
+                }
+            }
+        }
         Command::Snapshot { command } => {
             let snapshots = spec.snapshots()?;
             match command {

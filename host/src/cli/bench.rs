@@ -324,6 +324,10 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         let us = llm_call_overhead(options, &engine, &scratch.0.join("llm"))?;
         figures.insert("llm_call_overhead_us_p50".into(), json!(round(us, 1)));
     }
+    if want("tool_call_us_p50") {
+        let us = tool_call(options, &engine, &scratch.0.join("tools"))?;
+        figures.insert("tool_call_us_p50".into(), json!(round(us, 1)));
+    }
     if want("automation_commands_per_s_sqlite") {
         let rate = automation_commands(options, &engine, &scratch.0.join("commands"))?;
         figures.insert(
@@ -460,6 +464,54 @@ fn llm_call_overhead(options: &BenchOptions, engine: &WasmEngine, dir: &Path) ->
             return Err(invalid(
                 "bench",
                 format!("the llm run ended {:?}: {:?}", run.status, run.error),
+            ));
+        }
+        if i >= 50 {
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(median(times))
+}
+
+/// The host's time for a run of one `tool_calls` node that reads a small
+/// file with the built-in `read_file` tool (start, the scope checks, a
+/// fresh sandboxed instance with the workspace preopened, the recorded
+/// outcome, the commit), memory store, warm: median, in microseconds.
+fn tool_call(options: &BenchOptions, engine: &WasmEngine, dir: &Path) -> Result<f64> {
+    let rt = Runtime::builder(Arc::new(MemoryStore::new()))
+        .engine(engine.clone())
+        .build()?;
+    let ws = dir.join("ws");
+    std::fs::create_dir_all(&ws).map_err(|e| invalid("bench", e.to_string()))?;
+    std::fs::write(ws.join("notes.txt"), "one\ntwo\nthree\n")
+        .map_err(|e| invalid("bench", e.to_string()))?;
+    let doc = json!({"workflow_id": "bench.tools", "entry": "read", "nodes": {
+        "read": {"effect": "tool_calls", "result_key": "out", "next": "end",
+                 "payload": {"tool_calls": [{"name": "read_file", "arguments": {"file_path": "notes.txt"}}]}},
+        "end": {"complete": {"$var": "out.results.0.success"}}}});
+    std::fs::write(dir.join("flow.json"), doc.to_string())
+        .map_err(|e| invalid("bench", e.to_string()))?;
+    rt.load_bundle(dir)?;
+    let mut vars = Map::new();
+    vars.insert("workspace_root".into(), json!(ws.to_string_lossy()));
+    let samples = options.dispatch_samples.clamp(50, 2_000);
+    let mut times = Vec::with_capacity(samples);
+    for i in 0..(samples + 50) {
+        let t = Instant::now();
+        let run = rt.run(
+            "bench.tools",
+            StartOptions {
+                vars: vars.clone(),
+                ..StartOptions::default()
+            },
+        )?;
+        if run.output != Some(json!(true)) {
+            return Err(invalid(
+                "bench",
+                format!(
+                    "the tool run ended {:?}: {:?} {:?}",
+                    run.status, run.error, run.output
+                ),
             ));
         }
         if i >= 50 {

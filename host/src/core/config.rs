@@ -212,3 +212,61 @@ pub struct StartOptions {
     /// no guest, flow document or CLI argument reaches it.
     pub runtime: Map<String, Value>,
 }
+
+/// The `_runtime` keys an operator may set when starting a run (`stepwell
+/// run --runtime`): the run's tool and model policy. The host's own
+/// bookkeeping keys are never accepted from outside.
+pub const OPERATOR_RUNTIME_KEYS: [&str; 15] = [
+    "allowed_tools",
+    "tool_policy",
+    "tool_executor",
+    "tool_timeout_s",
+    "workspace_read_only",
+    "workspace_read_only_paths",
+    "workspace_writable_paths",
+    "provider",
+    "model",
+    "operator_email",
+    "untrusted_input",
+    "stream",
+    "max_attachment_bytes",
+    "disable_input_trimming",
+    "max_input_tokens",
+];
+
+/// Checks an operator's `_runtime` policy for a new run: only
+/// [`OPERATOR_RUNTIME_KEYS`], `stream` a boolean or null (the reference's
+/// refusal text), `allowed_tools` a list.
+pub fn operator_runtime(map: Map<String, Value>) -> crate::Result<Map<String, Value>> {
+    for (k, v) in &map {
+        if !OPERATOR_RUNTIME_KEYS.contains(&k.as_str()) {
+            return Err(crate::Error::invalid(
+                format!("_runtime.{k}"),
+                format!(
+                    "is not an operator setting (allowed: {})",
+                    OPERATOR_RUNTIME_KEYS.join(", ")
+                ),
+            ));
+        }
+        if k == "stream" && !(v.is_boolean() || v.is_null()) {
+            let kind = match v {
+                Value::String(_) => "str",
+                Value::Number(n) if n.is_f64() => "float",
+                Value::Number(_) => "int",
+                Value::Array(_) => "list",
+                _ => "dict",
+            };
+            return Err(crate::Error::invalid(
+                "_runtime.stream",
+                format!("_runtime.stream must be a boolean (true or false), got {kind} {v}"),
+            ));
+        }
+        if k == "allowed_tools" && !v.is_array() {
+            return Err(crate::Error::invalid(
+                "_runtime.allowed_tools",
+                "allowed_tools must be a list when explicitly set",
+            ));
+        }
+    }
+    Ok(map)
+}

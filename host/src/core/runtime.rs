@@ -33,6 +33,16 @@ use crate::flow::{self, template, Bundle, Workflow};
 use crate::store::{Fence, LeaseAfter, RunQuery, Store};
 use crate::wasm::WasmEngine;
 
+/// What the resume hook of a wait's effect decided.
+enum Hook {
+    /// The wait's effect has no hook: the payload is written as it is.
+    None,
+    /// Write this (`None`: the payload).
+    Written(Option<Value>),
+    /// The hook runs external work: take the run's lease, then resume.
+    ClaimFirst,
+}
+
 /// Builds a [`Runtime`].
 pub struct RuntimeBuilder {
     store: Arc<dyn Store>,
@@ -42,9 +52,18 @@ pub struct RuntimeBuilder {
     offloader: Option<crate::store::artifacts::Offloader>,
     effects: EffectRegistry,
     trigger_dir: Option<std::path::PathBuf>,
+    tool_dir: Option<std::path::PathBuf>,
 }
 
 impl RuntimeBuilder {
+    /// The folder of third-party tool components (`*.wasm`) `tool_calls`
+    /// may run, beside the built-in workspace tools (default: the
+    /// `STEPWELL_TOOL_DIR` environment variable, else none).
+    pub fn tool_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.tool_dir = Some(dir.into());
+        self
+    }
+
     /// The folder of plugin trigger sources (`*.wasm`) automations may
     /// bind, beside the built-in `schedule@1` and `manual@1` (default: the
     /// `STEPWELL_TRIGGER_DIR` environment variable, else none).
@@ -120,7 +139,23 @@ impl RuntimeBuilder {
             engine.clone(),
             trigger_dir,
         ));
+        let tool_dir = self.tool_dir.or_else(|| {
+            std::env::var_os(crate::tools::TOOL_DIR_ENV)
+                .filter(|d| !d.is_empty())
+                .map(Into::into)
+        });
+        let tools = Arc::new(crate::tools::ToolCatalog::new(engine.clone(), tool_dir));
         let mut effects = self.effects;
+        if effects.get("tool_calls").is_none() {
+            effects.register(Arc::new(crate::effects::tools::ToolCalls::new(
+                tools.clone(),
+            )));
+        }
+        if effects.get("tool_specs").is_none() {
+            effects.register(Arc::new(crate::effects::tools::ToolSpecs::new(
+                tools.clone(),
+            )));
+        }
         // The controller's own effects: an application cannot replace them.
         for handler in crate::automation::controller_effects(triggers.clone()) {
             effects.register(handler);
@@ -139,6 +174,7 @@ impl RuntimeBuilder {
                 offloader: self.offloader,
                 effects,
                 triggers,
+                tools,
                 workflows: RwLock::new(HashMap::new()),
                 locks: RunLocks::default(),
                 keeper,
@@ -156,6 +192,7 @@ pub(crate) struct Inner {
     offloader: Option<crate::store::artifacts::Offloader>,
     pub(crate) effects: EffectRegistry,
     triggers: Arc<crate::automation::TriggerCatalog>,
+    tools: Arc<crate::tools::ToolCatalog>,
     workflows: RwLock<HashMap<String, Arc<Workflow>>>,
     locks: RunLocks,
     keeper: Arc<LeaseKeeper>,
@@ -220,7 +257,20 @@ impl Runtime {
             offloader: None,
             effects: EffectRegistry::builtin(),
             trigger_dir: None,
+            tool_dir: None,
         }
+    }
+
+    /// The tools `tool_calls` runs (the built-in workspace tools and the
+    /// tool folder's), loaded on first use.
+    pub fn tools(&self) -> Result<Arc<crate::tools::ToolTable>> {
+        self.inner
+            .tools
+            .table()
+            .map_err(|message| Error::InvalidInput {
+                field: "tool_dir".into(),
+                message,
+            })
     }
 
     /// The trigger sources automations bind (the built-in ones and the
@@ -440,8 +490,20 @@ impl Runtime {
                 options.parent_run_id.as_deref(),
             );
         }
-        if !options.runtime.is_empty() {
-            vars.insert("_runtime".into(), Value::Object(options.runtime));
+        let mut runtime = options.runtime;
+        // The workspace scope is frozen now, from the run's own vars over
+        // what a parent handed down: tools read only this snapshot, so no
+        // guest can widen its scope later.
+        match crate::tools::scope::freeze(&vars, runtime.get("workspace")) {
+            Some(frozen) => {
+                runtime.insert("workspace".into(), frozen);
+            }
+            None => {
+                runtime.remove("workspace");
+            }
+        }
+        if !runtime.is_empty() {
+            vars.insert("_runtime".into(), Value::Object(runtime));
         }
         vars.entry("_limits")
             .or_insert_with(|| self.inner.config.limits_value());
@@ -766,7 +828,17 @@ impl Runtime {
         // Load the workflow first: a resume that cannot continue is refused
         // before anything is written.
         self.workflow(&run.workflow_id)?;
-        let record = self.end_wait(&mut run, payload, "resumed", cause);
+        let written = match self.resume_hook(&txn, &run, &payload, optimistic)? {
+            Hook::None => None,
+            Hook::Written(v) => v,
+            Hook::ClaimFirst => {
+                return Err(Error::Conflict {
+                    run_id: run_id.to_string(),
+                    reason: "the resume runs its effect's work: it takes the lease first".into(),
+                })
+            }
+        };
+        let record = self.end_wait_with(&mut run, payload, written, "resumed", cause);
         super::keys::count_data(&mut run, size as u64);
         if !tick && depth > 0 {
             // Left to the driver in the middle of a chain of runs setting
@@ -918,10 +990,25 @@ impl Runtime {
         how: &str,
         cause: Option<&str>,
     ) -> StepRecord {
+        self.end_wait_with(run, payload, None, how, cause)
+    }
+
+    /// [`Runtime::end_wait`] writing `written` (what the wait's effect made
+    /// of the payload, see [`EffectHandler::on_resume`]) instead of the
+    /// payload to the result key; the record keeps both.
+    fn end_wait_with(
+        &self,
+        run: &mut RunState,
+        payload: Value,
+        written: Option<Value>,
+        how: &str,
+        cause: Option<&str>,
+    ) -> StepRecord {
         let now = format_time(self.now());
         let wait = run.waiting.take().expect("end_wait on a waiting run");
+        let value = written.clone().unwrap_or_else(|| payload.clone());
         if let Some(key) = &wait.result_key {
-            template::assign(&mut run.vars, key, payload.clone());
+            template::assign(&mut run.vars, key, value.clone());
         }
         // The end of a wait completes the effect that started it: its key is
         // that effect's key plus a digest of the payload, so a resume replayed
@@ -940,6 +1027,9 @@ impl Runtime {
         };
         let mut ended =
             json!({ "wait_key": wait.wait_key, "reason": wait.reason, "payload": payload });
+        if let Some(w) = written {
+            ended["result"] = w;
+        }
         if let Some(c) = cause {
             ended["cause"] = Value::String(c.to_string());
             // Which wait this ended: the effect that started it.
@@ -957,10 +1047,113 @@ impl Runtime {
                 run.status = RunStatus::Running;
                 run.current_node = Some(node);
             }
-            None => super::step::complete(run, payload),
+            None => super::step::complete(run, value),
         }
         run.updated_at = now;
         record
+    }
+
+    /// Runs the resume hook of the effect that started the run's wait, if
+    /// that effect has one ([`crate::effects::waits_on_resume`], checked
+    /// against the ledger so a look-alike wait of another effect gets
+    /// nothing). An external effect's work runs under the run's lease
+    /// ([`Hook::ClaimFirst`] when the hold has none yet) and its answer is
+    /// recorded ahead of the resume's commit under `<effect key>:resumed`;
+    /// a repeated resume reuses it.
+    fn resume_hook(
+        &self,
+        txn: &super::txn::RunTxn<'_>,
+        run: &RunState,
+        payload: &Value,
+        optimistic: bool,
+    ) -> Result<Hook> {
+        let Some(wait) = run.waiting.clone() else {
+            return Ok(Hook::None);
+        };
+        let Some(handler) =
+            crate::effects::waits_on_resume(&wait).and_then(|k| self.inner.effects.get(k).cloned())
+        else {
+            return Ok(Hook::None);
+        };
+        let Some(key) = effect_key(run) else {
+            return Ok(Hook::None);
+        };
+        let started_it = self
+            .store()
+            .find_records(&run.run_id, &key)?
+            .iter()
+            .any(|r| {
+                r.status == StepStatus::Waiting
+                    && r.effect.as_ref().is_some_and(|e| e.kind == handler.kind())
+            });
+        if !started_it {
+            return Ok(Hook::None);
+        }
+        handler.check_resume(&wait, payload)?;
+        let external = handler.class() == crate::effects::EffectClass::External;
+        if external && optimistic {
+            return Ok(Hook::ClaimFirst);
+        }
+        let resumed_key = format!("{key}:resumed");
+        // A resume repeated after a crash: its recorded answer stands; a
+        // `started` record without one means the work never finished, and
+        // it runs again under that same record.
+        let mut begun = false;
+        if external {
+            for r in self.list_ahead(&run.run_id)? {
+                if r.idempotency_key.as_deref() != Some(resumed_key.as_str()) {
+                    continue;
+                }
+                match r.status {
+                    StepStatus::Completed => return Ok(Hook::Written(r.result)),
+                    StepStatus::Started => begun = true,
+                    _ => {}
+                }
+            }
+        }
+        let now = format_time(self.now());
+        let base = StepRecord {
+            status: StepStatus::Started,
+            effect: Some(super::model::EffectRecord {
+                kind: handler.kind().to_string(),
+                payload: payload.clone(),
+                result_key: wait.result_key.clone(),
+            }),
+            idempotency_key: Some(resumed_key),
+            ..self.record(run, run.current_node.clone(), &now)
+        };
+        if external && !begun {
+            txn.append_ahead(std::slice::from_ref(&base))?;
+        }
+        let seq = run
+            .vars
+            .get("_runtime")
+            .and_then(|r| r.get("effect_seq"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let cx = crate::effects::EffectCx {
+            run,
+            seq,
+            key: &key,
+            now: self.now(),
+            attempt: 1,
+            depth: 0,
+            max_depth: self.inner.config.max_nesting,
+            emit_scopes: &self.inner.config.emit_scopes,
+            max_cascade: self.inner.config.max_cascade_runs,
+            runs: self,
+        };
+        let written = handler.on_resume(&cx, &wait, payload)?;
+        if external {
+            txn.append_ahead(&[StepRecord {
+                step_id: super::keys::new_step_id(),
+                status: StepStatus::Completed,
+                result: written.clone(),
+                ended_at: Some(format_time(self.now())),
+                ..base
+            }])?;
+        }
+        Ok(Hook::Written(written))
     }
 
     /// A fresh ledger record of `run` (status `completed`, attempt 1).

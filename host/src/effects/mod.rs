@@ -2,7 +2,8 @@
 //! an [`EffectHandler`] in an [`EffectRegistry`]; the built-in ones live one
 //! family per module: [`waits`] (`ask_user`, `answer_user`, `wait_event`,
 //! `wait_until`), [`events`] (`emit_event`), [`subworkflow`]
-//! (`start_subworkflow`) and [`vars_query`]. An embedding application
+//! (`start_subworkflow`), [`vars_query`], [`llm`] (`llm_call`) and [`tools`]
+//! (`tool_calls`). An embedding application
 //! registers its own with [`crate::RuntimeBuilder::effect`].
 //!
 //! Every handler declares its [`EffectClass`], and the runtime applies one
@@ -20,6 +21,7 @@
 pub mod events;
 pub mod llm;
 pub mod subworkflow;
+pub mod tools;
 pub mod vars_query;
 pub mod waits;
 
@@ -339,6 +341,33 @@ pub trait EffectHandler: Send + Sync {
         Ok(None)
     }
 
+    /// For a wait this effect parked its run on: refuses a resume payload
+    /// the effect cannot take (an [`Error::InvalidInput`] naming the
+    /// field), before anything is recorded. Only asked of waits
+    /// [`waits_on_resume`] recognises.
+    ///
+    /// [`Error::InvalidInput`]: crate::Error::InvalidInput
+    fn check_resume(&self, wait: &WaitState, payload: &Value) -> Result<()> {
+        let _ = (wait, payload);
+        Ok(())
+    }
+
+    /// For a wait this effect parked its run on: what a resume with
+    /// `payload` writes to the wait's result key (`None`: the payload as it
+    /// is). Called under the run's lease before the resume commits; for an
+    /// external effect its answer is recorded ahead of that commit and
+    /// reused if the resume is repeated after a crash (an approved tool
+    /// batch runs once). `cx` describes the effect that started the wait.
+    fn on_resume(
+        &self,
+        cx: &EffectCx<'_>,
+        wait: &WaitState,
+        payload: &Value,
+    ) -> Result<Option<Value>> {
+        let _ = (cx, wait, payload);
+        Ok(None)
+    }
+
     /// Executes the effect. `Err` is for failures of the host itself (the
     /// store); anything wrong with the effect is an [`Outcome::Failed`].
     fn execute(
@@ -347,6 +376,18 @@ pub trait EffectHandler: Send + Sync {
         payload: &Map<String, Value>,
         prepared: Option<&Value>,
     ) -> Result<Outcome>;
+}
+
+/// The effect kind whose resume hooks ([`EffectHandler::on_resume`]) a
+/// wait needs, if any: the waits `tool_calls` parks a run on (an approval,
+/// or calls handed out), recognised by their details. The runtime then
+/// checks in the ledger that this effect really started the wait.
+pub fn waits_on_resume(wait: &WaitState) -> Option<&'static str> {
+    let d = wait.details.as_ref()?;
+    let mode = d.get("mode")?.as_str()?;
+    (matches!(mode, "approval_required" | "passthrough" | "delegated")
+        && d.get("tool_calls").is_some_and(Value::is_array))
+    .then_some("tool_calls")
 }
 
 /// The effect kinds a runtime executes.

@@ -297,6 +297,25 @@ impl EffectHandler for StartSubworkflow {
         if !inline {
             runtime.insert(crate::core::keys::CASCADE_DEPTH.into(), json!(cx.depth + 1));
         }
+        // What a child inherits of its parent's tool policy: its workspace
+        // scope (which the child may narrow, never widen; frozen at its
+        // start), its run-level read-only flags and mounts, and its
+        // approval policy. Its tool ceiling is read through the ancestry.
+        if let Some(parent) = cx.run.vars.get("_runtime").and_then(Value::as_object) {
+            for key in [
+                "workspace",
+                "workspace_read_only",
+                "workspace_read_only_paths",
+                "workspace_writable_paths",
+                "tool_policy",
+                "tool_executor",
+                "tool_timeout_s",
+            ] {
+                if let Some(v) = parent.get(key) {
+                    runtime.insert(key.into(), v.clone());
+                }
+            }
+        }
         let options = StartOptions {
             vars,
             run_id: Some(run_id),

@@ -17,12 +17,19 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 use super::cache::{CompileCache, CompiledDigests};
 use super::node::{NodeComponent, NodePre};
 use super::sandbox::GuestState;
+use super::tool::{ToolComponent, ToolPre};
 use super::trigger::{TriggerComponent, TriggerSourcePre};
 use super::{LoadError, SandboxLimits};
 
 /// How often the epoch ticker advances the engine's epoch: the granularity
 /// of time limits.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// The number of epoch ticks that cover `limit`.
+pub(crate) fn ticks_for(limit: Duration) -> u64 {
+    let tick = EPOCH_TICK.as_micros().max(1) as u64;
+    (limit.as_micros().min(u64::MAX as u128 / 2) as u64).div_ceil(tick) + 1
+}
 
 /// How a [`WasmEngine`] is set up.
 #[derive(Debug, Clone, Default)]
@@ -74,6 +81,7 @@ struct Shared {
     /// so loading a file again does not re-read and re-hash it.
     by_path: Mutex<HashMap<PathBuf, PathStamp>>,
     triggers: Mutex<HashMap<[u8; 32], Arc<TriggerComponent>>>,
+    tools: Mutex<HashMap<[u8; 32], Arc<ToolComponent>>>,
     cache: Option<CompileCache>,
     /// Bytes of linear memory the engine's live guest stores hold.
     live_memory: Arc<std::sync::atomic::AtomicUsize>,
@@ -154,6 +162,7 @@ impl WasmEngine {
                 loaded: Mutex::new(HashMap::new()),
                 by_path: Mutex::new(HashMap::new()),
                 triggers: Mutex::new(HashMap::new()),
+                tools: Mutex::new(HashMap::new()),
                 cache,
                 live_memory: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
                 _ticker: Ticker {
@@ -180,8 +189,7 @@ impl WasmEngine {
 
     /// The number of epoch ticks a call may run for.
     pub(crate) fn deadline_ticks(&self) -> u64 {
-        let tick = EPOCH_TICK.as_micros().max(1) as u64;
-        (self.limits().time_limit.as_micros() as u64).div_ceil(tick) + 1
+        ticks_for(self.limits().time_limit)
     }
 
     /// Loads the node component at `path`: compiles it (or reads the compiled
@@ -286,6 +294,35 @@ impl WasmEngine {
         ));
         memo().insert(digest, source.clone());
         Ok(source)
+    }
+
+    /// Loads a tool component from its bytes (`label` names it in errors: a
+    /// file path, or `builtin:<name>`), pre-instantiated against the `tool`
+    /// world. The same bytes load once per engine.
+    pub fn load_tool_bytes(
+        &self,
+        bytes: &[u8],
+        label: &Path,
+    ) -> Result<Arc<ToolComponent>, LoadError> {
+        let fail = |message: String| LoadError {
+            path: label.to_path_buf(),
+            message,
+        };
+        let digest: [u8; 32] = Sha256::digest(bytes).into();
+        let memo = || self.shared.tools.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = memo().get(&digest) {
+            return Ok(found.clone());
+        }
+        let (pre, origin) = self.instantiate_pre(bytes, &digest, "tool", ToolPre::new, fail)?;
+        let tool = Arc::new(ToolComponent::new(
+            label.to_path_buf(),
+            hex::encode(digest),
+            origin,
+            pre,
+            self.clone(),
+        ));
+        memo().insert(digest, tool.clone());
+        Ok(tool)
     }
 
     /// Compiles (or reads from the cache) and pre-instantiates a component,

@@ -14,6 +14,7 @@ mod cache;
 mod engine;
 mod node;
 mod sandbox;
+mod tool;
 mod trigger;
 
 use std::fmt;
@@ -24,6 +25,8 @@ pub use cache::CompiledDigests;
 pub use engine::{EngineConfig, LoadOrigin, WasmEngine};
 pub(crate) use node::vars_json;
 pub use node::{NodeCall, NodeComponent, NodeSession, HOST_BOOKKEEPING_VARS};
+pub use sandbox::Preopen;
+pub use tool::{ToolComponent, ToolFault};
 pub use trigger::TriggerComponent;
 
 /// The bounds every guest call runs under.

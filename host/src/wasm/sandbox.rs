@@ -180,9 +180,39 @@ impl rand::TryRng for StepRng {
     }
 }
 
-fn sandbox(limits: &SandboxLimits, stderr: MemoryOutputPipe, live: Arc<AtomicUsize>) -> GuestState {
+/// A directory a guest call may reach (tools only): the host directory,
+/// the path the guest names it by, and whether it may write there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preopen {
+    /// The directory on the host.
+    pub host: std::path::PathBuf,
+    /// The path the guest opens it by (stepwell uses the host path itself).
+    pub guest: String,
+    /// Whether files and directories under it may be created or changed.
+    pub writable: bool,
+}
+
+fn sandbox(
+    limits: &SandboxLimits,
+    stderr: MemoryOutputPipe,
+    live: Arc<AtomicUsize>,
+    preopens: &[Preopen],
+) -> wasmtime::Result<GuestState> {
     let rng = StepRng::new();
-    let wasi = WasiCtxBuilder::new()
+    let mut builder = WasiCtxBuilder::new();
+    // File operations run on the calling thread: guest calls are
+    // synchronous, and the epoch deadline still stops the guest between
+    // them.
+    builder.allow_blocking_current_thread(true);
+    for p in preopens {
+        let perms = if p.writable {
+            wasmtime_wasi::FsPerms::ReadWrite
+        } else {
+            wasmtime_wasi::FsPerms::ReadOnly
+        };
+        builder.preopened_dir(&p.host, &p.guest, perms)?;
+    }
+    let wasi = builder
         .stderr(stderr)
         .wall_clock(EpochClock)
         .monotonic_clock(EpochClock)
@@ -193,7 +223,7 @@ fn sandbox(limits: &SandboxLimits, stderr: MemoryOutputPipe, live: Arc<AtomicUsi
         .allow_udp(false)
         .allow_ip_name_lookup(false)
         .build();
-    GuestState {
+    Ok(GuestState {
         wasi,
         table: ResourceTable::new(),
         limiter: Limiter {
@@ -205,18 +235,34 @@ fn sandbox(limits: &SandboxLimits, stderr: MemoryOutputPipe, live: Arc<AtomicUsi
             exceeded: None,
         },
         rng,
-    }
+    })
 }
 
 /// A store for guest calls: the sandbox, its limiter and its deadline.
 pub(crate) fn new_store(engine: &WasmEngine) -> (Store<GuestState>, MemoryOutputPipe) {
+    new_store_with(engine, &[], engine.deadline_ticks())
+        .expect("a sandbox without preopened directories always builds")
+}
+
+/// A store for one guest call that reaches `preopens`, with a deadline of
+/// `ticks` epoch ticks. Fails if a directory cannot be opened.
+pub(crate) fn new_store_with(
+    engine: &WasmEngine,
+    preopens: &[Preopen],
+    ticks: u64,
+) -> wasmtime::Result<(Store<GuestState>, MemoryOutputPipe)> {
     let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
     let mut store = Store::new(
         engine.engine(),
-        sandbox(&engine.limits(), stderr.clone(), engine.live_memory()),
+        sandbox(
+            &engine.limits(),
+            stderr.clone(),
+            engine.live_memory(),
+            preopens,
+        )?,
     );
     store.limiter(|s| &mut s.limiter);
-    store.set_epoch_deadline(engine.deadline_ticks());
+    store.set_epoch_deadline(ticks);
     // What the host copies out of the guest in one call (its output, or
     // what it passes to a WASI call) is bounded: past the output limit
     // (and some room for the rest of the plan), the copy stops and the call
@@ -227,7 +273,7 @@ pub(crate) fn new_store(engine: &WasmEngine) -> (Store<GuestState>, MemoryOutput
             .max_output_bytes
             .saturating_add(HOSTCALL_MARGIN),
     );
-    (store, stderr)
+    Ok((store, stderr))
 }
 
 /// Gets a store ready for its next call: a fresh deadline and the step's

@@ -1,0 +1,123 @@
+//! The built-in workspace tools as one tool component (the `tool` world):
+//! `list_files`, `search_files`, `read_file` (effect class `read`) and
+//! `write_file`, `edit_file` (effect class `write`), with AbstractCore's
+//! semantics and output texts.
+//!
+//! The host preopens the directories a call may touch under their absolute
+//! host paths and rewrites path arguments to absolute paths inside them, so
+//! the tools use `std::fs` on the paths as given. Every tool returns a JSON
+//! string for the model; failures the model should see are strings starting
+//! with `Error:` or `❌` (the host counts those as failed calls), and
+//! arguments that cannot be coerced to their declared types are refused as
+//! invalid arguments.
+
+mod args;
+mod difflib;
+mod edit;
+mod glob;
+mod list;
+mod patch;
+mod pyre;
+mod read;
+mod search;
+mod text;
+mod walk;
+mod write;
+
+use serde_json::Value;
+use stepwell_guest::tool::{ToolCall, ToolError, ToolSpec, Toolbox};
+
+use crate::args::Args;
+
+/// The workspace tools.
+pub struct Workspace;
+
+impl Toolbox for Workspace {
+    /// The five tools' specs.
+    fn describe() -> Vec<ToolSpec> {
+        vec![
+            list::spec(),
+            search::spec(),
+            read::spec(),
+            write::spec(),
+            edit::spec(),
+        ]
+    }
+
+    /// Runs one call of one of the tools.
+    fn invoke(call: ToolCall) -> Result<Value, ToolError> {
+        let args = Args::new(&call.name, &call.arguments);
+        let output = match call.name.as_str() {
+            "list_files" => list::run(&args)?,
+            "search_files" => search::run(&args)?,
+            "read_file" => read::run(&args)?,
+            "write_file" => write::run(&args)?,
+            "edit_file" => edit::run(&args)?,
+            other => return Err(ToolError::invalid(format!("unknown tool '{other}'"))),
+        };
+        Ok(Value::String(output))
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+stepwell_guest::export_toolbox!(Workspace);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn describes_five_tools() {
+        let specs = Workspace::describe();
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec![
+                "list_files",
+                "search_files",
+                "read_file",
+                "write_file",
+                "edit_file"
+            ]
+        );
+        for spec in &specs {
+            assert_eq!(spec.parameters["type"], "object", "{}", spec.name);
+            let props = spec.parameters["properties"].as_object().unwrap();
+            for required in spec.parameters["required"].as_array().unwrap() {
+                assert!(
+                    props.contains_key(required.as_str().unwrap()),
+                    "{}",
+                    spec.name
+                );
+            }
+            for (name, prop) in props {
+                assert!(prop["type"].is_string(), "{}.{name}", spec.name);
+                assert!(prop["description"].is_string(), "{}.{name}", spec.name);
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_tools_and_bad_arguments_are_refused() {
+        let call = |name: &str, args: Value| ToolCall {
+            call_id: "c1".into(),
+            name: name.into(),
+            arguments: args.as_object().unwrap().clone(),
+        };
+        assert_eq!(
+            Workspace::invoke(call("nope", json!({}))),
+            Err(ToolError::invalid("unknown tool 'nope'"))
+        );
+        assert_eq!(
+            Workspace::invoke(call("read_file", json!({}))),
+            Err(ToolError::invalid("read_file requires file_path"))
+        );
+        assert_eq!(
+            Workspace::invoke(call("list_files", json!({"recursive": "sometimes"}))),
+            Err(ToolError::invalid(
+                "argument 'recursive': expected a boolean but got 'sometimes'; use one of true/false/1/0/yes/no/on/off"
+            ))
+        );
+    }
+}

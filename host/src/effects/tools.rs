@@ -1,0 +1,618 @@
+//! `tool_calls`: runs a batch of tool calls (usually a model's, from
+//! `llm_call`'s `tool_calls`) as WebAssembly tool components, each in a
+//! fresh sandbox that reaches only what the run's workspace scope grants.
+//!
+//! The pipeline (llm-tools spec 3.3): the batch is normalised, checked
+//! against the ceiling of allowed tools (the payload's, the run's and every
+//! ancestor's), each call's arguments are canonicalised and rewritten by
+//! the workspace scope; calls that fail a check get their own `success:
+//! false` result and the rest go on. Then, by the run's executor mode, the
+//! host runs them now, waits for a person's approval (`write`-class and
+//! unknown tools, by default), or hands them to the caller (passthrough) or
+//! a worker (delegated). Results keep the input positions.
+//!
+//! An external effect: its outcome is recorded ahead of the step's commit
+//! and reused on replay, so a crash never runs a batch twice once its
+//! results are recorded; an approved batch is recorded the same way inside
+//! the resume.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use super::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
+use crate::core::model::{WaitReason, WaitState};
+use crate::core::{Error, Result};
+use crate::tools::calls::{
+    call_json, canonical_arguments, effect_digest, failed, from_output, merge, normalize,
+    resolve_ceiling, ApprovalPolicy, Call,
+};
+use crate::tools::scope::WorkspaceScope;
+use crate::tools::{ToolCatalog, ToolClass, ToolTable};
+use crate::wasm::{GuestError, ToolFault};
+
+/// The default time one tool call may take (`_runtime.tool_timeout_s`
+/// overrides it per run).
+pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How many read-only calls in a row run at once.
+const PARALLEL_READS: usize = 8;
+
+/// The `tool_calls` handler over a tool catalog.
+#[derive(Debug, Clone)]
+pub struct ToolCalls {
+    catalog: Arc<ToolCatalog>,
+}
+
+/// A call ready to run: the call, its tool's class, and its rewritten
+/// arguments.
+struct Planned {
+    call: Call,
+    class: ToolClass,
+}
+
+/// How the run's calls are executed (`_runtime.tool_executor`).
+enum Executor {
+    /// The host runs them (after approval where the policy asks).
+    Host,
+    /// The caller runs them and resumes with the results.
+    Passthrough,
+    /// A worker runs them: wait reason `job`, with the executor's details.
+    Delegated(Map<String, Value>),
+}
+
+fn executor(runtime: Option<&Value>) -> Executor {
+    match runtime.and_then(|r| r.get("tool_executor")) {
+        Some(Value::String(s)) if s == "passthrough" => Executor::Passthrough,
+        Some(Value::Object(m)) if m.get("mode").and_then(Value::as_str) == Some("passthrough") => {
+            Executor::Passthrough
+        }
+        Some(Value::Object(m)) if m.get("mode").and_then(Value::as_str) == Some("delegated") => {
+            Executor::Delegated(m.clone())
+        }
+        _ => Executor::Host,
+    }
+}
+
+/// A number of seconds as Python prints a float (`60.0`, `0.25`).
+fn seconds(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.1}")
+    } else {
+        format!("{s}")
+    }
+}
+
+fn timeout_of(runtime: Option<&Value>) -> Duration {
+    runtime
+        .and_then(|r| r.get("tool_timeout_s"))
+        .and_then(Value::as_f64)
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(|s| Duration::from_secs_f64(s.min(86_400.0)))
+        .unwrap_or(DEFAULT_TOOL_TIMEOUT)
+}
+
+impl ToolCalls {
+    /// A handler running the tools of `catalog`.
+    pub fn new(catalog: Arc<ToolCatalog>) -> Self {
+        ToolCalls { catalog }
+    }
+
+    /// The tool table (loaded on first use).
+    pub fn table(&self) -> std::result::Result<Arc<ToolTable>, String> {
+        self.catalog.table()
+    }
+
+    /// Runs one planned call in its sandbox.
+    fn run_one(
+        &self,
+        table: &ToolTable,
+        scope: Option<&WorkspaceScope>,
+        p: &Planned,
+        timeout: Duration,
+    ) -> Value {
+        let c = &p.call;
+        let Some(component) = table.get(&c.name).and_then(|e| e.component()) else {
+            return failed(c, format!("Tool '{}' not found", c.name));
+        };
+        let preopens = scope.map(|s| s.preopens(p.class)).unwrap_or_default();
+        match component.invoke(
+            &c.call_id,
+            &c.name,
+            &Value::Object(c.arguments.clone()),
+            &preopens,
+            timeout,
+        ) {
+            Ok(Ok(output)) => from_output(c, output),
+            Ok(Err(ToolFault::InvalidArguments(d))) => failed(
+                c,
+                format!("Invalid argument type for tool '{}': {d}", c.name),
+            ),
+            Ok(Err(ToolFault::Failed(m))) => failed(
+                c,
+                if m.trim().is_empty() {
+                    "Tool execution failed".to_string()
+                } else {
+                    m
+                },
+            ),
+            Err(GuestError::Timeout { .. }) => failed(
+                c,
+                format!("Tool execution timed out after {}s", seconds(timeout)),
+            ),
+            Err(e) => failed(c, format!("Tool execution failed: {e}")),
+        }
+    }
+
+    /// Runs planned calls in order: consecutive read-class calls at most 8
+    /// at a time, every other call alone. Results in input order.
+    fn run_all(
+        &self,
+        table: &ToolTable,
+        scope: Option<&WorkspaceScope>,
+        planned: &[Planned],
+        timeout: Duration,
+    ) -> Vec<Value> {
+        let mut out = Vec::with_capacity(planned.len());
+        let mut i = 0;
+        while i < planned.len() {
+            if planned[i].class != ToolClass::Read {
+                out.push(self.run_one(table, scope, &planned[i], timeout));
+                i += 1;
+                continue;
+            }
+            let mut j = i;
+            while j < planned.len() && planned[j].class == ToolClass::Read && j - i < PARALLEL_READS
+            {
+                j += 1;
+            }
+            if j - i == 1 {
+                out.push(self.run_one(table, scope, &planned[i], timeout));
+            } else {
+                let group = &planned[i..j];
+                let results: Vec<Value> = std::thread::scope(|s| {
+                    let handles: Vec<_> = group
+                        .iter()
+                        .map(|p| s.spawn(move || self.run_one(table, scope, p, timeout)))
+                        .collect();
+                    handles
+                        .into_iter()
+                        .zip(group)
+                        .map(|(h, p)| {
+                            h.join().unwrap_or_else(|_| {
+                                failed(&p.call, "Tool execution failed: the host thread panicked")
+                            })
+                        })
+                        .collect()
+                });
+                out.extend(results);
+            }
+            i = j;
+        }
+        out
+    }
+
+    /// Checks each call (spec 3.3 step 5): the ones that may run, and a
+    /// result for every one that may not, by position.
+    fn plan(
+        &self,
+        table: &ToolTable,
+        scope: Option<&WorkspaceScope>,
+        ceiling: Option<&std::collections::BTreeSet<String>>,
+        calls: Vec<Call>,
+    ) -> (Vec<Planned>, Map<String, Value>, Vec<Value>) {
+        let mut planned = Vec::new();
+        let mut blocked = Map::new();
+        let mut evidence = Vec::new();
+        for mut c in calls {
+            let index = c.index.to_string();
+            if !c.valid {
+                blocked.insert(
+                    index,
+                    json!({"call_id": "", "runtime_call_id": null, "name": "", "success": false,
+                           "output": null, "error": "Invalid tool call (expected an object)"}),
+                );
+                evidence.push(Value::Null);
+                continue;
+            }
+            if let Some(ceiling) = ceiling {
+                if c.name.is_empty() {
+                    blocked.insert(index, failed(&c, "Tool call missing a valid name"));
+                    evidence.push(json!({"name": c.name, "arguments": {}}));
+                    continue;
+                }
+                if !ceiling.contains(&c.name) {
+                    blocked.insert(
+                        index,
+                        failed(
+                            &c,
+                            format!("Tool '{}' is not allowed for this node or run", c.name),
+                        ),
+                    );
+                    evidence.push(json!({"name": c.name, "arguments": {}}));
+                    continue;
+                }
+            }
+            let Some(spec) = table.get(&c.name).and_then(|e| e.spec.as_ref()) else {
+                evidence.push(call_json(&c));
+                let why = if c.name.is_empty() {
+                    "Tool call missing a valid name".to_string()
+                } else {
+                    format!("Tool '{}' not found", c.name)
+                };
+                blocked.insert(index, failed(&c, why));
+                continue;
+            };
+            let mut args = canonical_arguments(std::mem::take(&mut c.arguments), &spec.parameters);
+            // Trust-boundary arguments never come from the model.
+            args.remove("_sandbox");
+            args.remove("_session_route");
+            let class = spec.class;
+            let rewritten = match scope {
+                Some(s) => s.rewrite(&c.name, class, args),
+                None if matches!(class, ToolClass::Read | ToolClass::Write) => Err(format!(
+                    "Tool '{}' needs a workspace: the run has no workspace_root, so it can reach no file",
+                    c.name
+                )),
+                None => Ok(args),
+            };
+            match rewritten {
+                Ok(args) => {
+                    c.arguments = args;
+                    evidence.push(call_json(&c));
+                    planned.push(Planned { call: c, class });
+                }
+                Err(e) => {
+                    evidence.push(call_json(&c));
+                    blocked.insert(index, failed(&c, e));
+                }
+            }
+        }
+        (planned, blocked, evidence)
+    }
+
+    /// The ceiling of `run` (and its ancestors) with an effect payload's
+    /// own `allowed_tools`.
+    fn ceiling(
+        cx: &EffectCx<'_>,
+        local: Option<&Map<String, Value>>,
+    ) -> std::result::Result<Option<std::collections::BTreeSet<String>>, String> {
+        resolve_ceiling(local, cx.run, &|id| {
+            cx.runs.get_run(id).map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// The tool table, or a `tool_executor_missing` failure.
+fn table_of(catalog: &ToolCatalog) -> std::result::Result<Arc<ToolTable>, Failure> {
+    catalog.table().map_err(|e| {
+        Failure::permanent(
+            "tool_executor_missing",
+            format!("the host's tools could not be loaded: {e}"),
+        )
+    })
+}
+
+/// The scope of a run, or a `workspace_policy` failure.
+fn scope_of(cx: &EffectCx<'_>) -> std::result::Result<Option<WorkspaceScope>, Failure> {
+    WorkspaceScope::from_runtime(cx.run.vars.get("_runtime"))
+        .map_err(|e| Failure::permanent("workspace_policy", e))
+}
+
+impl EffectHandler for ToolCalls {
+    fn kind(&self) -> &str {
+        "tool_calls"
+    }
+
+    fn class(&self) -> EffectClass {
+        EffectClass::External
+    }
+
+    fn execute(
+        &self,
+        cx: &EffectCx<'_>,
+        payload: &Map<String, Value>,
+        _prepared: Option<&Value>,
+    ) -> Result<Outcome> {
+        let Some(raw) = payload.get("tool_calls").and_then(Value::as_array) else {
+            return Ok(Outcome::Failed(Failure::permanent(
+                "invalid_effect",
+                "tool_calls requires payload.tool_calls (list)",
+            )));
+        };
+        let ceiling = match Self::ceiling(cx, Some(payload)) {
+            Ok(c) => c,
+            Err(e) => return Ok(Outcome::Failed(Failure::permanent("tool_scope", e))),
+        };
+        let table = match table_of(&self.catalog) {
+            Ok(t) => t,
+            Err(f) => return Ok(Outcome::Failed(f)),
+        };
+        let scope = match scope_of(cx) {
+            Ok(s) => s,
+            Err(f) => return Ok(Outcome::Failed(f)),
+        };
+        let digest = effect_digest(cx.run, cx.seq, payload);
+        let calls = normalize(raw, &digest);
+        let count = calls.len();
+        let (planned, blocked, evidence) =
+            self.plan(&table, scope.as_ref(), ceiling.as_ref(), calls);
+        if planned.is_empty() {
+            let results = merge(count, &blocked, &[]);
+            return Ok(Outcome::Completed(
+                json!({"mode": "executed", "results": results}),
+            ));
+        }
+        let runtime = cx.run.vars.get("_runtime");
+        let policy = ApprovalPolicy::of(cx.run);
+        let (mode, reason, executor_details) = match executor(runtime) {
+            Executor::Passthrough => ("passthrough", WaitReason::Event, None),
+            Executor::Delegated(d) => ("delegated", WaitReason::Job, Some(d)),
+            Executor::Host => {
+                if !policy.needs_approval(planned.iter().map(|p| p.call.name.as_str())) {
+                    let results =
+                        self.run_all(&table, scope.as_ref(), &planned, timeout_of(runtime));
+                    let results = merge(count, &blocked, &results);
+                    return Ok(Outcome::Completed(
+                        json!({"mode": "executed", "results": results}),
+                    ));
+                }
+                ("approval_required", WaitReason::User, None)
+            }
+        };
+        let node = cx.run.current_node.as_deref().unwrap_or("-");
+        let wait_key = payload
+            .get("wait_key")
+            .and_then(Value::as_str)
+            .filter(|s| !s.trim().is_empty())
+            .map(str::to_string)
+            .or_else(|| {
+                executor_details
+                    .as_ref()
+                    .and_then(|d| d.get("wait_key"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| format!("tool_approval:{}:{node}:{digest}", cx.run.run_id));
+        let reason = match executor_details
+            .as_ref()
+            .and_then(|d| d.get("wait_reason"))
+            .and_then(Value::as_str)
+        {
+            Some("job") => WaitReason::Job,
+            Some("event") => WaitReason::Event,
+            Some("user") => WaitReason::User,
+            _ => reason,
+        };
+        let mut details = json!({
+            "mode": mode,
+            "tool_calls": planned.iter().map(|p| call_json(&p.call)).collect::<Vec<_>>(),
+            "original_call_count": count,
+            "blocked_by_index": blocked,
+            "tool_calls_for_evidence": evidence,
+            "effect_idempotency_key": cx.key,
+        });
+        details["executor"] = match (mode, executor_details) {
+            ("approval_required", _) => policy.details(),
+            (_, Some(d)) => d.get("details").cloned().unwrap_or(Value::Object(d)),
+            _ => json!({"kind": mode}),
+        };
+        let prompt = (mode == "approval_required").then(|| {
+            let names: Vec<&str> = planned.iter().map(|p| p.call.name.as_str()).collect();
+            format!(
+                "Approve these tool calls? {} (resume with {{\"approved\": true}} or {{\"approved\": false, \"reason\": \"...\"}})",
+                names.join(", ")
+            )
+        });
+        Ok(Outcome::Waiting(Box::new(WaitState {
+            reason,
+            wait_key,
+            until: None,
+            resume_to_node: payload
+                .get("resume_to_node")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            result_key: None,
+            prompt,
+            choices: None,
+            details: Some(details),
+        })))
+    }
+
+    fn check_resume(&self, wait: &WaitState, payload: &Value) -> Result<()> {
+        let details = wait.details.as_ref().unwrap_or(&Value::Null);
+        let is_results = payload.get("mode").is_some() && payload.get("results").is_some();
+        if details["mode"] == "approval_required" && !is_results {
+            match payload.get("approved") {
+                Some(Value::Bool(_)) => {}
+                _ => {
+                    return Err(Error::invalid(
+                        "payload.approved",
+                        "a tool approval is resumed with {\"approved\": true} or {\"approved\": false, \"reason\": \"...\"}",
+                    ))
+                }
+            }
+        } else if !payload["results"].is_array() {
+            return Err(Error::invalid(
+                "payload.results",
+                "tool calls handed out are resumed with {\"mode\": \"executed\", \"results\": [...]}",
+            ));
+        }
+        Ok(())
+    }
+
+    fn on_resume(
+        &self,
+        cx: &EffectCx<'_>,
+        wait: &WaitState,
+        payload: &Value,
+    ) -> Result<Option<Value>> {
+        let details = wait.details.as_ref().unwrap_or(&Value::Null);
+        let count = details["original_call_count"].as_u64().map(|n| n as usize);
+        let empty = Map::new();
+        let blocked = details["blocked_by_index"].as_object().unwrap_or(&empty);
+        let is_results = payload.get("mode").is_some() && payload.get("results").is_some();
+        if details["mode"] != "approval_required" || is_results {
+            // Results of calls run outside: put back in place.
+            let given = payload["results"].as_array().cloned().unwrap_or_default();
+            let results = match count {
+                Some(n) if n != given.len() => merge(n, blocked, &given),
+                _ => given,
+            };
+            let mode = payload["mode"].as_str().unwrap_or("executed");
+            return Ok(Some(json!({"mode": mode, "results": results})));
+        }
+        let waiting: Vec<Call> = details["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(|(index, c)| Call {
+                index,
+                call_id: c["call_id"].as_str().unwrap_or_default().to_string(),
+                runtime_call_id: c["runtime_call_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                name: c["name"].as_str().unwrap_or_default().to_string(),
+                arguments: c["arguments"].as_object().cloned().unwrap_or_default(),
+                valid: true,
+            })
+            .collect();
+        let results: Vec<Value> = if payload["approved"] == true {
+            // Approval never widens the ceiling: it is resolved again, and
+            // the scope checked again, before anything runs.
+            let ceiling = Self::ceiling(cx, None);
+            let table = self.catalog.table();
+            let scope = WorkspaceScope::from_runtime(cx.run.vars.get("_runtime"));
+            match (ceiling, table, scope) {
+                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => waiting
+                    .iter()
+                    .map(|c| failed(c, format!("Tool execution failed: {e}")))
+                    .collect(),
+                (Ok(ceiling), Ok(table), Ok(scope)) => {
+                    let mut out: Vec<Option<Value>> = vec![None; waiting.len()];
+                    let mut planned = Vec::new();
+                    for c in waiting {
+                        let allowed = ceiling.as_ref().is_none_or(|s| s.contains(&c.name));
+                        let class = table
+                            .get(&c.name)
+                            .and_then(|e| e.spec.as_ref())
+                            .map(|s| s.class);
+                        match (allowed, class) {
+                            (false, _) => {
+                                out[c.index] = Some(failed(
+                                    &c,
+                                    format!("Tool '{}' is not allowed for this run", c.name),
+                                ))
+                            }
+                            (true, None) => {
+                                out[c.index] =
+                                    Some(failed(&c, format!("Tool '{}' not found", c.name)))
+                            }
+                            (true, Some(class)) => {
+                                let args = match &scope {
+                                    Some(s) => s.rewrite(&c.name, class, c.arguments.clone()),
+                                    None => Ok(c.arguments.clone()),
+                                };
+                                match args {
+                                    Ok(a) => planned.push(Planned {
+                                        call: Call { arguments: a, ..c },
+                                        class,
+                                    }),
+                                    Err(e) => out[c.index] = Some(failed(&c, e)),
+                                }
+                            }
+                        }
+                    }
+                    let ran = self.run_all(
+                        &table,
+                        scope.as_ref(),
+                        &planned,
+                        timeout_of(cx.run.vars.get("_runtime")),
+                    );
+                    for (p, r) in planned.iter().zip(ran) {
+                        out[p.call.index] = Some(r);
+                    }
+                    out.into_iter().flatten().collect()
+                }
+            }
+        } else {
+            let reason = payload["reason"]
+                .as_str()
+                .filter(|s| !s.trim().is_empty())
+                .unwrap_or("Denied by user");
+            waiting.iter().map(|c| failed(c, reason)).collect()
+        };
+        let results = match count {
+            Some(n) => merge(n, blocked, &results),
+            None => results,
+        };
+        Ok(Some(json!({"mode": "executed", "results": results})))
+    }
+}
+
+/// `tool_specs {allowed_tools?}`: the tools a model may be offered in this
+/// run, in the OpenAI `tools` form `llm_call` sends: every usable tool of
+/// the host's table within the ceiling (the payload's `allowed_tools`, the
+/// run's and every ancestor's). Result `{"tools": [...], "names": [...],
+/// "toolset_id": "ts_<sha256 of the name-sorted specs>"}`. Pure: a replay
+/// asks again.
+#[derive(Debug, Clone)]
+pub struct ToolSpecs {
+    catalog: Arc<ToolCatalog>,
+}
+
+impl ToolSpecs {
+    /// The specs of `catalog`'s tools.
+    pub fn new(catalog: Arc<ToolCatalog>) -> Self {
+        ToolSpecs { catalog }
+    }
+}
+
+impl EffectHandler for ToolSpecs {
+    fn kind(&self) -> &str {
+        "tool_specs"
+    }
+
+    fn class(&self) -> EffectClass {
+        EffectClass::Pure
+    }
+
+    fn execute(
+        &self,
+        cx: &EffectCx<'_>,
+        payload: &Map<String, Value>,
+        _prepared: Option<&Value>,
+    ) -> Result<Outcome> {
+        let ceiling = match ToolCalls::ceiling(cx, Some(payload)) {
+            Ok(c) => c,
+            Err(e) => return Ok(Outcome::Failed(Failure::permanent("tool_scope", e))),
+        };
+        let table = match table_of(&self.catalog) {
+            Ok(t) => t,
+            Err(f) => return Ok(Outcome::Failed(f)),
+        };
+        let mut specs: Vec<&crate::tools::ToolSpec> = table
+            .specs()
+            .into_iter()
+            .filter(|s| ceiling.as_ref().is_none_or(|c| c.contains(&s.name)))
+            .collect();
+        specs.sort_by(|a, b| a.name.cmp(&b.name));
+        let tools: Vec<Value> = specs.iter().map(|s| s.openai()).collect();
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        let digest = {
+            use sha2::{Digest, Sha256};
+            let text =
+                stepwell_automation_core::ids::canonical_json_ascii(&Value::Array(tools.clone()));
+            hex::encode(Sha256::digest(text.as_bytes()))
+        };
+        Ok(Outcome::Completed(json!({
+            "tools": tools,
+            "names": names,
+            "toolset_id": format!("ts_{}", &digest[..32]),
+        })))
+    }
+}

@@ -1,0 +1,687 @@
+//! `tool_calls` with real WebAssembly tool components: the built-in
+//! workspace tools and the hostile test tool (`flows/tools/testing`), in a
+//! real workspace on disk. The llm-tools spec's checkable behaviours are
+//! named by their number (#17, #21, ...).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+use stepwell::{RunState, RunStatus, Runtime, StartOptions, WaitReason};
+use stepwell_tests::{repo, vars, write_bundle};
+
+/// A runtime over SQLite with the hostile tools in its tool folder, and a
+/// bundle `tools` whose node runs `tool_calls` with the payload in var
+/// `batch`, writing its result to `out`.
+fn runtime() -> (Runtime, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = dir.path().join("tool-dir");
+    std::fs::create_dir_all(&tools).unwrap();
+    let hostile = repo().join("flows/tools/testing/hostile.wasm");
+    assert!(hostile.is_file(), "run scripts/build-guests first");
+    std::fs::copy(&hostile, tools.join("hostile.wasm")).unwrap();
+    let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
+    let rt = Runtime::builder(store)
+        .engine(stepwell_tests::engine())
+        .tool_dir(&tools)
+        .build()
+        .unwrap();
+    let bundle = write_bundle(
+        dir.path(),
+        "tools",
+        &[(
+            "flow.json",
+            json!({"workflow_id": "tools", "entry": "act", "nodes": {
+                "act": {"effect": "tool_calls", "payload": {"$var": "batch"}, "result_key": "out", "next": "end"},
+                "end": {"complete": {"out": {"$var": "out"}}}}}),
+        )],
+    );
+    rt.load_bundle(&bundle).unwrap();
+    (rt, dir)
+}
+
+/// Starts a run of `tools` with `batch`, the run's vars `extra` and the
+/// operator policy `runtime`.
+fn start(rt: &Runtime, batch: Value, extra: Value, runtime: Value) -> RunState {
+    let mut v = vars(extra);
+    v.insert("batch".into(), batch);
+    rt.run(
+        "tools",
+        StartOptions {
+            vars: v,
+            runtime: stepwell::core::config::operator_runtime(vars(runtime)).unwrap(),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn ws_vars(ws: &Path) -> Value {
+    json!({"workspace_root": ws.to_str().unwrap()})
+}
+
+fn call(name: &str, args: Value) -> Value {
+    json!({"name": name, "arguments": args})
+}
+
+fn results(run: &RunState) -> Vec<Value> {
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    run.output.as_ref().unwrap()["out"]["results"]
+        .as_array()
+        .cloned()
+        .unwrap()
+}
+
+fn workspace(dir: &tempfile::TempDir) -> PathBuf {
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "alpha\nbeta\n").unwrap();
+    ws.canonicalize().unwrap()
+}
+
+#[test]
+fn a_read_runs_at_once_in_the_workspace() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            {"name": "read_file", "arguments": {"file_path": "a.txt"}, "call_id": "c1"},
+            {"name": "list_files", "arguments": {}},
+        ]}),
+        ws_vars(&ws),
+        json!({}),
+    );
+    let r = results(&run);
+    assert_eq!(r[0]["success"], true, "{r:?}");
+    assert_eq!(r[0]["call_id"], "c1");
+    assert_eq!(r[0]["name"], "read_file");
+    let out = r[0]["output"].as_str().unwrap();
+    assert!(out.contains("alpha") && out.contains("beta"), "{out}");
+    assert!(
+        out.starts_with(&format!("File: {}", ws.join("a.txt").display())),
+        "{out}"
+    );
+    let rt_id = r[1]["runtime_call_id"].as_str().unwrap();
+    assert!(
+        rt_id.starts_with("rtcall_") && rt_id.ends_with("_2"),
+        "{rt_id}"
+    );
+    assert_eq!(r[1]["call_id"], r[1]["runtime_call_id"]);
+    assert!(r[1]["output"].as_str().unwrap().contains("a.txt"), "{r:?}");
+    // The scope the tools used is the one frozen at start.
+    let state = rt.get_state(&run.run_id).unwrap();
+    assert_eq!(
+        state.vars["_runtime"]["workspace"]["workspace_root"],
+        ws.to_str().unwrap()
+    );
+}
+
+#[test]
+fn a_write_waits_for_approval_and_runs_once_approved() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    let batch = json!({"tool_calls": [call("write_file", json!({"file_path": "new.txt", "content": "hi\n"}))]});
+    let run = start(&rt, batch.clone(), ws_vars(&ws), json!({}));
+    // #21: write_file asks; nothing is written before the answer.
+    assert_eq!(run.status, RunStatus::Waiting);
+    let wait = run.waiting.clone().unwrap();
+    assert_eq!(wait.reason, WaitReason::User);
+    assert!(
+        wait.wait_key
+            .starts_with(&format!("tool_approval:{}:act:", run.run_id)),
+        "{}",
+        wait.wait_key
+    );
+    let details = wait.details.clone().unwrap();
+    assert_eq!(details["mode"], "approval_required");
+    assert_eq!(details["executor"]["kind"], "tool_approval");
+    assert_eq!(details["tool_calls"][0]["name"], "write_file");
+    // The path the person approves is the resolved one.
+    assert_eq!(
+        details["tool_calls"][0]["arguments"]["file_path"],
+        ws.join("new.txt").to_str().unwrap()
+    );
+    assert!(!ws.join("new.txt").exists());
+    // A resume that is not an approval is refused and changes nothing.
+    let e = rt.respond(&run.run_id, json!({"text": "yes"})).unwrap_err();
+    assert!(e.to_string().contains("payload.approved"), "{e}");
+    assert_eq!(
+        rt.get_state(&run.run_id).unwrap().status,
+        RunStatus::Waiting
+    );
+    // #22: approved, it runs.
+    let done = rt.respond(&run.run_id, json!({"approved": true})).unwrap();
+    let r = results(&done);
+    assert_eq!(r[0]["success"], true, "{r:?}");
+    assert_eq!(r[0]["name"], "write_file");
+    assert_eq!(std::fs::read_to_string(ws.join("new.txt")).unwrap(), "hi\n");
+    // The approved batch is in the ledger once, under the effect's key.
+    let ledger = rt.get_ledger(&run.run_id).unwrap();
+    let approved: Vec<_> = ledger
+        .iter()
+        .filter(|r| {
+            r.idempotency_key
+                .as_deref()
+                .is_some_and(|k| k.ends_with(":resumed"))
+                && r.status == stepwell::StepStatus::Completed
+        })
+        .collect();
+    assert_eq!(approved.len(), 1, "{ledger:#?}");
+
+    // #22: denied, every call fails with the reason and nothing is written.
+    let run = start(&rt, batch, ws_vars(&dir.path().join("ws2")), json!({}));
+    let done = rt.respond(&run.run_id, json!({"approved": false})).unwrap();
+    let r = results(&done);
+    assert_eq!(r[0]["success"], false);
+    assert_eq!(r[0]["error"], "Denied by user");
+    assert!(!dir.path().join("ws2/new.txt").exists());
+}
+
+#[test]
+fn approval_keys_differ_per_issuance_and_a_run_policy_decides() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    let batch =
+        json!({"tool_calls": [call("write_file", json!({"file_path": "x.txt", "content": "x"}))]});
+    // #23: two runs, same batch and node: distinct keys (the run id is in
+    // the digest and the key).
+    let a = start(&rt, batch.clone(), ws_vars(&ws), json!({}));
+    let b = start(&rt, batch.clone(), ws_vars(&ws), json!({}));
+    assert_ne!(a.waiting.unwrap().wait_key, b.waiting.unwrap().wait_key);
+    // #24: a run policy that auto-approves write_file runs it at once,
+    // and one that requires read_file makes a read ask, with
+    // policy_source "run".
+    let run = start(
+        &rt,
+        batch,
+        ws_vars(&ws),
+        json!({"tool_policy": {"auto_approve_tools": ["write_file"]}}),
+    );
+    assert_eq!(results(&run)[0]["success"], true);
+    let run = start(
+        &rt,
+        json!({"tool_calls": [call("read_file", json!({"file_path": "a.txt"}))]}),
+        ws_vars(&ws),
+        json!({"tool_policy": {"require_approval_tools": ["read_file"]}}),
+    );
+    let details = run.waiting.unwrap().details.unwrap();
+    assert_eq!(details["executor"]["policy_source"], "run");
+}
+
+#[test]
+fn the_ceiling_blocks_by_position() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    // #17 (the run's and the node's lists intersected; ancestry is in the
+    // unit tests): calls gamma, alpha, read_file under run
+    // [alpha, read_file] and node [read_file, gamma].
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+                  {"name": "gamma", "arguments": {}, "call_id": "c0"},
+                  {"name": "alpha", "arguments": {}, "call_id": "c1"},
+                  {"name": "read_file", "arguments": {"file_path": "a.txt"}, "call_id": "c2"}],
+               "allowed_tools": ["read_file", "gamma"]}),
+        ws_vars(&ws),
+        json!({"allowed_tools": ["alpha", "read_file"]}),
+    );
+    let r = results(&run);
+    let got: Vec<(Value, Value, Value)> = r
+        .iter()
+        .map(|x| {
+            (
+                x["name"].clone(),
+                x["success"].clone(),
+                x["call_id"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (json!("gamma"), json!(false), json!("c0")),
+            (json!("alpha"), json!(false), json!("c1")),
+            (json!("read_file"), json!(true), json!("c2")),
+        ]
+    );
+    assert_eq!(
+        r[0]["error"],
+        "Tool 'gamma' is not allowed for this node or run"
+    );
+    // #18: [] denies everything; a non-list fails the effect.
+    let run = start(
+        &rt,
+        json!({"tool_calls": [call("read_file", json!({"file_path": "a.txt"}))]}),
+        ws_vars(&ws),
+        json!({"allowed_tools": []}),
+    );
+    assert_eq!(results(&run)[0]["success"], false);
+    let run = start(
+        &rt,
+        json!({"tool_calls": [call("read_file", json!({"file_path": "a.txt"}))], "allowed_tools": "alpha"}),
+        ws_vars(&ws),
+        json!({}),
+    );
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(run
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("tool_scope: allowed_tools must be a list when explicitly set"));
+    // An unknown tool, a non-object entry, and a missing tool_calls list.
+    let run = start(
+        &rt,
+        json!({"tool_calls": [call("nope", json!({})), 7]}),
+        ws_vars(&ws),
+        json!({"tool_policy": {"auto_approve_tools": ["nope"]}}),
+    );
+    let r = results(&run);
+    assert_eq!(r[0]["error"], "Tool 'nope' not found");
+    assert_eq!(r[1]["error"], "Invalid tool call (expected an object)");
+    let run = start(&rt, json!({"calls": []}), ws_vars(&ws), json!({}));
+    assert!(run
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("tool_calls requires payload.tool_calls (list)"));
+}
+
+#[test]
+fn read_only_workspaces_and_mounts() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    // #27: a read-only workspace refuses writes before any path check;
+    // reads run; nothing is written.
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            call("write_file", json!({"file_path": "w.txt", "content": "no"})),
+            call("read_file", json!({"file_path": "a.txt"})),
+        ]}),
+        json!({"workspace_root": ws.to_str().unwrap(), "workspace_read_only": true}),
+        json!({}),
+    );
+    let r = results(&run);
+    assert!(
+        r[0]["error"].as_str().unwrap().contains("read-only"),
+        "{r:?}"
+    );
+    assert_eq!(r[1]["success"], true);
+    assert!(!ws.join("w.txt").exists());
+    // #28: read-only without a root fails the effect; a missing
+    // read-only root is never created.
+    let run = start(
+        &rt,
+        json!({"tool_calls": [call("read_file", json!({"file_path": "a.txt"}))]}),
+        json!({"workspace_read_only": true}),
+        json!({}),
+    );
+    assert!(run.error.as_deref().unwrap().contains(
+        "workspace_policy: workspace_read_only is set but the run has no workspace_root"
+    ));
+    let missing = dir.path().join("missing");
+    let run = start(
+        &rt,
+        json!({"tool_calls": [call("read_file", json!({"file_path": "a.txt"}))]}),
+        json!({"workspace_root": missing.to_str().unwrap(), "workspace_read_only": true}),
+        json!({}),
+    );
+    assert!(run.error.as_deref().unwrap().contains("does not exist"));
+    assert!(!missing.exists());
+    // #29: a read-only mount (named through a symlink) refuses writes into
+    // it, allows reads in it, and the own root stays writable.
+    let mount = dir.path().join("automation-ws");
+    std::fs::create_dir_all(&mount).unwrap();
+    std::fs::write(mount.join("notes.txt"), "keep\n").unwrap();
+    std::os::unix::fs::symlink(&mount, dir.path().join("mount-link")).unwrap();
+    let own = dir.path().join("own");
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            call("write_file", json!({"file_path": mount.join("notes.txt").to_str().unwrap(), "content": "changed"})),
+            call("read_file", json!({"file_path": mount.join("notes.txt").to_str().unwrap()})),
+            call("write_file", json!({"file_path": "mine.txt", "content": "ok"})),
+        ]}),
+        json!({"workspace_root": own.to_str().unwrap(),
+               "workspace_access_mode": "workspace_or_allowed",
+               "workspace_allowed_paths": [mount.to_str().unwrap()]}),
+        json!({"workspace_read_only_paths": [dir.path().join("mount-link").to_str().unwrap()],
+               "tool_policy": {"auto_approve_tools": ["write_file", "read_file"]}}),
+    );
+    let r = results(&run);
+    let e = r[0]["error"].as_str().unwrap();
+    assert!(
+        e.starts_with("Tool 'write_file' is refused") && e.contains("read-only mount"),
+        "{e}"
+    );
+    assert_eq!(r[1]["success"], true, "{r:?}");
+    assert_eq!(r[2]["success"], true, "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(mount.join("notes.txt")).unwrap(),
+        "keep\n"
+    );
+    assert_eq!(std::fs::read_to_string(own.join("mine.txt")).unwrap(), "ok");
+}
+
+#[test]
+fn escapes_and_outside_paths_are_refused_by_the_scope() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            call("read_file", json!({"file_path": "../secret.txt"})),
+            call("read_file", json!({"file_path": "/etc/passwd"})),
+        ]}),
+        ws_vars(&ws),
+        json!({}),
+    );
+    let r = results(&run);
+    assert_eq!(
+        r[0]["error"],
+        "Path escapes workspace_root: '../secret.txt'"
+    );
+    assert!(r[1]["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("Path escapes workspace_root: '/etc/passwd'"));
+    // No workspace at all: file tools reach nothing.
+    let run = start(
+        &rt,
+        json!({"tool_calls": [call("read_file", json!({"file_path": "/etc/passwd"}))]}),
+        json!({}),
+        json!({}),
+    );
+    assert!(results(&run)[0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("needs a workspace"));
+}
+
+/// The hostile tool, run at once (its calls are auto-approved by the run
+/// policy): every attempt fails inside the sandbox, the run goes on, and
+/// the file system is unchanged.
+#[test]
+fn a_hostile_tool_is_contained() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, ws.join("link")).unwrap();
+    let mount = dir.path().join("mount");
+    std::fs::create_dir_all(&mount).unwrap();
+    std::fs::write(mount.join("keep.txt"), "keep").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let names = [
+        "hostile_read_passwd",
+        "hostile_write_outside",
+        "hostile_write_mount",
+        "hostile_socket",
+        "hostile_env",
+    ];
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            call("hostile_read_passwd", json!({})),
+            call("hostile_write_outside", json!({"outside": outside.join("pwned.txt").to_str().unwrap(),
+                                                 "workspace": ws.to_str().unwrap()})),
+            call("hostile_write_mount", json!({"mount_file": mount.join("keep.txt").to_str().unwrap()})),
+            call("hostile_socket", json!({"port": port})),
+            call("hostile_env", json!({})),
+        ]}),
+        json!({"workspace_root": ws.to_str().unwrap(),
+               "workspace_access_mode": "workspace_or_allowed",
+               "workspace_allowed_paths": [mount.to_str().unwrap()]}),
+        json!({"workspace_read_only_paths": [mount.to_str().unwrap()],
+               "tool_policy": {"auto_approve_tools": names}}),
+    );
+    let r = results(&run);
+    for (i, name) in names.iter().take(4).enumerate() {
+        assert_eq!(r[i]["name"], *name);
+        assert_eq!(r[i]["success"], false, "{name} got through: {}", r[i]);
+    }
+    assert!(
+        r[0]["error"].as_str().unwrap().starts_with("blocked"),
+        "{}",
+        r[0]
+    );
+    // Every attempt failed (not just one of them): the ../ and symlink
+    // escapes and every change to the mount are refused by the preopens.
+    for x in &r[1..3] {
+        let attempts = x["output"]["attempts"].as_array().unwrap();
+        assert!(attempts.len() >= 3, "{x}");
+        for a in attempts {
+            assert_eq!(a["ok"], false, "{a}");
+        }
+    }
+    // Sockets are not linked: the call traps inside the sandbox.
+    assert!(
+        r[3]["error"]
+            .as_str()
+            .unwrap()
+            .contains("is not available to stepwell guests"),
+        "{}",
+        r[3]
+    );
+    let env = &r[4]["output"];
+    assert_eq!(env["env_count"], 0, "{env}");
+    assert_eq!(env["clock_unix_secs"], 0, "{env}");
+    assert_eq!(env["fs_root"]["ok"], false, "{env}");
+    assert!(
+        listener.accept().is_err(),
+        "the tool reached the host's socket"
+    );
+    assert!(!outside.join("pwned.txt").exists());
+    assert!(!outside.join("escaped.txt").exists());
+    assert!(!dir.path().join("escaped.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(mount.join("keep.txt")).unwrap(),
+        "keep"
+    );
+    assert!(!mount.join("hostile-created.txt").exists());
+    assert!(!mount.join("hostile-renamed.txt").exists());
+}
+
+#[test]
+fn a_spinning_or_hungry_tool_is_stopped_and_the_run_goes_on() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    let started = std::time::Instant::now();
+    // #30: a timeout fails only that call, keeping its call id.
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            {"name": "hostile_spin", "arguments": {}, "call_id": "spin-1"},
+            {"name": "hostile_alloc", "arguments": {}, "call_id": "alloc-1"},
+            {"name": "read_file", "arguments": {"file_path": "a.txt"}, "call_id": "r"},
+        ]}),
+        ws_vars(&ws),
+        json!({"tool_timeout_s": 0.5,
+               "tool_policy": {"auto_approve_tools": ["hostile_spin", "hostile_alloc", "read_file"]}}),
+    );
+    let r = results(&run);
+    assert_eq!(r[0]["success"], false);
+    assert_eq!(r[0]["output"], Value::Null);
+    assert_eq!(r[0]["call_id"], "spin-1");
+    assert_eq!(r[0]["error"], "Tool execution timed out after 0.5s");
+    assert_eq!(r[1]["success"], false);
+    assert!(
+        r[1]["error"].as_str().unwrap().contains("memory"),
+        "{}",
+        r[1]
+    );
+    assert_eq!(r[2]["success"], true);
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}
+
+#[test]
+fn reads_run_together_and_keep_their_order() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    for i in 0..6 {
+        std::fs::write(ws.join(format!("f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let calls: Vec<Value> = (0..6)
+        .map(|i| call("read_file", json!({"file_path": format!("f{i}.txt")})))
+        .collect();
+    let run = start(&rt, json!({"tool_calls": calls}), ws_vars(&ws), json!({}));
+    let r = results(&run);
+    for (i, x) in r.iter().enumerate() {
+        assert!(
+            x["output"].as_str().unwrap().contains(&format!("file {i}")),
+            "{x}"
+        );
+    }
+}
+
+#[test]
+fn passthrough_hands_the_calls_out_and_merges_them_back() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    // #19: the blocked call stays in place; the caller runs the rest.
+    let run = start(
+        &rt,
+        json!({"tool_calls": [call("read_file", json!({"file_path": "a.txt"})),
+                              call("blocked_tool", json!({}))],
+               "allowed_tools": ["read_file"]}),
+        ws_vars(&ws),
+        json!({"tool_executor": "passthrough"}),
+    );
+    let wait = run.waiting.unwrap();
+    assert_eq!(wait.reason, WaitReason::Event);
+    let d = wait.details.unwrap();
+    assert_eq!(d["tool_calls"].as_array().unwrap().len(), 1);
+    assert_eq!(d["original_call_count"], 2);
+    assert_eq!(d["blocked_by_index"]["1"]["name"], "blocked_tool");
+    let done = rt
+        .respond(
+            &run.run_id,
+            json!({"mode": "executed", "results": [{"name": "read_file", "success": true, "output": "x"}]}),
+        )
+        .unwrap();
+    let r = results(&done);
+    assert_eq!(r.len(), 2);
+    assert_eq!(r[0]["output"], "x");
+    assert!(r[1]["error"].as_str().unwrap().contains("not allowed"));
+}
+
+#[test]
+fn the_tool_table_lists_builtins_and_the_folder() {
+    let (rt, _dir) = runtime();
+    let table = rt.tools().unwrap();
+    let names: Vec<&str> = table.entries().iter().map(|e| e.name.as_str()).collect();
+    for n in [
+        "list_files",
+        "search_files",
+        "read_file",
+        "write_file",
+        "edit_file",
+        "hostile_spin",
+    ] {
+        assert!(names.contains(&n), "{names:?}");
+    }
+    let classes: Map<String, Value> = table
+        .specs()
+        .iter()
+        .map(|s| (s.name.clone(), json!(s.class.as_str())))
+        .collect();
+    assert_eq!(classes["read_file"], "read");
+    assert_eq!(classes["write_file"], "write");
+}
+
+/// The agent flow (`flows/agent`) against the loopback model server: the
+/// model asks for `read_file`, gets the file's lines back as a tool
+/// message, then for `write_file`, which waits for approval; approved, the
+/// model answers and the run completes.
+#[test]
+fn the_agent_reads_writes_after_approval_and_answers() {
+    use stepwell_tests::llm_mock::{completion, LlmMock, Reply};
+    let tool_call = |id: &str, name: &str, args: Value| {
+        Reply::Json(completion(
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": id, "type": "function",
+                "function": {"name": name, "arguments": args.to_string()}}]}),
+            "tool_calls",
+        ))
+    };
+    let mock = LlmMock::start(vec![
+        tool_call("call_1", "read_file", json!({"file_path": "a.txt"})),
+        tool_call(
+            "call_2",
+            "write_file",
+            json!({"file_path": "summary.txt", "content": "alpha, beta\n"}),
+        ),
+        Reply::text("The file lists alpha and beta; I wrote summary.txt."),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(&dir);
+    let providers = stepwell::llm::Providers::only(stepwell::llm::Provider {
+        timeout_s: Some(5.0),
+        ..stepwell::llm::Provider::new("mock", &mock.base_url, Some("mock-model"))
+    });
+    let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
+    let rt = Runtime::builder(store)
+        .engine(stepwell_tests::engine())
+        .effect(Arc::new(stepwell::effects::llm::LlmCall::new(providers)))
+        .build()
+        .unwrap();
+    let agent = repo().join("flows/agent");
+    assert!(
+        agent.join("nodes.wasm").is_file(),
+        "run scripts/build-guests"
+    );
+    rt.load_bundle(&agent).unwrap();
+    let run = rt
+        .run(
+            "agent",
+            StartOptions {
+                vars: vars(json!({"prompt": "Summarise a.txt into summary.txt",
+                                  "workspace_root": ws.to_str().unwrap()})),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(run.status, RunStatus::Waiting, "{run:?}");
+    let wait = run.waiting.clone().unwrap();
+    assert_eq!(wait.details.unwrap()["tool_calls"][0]["name"], "write_file");
+    assert!(!ws.join("summary.txt").exists());
+    let done = rt.respond(&run.run_id, json!({"approved": true})).unwrap();
+    assert_eq!(done.status, RunStatus::Completed, "{done:?}");
+    let out = done.output.unwrap();
+    assert_eq!(
+        out["answer"],
+        "The file lists alpha and beta; I wrote summary.txt."
+    );
+    assert_eq!(out["iterations"], 3);
+    assert_eq!(out["used_tools"], json!(["read_file", "write_file"]));
+    assert_eq!(
+        std::fs::read_to_string(ws.join("summary.txt")).unwrap(),
+        "alpha, beta\n"
+    );
+    // What the model saw: the tools offered, then its call and the tool's
+    // answer as native messages.
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 3);
+    let offered: Vec<&str> = seen[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        offered.contains(&"read_file") && offered.contains(&"write_file"),
+        "{offered:?}"
+    );
+    let second = seen[1].body["messages"].as_array().unwrap();
+    let tool_msg = second.iter().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!(tool_msg["tool_call_id"], "call_1");
+    assert!(
+        tool_msg["content"].as_str().unwrap().contains("alpha"),
+        "{tool_msg}"
+    );
+    let asked = second.iter().find(|m| m["role"] == "assistant").unwrap();
+    assert_eq!(asked["tool_calls"][0]["id"], "call_1");
+}
