@@ -685,3 +685,59 @@ fn the_agent_reads_writes_after_approval_and_answers() {
     let asked = second.iter().find(|m| m["role"] == "assistant").unwrap();
     assert_eq!(asked["tool_calls"][0]["id"], "call_1");
 }
+
+/// `execute_command` is off by default, always asks (even when a run
+/// policy auto-approves it), runs in the workspace root, and is refused in
+/// a read-only workspace.
+#[test]
+fn execute_command_is_opt_in_always_asked_and_refused_read_only() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    let batch = json!({"tool_calls": [call("execute_command",
+        json!({"command": "echo made > made.txt; echo done"}))]});
+    let off = start(&rt, batch.clone(), ws_vars(&ws), json!({}));
+    assert_eq!(
+        results(&off)[0]["error"],
+        "Tool 'execute_command' not found"
+    );
+
+    let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("exec.sqlite")).unwrap());
+    let rt = Runtime::builder(store)
+        .engine(stepwell_tests::engine())
+        .enable_exec(true)
+        .build()
+        .unwrap();
+    rt.load_bundle(&dir.path().join("tools")).unwrap();
+    let run = start(
+        &rt,
+        batch.clone(),
+        ws_vars(&ws),
+        json!({"tool_policy": {"auto_approve_tools": ["execute_command"]}}),
+    );
+    assert_eq!(run.status, RunStatus::Waiting, "{run:?}");
+    assert!(!ws.join("made.txt").exists());
+    let done = rt.respond(&run.run_id, json!({"approved": true})).unwrap();
+    let r = results(&done);
+    assert_eq!(r[0]["success"], true, "{r:?}");
+    assert_eq!(r[0]["output"]["stdout"], "done\n");
+    assert_eq!(r[0]["output"]["working_directory"], ws.to_str().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(ws.join("made.txt")).unwrap(),
+        "made\n"
+    );
+
+    let run = start(
+        &rt,
+        batch,
+        json!({"workspace_root": ws.to_str().unwrap(), "workspace_read_only": true}),
+        json!({}),
+    );
+    let r = results(&run);
+    assert!(
+        r[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot run commands or code"),
+        "{r:?}"
+    );
+}

@@ -129,6 +129,9 @@ pub struct HostOptions {
     /// The folder of third-party tool components (`None`: the
     /// `STEPWELL_TOOL_DIR` environment variable, else none).
     pub tool_dir: Option<std::path::PathBuf>,
+    /// Offer the host tool `execute_command` (`None`: the
+    /// `STEPWELL_ENABLE_EXEC` environment variable decides).
+    pub enable_exec: Option<bool>,
 }
 
 impl std::fmt::Debug for HostOptions {
@@ -139,6 +142,7 @@ impl std::fmt::Debug for HostOptions {
             .field("config", &self.config)
             .field("clock", &self.clock.as_ref().map(|c| c.now()))
             .field("tool_dir", &self.tool_dir)
+            .field("enable_exec", &self.enable_exec)
             .finish()
     }
 }
@@ -176,6 +180,9 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     }
     if let Some(dir) = &options.tool_dir {
         builder = builder.tool_dir(dir.clone());
+    }
+    if let Some(on) = options.enable_exec {
+        builder = builder.enable_exec(on);
     }
     builder.build()
 }

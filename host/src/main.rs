@@ -50,6 +50,11 @@ struct Cli {
     /// may run beside the built-in workspace tools.
     #[arg(long, global = true, env = stepwell::tools::TOOL_DIR_ENV)]
     tool_dir: Option<PathBuf>,
+    /// Offer the host tool execute_command: shell commands run with this
+    /// process's rights, each after a person's approval (also
+    /// STEPWELL_ENABLE_EXEC=1).
+    #[arg(long, global = true)]
+    enable_exec: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -555,6 +560,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 as std::sync::Arc<dyn stepwell::Clock>
         }),
         tool_dir: cli.tool_dir.clone(),
+        enable_exec: cli.enable_exec.then_some(true),
     };
     if let Command::Triggers {
         trigger_dir,
@@ -837,6 +843,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
                     let class = e.spec.as_ref().map_or("-", |s| s.class.as_str());
                     let origin = match &e.origin {
                         stepwell::tools::Origin::Builtin => "builtin".to_string(),
+                        stepwell::tools::Origin::Host => "host (not sandboxed)".to_string(),
                         stepwell::tools::Origin::File(p) => p.display().to_string(),
                     };
                     match &e.reason {

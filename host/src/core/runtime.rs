@@ -53,9 +53,18 @@ pub struct RuntimeBuilder {
     effects: EffectRegistry,
     trigger_dir: Option<std::path::PathBuf>,
     tool_dir: Option<std::path::PathBuf>,
+    enable_exec: Option<bool>,
 }
 
 impl RuntimeBuilder {
+    /// Offers the host tool `execute_command` (a shell command run with the
+    /// host's rights, always after a person's approval; docs/tools.md).
+    /// Default: the `STEPWELL_ENABLE_EXEC` environment variable is `1`.
+    pub fn enable_exec(mut self, on: bool) -> Self {
+        self.enable_exec = Some(on);
+        self
+    }
+
     /// The folder of third-party tool components (`*.wasm`) `tool_calls`
     /// may run, beside the built-in workspace tools (default: the
     /// `STEPWELL_TOOL_DIR` environment variable, else none).
@@ -144,7 +153,14 @@ impl RuntimeBuilder {
                 .filter(|d| !d.is_empty())
                 .map(Into::into)
         });
-        let tools = Arc::new(crate::tools::ToolCatalog::new(engine.clone(), tool_dir));
+        let exec = self.enable_exec.unwrap_or_else(|| {
+            std::env::var(crate::tools::exec::ENABLE_EXEC_ENV).is_ok_and(|v| v.trim() == "1")
+        });
+        let tools = Arc::new(crate::tools::ToolCatalog::new(
+            engine.clone(),
+            tool_dir,
+            exec,
+        ));
         let mut effects = self.effects;
         if effects.get("tool_calls").is_none() {
             effects.register(Arc::new(crate::effects::tools::ToolCalls::new(
@@ -258,6 +274,7 @@ impl Runtime {
             effects: EffectRegistry::builtin(),
             trigger_dir: None,
             tool_dir: None,
+            enable_exec: None,
         }
     }
 

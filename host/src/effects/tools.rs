@@ -114,7 +114,13 @@ impl ToolCalls {
         timeout: Duration,
     ) -> Value {
         let c = &p.call;
-        let Some(component) = table.get(&c.name).and_then(|e| e.component()) else {
+        let Some(entry) = table.get(&c.name) else {
+            return failed(c, format!("Tool '{}' not found", c.name));
+        };
+        if entry.origin == crate::tools::Origin::Host {
+            return from_output(c, crate::tools::exec::run(&c.arguments, timeout));
+        }
+        let Some(component) = entry.component() else {
             return failed(c, format!("Tool '{}' not found", c.name));
         };
         let preopens = scope.map(|s| s.preopens(p.class)).unwrap_or_default();
@@ -252,7 +258,7 @@ impl ToolCalls {
             let class = spec.class;
             let rewritten = match scope {
                 Some(s) => s.rewrite(&c.name, class, args),
-                None if matches!(class, ToolClass::Read | ToolClass::Write) => Err(format!(
+                None if matches!(class, ToolClass::Read | ToolClass::Write | ToolClass::Exec) => Err(format!(
                     "Tool '{}' needs a workspace: the run has no workspace_root, so it can reach no file",
                     c.name
                 )),
@@ -351,7 +357,9 @@ impl EffectHandler for ToolCalls {
             Executor::Passthrough => ("passthrough", WaitReason::Event, None),
             Executor::Delegated(d) => ("delegated", WaitReason::Job, Some(d)),
             Executor::Host => {
-                if !policy.needs_approval(planned.iter().map(|p| p.call.name.as_str())) {
+                // Commands always ask, whatever the policy says.
+                let exec = planned.iter().any(|p| p.class == ToolClass::Exec);
+                if !exec && !policy.needs_approval(planned.iter().map(|p| p.call.name.as_str())) {
                     let results =
                         self.run_all(&table, scope.as_ref(), &planned, timeout_of(runtime));
                     let results = merge(count, &blocked, &results);

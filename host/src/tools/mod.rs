@@ -13,6 +13,7 @@
 //! the effect itself in [`crate::effects::tools`].
 
 pub mod calls;
+pub mod exec;
 pub mod scope;
 
 use std::collections::BTreeMap;
@@ -93,6 +94,8 @@ impl ToolSpec {
 pub enum Origin {
     /// Embedded in the host.
     Builtin,
+    /// Run by the host itself, outside any sandbox (`execute_command`).
+    Host,
     /// A component file in the tool folder.
     File(PathBuf),
 }
@@ -101,6 +104,7 @@ impl Serialize for Origin {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
             Origin::Builtin => s.serialize_str("builtin"),
+            Origin::Host => s.serialize_str("host"),
             Origin::File(p) => s.serialize_str(&p.display().to_string()),
         }
     }
@@ -153,8 +157,9 @@ pub struct ToolTable {
 }
 
 impl ToolTable {
-    /// Loads the built-in tools and every `*.wasm` file of `dir`.
-    pub fn load(engine: &WasmEngine, dir: Option<&Path>) -> Result<Self, String> {
+    /// Loads the built-in tools, `execute_command` when `exec` is on, and
+    /// every `*.wasm` file of `dir`.
+    pub fn load(engine: &WasmEngine, dir: Option<&Path>, exec: bool) -> Result<Self, String> {
         let mut table = ToolTable::default();
         for (name, bytes) in BUILTINS {
             let label = PathBuf::from(format!("builtin:{name}"));
@@ -177,6 +182,16 @@ impl ToolTable {
                     component: Some(component.clone()),
                 });
             }
+        }
+        if exec {
+            table.add(ToolEntry {
+                name: "execute_command".into(),
+                origin: Origin::Host,
+                spec: Some(exec::spec()),
+                available: true,
+                reason: None,
+                component: None,
+            });
         }
         let Some(dir) = dir else {
             return Ok(table);
@@ -296,15 +311,18 @@ impl ToolTable {
 pub struct ToolCatalog {
     engine: WasmEngine,
     dir: Option<PathBuf>,
+    exec: bool,
     table: OnceLock<Result<Arc<ToolTable>, String>>,
 }
 
 impl ToolCatalog {
-    /// A catalog of the built-in tools and those of `dir`.
-    pub fn new(engine: WasmEngine, dir: Option<PathBuf>) -> Self {
+    /// A catalog of the built-in tools, `execute_command` when `exec` is
+    /// on, and the tools of `dir`.
+    pub fn new(engine: WasmEngine, dir: Option<PathBuf>, exec: bool) -> Self {
         ToolCatalog {
             engine,
             dir,
+            exec,
             table: OnceLock::new(),
         }
     }
@@ -312,7 +330,9 @@ impl ToolCatalog {
     /// The table (loaded now if it was not).
     pub fn table(&self) -> Result<Arc<ToolTable>, String> {
         self.table
-            .get_or_init(|| ToolTable::load(&self.engine, self.dir.as_deref()).map(Arc::new))
+            .get_or_init(|| {
+                ToolTable::load(&self.engine, self.dir.as_deref(), self.exec).map(Arc::new)
+            })
             .clone()
     }
 

@@ -541,6 +541,7 @@ impl WorkspaceScope {
         };
         match tool {
             "list_files" => rewrite_field(&mut out, "directory_path", true)?,
+            "execute_command" => rewrite_field(&mut out, "working_directory", true)?,
             "search_files" => rewrite_field(&mut out, "path", true)?,
             _ => {
                 if !out.contains_key("file_path") {
