@@ -375,3 +375,56 @@ fn a_redirect_is_not_followed() {
     );
     assert_eq!((mock.count(), elsewhere.count()), (1, 0));
 }
+
+/// #15: with tools offered and a workspace scope, the system prompt ends
+/// with the scope described once (the same every time); without tools or
+/// without a scope, it is the authored one; the recorded payload is the
+/// authored one.
+#[test]
+fn the_workspace_is_disclosed_only_with_tools_and_a_scope() {
+    let mock = LlmMock::always(Reply::text("ok"));
+    let (rt, _, dir) = keyless(&mock);
+    let ws = dir.path().join("ws");
+    let tools = json!([{"name": "read_file", "description": "Read", "parameters": {"type": "object", "properties": {}}}]);
+    let run = |payload: Value, scoped: bool| {
+        let mut v = json!({"llm": payload});
+        if scoped {
+            v["workspace_root"] = json!(ws.to_str().unwrap());
+        }
+        rt.run(
+            "ask-llm",
+            stepwell::StartOptions {
+                vars: vars(v),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let system = |i: usize| {
+        mock.requests()[i].body["messages"][0]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let with = json!({"prompt": "hi", "system_prompt": "sys", "tools": tools});
+    let first = run(with.clone(), true);
+    run(with.clone(), true);
+    let s0 = system(0);
+    assert!(s0.starts_with("sys\n\nWorkspace access ("), "{s0}");
+    assert_eq!(s0.matches("Workspace access (").count(), 1);
+    assert!(
+        s0.contains(&format!(
+            "Default working directory: \"{}\"",
+            ws.canonicalize().unwrap().display()
+        )),
+        "{s0}"
+    );
+    assert_eq!(system(1), s0);
+    let ledger = rt.get_ledger(&first.run_id).unwrap();
+    let recorded = ledger.iter().find_map(|r| r.effect.as_ref()).unwrap();
+    assert_eq!(recorded.payload["system_prompt"], "sys");
+    run(json!({"prompt": "hi", "system_prompt": "sys"}), true);
+    assert_eq!(system(2), "sys");
+    run(with, false);
+    assert_eq!(system(3), "sys");
+}

@@ -741,3 +741,44 @@ fn execute_command_is_opt_in_always_asked_and_refused_read_only() {
         "{r:?}"
     );
 }
+
+/// #34: an operator's iteration ceiling is enforced at start, and limits
+/// are seeded key by key.
+#[test]
+fn the_iteration_ceiling_refuses_at_start() {
+    let (rt, _dir) = runtime();
+    let start_with = |limits: Value| {
+        rt.start(
+            "tools",
+            StartOptions {
+                vars: vars(json!({"_limits": limits, "batch": {"tool_calls": []}})),
+                ..Default::default()
+            },
+        )
+    };
+    let e = start_with(json!({"max_iterations": 200, "max_iterations_ceiling": 100})).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("max_iterations=200")
+            && text.contains("ceiling 100")
+            && text.contains("refusing at start"),
+        "{text}"
+    );
+    let id = start_with(json!({"max_iterations_ceiling": 10})).unwrap();
+    let limits = rt.get_state(&id).unwrap().vars["_limits"].clone();
+    assert_eq!(limits["max_iterations"], 10);
+    assert_eq!(
+        limits["max_tokens"], 32768,
+        "other defaults are seeded: {limits}"
+    );
+    let id = start_with(json!({"max_iterations_ceiling": 100})).unwrap();
+    assert_eq!(
+        rt.get_state(&id).unwrap().vars["_limits"]["max_iterations"],
+        20
+    );
+    let id = start_with(json!({"max_iterations": 0, "max_iterations_ceiling": 100})).unwrap();
+    assert_eq!(
+        rt.get_state(&id).unwrap().vars["_limits"]["max_iterations"],
+        0
+    );
+}

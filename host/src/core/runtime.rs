@@ -33,6 +33,51 @@ use crate::flow::{self, template, Bundle, Workflow};
 use crate::store::{Fence, LeaseAfter, RunQuery, Store};
 use crate::wasm::WasmEngine;
 
+/// Seeds `vars._limits` key by key with `defaults` (a caller's `_limits`
+/// keeps what it sets), and applies an operator's
+/// `_limits.max_iterations_ceiling`: a declared `max_iterations` above it
+/// refuses the start (the reference's text), a run that declares none gets
+/// `min(default, ceiling)`.
+fn seed_limits(vars: &mut Map<String, Value>, defaults: Value) -> Result<()> {
+    let limits = vars
+        .entry("_limits")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Some(limits) = limits.as_object_mut() else {
+        return Err(Error::invalid("vars._limits", "must be a JSON object"));
+    };
+    let declared = limits.get("max_iterations").cloned();
+    if let Value::Object(d) = defaults {
+        for (k, v) in d {
+            limits.entry(k).or_insert(v);
+        }
+    }
+    let ceiling = limits
+        .get("max_iterations_ceiling")
+        .and_then(Value::as_i64)
+        .filter(|c| *c >= 0);
+    if let Some(ceiling) = ceiling {
+        match declared.as_ref().and_then(Value::as_i64) {
+            Some(n) if n > ceiling => {
+                return Err(Error::invalid(
+                    "_limits.max_iterations",
+                    format!(
+                        "workflow declares max_iterations={n} above the operator ceiling {ceiling} - raise the ceiling (gateway console / max_iterations_ceiling) or lower the workflow's declared value; refusing at start, never truncating mid-run"
+                    ),
+                ))
+            }
+            Some(_) => {}
+            None => {
+                let default = limits
+                    .get("max_iterations")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(20);
+                limits.insert("max_iterations".into(), json!(default.min(ceiling)));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What the resume hook of a wait's effect decided.
 enum Hook {
     /// The wait's effect has no hook: the payload is written as it is.
@@ -522,8 +567,7 @@ impl Runtime {
         if !runtime.is_empty() {
             vars.insert("_runtime".into(), Value::Object(runtime));
         }
-        vars.entry("_limits")
-            .or_insert_with(|| self.inner.config.limits_value());
+        seed_limits(&mut vars, self.inner.config.limits_value())?;
         let now = format_time(self.now());
         Ok(RunState {
             version: 1,

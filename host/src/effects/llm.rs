@@ -82,6 +82,36 @@ fn no_input(node: Option<&str>) -> Failure {
     )
 }
 
+/// The payload with the run's workspace scope described at the end of its
+/// system prompt, when the model is offered tools and the run has a scope
+/// (the reference's workspace disclosure; once, whatever the prompt
+/// already says). `None`: send the payload as it is. The recorded payload
+/// is never changed.
+fn disclose_workspace(run: &RunState, payload: &Map<String, Value>) -> Option<Map<String, Value>> {
+    let offers_tools = payload
+        .get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty());
+    if !offers_tools {
+        return None;
+    }
+    let scope = crate::tools::scope::WorkspaceScope::from_runtime(run.vars.get("_runtime"))
+        .ok()
+        .flatten()?;
+    let authored = nonblank(payload.get("system_prompt")).unwrap_or_default();
+    if authored.contains("Workspace access (") {
+        return None;
+    }
+    let mut out = payload.clone();
+    let text = if authored.is_empty() {
+        scope.describe()
+    } else {
+        format!("{authored}\n\n{}", scope.describe())
+    };
+    out.insert("system_prompt".into(), Value::String(text));
+    Some(out)
+}
+
 impl EffectHandler for LlmCall {
     fn kind(&self) -> &str {
         "llm_call"
@@ -219,7 +249,8 @@ impl EffectHandler for LlmCall {
             .get("_limits")
             .and_then(|l| positive(l.get("max_output_tokens")));
         let budget = output_budget(payload, limit);
-        let request = chat_request(payload, model, budget);
+        let disclosed = disclose_workspace(cx.run, payload);
+        let request = chat_request(disclosed.as_ref().unwrap_or(payload), model, budget);
         let answer = match providers.call(provider, &request.body) {
             Ok(a) => a,
             Err(e) => {
