@@ -71,11 +71,15 @@ fn limits_are_set_at_start(b: Backend) {
         );
     }
     assert_eq!(limits["max_iterations"], json!(20));
-    // Caller-provided limits are kept.
+    // Caller-provided limits are kept, and the others seeded key by key
+    // (the reference's setdefault, spec llm-tools 4.2).
     let id = start(&h, &wf, json!({"_limits": {"max_iterations": 3}}));
+    let given = h.rt.get_state(&id).unwrap().vars["_limits"].clone();
+    assert_eq!(given["max_iterations"], json!(3));
+    assert_eq!(given["max_tokens"], limits["max_tokens"]);
     assert_eq!(
-        h.rt.get_state(&id).unwrap().vars["_limits"],
-        json!({"max_iterations": 3})
+        given.as_object().unwrap().len(),
+        limits.as_object().unwrap().len()
     );
 }
 

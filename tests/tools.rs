@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
-use stepwell::{RunState, RunStatus, Runtime, StartOptions, WaitReason};
+use stepwell::{ArtifactStore, RunState, RunStatus, Runtime, StartOptions, WaitReason};
 use stepwell_tests::{repo, vars, write_bundle};
 
 /// A runtime over SQLite with the hostile tools in its tool folder, and a
@@ -29,12 +29,22 @@ fn runtime() -> (Runtime, tempfile::TempDir) {
     let bundle = write_bundle(
         dir.path(),
         "tools",
-        &[(
-            "flow.json",
-            json!({"workflow_id": "tools", "entry": "act", "nodes": {
-                "act": {"effect": "tool_calls", "payload": {"$var": "batch"}, "result_key": "out", "next": "end"},
-                "end": {"complete": {"out": {"$var": "out"}}}}}),
-        )],
+        &[
+            (
+                "flow.json",
+                json!({"workflow_id": "tools", "entry": "act", "nodes": {
+                    "act": {"effect": "tool_calls", "payload": {"$var": "batch"}, "result_key": "out", "next": "end"},
+                    "end": {"complete": {"out": {"$var": "out"}}}}}),
+            ),
+            (
+                "parent.flow.json",
+                json!({"workflow_id": "tools.parent", "entry": "spawn", "nodes": {
+                    "spawn": {"effect": "start_subworkflow",
+                              "payload": {"workflow_id": "tools", "vars": {"$var": "childvars"}},
+                              "result_key": "child", "next": "end"},
+                    "end": {"complete": {"$var": "child"}}}}),
+            ),
+        ],
     );
     rt.load_bundle(&bundle).unwrap();
     (rt, dir)
@@ -592,6 +602,32 @@ fn the_tool_table_lists_builtins_and_the_folder() {
     assert_eq!(classes["write_file"], "write");
 }
 
+/// A runtime over SQLite whose default model is the loopback `mock`, with
+/// the agent flow (`flows/agent`) loaded, and a workspace.
+fn agent_runtime(
+    mock: &stepwell_tests::llm_mock::LlmMock,
+) -> (Runtime, tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(&dir);
+    let providers = stepwell::llm::Providers::only(stepwell::llm::Provider {
+        timeout_s: Some(5.0),
+        ..stepwell::llm::Provider::new("mock", &mock.base_url, Some("mock-model"))
+    });
+    let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
+    let rt = Runtime::builder(store)
+        .engine(stepwell_tests::engine())
+        .effect(Arc::new(stepwell::effects::llm::LlmCall::new(providers)))
+        .build()
+        .unwrap();
+    let agent = repo().join("flows/agent");
+    assert!(
+        agent.join("nodes.wasm").is_file(),
+        "run scripts/build-guests"
+    );
+    rt.load_bundle(&agent).unwrap();
+    (rt, dir, ws)
+}
+
 /// The agent flow (`flows/agent`) against the loopback model server: the
 /// model asks for `read_file`, gets the file's lines back as a tool
 /// message, then for `write_file`, which waits for approval; approved, the
@@ -616,24 +652,7 @@ fn the_agent_reads_writes_after_approval_and_answers() {
         ),
         Reply::text("The file lists alpha and beta; I wrote summary.txt."),
     ]);
-    let dir = tempfile::tempdir().unwrap();
-    let ws = workspace(&dir);
-    let providers = stepwell::llm::Providers::only(stepwell::llm::Provider {
-        timeout_s: Some(5.0),
-        ..stepwell::llm::Provider::new("mock", &mock.base_url, Some("mock-model"))
-    });
-    let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
-    let rt = Runtime::builder(store)
-        .engine(stepwell_tests::engine())
-        .effect(Arc::new(stepwell::effects::llm::LlmCall::new(providers)))
-        .build()
-        .unwrap();
-    let agent = repo().join("flows/agent");
-    assert!(
-        agent.join("nodes.wasm").is_file(),
-        "run scripts/build-guests"
-    );
-    rt.load_bundle(&agent).unwrap();
+    let (rt, _dir, ws) = agent_runtime(&mock);
     let run = rt
         .run(
             "agent",
@@ -780,5 +799,292 @@ fn the_iteration_ceiling_refuses_at_start() {
     assert_eq!(
         rt.get_state(&id).unwrap().vars["_limits"]["max_iterations"],
         0
+    );
+}
+
+/// A tool folder with a component of another world and a file that is not
+/// WebAssembly: both are listed unavailable with why, and every other tool
+/// still works.
+#[test]
+fn broken_tool_components_are_listed_and_isolated() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = dir.path().join("tool-dir");
+    std::fs::create_dir_all(&tools).unwrap();
+    std::fs::copy(
+        repo().join("flows/triggers/builtin/manual.wasm"),
+        tools.join("a-trigger.wasm"),
+    )
+    .unwrap();
+    std::fs::write(tools.join("b-junk.wasm"), b"not wasm").unwrap();
+    std::fs::copy(
+        repo().join("flows/tools/testing/hostile.wasm"),
+        tools.join("c-hostile.wasm"),
+    )
+    .unwrap();
+    let table =
+        stepwell::tools::ToolTable::load(&stepwell_tests::engine(), Some(&tools), false).unwrap();
+    let find = |n: &str| table.entries().iter().find(|e| e.name == n).unwrap();
+    let trigger = find("a-trigger.wasm");
+    assert!(!trigger.available);
+    assert!(
+        trigger
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("stepwell:flow/tool world"),
+        "{trigger:?}"
+    );
+    let junk = find("b-junk.wasm");
+    assert!(!junk.available);
+    assert!(find("hostile_spin").available);
+    assert!(table.get("read_file").is_some());
+}
+
+/// A child run inherits its parent's scope and can only narrow it: a guest
+/// that starts a child with a wider root fails that step, and a child in a
+/// narrower root reaches only that.
+#[test]
+fn a_child_run_can_only_narrow_the_scope() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    std::fs::write(dir.path().join("outside.txt"), "secret").unwrap();
+    let read = |path: &str| json!({"tool_calls": [call("read_file", json!({"file_path": path}))]});
+    let spawn = |childvars: Value| {
+        rt.run(
+            "tools.parent",
+            StartOptions {
+                vars: vars(json!({"workspace_root": ws.to_str().unwrap(), "childvars": childvars})),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let outside = dir.path().join("outside.txt");
+    let wide = spawn(json!({"workspace_root": "/", "batch": read(outside.to_str().unwrap())}));
+    assert_eq!(wide.status, RunStatus::Failed, "{wide:?}");
+    let e = wide.error.unwrap();
+    assert!(
+        e.contains("vars.workspace_root") && e.contains("only narrow"),
+        "{e}"
+    );
+    let wider_mode = spawn(json!({"workspace_access_mode": "all_except_ignored",
+                                  "batch": read(outside.to_str().unwrap())}));
+    assert_eq!(wider_mode.status, RunStatus::Failed);
+    // Inherited as it is: the child reads in the parent's root, not outside.
+    let same = spawn(json!({"batch": {"tool_calls": [
+        call("read_file", json!({"file_path": "a.txt"})),
+        call("read_file", json!({"file_path": outside.to_str().unwrap()}))]}}));
+    assert_eq!(same.status, RunStatus::Completed, "{same:?}");
+    let r = same.output.unwrap()["output"]["out"]["results"].clone();
+    assert_eq!(r[0]["success"], true, "{r}");
+    assert!(r[1]["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("Path escapes workspace_root"));
+}
+
+/// Recursive listings and searches never show what the scope excludes
+/// inside the root (ignored paths, host deny prefixes); a write through a
+/// symlink whose target does not exist yet is checked at its target.
+#[test]
+fn exclusions_hold_in_walks_and_through_dangling_links() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    for sub in ["ign", "deny", "ro"] {
+        std::fs::create_dir_all(ws.join(sub)).unwrap();
+        std::fs::write(ws.join(sub).join("key.txt"), "password=hunter2").unwrap();
+    }
+    std::os::unix::fs::symlink(ws.join("ro/new.txt"), ws.join("link")).unwrap();
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            call("search_files", json!({"pattern": "password"})),
+            call("list_files", json!({"recursive": true, "head_limit": 100})),
+            call("write_file", json!({"file_path": "link", "content": "planted"})),
+        ]}),
+        json!({"workspace_root": ws.to_str().unwrap(),
+               "workspace_ignored_paths": ["ign"],
+               "workspace_builtin_deny_prefixes": [ws.join("deny").to_str().unwrap()],
+               "workspace_read_only_paths": [ws.join("ro").to_str().unwrap()]}),
+        json!({"tool_policy": {"auto_approve_tools": ["search_files", "list_files", "write_file"]}}),
+    );
+    let r = results(&run);
+    let found = r[0]["output"].as_str().unwrap_or_default().to_string()
+        + r[0]["error"].as_str().unwrap_or_default();
+    assert!(
+        !found.contains("ign/") && !found.contains("deny/"),
+        "{found}"
+    );
+    assert!(found.contains("ro/key.txt"), "{found}");
+    let listed = r[1]["output"].as_str().unwrap();
+    assert!(
+        !listed.contains("ign") && !listed.contains("deny"),
+        "{listed}"
+    );
+    let e = r[2]["error"].as_str().unwrap();
+    assert!(e.contains("read-only mount"), "{e}");
+    assert!(!ws.join("ro/new.txt").exists());
+}
+
+/// #33: with an artifact store, an `execute_command` stdout over the inline
+/// limit goes to an attachment of the run (its field emptied, its id and a
+/// hint in `rendered`), a small one stays; a read over the limit becomes a
+/// handle `open_attachment` reads back in bounded excerpts; over the
+/// retention cap nothing is stored and the output says so.
+#[test]
+fn large_outputs_become_attachments_read_back_in_excerpts() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = workspace(&dir);
+    let big: String = (1..=400).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(ws.join("big.txt"), &big).unwrap();
+    let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
+    let artifacts = Arc::new(stepwell::MemoryArtifactStore::new());
+    let rt = Runtime::builder(store)
+        .engine(stepwell_tests::engine())
+        .artifacts(artifacts.clone(), 1 << 20)
+        .enable_exec(true)
+        .build()
+        .unwrap();
+    let (_, bundle_dir) = runtime();
+    rt.load_bundle(&bundle_dir.path().join("tools")).unwrap();
+    let policy = json!({"max_inline_bytes": 1024,
+                        "tool_policy": {"auto_approve_tools": ["execute_command", "read_file", "open_attachment"]}});
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            call("execute_command", json!({"command": "yes X | tr -d '[:space:]' | head -c 5000"})),
+            call("execute_command", json!({"command": "echo hi"})),
+            call("read_file", json!({"file_path": "big.txt"})),
+        ]}),
+        ws_vars(&ws),
+        policy.clone(),
+    );
+    assert_eq!(
+        run.status,
+        RunStatus::Waiting,
+        "execute_command always asks"
+    );
+    let done = rt.respond(&run.run_id, json!({"approved": true})).unwrap();
+    let r = results(&done);
+    let out = &r[0]["output"];
+    assert_eq!(out["stdout"], "", "{out}");
+    let id = out["stdout_offloaded_artifact_id"].as_str().unwrap();
+    let stored = artifacts.get(id).unwrap().unwrap();
+    assert!(stored == vec![b'X'; 5000], "stored {} bytes", stored.len());
+    let rendered = out["rendered"].as_str().unwrap();
+    assert!(
+        rendered.contains("open_attachment") && rendered.contains(id),
+        "{rendered}"
+    );
+    assert_eq!(r[1]["output"]["stdout"], "hi\n");
+    let handle = r[2]["output_offloaded_artifact_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        r[2]["output"].as_str().unwrap().starts_with("(Output was "),
+        "{}",
+        r[2]
+    );
+
+    let read = start(
+        &rt,
+        json!({"tool_calls": [call("open_attachment", json!({"artifact_id": handle, "start_line": 3, "end_line": 5}))]}),
+        ws_vars(&ws),
+        policy.clone(),
+    );
+    // The attachment belongs to the first run: another run cannot read it.
+    assert!(results(&read)[0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("not found for this run"));
+    // Over the retention cap: nothing stored, a notice instead.
+    let capped = start(
+        &rt,
+        json!({"tool_calls": [call("read_file", json!({"file_path": "big.txt"}))], "max_attachment_bytes": 2000}),
+        ws_vars(&ws),
+        policy,
+    );
+    let r = results(&capped);
+    assert!(
+        r[0]["output"]
+            .as_str()
+            .unwrap()
+            .contains("exceeding the 2000-byte retention limit"),
+        "{}",
+        r[0]
+    );
+    assert!(r[0].get("output_offloaded_artifact_id").is_none());
+}
+
+/// #20: a delegated executor hands the calls to a worker (wait reason
+/// `job`, its key and details).
+#[test]
+fn a_delegated_executor_waits_for_the_worker() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    let run = start(
+        &rt,
+        json!({"tool_calls": [call("read_file", json!({"file_path": "a.txt"}))]}),
+        ws_vars(&ws),
+        json!({"tool_executor": {"mode": "delegated", "wait_key": "job_123", "wait_reason": "job",
+                                 "details": {"worker": "w1"}}}),
+    );
+    let wait = run.waiting.unwrap();
+    assert_eq!(wait.reason, WaitReason::Job);
+    assert_eq!(wait.wait_key, "job_123");
+    let d = wait.details.unwrap();
+    assert_eq!(d["mode"], "delegated");
+    assert_eq!(d["executor"]["worker"], "w1");
+}
+
+/// #4 and #23 through the agent: the model asks for the same append three
+/// times at node `act`; each issuance waits on its own approval key
+/// (`tool_approval:<run>:act:<digest>`), each approved batch runs (the
+/// file gets three lines), and the run completes.
+#[test]
+fn the_same_batch_at_one_node_runs_each_time_under_its_own_key() {
+    use stepwell_tests::llm_mock::{completion, LlmMock, Reply};
+    let append = || {
+        Reply::Json(completion(
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": "same", "type": "function",
+                "function": {"name": "write_file",
+                             "arguments": json!({"file_path": "log.txt", "content": "x\n", "mode": "a"}).to_string()}}]}),
+            "tool_calls",
+        ))
+    };
+    let mock = LlmMock::start(vec![append(), append(), append(), Reply::text("done")]);
+    let (rt, _dir, ws) = agent_runtime(&mock);
+    let mut state = rt
+        .run(
+            "agent",
+            StartOptions {
+                vars: vars(json!({"prompt": "append x three times",
+                                  "workspace_root": ws.to_str().unwrap()})),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let mut keys = Vec::new();
+    while state.status == RunStatus::Waiting {
+        let key = state.waiting.clone().unwrap().wait_key;
+        assert!(
+            key.starts_with(&format!("tool_approval:{}:act:", state.run_id)),
+            "{key}"
+        );
+        keys.push(key.clone());
+        state = rt
+            .resume(&state.run_id, &key, json!({"approved": true}))
+            .unwrap();
+    }
+    assert_eq!(state.status, RunStatus::Completed, "{state:?}");
+    assert_eq!(keys.len(), 3);
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 3, "each issuance has its own key");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("log.txt")).unwrap(),
+        "x\nx\nx\n"
     );
 }

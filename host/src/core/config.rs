@@ -216,7 +216,7 @@ pub struct StartOptions {
 /// The `_runtime` keys an operator may set when starting a run (`stepwell
 /// run --runtime`): the run's tool and model policy. The host's own
 /// bookkeeping keys are never accepted from outside.
-pub const OPERATOR_RUNTIME_KEYS: [&str; 15] = [
+pub const OPERATOR_RUNTIME_KEYS: [&str; 16] = [
     "allowed_tools",
     "tool_policy",
     "tool_executor",
@@ -230,6 +230,7 @@ pub const OPERATOR_RUNTIME_KEYS: [&str; 15] = [
     "untrusted_input",
     "stream",
     "max_attachment_bytes",
+    "max_inline_bytes",
     "disable_input_trimming",
     "max_input_tokens",
 ];

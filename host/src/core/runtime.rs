@@ -323,6 +323,11 @@ impl Runtime {
         }
     }
 
+    /// The artifact store large values go to, if the runtime has one.
+    pub(crate) fn artifact_store(&self) -> Option<&dyn crate::store::ArtifactStore> {
+        self.inner.offloader.as_ref().map(|o| o.store.as_ref())
+    }
+
     /// The tools `tool_calls` runs (the built-in workspace tools and the
     /// tool folder's), loaded on first use.
     pub fn tools(&self) -> Result<Arc<crate::tools::ToolTable>> {
@@ -556,7 +561,9 @@ impl Runtime {
         // The workspace scope is frozen now, from the run's own vars over
         // what a parent handed down: tools read only this snapshot, so no
         // guest can widen its scope later.
-        match crate::tools::scope::freeze(&vars, runtime.get("workspace")) {
+        match crate::tools::scope::freeze(&vars, runtime.get("workspace"))
+            .map_err(|(field, why)| Error::invalid(field, why))?
+        {
             Some(frozen) => {
                 runtime.insert("workspace".into(), frozen);
             }
@@ -1167,7 +1174,21 @@ impl Runtime {
                 }
                 match r.status {
                     StepStatus::Completed => return Ok(Hook::Written(r.result)),
-                    StepStatus::Started => begun = true,
+                    StepStatus::Started => {
+                        // Interrupted work: some of it may have happened,
+                        // so only the same answer may finish it.
+                        let asked = r.effect.as_ref().map(|e| &e.payload);
+                        if asked.is_some_and(|a| a != payload) {
+                            return Err(Error::invalid(
+                                "payload",
+                                format!(
+                                    "this resume was interrupted while its work ran (a crash): resume again with the same payload, {}, to finish it",
+                                    asked.map(Value::to_string).unwrap_or_default()
+                                ),
+                            ));
+                        }
+                        begun = true;
+                    }
                     _ => {}
                 }
             }
@@ -1203,6 +1224,7 @@ impl Runtime {
             emit_scopes: &self.inner.config.emit_scopes,
             max_cascade: self.inner.config.max_cascade_runs,
             runs: self,
+            artifacts: self.artifact_store(),
         };
         let written = handler.on_resume(&cx, &wait, payload)?;
         if external {

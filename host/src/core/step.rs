@@ -444,6 +444,7 @@ impl Runtime {
                 emit_scopes: &self.inner.config.emit_scopes,
                 max_cascade: self.inner.config.max_cascade_runs,
                 runs: self,
+                artifacts: self.artifact_store(),
             };
             match effect.payload.as_object() {
                 None => (

@@ -248,6 +248,9 @@ pub struct EffectCx<'a> {
     pub max_cascade: u64,
     /// Other runs.
     pub runs: &'a dyn RunPort,
+    /// The runtime's artifact store, if it has one (large tool outputs go
+    /// there as attachments of the run).
+    pub artifacts: Option<&'a dyn crate::store::ArtifactStore>,
 }
 
 impl EffectCx<'_> {

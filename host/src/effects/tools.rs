@@ -105,29 +105,40 @@ impl ToolCalls {
         self.catalog.table()
     }
 
-    /// Runs one planned call in its sandbox.
-    fn run_one(
-        &self,
-        table: &ToolTable,
-        scope: Option<&WorkspaceScope>,
-        p: &Planned,
-        timeout: Duration,
-    ) -> Value {
+    /// Runs one planned call: a component in its sandbox, or a host tool.
+    fn run_one(&self, b: &Batch<'_>, p: &Planned) -> Value {
+        let (table, scope, timeout) = (b.table, b.scope, b.timeout);
         let c = &p.call;
         let Some(entry) = table.get(&c.name) else {
             return failed(c, format!("Tool '{}' not found", c.name));
         };
         if entry.origin == crate::tools::Origin::Host {
-            return from_output(c, crate::tools::exec::run(&c.arguments, timeout));
+            let output = match c.name.as_str() {
+                "open_attachment" => {
+                    crate::tools::attach::open(b.artifacts, b.run_id, &c.arguments)
+                }
+                _ => crate::tools::exec::run(&c.arguments, timeout),
+            };
+            return from_output(c, output);
         }
         let Some(component) = entry.component() else {
             return failed(c, format!("Tool '{}' not found", c.name));
         };
         let preopens = scope.map(|s| s.preopens(p.class)).unwrap_or_default();
+        let mut arguments = c.arguments.clone();
+        if entry.origin == crate::tools::Origin::Builtin {
+            // The built-ins hide what the scope excludes inside the
+            // directories they can see (listings and searches walk them).
+            if let Some(s) = scope {
+                let (exclude, include) = s.exclusions();
+                arguments.insert("_exclude".into(), json!(exclude));
+                arguments.insert("_include".into(), json!(include));
+            }
+        }
         match component.invoke(
             &c.call_id,
             &c.name,
-            &Value::Object(c.arguments.clone()),
+            &Value::Object(arguments),
             &preopens,
             timeout,
         ) {
@@ -154,18 +165,12 @@ impl ToolCalls {
 
     /// Runs planned calls in order: consecutive read-class calls at most 8
     /// at a time, every other call alone. Results in input order.
-    fn run_all(
-        &self,
-        table: &ToolTable,
-        scope: Option<&WorkspaceScope>,
-        planned: &[Planned],
-        timeout: Duration,
-    ) -> Vec<Value> {
+    fn run_all(&self, b: &Batch<'_>, planned: &[Planned]) -> Vec<Value> {
         let mut out = Vec::with_capacity(planned.len());
         let mut i = 0;
         while i < planned.len() {
             if planned[i].class != ToolClass::Read {
-                out.push(self.run_one(table, scope, &planned[i], timeout));
+                out.push(self.run_one(b, &planned[i]));
                 i += 1;
                 continue;
             }
@@ -175,13 +180,13 @@ impl ToolCalls {
                 j += 1;
             }
             if j - i == 1 {
-                out.push(self.run_one(table, scope, &planned[i], timeout));
+                out.push(self.run_one(b, &planned[i]));
             } else {
                 let group = &planned[i..j];
                 let results: Vec<Value> = std::thread::scope(|s| {
                     let handles: Vec<_> = group
                         .iter()
-                        .map(|p| s.spawn(move || self.run_one(table, scope, p, timeout)))
+                        .map(|p| s.spawn(move || self.run_one(b, p)))
                         .collect();
                     handles
                         .into_iter()
@@ -258,10 +263,14 @@ impl ToolCalls {
             let class = spec.class;
             let rewritten = match scope {
                 Some(s) => s.rewrite(&c.name, class, args),
-                None if matches!(class, ToolClass::Read | ToolClass::Write | ToolClass::Exec) => Err(format!(
+                None if matches!(class, ToolClass::Read | ToolClass::Write | ToolClass::Exec)
+                    && c.name != "open_attachment" =>
+                {
+                    Err(format!(
                     "Tool '{}' needs a workspace: the run has no workspace_root, so it can reach no file",
                     c.name
-                )),
+                ))
+                }
                 None => Ok(args),
             };
             match rewritten {
@@ -299,6 +308,46 @@ fn table_of(catalog: &ToolCatalog) -> std::result::Result<Arc<ToolTable>, Failur
             format!("the host's tools could not be loaded: {e}"),
         )
     })
+}
+
+/// What the calls of one batch run with.
+struct Batch<'a> {
+    table: &'a ToolTable,
+    scope: Option<&'a WorkspaceScope>,
+    timeout: Duration,
+    artifacts: Option<&'a dyn crate::store::ArtifactStore>,
+    run_id: &'a str,
+}
+
+impl<'a> Batch<'a> {
+    fn of(cx: &'a EffectCx<'a>, table: &'a ToolTable, scope: Option<&'a WorkspaceScope>) -> Self {
+        Batch {
+            table,
+            scope,
+            timeout: timeout_of(cx.run.vars.get("_runtime")),
+            artifacts: cx.artifacts,
+            run_id: &cx.run.run_id,
+        }
+    }
+}
+
+/// Moves the large outputs of `results` into attachments of the run, when
+/// the runtime has an artifact store ([`crate::tools::attach`]).
+fn offload(cx: &EffectCx<'_>, payload: Option<&Map<String, Value>>, results: &mut [Value]) {
+    let Some(store) = cx.artifacts else {
+        return;
+    };
+    let now = crate::core::clock::format_time(cx.now);
+    let o = crate::tools::attach::Offload::new(
+        store,
+        &cx.run.run_id,
+        &now,
+        payload,
+        cx.run.vars.get("_runtime"),
+    );
+    for r in results {
+        o.result(r);
+    }
 }
 
 /// The scope of a run, or a `workspace_policy` failure.
@@ -359,10 +408,14 @@ impl EffectHandler for ToolCalls {
             Executor::Host => {
                 // Commands always ask, whatever the policy says.
                 let exec = planned.iter().any(|p| p.class == ToolClass::Exec);
-                if !exec && !policy.needs_approval(planned.iter().map(|p| p.call.name.as_str())) {
-                    let results =
-                        self.run_all(&table, scope.as_ref(), &planned, timeout_of(runtime));
-                    let results = merge(count, &blocked, &results);
+                if !exec
+                    && !policy
+                        .needs_approval(planned.iter().map(|p| (p.call.name.as_str(), p.class)))
+                {
+                    let batch = Batch::of(cx, &table, scope.as_ref());
+                    let results = self.run_all(&batch, &planned);
+                    let mut results = merge(count, &blocked, &results);
+                    offload(cx, Some(payload), &mut results);
                     return Ok(Outcome::Completed(
                         json!({"mode": "executed", "results": results}),
                     ));
@@ -418,10 +471,7 @@ impl EffectHandler for ToolCalls {
             reason,
             wait_key,
             until: None,
-            resume_to_node: payload
-                .get("resume_to_node")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            resume_to_node: None,
             result_key: None,
             prompt,
             choices: None,
@@ -535,12 +585,8 @@ impl EffectHandler for ToolCalls {
                             }
                         }
                     }
-                    let ran = self.run_all(
-                        &table,
-                        scope.as_ref(),
-                        &planned,
-                        timeout_of(cx.run.vars.get("_runtime")),
-                    );
+                    let batch = Batch::of(cx, &table, scope.as_ref());
+                    let ran = self.run_all(&batch, &planned);
                     for (p, r) in planned.iter().zip(ran) {
                         out[p.call.index] = Some(r);
                     }
@@ -554,10 +600,11 @@ impl EffectHandler for ToolCalls {
                 .unwrap_or("Denied by user");
             waiting.iter().map(|c| failed(c, reason)).collect()
         };
-        let results = match count {
+        let mut results = match count {
             Some(n) => merge(n, blocked, &results),
             None => results,
         };
+        offload(cx, None, &mut results);
         Ok(Some(json!({"mode": "executed", "results": results})))
     }
 }

@@ -13,8 +13,9 @@ use crate::core::model::RunState;
 use stepwell_automation_core::ids::canonical_json_ascii as canonical_json;
 
 /// Tools that run without approval by default (the reference's safe set).
-pub const DEFAULT_AUTO_APPROVE: [&str; 22] = [
+pub const DEFAULT_AUTO_APPROVE: [&str; 23] = [
     "list_files",
+    "open_attachment",
     "skim_folders",
     "analyze_code",
     "read_file",
@@ -338,12 +339,22 @@ impl ApprovalPolicy {
         }
     }
 
-    /// Whether a batch of these names needs approval: any blank name, any
-    /// name on the require list, or any name not on the auto list.
-    pub fn needs_approval<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> bool {
-        names
-            .into_iter()
-            .any(|n| n.trim().is_empty() || self.require.contains(n) || !self.auto.contains(n))
+    /// Whether a batch of these tools (name and class) needs approval: any
+    /// blank name, any name on the require list, or any name not on the
+    /// auto list. The default list trusts a name only for a tool that
+    /// reads or sends messages: a tool that calls itself `read_file` but
+    /// writes still asks. A run policy's names are the operator's choice.
+    pub fn needs_approval<'a>(
+        &self,
+        tools: impl IntoIterator<Item = (&'a str, crate::tools::ToolClass)>,
+    ) -> bool {
+        use crate::tools::ToolClass;
+        tools.into_iter().any(|(n, class)| {
+            n.trim().is_empty()
+                || self.require.contains(n)
+                || !self.auto.contains(n)
+                || (self.source == "static" && !matches!(class, ToolClass::Read | ToolClass::Comms))
+        })
     }
 
     /// The policy as a wait's details show it.
@@ -671,11 +682,14 @@ mod tests {
     #[test]
     fn approval_defaults_and_run_policy() {
         let r = run("r", None, None);
+        use crate::tools::ToolClass::{Read, Write};
         let p = ApprovalPolicy::of(&r);
-        assert!(p.needs_approval(["write_file"]));
-        assert!(!p.needs_approval(["read_file"]));
-        assert!(p.needs_approval(["mystery"]));
-        assert!(p.needs_approval(["read_file", ""]));
+        assert!(p.needs_approval([("write_file", Write)]));
+        assert!(!p.needs_approval([("read_file", Read)]));
+        assert!(p.needs_approval([("mystery", Read)]));
+        assert!(p.needs_approval([("read_file", Read), ("", Read)]));
+        // A writer that borrows a safe name still asks.
+        assert!(p.needs_approval([("web_search", Write)]));
         let mut r = run("r", None, None);
         r.vars.insert(
             "_runtime".into(),
@@ -683,8 +697,8 @@ mod tests {
         );
         let p = ApprovalPolicy::of(&r);
         assert_eq!(p.source, "run");
-        assert!(!p.needs_approval(["web_search"]));
-        assert!(p.needs_approval(["write_file"]));
+        assert!(!p.needs_approval([("web_search", Read)]));
+        assert!(p.needs_approval([("write_file", Write)]));
         r.vars
             .insert("_runtime".into(), json!({"tool_policy": "junk"}));
         assert_eq!(ApprovalPolicy::of(&r).source, "static");

@@ -12,6 +12,7 @@
 //! ceiling of allowed tools, approvals, per-call results) is in [`calls`];
 //! the effect itself in [`crate::effects::tools`].
 
+pub mod attach;
 pub mod calls;
 pub mod exec;
 pub mod scope;
@@ -183,6 +184,14 @@ impl ToolTable {
                 });
             }
         }
+        table.add(ToolEntry {
+            name: "open_attachment".into(),
+            origin: Origin::Host,
+            spec: Some(attach::spec()),
+            available: true,
+            reason: None,
+            component: None,
+        });
         if exec {
             table.add(ToolEntry {
                 name: "execute_command".into(),

@@ -37,6 +37,9 @@ const ALIASES: [(&str, &str); 4] = [
     ("workspaceIgnoredPaths", "workspace_ignored_paths"),
 ];
 
+/// Host deny prefixes every scope has, whatever the run says.
+pub const ALWAYS_DENIED: [&str; 3] = ["/proc", "/sys", "/dev"];
+
 /// How far outside its root a run's tools may reach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccessMode {
@@ -61,11 +64,21 @@ impl AccessMode {
 
 /// The `_runtime.workspace` snapshot of a new run: its own top-level
 /// `workspace_*` vars over what it inherits from its parent (`inherited`:
-/// the parent's snapshot). A child keeps its own root, mode, allowed and
-/// ignored paths if it sets them; it can never clear a read-only parent,
-/// drop a read-only mount or a host deny prefix, or add writable
-/// exceptions. `None` when there is nothing to freeze.
-pub fn freeze(vars: &Map<String, Value>, inherited: Option<&Value>) -> Option<Value> {
+/// the parent's snapshot), with every path made absolute now (a relative
+/// root against the starting process's directory, relative entries against
+/// the root), so the scope never moves with the directory of whichever
+/// process runs a later step. `Ok(None)` when there is nothing to freeze.
+///
+/// A child can only narrow its parent: its root and allowed paths must lie
+/// within the parent's reach, its access mode may not be wider, ignored
+/// paths, host deny prefixes and read-only mounts add up, a read-only
+/// parent keeps it read-only, and the writable exceptions and deny
+/// exceptions are the parent's. Anything else is refused with why (the
+/// field is named in the text).
+pub fn freeze(
+    vars: &Map<String, Value>,
+    inherited: Option<&Value>,
+) -> Result<Option<Value>, (String, String)> {
     let mut own = Map::new();
     for key in SCOPE_KEYS {
         if let Some(v) = vars.get(key).filter(|v| !v.is_null()) {
@@ -79,25 +92,145 @@ pub fn freeze(vars: &Map<String, Value>, inherited: Option<&Value>) -> Option<Va
             }
         }
     }
-    let Some(parent) = inherited.and_then(Value::as_object) else {
-        return (!own.is_empty()).then_some(Value::Object(own));
+    let field = |k: &str| format!("vars.{k}");
+    if let Some(mode) = own.get("workspace_access_mode") {
+        mode_of(Some(mode)).map_err(|e| (field("workspace_access_mode"), e))?;
+    }
+    // The root, absolute and resolved.
+    let root = match own.get("workspace_root") {
+        None => None,
+        Some(Value::String(raw)) if raw.trim().is_empty() => None,
+        Some(Value::String(raw)) => {
+            let p = expand_home(raw.trim());
+            let p = if p.is_absolute() {
+                p
+            } else {
+                std::env::current_dir()
+                    .map_err(|e| (field("workspace_root"), e.to_string()))?
+                    .join(p)
+            };
+            Some(resolve_lenient(&p))
+        }
+        Some(_) => {
+            return Err((
+                field("workspace_root"),
+                "must be a string (a directory)".into(),
+            ))
+        }
     };
-    let mut out = parent.clone();
+    if let Some(r) = &root {
+        own.insert("workspace_root".into(), json!(r.to_string_lossy()));
+    } else {
+        own.remove("workspace_root");
+    }
+    let base = root.clone().or_else(|| {
+        inherited
+            .and_then(|p| p.get("workspace_root"))
+            .and_then(Value::as_str)
+            .map(PathBuf::from)
+    });
     for key in [
-        "workspace_root",
-        "workspace_access_mode",
         "workspace_allowed_paths",
         "workspace_ignored_paths",
+        "workspace_builtin_deny_prefixes",
+        "workspace_builtin_allow",
     ] {
-        if let Some(v) = own.get(key) {
-            out.insert(key.into(), v.clone());
+        if let Some(raw) = own.get(key) {
+            let entries = match &base {
+                Some(b) => resolve_entries(b, path_list(Some(raw))),
+                None => absolute_entries(path_list(Some(raw))),
+            };
+            own.insert(key.into(), json!(texts(&entries)));
         }
     }
-    let parent_ro = parent.get("workspace_read_only") == Some(&Value::Bool(true));
-    if parent_ro || own.get("workspace_read_only") == Some(&Value::Bool(true)) {
+    for key in ["workspace_read_only_paths", "workspace_writable_paths"] {
+        if let Some(raw) = own.get(key) {
+            own.insert(
+                key.into(),
+                json!(texts(&absolute_entries(path_list(Some(raw))))),
+            );
+        }
+    }
+    let Some(parent) = inherited.and_then(Value::as_object) else {
+        return Ok((!own.is_empty()).then_some(Value::Object(own)));
+    };
+    // A child: only narrower.
+    let p_mode = mode_of(parent.get("workspace_access_mode")).unwrap_or(AccessMode::WorkspaceOnly);
+    let p_root = parent
+        .get("workspace_root")
+        .and_then(Value::as_str)
+        .map(PathBuf::from);
+    let p_allowed: Vec<PathBuf> = path_list(parent.get("workspace_allowed_paths"))
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+    let p_ignored: Vec<PathBuf> = path_list(parent.get("workspace_ignored_paths"))
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+    let within_parent = |p: &Path| -> bool {
+        if p_ignored.iter().any(|i| under_or_equal(p, i)) {
+            return false;
+        }
+        match p_mode {
+            AccessMode::AllExceptIgnored => true,
+            AccessMode::WorkspaceOrAllowed => {
+                p_root.as_deref().is_some_and(|r| under_or_equal(p, r))
+                    || p_allowed.iter().any(|a| under_or_equal(p, a))
+            }
+            AccessMode::WorkspaceOnly => p_root.as_deref().is_some_and(|r| under_or_equal(p, r)),
+        }
+    };
+    let mut out = parent.clone();
+    if let Some(r) = &root {
+        if p_root.is_some() && !within_parent(r) {
+            return Err((
+                field("workspace_root"),
+                format!(
+                    "{} is outside the parent run's workspace scope: a child run can only narrow it",
+                    r.display()
+                ),
+            ));
+        }
+        out.insert("workspace_root".into(), json!(r.to_string_lossy()));
+    }
+    if let Some(m) = own.get("workspace_access_mode") {
+        let mode = mode_of(Some(m)).map_err(|e| (field("workspace_access_mode"), e))?;
+        let rank = |m: AccessMode| match m {
+            AccessMode::WorkspaceOnly => 0,
+            AccessMode::WorkspaceOrAllowed => 1,
+            AccessMode::AllExceptIgnored => 2,
+        };
+        if rank(mode) > rank(p_mode) {
+            return Err((
+                field("workspace_access_mode"),
+                format!(
+                    "{} is wider than the parent run's {}: a child run can only narrow its scope",
+                    mode.as_str(),
+                    p_mode.as_str()
+                ),
+            ));
+        }
+        out.insert("workspace_access_mode".into(), json!(mode.as_str()));
+    }
+    if let Some(allowed) = own.get("workspace_allowed_paths") {
+        for a in path_list(Some(allowed)) {
+            if p_root.is_some() && !within_parent(Path::new(&a)) {
+                return Err((
+                    field("workspace_allowed_paths"),
+                    format!("{a} is outside the parent run's workspace scope: a child run can only narrow it"),
+                ));
+            }
+        }
+        out.insert("workspace_allowed_paths".into(), allowed.clone());
+    }
+    if parent.get("workspace_read_only") == Some(&Value::Bool(true))
+        || own.get("workspace_read_only") == Some(&Value::Bool(true))
+    {
         out.insert("workspace_read_only".into(), json!(true));
     }
     for key in [
+        "workspace_ignored_paths",
         "workspace_builtin_deny_prefixes",
         "workspace_read_only_paths",
     ] {
@@ -111,7 +244,39 @@ pub fn freeze(vars: &Map<String, Value>, inherited: Option<&Value>) -> Option<Va
             out.insert(key.into(), json!(union));
         }
     }
-    Some(Value::Object(out))
+    Ok(Some(Value::Object(out)))
+}
+
+fn texts(paths: &[PathBuf]) -> Vec<String> {
+    paths
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The access mode a value names (absent or blank: `workspace_only`), or
+/// the reference's refusal.
+fn mode_of(raw: Option<&Value>) -> Result<AccessMode, String> {
+    let text = match raw {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.trim().to_ascii_lowercase(),
+        Some(other) => other.to_string(),
+    };
+    match text.as_str() {
+        "" | "workspace_only" => Ok(AccessMode::WorkspaceOnly),
+        "workspace_or_allowed" => Ok(AccessMode::WorkspaceOrAllowed),
+        "all_except_ignored" => Ok(AccessMode::AllExceptIgnored),
+        _ => {
+            let shown = match raw {
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
+            };
+            Err(format!(
+                "Invalid workspace_access_mode: '{shown}' (expected one of: ['all_except_ignored', 'workspace_only', 'workspace_or_allowed'])"
+            ))
+        }
+    }
 }
 
 /// A path list as hosts send it: a JSON array, a JSON array in a string,
@@ -152,29 +317,43 @@ fn expand_home(raw: &str) -> PathBuf {
     PathBuf::from(raw)
 }
 
-/// An absolute path with `.` and `..` applied and every symlink that exists
-/// resolved, without requiring the path to exist (Python's
-/// `Path.resolve(strict=False)`).
+/// An absolute path with `.` and `..` applied and every symbolic link
+/// followed, also one whose target does not exist yet (the target's path
+/// is spliced in and walked on), without requiring the path to exist:
+/// Python's `os.path.realpath(strict=False)`. A chain of more than 40 links
+/// stops being followed.
 pub fn resolve_lenient(path: &Path) -> PathBuf {
+    use std::collections::VecDeque;
+    use std::ffi::OsString;
+    fn parts(p: &Path) -> Vec<OsString> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::Normal(s) => Some(s.to_os_string()),
+                Component::ParentDir => Some(OsString::from("..")),
+                _ => None,
+            })
+            .collect()
+    }
     let mut out = PathBuf::from("/");
+    let mut pending: VecDeque<OsString> = parts(path).into();
     let mut hops = 0;
-    for c in path.components() {
-        match c {
-            Component::RootDir | Component::Prefix(_) | Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
+    while let Some(part) = pending.pop_front() {
+        if part == ".." {
+            out.pop();
+            continue;
+        }
+        out.push(&part);
+        if hops >= 40 {
+            continue;
+        }
+        if let Ok(target) = std::fs::read_link(&out) {
+            hops += 1;
+            out.pop();
+            if target.is_absolute() {
+                out = PathBuf::from("/");
             }
-            Component::Normal(part) => {
-                out.push(part);
-                let is_link = std::fs::symlink_metadata(&out)
-                    .map(|m| m.file_type().is_symlink())
-                    .unwrap_or(false);
-                if is_link && hops < 40 {
-                    hops += 1;
-                    if let Ok(real) = std::fs::canonicalize(&out) {
-                        out = real;
-                    }
-                }
+            for p in parts(&target).into_iter().rev() {
+                pending.push_front(p);
             }
         }
     }
@@ -312,41 +491,32 @@ impl WorkspaceScope {
                 "workspace_root must be a directory (got file): {raw}"
             ));
         }
-        if read_only {
-            if !root.is_dir() {
-                return Err(format!("read-only workspace_root does not exist: {raw}"));
-            }
-        } else {
+        if read_only && !root.is_dir() {
+            return Err(format!("read-only workspace_root does not exist: {raw}"));
+        }
+        let mode = mode_of(frozen.get("workspace_access_mode"))?;
+        if !read_only {
             std::fs::create_dir_all(&root)
                 .map_err(|e| format!("cannot create workspace_root {raw}: {e}"))?;
         }
-        let mode = match frozen
-            .get("workspace_access_mode")
-            .and_then(Value::as_str)
-            .map(|s| s.trim().to_ascii_lowercase())
-            .unwrap_or_default()
-            .as_str()
-        {
-            "" | "workspace_only" => AccessMode::WorkspaceOnly,
-            "workspace_or_allowed" => AccessMode::WorkspaceOrAllowed,
-            "all_except_ignored" => AccessMode::AllExceptIgnored,
-            _ => {
-                let shown = frozen
-                    .get("workspace_access_mode")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                return Err(format!(
-                    "Invalid workspace_access_mode: '{shown}' (expected one of: ['all_except_ignored', 'workspace_only', 'workspace_or_allowed'])"
-                ));
-            }
-        };
         Ok(Some(WorkspaceScope {
             ignored: resolve_entries(&root, path_list(frozen.get("workspace_ignored_paths"))),
             allowed: resolve_entries(&root, path_list(frozen.get("workspace_allowed_paths"))),
-            deny: resolve_entries(
-                &root,
-                path_list(frozen.get("workspace_builtin_deny_prefixes")),
-            ),
+            deny: {
+                let mut d = resolve_entries(
+                    &root,
+                    path_list(frozen.get("workspace_builtin_deny_prefixes")),
+                );
+                // The host's own: process, kernel and device files (the
+                // host's environment is in /proc/self/environ).
+                for p in ALWAYS_DENIED {
+                    let p = PathBuf::from(p);
+                    if !d.contains(&p) {
+                        d.push(p);
+                    }
+                }
+                d
+            },
             deny_allow: resolve_entries(&root, path_list(frozen.get("workspace_builtin_allow"))),
             read_only,
             read_only_paths: absolute_entries(mounts),
@@ -586,6 +756,22 @@ impl WorkspaceScope {
         Ok(out)
     }
 
+    /// What a tool must not show or enter although it may lie inside a
+    /// preopened directory: the ignored paths and the host's deny prefixes;
+    /// and what re-opens a more specific place inside them (the root, the
+    /// reachable allowed paths, the deny exceptions). The longest
+    /// containing entry decides; an exclusion wins a tie.
+    pub fn exclusions(&self) -> (Vec<String>, Vec<String>) {
+        let text = |p: &PathBuf| p.to_string_lossy().into_owned();
+        let exclude = self.ignored.iter().chain(&self.deny).map(text).collect();
+        let mut include: Vec<String> = vec![text(&self.root)];
+        if self.mode != AccessMode::WorkspaceOnly {
+            include.extend(self.allowed.iter().map(text));
+        }
+        include.extend(self.deny_allow.iter().map(text));
+        (exclude, include)
+    }
+
     /// Whether `path` lies under a read-only mount and not under a writable
     /// exception strictly inside that mount.
     pub fn in_read_only_mount(&self, path: &Path) -> bool {
@@ -612,7 +798,16 @@ impl WorkspaceScope {
         }
         let mut dirs: Vec<(PathBuf, bool)> = Vec::new();
         if self.mode == AccessMode::AllExceptIgnored {
-            dirs.push((PathBuf::from("/"), may_write));
+            // Every top-level directory but the denied ones (never `/`
+            // itself, which would reach /proc).
+            if let Ok(entries) = std::fs::read_dir("/") {
+                for e in entries.flatten() {
+                    let p = resolve_lenient(&e.path());
+                    if p.is_dir() && !self.deny.iter().any(|d| under_or_equal(&p, d)) {
+                        dirs.push((p, may_write));
+                    }
+                }
+            }
         }
         dirs.push((
             self.root.clone(),
@@ -731,6 +926,25 @@ mod tests {
     }
 
     #[test]
+    fn dangling_links_are_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = resolve_lenient(tmp.path());
+        std::fs::create_dir_all(base.join("ws/ro")).unwrap();
+        std::os::unix::fs::symlink(base.join("ws/ro/new.txt"), base.join("ws/link")).unwrap();
+        std::os::unix::fs::symlink("ro/other.txt", base.join("ws/rel")).unwrap();
+        std::os::unix::fs::symlink("loop", base.join("ws/loop")).unwrap();
+        assert_eq!(
+            resolve_lenient(&base.join("ws/link")),
+            base.join("ws/ro/new.txt")
+        );
+        assert_eq!(
+            resolve_lenient(&base.join("ws/rel")),
+            base.join("ws/ro/other.txt")
+        );
+        resolve_lenient(&base.join("ws/loop/x"));
+    }
+
+    #[test]
     fn lists_take_every_form() {
         assert_eq!(path_list(Some(&json!(["a", " ", "b"]))), ["a", "b"]);
         assert_eq!(path_list(Some(&json!("[\"a\",\"b\"]"))), ["a", "b"]);
@@ -811,18 +1025,97 @@ mod tests {
 
     #[test]
     fn a_child_cannot_widen_its_parent() {
-        let parent = json!({"workspace_root": "/p", "workspace_read_only": true,
-                            "workspace_read_only_paths": ["/m1"], "workspace_builtin_deny_prefixes": ["/d"]});
-        let mut child = Map::new();
-        child.insert("workspace_root".into(), json!("/c"));
-        child.insert("workspace_read_only".into(), json!(false));
-        child.insert("workspace_read_only_paths".into(), json!(["/m2"]));
-        child.insert("workspace_builtin_deny_prefixes".into(), json!([]));
-        let f = freeze(&child, Some(&parent)).unwrap();
-        assert_eq!(f["workspace_root"], "/c");
+        let parent = json!({"workspace_root": "/nonexistent-sw/p", "workspace_read_only": true,
+                            "workspace_read_only_paths": ["/m1"], "workspace_builtin_deny_prefixes": ["/d"],
+                            "workspace_ignored_paths": ["/nonexistent-sw/p/secret"]});
+        let child = |v: Value| freeze(v.as_object().unwrap(), Some(&parent));
+        let f = child(json!({"workspace_root": "/nonexistent-sw/p/c", "workspace_read_only": false,
+                             "workspace_read_only_paths": ["/m2"], "workspace_builtin_deny_prefixes": [],
+                             "workspace_ignored_paths": []}))
+        .unwrap()
+        .unwrap();
+        assert_eq!(f["workspace_root"], "/nonexistent-sw/p/c");
         assert_eq!(f["workspace_read_only"], true);
         assert_eq!(f["workspace_read_only_paths"], json!(["/m1", "/m2"]));
         assert_eq!(f["workspace_builtin_deny_prefixes"], json!(["/d"]));
+        assert_eq!(
+            f["workspace_ignored_paths"],
+            json!(["/nonexistent-sw/p/secret"])
+        );
+        let (field, why) = child(json!({"workspace_root": "/"})).unwrap_err();
+        assert_eq!(field, "vars.workspace_root");
+        assert!(why.contains("only narrow"), "{why}");
+        assert!(child(json!({"workspace_root": "/nonexistent-sw/p/secret/x"})).is_err());
+        let (field, _) = child(json!({"workspace_access_mode": "all_except_ignored"})).unwrap_err();
+        assert_eq!(field, "vars.workspace_access_mode");
+        assert!(child(json!({"workspace_allowed_paths": ["/etc"]})).is_err());
+        // Nothing of its own: the parent's scope as it is.
+        assert_eq!(
+            child(json!({})).unwrap().unwrap()["workspace_root"],
+            "/nonexistent-sw/p"
+        );
+    }
+
+    #[test]
+    fn relative_paths_are_frozen_absolute() {
+        let here = std::env::current_dir().unwrap();
+        let f = freeze(
+            json!({"workspace_root": "rel-ws", "workspace_ignored_paths": ["x"]})
+                .as_object()
+                .unwrap(),
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        let root = resolve_lenient(&here.join("rel-ws"));
+        assert_eq!(f["workspace_root"], root.to_str().unwrap());
+        assert_eq!(
+            f["workspace_ignored_paths"],
+            json!([root.join("x").to_str().unwrap()])
+        );
+        let (field, why) = freeze(
+            json!({"workspace_access_mode": "everywhere"})
+                .as_object()
+                .unwrap(),
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(field, "vars.workspace_access_mode");
+        assert!(why.starts_with("Invalid workspace_access_mode: 'everywhere'"));
+    }
+
+    #[test]
+    fn host_deny_prefixes_refuse_and_are_never_preopened() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        let secret = tmp.path().join("secret");
+        std::fs::create_dir_all(secret.join("mine")).unwrap();
+        let s = scope(json!({
+            "workspace_root": ws.to_str().unwrap(),
+            "workspace_access_mode": "workspace_or_allowed",
+            "workspace_allowed_paths": [secret.to_str().unwrap()],
+            "workspace_builtin_deny_prefixes": [secret.to_str().unwrap()],
+            "workspace_builtin_allow": [secret.join("mine").to_str().unwrap()],
+        }));
+        let secret = resolve_lenient(&secret);
+        let e = s
+            .resolve(secret.join("x.txt").to_str().unwrap())
+            .unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "Path is not accessible (protected by the host): '{}'",
+                secret.join("x.txt").display()
+            )
+        );
+        assert!(s
+            .resolve(secret.join("mine/x.txt").to_str().unwrap())
+            .is_ok());
+        assert!(s.preopens(ToolClass::Read).iter().all(|p| p.host != secret));
+        assert!(
+            !s.describe().contains(secret.to_str().unwrap())
+                || s.describe().contains("\"secret\" ->")
+        );
     }
 
     #[test]

@@ -46,6 +46,19 @@ impl Toolbox for Workspace {
 
     /// Runs one call of one of the tools.
     fn invoke(call: ToolCall) -> Result<Value, ToolError> {
+        let paths = |key: &str| -> Vec<std::path::PathBuf> {
+            call.arguments
+                .get(key)
+                .and_then(serde_json::Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(serde_json::Value::as_str)
+                        .map(std::path::PathBuf::from)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        walk::set_excluded(paths("_exclude"), paths("_include"));
         let args = Args::new(&call.name, &call.arguments);
         let output = match call.name.as_str() {
             "list_files" => list::run(&args)?,

@@ -189,6 +189,9 @@ fn probe_entries(dir: &Path, include_hidden: bool) -> (bool, bool) {
         return (false, false);
     };
     for item in iter.take(MAX_WALK_ENTRIES).flatten() {
+        if crate::walk::is_excluded(&item.path()) {
+            continue;
+        }
         any = true;
         if include_hidden || !item.file_name().to_string_lossy().starts_with('.') {
             return (true, true);

@@ -6,6 +6,44 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+/// What the host excludes from this call: its `_exclude` argument (ignored
+/// paths and host deny prefixes, which may lie inside the directories it
+/// preopened) and its `_include` argument (the roots and allowed paths that
+/// re-open a more specific place inside an excluded one).
+#[derive(Debug, Default)]
+struct Exclusions {
+    exclude: Vec<PathBuf>,
+    include: Vec<PathBuf>,
+}
+
+thread_local! {
+    static EXCLUSIONS: std::cell::RefCell<Exclusions> = std::cell::RefCell::new(Exclusions::default());
+}
+
+/// Sets what this call must not show or enter.
+pub fn set_excluded(exclude: Vec<PathBuf>, include: Vec<PathBuf>) {
+    EXCLUSIONS.with(|e| *e.borrow_mut() = Exclusions { exclude, include });
+}
+
+/// Whether the host excluded `path`: the longest excluded or included path
+/// containing it is an excluded one (an exclusion wins a tie).
+pub fn is_excluded(path: &Path) -> bool {
+    EXCLUSIONS.with(|e| {
+        let e = e.borrow();
+        let longest = |list: &[PathBuf]| {
+            list.iter()
+                .filter(|x| path.starts_with(x))
+                .map(|x| x.as_os_str().len())
+                .max()
+        };
+        match (longest(&e.exclude), longest(&e.include)) {
+            (Some(x), Some(i)) => x >= i,
+            (Some(_), None) => true,
+            _ => false,
+        }
+    })
+}
+
 /// The most directory entries one call examines before it stops walking.
 pub const MAX_WALK_ENTRIES: usize = 50_000;
 
@@ -81,6 +119,9 @@ pub fn read_entries(dir: &Path, budget: &mut Budget) -> std::io::Result<Vec<Entr
         budget.left -= 1;
         let Ok(item) = item else { continue };
         let path = item.path();
+        if is_excluded(&path) {
+            continue;
+        }
         let file_type = item.file_type().ok();
         let is_symlink = file_type.is_some_and(|t| t.is_symlink());
         let (is_dir, is_file) = if is_symlink {

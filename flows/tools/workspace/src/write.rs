@@ -60,6 +60,16 @@ pub fn run(args: &Args) -> Result<String, ToolError> {
         mode: args.string_or("mode", "w")?,
         create_dirs: args.bool_or("create_dirs", true)?,
     };
+    // A FIFO or a device would block the call (or do worse): only regular
+    // files, or new ones, are written.
+    if let Ok(meta) = fs::metadata(&req.file_path) {
+        if !meta.is_file() {
+            return Ok(format!(
+                "❌ Path is not a regular file: '{}'",
+                display_path(&req.file_path)
+            ));
+        }
+    }
     Ok(write_file(&req))
 }
 
