@@ -452,7 +452,15 @@ fn print_run(run: &RunState, json: bool) {
         if let Some(u) = &w.until {
             println!("until: {u}");
         }
+        let approval = w
+            .details
+            .as_ref()
+            .is_some_and(|d| d["mode"] == "approval_required");
         match w.reason {
+            WaitReason::User if approval => println!(
+                "approve with: stepwell resume {id} --payload '{{\"approved\": true}}'  (or {{\"approved\": false, \"reason\": \"...\"}})",
+                id = run.run_id
+            ),
             WaitReason::User => println!(
                 "resume with: stepwell resume {} --payload '{{\"text\": \"...\"}}'",
                 run.run_id

@@ -310,6 +310,19 @@ fn table_of(catalog: &ToolCatalog) -> std::result::Result<Arc<ToolTable>, Failur
     })
 }
 
+/// What a person is asked: every call with its arguments (paths already
+/// resolved), each shown up to 300 characters.
+fn approval_prompt(planned: &[Planned]) -> String {
+    let mut out = String::from("Approve these tool calls?");
+    for p in planned {
+        let args = Value::Object(p.call.arguments.clone()).to_string();
+        let shown: String = args.chars().take(300).collect();
+        let more = if shown.len() < args.len() { " ..." } else { "" };
+        out.push_str(&format!("\n  {} {shown}{more}", p.call.name));
+    }
+    out
+}
+
 /// What the calls of one batch run with.
 struct Batch<'a> {
     table: &'a ToolTable,
@@ -460,13 +473,7 @@ impl EffectHandler for ToolCalls {
             (_, Some(d)) => d.get("details").cloned().unwrap_or(Value::Object(d)),
             _ => json!({"kind": mode}),
         };
-        let prompt = (mode == "approval_required").then(|| {
-            let names: Vec<&str> = planned.iter().map(|p| p.call.name.as_str()).collect();
-            format!(
-                "Approve these tool calls? {} (resume with {{\"approved\": true}} or {{\"approved\": false, \"reason\": \"...\"}})",
-                names.join(", ")
-            )
-        });
+        let prompt = (mode == "approval_required").then(|| approval_prompt(&planned));
         Ok(Outcome::Waiting(Box::new(WaitState {
             reason,
             wait_key,
