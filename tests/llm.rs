@@ -428,3 +428,38 @@ fn the_workspace_is_disclosed_only_with_tools_and_a_scope() {
     run(with, false);
     assert_eq!(system(3), "sys");
 }
+
+/// An aborted generation (text, no tool call, an all-zero usage block)
+/// completes, flagged in its metadata; a normal answer is not flagged, nor
+/// one without usage.
+#[test]
+fn an_aborted_generation_is_flagged() {
+    let aborted = completion(
+        json!({"role": "assistant", "content": "I'll read the file now:"}),
+        "stop",
+    );
+    let mut zero = aborted.clone();
+    zero["usage"] = json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0});
+    let mut no_usage = aborted.clone();
+    no_usage.as_object_mut().unwrap().remove("usage");
+    let mock = LlmMock::start(vec![
+        Reply::Json(zero),
+        Reply::Json(no_usage),
+        Reply::text("fine"),
+    ]);
+    let (rt, _, _dir) = keyless(&mock);
+    let flagged = ask(&rt, json!({"prompt": "go"}));
+    assert_eq!(flagged.status, stepwell::RunStatus::Completed);
+    let meta = &flagged.output.as_ref().unwrap()["answer"]["metadata"];
+    assert_eq!(meta["generation_aborted"], true, "{meta}");
+    assert_eq!(meta["truncation_kind"], "aborted_generation");
+    assert_eq!(
+        meta["_runtime_observability"]["aborted_generation"]["content_preview"],
+        "I'll read the file now:"
+    );
+    for _ in 0..2 {
+        let run = ask(&rt, json!({"prompt": "go"}));
+        let meta = &run.output.as_ref().unwrap()["answer"]["metadata"];
+        assert!(meta.get("generation_aborted").is_none(), "{meta}");
+    }
+}

@@ -112,6 +112,66 @@ fn disclose_workspace(run: &RunState, payload: &Map<String, Value>) -> Option<Ma
     Some(out)
 }
 
+/// Marks the answer of a generation the server aborted (the reference's
+/// rule): no tool call, a usage block whose counters are all zero, and
+/// some content or reasoning. Text cannot come from a completion that read
+/// and wrote nothing: a tool call was likely lost mid-generation. The call
+/// still completes; `metadata.generation_aborted`, `output_truncated`,
+/// `truncation_kind: "aborted_generation"` and
+/// `_runtime_observability.aborted_generation` say so, for the flow to
+/// route on. A missing or empty usage block is no evidence either way.
+fn mark_aborted(result: &mut Value) {
+    let has_calls = result["tool_calls"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty());
+    let Some(usage) = result["usage"].as_object().filter(|u| !u.is_empty()) else {
+        return;
+    };
+    let counters: Vec<&Value> = [
+        "input_tokens",
+        "output_tokens",
+        "total_tokens",
+        "prompt_tokens",
+        "completion_tokens",
+    ]
+    .iter()
+    .filter_map(|k| usage.get(*k).filter(|v| !v.is_null()))
+    .collect();
+    let all_zero = !counters.is_empty()
+        && counters
+            .iter()
+            .all(|v| v.as_f64() == Some(0.0) || **v == Value::Bool(false));
+    let text = ["content", "reasoning"]
+        .iter()
+        .any(|k| nonblank(result.get(*k)).is_some());
+    if has_calls || !all_zero || !text {
+        return;
+    }
+    let preview: String = result["content"]
+        .as_str()
+        .unwrap_or_default()
+        .chars()
+        .take(200)
+        .collect();
+    let seen = json!({"finish_reason": result["finish_reason"], "usage": result["usage"],
+                      "content_preview": preview});
+    if !result["metadata"].is_object() {
+        result["metadata"] = json!({});
+    }
+    let meta = &mut result["metadata"];
+    meta["generation_aborted"] = json!(true);
+    if meta.get("output_truncated").is_none() {
+        meta["output_truncated"] = json!(true);
+    }
+    if meta.get("truncation_kind").is_none() {
+        meta["truncation_kind"] = json!("aborted_generation");
+    }
+    if !meta["_runtime_observability"].is_object() {
+        meta["_runtime_observability"] = json!({});
+    }
+    meta["_runtime_observability"]["aborted_generation"] = seen;
+}
+
 impl EffectHandler for LlmCall {
     fn kind(&self) -> &str {
         "llm_call"
@@ -287,6 +347,7 @@ impl EffectHandler for LlmCall {
                 result["metadata"]["_structured_output_validation_error"] = json!(why);
             }
         }
+        mark_aborted(&mut result);
         let truncated = finish_is_truncation(result["finish_reason"].as_str());
         let allowed =
             boolish(payload.get("allow_truncation")) || boolish(payload.get("allow_truncated"));
