@@ -463,3 +463,61 @@ fn an_aborted_generation_is_flagged() {
         assert!(meta.get("generation_aborted").is_none(), "{meta}");
     }
 }
+
+/// Structured output with `structured_output_fallback`: an answer that
+/// does not match the schema gets one repair call (the reference's prompt,
+/// no tools, no messages); a repaired answer completes with
+/// `_structured_output_repair`; a repair that still fails fails the effect,
+/// not retryable, after exactly two requests.
+#[test]
+fn a_structured_answer_is_repaired_once_when_asked() {
+    let schema =
+        json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+    let mock = LlmMock::start(vec![
+        Reply::text("{\"n\": \"seven\"}"),
+        Reply::text("{\"n\": 7}"),
+        Reply::text("not json"),
+        Reply::text("still not json"),
+    ]);
+    let (rt, _, _dir) = keyless(&mock);
+    let payload = json!({"prompt": "count", "response_schema": schema,
+                         "structured_output_fallback": true, "tools": [{"name": "t", "parameters": {}}]});
+    let run = ask(&rt, payload.clone());
+    assert_eq!(run.status, stepwell::RunStatus::Completed, "{run:?}");
+    let answer = &run.output.as_ref().unwrap()["answer"];
+    assert_eq!(answer["data"], json!({"n": 7}));
+    assert_eq!(
+        answer["metadata"]["_structured_output_repair"]["used"],
+        true
+    );
+    let repair = &mock.requests()[1].body;
+    let prompt = repair["messages"].as_array().unwrap().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        prompt.starts_with(
+            "You returned structured output that does not satisfy the required JSON schema."
+        ),
+        "{prompt}"
+    );
+    assert!(
+        prompt.contains("Original task:\ncount") && prompt.contains("{\"n\": \"seven\"}"),
+        "{prompt}"
+    );
+    assert!(repair.get("tools").is_none());
+
+    let failed = ask(&rt, payload);
+    assert_eq!(failed.status, stepwell::RunStatus::Failed);
+    let e = failed.error.unwrap();
+    assert!(
+        e.contains("llm_structured_output: LLM_CALL structured output repair failed:"),
+        "{e}"
+    );
+    assert!(e.contains("repair content=still not json"), "{e}");
+    assert_eq!(
+        mock.count(),
+        4,
+        "one call and one repair each, never retried"
+    );
+}

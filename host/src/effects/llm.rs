@@ -112,6 +112,61 @@ fn disclose_workspace(run: &RunState, payload: &Map<String, Value>) -> Option<Ma
     Some(out)
 }
 
+/// What is wrong with a structured answer, if anything: the metadata key
+/// that says so and why (its content does not parse as JSON, or its data
+/// does not match the schema).
+fn structured_problem(result: &Value, schema: &Value) -> Option<(&'static str, String)> {
+    let content = result["content"]
+        .as_str()
+        .map(str::trim)
+        .unwrap_or_default();
+    if result["data"].is_null() && !content.is_empty() {
+        return parse_json_text(content)
+            .err()
+            .map(|e| ("_structured_output_parse_error", e.to_string()));
+    }
+    schema_mismatch(&result["data"], schema, "$")
+        .map(|why| ("_structured_output_validation_error", why))
+}
+
+/// The reference's `_truncate_prompt_block`: trimmed, and cut to
+/// `max_chars` with `...`.
+fn truncate_block(text: &str, max_chars: usize) -> String {
+    let text = text.trim();
+    if text.chars().count() <= max_chars {
+        return text.to_string();
+    }
+    let kept: String = text.chars().take(max_chars.saturating_sub(3)).collect();
+    format!("{kept}...")
+}
+
+/// The reference's repair prompt for a structured answer that failed.
+fn repair_prompt(task: &str, schema: &Value, invalid: &str, error: &str) -> String {
+    let schema_text = serde_json::to_string_pretty(schema).unwrap_or_default();
+    format!(
+        "You returned structured output that does not satisfy the required JSON schema.\nReturn corrected JSON only.\n\nOriginal task:\n{}\n\nRequired JSON schema:\n{schema_text}\n\nPrevious invalid output:\n{}\n\nValidation error:\n{}\n\nReturn exactly one JSON object that satisfies the schema. Do not include markdown or explanation.",
+        truncate_block(task, 4000),
+        truncate_block(invalid, 4000),
+        truncate_block(error, 2000),
+    )
+}
+
+/// The user's text of a payload: its prompt, else its last user message.
+fn user_text(payload: &Map<String, Value>) -> Option<String> {
+    nonblank(payload.get("prompt"))
+        .map(str::to_string)
+        .or_else(|| {
+            payload
+                .get("messages")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .rev()
+                .filter(|m| m["role"] == "user")
+                .find_map(|m| nonblank(m.get("content")).map(str::to_string))
+        })
+}
+
 /// Marks the answer of a generation the server aborted (the reference's
 /// rule): no tool call, a usage block whose counters are all zero, and
 /// some content or reasoning. Text cannot come from a completion that read
@@ -215,18 +270,7 @@ impl EffectHandler for LlmCall {
         if !boolish(asked) {
             return;
         }
-        let user = nonblank(payload.get("prompt"))
-            .map(str::to_string)
-            .or_else(|| {
-                payload
-                    .get("messages")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .rev()
-                    .filter(|m| m["role"] == "user")
-                    .find_map(|m| nonblank(m.get("content")).map(str::to_string))
-            });
+        let user = user_text(payload);
         let answer = nonblank(result.get("content"))
             .map(str::to_string)
             .or_else(|| {
@@ -331,20 +375,63 @@ impl EffectHandler for LlmCall {
             "attempt": cx.attempt,
         });
         let schema = requested_schema(payload);
-        let mut result = normalize_response(answer, schema.is_some(), metadata);
+        let mut result = normalize_response(answer, schema.is_some(), metadata.clone());
         if let Some(schema) = &schema {
-            // Checked, not repaired: an answer that does not parse or does
-            // not match completes, saying why in its metadata.
-            let content = result["content"]
-                .as_str()
-                .map(str::trim)
-                .unwrap_or_default();
-            if result["data"].is_null() && !content.is_empty() {
-                if let Err(e) = parse_json_text(content) {
-                    result["metadata"]["_structured_output_parse_error"] = json!(e.to_string());
+            // Checked: an answer that does not parse or does not match
+            // completes, saying why in its metadata, unless the payload asks
+            // for one repair call (`structured_output_fallback`).
+            if let Some((key, why)) = structured_problem(&result, schema) {
+                if !boolish(payload.get("structured_output_fallback")) {
+                    result["metadata"][key] = json!(why);
+                } else {
+                    let invalid = result["content"]
+                        .as_str()
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .unwrap_or_else(|| {
+                            serde_json::to_string_pretty(&result["data"]).unwrap_or_default()
+                        });
+                    let mut repair = payload.clone();
+                    repair.remove("messages");
+                    repair.remove("tools");
+                    repair.insert(
+                        "prompt".into(),
+                        json!(repair_prompt(
+                            &user_text(payload).unwrap_or_default(),
+                            schema,
+                            &invalid,
+                            &why
+                        )),
+                    );
+                    let request = chat_request(&repair, model, budget);
+                    let answer = match providers.call(provider, &request.body) {
+                        Ok(a) => a,
+                        Err(e) => {
+                            return Ok(Outcome::Failed(Failure {
+                                code: e.code.to_string(),
+                                message: e.message,
+                                retryable: e.retryable,
+                            }))
+                        }
+                    };
+                    let mut repaired = normalize_response(answer, true, metadata);
+                    if let Some((_, why)) = structured_problem(&repaired, schema) {
+                        let content = repaired["content"].as_str().unwrap_or_default().trim();
+                        let shown = if content.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; repair content={}", truncate_block(content, 400))
+                        };
+                        return Ok(Outcome::Failed(Failure::permanent(
+                            "llm_structured_output",
+                            format!("LLM_CALL structured output repair failed: {why}{shown}"),
+                        )));
+                    }
+                    repaired["metadata"]["_structured_output_repair"] =
+                        json!({"used": true, "error": ""});
+                    result = repaired;
                 }
-            } else if let Some(why) = schema_mismatch(&result["data"], schema, "$") {
-                result["metadata"]["_structured_output_validation_error"] = json!(why);
             }
         }
         mark_aborted(&mut result);
