@@ -783,6 +783,7 @@ fn the_iteration_ceiling_refuses_at_start() {
             && text.contains("refusing at start"),
         "{text}"
     );
+    assert!(start_with(json!({"max_iterations": "50", "max_iterations_ceiling": 10.0})).is_err());
     let id = start_with(json!({"max_iterations_ceiling": 10})).unwrap();
     let limits = rt.get_state(&id).unwrap().vars["_limits"].clone();
     assert_eq!(limits["max_iterations"], 10);
@@ -969,8 +970,13 @@ fn large_outputs_become_attachments_read_back_in_excerpts() {
     let out = &r[0]["output"];
     assert_eq!(out["stdout"], "", "{out}");
     let id = out["stdout_offloaded_artifact_id"].as_str().unwrap();
-    let stored = artifacts.get(id).unwrap().unwrap();
-    assert!(stored == vec![b'X'; 5000], "stored {} bytes", stored.len());
+    let stored: Value = serde_json::from_slice(&artifacts.get(id).unwrap().unwrap()).unwrap();
+    assert_eq!(stored["run_id"], json!(done.run_id));
+    assert!(
+        stored["text"] == "X".repeat(5000),
+        "stored {}",
+        stored["text"]
+    );
     let rendered = out["rendered"].as_str().unwrap();
     assert!(
         rendered.contains("open_attachment") && rendered.contains(id),
@@ -1086,5 +1092,53 @@ fn the_same_batch_at_one_node_runs_each_time_under_its_own_key() {
     assert_eq!(
         std::fs::read_to_string(ws.join("log.txt")).unwrap(),
         "x\nx\nx\n"
+    );
+}
+
+/// A run cancelled while its batch runs: the calls not started yet never
+/// start (a write after a slow call does not happen), and the run stays
+/// cancelled.
+#[test]
+fn a_cancel_stops_the_rest_of_a_batch() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    let rt2 = rt.clone();
+    let ws2 = ws.clone();
+    let worker = std::thread::spawn(move || {
+        rt2.run(
+            "tools",
+            StartOptions {
+                vars: vars(json!({"workspace_root": ws2.to_str().unwrap(),
+                    "batch": {"tool_calls": [
+                        call("hostile_spin", json!({})),
+                        call("write_file", json!({"file_path": "after.txt", "content": "late"}))]}})),
+                runtime: stepwell::core::config::operator_runtime(vars(json!({
+                    "tool_timeout_s": 1.5,
+                    "tool_policy": {"auto_approve_tools": ["hostile_spin", "write_file"]}})))
+                .unwrap(),
+                ..Default::default()
+            },
+        )
+    });
+    // Wait for the run to exist (committed before its external effect).
+    let mut id = None;
+    for _ in 0..200 {
+        if let Some(r) = rt
+            .list_runs(&stepwell::RunQuery::default())
+            .unwrap()
+            .first()
+        {
+            id = Some(r.run_id.clone());
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let id = id.expect("the run was created");
+    rt.cancel_run(&id, Some("stop")).unwrap();
+    let _ = worker.join().unwrap();
+    assert_eq!(rt.get_state(&id).unwrap().status, RunStatus::Cancelled);
+    assert!(
+        !ws.join("after.txt").exists(),
+        "a call started after the cancel"
     );
 }

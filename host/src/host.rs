@@ -80,6 +80,33 @@ impl StoreSpec {
         })
     }
 
+    /// What no tool may reach: the store's files and the folders beside
+    /// them (artifacts, snapshots, compiled components), absolute.
+    pub fn protected_paths(&self) -> Vec<PathBuf> {
+        let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+        match self {
+            StoreSpec::Memory => Vec::new(),
+            StoreSpec::Sqlite(path) => {
+                let dir = path
+                    .parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."));
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+                let mut out: Vec<PathBuf> = ["artifacts", "snapshots", "cache"]
+                    .iter()
+                    .map(|d| dir.join(d))
+                    .collect();
+                if let Some(name) = name {
+                    for suffix in ["", "-wal", "-shm", "-journal"] {
+                        out.push(dir.join(format!("{name}{suffix}")));
+                    }
+                }
+                out.into_iter().map(absolute).collect()
+            }
+            StoreSpec::Json(dir) => vec![absolute(dir.clone())],
+        }
+    }
+
     /// The snapshot store that goes with this store: `snapshots/` beside the
     /// database or inside the JSON store folder, in memory for the memory
     /// store.
@@ -171,9 +198,11 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
         limits: options.limits,
         digests,
     })?;
+    let mut config = options.config.clone();
+    config.tool_deny_paths.extend(spec.protected_paths());
     let mut builder = Runtime::builder(store)
         .engine(engine)
-        .config(options.config.clone())
+        .config(config)
         .artifacts(spec.artifacts()?, DEFAULT_OFFLOAD_BYTES);
     if let Some(clock) = &options.clock {
         builder = builder.clock(clock.clone());

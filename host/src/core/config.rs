@@ -85,6 +85,10 @@ pub struct RuntimeConfig {
     /// Effect scopes `emit_event` may use (`run`, `session`, `workflow`,
     /// `global`); an emit with another scope fails with `invalid_effect`.
     pub emit_scopes: Vec<String>,
+    /// Paths no tool may reach, added to every workspace scope's host deny
+    /// prefixes when a run starts (the CLI puts its store's files here:
+    /// the database, its artifacts, snapshots and compiled components).
+    pub tool_deny_paths: Vec<std::path::PathBuf>,
     /// `_limits.max_iterations`.
     pub max_iterations: u64,
     /// `_limits.max_tokens`.
@@ -151,6 +155,7 @@ impl Default for RuntimeConfig {
             max_cascade_runs: 1_000,
             max_run_data_bytes: 256 << 20,
             max_children_per_run: 10_000,
+            tool_deny_paths: Vec::new(),
             emit_scopes: ["run", "session", "workflow", "global"]
                 .map(String::from)
                 .to_vec(),

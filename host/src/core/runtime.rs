@@ -51,12 +51,19 @@ fn seed_limits(vars: &mut Map<String, Value>, defaults: Value) -> Result<()> {
             limits.entry(k).or_insert(v);
         }
     }
+    // Numbers as Python's int() reads them: floats and digit strings too.
+    let number = |v: &Value| {
+        v.as_f64()
+            .or_else(|| v.as_str()?.trim().parse::<f64>().ok())
+            .filter(|f| f.is_finite())
+            .map(|f| f.trunc() as i64)
+    };
     let ceiling = limits
         .get("max_iterations_ceiling")
-        .and_then(Value::as_i64)
+        .and_then(number)
         .filter(|c| *c >= 0);
     if let Some(ceiling) = ceiling {
-        match declared.as_ref().and_then(Value::as_i64) {
+        match declared.as_ref().and_then(number) {
             Some(n) if n > ceiling => {
                 return Err(Error::invalid(
                     "_limits.max_iterations",
@@ -564,7 +571,22 @@ impl Runtime {
         match crate::tools::scope::freeze(&vars, runtime.get("workspace"))
             .map_err(|(field, why)| Error::invalid(field, why))?
         {
-            Some(frozen) => {
+            Some(mut frozen) => {
+                // The host's own protected paths (its store) join the deny
+                // prefixes of every scope.
+                let deny = &self.inner.config.tool_deny_paths;
+                if !deny.is_empty() && frozen.get("workspace_root").is_some() {
+                    let mut list = crate::tools::scope::path_list(
+                        frozen.get("workspace_builtin_deny_prefixes"),
+                    );
+                    for p in deny {
+                        let p = p.to_string_lossy().into_owned();
+                        if !list.contains(&p) {
+                            list.push(p);
+                        }
+                    }
+                    frozen["workspace_builtin_deny_prefixes"] = json!(list);
+                }
                 runtime.insert("workspace".into(), frozen);
             }
             None => {

@@ -316,6 +316,9 @@ impl EffectHandler for StartSubworkflow {
                 }
             }
         }
+        // A parent without a workspace hands down an empty scope: its child
+        // may not give itself one.
+        runtime.entry("workspace").or_insert_with(|| json!({}));
         let options = StartOptions {
             vars,
             run_id: Some(run_id),

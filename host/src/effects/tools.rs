@@ -165,10 +165,27 @@ impl ToolCalls {
 
     /// Runs planned calls in order: consecutive read-class calls at most 8
     /// at a time, every other call alone. Results in input order.
-    fn run_all(&self, b: &Batch<'_>, planned: &[Planned]) -> Vec<Value> {
+    ///
+    /// Before each call (or group of reads) the run is read again: once it
+    /// is cancelled, no further call starts (each gets `Tool call not
+    /// started: the run was cancelled`, `cancelled: true`).
+    fn run_all(
+        &self,
+        b: &Batch<'_>,
+        planned: &[Planned],
+        cancelled: &dyn Fn() -> bool,
+    ) -> Vec<Value> {
         let mut out = Vec::with_capacity(planned.len());
         let mut i = 0;
         while i < planned.len() {
+            if i > 0 && cancelled() {
+                for p in &planned[i..] {
+                    let mut r = failed(&p.call, "Tool call not started: the run was cancelled");
+                    r["cancelled"] = json!(true);
+                    out.push(r);
+                }
+                break;
+            }
             if planned[i].class != ToolClass::Read {
                 out.push(self.run_one(b, &planned[i]));
                 i += 1;
@@ -311,13 +328,21 @@ fn table_of(catalog: &ToolCatalog) -> std::result::Result<Arc<ToolTable>, Failur
 }
 
 /// What a person is asked: every call with its arguments (paths already
-/// resolved), each shown up to 300 characters.
+/// resolved), each shown up to 2,000 characters, and said so when cut.
 fn approval_prompt(planned: &[Planned]) -> String {
     let mut out = String::from("Approve these tool calls?");
     for p in planned {
         let args = Value::Object(p.call.arguments.clone()).to_string();
-        let shown: String = args.chars().take(300).collect();
-        let more = if shown.len() < args.len() { " ..." } else { "" };
+        let total = args.chars().count();
+        let shown: String = args.chars().take(2000).collect();
+        let more = if total > 2000 {
+            format!(
+                " [... {} more characters: read the whole call in the wait's details before approving]",
+                total - 2000
+            )
+        } else {
+            String::new()
+        };
         out.push_str(&format!("\n  {} {shown}{more}", p.call.name));
     }
     out
@@ -342,6 +367,13 @@ impl<'a> Batch<'a> {
             run_id: &cx.run.run_id,
         }
     }
+}
+
+/// Whether the run of `cx` was cancelled meanwhile (by any process).
+fn cancelled(cx: &EffectCx<'_>) -> bool {
+    cx.runs
+        .get_run(&cx.run.run_id)
+        .is_ok_and(|r| r.status == crate::core::model::RunStatus::Cancelled)
 }
 
 /// Moves the large outputs of `results` into attachments of the run, when
@@ -426,7 +458,7 @@ impl EffectHandler for ToolCalls {
                         .needs_approval(planned.iter().map(|p| (p.call.name.as_str(), p.class)))
                 {
                     let batch = Batch::of(cx, &table, scope.as_ref());
-                    let results = self.run_all(&batch, &planned);
+                    let results = self.run_all(&batch, &planned, &|| cancelled(cx));
                     let mut results = merge(count, &blocked, &results);
                     offload(cx, Some(payload), &mut results);
                     return Ok(Outcome::Completed(
@@ -593,7 +625,7 @@ impl EffectHandler for ToolCalls {
                         }
                     }
                     let batch = Batch::of(cx, &table, scope.as_ref());
-                    let ran = self.run_all(&batch, &planned);
+                    let ran = self.run_all(&batch, &planned, &|| cancelled(cx));
                     for (p, r) in planned.iter().zip(ran) {
                         out[p.call.index] = Some(r);
                     }

@@ -72,10 +72,15 @@ impl<'a> Offload<'a> {
         if n > self.cap_bytes {
             return Err(n);
         }
-        match self
-            .store
-            .put(text.as_bytes(), "text/plain", Some(self.run_id), self.now)
-        {
+        // Stored with the run's id inside: the same text of two runs is two
+        // attachments, each its run's own.
+        let content = json!({"run_id": self.run_id, "text": text}).to_string();
+        match self.store.put(
+            content.as_bytes(),
+            "application/json",
+            Some(self.run_id),
+            self.now,
+        ) {
             Ok(meta) => Ok(Some(meta.artifact_id)),
             // Kept inline when the store fails: never lost.
             Err(_) => Ok(None),
@@ -170,20 +175,15 @@ pub fn open(store: Option<&dyn ArtifactStore>, run_id: &str, args: &Map<String, 
     if id.is_empty() {
         return json!("Error: open_attachment requires artifact_id");
     }
-    let mine = store
-        .meta(&id)
+    let attachment = store
+        .get(&id)
         .ok()
         .flatten()
-        .is_some_and(|m| m.run_id.as_deref() == Some(run_id));
-    let content = if mine {
-        store.get(&id).ok().flatten()
-    } else {
-        None
-    };
-    let Some(bytes) = content else {
+        .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+        .filter(|v| v["run_id"] == run_id);
+    let Some(text) = attachment.as_ref().and_then(|v| v["text"].as_str()) else {
         return json!(format!("Error: attachment '{id}' not found for this run"));
     };
-    let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().collect();
     let start = positive(args.get("start_line")).unwrap_or(1);
     let end = positive(args.get("end_line"))

@@ -245,6 +245,12 @@ pub fn run(args: &Map<String, Value>, limit: Duration) -> Value {
             Err(_) => break None,
         }
     };
+    // What the command left running in its group (a background job that
+    // would hold its output open, a server) ends with it.
+    // SAFETY: kill(2) on the command's own process group.
+    unsafe {
+        libc::kill(-pid, libc::SIGKILL);
+    }
     let duration = started.elapsed().as_secs_f64();
     let collect = |h: Option<std::thread::JoinHandle<(Vec<u8>, usize)>>| {
         h.and_then(|h| h.join().ok()).unwrap_or_default()
@@ -368,6 +374,18 @@ mod tests {
             .as_str()
             .unwrap()
             .starts_with("Command timed out after 0.3s"));
+    }
+
+    #[test]
+    fn a_background_job_does_not_outlive_the_command() {
+        let started = Instant::now();
+        let r = run(
+            &args(json!({"command": "sleep 20 & echo started", "timeout": 10})),
+            Duration::from_secs(30),
+        );
+        assert!(started.elapsed() < Duration::from_secs(5), "{r}");
+        assert_eq!(r["success"], true);
+        assert_eq!(r["stdout"], "started\n");
     }
 
     #[test]

@@ -109,7 +109,7 @@ pub fn freeze(
                     .map_err(|e| (field("workspace_root"), e.to_string()))?
                     .join(p)
             };
-            Some(resolve_lenient(&p))
+            Some(resolve_links(&p).map_err(|e| (field("workspace_root"), e))?)
         }
         Some(_) => {
             return Err((
@@ -168,8 +168,10 @@ pub fn freeze(
         .into_iter()
         .map(PathBuf::from)
         .collect();
+    // A parent without a root reaches nothing, so its child may not name
+    // one.
     let within_parent = |p: &Path| -> bool {
-        if p_ignored.iter().any(|i| under_or_equal(p, i)) {
+        if p_root.is_none() || p_ignored.iter().any(|i| under_or_equal(p, i)) {
             return false;
         }
         match p_mode {
@@ -183,7 +185,7 @@ pub fn freeze(
     };
     let mut out = parent.clone();
     if let Some(r) = &root {
-        if p_root.is_some() && !within_parent(r) {
+        if !within_parent(r) {
             return Err((
                 field("workspace_root"),
                 format!(
@@ -215,7 +217,7 @@ pub fn freeze(
     }
     if let Some(allowed) = own.get("workspace_allowed_paths") {
         for a in path_list(Some(allowed)) {
-            if p_root.is_some() && !within_parent(Path::new(&a)) {
+            if !within_parent(Path::new(&a)) {
                 return Err((
                     field("workspace_allowed_paths"),
                     format!("{a} is outside the parent run's workspace scope: a child run can only narrow it"),
@@ -317,12 +319,22 @@ fn expand_home(raw: &str) -> PathBuf {
     PathBuf::from(raw)
 }
 
+/// The most symbolic links one path may go through.
+const MAX_LINKS: usize = 40;
+
+/// [`resolve_links`], with a path that goes through too many links
+/// resolved to a place that cannot exist (so it is under no root and
+/// nothing can be written there).
+pub fn resolve_lenient(path: &Path) -> PathBuf {
+    resolve_links(path).unwrap_or_else(|_| PathBuf::from("/\u{0}too-many-links"))
+}
+
 /// An absolute path with `.` and `..` applied and every symbolic link
 /// followed, also one whose target does not exist yet (the target's path
 /// is spliced in and walked on), without requiring the path to exist:
-/// Python's `os.path.realpath(strict=False)`. A chain of more than 40 links
-/// stops being followed.
-pub fn resolve_lenient(path: &Path) -> PathBuf {
+/// Python's `os.path.realpath(strict=False)`. More than 40 links (a loop,
+/// or a chain made to outrun the check) is an error.
+pub fn resolve_links(path: &Path) -> Result<PathBuf, String> {
     use std::collections::VecDeque;
     use std::ffi::OsString;
     fn parts(p: &Path) -> Vec<OsString> {
@@ -343,11 +355,14 @@ pub fn resolve_lenient(path: &Path) -> PathBuf {
             continue;
         }
         out.push(&part);
-        if hops >= 40 {
-            continue;
-        }
         if let Ok(target) = std::fs::read_link(&out) {
             hops += 1;
+            if hops > MAX_LINKS {
+                return Err(format!(
+                    "Too many levels of symbolic links: '{}'",
+                    path.display()
+                ));
+            }
             out.pop();
             if target.is_absolute() {
                 out = PathBuf::from("/");
@@ -357,7 +372,7 @@ pub fn resolve_lenient(path: &Path) -> PathBuf {
             }
         }
     }
-    out
+    Ok(out)
 }
 
 fn is_under(path: &Path, root: &Path) -> bool {
@@ -607,7 +622,7 @@ impl WorkspaceScope {
         let raw = raw.strip_prefix('@').map(str::trim_start).unwrap_or(raw);
         let p = expand_home(raw);
         if p.is_absolute() {
-            let resolved = resolve_lenient(&p);
+            let resolved = resolve_links(&p)?;
             match self.mode {
                 AccessMode::WorkspaceOnly if !under_or_equal(&resolved, &self.root) => {
                     return Err(format!(
@@ -658,7 +673,7 @@ impl WorkspaceScope {
         {
             rel = p.components().skip(1).collect();
         }
-        let resolved = resolve_lenient(&base.join(&rel));
+        let resolved = resolve_links(&base.join(&rel))?;
         if !under_or_equal(&resolved, &base) {
             return Err(format!("Path escapes workspace_root: '{user_path}'"));
         }
@@ -798,16 +813,7 @@ impl WorkspaceScope {
         }
         let mut dirs: Vec<(PathBuf, bool)> = Vec::new();
         if self.mode == AccessMode::AllExceptIgnored {
-            // Every top-level directory but the denied ones (never `/`
-            // itself, which would reach /proc).
-            if let Ok(entries) = std::fs::read_dir("/") {
-                for e in entries.flatten() {
-                    let p = resolve_lenient(&e.path());
-                    if p.is_dir() && !self.deny.iter().any(|d| under_or_equal(&p, d)) {
-                        dirs.push((p, may_write));
-                    }
-                }
-            }
+            dirs.push((PathBuf::from("/"), may_write));
         }
         dirs.push((
             self.root.clone(),
@@ -818,30 +824,65 @@ impl WorkspaceScope {
                 dirs.push((a.clone(), may_write && !self.in_read_only_mount(a)));
             }
         }
+        // A mount is preopened (read-only) only where the scope reaches.
+        let reach: Vec<PathBuf> = dirs.iter().map(|(d, _)| d.clone()).collect();
         for m in &self.read_only_paths {
-            dirs.push((m.clone(), false));
+            if reach.iter().any(|r| under_or_equal(m, r)) {
+                dirs.push((m.clone(), false));
+            }
         }
         if may_write {
             for w in &self.writable_paths {
-                if self.read_only_paths.iter().any(|m| is_under(w, m)) {
+                if self.read_only_paths.iter().any(|m| is_under(w, m))
+                    && reach.iter().any(|r| under_or_equal(w, r))
+                {
                     dirs.push((w.clone(), true));
                 }
             }
         }
         let mut out: Vec<Preopen> = Vec::new();
         for (dir, writable) in dirs {
-            if !dir.is_dir() || self.builtin_denied(&dir) {
-                continue;
+            for piece in self.around_denied(&dir, 0) {
+                let guest = piece.to_string_lossy().into_owned();
+                match out.iter_mut().find(|p| p.guest == guest) {
+                    // The same directory twice: read-only wins.
+                    Some(p) => p.writable &= writable,
+                    None => out.push(Preopen {
+                        host: piece,
+                        guest,
+                        writable,
+                    }),
+                }
             }
-            let guest = dir.to_string_lossy().into_owned();
-            match out.iter_mut().find(|p| p.guest == guest) {
-                // The same directory twice: read-only wins.
-                Some(p) => p.writable &= writable,
-                None => out.push(Preopen {
-                    host: dir,
-                    guest,
-                    writable,
-                }),
+        }
+        out
+    }
+
+    /// `dir` as directories that can be preopened without reaching
+    /// `/proc`, `/sys` or `/dev`: itself when none lies inside it; else its
+    /// entries, denied ones left out, split the same way (a directory that
+    /// does not exist, or is itself denied, gives nothing).
+    fn around_denied(&self, dir: &Path, depth: usize) -> Vec<PathBuf> {
+        if !dir.is_dir() || self.builtin_denied(dir) || depth > 32 {
+            return Vec::new();
+        }
+        // The system's own (/proc, /sys, /dev) are carved out of whatever
+        // would hold them (a scope reaching `/`); other denied paths inside
+        // a preopened directory are left to the host's checks and the
+        // built-ins' exclusions, so the directory itself stays usable.
+        if !ALWAYS_DENIED.iter().any(|d| is_under(Path::new(d), dir)) {
+            return vec![dir.to_path_buf()];
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let p = e.path();
+            // Links are left out: their target is preopened only if the
+            // scope reaches it by itself.
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.extend(self.around_denied(&p, depth + 1));
             }
         }
         out
@@ -942,6 +983,41 @@ mod tests {
             base.join("ws/ro/other.txt")
         );
         resolve_lenient(&base.join("ws/loop/x"));
+    }
+
+    #[test]
+    fn the_system_directories_are_carved_out_of_slash() {
+        let s = scope(json!({"workspace_root": "/", "workspace_read_only": true}));
+        let hosts: Vec<PathBuf> = s
+            .preopens(ToolClass::Read)
+            .into_iter()
+            .map(|p| p.host)
+            .collect();
+        assert!(!hosts.is_empty());
+        for h in &hosts {
+            for d in ALWAYS_DENIED {
+                assert!(!Path::new(d).starts_with(h), "{h:?} holds {d}");
+                assert!(!h.starts_with(d), "{h:?} is under {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn too_many_links_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = resolve_lenient(tmp.path());
+        for i in 0..45 {
+            std::os::unix::fs::symlink(
+                base.join(format!("c{}", i + 1)),
+                base.join(format!("c{i}")),
+            )
+            .unwrap();
+        }
+        std::fs::write(base.join("c45"), "x").unwrap();
+        let e = resolve_links(&base.join("c0")).unwrap_err();
+        assert!(e.starts_with("Too many levels of symbolic links"), "{e}");
+        let s = scope(json!({"workspace_root": base.to_str().unwrap()}));
+        assert!(s.resolve("c0").is_err());
     }
 
     #[test]
@@ -1049,6 +1125,14 @@ mod tests {
         let (field, _) = child(json!({"workspace_access_mode": "all_except_ignored"})).unwrap_err();
         assert_eq!(field, "vars.workspace_access_mode");
         assert!(child(json!({"workspace_allowed_paths": ["/etc"]})).is_err());
+        // A parent without a workspace reaches nothing.
+        let none = json!({});
+        let (field, _) = freeze(
+            json!({"workspace_root": "/"}).as_object().unwrap(),
+            Some(&none),
+        )
+        .unwrap_err();
+        assert_eq!(field, "vars.workspace_root");
         // Nothing of its own: the parent's scope as it is.
         assert_eq!(
             child(json!({})).unwrap().unwrap()["workspace_root"],
@@ -1124,8 +1208,19 @@ mod tests {
         let ws = tmp.path().join("ws");
         let mount = tmp.path().join("mount");
         std::fs::create_dir_all(&mount).unwrap();
+        // A mount the scope does not reach is not preopened at all.
+        let unreached = scope(json!({
+            "workspace_root": ws.to_str().unwrap(),
+            "workspace_read_only_paths": [mount.to_str().unwrap()],
+        }));
+        assert!(unreached
+            .preopens(ToolClass::Read)
+            .iter()
+            .all(|p| p.host != resolve_lenient(&mount)));
         let s = scope(json!({
             "workspace_root": ws.to_str().unwrap(),
+            "workspace_access_mode": "workspace_or_allowed",
+            "workspace_allowed_paths": [mount.to_str().unwrap()],
             "workspace_read_only_paths": [mount.to_str().unwrap()],
         }));
         let read = s.preopens(ToolClass::Read);
