@@ -1142,3 +1142,28 @@ fn a_cancel_stops_the_rest_of_a_batch() {
         "a call started after the cancel"
     );
 }
+
+/// A symbolic link planted on the workspace root after the run started (it
+/// waits for an approval meanwhile) does not move the scope: the approved
+/// batch is refused, and nothing is written where the link points.
+#[test]
+fn a_link_planted_on_the_root_after_start_is_refused() {
+    let (rt, dir) = runtime();
+    let root = dir.path().canonicalize().unwrap().join("later");
+    let outside = dir.path().canonicalize().unwrap().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let run = start(
+        &rt,
+        json!({"tool_calls": [call("write_file", json!({"file_path": "x.txt", "content": "moved"}))]}),
+        json!({"workspace_root": root.to_str().unwrap()}),
+        json!({}),
+    );
+    assert_eq!(run.status, RunStatus::Waiting);
+    std::fs::remove_dir_all(&root).unwrap();
+    std::os::unix::fs::symlink(&outside, &root).unwrap();
+    let done = rt.respond(&run.run_id, json!({"approved": true})).unwrap();
+    let r = results(&done);
+    let e = r[0]["error"].as_str().unwrap();
+    assert!(e.contains("now resolves to"), "{e}");
+    assert!(!outside.join("x.txt").exists());
+}

@@ -85,7 +85,7 @@ impl StoreSpec {
     pub fn protected_paths(&self) -> Vec<PathBuf> {
         let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
         match self {
-            StoreSpec::Memory => Vec::new(),
+            StoreSpec::Memory => vec![absolute(self.cache_dir())],
             StoreSpec::Sqlite(path) => {
                 let dir = path
                     .parent()

@@ -61,12 +61,21 @@ fn seed_limits(vars: &mut Map<String, Value>, defaults: Value) -> Result<()> {
     let ceiling = limits
         .get("max_iterations_ceiling")
         .and_then(number)
-        .filter(|c| *c >= 0);
+        .filter(|c| *c > 0);
     if let Some(ceiling) = ceiling {
+        if let Some(d) = declared
+            .as_ref()
+            .filter(|d| !d.is_null() && number(d).is_none())
+        {
+            return Err(Error::invalid(
+                "vars._limits.max_iterations",
+                format!("must be a whole number, got {d}"),
+            ));
+        }
         match declared.as_ref().and_then(number) {
             Some(n) if n > ceiling => {
                 return Err(Error::invalid(
-                    "_limits.max_iterations",
+                    "vars._limits.max_iterations",
                     format!(
                         "workflow declares max_iterations={n} above the operator ceiling {ceiling} - raise the ceiling (gateway console / max_iterations_ceiling) or lower the workflow's declared value; refusing at start, never truncating mid-run"
                     ),
@@ -586,6 +595,10 @@ impl Runtime {
                         }
                     }
                     frozen["workspace_builtin_deny_prefixes"] = json!(list);
+                    frozen["host_protected"] = json!(deny
+                        .iter()
+                        .map(|p| p.to_string_lossy().into_owned())
+                        .collect::<Vec<_>>());
                 }
                 runtime.insert("workspace".into(), frozen);
             }

@@ -328,17 +328,24 @@ fn table_of(catalog: &ToolCatalog) -> std::result::Result<Arc<ToolTable>, Failur
 }
 
 /// What a person is asked: every call with its arguments (paths already
-/// resolved), each shown up to 2,000 characters, and said so when cut.
+/// resolved), each shown up to 2,000 characters (a command up to 64 KiB),
+/// and said so when cut.
 fn approval_prompt(planned: &[Planned]) -> String {
     let mut out = String::from("Approve these tool calls?");
     for p in planned {
         let args = Value::Object(p.call.arguments.clone()).to_string();
+        // A command is shown whole (up to 64 KiB): what runs must be seen.
+        let limit = if p.class == ToolClass::Exec {
+            65_536
+        } else {
+            2000
+        };
         let total = args.chars().count();
-        let shown: String = args.chars().take(2000).collect();
-        let more = if total > 2000 {
+        let shown: String = args.chars().take(limit).collect();
+        let more = if total > limit {
             format!(
                 " [... {} more characters: read the whole call in the wait's details before approving]",
-                total - 2000
+                total - limit
             )
         } else {
             String::new()

@@ -74,7 +74,8 @@ impl<'a> Offload<'a> {
         }
         // Stored with the run's id inside: the same text of two runs is two
         // attachments, each its run's own.
-        let content = json!({"run_id": self.run_id, "text": text}).to_string();
+        let content =
+            json!({"stepwell_attachment": 1, "run_id": self.run_id, "text": text}).to_string();
         match self.store.put(
             content.as_bytes(),
             "application/json",
@@ -180,7 +181,15 @@ pub fn open(store: Option<&dyn ArtifactStore>, run_id: &str, args: &Map<String, 
         .ok()
         .flatten()
         .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
-        .filter(|v| v["run_id"] == run_id);
+        .filter(|v| v["stepwell_attachment"] == 1 && v["run_id"] == run_id)
+        // Stored by this run first: no other run planted it.
+        .filter(|_| {
+            store
+                .meta(&id)
+                .ok()
+                .flatten()
+                .is_some_and(|m| m.run_id.as_deref() == Some(run_id))
+        });
     let Some(text) = attachment.as_ref().and_then(|v| v["text"].as_str()) else {
         return json!(format!("Error: attachment '{id}' not found for this run"));
     };

@@ -128,20 +128,54 @@ fn boolish(v: Option<&Value>, default: bool) -> bool {
     }
 }
 
-/// Reads a stream to its end, keeping the first [`KEEP_BYTES`].
-fn drain(mut r: impl Read) -> (Vec<u8>, usize) {
-    let mut kept = Vec::new();
-    let mut total = 0usize;
-    let mut buf = [0u8; 8192];
-    while let Ok(n) = r.read(&mut buf) {
-        if n == 0 {
-            break;
+/// What a reader thread has read of a stream so far: the first
+/// [`KEEP_BYTES`], the total, and whether the stream ended.
+#[derive(Default)]
+struct Drained {
+    kept: Vec<u8>,
+    total: usize,
+    done: bool,
+}
+
+type Shared = std::sync::Arc<std::sync::Mutex<Drained>>;
+
+/// Reads a stream to its end on its own thread, into a shared buffer the
+/// caller can take at any time (a process that escaped the group kill may
+/// hold the stream open for ever: the caller does not wait for it).
+fn drain(mut r: impl Read + Send + 'static) -> Shared {
+    let shared: Shared = Default::default();
+    let into = shared.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = r.read(&mut buf).unwrap_or(0);
+            let mut d = into.lock().unwrap_or_else(|e| e.into_inner());
+            if n == 0 {
+                d.done = true;
+                break;
+            }
+            d.total += n;
+            let room = KEEP_BYTES.saturating_sub(d.kept.len());
+            d.kept.extend_from_slice(&buf[..n.min(room)]);
         }
-        total += n;
-        let room = KEEP_BYTES.saturating_sub(kept.len());
-        kept.extend_from_slice(&buf[..n.min(room)]);
+    });
+    shared
+}
+
+/// What was read of a stream, waiting at most until `deadline` for its end.
+fn take(stream: Option<Shared>, deadline: Instant) -> (Vec<u8>, usize) {
+    let Some(s) = stream else {
+        return (Vec::new(), 0);
+    };
+    loop {
+        {
+            let d = s.lock().unwrap_or_else(|e| e.into_inner());
+            if d.done || Instant::now() >= deadline {
+                return (d.kept.clone(), d.total);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
-    (kept, total)
 }
 
 /// The first `limit` characters of `s`, and whether it was cut.
@@ -220,14 +254,8 @@ pub fn run(args: &Map<String, Value>, limit: Duration) -> Value {
                           "rendered": rendered});
         }
     };
-    let out = child
-        .stdout
-        .take()
-        .map(|s| std::thread::spawn(move || drain(s)));
-    let err = child
-        .stderr
-        .take()
-        .map(|s| std::thread::spawn(move || drain(s)));
+    let out = child.stdout.take().map(drain);
+    let err = child.stderr.take().map(drain);
     let pid = child.id() as i32;
     let mut timed_out = false;
     let status = loop {
@@ -252,11 +280,12 @@ pub fn run(args: &Map<String, Value>, limit: Duration) -> Value {
         libc::kill(-pid, libc::SIGKILL);
     }
     let duration = started.elapsed().as_secs_f64();
-    let collect = |h: Option<std::thread::JoinHandle<(Vec<u8>, usize)>>| {
-        h.and_then(|h| h.join().ok()).unwrap_or_default()
-    };
-    let (stdout_bytes, stdout_total) = collect(out);
-    let (stderr_bytes, stderr_total) = collect(err);
+    // The streams end when every process holding them is gone; one that
+    // left the group (setsid, a double fork) may keep them open: its
+    // output is not waited for past a second.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let (stdout_bytes, stdout_total) = take(out, deadline);
+    let (stderr_bytes, stderr_total) = take(err, deadline);
     let stdout = String::from_utf8_lossy(&stdout_bytes).into_owned();
     let stderr = String::from_utf8_lossy(&stderr_bytes).into_owned();
     let (mut stdout_preview, stdout_cut) = head(&stdout, 20_000);
@@ -385,6 +414,17 @@ mod tests {
         );
         assert!(started.elapsed() < Duration::from_secs(5), "{r}");
         assert_eq!(r["success"], true);
+        assert_eq!(r["stdout"], "started\n");
+    }
+
+    #[test]
+    fn a_process_that_leaves_the_group_does_not_hold_the_call() {
+        let started = Instant::now();
+        let r = run(
+            &args(json!({"command": "setsid sleep 8 & echo started", "timeout": 20})),
+            Duration::from_secs(30),
+        );
+        assert!(started.elapsed() < Duration::from_secs(5), "{r}");
         assert_eq!(r["stdout"], "started\n");
     }
 

@@ -319,6 +319,20 @@ fn expand_home(raw: &str) -> PathBuf {
     PathBuf::from(raw)
 }
 
+/// `path` (absolute) if it still resolves to itself; else the refusal: a
+/// link appeared on the way since the path was frozen.
+fn stable(path: &Path, what: &str) -> Result<PathBuf, String> {
+    let now = resolve_links(path)?;
+    if now != path {
+        return Err(format!(
+            "{what} '{}' now resolves to '{}': a symbolic link was put on its way after the run started; refusing",
+            path.display(),
+            now.display()
+        ));
+    }
+    Ok(now)
+}
+
 /// The most symbolic links one path may go through.
 const MAX_LINKS: usize = 40;
 
@@ -404,6 +418,8 @@ pub struct WorkspaceScope {
     pub read_only_paths: Vec<PathBuf>,
     /// Writable exceptions strictly inside read-only mounts.
     pub writable_paths: Vec<PathBuf>,
+    /// The host's own files (its store): never preopened.
+    pub protected: Vec<PathBuf>,
 }
 
 fn resolve_entries(root: &Path, raw: Vec<String>) -> Vec<PathBuf> {
@@ -500,7 +516,10 @@ impl WorkspaceScope {
                 .map_err(|e| format!("workspace_root {raw}: {e}"))?
                 .join(root)
         };
-        let root = resolve_lenient(&root);
+        // Frozen resolved at start: if it resolves elsewhere now, a
+        // symbolic link was planted on its way since, and the scope would
+        // move with it.
+        let root = stable(&root, "workspace_root")?;
         if root.exists() && !root.is_dir() {
             return Err(format!(
                 "workspace_root must be a directory (got file): {raw}"
@@ -510,13 +529,39 @@ impl WorkspaceScope {
             return Err(format!("read-only workspace_root does not exist: {raw}"));
         }
         let mode = mode_of(frozen.get("workspace_access_mode"))?;
+        let mut allowed = Vec::new();
+        for raw in path_list(frozen.get("workspace_allowed_paths")) {
+            let p = expand_home(&raw);
+            let p = if p.is_absolute() { p } else { root.join(p) };
+            let p = stable(&p, "workspace_allowed_paths")?;
+            if !allowed.contains(&p) {
+                allowed.push(p);
+            }
+        }
+        // The host's store must not lie where tools can write: a root (or
+        // a reachable allowed path) holding it is refused.
+        let protected: Vec<PathBuf> = path_list(frozen.get("host_protected"))
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+        for p in &protected {
+            let reached = under_or_equal(p, &root)
+                || (mode == AccessMode::WorkspaceOrAllowed
+                    && allowed.iter().any(|a| under_or_equal(p, a)));
+            if reached {
+                return Err(format!(
+                    "the workspace holds the host's store ('{}'): a tool could change it; put the workspace outside the store's folder (or the store, --db, outside the workspace)",
+                    p.display()
+                ));
+            }
+        }
         if !read_only {
             std::fs::create_dir_all(&root)
                 .map_err(|e| format!("cannot create workspace_root {raw}: {e}"))?;
         }
         Ok(Some(WorkspaceScope {
             ignored: resolve_entries(&root, path_list(frozen.get("workspace_ignored_paths"))),
-            allowed: resolve_entries(&root, path_list(frozen.get("workspace_allowed_paths"))),
+            allowed,
             deny: {
                 let mut d = resolve_entries(
                     &root,
@@ -535,6 +580,7 @@ impl WorkspaceScope {
             deny_allow: resolve_entries(&root, path_list(frozen.get("workspace_builtin_allow"))),
             read_only,
             read_only_paths: absolute_entries(mounts),
+            protected,
             writable_paths: absolute_entries(writable),
             mode,
             root,
@@ -863,14 +909,23 @@ impl WorkspaceScope {
     /// entries, denied ones left out, split the same way (a directory that
     /// does not exist, or is itself denied, gives nothing).
     fn around_denied(&self, dir: &Path, depth: usize) -> Vec<PathBuf> {
-        if !dir.is_dir() || self.builtin_denied(dir) || depth > 32 {
+        if !dir.is_dir()
+            || self.builtin_denied(dir)
+            || self.protected.iter().any(|p| under_or_equal(dir, p))
+            || depth > 32
+        {
             return Vec::new();
         }
         // The system's own (/proc, /sys, /dev) are carved out of whatever
         // would hold them (a scope reaching `/`); other denied paths inside
         // a preopened directory are left to the host's checks and the
         // built-ins' exclusions, so the directory itself stays usable.
-        if !ALWAYS_DENIED.iter().any(|d| is_under(Path::new(d), dir)) {
+        let carved = ALWAYS_DENIED
+            .iter()
+            .map(PathBuf::from)
+            .chain(self.protected.iter().cloned())
+            .any(|d| is_under(&d, dir));
+        if !carved {
             return vec![dir.to_path_buf()];
         }
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -1018,6 +1073,24 @@ mod tests {
         assert!(e.starts_with("Too many levels of symbolic links"), "{e}");
         let s = scope(json!({"workspace_root": base.to_str().unwrap()}));
         assert!(s.resolve("c0").is_err());
+    }
+
+    #[test]
+    fn a_workspace_holding_the_store_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = resolve_lenient(tmp.path());
+        let e = WorkspaceScope::from_runtime(Some(&json!({"workspace": {
+            "workspace_root": ws.to_str().unwrap(),
+            "host_protected": [ws.join(".stepwell/stepwell.sqlite").to_str().unwrap()]}})))
+        .unwrap_err();
+        assert!(e.starts_with("the workspace holds the host's store"), "{e}");
+        // Elsewhere, the store is carved out of what reaches it.
+        let s = WorkspaceScope::from_runtime(Some(&json!({"workspace": {
+            "workspace_root": ws.join("ws").to_str().unwrap(),
+            "host_protected": ["/nonexistent-sw/store.sqlite"]}})))
+        .unwrap()
+        .unwrap();
+        assert!(!s.preopens(ToolClass::Read).is_empty());
     }
 
     #[test]
