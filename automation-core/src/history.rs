@@ -41,7 +41,7 @@ use serde_json::{json, Map, Value};
 
 use crate::definition::py_strip;
 use crate::ids::canonical_json;
-use crate::outcome::py_str;
+use crate::outcome::{py_str, truthy};
 
 /// The default window: the most recent 50,000 estimated tokens of whole
 /// turns (the reference's `HISTORY_REPLAY_MAX_TOKENS`).
@@ -96,7 +96,7 @@ pub fn message_tokens(message: &Value) -> u64 {
         return 0;
     };
     let role = match m.get("role") {
-        Some(v) if truthy(v) => py_strip(&py_str(v)).to_string(),
+        Some(v) if truthy(Some(v)) => py_strip(&py_str(v)).to_string(),
         _ => String::new(),
     };
     let mut media = 0u64;
@@ -108,7 +108,7 @@ pub fn message_tokens(message: &Value) -> u64 {
                 match part {
                     Value::String(s) => texts.push(s.clone()),
                     Value::Object(p) => {
-                        let kind_text = p.get("type").filter(|v| truthy(v)).map(py_str);
+                        let kind_text = p.get("type").filter(|v| truthy(Some(v))).map(py_str);
                         let text = p.get("text").and_then(Value::as_str);
                         match text {
                             Some(t) if kind_text.as_deref().unwrap_or("text").contains("text") => {
@@ -397,18 +397,6 @@ pub fn window_transcript(
 
 // ---------------------------------------------------------------- helpers
 
-/// Python's truth of a value.
-fn truthy(v: &Value) -> bool {
-    match v {
-        Value::Null => false,
-        Value::Bool(b) => *b,
-        Value::Number(n) => n.as_f64() != Some(0.0),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(a) => !a.is_empty(),
-        Value::Object(o) => !o.is_empty(),
-    }
-}
-
 /// Python's `json.dumps(value, ensure_ascii=False)`: separators `, ` and
 /// `: `, non-ASCII kept, numbers as Python writes them.
 fn py_json_dumps(value: &Value) -> String {
@@ -648,7 +636,7 @@ fn is_text_part(part: &Value) -> bool {
     part.as_object().is_some_and(|p| {
         let kind = p
             .get("type")
-            .filter(|v| truthy(v))
+            .filter(|v| truthy(Some(v)))
             .map(py_str)
             .unwrap_or_default();
         py_strip(&kind).to_lowercase() == "text"

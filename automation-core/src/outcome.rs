@@ -96,8 +96,9 @@ impl OccurrenceOutcome {
     }
 }
 
-/// Python's truth value of a JSON value.
-fn truthy(v: Option<&Value>) -> bool {
+/// Python's truth value of a JSON value (`None`, an absent value, is
+/// false).
+pub fn truthy(v: Option<&Value>) -> bool {
     match v {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,
         Some(Value::Bool(true)) => true,

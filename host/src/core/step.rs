@@ -587,7 +587,9 @@ impl Runtime {
                     },
                     _ => failure,
                 };
-                let absorb = effect.payload.get("_absorb_failure").is_some_and(truthy);
+                let absorb = stepwell_automation_core::outcome::truthy(
+                    effect.payload.get("_absorb_failure"),
+                );
                 match target {
                     // Opted in, with a node to go on to: the final failure
                     // is the effect's result, and the run goes on.
@@ -908,19 +910,6 @@ fn go(run: &mut RunState, target: Target, effect_result: Option<Value>) {
         Target::Node(n) => run.current_node = Some(n),
         Target::Complete(out) => complete(run, out),
         Target::End => complete(run, effect_result.unwrap_or(Value::Null)),
-    }
-}
-
-/// Python's truth value of a JSON value (the reference's `bool(...)` of a
-/// payload flag).
-fn truthy(v: &Value) -> bool {
-    match v {
-        Value::Null => false,
-        Value::Bool(b) => *b,
-        Value::Number(n) => n.as_f64() != Some(0.0),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(a) => !a.is_empty(),
-        Value::Object(o) => !o.is_empty(),
     }
 }
 

@@ -317,14 +317,24 @@ impl ToolCalls {
     }
 }
 
-/// The tool table, or a `tool_executor_missing` failure.
-fn table_of(catalog: &ToolCatalog) -> std::result::Result<Arc<ToolTable>, Failure> {
-    catalog.table().map_err(|e| {
+/// The ceiling of a call (its payload's `allowed_tools` with the run's and
+/// its ancestors') and the tool table, or the failure: `tool_scope` for a
+/// ceiling that cannot be resolved, `tool_executor_missing` for tools that
+/// cannot be loaded.
+fn ceiling_and_table(
+    catalog: &ToolCatalog,
+    cx: &EffectCx<'_>,
+    payload: &Map<String, Value>,
+) -> std::result::Result<(Option<std::collections::BTreeSet<String>>, Arc<ToolTable>), Failure> {
+    let ceiling =
+        ToolCalls::ceiling(cx, Some(payload)).map_err(|e| Failure::permanent("tool_scope", e))?;
+    let table = catalog.table().map_err(|e| {
         Failure::permanent(
             "tool_executor_missing",
             format!("the host's tools could not be loaded: {e}"),
         )
-    })
+    })?;
+    Ok((ceiling, table))
 }
 
 /// What a person is asked: every call with its arguments (paths already
@@ -429,12 +439,8 @@ impl EffectHandler for ToolCalls {
                 "tool_calls requires payload.tool_calls (list)",
             )));
         };
-        let ceiling = match Self::ceiling(cx, Some(payload)) {
-            Ok(c) => c,
-            Err(e) => return Ok(Outcome::Failed(Failure::permanent("tool_scope", e))),
-        };
-        let table = match table_of(&self.catalog) {
-            Ok(t) => t,
+        let (ceiling, table) = match ceiling_and_table(&self.catalog, cx, payload) {
+            Ok(x) => x,
             Err(f) => return Ok(Outcome::Failed(f)),
         };
         let scope = match scope_of(cx) {
@@ -688,12 +694,8 @@ impl EffectHandler for ToolSpecs {
         payload: &Map<String, Value>,
         _prepared: Option<&Value>,
     ) -> Result<Outcome> {
-        let ceiling = match ToolCalls::ceiling(cx, Some(payload)) {
-            Ok(c) => c,
-            Err(e) => return Ok(Outcome::Failed(Failure::permanent("tool_scope", e))),
-        };
-        let table = match table_of(&self.catalog) {
-            Ok(t) => t,
+        let (ceiling, table) = match ceiling_and_table(&self.catalog, cx, payload) {
+            Ok(x) => x,
             Err(f) => return Ok(Outcome::Failed(f)),
         };
         let mut specs: Vec<&crate::tools::ToolSpec> = table
