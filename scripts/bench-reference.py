@@ -32,6 +32,13 @@ Prints one JSON object on stdout (medians, same meaning as stepwell's figures):
 - `automation_commands_per_s_sqlite`: `apply_automation_command` pause and
   resume in turn (new command ids), on a parked hourly automation on SQLite.
   Commands/s, median of 3 batches of 200 (--quick: 1 of 40).
+- `history_window_us_p50`: `session_chat_messages` over a session of 500
+  completed runs (prompt "How is memory now? (turn i)", answer ~420
+  characters) on InMemoryRunStore, folded into the default 50,000-token
+  window (some turns dropped), as stepwell's figure. Microseconds, median of
+  100 reads (--quick: 20). The reference estimates tokens with
+  AbstractCore's tokenizer when it is importable; the figure pins its
+  fallback (a quarter of the characters), as stepwell does.
 - `reference_version`, `notes`.
 
 Every run's final status and output are checked; the script raises if a
@@ -265,6 +272,32 @@ def bench_automation_commands(root: Path, per_batch: int, batches: int) -> float
     return statistics.median(rates)
 
 
+def bench_history_window(reads: int) -> float:
+    from abstractruntime.core.models import RunState
+    from abstractruntime.memory import token_budget
+    from abstractruntime.session_history import session_chat_messages
+
+    token_budget.estimate_tokens = lambda text, model=None: 0 if not text else max(1, len(text) // 4)
+    store = InMemoryRunStore()
+    answer = "The figure held steady at forty-one percent. " * 9
+    for i in range(500):
+        at = f"2026-01-01T{i // 3600:02d}:{(i // 60) % 60:02d}:{i % 60:02d}+00:00"
+        store.save(RunState(run_id=f"turn-{i:04d}", workflow_id="chat", status=RunStatus.COMPLETED,
+                            current_node=None, vars={"prompt": f"How is memory now? (turn {i})"},
+                            output={"response": answer}, session_id="bench-session",
+                            created_at=at, updated_at=at))
+    times = []
+    for i in range(reads + 5):
+        t = time.perf_counter()
+        history = session_chat_messages(run_store=store, session_id="bench-session")
+        us = (time.perf_counter() - t) * 1e6
+        if not history or history.report["dropped_messages"] == 0:
+            raise RuntimeError("the 500-turn history did not fill the window")
+        if i >= 5:
+            times.append(us)
+    return statistics.median(times)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 chain repeats, 1 batch of 50 cycles")
@@ -301,6 +334,8 @@ def main() -> int:
                 bench_automation_occurrences(root, *occ), 1)
             cmds = (40, 1) if args.quick else (200, 3)
             figures["automation_commands_per_s_sqlite"] = round(bench_automation_commands(root, *cmds), 1)
+
+        figures["history_window_us_p50"] = round(bench_history_window(20 if args.quick else 100), 1)
 
         probe = sqlite_runtime(root / "probe.sqlite")
         chain_ledger = ledger_shape(probe, chain_workflow(chain_len), "chain")

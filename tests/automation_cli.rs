@@ -489,3 +489,123 @@ fn the_readme_session_runs_as_written() {
     }
     assert!(ran >= 10, "{ran} commands");
 }
+
+/// A growing automation from the shell, its session's turns, and a
+/// discussion about its third occurrence (`automations discuss`), with the
+/// reference's reason codes for a bad request.
+#[test]
+fn a_growing_automation_and_a_discussion_from_the_shell() {
+    let sh = Shell::new();
+    let ws = sh.dir.path().join("automation-ws");
+    let own = sh.dir.path().join("discussion-ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let request = json!({
+        "request_id": "memory-chat", "title": "Memory watch",
+        "target": {"workflow_id": "history", "bundle_ref": "flows/automations/history",
+                   "flow_id": "history", "input_data": {"prompt": "check memory"}},
+        "trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "2m"}},
+        "context": {"mode": "growing"},
+        "workspace_root": ws.display().to_string(),
+    })
+    .to_string();
+    let created = sh.json(&[
+        "--now",
+        "2026-01-01T00:00:00Z",
+        "--json",
+        "automations",
+        "create",
+        "--request",
+        &request,
+    ]);
+    let id = created["automation_id"].as_str().unwrap().to_string();
+    for t in ["00:00:00", "00:02:00", "00:04:00"] {
+        let now = format!("2026-01-01T{t}Z");
+        sh.json(&["--now", &now, "--json", "drive", "--until-idle"]);
+    }
+    let session = format!("automation:{id}");
+    let turns = sh.json(&["--json", "sessions", "turns", &session]);
+    let answers: Vec<&str> = turns
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["answer"].as_str().unwrap())
+        .collect();
+    assert_eq!(answers.len(), 3, "{turns}");
+    assert!(answers[0].ends_with("| history=0"));
+    assert!(answers[2].ends_with("| history=4"), "{answers:?}");
+    assert_eq!(turns[2]["occurrence_index"], 3);
+    let history = sh.json(&["--json", "sessions", "history", &session]);
+    assert_eq!(history["messages"].as_array().unwrap().len(), 6);
+    assert_eq!(history["report"]["replayed_messages"], 6);
+    let own_s = own.display().to_string();
+    let discuss = |request_id: &str, prompt: &str, workspace: &str| {
+        sh.run(&[
+            "--json",
+            "automations",
+            "discuss",
+            &id,
+            "--occurrence",
+            "3",
+            "--request-id",
+            request_id,
+            "--prompt",
+            prompt,
+            "--workspace",
+            workspace,
+        ])
+    };
+    let out = discuss("d3", "Trend?", &own_s);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let d: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["session_kind"], "discussion");
+    assert_eq!(d["status"], "completed");
+    assert_eq!(
+        d["output"],
+        json!({"response": "echo:Trend? | history=6", "success": true})
+    );
+    assert_eq!(
+        d["session_id"],
+        json!(format!(
+            "discussion-session:{}",
+            d["run_id"].as_str().unwrap()
+        ))
+    );
+    // Again: the same discussion.
+    let again: Value = serde_json::from_slice(&discuss("d3", "Trend?", &own_s).stdout).unwrap();
+    assert_eq!(again["run_id"], d["run_id"]);
+    // A different prompt under the same id, the automation's own
+    // workspace, a relative one: refused with the reference's codes.
+    for (request_id, prompt, workspace, code, field) in [
+        (
+            "d3",
+            "Other?",
+            own_s.as_str(),
+            "identity_conflict",
+            "request_id",
+        ),
+        (
+            "d4",
+            "Trend?",
+            &ws.display().to_string(),
+            "invalid_request",
+            "workspace_root",
+        ),
+        (
+            "d5",
+            "Trend?",
+            "relative",
+            "invalid_definition",
+            "workspace_root",
+        ),
+    ] {
+        let out = discuss(request_id, prompt, workspace);
+        assert_eq!(out.status.code(), Some(1));
+        let err: Value = serde_json::from_slice(&out.stderr).unwrap();
+        assert_eq!(err["error"]["code"], code, "{err}");
+        assert_eq!(err["error"]["field"], field, "{err}");
+    }
+}

@@ -51,11 +51,11 @@ fn request(request_id: &str, workflow: &str, input: Value) -> Value {
 }
 
 /// `value` with what differs by construction between the reference's run
-/// and ours taken out: the target's bundle (a bundle id there, our
+/// and ours replaced: the target's bundle (a bundle id there, our
 /// directory here), the tool grant's candidates (AbstractCore's tool table
-/// there; stepwell has no tools yet) and the harness echo's
-/// ` | history=<n>` suffix.
-fn normalized(value: &Value, workflow: &str) -> Value {
+/// there, stepwell's here: `grant`, every tool of the host's table, none of
+/// which sends messages) and the harness echo's ` | history=<n>` suffix.
+fn normalized(value: &Value, workflow: &str, grant: &[String]) -> Value {
     let text = value
         .to_string()
         .replace(
@@ -64,20 +64,33 @@ fn normalized(value: &Value, workflow: &str) -> Value {
         )
         .replace(" | history=0", "");
     let mut v: Value = serde_json::from_str(&text).unwrap();
-    fn walk(v: &mut Value) {
+    fn walk(v: &mut Value, grant: &[String]) {
         match v {
             Value::Object(m) => {
                 if let Some(tools) = m.get_mut("auto_approve_tools") {
-                    *tools = json!([]);
+                    *tools = json!(grant);
                 }
-                m.values_mut().for_each(walk);
+                m.values_mut().for_each(|v| walk(v, grant));
             }
-            Value::Array(a) => a.iter_mut().for_each(walk),
+            Value::Array(a) => a.iter_mut().for_each(|v| walk(v, grant)),
             _ => {}
         }
     }
-    walk(&mut v);
+    walk(&mut v, grant);
     v
+}
+
+/// Every tool of `rt`'s table, sorted: what an `auto` grant pre-approves.
+fn table_grant(rt: &Runtime) -> Vec<String> {
+    let mut names: Vec<String> = rt
+        .tools()
+        .unwrap()
+        .specs()
+        .iter()
+        .map(|s| s.name.clone())
+        .collect();
+    names.sort();
+    names
 }
 
 /// A record as compared: without the hash chain's fields, and without
@@ -149,6 +162,7 @@ fn reference_scenarios(b: Backend) {
         let name = case["name"].as_str().unwrap();
         let clock = Arc::new(ManualClock::new(at(T0)));
         let h = host(b, &clock);
+        let grant = table_grant(&h.rt);
         let created =
             create_automation(&h.rt, &request(request_id, workflow, input), at(T0), None).unwrap();
         assert_eq!(created.automation_id, case["automation_id"], "{name}");
@@ -164,7 +178,7 @@ fn reference_scenarios(b: Backend) {
             let ours = show_automation(&h.rt, id, now).unwrap();
             assert_eq!(
                 ours,
-                normalized(&view["get_automation"], workflow),
+                normalized(&view["get_automation"], workflow, &grant),
                 "{name}: get_automation at {now}"
             );
             let run = h.rt.get_state(id).unwrap();
@@ -196,7 +210,7 @@ fn reference_scenarios(b: Backend) {
                     .as_str()
                     .is_some_and(|k| k.starts_with("automation:"))
             })
-            .map(|r| comparable(&normalized(r, workflow)))
+            .map(|r| comparable(&normalized(r, workflow, &grant)))
             .collect();
         assert_eq!(ours.len(), theirs.len(), "{name}: record count");
         for (o, t) in ours.iter().zip(&theirs) {
@@ -213,7 +227,7 @@ fn reference_scenarios(b: Backend) {
             .unwrap();
             assert_eq!(
                 page,
-                normalized(&q["page"], workflow),
+                normalized(&q["page"], workflow, &grant),
                 "{name}: occurrences {query}"
             );
         }
@@ -229,7 +243,7 @@ fn reference_scenarios(b: Backend) {
             .unwrap();
             assert_eq!(
                 page,
-                normalized(&q["page"], workflow),
+                normalized(&q["page"], workflow, &grant),
                 "{name}: attention {query}"
             );
         }

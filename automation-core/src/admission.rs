@@ -5,6 +5,9 @@ use serde_json::{json, Map, Value};
 use crate::envelope::{
     ensure_cloudevent_attributes, occurrence_origin, prompt_header, to_cloudevent,
 };
+use crate::history::HISTORY_REPLAY_MAX_TOKENS;
+use crate::ids::automation_session_id;
+use crate::protocol::{AdmissionFacts, HistoryAsk, ToolFact};
 use crate::time::respell;
 use crate::{into_map, set, AutomationError};
 
@@ -38,11 +41,95 @@ pub fn admitted_envelope(raw: &Value) -> Value {
     Value::Object(m)
 }
 
-/// The occurrence's frozen inputs (the reference's `build_prepared`, for
-/// the independent context mode): the target's inputs with the prompt
-/// header, the tool grant, the context receipt, the pre-authorised
-/// recipients, the title and origin, the event in CloudEvents form and the
-/// source's named inputs; the session is the attempt-1 run id.
+/// The context modes an input can be prepared for: an automation's
+/// `independent` and `growing`, and a discussion's `discussion`.
+pub const CONTEXT_MODES: [&str; 3] = ["growing", "independent", "discussion"];
+
+/// Makes the context mode the one history control (the reference's
+/// `apply_context_mode`): `growing` and `discussion` read the history they
+/// are handed (`use_context: true`), `independent` has none to read
+/// (`false`); `include_context` is set the same way when the inputs carry
+/// it. Whatever the target's frozen inputs said is kept in the receipt
+/// `_runtime.automation_context = {mode, use_context, target_use_context}`
+/// (the target's `use_context`, else `include_context`, else null), which
+/// is returned.
+pub fn apply_context_mode(input: &mut Map<String, Value>, mode: &str) -> Value {
+    let use_context = mode != "independent";
+    let target_use_context = ["use_context", "include_context"]
+        .iter()
+        .find_map(|k| input.get(*k).cloned())
+        .unwrap_or(Value::Null);
+    input.insert("use_context".into(), json!(use_context));
+    if input.contains_key("include_context") {
+        input.insert("include_context".into(), json!(use_context));
+    }
+    let receipt =
+        json!({"mode": mode, "use_context": use_context, "target_use_context": target_use_context});
+    let mut runtime = object_at(input, "_runtime");
+    runtime.insert("automation_context".into(), receipt.clone());
+    input.insert("_runtime".into(), Value::Object(runtime));
+    receipt
+}
+
+/// A copy of the object at `key` of `input` (empty when it is not one).
+fn object_at(input: &Map<String, Value>, key: &str) -> Map<String, Value> {
+    input
+        .get(key)
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Whether a growing automation runs its occurrences in another session
+/// than its own `automation:<id>` (a wake in its caller's conversation).
+pub fn runs_in_foreign_session(definition: &Value, automation_id: &str) -> bool {
+    definition["context"]["mode"] == "growing"
+        && definition["session_id"].as_str() != Some(&automation_session_id(automation_id))
+}
+
+/// The occurrence's `session_kind`: `chat` (a wake in its caller's
+/// session), `automation` (growing) or `occurrence` (independent).
+pub fn occurrence_session_kind(definition: &Value, automation_id: &str) -> &'static str {
+    if runs_in_foreign_session(definition, automation_id) {
+        "chat"
+    } else if definition["context"]["mode"] == "growing" {
+        "automation"
+    } else {
+        "occurrence"
+    }
+}
+
+/// What a growing automation's admission must read: its session's prior
+/// turns (only its own occurrences, unless it runs in its caller's
+/// session), windowed to `context.growing.max_tokens`; `None` for the
+/// independent mode.
+pub fn history_ask(automation_id: &str, definition: &Value) -> Option<HistoryAsk> {
+    if definition["context"]["mode"] != "growing" {
+        return None;
+    }
+    let foreign = runs_in_foreign_session(definition, automation_id);
+    Some(HistoryAsk {
+        session_id: definition["session_id"]
+            .as_str()
+            .map_or_else(|| automation_session_id(automation_id), str::to_string),
+        automation_id: (!foreign).then(|| automation_id.to_string()),
+        max_tokens: definition["context"]["growing"]["max_tokens"]
+            .as_u64()
+            .unwrap_or(HISTORY_REPLAY_MAX_TOKENS),
+    })
+}
+
+/// The occurrence's frozen inputs (the reference's `build_prepared`): the
+/// target's inputs with the prompt header, the tool grant, the context
+/// mode and its receipt, the history of a growing automation
+/// (`context.messages`, with the window's report in
+/// `_runtime.session_history`), the pre-authorised recipients, the title
+/// and origin, the event in CloudEvents form and the source's named
+/// inputs. The session is the attempt-1 run id (independent) or the
+/// definition's `session_id` (growing).
+///
+/// `facts` are the host's: its tool table and, for a growing automation,
+/// the history it read (strictly; without it the admission is refused).
 pub fn build_prepared(
     automation_id: &str,
     definition: &Value,
@@ -50,6 +137,7 @@ pub fn build_prepared(
     index: u64,
     envelope: &Value,
     first_run_id: &str,
+    facts: &AdmissionFacts,
 ) -> Result<Value, AutomationError> {
     let source_id = envelope["source_id"].as_str().unwrap_or_default();
     let source_version = envelope["source_version"].as_i64().unwrap_or(0);
@@ -66,35 +154,56 @@ pub fn build_prepared(
     let policy = &definition["policy"];
     let untrusted = set(definition.get("untrusted_origin"));
     let approval = policy["tool_approval"].as_str().unwrap_or("auto");
-    let mut runtime = input
-        .get("_runtime")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    if approval == "auto" || untrusted {
-        grant_tools(&mut input, &mut runtime, policy, untrusted, approval);
+    let grant = Grant {
+        tools: &facts.tools,
+        untrusted,
+    };
+    if let Some(named) = policy.get("tool_policy").filter(|p| p.is_object()) {
+        grant.apply_named(&mut input, named);
+    } else if approval == "auto" || untrusted {
+        let named = strings(policy.get("untrusted_input_tools"));
+        let approval = if approval == "auto" { "auto" } else { "ask" };
+        grant.apply(&mut input, &named, approval);
     }
     let mode = definition["context"]["mode"]
         .as_str()
         .unwrap_or("independent");
-    if mode != "independent" {
-        return Err(AutomationError::unsupported(
+    if !matches!(mode, "independent" | "growing") {
+        return Err(AutomationError::invalid(
             "context.mode",
-            format!("context mode {mode:?} is not supported yet (only \"independent\")"),
+            format!("unknown automation context mode {mode:?}"),
         ));
     }
-    let target_use_context = ["use_context", "include_context"]
-        .iter()
-        .find_map(|k| input.get(*k).cloned())
-        .unwrap_or(Value::Null);
-    input.insert("use_context".into(), json!(false));
-    if input.contains_key("include_context") {
-        input.insert("include_context".into(), json!(false));
-    }
-    runtime.insert(
-        "automation_context".into(),
-        json!({"mode": mode, "use_context": false, "target_use_context": target_use_context}),
-    );
+    apply_context_mode(&mut input, mode);
+    let session_id = if mode == "growing" {
+        let history = facts.history.as_ref().ok_or_else(|| {
+            AutomationError::new(
+                "history_unavailable",
+                Some("context.mode"),
+                "a growing automation's occurrence needs its session's history, and the host did not read it",
+            )
+        })?;
+        let mut context = object_at(&input, "context");
+        context.insert("messages".into(), json!(history.messages));
+        input.insert("context".into(), Value::Object(context));
+        let mut receipt = into_map(history.report.clone());
+        receipt.insert("strict".into(), json!(true));
+        let kind = if runs_in_foreign_session(definition, automation_id) {
+            "chat"
+        } else {
+            "automation"
+        };
+        receipt.insert("session_kind".into(), json!(kind));
+        let mut runtime = object_at(&input, "_runtime");
+        runtime.insert("session_history".into(), Value::Object(receipt));
+        input.insert("_runtime".into(), Value::Object(runtime));
+        definition["session_id"]
+            .as_str()
+            .map_or_else(|| automation_session_id(automation_id), str::to_string)
+    } else {
+        first_run_id.to_string()
+    };
+    let mut runtime = object_at(&input, "_runtime");
     runtime.insert(
         "email_allowed_recipients".into(),
         policy
@@ -103,11 +212,7 @@ pub fn build_prepared(
             .unwrap_or(json!(["self"])),
     );
     input.insert("_runtime".into(), Value::Object(runtime));
-    let mut meta = input
-        .get("_meta")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
+    let mut meta = object_at(&input, "_meta");
     meta.insert("automation_title".into(), definition["title"].clone());
     meta.insert(
         "origin".into(),
@@ -134,57 +239,295 @@ pub fn build_prepared(
     }
     Ok(json!({
         "workflow_id": definition["target"]["workflow_id"],
-        "session_id": first_run_id,
+        "session_id": session_id,
         "workspace_root": definition["workspace_root"],
         "input_data": input,
     }))
 }
 
-/// The tool grant of an occurrence (`_runtime.tool_policy`). The
-/// candidates are the target's `_runtime.allowed_tools` when it lists
-/// them, else every tool of stepwell's tool table (none yet: tools come
-/// with the LLM and tools work); no tool of stepwell sends messages, so
-/// none is withheld. A trusted source under `auto` keeps a policy the
-/// target set itself.
-fn grant_tools(
-    input: &mut Map<String, Value>,
-    runtime: &mut Map<String, Value>,
-    policy: &Value,
+/// The source of every grant an automation writes.
+pub const GRANT_SOURCE: &str = "automation-policy";
+
+/// An automation's tool grant at admission (the reference's
+/// `grant_tool_approval` and `apply_named_tool_policy`), over the host's
+/// tool table.
+struct Grant<'a> {
+    tools: &'a [ToolFact],
     untrusted: bool,
-    approval: &str,
-) {
-    if !untrusted && runtime.contains_key("tool_policy") {
-        return;
+}
+
+impl Grant<'_> {
+    fn class(&self, name: &str) -> Option<&str> {
+        self.tools
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| t.class.as_str())
     }
-    let mut candidates = strings(runtime.get("allowed_tools"));
-    candidates.sort();
-    candidates.dedup();
-    if !untrusted {
-        runtime.insert(
-            "tool_policy".into(),
-            json!({"auto_approve_tools": candidates, "withheld_tools": [],
-                   "source": "automation-policy"}),
+
+    /// A tool the grant never pre-approves: one that sends messages
+    /// (`comms`), whatever the policy says.
+    fn sends(&self, name: &str) -> bool {
+        self.class(name) == Some("comms")
+    }
+
+    /// Never granted to a run reading untrusted input: a sending tool or
+    /// an MCP tool.
+    fn never_granted(&self, name: &str) -> bool {
+        self.sends(name) || name.starts_with("mcp::")
+    }
+
+    /// What "allow all" pre-approves for untrusted input: tools that only
+    /// read (no writes, commands, delegation or messages); a tool the table
+    /// does not know is refused.
+    fn harmless(&self, name: &str) -> bool {
+        self.class(name) == Some("read")
+    }
+
+    /// Sets `_runtime.tool_policy` (see the module's docs, and the
+    /// automations documentation's "Tool approval").
+    fn apply(&self, input: &mut Map<String, Value>, named: &[String], approval: &str) {
+        let mut runtime = object_at(input, "_runtime");
+        let mut replaced = false;
+        if runtime.contains_key("tool_policy") {
+            if !self.untrusted {
+                return;
+            }
+            replaced = true;
+        }
+        let mut mcp_withheld: Vec<String> = Vec::new();
+        if self.untrusted {
+            for (holder, key) in [(0, "tools"), (1, "allowed_tools")] {
+                let list = if holder == 0 {
+                    input.get_mut(key)
+                } else {
+                    runtime.get_mut(key)
+                };
+                if let Some(Value::Array(items)) = list {
+                    items.retain(|t| match t.as_str() {
+                        Some(name) if name.trim().starts_with("mcp::") => {
+                            mcp_withheld.push(name.trim().to_string());
+                            false
+                        }
+                        _ => true,
+                    });
+                }
+            }
+        }
+        let mut candidates: Vec<String> = match runtime.get("allowed_tools") {
+            Some(Value::Array(items)) => items
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
+            _ => self.tools.iter().map(|t| t.name.clone()).collect(),
+        };
+        candidates.sort();
+        candidates.dedup();
+        let named: Vec<String> = named.iter().map(|n| n.trim().to_string()).collect();
+        let withheld_by = |n: &String| -> bool {
+            if !self.untrusted {
+                self.sends(n)
+            } else if approval == "ask" {
+                self.never_granted(n) || !named.contains(n)
+            } else {
+                self.never_granted(n) || (!named.contains(n) && !self.harmless(n))
+            }
+        };
+        let (mut withheld, tools): (Vec<String>, Vec<String>) =
+            candidates.into_iter().partition(|n| withheld_by(n));
+        mcp_withheld.sort();
+        mcp_withheld.dedup();
+        for m in mcp_withheld {
+            if !withheld.contains(&m) {
+                withheld.push(m);
+            }
+        }
+        let mut policy = into_map(json!({
+            "auto_approve_tools": tools,
+            "withheld_tools": withheld,
+            "source": GRANT_SOURCE,
+        }));
+        if self.untrusted {
+            let mut named = named.clone();
+            named.sort();
+            named.dedup();
+            policy.insert("untrusted_input".into(), json!(true));
+            policy.insert("approval".into(), json!(approval));
+            policy.insert("untrusted_input_tools".into(), json!(named));
+            policy.insert("replaced_target_policy".into(), json!(replaced));
+            if approval == "ask" {
+                policy.insert("require_approval_tools".into(), json!(withheld));
+            }
+            runtime.insert("untrusted_input".into(), json!(true));
+        }
+        runtime.insert("tool_policy".into(), Value::Object(policy));
+        input.insert("_runtime".into(), Value::Object(runtime));
+    }
+
+    /// The definition's named `policy.tool_policy`: any policy of the
+    /// target is dropped, the grant is computed (`ask` for untrusted input,
+    /// else `auto`, with the named auto tools), then only the named auto
+    /// tools stay pre-approved and every other candidate requires approval.
+    fn apply_named(&self, input: &mut Map<String, Value>, named_policy: &Value) {
+        let requested_auto = strings(named_policy.get("auto_approve_tools"));
+        let requested_require = strings(named_policy.get("require_approval_tools"));
+        let mut runtime = object_at(input, "_runtime");
+        runtime.remove("tool_policy");
+        input.insert("_runtime".into(), Value::Object(runtime));
+        let mut named: Vec<String> = requested_auto
+            .iter()
+            .filter(|n| !requested_require.contains(n))
+            .cloned()
+            .collect();
+        named.sort();
+        self.apply(input, &named, if self.untrusted { "ask" } else { "auto" });
+        let Some(Value::Object(policy)) = input
+            .get_mut("_runtime")
+            .and_then(|r| r.get_mut("tool_policy"))
+        else {
+            return;
+        };
+        let granted = strings(policy.get("auto_approve_tools"));
+        let mut candidates = granted.clone();
+        candidates.extend(strings(policy.get("withheld_tools")));
+        candidates.sort();
+        candidates.dedup();
+        let auto: Vec<String> = granted
+            .into_iter()
+            .filter(|n| requested_auto.contains(n) && !requested_require.contains(n))
+            .collect();
+        let require: Vec<String> = candidates
+            .into_iter()
+            .filter(|n| !auto.contains(n))
+            .collect();
+        policy.insert("auto_approve_tools".into(), json!(auto));
+        policy.insert("require_approval_tools".into(), json!(require));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools() -> Vec<ToolFact> {
+        [
+            ("read_file", "read"),
+            ("write_file", "write"),
+            ("send_message", "comms"),
+            ("execute_command", "exec"),
+        ]
+        .iter()
+        .map(|(n, c)| ToolFact {
+            name: n.to_string(),
+            class: c.to_string(),
+        })
+        .collect()
+    }
+
+    fn input(v: Value) -> Map<String, Value> {
+        into_map(v)
+    }
+
+    #[test]
+    fn a_trusted_auto_grant_withholds_sending_tools_and_keeps_a_target_policy() {
+        let table = tools();
+        let g = Grant {
+            tools: &table,
+            untrusted: false,
+        };
+        let mut i = input(json!({"prompt": "p"}));
+        g.apply(&mut i, &[], "auto");
+        assert_eq!(
+            i["_runtime"]["tool_policy"],
+            json!({"auto_approve_tools": ["execute_command", "read_file", "write_file"],
+                   "withheld_tools": ["send_message"], "source": GRANT_SOURCE})
         );
-        return;
+        let own = json!({"auto_approve_tools": ["x"]});
+        let mut i = input(json!({"_runtime": {"tool_policy": own}}));
+        g.apply(&mut i, &[], "auto");
+        assert_eq!(i["_runtime"]["tool_policy"], own);
     }
-    let named = strings(policy.get("untrusted_input_tools"));
-    let candidates: Vec<String> = candidates
-        .into_iter()
-        .filter(|t| !t.starts_with("mcp::"))
-        .collect();
-    let auto: Vec<&String> = candidates.iter().filter(|t| named.contains(t)).collect();
-    let require: Vec<&String> = candidates.iter().filter(|t| !named.contains(t)).collect();
-    let replaced = runtime.contains_key("tool_policy");
-    let mut p = json!({"auto_approve_tools": if approval == "auto" { json!(auto) } else { json!([]) },
-                       "withheld_tools": [], "source": "automation-policy",
-                       "untrusted_input": true, "approval": approval,
-                       "untrusted_input_tools": named, "replaced_target_policy": replaced});
-    if approval != "auto" {
-        p["require_approval_tools"] = json!(require);
+
+    #[test]
+    fn untrusted_input_is_granted_by_kind_and_never_mcp_or_sending() {
+        let table = tools();
+        let g = Grant {
+            tools: &table,
+            untrusted: true,
+        };
+        let named = vec!["execute_command".to_string(), "send_message".to_string()];
+        let mut auto = input(json!({
+            "tools": ["read_file", "mcp::srv::x"],
+            "_runtime": {"allowed_tools": ["read_file", "write_file", "send_message",
+                                           "execute_command", "mcp::srv::x"],
+                         "tool_policy": {"auto_approve_tools": ["write_file"]}}}));
+        g.apply(&mut auto, &named, "auto");
+        let p = &auto["_runtime"]["tool_policy"];
+        assert_eq!(
+            p["auto_approve_tools"],
+            json!(["execute_command", "read_file"])
+        );
+        assert_eq!(
+            p["withheld_tools"],
+            json!(["send_message", "write_file", "mcp::srv::x"])
+        );
+        assert_eq!(p["replaced_target_policy"], true);
+        assert_eq!(
+            p["untrusted_input_tools"],
+            json!(["execute_command", "send_message"])
+        );
+        assert!(p.get("require_approval_tools").is_none());
+        assert_eq!(auto["tools"], json!(["read_file"]));
+        assert_eq!(auto["_runtime"]["untrusted_input"], true);
+        let mut ask =
+            input(json!({"_runtime": {"allowed_tools": ["read_file", "execute_command"]}}));
+        g.apply(&mut ask, &named, "ask");
+        let p = &ask["_runtime"]["tool_policy"];
+        assert_eq!(p["auto_approve_tools"], json!(["execute_command"]));
+        assert_eq!(p["require_approval_tools"], json!(["read_file"]));
+        assert_eq!(p["approval"], "ask");
+        assert_eq!(p["replaced_target_policy"], false);
     }
-    runtime.insert("tool_policy".into(), p);
-    runtime.insert("untrusted_input".into(), json!(true));
-    if let Some(Value::Array(tools)) = input.get_mut("tools") {
-        tools.retain(|t| !t.as_str().is_some_and(|s| s.starts_with("mcp::")));
+
+    #[test]
+    fn a_named_policy_pre_approves_only_its_auto_tools() {
+        let table = tools();
+        let g = Grant {
+            tools: &table,
+            untrusted: false,
+        };
+        let mut i =
+            input(json!({"_runtime": {"tool_policy": {"auto_approve_tools": ["write_file"]}}}));
+        g.apply_named(
+            &mut i,
+            &json!({"auto_approve_tools": ["read_file", "send_message", "write_file"],
+                    "require_approval_tools": ["write_file"]}),
+        );
+        let p = &i["_runtime"]["tool_policy"];
+        assert_eq!(p["auto_approve_tools"], json!(["read_file"]));
+        assert_eq!(
+            p["require_approval_tools"],
+            json!(["execute_command", "send_message", "write_file"])
+        );
+    }
+
+    #[test]
+    fn the_context_mode_decides_use_context() {
+        let mut i = input(json!({"use_context": false, "include_context": false}));
+        let receipt = apply_context_mode(&mut i, "growing");
+        assert_eq!(
+            receipt,
+            json!({"mode": "growing", "use_context": true, "target_use_context": false})
+        );
+        assert_eq!(i["include_context"], true);
+        let mut i = input(json!({"include_context": true}));
+        apply_context_mode(&mut i, "independent");
+        assert_eq!(i["use_context"], false);
+        assert_eq!(
+            i["_runtime"]["automation_context"]["target_use_context"],
+            true
+        );
     }
 }

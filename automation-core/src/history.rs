@@ -227,16 +227,35 @@ pub fn fold_history_window(
     max_tokens: u64,
     older_unread: bool,
 ) -> Result<(Vec<Vec<Value>>, WindowReport), String> {
-    let budget = validated(max_tokens)?;
-    let sized: Vec<u64> = turns
+    let sized: Vec<(u64, u64)> = turns
         .iter()
-        .map(|turn| turn.iter().map(message_tokens).sum::<u64>())
+        .map(|turn| {
+            (
+                turn.len() as u64,
+                turn.iter().map(message_tokens).sum::<u64>(),
+            )
+        })
         .collect();
+    let (start, report) = fold_sizes(&sized, max_tokens, older_unread)?;
+    Ok((turns[start..].to_vec(), report))
+}
+
+/// The fold over turns known only by size: `(messages, estimated tokens)`
+/// of each turn, oldest first. Returns the index of the oldest kept turn
+/// (every turn from it on is kept) and the report: the same decision as
+/// [`fold_history_window`], for a caller that keeps the sizes of the turns
+/// it has read and does not want to copy them to fold again.
+pub fn fold_sizes(
+    turns: &[(u64, u64)],
+    max_tokens: u64,
+    older_unread: bool,
+) -> Result<(usize, WindowReport), String> {
+    let budget = validated(max_tokens)?;
     let mut kept_tokens = 0u64;
     let mut oversize = false;
     let mut stop = turns.len();
     for i in (0..turns.len()).rev() {
-        let tokens = sized[i];
+        let tokens = turns[i].1;
         if kept_tokens + tokens > budget {
             if stop == turns.len() {
                 // The newest turn alone is over the window: kept whole, alone.
@@ -249,18 +268,17 @@ pub fn fold_history_window(
         kept_tokens += tokens;
         stop = i;
     }
-    let kept = turns[stop..].to_vec();
-    let dropped = &turns[..stop];
+    let (dropped, kept) = turns.split_at(stop);
     let report = WindowReport {
-        replayed_messages: kept.iter().map(|t| t.len() as u64).sum(),
+        replayed_messages: kept.iter().map(|t| t.0).sum(),
         replayed_tokens: kept_tokens,
-        dropped_messages: dropped.iter().map(|t| t.len() as u64).sum(),
-        dropped_tokens: sized[..stop].iter().sum(),
+        dropped_messages: dropped.iter().map(|t| t.0).sum(),
+        dropped_tokens: dropped.iter().map(|t| t.1).sum(),
         dropped_counts_complete: !older_unread || dropped.is_empty(),
         oversize_turn_kept: oversize,
         ..WindowReport::empty(budget)
     };
-    Ok((kept, report))
+    Ok((stop, report))
 }
 
 /// The labeled drop notice of `report`:

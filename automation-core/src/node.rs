@@ -10,7 +10,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
 
-use crate::admission::{admitted_envelope, build_prepared};
+use crate::admission::{admitted_envelope, build_prepared, history_ask, occurrence_session_kind};
 use crate::definition::stored_trigger_state;
 use crate::ids::{occurrence_run_id, OccurrenceKind};
 use crate::occurrence::{
@@ -18,7 +18,8 @@ use crate::occurrence::{
 };
 use crate::outcome::{complete_occurrence, ChildView};
 use crate::protocol::{
-    Basis, Commit, Entry, Facts, Observed, Park, Planned, TriggerAnswer, TriggerCall,
+    AdmissionFacts, Basis, Commit, Entry, Facts, Observed, Park, Planned, TriggerAnswer,
+    TriggerCall,
 };
 use crate::time::{format_timestamp, parse_timestamp};
 use crate::{into_map, set, AutomationError};
@@ -197,23 +198,38 @@ impl Controller<'_> {
             .and_then(Value::as_str);
         let mut trigger_update = Map::new();
         let mut coalesced = None;
-        let (envelope, first_run_id, command_id, at) = match manual {
+        // A growing automation reads its history with the admission; an
+        // answer without it (asked before) is asked again.
+        let history = history_ask(self.id, definition);
+        let complete = |context: &Option<AdmissionFacts>| {
+            history.is_none() || context.as_ref().is_some_and(|c| c.history.is_some())
+        };
+        let (envelope, first_run_id, command_id, at, context) = match manual {
             Some(command_id) => {
                 let event_id = format!("manual:{command_id}");
                 let answer = self.trigger_answer().and_then(|a| match a.answer {
-                    TriggerAnswer::Manual { envelope } if envelope["event_id"] == event_id => {
-                        Some((envelope, a.at))
+                    TriggerAnswer::Manual { envelope, context }
+                        if envelope["event_id"] == event_id && complete(&context) =>
+                    {
+                        Some((envelope, a.at, context))
                     }
                     _ => None,
                 });
-                let Some((envelope, at)) = answer else {
+                let Some((envelope, at, context)) = answer else {
                     return Ok(Step::AskTrigger(TriggerCall::Manual {
                         command_id: command_id.to_string(),
                         fired_at: at,
+                        history,
                     }));
                 };
                 let first = occurrence_run_id(self.id, OccurrenceKind::Manual { command_id }, 1);
-                (admitted_envelope(&envelope), first, Some(command_id), at)
+                (
+                    admitted_envelope(&envelope),
+                    first,
+                    Some(command_id),
+                    at,
+                    context,
+                )
             }
             None => {
                 if set(state.get("paused")) || set(definition.get("archived_at")) {
@@ -224,12 +240,20 @@ impl Controller<'_> {
                         TriggerAnswer::Admit {
                             state: source_state,
                             admitted,
+                            context,
                         },
                     at,
                     ..
-                }) = self.trigger_answer()
+                }) = self.trigger_answer().filter(|a| match &a.answer {
+                    TriggerAnswer::Admit {
+                        admitted: Some(_),
+                        context,
+                        ..
+                    } => complete(context),
+                    _ => true,
+                })
                 else {
-                    return Ok(Step::AskTrigger(TriggerCall::Admit));
+                    return Ok(Step::AskTrigger(TriggerCall::Admit { history }));
                 };
                 let Some(admitted) = admitted else {
                     // A stale wake: nothing is due.
@@ -243,7 +267,13 @@ impl Controller<'_> {
                 trigger_update = stored_trigger_state(&source_state);
                 let first =
                     occurrence_run_id(self.id, OccurrenceKind::Scheduled { revision, index }, 1);
-                (admitted_envelope(&admitted.envelope), first, None, at)
+                (
+                    admitted_envelope(&admitted.envelope),
+                    first,
+                    None,
+                    at,
+                    context,
+                )
             }
         };
         let prepared = build_prepared(
@@ -253,6 +283,7 @@ impl Controller<'_> {
             index,
             &envelope,
             &first_run_id,
+            &context.unwrap_or_default(),
         )?;
         let event_id = envelope["event_id"].clone();
         let pending = json!({
@@ -266,7 +297,7 @@ impl Controller<'_> {
             "command_id": command_id,
             "prepared": prepared,
             "retry": definition["policy"]["retry"],
-            "session_kind": "occurrence",
+            "session_kind": occurrence_session_kind(definition, self.id),
             "stop_requested": false,
         });
         let mut entries = Vec::new();
@@ -442,6 +473,7 @@ mod tests {
         // An answer to another question is not an answer: ask again.
         let stale = answer(TriggerAnswer::Manual {
             envelope: json!({}),
+            context: None,
         });
         assert_eq!(
             at(&d, &s, Some(&stale)).wait(),
@@ -497,18 +529,23 @@ mod tests {
             Step::AskTrigger(TriggerCall::Manual {
                 command_id: "c1".into(),
                 fired_at: "2026-01-01T00:30:00+00:00".into(),
+                history: None,
             })
         );
         let scheduled = answer(TriggerAnswer::Admit {
             state: json!({}),
             admitted: None,
+            context: None,
         });
         assert_eq!(at(&d, &s, Some(&scheduled)).admit().unwrap(), ask);
         let envelope = json!({"event_id": "manual:c1", "source_id": "manual", "source_version": 1,
                               "fired_at": "2026-01-01T00:30:00Z", "payload": {"command_id": "c1"},
                               "binding_id": "b1"});
         let manual = asked(
-            TriggerAnswer::Manual { envelope },
+            TriggerAnswer::Manual {
+                envelope,
+                context: None,
+            },
             &s,
             "2026-01-01T00:29:00Z",
         );
@@ -538,11 +575,12 @@ mod tests {
         let (d, s) = (definition(), state());
         assert_eq!(
             at(&d, &s, None).admit().unwrap(),
-            Step::AskTrigger(TriggerCall::Admit)
+            Step::AskTrigger(TriggerCall::Admit { history: None })
         );
         let nothing = answer(TriggerAnswer::Admit {
             state: json!({"tick": 3}),
             admitted: None,
+            context: None,
         });
         assert_eq!(
             at(&d, &s, Some(&nothing)).admit().unwrap(),
@@ -556,6 +594,7 @@ mod tests {
                                  "fired_at": "2026-01-01T00:00:00Z", "payload": {},
                                  "binding_id": "b1"}),
             }),
+            context: None,
         });
         let Step::Commit(c, "prepare") = at(&d, &s, Some(&admitted)).admit().unwrap() else {
             panic!("admitted");
@@ -565,13 +604,13 @@ mod tests {
         moved["state_version"] = json!(1);
         assert_eq!(
             at(&d, &moved, Some(&admitted)).admit().unwrap(),
-            Step::AskTrigger(TriggerCall::Admit)
+            Step::AskTrigger(TriggerCall::Admit { history: None })
         );
         let mut revised = definition();
         revised["revision"] = json!(2);
         assert_eq!(
             at(&revised, &s, Some(&admitted)).admit().unwrap(),
-            Step::AskTrigger(TriggerCall::Admit)
+            Step::AskTrigger(TriggerCall::Admit { history: None })
         );
         let [Entry::Observation(o), Entry::Decision(p)] = c.entries.as_slice() else {
             panic!(

@@ -178,7 +178,11 @@ pub enum TriggerCall {
     Prepare,
     /// The bound source's `admit` on the persisted cursor, and `normalize`
     /// of what it admits.
-    Admit,
+    Admit {
+        /// The growing context's history to read with an admission.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        history: Option<HistoryAsk>,
+    },
     /// `manual@1`'s `normalize` of run-now command `command_id`, fired at
     /// `fired_at`.
     Manual {
@@ -186,7 +190,60 @@ pub enum TriggerCall {
         command_id: String,
         /// When it fires (the node's `now`).
         fired_at: String,
+        /// The growing context's history to read with the admission.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        history: Option<HistoryAsk>,
     },
+}
+
+/// The history a growing automation's occurrence is admitted with: the
+/// prior turns of `session_id` (of `automation_id`'s occurrences when
+/// set), read strictly and folded into a window of `max_tokens`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryAsk {
+    /// The session whose turns are read.
+    pub session_id: String,
+    /// Keep only this automation's occurrences (`None`: a wake in its
+    /// caller's session reads the whole conversation).
+    pub automation_id: Option<String>,
+    /// The window's budget in estimated tokens.
+    pub max_tokens: u64,
+}
+
+/// What the host knows at an admission, beside the trigger's answer: its
+/// tool table (what an `auto` grant may pre-approve) and, when asked, the
+/// history.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionFacts {
+    /// Every tool of the host's table, by name, with its effect class
+    /// (`read`, `write`, `exec`, `delegate`, `comms`, `memory-write`).
+    #[serde(default)]
+    pub tools: Vec<ToolFact>,
+    /// The history, when the call asked for it.
+    #[serde(default)]
+    pub history: Option<History>,
+}
+
+/// A tool of the host's table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolFact {
+    /// Its name.
+    pub name: String,
+    /// Its effect class.
+    pub class: String,
+}
+
+/// A session's history as chat messages and the window's report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct History {
+    /// `[user, assistant]` pairs, oldest first.
+    pub messages: Vec<Value>,
+    /// The window's report ([`crate::history::WindowReport::to_json`]).
+    pub report: Value,
 }
 
 /// What a source's `prepare` says.
@@ -229,10 +286,17 @@ pub enum TriggerAnswer {
         state: Value,
         /// What it admitted (`None`: nothing is due, a stale wake).
         admitted: Option<Admitted>,
+        /// The host's facts for the admission (absent when nothing was
+        /// admitted).
+        #[serde(default)]
+        context: Option<AdmissionFacts>,
     },
     /// The answer of [`TriggerCall::Manual`].
     Manual {
         /// The normalized envelope.
         envelope: Value,
+        /// The host's facts for the admission.
+        #[serde(default)]
+        context: Option<AdmissionFacts>,
     },
 }

@@ -32,6 +32,7 @@ pub mod effects;
 pub mod flow;
 pub mod host;
 pub mod llm;
+pub mod sessions;
 pub mod store;
 pub mod tools;
 pub mod triggers;

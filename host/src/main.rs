@@ -160,6 +160,12 @@ enum Command {
         #[command(subcommand)]
         command: cli::automations::AutomationCommand,
     },
+    /// Sessions: the turns of a conversation and the history a model is
+    /// handed again.
+    Sessions {
+        #[command(subcommand)]
+        command: cli::sessions::SessionCommand,
+    },
     /// Snapshots: named bookmarks of a run's state.
     Snapshot {
         #[command(subcommand)]
@@ -790,6 +796,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 RUN_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
+        Command::Sessions { command } => cli::sessions::run(&rt, command, cli.json)?,
         Command::Drive {
             until_idle: true, ..
         } => {

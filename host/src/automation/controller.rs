@@ -28,8 +28,9 @@ use std::sync::{Arc, OnceLock};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
 use stepwell_automation_core::protocol::{
-    Admitted, Basis, Commit, Entry, Facts, TriggerAnswer, TriggerCall, COMMIT_EFFECT,
-    COMMON_FIELDS, READ_OCCURRENCE_EFFECT, START_OCCURRENCE_EFFECT, TRIGGER_EFFECT,
+    AdmissionFacts, Admitted, Basis, Commit, Entry, Facts, History, HistoryAsk, ToolFact,
+    TriggerAnswer, TriggerCall, COMMIT_EFFECT, COMMON_FIELDS, READ_OCCURRENCE_EFFECT,
+    START_OCCURRENCE_EFFECT, TRIGGER_EFFECT,
 };
 
 use super::commands::binding_of;
@@ -90,7 +91,10 @@ impl TriggerCatalog {
 }
 
 /// The controller's host effects, sharing `catalog`.
-pub fn controller_effects(catalog: Arc<TriggerCatalog>) -> Vec<Arc<dyn EffectHandler>> {
+pub fn controller_effects(
+    catalog: Arc<TriggerCatalog>,
+    tools: Arc<crate::tools::ToolCatalog>,
+) -> Vec<Arc<dyn EffectHandler>> {
     [
         Kind::Trigger,
         Kind::ReadOccurrence,
@@ -102,6 +106,7 @@ pub fn controller_effects(catalog: Arc<TriggerCatalog>) -> Vec<Arc<dyn EffectHan
         Arc::new(ControllerEffect {
             kind,
             catalog: catalog.clone(),
+            tools: tools.clone(),
         }) as Arc<dyn EffectHandler>
     })
     .collect()
@@ -118,6 +123,7 @@ enum Kind {
 struct ControllerEffect {
     kind: Kind,
     catalog: Arc<TriggerCatalog>,
+    tools: Arc<crate::tools::ToolCatalog>,
 }
 
 fn seam(message: impl Into<String>) -> Error {
@@ -303,7 +309,7 @@ impl ControllerEffect {
             TriggerCall::Prepare => TriggerAnswer::Prepare {
                 wait: trigger_wait(prepare(definition, state, cx.now, &triggers)?),
             },
-            TriggerCall::Admit => {
+            TriggerCall::Admit { history } => {
                 let name = format!("{}@{}", binding.source_id, binding.source_version);
                 let source = triggers.get(&name).map_err(trigger_failure)?;
                 let admitted = source
@@ -317,17 +323,23 @@ impl ControllerEffect {
                             .map_err(trigger_failure)?,
                     ),
                 };
+                let context = match envelope {
+                    Some(_) => Some(self.admission_facts(cx, history.as_ref())?),
+                    None => None,
+                };
                 TriggerAnswer::Admit {
                     state: admitted.state,
                     admitted: admitted.admission.zip(envelope).map(|(a, e)| Admitted {
                         payload: a.payload,
                         envelope: envelope_json(e),
                     }),
+                    context,
                 }
             }
             TriggerCall::Manual {
                 command_id,
                 fired_at,
+                history,
             } => {
                 let source = triggers.get("manual@1").map_err(trigger_failure)?;
                 let envelope = source
@@ -340,9 +352,53 @@ impl ControllerEffect {
                     .map_err(trigger_failure)?;
                 TriggerAnswer::Manual {
                     envelope: envelope_json(envelope),
+                    context: Some(self.admission_facts(cx, history.as_ref())?),
                 }
             }
         })
+    }
+
+    /// What an admission needs of the host: the tool table (by name and
+    /// class; empty when the tools cannot be loaded, so an `auto` grant
+    /// pre-approves nothing it cannot name) and, for a growing automation,
+    /// its history, read strictly: a history that cannot be read fails the
+    /// admission (`history_unavailable`), it is never replaced by none.
+    fn admission_facts(
+        &self,
+        cx: &EffectCx<'_>,
+        history: Option<&HistoryAsk>,
+    ) -> std::result::Result<AdmissionFacts, Error> {
+        let tools = match self.tools.table() {
+            Ok(table) => table
+                .specs()
+                .into_iter()
+                .map(|s| ToolFact {
+                    name: s.name.clone(),
+                    class: s.class.as_str().to_string(),
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let history = match history {
+            None => None,
+            Some(ask) => {
+                let replayed = crate::sessions::session_chat_messages(
+                    cx.runs,
+                    &ask.session_id,
+                    &crate::sessions::HistoryOptions {
+                        max_tokens: ask.max_tokens,
+                        automation_id: ask.automation_id.clone(),
+                        strict: true,
+                        ..Default::default()
+                    },
+                )?;
+                Some(History {
+                    messages: replayed.messages,
+                    report: replayed.report.to_json(),
+                })
+            }
+        };
+        Ok(AdmissionFacts { tools, history })
     }
 }
 

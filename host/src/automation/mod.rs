@@ -32,6 +32,7 @@ mod commands;
 mod controller;
 mod decision;
 mod definition;
+mod discussion;
 mod occurrence;
 mod outcome;
 mod queries;
@@ -57,6 +58,9 @@ pub use definition::{
     validate_email_recipients, validate_notify, validate_policy, validate_target,
     validate_untrusted_input_tools, AutomationStatus, TriggerCheck, DEFAULT_RETRY,
     DEFINITION_SCHEMA_VERSION, NOTIFY_BODY_MAX, NOTIFY_TITLE_MAX, SHARED_TRIGGER_KEYS, TITLE_MAX,
+};
+pub use discussion::{
+    automation_timeline_messages, start_discussion, Discussion, DiscussionRequest,
 };
 pub use occurrence::{
     definition_ends, plan_dispatch, plan_outcome, plan_wait, plan_wait_locally, trigger_wait,

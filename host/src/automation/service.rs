@@ -188,16 +188,6 @@ pub fn create_automation(
     );
     let triggers = rt.triggers()?;
     let mut definition = build_definition(request, &id, now, &triggers)?;
-    let mode = definition["context"]["mode"]
-        .as_str()
-        .unwrap_or("independent");
-    if mode != "independent" {
-        return Err(automation_error(
-            "unsupported_feature",
-            Some("context.mode"),
-            format!("context mode {mode:?} is not supported yet (only \"independent\")"),
-        ));
-    }
     let conflict = || {
         let mut shown = String::new();
         match request.get("request_id") {
@@ -649,7 +639,7 @@ fn cancel_tree(rt: &Runtime, root: &str) -> Result<()> {
     Ok(())
 }
 
-fn controller(rt: &Runtime, id: &str) -> Result<RunState> {
+pub(crate) fn controller_run(rt: &Runtime, id: &str) -> Result<RunState> {
     let not_found = || {
         automation_error(
             "automation_not_found",
@@ -667,7 +657,7 @@ fn controller(rt: &Runtime, id: &str) -> Result<RunState> {
 /// The automation `id` as a reader sees it at `now` (see
 /// [`super::get_automation`]).
 pub fn show_automation(rt: &Runtime, id: &str, now: DateTime<Utc>) -> Result<Value> {
-    let run = controller(rt, id)?;
+    let run = controller_run(rt, id)?;
     let mut view = match get_automation(&run, now, &*rt.triggers()?) {
         Ok(view) => view,
         // A trigger source this host cannot call (a plugin it does not
@@ -785,7 +775,7 @@ pub fn list_automations(
 /// One page of automation `id`'s occurrences, newest first (see
 /// [`super::occurrence_page`]).
 pub fn list_occurrences(rt: &Runtime, id: &str, cursor: Option<&str>, limit: i64) -> Result<Value> {
-    controller(rt, id)?;
+    controller_run(rt, id)?;
     let records = rt.get_ledger(id)?;
     Ok(occurrence_page(&records, cursor, limit)?)
 }
@@ -799,7 +789,7 @@ pub fn list_attention(
     cursor: Option<&str>,
     limit: i64,
 ) -> Result<Value> {
-    controller(rt, id)?;
+    controller_run(rt, id)?;
     let records = rt.get_ledger(id)?;
     Ok(attention_page(id, &records, after_seq, cursor, limit)?)
 }
@@ -937,7 +927,7 @@ fn typed_wait(run: &RunState) -> Option<Value> {
 /// Answer an `ask_user` wait with `stepwell resume RUN --payload
 /// '{"text": ...}'`.
 pub fn pending_waits(rt: &Runtime, id: &str, limit: usize) -> Result<Vec<Value>> {
-    controller(rt, id)?;
+    controller_run(rt, id)?;
     let mut rows = rt.store().list_run_index(&RunIndexQuery {
         status: Some(RunStatus::Waiting),
         automation_id: Some(vec![id.to_string()]),

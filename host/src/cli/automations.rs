@@ -6,7 +6,7 @@ use clap::Subcommand;
 use serde_json::Value;
 use stepwell::automation::{
     apply_automation_command, create_automation, list_attention, list_automations,
-    list_occurrences, pending_waits, show_automation, Command,
+    list_occurrences, pending_waits, show_automation, start_discussion, Command, DiscussionRequest,
 };
 use stepwell::{Error, Runtime};
 
@@ -97,6 +97,30 @@ pub enum AutomationCommand {
         /// At most this many (1..500).
         #[arg(long, default_value_t = 50)]
         limit: i64,
+    },
+    /// Start (or find again) a discussion of one occurrence: a new run of
+    /// the occurrence's workflow, seeded with the automation's timeline
+    /// through it, in its own session and its own writable workspace, the
+    /// automation's workspace mounted read-only. Ticks it like `run` and
+    /// prints `{session_id, run_id, session_kind, status, output}`.
+    Discuss {
+        /// The automation id.
+        id: String,
+        /// The occurrence discussed.
+        #[arg(long)]
+        occurrence: i64,
+        /// Your id for this discussion: the same request again finds it.
+        #[arg(long)]
+        request_id: String,
+        /// The first message.
+        #[arg(long)]
+        prompt: String,
+        /// The discussion's own workspace (absolute; not the automation's).
+        #[arg(long)]
+        workspace: String,
+        /// Who starts it (recorded on the run).
+        #[arg(long)]
+        actor: Option<String>,
     },
 }
 
@@ -229,6 +253,51 @@ pub fn run(
                 }
             }
             return Ok(answer["status"] == "applied");
+        }
+        AutomationCommand::Discuss {
+            id,
+            occurrence,
+            request_id,
+            prompt,
+            workspace,
+            actor,
+        } => {
+            let started = start_discussion(
+                rt,
+                &DiscussionRequest {
+                    automation_id: id,
+                    occurrence_index: occurrence,
+                    request_id,
+                    prompt,
+                    workspace_root: workspace,
+                    actor_id: actor,
+                },
+            )?;
+            let state = rt.tick(&started.run_id)?;
+            let mut out = started.to_json();
+            out["status"] = serde_json::json!(state.status.as_str());
+            out["output"] = state.output.clone().unwrap_or(Value::Null);
+            if json {
+                println!("{out}");
+            } else {
+                println!(
+                    "discussion {}  run {}  status {}",
+                    started.session_id,
+                    started.run_id,
+                    state.status.as_str()
+                );
+                if let Some(w) = &state.waiting {
+                    println!(
+                        "waiting: {}  key {}",
+                        w.prompt.as_deref().unwrap_or_default(),
+                        w.wait_key
+                    );
+                }
+                if let Some(o) = &state.output {
+                    println!("output: {o}");
+                }
+            }
+            return Ok(state.status != stepwell::RunStatus::Failed);
         }
         AutomationCommand::Occurrences { id, cursor, limit } => {
             let page = list_occurrences(rt, &id, cursor.as_deref(), limit)?;

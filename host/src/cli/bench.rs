@@ -328,6 +328,10 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         let us = tool_call(options, &engine, &scratch.0.join("tools"))?;
         figures.insert("tool_call_us_p50".into(), json!(round(us, 1)));
     }
+    if want("history_window_us_p50") {
+        let us = history_window(options, &engine)?;
+        figures.insert("history_window_us_p50".into(), json!(round(us, 1)));
+    }
     if want("automation_commands_per_s_sqlite") {
         let rate = automation_commands(options, &engine, &scratch.0.join("commands"))?;
         figures.insert(
@@ -516,6 +520,68 @@ fn tool_call(options: &BenchOptions, engine: &WasmEngine, dir: &Path) -> Result<
         }
         if i >= 50 {
             times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(median(times))
+}
+
+/// The history of a 500-turn session (each turn ~105 estimated tokens)
+/// read and folded into the default 50,000-token window, as a growing
+/// automation's admission reads it: turns selected from the run index,
+/// their runs loaded, prompts and answers extracted, the window folded
+/// (some turns dropped, the notice written). On the memory store, so the
+/// figure is the host's work, not the disk's.
+fn history_window(options: &BenchOptions, engine: &WasmEngine) -> Result<f64> {
+    use stepwell::sessions::{session_chat_messages, HistoryOptions};
+    let store = Arc::new(MemoryStore::new());
+    let rt = Runtime::builder(store.clone())
+        .engine(engine.clone())
+        .build()?;
+    let answer = "The figure held steady at forty-one percent. ".repeat(9);
+    for i in 0..500u32 {
+        let at = format!(
+            "2026-01-01T{:02}:{:02}:{:02}+00:00",
+            i / 3600,
+            (i / 60) % 60,
+            i % 60
+        );
+        let mut vars = Map::new();
+        vars.insert(
+            "prompt".into(),
+            json!(format!("How is memory now? (turn {i})")),
+        );
+        let run = stepwell::RunState {
+            version: 1,
+            run_id: format!("turn-{i:04}"),
+            workflow_id: "chat".into(),
+            status: RunStatus::Completed,
+            current_node: None,
+            vars,
+            waiting: None,
+            output: Some(json!({"response": answer})),
+            error: None,
+            created_at: at.clone(),
+            updated_at: at,
+            actor_id: None,
+            session_id: Some("bench-session".into()),
+            parent_run_id: None,
+        };
+        store.create_if_absent(&run)?;
+    }
+    let samples = (options.dispatch_samples / 10).clamp(20, 200);
+    let mut times = Vec::with_capacity(samples);
+    for i in 0..(samples + 5) {
+        let t = Instant::now();
+        let history = session_chat_messages(&rt, "bench-session", &HistoryOptions::default())?;
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        if history.report.dropped_messages == 0 || history.messages.is_empty() {
+            return Err(invalid(
+                "bench",
+                "the 500-turn history did not fill the window",
+            ));
+        }
+        if i >= 5 {
+            times.push(us);
         }
     }
     Ok(median(times))

@@ -5,3 +5,4 @@
 
 pub mod automations;
 pub mod bench;
+pub mod sessions;

@@ -234,7 +234,7 @@ impl RuntimeBuilder {
             )));
         }
         // The controller's own effects: an application cannot replace them.
-        for handler in crate::automation::controller_effects(triggers.clone()) {
+        for handler in crate::automation::controller_effects(triggers.clone(), tools.clone()) {
             effects.register(handler);
         }
         let keeper = LeaseKeeper::start(
@@ -565,6 +565,18 @@ impl Runtime {
                 "is owned by the host and cannot be set at start",
             ));
         }
+        let mut runtime = options.runtime;
+        // A root run in a discussion's session is anchored to the
+        // discussion's root (its provenance and workspace policy).
+        if let (Some(session), None) = (&options.session_id, &options.parent_run_id) {
+            crate::sessions::anchor_discussion(
+                self,
+                session,
+                explicit.then_some(run_id.as_str()),
+                &mut vars,
+                &mut runtime,
+            )?;
+        }
         if explicit {
             seed_creation_digest(
                 &mut vars,
@@ -573,7 +585,6 @@ impl Runtime {
                 options.parent_run_id.as_deref(),
             );
         }
-        let mut runtime = options.runtime;
         // The workspace scope is frozen now, from the run's own vars over
         // what a parent handed down: tools read only this snapshot, so no
         // guest can widen its scope later.
@@ -1370,6 +1381,13 @@ impl crate::effects::RunPort for Runtime {
 
     fn get_run(&self, run_id: &str) -> Result<RunState> {
         self.get_state(run_id)
+    }
+
+    fn list_run_index(
+        &self,
+        query: &crate::store::RunIndexQuery,
+    ) -> Result<Vec<crate::store::RunIndexRow>> {
+        Ok(self.inner.store.list_run_index(query)?)
     }
 
     fn find_records(&self, run_id: &str, idempotency_key: &str) -> Result<Vec<StepRecord>> {

@@ -202,6 +202,11 @@ pub trait RunPort {
         run_id: &str,
         idempotency_key: &str,
     ) -> Result<Vec<crate::core::model::StepRecord>>;
+    /// The run index rows `query` selects (no vars: cheap).
+    fn list_run_index(
+        &self,
+        query: &crate::store::RunIndexQuery,
+    ) -> Result<Vec<crate::store::RunIndexRow>>;
     /// Ids of runs waiting (reason `event`) on one of `wait_keys`, oldest
     /// first.
     fn event_listeners(&self, wait_keys: &[String]) -> Result<Vec<RunState>>;

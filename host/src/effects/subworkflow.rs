@@ -308,6 +308,7 @@ impl EffectHandler for StartSubworkflow {
                 "workspace_read_only_paths",
                 "workspace_writable_paths",
                 "tool_policy",
+                "untrusted_input",
                 "tool_executor",
                 "tool_timeout_s",
             ] {

@@ -579,6 +579,42 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    /// Built from the runs in memory without copying them (the default
+    /// copies every run first).
+    fn list_run_index(
+        &self,
+        query: &super::RunIndexQuery,
+    ) -> Result<Vec<super::RunIndexRow>, StoreError> {
+        let t = self.tables.lock();
+        let mut found: Vec<(u64, super::RunIndexRow)> = t
+            .runs
+            .values()
+            .filter(|s| {
+                query.status.is_none_or(|st| s.run.status == st)
+                    && query
+                        .workflow_id
+                        .as_ref()
+                        .is_none_or(|w| s.run.workflow_id == *w)
+                    && query
+                        .session_id
+                        .as_ref()
+                        .is_none_or(|id| s.run.session_id.as_ref() == Some(id))
+                    && t.quarantine_reason(&s.run.run_id).is_none()
+            })
+            .map(|s| (s.seq, super::RunIndexRow::of(&s.run)))
+            .filter(|(_, row)| query.matches(row))
+            .collect();
+        found.sort_by_key(|(seq, _)| *seq);
+        if !query.oldest_first {
+            found.reverse();
+        }
+        Ok(found
+            .into_iter()
+            .take(query.limit.unwrap_or(usize::MAX))
+            .map(|(_, row)| row)
+            .collect())
+    }
+
     fn list_due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
         let t = self.tables.lock();
         let mut due: Vec<(DateTime<Utc>, u64, &str)> = t

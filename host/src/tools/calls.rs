@@ -305,29 +305,31 @@ pub struct ApprovalPolicy {
 
 impl ApprovalPolicy {
     /// The run's policy (`_runtime.tool_policy` naming any tool) or the
-    /// default sets.
+    /// default sets. A run that reads untrusted input
+    /// (`_runtime.untrusted_input: true`, set by an automation's grant and
+    /// inherited by its children) never falls back to the defaults: what
+    /// its policy does not pre-approve asks.
     pub fn of(run: &RunState) -> ApprovalPolicy {
         let names = |v: Option<&Value>| -> Option<BTreeSet<String>> {
             v.and_then(Value::as_array)
                 .map(|a| sorted_names(a).into_iter().collect())
         };
-        let policy = run
-            .vars
-            .get("_runtime")
+        let runtime = run.vars.get("_runtime");
+        let untrusted = runtime.and_then(|r| r.get("untrusted_input")) == Some(&Value::Bool(true));
+        let policy = runtime
             .and_then(|r| r.get("tool_policy"))
             .and_then(Value::as_object);
-        if let Some(p) = policy {
-            let auto = names(p.get("auto_approve_tools"));
-            let require = names(p.get("require_approval_tools"));
-            if auto.as_ref().is_some_and(|a| !a.is_empty())
-                || require.as_ref().is_some_and(|r| !r.is_empty())
-            {
-                return ApprovalPolicy {
-                    auto: auto.unwrap_or_default(),
-                    require: require.unwrap_or_default(),
-                    source: "run",
-                };
-            }
+        let auto = names(policy.and_then(|p| p.get("auto_approve_tools")));
+        let require = names(policy.and_then(|p| p.get("require_approval_tools")));
+        if untrusted
+            || auto.as_ref().is_some_and(|a| !a.is_empty())
+            || require.as_ref().is_some_and(|r| !r.is_empty())
+        {
+            return ApprovalPolicy {
+                auto: auto.unwrap_or_default(),
+                require: require.unwrap_or_default(),
+                source: "run",
+            };
         }
         ApprovalPolicy {
             auto: DEFAULT_AUTO_APPROVE.iter().map(|s| s.to_string()).collect(),

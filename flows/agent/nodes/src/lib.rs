@@ -7,7 +7,8 @@
 //!
 //! - `init` refuses a missing or blank `vars.prompt`; `messages` = the
 //!   prior conversation (`vars.context.messages`, through the history
-//!   window) and the prompt as a user message; `iteration` 0;
+//!   window; none when `include_context` or `use_context` is `false`) and
+//!   the prompt as a user message; `iteration` 0;
 //!   `turn_start` = the prompt's index; asks `tool_specs` → `toolset`.
 //! - `reason` goes to `max_iterations` once `iteration` reaches
 //!   `vars.max_iterations` (default 20); else counts the iteration and asks
@@ -107,8 +108,17 @@ fn allowed_tools(input: &Input) -> Option<&Value> {
     input.vars.get("allowed_tools").filter(|v| !v.is_null())
 }
 
-/// The prior conversation: `vars.context.messages`, or none.
+/// The prior conversation: `vars.context.messages`, or none; none either
+/// when the run says not to read it (`include_context`, or without it
+/// `use_context`, is `false`: an automation's context mode decides this).
 fn context_messages(input: &Input) -> Result<Vec<Value>, NodeError> {
+    let read = input
+        .vars
+        .get("include_context")
+        .or_else(|| input.vars.get("use_context"));
+    if read == Some(&Value::Bool(false)) {
+        return Ok(Vec::new());
+    }
     let context = match input.vars.get("context") {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Object(c)) => c,

@@ -1,0 +1,37 @@
+//! A test tool of the `comms` class: `send_message` "sends" a message to a
+//! recipient the model chooses. It cannot reach a network (no tool can); it
+//! answers what it would have sent, so a test sees whether the call ran.
+//! Automation grants never pre-approve a tool of this class (docs/automations.md,
+//! "Tool approval"): its calls wait for a person.
+use serde_json::{json, Value};
+use stepwell_guest::export_toolbox;
+use stepwell_guest::tool::*;
+
+struct Outbox;
+
+impl Toolbox for Outbox {
+    fn describe() -> Vec<ToolSpec> {
+        vec![ToolSpec::new(
+            "send_message",
+            "Test-only: sends a message to a recipient (answers what it would send).",
+            EffectClass::Comms,
+            json!({
+                "type": "object",
+                "properties": {
+                    "to": {"type": "string", "description": "The recipient."},
+                    "body": {"type": "string", "description": "The message."}
+                },
+                "required": ["to", "body"]
+            }),
+        )]
+    }
+
+    fn invoke(call: ToolCall) -> Result<Value, ToolError> {
+        match call.name.as_str() {
+            "send_message" => Ok(json!({"success": true, "sent": Value::Object(call.arguments)})),
+            other => Err(ToolError::invalid(format!("unknown tool {other}"))),
+        }
+    }
+}
+
+export_toolbox!(Outbox);
