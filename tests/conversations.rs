@@ -1350,6 +1350,19 @@ impl ToolWorld {
             .automation_id
     }
 
+    /// A `uses_tool` automation under `tool_approval: ask`, driven once:
+    /// its first occurrence waits to write.
+    fn ask_to_note(&self) -> String {
+        let id = self.create(
+            "uses_tool",
+            json!({"prompt": "note it"}),
+            Some(json!({"tool_approval": "ask"})),
+            json!({}),
+        );
+        self.w.drive(&id);
+        id
+    }
+
     /// Every usable tool of the host's table, sorted, but `send_message`.
     fn granted(&self) -> Vec<String> {
         let mut names: Vec<String> = self
@@ -1477,13 +1490,7 @@ fn explicit_allowed_tools_do_not_pre_approve_sending() {
 #[test]
 fn ask_parks_on_a_typed_tool_approval_wait() {
     let t = tool_world();
-    let id = t.create(
-        "uses_tool",
-        json!({"prompt": "note it"}),
-        Some(json!({"tool_approval": "ask"})),
-        json!({}),
-    );
-    t.w.drive(&id);
+    let id = t.ask_to_note();
     let kid = t.w.children(&id)[0].clone();
     assert_eq!(kid.status, RunStatus::Waiting);
     assert!(kid.vars["_runtime"].get("tool_policy").is_none());
@@ -1506,13 +1513,7 @@ fn ask_parks_on_a_typed_tool_approval_wait() {
 #[test]
 fn the_grant_is_frozen_at_admission() {
     let t = tool_world();
-    let id = t.create(
-        "uses_tool",
-        json!({"prompt": "note it"}),
-        Some(json!({"tool_approval": "ask"})),
-        json!({}),
-    );
-    t.w.drive(&id);
+    let id = t.ask_to_note();
     let first = t.w.children(&id)[0].clone();
     let revise = |command_id: &str, approval: &str| {
         apply_automation_command(
@@ -1652,15 +1653,8 @@ fn untrusted_input_gets_a_narrow_grant_that_replaces_the_targets() {
 /// and it can read them.
 #[test]
 fn a_discussion_agent_reads_the_mount_and_cannot_change_it() {
-    use stepwell_tests::llm_mock::{completion, LlmMock, Reply};
-    let tool_call = |id: &str, name: &str, args: Value| {
-        Reply::Json(completion(
-            json!({"role": "assistant", "content": null, "tool_calls": [{
-                "id": id, "type": "function",
-                "function": {"name": name, "arguments": args.to_string()}}]}),
-            "tool_calls",
-        ))
-    };
+    use stepwell_tests::llm_mock::{LlmMock, Reply};
+    let tool_call = Reply::tool_call;
     let ws = workspaces();
     let keep = std::path::Path::new(&ws.auto).join("keep.txt");
     std::fs::write(&keep, "original").unwrap();

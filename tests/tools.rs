@@ -634,15 +634,8 @@ fn agent_runtime(
 /// model answers and the run completes.
 #[test]
 fn the_agent_reads_writes_after_approval_and_answers() {
-    use stepwell_tests::llm_mock::{completion, LlmMock, Reply};
-    let tool_call = |id: &str, name: &str, args: Value| {
-        Reply::Json(completion(
-            json!({"role": "assistant", "content": null, "tool_calls": [{
-                "id": id, "type": "function",
-                "function": {"name": name, "arguments": args.to_string()}}]}),
-            "tool_calls",
-        ))
-    };
+    use stepwell_tests::llm_mock::{LlmMock, Reply};
+    let tool_call = Reply::tool_call;
     let mock = LlmMock::start(vec![
         tool_call("call_1", "read_file", json!({"file_path": "a.txt"})),
         tool_call(

@@ -34,6 +34,17 @@ impl Reply {
             "stop",
         ))
     }
+
+    /// A chat completion asking for one tool call (`id`, `name`, `args`),
+    /// finishing `tool_calls`.
+    pub fn tool_call(id: &str, name: &str, args: Value) -> Reply {
+        Reply::Json(completion(
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": id, "type": "function",
+                "function": {"name": name, "arguments": args.to_string()}}]}),
+            "tool_calls",
+        ))
+    }
 }
 
 /// A chat-completion body with one choice.
