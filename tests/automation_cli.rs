@@ -577,6 +577,36 @@ fn a_growing_automation_and_a_discussion_from_the_shell() {
     // Again: the same discussion.
     let again: Value = serde_json::from_slice(&discuss("d3", "Trend?", &own_s).stdout).unwrap();
     assert_eq!(again["run_id"], d["run_id"]);
+    // The discussion goes on: a run in its session with its history,
+    // anchored to its root (its workspace).
+    let session_d = d["session_id"].as_str().unwrap();
+    let next = sh.json(&[
+        "--json",
+        "run",
+        "flows/automations/history",
+        "--session",
+        session_d,
+        "--history",
+        "--vars",
+        r#"{"prompt": "And then?"}"#,
+    ]);
+    assert_eq!(next["output"]["response"], "echo:And then? | history=8");
+    assert_eq!(next["session_id"], session_d);
+    let later = sh.json(&["--json", "status", next["run_id"].as_str().unwrap()]);
+    assert_eq!(later["vars"]["workspace_root"], json!(own_s));
+    assert_eq!(
+        later["vars"]["_meta"]["discussion"]["discussion_root_run_id"],
+        d["run_id"]
+    );
+    // A run from the shell may not claim to be an occurrence.
+    let forged = sh.run(&[
+        "run",
+        "flows/automations/history",
+        "--vars",
+        &json!({"prompt": "x", "_meta": {"occurrence": {"automation_id": id}}}).to_string(),
+    ]);
+    assert_eq!(forged.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&forged.stderr).contains("_meta.occurrence"));
     // A different prompt under the same id, the automation's own
     // workspace, a relative one: refused with the reference's codes.
     for (request_id, prompt, workspace, code, field) in [

@@ -80,6 +80,16 @@ enum Command {
         /// workspace_read_only, workspace_read_only_paths, ...).
         #[arg(long)]
         runtime: Option<String>,
+        /// Start the run as a turn of this session (a discussion's session:
+        /// the run is anchored to the discussion's root, its workspace and
+        /// read-only mount).
+        #[arg(long)]
+        session: Option<String>,
+        /// Hand the run the session's history as `vars.context.messages`
+        /// (its completed turns within the 50,000-token window, read
+        /// strictly; with --session).
+        #[arg(long, requires = "session")]
+        history: bool,
     },
     /// Resume a waiting run with a payload.
     Resume {
@@ -600,12 +610,47 @@ fn execute(cli: Cli) -> Result<(), Error> {
             workflow,
             run_id,
             runtime,
+            session,
+            history,
         } => {
             let bundle = rt.load_bundle(&flow_dir)?;
-            let vars = match vars {
+            let mut vars = match vars {
                 Some(v) => parse_object("--vars", &v)?,
                 None => Map::new(),
             };
+            // Attribution is the host's: a run started from the shell may
+            // not say it is an automation's controller, occurrence or
+            // discussion.
+            if let Some(meta) = vars.get("_meta").and_then(Value::as_object) {
+                if let Some(key) = ["automation", "occurrence", "discussion"]
+                    .into_iter()
+                    .find(|k| meta.contains_key(*k))
+                {
+                    return Err(Error::InvalidInput {
+                        field: format!("--vars: _meta.{key}"),
+                        message:
+                            "is set by the host (automations and discussions), not by a caller"
+                                .into(),
+                    });
+                }
+            }
+            if let (true, Some(s)) = (history, &session) {
+                let replayed = stepwell::sessions::session_chat_messages(
+                    &rt,
+                    s,
+                    &stepwell::sessions::HistoryOptions {
+                        strict: true,
+                        ..Default::default()
+                    },
+                )?;
+                let mut context = vars
+                    .get("context")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                context.insert("messages".into(), Value::from(replayed.messages));
+                vars.insert("context".into(), Value::Object(context));
+            }
             let runtime = match runtime {
                 Some(r) => {
                     stepwell::core::config::operator_runtime(parse_object("--runtime", &r)?)?
@@ -619,6 +664,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
                     vars,
                     run_id,
                     runtime,
+                    session_id: session,
                     ..StartOptions::default()
                 },
             )?;

@@ -141,6 +141,15 @@ pub fn is_legacy_scheduled(row: &RunIndexRow) -> bool {
             .starts_with(LEGACY_SCHEDULED_WORKFLOW_PREFIX)
 }
 
+/// Whether an index row that says it is an automation's occurrence is
+/// one: a child of that automation's controller (whose run id is the
+/// automation's id). A run anyone started with a forged
+/// `_meta.occurrence` is not, and is no turn of any session: it could
+/// otherwise stand in for an occurrence in a growing automation's history.
+fn genuine_occurrence(row: &RunIndexRow) -> bool {
+    row.automation_id.is_some() && row.parent_run_id == row.automation_id
+}
+
 fn index(port: &dyn RunPort, query: RunIndexQuery) -> Result<Vec<RunIndexRow>> {
     port.list_run_index(&query)
 }
@@ -165,7 +174,7 @@ fn occurrence_cutoff(
     }
     index(port, query)?
         .iter()
-        .filter(|r| r.occurrence_index == Some(n))
+        .filter(|r| r.occurrence_index == Some(n) && genuine_occurrence(r))
         .map(order_key)
         .max()
         .ok_or_else(|| {
@@ -254,7 +263,11 @@ fn turn_rows(
         RunIndexQuery {
             session_id: Some(sid.to_string()),
             root_only: true,
-            limit: Some(if bounded { ALL } else { (limit * 5).max(1000) }),
+            limit: Some(if bounded {
+                ALL
+            } else {
+                limit.min(ALL).saturating_mul(5).max(1000)
+            }),
             ..RunIndexQuery::default()
         },
     )?;
@@ -289,6 +302,9 @@ fn turn_rows(
             continue;
         }
         if occurrence {
+            if !genuine_occurrence(&row) {
+                continue;
+            }
             if !options.include_occurrences
                 || automation.is_some_and(|a| row.automation_id.as_deref() != Some(a))
             {
@@ -337,7 +353,7 @@ fn newest_turns(
     cache: &mut Loads,
 ) -> Result<Vec<String>> {
     let limit = options.limit;
-    let window = (limit * 3).max(limit + 8);
+    let window = limit.saturating_mul(3).max(limit.saturating_add(8));
     let start = rows.len().saturating_sub(window);
     let mut loaded: Vec<(&str, bool)> = Vec::new();
     for row in &rows[start..] {
@@ -496,6 +512,8 @@ pub struct Turn {
     pub status: RunStatus,
     /// When it was created.
     pub created_at: String,
+    /// When it was last saved.
+    pub updated_at: String,
     /// Its prompt as people read it ([`turn_prompt`]).
     pub prompt: String,
     /// Its prompt as it was sent, when that differs.
@@ -526,6 +544,7 @@ impl Turn {
             workflow_id: run.workflow_id.clone(),
             status: run.status,
             created_at: run.created_at.clone(),
+            updated_at: run.updated_at.clone(),
             prompt_verbatim: prompt_verbatim(run, &prompt),
             prompt,
             answer: turn_answer(run.output.as_ref()),
@@ -560,14 +579,19 @@ impl Turn {
         if prompt.is_empty() || answer.is_empty() {
             return None;
         }
-        let prompt = if self.prompt_verbatim.trim().is_empty() {
+        let verbatim = self.prompt_verbatim.trim();
+        let prompt = if verbatim.is_empty() {
             prompt
         } else {
-            self.prompt_verbatim.as_str()
+            verbatim
         };
+        let ts = [&self.created_at, &self.updated_at]
+            .into_iter()
+            .map(|t| t.trim())
+            .find(|t| !t.is_empty());
         let mut meta = json!({"kind": SESSION_TURN_KIND, "run_id": self.run_id});
-        if !self.created_at.trim().is_empty() {
-            meta["ts"] = json!(self.created_at.trim());
+        if let Some(ts) = ts {
+            meta["ts"] = json!(ts);
         }
         Some(vec![
             json!({"role": "user", "content": prompt, "metadata": meta}),
@@ -674,7 +698,7 @@ pub fn session_chat_messages(
             limit: fetch,
         };
         // The index is read again only when a longer read reads more of it.
-        let index_limit = (fetch * 5).max(1000);
+        let index_limit = fetch.saturating_mul(5).max(1000);
         if rows.as_ref().is_none_or(|(read, _)| *read < index_limit) {
             match turn_rows(port, sid, &turns_options) {
                 Ok(r) => rows = Some((index_limit, r)),
@@ -910,24 +934,28 @@ fn seed_pairs(seed: Vec<Value>, strict: bool) -> Result<Vec<Vec<Value>>> {
     Ok(pairs)
 }
 
-/// The workspace keys a later turn of a discussion takes from its root.
-const ANCHORED_TOP_KEYS: [&str; 5] = [
+/// The workspace keys a later turn of a discussion takes from its root's
+/// frozen scope.
+const ANCHORED_SCOPE_KEYS: [&str; 5] = [
     "workspace_root",
     "workspace_access_mode",
     "workspace_allowed_paths",
-    "workspace_read_only",
     "workspace_builtin_allow",
+    "workspace_read_only",
 ];
 
 /// Anchors a root run started in a discussion session to the discussion's
 /// validated root: the run gets the root's `_meta.discussion` (without the
-/// seed) and the root's own workspace policy (`workspace_root`,
-/// `workspace_access_mode`, `workspace_allowed_paths`, its exact
-/// `workspace_builtin_allow`, `workspace_read_only` only if the root has
-/// it, and the read-only mounts, to which the caller may add, never
-/// remove), over whatever the caller passed. Other sessions, and the root
-/// itself started again, are left as they are. A session whose root does
-/// not validate refuses the start (`session_attribution_failed`).
+/// seed) and the root's workspace policy as the root's frozen scope holds
+/// it (`workspace_root`, `workspace_access_mode`, `workspace_allowed_paths`,
+/// its exact `workspace_builtin_allow`, `workspace_read_only` when the root
+/// has it) and its read-only mounts, over whatever the caller passed. The
+/// caller may add mounts or ask for read-only, never widen: writable
+/// exceptions and an inherited scope are dropped (a root run inherits
+/// none). The discussion's root itself (its session is
+/// `discussion-session:<its id>`) and other sessions are left as they are.
+/// A session whose root does not validate refuses the start
+/// (`session_attribution_failed`).
 pub fn anchor_discussion(
     port: &dyn RunPort,
     session_id: &str,
@@ -935,18 +963,24 @@ pub fn anchor_discussion(
     vars: &mut serde_json::Map<String, Value>,
     runtime: &mut serde_json::Map<String, Value>,
 ) -> Result<()> {
+    if run_id.is_some_and(|id| session_id == format!("discussion-session:{id}")) {
+        return Ok(());
+    }
     let Some(root) = discussion_root(port, session_id)? else {
         return Ok(());
     };
     if run_id == Some(root.run_id.as_str()) {
         return Ok(());
     }
-    if root
-        .vars
-        .get("workspace_root")
-        .and_then(Value::as_str)
-        .is_none_or(|w| w.trim().is_empty())
-    {
+    let root_runtime = root.vars.get("_runtime").and_then(Value::as_object);
+    let scope = root_runtime
+        .and_then(|r| r.get("workspace"))
+        .and_then(Value::as_object);
+    let Some(scope) = scope.filter(|s| {
+        s.get("workspace_root")
+            .and_then(Value::as_str)
+            .is_some_and(|w| !w.trim().is_empty())
+    }) else {
         return Err(error(
             "session_attribution_failed",
             None,
@@ -955,7 +989,7 @@ pub fn anchor_discussion(
                 root.run_id
             ),
         ));
-    }
+    };
     let mut discussion = root.vars["_meta"]["discussion"].clone();
     if let Some(d) = discussion.as_object_mut() {
         d.remove("seed_messages");
@@ -967,18 +1001,21 @@ pub fn anchor_discussion(
         .unwrap_or_default();
     meta.insert("discussion".into(), discussion);
     vars.insert("_meta".into(), Value::Object(meta));
-    for key in ANCHORED_TOP_KEYS {
-        match root.vars.get(key) {
+    for key in ANCHORED_SCOPE_KEYS {
+        match scope.get(key) {
             Some(v) => {
                 vars.insert(key.into(), v.clone());
             }
-            None if key == "workspace_read_only" => {
+            // The root's exact allow list, also when it has none.
+            None if key == "workspace_builtin_allow" => {
                 vars.remove(key);
             }
             None => {}
         }
     }
-    let root_runtime = root.vars.get("_runtime").and_then(Value::as_object);
+    vars.remove("workspace_writable_paths");
+    runtime.remove("workspace_writable_paths");
+    runtime.remove("workspace");
     let mut mounts: Vec<Value> = root_runtime
         .and_then(|r| r.get("workspace_read_only_paths"))
         .and_then(Value::as_array)
@@ -995,8 +1032,8 @@ pub fn anchor_discussion(
         }
     }
     runtime.insert("workspace_read_only_paths".into(), json!(mounts));
-    if let Some(flag) = root_runtime.and_then(|r| r.get("workspace_read_only")) {
-        runtime.insert("workspace_read_only".into(), flag.clone());
+    if root_runtime.and_then(|r| r.get("workspace_read_only")) == Some(&Value::Bool(true)) {
+        runtime.insert("workspace_read_only".into(), json!(true));
     }
     Ok(())
 }

@@ -235,6 +235,26 @@ impl EffectHandler for ControllerEffect {
         Some(Value::Object(kept))
     }
 
+    /// A trigger answer's history (a growing automation's prior turns,
+    /// frozen whole in the `automation.admitted` record the same step
+    /// writes) is recorded as its report and the number of messages.
+    fn recorded_result(&self, result: &Value) -> Option<Value> {
+        if self.kind != Kind::Trigger {
+            return None;
+        }
+        let history = result.pointer("/answer/context/history")?;
+        let count = history.get("messages")?.as_array()?.len();
+        let mut kept = result.clone();
+        if let Some(h) = kept
+            .pointer_mut("/answer/context/history")
+            .and_then(Value::as_object_mut)
+        {
+            h.insert("messages".into(), json!([]));
+            h.insert("messages_not_recorded".into(), json!(count));
+        }
+        Some(kept)
+    }
+
     fn commits_first(&self) -> bool {
         // The child is created under the controller, which must exist
         // with its resume committed before.
@@ -359,8 +379,8 @@ impl ControllerEffect {
     }
 
     /// What an admission needs of the host: the tool table (by name and
-    /// class; empty when the tools cannot be loaded, so an `auto` grant
-    /// pre-approves nothing it cannot name) and, for a growing automation,
+    /// class; an admission whose tools cannot be loaded fails) and, for a
+    /// growing automation,
     /// its history, read strictly: a history that cannot be read fails the
     /// admission (`history_unavailable`), it is never replaced by none.
     fn admission_facts(
@@ -368,17 +388,25 @@ impl ControllerEffect {
         cx: &EffectCx<'_>,
         history: Option<&HistoryAsk>,
     ) -> std::result::Result<AdmissionFacts, Error> {
-        let tools = match self.tools.table() {
-            Ok(table) => table
-                .specs()
-                .into_iter()
-                .map(|s| ToolFact {
-                    name: s.name.clone(),
-                    class: s.class.as_str().to_string(),
-                })
-                .collect(),
-            Err(_) => Vec::new(),
-        };
+        // Without the table no grant can be computed: the admission fails
+        // (and is retried) rather than granting from nothing.
+        let tools = self
+            .tools
+            .table()
+            .map_err(|e| {
+                Error::Automation(AutomationError::new(
+                    "tool_executor_missing",
+                    None,
+                    format!("the host's tools could not be loaded for the occurrence's grant: {e}"),
+                ))
+            })?
+            .specs()
+            .into_iter()
+            .map(|s| ToolFact {
+                name: s.name.clone(),
+                class: s.class.as_str().to_string(),
+            })
+            .collect();
         let history = match history {
             None => None,
             Some(ask) => {
@@ -580,6 +608,9 @@ fn start_occurrence(cx: &EffectCx<'_>, payload: &Map<String, Value>) -> Result<O
         Some(Value::Object(m)) => m,
         _ => Map::new(),
     };
+    // The frozen workspace scope is the host's: an occurrence freezes its
+    // own from its vars, whatever the target's inputs claimed to inherit.
+    runtime.remove("workspace");
     runtime.insert(crate::core::keys::LINEAGE.into(), json!(1));
     runtime.insert(crate::core::keys::CASCADE_DEPTH.into(), json!(cx.depth + 1));
     let options = StartOptions {

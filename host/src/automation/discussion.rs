@@ -34,6 +34,7 @@ use super::AutomationError;
 use crate::core::config::StartOptions;
 use crate::core::runtime::Runtime;
 use crate::core::{Error, Result};
+use crate::tools::scope::resolve_lenient;
 
 /// What [`start_discussion`] is asked.
 #[derive(Debug, Clone, Default)]
@@ -233,7 +234,14 @@ pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Dis
         ));
     }
     let own = request.workspace_root.trim().to_string();
-    if own.is_empty() || !Path::new(&own).is_absolute() {
+    if own.is_empty() {
+        return Err(refused(
+            "invalid_definition",
+            "workspace_root",
+            "workspace_root must be a non-empty string",
+        ));
+    }
+    if !Path::new(&own).is_absolute() {
         return Err(refused(
             "invalid_definition",
             "workspace_root",
@@ -268,6 +276,41 @@ pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Dis
             "a discussion needs its own workspace, not the automation's",
         ));
     }
+    // Beyond the reference's textual check: the two directories, resolved
+    // (links followed), may not contain one another, nor the host's store.
+    // A discussion inside the mount could write nothing; one around it
+    // would hold the mount in a writable root.
+    let (own_real, mount_real) = (
+        resolve_lenient(Path::new(&own)),
+        resolve_lenient(Path::new(&mounted)),
+    );
+    if own_real.starts_with(&mount_real) || mount_real.starts_with(&own_real) {
+        return Err(refused(
+            "invalid_request",
+            "workspace_root",
+            format!(
+                "a discussion needs its own workspace, apart from the automation's: {} and {} contain one another",
+                own_real.display(),
+                mount_real.display()
+            ),
+        ));
+    }
+    if let Some(p) = rt
+        .config()
+        .tool_deny_paths
+        .iter()
+        .find(|p| resolve_lenient(p).starts_with(&own_real))
+    {
+        return Err(refused(
+            "invalid_request",
+            "workspace_root",
+            format!(
+                "{} holds the host's store ({}): a discussion's workspace may not",
+                own_real.display(),
+                p.display()
+            ),
+        ));
+    }
     let workflow_id = prepared["workflow_id"].as_str().unwrap_or_default();
     rt.workflow(workflow_id)?;
     let (seed, report) = automation_timeline_messages(
@@ -286,7 +329,12 @@ pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Dis
     input.insert("prompt".into(), json!(request.prompt));
     // The automation's unattended grant never rides into a discussion.
     if let Some(Value::Object(runtime)) = input.get_mut("_runtime") {
-        if runtime["tool_policy"]["source"] == GRANT_SOURCE {
+        let granted = runtime
+            .get("tool_policy")
+            .and_then(|p| p.get("source"))
+            .and_then(Value::as_str)
+            == Some(GRANT_SOURCE);
+        if granted {
             runtime.remove("tool_policy");
         }
     }
@@ -347,11 +395,22 @@ pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Dis
         input.insert("workspace_builtin_allow".into(), json!([own, mounted]));
     }
     input.remove("workspace_read_only");
+    // No writable exception of the occurrence rides into the discussion
+    // (it could lie inside the mount), nor a scope the target's inputs
+    // claimed as inherited: the discussion's scope is frozen from these
+    // vars alone.
+    input.remove("workspace_writable_paths");
     let mut runtime = match input.remove("_runtime") {
         Some(Value::Object(m)) => m,
         _ => Map::new(),
     };
-    runtime.remove("workspace_read_only");
+    for key in [
+        "workspace_read_only",
+        "workspace_writable_paths",
+        "workspace",
+    ] {
+        runtime.remove(key);
+    }
     runtime.insert("workspace_read_only_paths".into(), json!([mounted]));
     let mut receipt = match report.to_json() {
         Value::Object(m) => m,
@@ -360,6 +419,32 @@ pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Dis
     receipt.insert("strict".into(), json!(true));
     receipt.insert("session_kind".into(), json!("discussion"));
     runtime.insert("session_history".into(), Value::Object(receipt));
+    // The session is the discussion's alone: a run planted in it before
+    // (its id can be computed) would otherwise steer the root's anchoring
+    // or its seed. (Once the root exists, its later turns share it.)
+    let root_exists = match rt.store().load_run(&run_id) {
+        Ok(found) => found.is_some(),
+        Err(e) => return Err(e.into()),
+    };
+    let planted = if root_exists {
+        Vec::new()
+    } else {
+        rt.store().list_run_index(&crate::store::RunIndexQuery {
+            session_id: Some(session_id.clone()),
+            limit: Some(1),
+            ..Default::default()
+        })?
+    };
+    if let Some(other) = planted.first() {
+        return Err(refused(
+            "session_attribution_failed",
+            "request_id",
+            format!(
+                "session {session_id} already holds run {}, which is not this discussion's root",
+                other.run_id
+            ),
+        ));
+    }
     let options = StartOptions {
         vars: input,
         run_id: Some(run_id.clone()),

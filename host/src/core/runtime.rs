@@ -565,6 +565,14 @@ impl Runtime {
                 "is owned by the host and cannot be set at start",
             ));
         }
+        if explicit {
+            seed_creation_digest(
+                &mut vars,
+                &wf.workflow_id,
+                options.session_id.as_deref(),
+                options.parent_run_id.as_deref(),
+            );
+        }
         let mut runtime = options.runtime;
         // A root run in a discussion's session is anchored to the
         // discussion's root (its provenance and workspace policy).
@@ -576,14 +584,6 @@ impl Runtime {
                 &mut vars,
                 &mut runtime,
             )?;
-        }
-        if explicit {
-            seed_creation_digest(
-                &mut vars,
-                &wf.workflow_id,
-                options.session_id.as_deref(),
-                options.parent_run_id.as_deref(),
-            );
         }
         // The workspace scope is frozen now, from the run's own vars over
         // what a parent handed down: tools read only this snapshot, so no

@@ -503,7 +503,15 @@ impl Runtime {
                 if let Some(payload) = effect.payload.as_object() {
                     handler.after_completed(run, payload, &result);
                 }
+                let kept = if class == EffectClass::Pure {
+                    handler.recorded_result(&result)
+                } else {
+                    None
+                };
                 complete_effect(run, &mut records, &base, &ended_at, target, result);
+                if let (Some(kept), Some(record)) = (kept, records.last_mut()) {
+                    record.result = Some(kept);
+                }
             }
             Outcome::Waiting(mut wait) => {
                 wait.resume_to_node = match target {

@@ -317,6 +317,18 @@ pub trait EffectHandler: Send + Sync {
         None
     }
 
+    /// What the step's ledger record keeps of a **pure** effect's result
+    /// (`None`: all of it). The run's vars get the whole result; a pure
+    /// effect is executed again on replay, so its recorded result is only
+    /// read by people: a large answer written in full elsewhere (a growing
+    /// automation's history, frozen in its `automation.admitted` record)
+    /// need not be kept twice. Not asked for other effect classes, whose
+    /// recorded results are reused.
+    fn recorded_result(&self, result: &Value) -> Option<Value> {
+        let _ = result;
+        None
+    }
+
     /// Writes of a completed effect beyond its `result_key`, in the same
     /// commit (`llm_call`: `_limits.estimated_tokens_used`, and the turn in
     /// `context.messages` when asked): derived only from the payload and

@@ -304,8 +304,9 @@ pub struct ApprovalPolicy {
 }
 
 impl ApprovalPolicy {
-    /// The run's policy (`_runtime.tool_policy` naming any tool) or the
-    /// default sets. A run that reads untrusted input
+    /// The run's policy (`_runtime.tool_policy` naming any tool, also
+    /// only as withheld: an automation's grant that withholds everything
+    /// still decides) or the default sets. A run that reads untrusted input
     /// (`_runtime.untrusted_input: true`, set by an automation's grant and
     /// inherited by its children) never falls back to the defaults: what
     /// its policy does not pre-approve asks.
@@ -321,9 +322,11 @@ impl ApprovalPolicy {
             .and_then(Value::as_object);
         let auto = names(policy.and_then(|p| p.get("auto_approve_tools")));
         let require = names(policy.and_then(|p| p.get("require_approval_tools")));
+        let withheld = names(policy.and_then(|p| p.get("withheld_tools")));
         if untrusted
             || auto.as_ref().is_some_and(|a| !a.is_empty())
             || require.as_ref().is_some_and(|r| !r.is_empty())
+            || withheld.as_ref().is_some_and(|w| !w.is_empty())
         {
             return ApprovalPolicy {
                 auto: auto.unwrap_or_default(),
