@@ -2104,3 +2104,52 @@ fn children_inherit_the_grant() {
         "from the child"
     );
 }
+
+/// The occurrence's other allowed paths are the automation's too: a
+/// discussion reads them through a read-only mount, never writes them, and
+/// its own workspace may not hold one.
+#[test]
+fn the_occurrences_allowed_paths_are_read_only_in_a_discussion() {
+    let t = tool_world();
+    let parent = std::path::Path::new(&t.ws.auto)
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let state = parent.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let target = state.join("s.json");
+    let id = t.create(
+        "writes",
+        json!({"prompt": "from the occurrence", "target": target.to_str().unwrap(),
+               "workspace_access_mode": "workspace_or_allowed",
+               "workspace_allowed_paths": [state.to_str().unwrap()],
+               "_runtime": {"tool_policy": {"auto_approve_tools": ["write_file"]}}}),
+        None,
+        json!({}),
+    );
+    t.w.drive(&id);
+    let written = std::fs::read_to_string(&target).unwrap();
+    assert!(written.ends_with("from the occurrence"), "{written}");
+    let d = discuss(&t.w, &id, 1, "d", "pwned", &t.ws.own).unwrap();
+    let disc = t.w.rt().get_state(&d.run_id).unwrap();
+    assert_eq!(
+        disc.vars["_runtime"]["workspace_read_only_paths"],
+        json!([t.ws.auto, state.to_str().unwrap()])
+    );
+    let done = t.w.rt().tick(&d.run_id).unwrap();
+    let result = &done.output.unwrap()["tool"]["results"][0];
+    assert_eq!(result["success"], false, "{result}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), written);
+    // An own workspace around one of them is refused.
+    let around = parent.to_str().unwrap().to_string();
+    let (code, field, _) =
+        reason(discuss(&t.w, &id, 1, "d2", "?", &format!("{around}/")).unwrap_err());
+    assert_eq!(
+        (code.as_str(), field.as_deref()),
+        ("invalid_request", Some("workspace_root"))
+    );
+    let inside = state.join("mine");
+    let (code, _, _) =
+        reason(discuss(&t.w, &id, 1, "d3", "?", inside.to_str().unwrap()).unwrap_err());
+    assert_eq!(code, "invalid_request");
+}

@@ -634,6 +634,17 @@ fn execute(cli: Cli) -> Result<(), Error> {
                     });
                 }
             }
+            // An automation's own session holds its occurrences: a turn
+            // started there by hand would be replayed to the automation as
+            // if it had said it.
+            if let Some(s) = session.as_deref().filter(|s| s.starts_with("automation:")) {
+                return Err(Error::InvalidInput {
+                    field: "--session".into(),
+                    message: format!(
+                        "{s} is an automation's own session: only its occurrences are its turns"
+                    ),
+                });
+            }
             if let (true, Some(s)) = (history, &session) {
                 let replayed = stepwell::sessions::session_chat_messages(
                     &rt,

@@ -936,12 +936,14 @@ fn seed_pairs(seed: Vec<Value>, strict: bool) -> Result<Vec<Vec<Value>>> {
 
 /// The workspace keys a later turn of a discussion takes from its root's
 /// frozen scope.
-const ANCHORED_SCOPE_KEYS: [&str; 5] = [
+const ANCHORED_SCOPE_KEYS: [&str; 7] = [
     "workspace_root",
     "workspace_access_mode",
     "workspace_allowed_paths",
     "workspace_builtin_allow",
     "workspace_read_only",
+    "workspace_ignored_paths",
+    "workspace_builtin_deny_prefixes",
 ];
 
 /// Anchors a root run started in a discussion session to the discussion's

@@ -388,25 +388,33 @@ impl ControllerEffect {
         cx: &EffectCx<'_>,
         history: Option<&HistoryAsk>,
     ) -> std::result::Result<AdmissionFacts, Error> {
-        // Without the table no grant can be computed: the admission fails
-        // (and is retried) rather than granting from nothing.
-        let tools = self
-            .tools
-            .table()
-            .map_err(|e| {
-                Error::Automation(AutomationError::new(
+        // A grant over the table (auto, untrusted input, a named policy)
+        // cannot be computed without it: that admission fails (and is
+        // retried) rather than granting from nothing. An `ask` automation
+        // computes no grant and does not need the table.
+        let definition = definition(cx.run)?;
+        let policy = &definition["policy"];
+        let grants = policy["tool_approval"].as_str().unwrap_or("auto") == "auto"
+            || policy.get("tool_policy").is_some_and(Value::is_object)
+            || definition["untrusted_origin"] == Value::Bool(true);
+        let tools = match self.tools.table() {
+            Ok(table) => table
+                .specs()
+                .into_iter()
+                .map(|s| ToolFact {
+                    name: s.name.clone(),
+                    class: s.class.as_str().to_string(),
+                })
+                .collect(),
+            Err(e) if grants => {
+                return Err(Error::Automation(AutomationError::new(
                     "tool_executor_missing",
                     None,
                     format!("the host's tools could not be loaded for the occurrence's grant: {e}"),
-                ))
-            })?
-            .specs()
-            .into_iter()
-            .map(|s| ToolFact {
-                name: s.name.clone(),
-                class: s.class.as_str().to_string(),
-            })
-            .collect();
+                )))
+            }
+            Err(_) => Vec::new(),
+        };
         let history = match history {
             None => None,
             Some(ask) => {

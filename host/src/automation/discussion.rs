@@ -280,18 +280,31 @@ pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Dis
     // (links followed), may not contain one another, nor the host's store.
     // A discussion inside the mount could write nothing; one around it
     // would hold the mount in a writable root.
-    let (own_real, mount_real) = (
-        resolve_lenient(Path::new(&own)),
-        resolve_lenient(Path::new(&mounted)),
-    );
-    if own_real.starts_with(&mount_real) || mount_real.starts_with(&own_real) {
+    // The occurrence's other allowed paths are the automation's too: they
+    // are mounted read-only beside its workspace (a discussion never
+    // changes the automation), and the own workspace must be apart from
+    // every mount (a writable root holding a mount would open it).
+    let own_real = resolve_lenient(Path::new(&own));
+    let mut mounts: Vec<std::path::PathBuf> = vec![resolve_lenient(Path::new(&mounted))];
+    for raw in crate::tools::scope::path_list(prepared["input_data"].get("workspace_allowed_paths"))
+    {
+        let p = Path::new(&mounted).join(&raw);
+        let p = resolve_lenient(&p);
+        if !mounts.contains(&p) {
+            mounts.push(p);
+        }
+    }
+    if let Some(m) = mounts
+        .iter()
+        .find(|m| own_real.starts_with(m) || m.starts_with(&own_real))
+    {
         return Err(refused(
             "invalid_request",
             "workspace_root",
             format!(
                 "a discussion needs its own workspace, apart from the automation's: {} and {} contain one another",
                 own_real.display(),
-                mount_real.display()
+                m.display()
             ),
         ));
     }
@@ -411,7 +424,9 @@ pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Dis
     ] {
         runtime.remove(key);
     }
-    runtime.insert("workspace_read_only_paths".into(), json!([mounted]));
+    let mut read_only = vec![json!(mounted)];
+    read_only.extend(mounts.iter().skip(1).map(|m| json!(m.to_string_lossy())));
+    runtime.insert("workspace_read_only_paths".into(), Value::Array(read_only));
     let mut receipt = match report.to_json() {
         Value::Object(m) => m,
         _ => Map::new(),
