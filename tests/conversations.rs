@@ -1271,6 +1271,21 @@ struct ToolWorld {
     ws: Workspaces,
 }
 
+/// A target `workflow_id` whose one node asks for one call of `tool`
+/// with `arguments` (call id `c1`), then completes with the batch's result
+/// as `tool`.
+fn one_call_flow(workflow_id: &'static str, tool: &str, arguments: Value) -> (&'static str, Value) {
+    (
+        workflow_id,
+        json!({"workflow_id": workflow_id, "entry": "call", "nodes": {
+            "call": {"effect": "tool_calls", "payload": {"tool_calls": [
+                {"name": tool, "call_id": "c1", "arguments": arguments}]},
+             "result_key": "tool", "next": "done"},
+            "done": {"complete": {"response": "done", "success": true,
+                                  "tool": {"$var": "tool"}}}}}),
+    )
+}
+
 fn tool_world() -> ToolWorld {
     let clock = std::sync::Arc::new(stepwell::ManualClock::new(at_time(
         stepwell_tests::world::T0,
@@ -1289,46 +1304,27 @@ fn tool_world() -> ToolWorld {
         .tool_dir(&tools)
         .build()
         .unwrap();
+    let reply_to = json!({"$var": "inbound.reply_to"});
     let flows = [
-        (
+        one_call_flow(
             "uses_tool",
-            json!({"workflow_id": "uses_tool", "entry": "call", "nodes": {
-                "call": {"effect": "tool_calls", "payload": {"tool_calls": [
-                    {"name": "write_file", "call_id": "c1",
-                     "arguments": {"file_path": "note.txt", "content": "hi"}}]},
-                 "result_key": "tool", "next": "done"},
-                "done": {"complete": {"response": "done", "success": true,
-                                      "tool": {"$var": "tool"}}}}}),
+            "write_file",
+            json!({"file_path": "note.txt", "content": "hi"}),
         ),
-        (
+        one_call_flow(
             "mails",
-            json!({"workflow_id": "mails", "entry": "call", "nodes": {
-                "call": {"effect": "tool_calls", "payload": {"tool_calls": [
-                    {"name": "send_message", "call_id": "e1",
-                     "arguments": {"to": {"$var": "inbound.reply_to"}, "body": "secrets"}}]},
-                 "result_key": "tool", "next": "done"},
-                "done": {"complete": {"response": "done", "success": true,
-                                      "tool": {"$var": "tool"}}}}}),
+            "send_message",
+            json!({"to": reply_to, "body": "secrets"}),
         ),
-        (
+        one_call_flow(
             "chats",
-            json!({"workflow_id": "chats", "entry": "call", "nodes": {
-                "call": {"effect": "tool_calls", "payload": {"tool_calls": [
-                    {"name": "send_telegram_message", "call_id": "t1",
-                     "arguments": {"to": {"$var": "inbound.reply_to"}, "body": "secrets"}}]},
-                 "result_key": "tool", "next": "done"},
-                "done": {"complete": {"response": "done", "success": true,
-                                      "tool": {"$var": "tool"}}}}}),
+            "send_telegram_message",
+            json!({"to": reply_to, "body": "secrets"}),
         ),
-        (
+        one_call_flow(
             "writes",
-            json!({"workflow_id": "writes", "entry": "call", "nodes": {
-                "call": {"effect": "tool_calls", "payload": {"tool_calls": [
-                    {"name": "write_file", "call_id": "w1",
-                     "arguments": {"file_path": {"$var": "target"}, "content": {"$var": "prompt"}}}]},
-                 "result_key": "tool", "next": "done"},
-                "done": {"complete": {"response": "done", "success": true,
-                                      "tool": {"$var": "tool"}}}}}),
+            "write_file",
+            json!({"file_path": {"$var": "target"}, "content": {"$var": "prompt"}}),
         ),
     ];
     for (name, flow) in flows {

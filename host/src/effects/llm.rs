@@ -357,13 +357,7 @@ impl EffectHandler for LlmCall {
         let request = chat_request(disclosed.as_ref().unwrap_or(payload), model, budget);
         let answer = match providers.call(provider, &request.body) {
             Ok(a) => a,
-            Err(e) => {
-                return Ok(Outcome::Failed(Failure {
-                    code: e.code.to_string(),
-                    message: e.message,
-                    retryable: e.retryable,
-                }))
-            }
+            Err(e) => return Ok(Outcome::Failed(e.into())),
         };
         let metadata = json!({
             "_provider_request": {
@@ -407,13 +401,7 @@ impl EffectHandler for LlmCall {
                     let request = chat_request(&repair, model, budget);
                     let answer = match providers.call(provider, &request.body) {
                         Ok(a) => a,
-                        Err(e) => {
-                            return Ok(Outcome::Failed(Failure {
-                                code: e.code.to_string(),
-                                message: e.message,
-                                retryable: e.retryable,
-                            }))
-                        }
+                        Err(e) => return Ok(Outcome::Failed(e.into())),
                     };
                     let mut repaired = normalize_response(answer, true, metadata);
                     if let Some((_, why)) = structured_problem(&repaired, schema) {

@@ -80,6 +80,17 @@ pub struct LlmError {
     pub retryable: bool,
 }
 
+impl From<LlmError> for crate::effects::Failure {
+    /// The effect's failure: the same code, message and retry verdict.
+    fn from(e: LlmError) -> Self {
+        crate::effects::Failure {
+            code: e.code.to_string(),
+            message: e.message,
+            retryable: e.retryable,
+        }
+    }
+}
+
 impl LlmError {
     fn unavailable(message: impl Into<String>) -> Self {
         LlmError {
