@@ -50,7 +50,7 @@ impl AutomationError {
 /// The reason codes of the automation layer, as `'static` strings (for
 /// the host's `Error::reason_code`); an unknown one reads `automation_error`.
 pub fn static_reason_code(code: &str) -> &'static str {
-    const CODES: [&str; 14] = [
+    const CODES: [&str; 15] = [
         "invalid_definition",
         "unsupported_feature",
         "unknown_trigger_source",
@@ -65,6 +65,7 @@ pub fn static_reason_code(code: &str) -> &'static str {
         "controller_seam",
         "conflict",
         "invalid_input",
+        "occurrence_not_found",
     ];
     CODES
         .iter()

@@ -81,18 +81,19 @@ impl StoreSpec {
     }
 
     /// What no tool may reach: the store's files and the folders beside
-    /// them (artifacts, snapshots, compiled components), absolute.
+    /// them (artifacts, snapshots, compiled components, the server's
+    /// token), absolute.
     pub fn protected_paths(&self) -> Vec<PathBuf> {
         let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
         match self {
-            StoreSpec::Memory => vec![absolute(self.cache_dir())],
+            StoreSpec::Memory => vec![absolute(self.cache_dir()), absolute(self.token_file())],
             StoreSpec::Sqlite(path) => {
                 let dir = path
                     .parent()
                     .filter(|p| !p.as_os_str().is_empty())
                     .unwrap_or(Path::new("."));
                 let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-                let mut out: Vec<PathBuf> = ["artifacts", "snapshots", "cache"]
+                let mut out: Vec<PathBuf> = ["artifacts", "snapshots", "cache", "serve-token"]
                     .iter()
                     .map(|d| dir.join(d))
                     .collect();
@@ -123,6 +124,13 @@ impl StoreSpec {
                 dir.join("snapshots"),
             )?),
         })
+    }
+
+    /// Where `stepwell serve` keeps its bearer token unless told otherwise:
+    /// `serve-token` beside the database, inside a JSON store folder, or
+    /// under `.stepwell` for the memory store.
+    pub fn token_file(&self) -> PathBuf {
+        self.cache_dir().with_file_name("serve-token")
     }
 
     /// Where compiled components are cached for this store: `cache/` beside

@@ -32,6 +32,7 @@ pub mod effects;
 pub mod flow;
 pub mod host;
 pub mod llm;
+pub mod serve;
 pub mod sessions;
 pub mod store;
 pub mod tools;
@@ -51,8 +52,8 @@ pub use crate::effects::{
 };
 pub use crate::store::{
     ArtifactMeta, ArtifactStore, Attribution, Claim, CommandRecord, CommandStore, Durability,
-    Fence, FileArtifactStore, JsonFileStore, JsonlCommandStore, LeaseAfter, LeaseRequest,
-    MemoryArtifactStore, MemoryCommandStore, MemoryStore, RunIndexQuery, RunIndexRow, RunQuery,
-    SqliteStore, Store, StoreError,
+    FeedEntry, Fence, FileArtifactStore, JsonFileStore, JsonlCommandStore, LeaseAfter,
+    LeaseRequest, MemoryArtifactStore, MemoryCommandStore, MemoryStore, RunIndexQuery, RunIndexRow,
+    RunQuery, SqliteStore, Store, StoreError,
 };
 pub use crate::wasm::{EngineConfig, GuestError, SandboxLimits, WasmEngine};

@@ -195,6 +195,32 @@ enum Command {
         #[command(subcommand)]
         command: ToolCommand,
     },
+    /// Serve the HTTP API (runs, ledgers, live streams, automations), the
+    /// AHP automation-run channel and the web dashboard, and drive the
+    /// store (as `stepwell drive`) in the same process. Prints the URL and
+    /// where the bearer token is; stops on SIGTERM or Ctrl-C.
+    Serve {
+        /// The address to listen on (port 0: any free port).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// The bearer token's file (default: serve-token beside the
+        /// database; created with a random token, mode 0600, when missing).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// The driver's pause between passes, in milliseconds.
+        #[arg(long, default_value_t = 200)]
+        interval_ms: u64,
+        /// Only answer the API: leave moving runs to `stepwell drive`
+        /// processes.
+        #[arg(long)]
+        no_drive: bool,
+        /// Log lines as text or json (filtered by RUST_LOG, default info).
+        #[arg(long, default_value = "text")]
+        log_format: String,
+        /// The largest request body, in bytes.
+        #[arg(long, default_value_t = 1 << 20)]
+        max_body_bytes: usize,
+    },
     /// Measure the host and print the figures (medians). Uses its own scratch
     /// stores and the default guest limits: --db and the --guest-* flags do
     /// not apply.
@@ -618,33 +644,14 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 Some(v) => parse_object("--vars", &v)?,
                 None => Map::new(),
             };
-            // Attribution is the host's: a run started from the shell may
-            // not say it is an automation's controller, occurrence or
-            // discussion.
-            if let Some(meta) = vars.get("_meta").and_then(Value::as_object) {
-                if let Some(key) = ["automation", "occurrence", "discussion"]
-                    .into_iter()
-                    .find(|k| meta.contains_key(*k))
-                {
-                    return Err(Error::InvalidInput {
-                        field: format!("--vars: _meta.{key}"),
-                        message:
-                            "is set by the host (automations and discussions), not by a caller"
-                                .into(),
-                    });
-                }
-            }
-            // An automation's own session holds its occurrences: a turn
-            // started there by hand would be replayed to the automation as
-            // if it had said it.
-            if let Some(s) = session.as_deref().filter(|s| s.starts_with("automation:")) {
-                return Err(Error::InvalidInput {
-                    field: "--session".into(),
-                    message: format!(
-                        "{s} is an automation's own session: only its occurrences are its turns"
-                    ),
-                });
-            }
+            // Attribution is the host's, and an automation's own session
+            // holds only its occurrences.
+            stepwell::core::config::check_caller_run(
+                &vars,
+                session.as_deref(),
+                "--vars",
+                "--session",
+            )?;
             if let (true, Some(s)) = (history, &session) {
                 let replayed = stepwell::sessions::session_chat_messages(
                     &rt,
@@ -980,9 +987,76 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 }
             }
         }
+        Command::Serve {
+            listen,
+            token_file,
+            interval_ms,
+            no_drive,
+            log_format,
+            max_body_bytes,
+        } => {
+            init_logs(&log_format)?;
+            // A long-running server handles a closed connection per
+            // connection, not by dying.
+            #[cfg(unix)]
+            // SAFETY: setting a signal's disposition before the server's
+            // threads start.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+            }
+            let token_file = token_file.unwrap_or_else(|| spec.token_file());
+            let token_file = std::path::absolute(&token_file).unwrap_or(token_file);
+            let mut options = stepwell::serve::ServeOptions::new(token_file.clone());
+            options.listen = listen;
+            options.drive_interval = Duration::from_millis(interval_ms.max(1));
+            options.drive = !no_drive;
+            options.max_body_bytes = max_body_bytes;
+            options.snapshots = Some(std::sync::Arc::from(spec.snapshots()?));
+            let server = stepwell::serve::Server::bind(rt, options)?;
+            let url = format!("http://{}/", server.local_addr());
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"url": url, "token_file": token_file.display().to_string()})
+                );
+            } else {
+                println!("stepwell serve: {url}");
+                println!("token file: {}", token_file.display());
+                println!(
+                    "try: curl -H \"Authorization: Bearer $(cat {})\" {url}v1/runs",
+                    token_file.display()
+                );
+            }
+            std::io::Write::flush(&mut std::io::stdout()).ok();
+            server.run()?;
+        }
         Command::Bench { .. } | Command::Triggers { .. } => unreachable!("handled above"),
     }
     Ok(())
+}
+
+/// Starts the `tracing` subscriber of `serve`: text or JSON lines on
+/// stderr, filtered by RUST_LOG (default `info`).
+fn init_logs(format: &str) -> Result<(), Error> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        "text" => builder.try_init(),
+        "json" => builder.json().try_init(),
+        other => {
+            return Err(Error::InvalidInput {
+                field: "--log-format".into(),
+                message: format!("{other:?} is not text or json"),
+            })
+        }
+    }
+    .map_err(|e| Error::InvalidInput {
+        field: "--log-format".into(),
+        message: e.to_string(),
+    })
 }
 
 /// Whether a run this command executed ended `failed` (the command then

@@ -240,6 +240,39 @@ pub const OPERATOR_RUNTIME_KEYS: [&str; 16] = [
     "max_input_tokens",
 ];
 
+/// Checks what a caller (the CLI's `run`, the HTTP API's `POST /v1/runs`)
+/// asks of a new run: its vars may not say the run is an automation's
+/// controller, occurrence or discussion (`_meta.automation`,
+/// `_meta.occurrence`, `_meta.discussion`: the host's attribution), and its
+/// session may not be an automation's own (`automation:<id>`: only its
+/// occurrences are its turns). `vars_field` and `session_field` name the
+/// inputs in the error.
+pub fn check_caller_run(
+    vars: &Map<String, Value>,
+    session: Option<&str>,
+    vars_field: &str,
+    session_field: &str,
+) -> crate::Result<()> {
+    if let Some(meta) = vars.get("_meta").and_then(Value::as_object) {
+        if let Some(key) = ["automation", "occurrence", "discussion"]
+            .into_iter()
+            .find(|k| meta.contains_key(*k))
+        {
+            return Err(crate::Error::invalid(
+                format!("{vars_field}: _meta.{key}"),
+                "is set by the host (automations and discussions), not by a caller",
+            ));
+        }
+    }
+    if let Some(s) = session.filter(|s| s.starts_with("automation:")) {
+        return Err(crate::Error::invalid(
+            session_field,
+            format!("{s} is an automation's own session: only its occurrences are its turns"),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks an operator's `_runtime` policy for a new run: only
 /// [`OPERATOR_RUNTIME_KEYS`], `stream` a boolean or null (the reference's
 /// refusal text), `allowed_tools` a list.

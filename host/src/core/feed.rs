@@ -24,7 +24,17 @@ impl Runtime {
         receiver
     }
 
-    /// Hands `records` to the subscribers that want them.
+    /// The run's ledger records after its first `after` (seq `after + 1`
+    /// onwards), offloaded values loaded back: what a follower of the run
+    /// has not seen yet, committed by any process.
+    pub fn ledger_after(&self, run_id: &str, after: u64) -> crate::Result<Vec<StepRecord>> {
+        let mut records = self.store().list_records_after(run_id, after)?;
+        if let Some(o) = &self.inner.offloader {
+            o.load_records(&mut records)?;
+        }
+        Ok(records)
+    }
+
     /// Whether anyone follows the records as they are committed.
     pub(crate) fn has_subscribers(&self) -> bool {
         !self.inner.subscribers.lock().is_empty()

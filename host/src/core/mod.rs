@@ -10,6 +10,7 @@ mod error;
 mod feed;
 pub mod keys;
 pub mod locks;
+pub mod metrics;
 pub mod model;
 pub mod panics;
 pub mod runtime;

@@ -266,7 +266,7 @@ pub(crate) struct Inner {
     engine: WasmEngine,
     clock: Arc<dyn Clock>,
     pub(crate) config: RuntimeConfig,
-    offloader: Option<crate::store::artifacts::Offloader>,
+    pub(crate) offloader: Option<crate::store::artifacts::Offloader>,
     pub(crate) effects: EffectRegistry,
     triggers: Arc<crate::automation::TriggerCatalog>,
     tools: Arc<crate::tools::ToolCatalog>,
@@ -649,10 +649,13 @@ impl Runtime {
         fence: Fence<'_>,
         after: LeaseAfter,
     ) -> Result<()> {
+        let started = std::time::Instant::now();
+        let count = records.len();
         match &self.inner.offloader {
             // Nobody to show the records to after: the store may keep them.
             None if !self.has_subscribers() => {
                 self.store().commit_owned(records, run, fence, after)?;
+                super::metrics::commit(count, started.elapsed());
                 return Ok(());
             }
             None => self.store().commit(&records, run, fence, after)?,
@@ -668,6 +671,7 @@ impl Runtime {
                 )?;
             }
         }
+        super::metrics::commit(count, started.elapsed());
         self.publish(&records);
         Ok(())
     }
@@ -697,6 +701,11 @@ impl Runtime {
         self.load_run(run_id)?.ok_or_else(|| Error::RunNotFound {
             run_id: run_id.to_string(),
         })
+    }
+
+    /// The run with this id, if any (offloaded values loaded back).
+    pub fn load_run_opt(&self, run_id: &str) -> Result<Option<RunState>> {
+        self.load_run(run_id)
     }
 
     /// The run with this id, if any, offloaded values loaded back.
@@ -847,12 +856,17 @@ impl Runtime {
         // Optimistic first: the resume's commit takes the lease. If that
         // commit finds the run unchanged but leased by someone else (a
         // driver looking at it), wait for the lease and do it again.
-        match self.resume_held(run_id, wait_key, payload.clone(), cause, depth, tick, true) {
-            Err(Error::Conflict { .. }) => {
-                self.resume_held(run_id, wait_key, payload, cause, depth, tick, false)
-            }
-            other => other,
+        let answer =
+            match self.resume_held(run_id, wait_key, payload.clone(), cause, depth, tick, true) {
+                Err(Error::Conflict { .. }) => {
+                    self.resume_held(run_id, wait_key, payload, cause, depth, tick, false)
+                }
+                other => other,
+            };
+        if answer.is_ok() {
+            super::metrics::resume();
         }
+        answer
     }
 
     /// [`Runtime::resume_at`] with a hold that takes the lease at its first

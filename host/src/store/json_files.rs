@@ -929,13 +929,13 @@ impl Store for JsonFileStore {
     }
 
     fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
-        Ok(self
+        let found: Vec<RunState> = self
             .scan()?
             .0
             .into_iter()
             .filter(|r| query.matches(r))
-            .take(query.limit.unwrap_or(usize::MAX))
-            .collect())
+            .collect();
+        Ok(query.page(found, |r| &r.run_id))
     }
 
     fn list_due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {

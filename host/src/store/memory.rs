@@ -572,9 +572,9 @@ impl Store for MemoryStore {
             .filter(|s| query.matches(&s.run) && t.quarantine_reason(&s.run.run_id).is_none())
             .collect();
         found.sort_by_key(|s| s.seq);
-        Ok(found
+        Ok(query
+            .page(found, |s| &s.run.run_id)
             .into_iter()
-            .take(query.limit.unwrap_or(usize::MAX))
             .map(|s| s.run.clone())
             .collect())
     }

@@ -222,9 +222,35 @@ pub struct RunQuery {
     pub parent_run_id: Option<String>,
     /// At most this many runs.
     pub limit: Option<usize>,
+    /// List newest first (creation order reversed) instead of oldest first.
+    pub newest_first: bool,
+    /// Only the runs that come after this run in the listing order: the
+    /// last run of a page is the cursor of the next one.
+    pub after_run_id: Option<String>,
 }
 
 impl RunQuery {
+    /// Orders `found` (matching runs, oldest first) as the query asks and
+    /// applies its cursor and limit: the backends without an ordered index
+    /// page with this.
+    pub fn page<T>(&self, mut found: Vec<T>, run_id: impl Fn(&T) -> &str) -> Vec<T> {
+        if self.newest_first {
+            found.reverse();
+        }
+        let start = match &self.after_run_id {
+            Some(after) => found
+                .iter()
+                .position(|r| run_id(r) == after)
+                .map_or(found.len(), |i| i + 1),
+            None => 0,
+        };
+        found
+            .into_iter()
+            .skip(start)
+            .take(self.limit.unwrap_or(usize::MAX))
+            .collect()
+    }
+
     /// Whether `run` passes every filter (the limit aside).
     pub fn matches(&self, run: &RunState) -> bool {
         self.status.is_none_or(|s| run.status == s)
@@ -461,6 +487,20 @@ impl RunIndexQuery {
     }
 }
 
+/// One entry of the store-wide change feed ([`Store::list_feed`]): run
+/// `run_id` gained the ledger records `from_seq..=to_seq`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FeedEntry {
+    /// The entry's position in the feed (increasing, not dense).
+    pub seq: u64,
+    /// The run.
+    pub run_id: String,
+    /// The seq of the first record appended.
+    pub from_seq: u64,
+    /// The seq of the last record appended.
+    pub to_seq: u64,
+}
+
 /// Splits a comma-separated filter value (`"a,b"`) into its values.
 pub fn filter_values(text: &str) -> Vec<String> {
     text.split(',')
@@ -582,6 +622,31 @@ pub trait Store: Send + Sync {
 
     /// A run's ledger, oldest first.
     fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
+
+    /// A run's ledger records after the first `after` (seq `after + 1`
+    /// onwards), oldest first: what a follower has not seen yet. The
+    /// default reads the whole ledger.
+    fn list_records_after(&self, run_id: &str, after: u64) -> Result<Vec<StepRecord>, StoreError> {
+        let mut records = self.list_records(run_id)?;
+        records.drain(..(after as usize).min(records.len()));
+        Ok(records)
+    }
+
+    /// The store-wide change feed: up to `limit` entries after the entry
+    /// `after` (0: from the start), in commit order across every process
+    /// on the store; each names a run and the seqs of the records one
+    /// append gave it. `None` when the backend keeps no feed (memory and
+    /// JSON files: a server then shows the commits of its own process).
+    fn list_feed(&self, after: u64, limit: usize) -> Result<Option<Vec<FeedEntry>>, StoreError> {
+        let _ = (after, limit);
+        Ok(None)
+    }
+
+    /// The position of the newest entry of the change feed (`Some(0)`
+    /// while it is empty; `None` when the backend keeps no feed).
+    fn feed_head(&self) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
 
     /// The run's records appended after its last commit, oldest first:
     /// what an effect on other runs or the world recorded ahead of a commit

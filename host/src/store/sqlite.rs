@@ -20,8 +20,8 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
-    check_next_version, link, wait_due_at, Attribution, Claim, Deferral, Durability, Fence,
-    LeaseAfter, LeaseRequest, RunIndexQuery, RunIndexRow, RunQuery, Store, StoreError,
+    check_next_version, link, wait_due_at, Attribution, Claim, Deferral, Durability, FeedEntry,
+    Fence, LeaseAfter, LeaseRequest, RunIndexQuery, RunIndexRow, RunQuery, Store, StoreError,
 };
 use crate::core::clock::format_time;
 use crate::core::model::{RunState, RunStatus, StepRecord};
@@ -66,6 +66,12 @@ CREATE TABLE IF NOT EXISTS bundles (
 CREATE TABLE IF NOT EXISTS compiled_digests (
     name    TEXT PRIMARY KEY,
     sha256  TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS feed (
+    seq      INTEGER PRIMARY KEY,
+    run_id   TEXT NOT NULL,
+    from_seq INTEGER NOT NULL,
+    to_seq   INTEGER NOT NULL
 );
 ";
 
@@ -445,7 +451,8 @@ impl SqliteStore {
         records: &[StepRecord],
     ) -> Result<Vec<(String, i64)>, StoreError> {
         // Each run's last (seq, hash), read once per run and batch.
-        let mut heads: Vec<(&str, i64, Option<String>)> = Vec::new();
+        // Each run's (id, last seq, last hash, seq before this append).
+        let mut heads: Vec<(&str, i64, Option<String>, i64)> = Vec::new();
         let mut last = conn
             .prepare_cached(
                 "SELECT seq, hash FROM ledger WHERE run_id = ?1 ORDER BY seq DESC LIMIT 1",
@@ -465,7 +472,7 @@ impl SqliteStore {
                         .optional()
                         .map_err(|e| self.err(e))?
                         .unwrap_or((0, None));
-                    heads.push((&r.run_id, seq, hash));
+                    heads.push((&r.run_id, seq, hash, seq));
                     heads.len() - 1
                 }
             };
@@ -477,9 +484,18 @@ impl SqliteStore {
                 .execute(params![r.run_id, head.1, data, head.2, r.idempotency_key])
                 .map_err(|e| self.err(e))?;
         }
+        // One feed row per run and append: the store-wide change feed
+        // (`Store::list_feed`), in commit order across processes.
+        let mut feed = conn
+            .prepare_cached("INSERT INTO feed (run_id, from_seq, to_seq) VALUES (?1, ?2, ?3)")
+            .map_err(|e| self.err(e))?;
+        for (id, seq, _, before) in &heads {
+            feed.execute(params![id, before + 1, seq])
+                .map_err(|e| self.err(e))?;
+        }
         Ok(heads
             .into_iter()
-            .map(|(id, seq, _)| (id.to_string(), seq))
+            .map(|(id, seq, _, _)| (id.to_string(), seq))
             .collect())
     }
 
@@ -746,6 +762,45 @@ impl Store for SqliteStore {
         )
     }
 
+    fn list_records_after(&self, run_id: &str, after: u64) -> Result<Vec<StepRecord>, StoreError> {
+        self.records(
+            run_id,
+            "SELECT seq, data FROM ledger WHERE run_id = ?1 AND seq > CAST(?2 AS INTEGER) ORDER BY seq",
+            Some(&after.to_string()),
+        )
+    }
+
+    fn feed_head(&self) -> Result<Option<u64>, StoreError> {
+        let conn = self.conn.lock();
+        conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM feed", [], |row| {
+            row.get::<_, i64>(0)
+        })
+        .map(|n| Some(n as u64))
+        .map_err(|e| self.err(e))
+    }
+
+    fn list_feed(&self, after: u64, limit: usize) -> Result<Option<Vec<FeedEntry>>, StoreError> {
+        let conn = self.conn.lock();
+        let mut st = conn
+            .prepare_cached(
+                "SELECT seq, run_id, from_seq, to_seq FROM feed WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![after as i64, limit as i64], |row| {
+                Ok(FeedEntry {
+                    seq: row.get::<_, i64>(0)? as u64,
+                    run_id: row.get(1)?,
+                    from_seq: row.get::<_, i64>(2)? as u64,
+                    to_seq: row.get::<_, i64>(3)? as u64,
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map(Some)
+            .map_err(|e| self.err(e))
+    }
+
     fn list_ahead(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
         self.records(
             run_id,
@@ -796,7 +851,19 @@ impl Store for SqliteStore {
                 sql.push_str(&format!(" AND {column} = ?{}", args.len()));
             }
         }
-        sql.push_str(" ORDER BY rowid");
+        let (before_after, order) = if query.newest_first {
+            ("<", "DESC")
+        } else {
+            (">", "ASC")
+        };
+        if let Some(after) = &query.after_run_id {
+            args.push(after);
+            sql.push_str(&format!(
+                " AND rowid {before_after} (SELECT rowid FROM runs WHERE run_id = ?{})",
+                args.len()
+            ));
+        }
+        sql.push_str(&format!(" ORDER BY rowid {order}"));
         if let Some(l) = query.limit {
             sql.push_str(&format!(" LIMIT {l}"));
         }

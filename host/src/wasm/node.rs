@@ -173,7 +173,10 @@ impl NodeSession {
             now: call.now,
             attempt: call.attempt,
         };
-        match self.node.call_handle(&mut self.store, input) {
+        let started = std::time::Instant::now();
+        let answer = self.node.call_handle(&mut self.store, input);
+        crate::core::metrics::guest_call(started.elapsed());
+        match answer {
             Ok(Ok(plan)) => parse_plan(plan, engine.limits().max_output_bytes),
             Ok(Err(wit::NodeError::InvalidInput(m))) => Err(GuestError::InvalidInput(m)),
             Ok(Err(wit::NodeError::Failed(m))) => Err(GuestError::Failed(m)),

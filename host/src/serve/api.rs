@@ -1,0 +1,1059 @@
+//! The routes: the JSON API under `/v1`, the dashboard, `/openapi.json`
+//! and `/metrics`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, FromRequest, MatchedPath, Path, Query, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::error::ApiError;
+use super::Shared;
+use crate::automation::{
+    apply_automation_command, create_automation, list_attention, list_automations,
+    list_occurrences, pending_waits, show_automation, start_discussion, Command, DiscussionRequest,
+};
+use crate::core::Error;
+use crate::{RunQuery, RunState, RunStatus, StartOptions, WaitReason};
+
+type S = State<Arc<Shared>>;
+type ApiResult<T = Response> = Result<T, ApiError>;
+
+/// Runs `f` on the blocking pool (the runtime's calls block: store
+/// commits, guest calls).
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> ApiResult<T> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(ApiError::from),
+        Err(e) => Err(ApiError::internal(format!("the call panicked: {e}"))),
+    }
+}
+
+/// A JSON body, parsed strictly: an unknown field or a value of the wrong
+/// type is `400 invalid_input` naming it (`body.vars`), a body over the
+/// limit `413 payload_too_large`.
+pub(crate) struct Body<T>(pub T);
+
+impl<St: Send + Sync, T: DeserializeOwned> FromRequest<St> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &St) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    "the request body is over the limit",
+                )
+            } else {
+                ApiError::invalid("body", e.body_text())
+            }
+        })?;
+        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        let de = &mut serde_json::Deserializer::from_slice(bytes);
+        serde_path_to_error::deserialize(de).map(Body).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." || path.is_empty() {
+                "body".to_string()
+            } else {
+                format!("body.{path}")
+            };
+            ApiError::invalid(&field, e.into_inner().to_string())
+        })
+    }
+}
+
+/// Query parameters, with a typed error.
+pub(crate) struct Params<T>(pub T);
+
+impl<St: Send + Sync, T: DeserializeOwned> axum::extract::FromRequestParts<St> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &St,
+    ) -> Result<Self, ApiError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| Params(q))
+            .map_err(|e| ApiError::invalid("query", e.body_text()))
+    }
+}
+
+/// A request's (method, route, status).
+type RequestKind = (String, String, u16);
+
+/// How many requests of a kind, and their total time in microseconds.
+type RequestCount = (u64, u64);
+
+/// Requests counted by route, method and status, and their time.
+#[derive(Default)]
+pub(crate) struct HttpCounters {
+    counts: parking_lot::Mutex<BTreeMap<RequestKind, RequestCount>>,
+}
+
+impl HttpCounters {
+    fn count(&self, method: &str, route: &str, status: u16, micros: u64) {
+        let mut c = self.counts.lock();
+        let e = c
+            .entry((method.to_string(), route.to_string(), status))
+            .or_default();
+        e.0 += 1;
+        e.1 += micros;
+    }
+}
+
+/// The whole application.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    let limit = shared.max_body_bytes;
+    let open = Router::new()
+        .route("/", get(dashboard_index))
+        .route("/assets/app.js", get(dashboard_js))
+        .route("/assets/app.css", get(dashboard_css))
+        .route("/v1/health", get(health))
+        .route("/openapi.json", get(openapi));
+    let guarded = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/v1/runs", get(list_runs).post(start_run))
+        .route("/v1/runs/{id}", get(get_run))
+        .route("/v1/runs/{id}/resume", post(resume_run))
+        .route("/v1/runs/{id}/cancel", post(cancel_run))
+        .route("/v1/runs/{id}/ledger", get(run_ledger))
+        .route("/v1/runs/{id}/ledger/verify", get(verify_ledger))
+        .route(
+            "/v1/runs/{id}/ledger/stream",
+            get(super::stream::run_stream),
+        )
+        .route("/v1/runs/{id}/snapshots", post(create_snapshot))
+        .route("/v1/stream", get(super::stream::store_stream))
+        .route("/v1/waits", get(list_waits))
+        .route("/v1/snapshots", get(list_snapshots))
+        .route("/v1/snapshots/{id}/restore", post(restore_snapshot))
+        .route("/v1/sessions/{id}/turns", get(session_turns))
+        .route("/v1/sessions/{id}/history", get(session_history))
+        .route(
+            "/v1/automations",
+            get(automations_list).post(automations_create),
+        )
+        .route("/v1/automations/{id}", get(automations_show))
+        .route("/v1/automations/{id}/commands", post(automations_command))
+        .route(
+            "/v1/automations/{id}/occurrences",
+            get(automations_occurrences),
+        )
+        .route("/v1/automations/{id}/waits", get(automations_waits))
+        .route("/v1/automations/{id}/attention", get(automations_attention))
+        .route("/v1/automations/{id}/runs", get(super::ahp::run_summaries))
+        .route(
+            "/v1/automations/{id}/discussions",
+            post(automations_discuss),
+        )
+        .route("/v1/triggers", get(triggers_list))
+        .route("/v1/tools", get(tools_list))
+        .route("/v1/ahp", get(super::ahp::upgrade))
+        .route_layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            require_token,
+        ));
+    open.merge(guarded)
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            observe,
+        ))
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
+        .with_state(shared)
+}
+
+/// Counts and logs every request, and adds the headers every answer
+/// carries.
+async fn observe(State(s): S, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().to_string();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "(unmatched)".into());
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.to_string())
+        .unwrap_or_default();
+    let mut response = next.run(req).await;
+    let status = response.status().as_u16();
+    let micros = started.elapsed().as_micros() as u64;
+    s.http.count(&method, &route, status, micros);
+    tracing::info!(%method, %route, status, micros, %peer, "request");
+    let headers = response.headers_mut();
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    response
+}
+
+/// Compares in time independent of where the texts differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The bearer token, from `Authorization: Bearer <token>` or, for a
+/// WebSocket (browsers cannot set its headers), the subprotocol
+/// `bearer.<token>`.
+fn presented_token(req: &Request) -> Option<String> {
+    if let Some(v) = req.headers().get(header::AUTHORIZATION) {
+        return v
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(|t| t.trim().to_string());
+    }
+    req.headers()
+        .get(header::SEC_WEBSOCKET_PROTOCOL)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.split(',')
+                .map(str::trim)
+                .find_map(|p| p.strip_prefix("bearer."))
+                .map(str::to_string)
+        })
+}
+
+async fn require_token(State(s): S, req: Request, next: Next) -> Response {
+    match presented_token(&req) {
+        Some(t) if same_secret(t.as_bytes(), s.token.as_bytes()) => next.run(req).await,
+        presented => {
+            let mut r = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                if presented.is_some() {
+                    "the token is wrong"
+                } else {
+                    "send the token: Authorization: Bearer <token> (the server printed where it is)"
+                },
+            )
+            .into_response();
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"stepwell\""),
+            );
+            r
+        }
+    }
+}
+
+fn created(value: Value) -> Response {
+    (StatusCode::CREATED, Json(value)).into_response()
+}
+
+fn ok(value: Value) -> Response {
+    Json(value).into_response()
+}
+
+fn run_json(run: &RunState) -> Value {
+    serde_json::to_value(run).unwrap_or(Value::Null)
+}
+
+// ---------------------------------------------------------------- static
+
+/// The dashboard's file `name`: embedded in the binary, or read from the
+/// folder `STEPWELL_DASHBOARD_DIR` names at each request (for working on
+/// the dashboard without rebuilding).
+fn dashboard_file(name: &str, embedded: &'static str) -> String {
+    match std::env::var_os("STEPWELL_DASHBOARD_DIR") {
+        Some(dir) => std::fs::read_to_string(std::path::Path::new(&dir).join(name))
+            .unwrap_or_else(|_| embedded.to_string()),
+        None => embedded.to_string(),
+    }
+}
+
+fn asset(content_type: &'static str, body: String) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'",
+            ),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn dashboard_index() -> Response {
+    asset(
+        "text/html; charset=utf-8",
+        dashboard_file("index.html", include_str!("dashboard/index.html")),
+    )
+}
+
+async fn dashboard_js() -> Response {
+    asset(
+        "text/javascript; charset=utf-8",
+        dashboard_file("app.js", include_str!("dashboard/app.js")),
+    )
+}
+
+async fn dashboard_css() -> Response {
+    asset(
+        "text/css; charset=utf-8",
+        dashboard_file("app.css", include_str!("dashboard/app.css")),
+    )
+}
+
+async fn health() -> Response {
+    ok(json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}))
+}
+
+async fn openapi() -> Response {
+    ok(super::openapi::openapi_document())
+}
+
+// ---------------------------------------------------------------- runs
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListRuns {
+    status: Option<String>,
+    wait_reason: Option<String>,
+    workflow_id: Option<String>,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+/// The most items one page holds.
+const MAX_PAGE: usize = 500;
+
+fn page_limit(limit: Option<usize>) -> ApiResult<usize> {
+    match limit.unwrap_or(50) {
+        0 => Err(ApiError::invalid("limit", "must be at least 1")),
+        n if n > MAX_PAGE => Err(ApiError::invalid(
+            "limit",
+            format!("must be at most {MAX_PAGE}"),
+        )),
+        n => Ok(n),
+    }
+}
+
+fn run_query(
+    status: Option<&str>,
+    wait_reason: Option<&str>,
+    workflow_id: Option<String>,
+) -> ApiResult<RunQuery> {
+    Ok(RunQuery {
+        status: status
+            .map(|s| {
+                RunStatus::parse(s).ok_or_else(|| {
+                    ApiError::invalid(
+                        "status",
+                        format!(
+                            "{s:?} is not one of running, waiting, completed, failed, cancelled"
+                        ),
+                    )
+                })
+            })
+            .transpose()?,
+        wait_reason: wait_reason
+            .map(|r| {
+                WaitReason::parse(r).ok_or_else(|| {
+                    ApiError::invalid(
+                        "wait_reason",
+                        format!("{r:?} is not one of event, until, user, job, subworkflow"),
+                    )
+                })
+            })
+            .transpose()?,
+        workflow_id,
+        newest_first: true,
+        ..RunQuery::default()
+    })
+}
+
+/// One page of runs, newest first, and the cursor of the next.
+fn run_page(s: &Shared, mut query: RunQuery, limit: usize) -> Result<Value, Error> {
+    if let Some(after) = &query.after_run_id {
+        if s.rt.store().load_run(after)?.is_none() {
+            return Err(Error::invalid(
+                "cursor",
+                format!("{after:?} is not a run of this store"),
+            ));
+        }
+    }
+    query.limit = Some(limit + 1);
+    let mut runs = s.rt.list_runs(&query)?;
+    let more = runs.len() > limit;
+    runs.truncate(limit);
+    let next = match runs.last() {
+        Some(r) if more => json!(r.run_id),
+        _ => Value::Null,
+    };
+    let items: Vec<Value> = runs.iter().map(run_json).collect();
+    Ok(json!({"items": items, "next_cursor": next}))
+}
+
+async fn list_runs(State(s): S, Params(q): Params<ListRuns>) -> ApiResult {
+    let limit = page_limit(q.limit)?;
+    let mut query = run_query(q.status.as_deref(), q.wait_reason.as_deref(), q.workflow_id)?;
+    query.after_run_id = q.cursor;
+    blocking(move || run_page(&s, query, limit)).await.map(ok)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListWaits {
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+async fn list_waits(State(s): S, Params(q): Params<ListWaits>) -> ApiResult {
+    let limit = page_limit(q.limit)?;
+    let mut query = run_query(Some("waiting"), Some("user"), None)?;
+    query.after_run_id = q.cursor;
+    blocking(move || run_page(&s, query, limit)).await.map(ok)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StartRun {
+    bundle: Option<String>,
+    workflow_id: Option<String>,
+    #[serde(default)]
+    vars: Map<String, Value>,
+    run_id: Option<String>,
+    runtime: Option<Map<String, Value>>,
+    session_id: Option<String>,
+    actor_id: Option<String>,
+}
+
+async fn start_run(State(s): S, Body(b): Body<StartRun>) -> ApiResult {
+    crate::core::config::check_caller_run(
+        &b.vars,
+        b.session_id.as_deref(),
+        "body.vars",
+        "body.session_id",
+    )?;
+    let runtime = match b.runtime {
+        Some(r) => crate::core::config::operator_runtime(r)?,
+        None => Map::new(),
+    };
+    let state = blocking(move || {
+        let workflow =
+            match (b.bundle, b.workflow_id) {
+                (Some(dir), None) => {
+                    s.rt.load_bundle(std::path::Path::new(&dir))?
+                        .main_workflow_id
+                }
+                (None, Some(wf)) => wf,
+                (Some(dir), Some(wf)) => {
+                    s.rt.load_bundle(std::path::Path::new(&dir))?;
+                    wf
+                }
+                (None, None) => return Err(Error::invalid(
+                    "body",
+                    "give the bundle directory (\"bundle\") or a known workflow (\"workflow_id\")",
+                )),
+            };
+        let state = s.rt.run(
+            &workflow,
+            StartOptions {
+                vars: b.vars,
+                run_id: b.run_id,
+                runtime,
+                session_id: b.session_id,
+                actor_id: b.actor_id,
+                ..StartOptions::default()
+            },
+        )?;
+        // Children it started, or the waits it set, are the driver's now.
+        s.wake.wake();
+        Ok(state)
+    })
+    .await?;
+    Ok(created(run_json(&state)))
+}
+
+async fn get_run(State(s): S, Path(id): Path<String>) -> ApiResult {
+    blocking(move || s.rt.get_state(&id))
+        .await
+        .map(|r| ok(run_json(&r)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Resume {
+    payload: Option<Value>,
+    wait_key: Option<String>,
+}
+
+async fn resume_run(State(s): S, Path(id): Path<String>, Body(b): Body<Resume>) -> ApiResult {
+    let payload = b
+        .payload
+        .ok_or_else(|| ApiError::invalid("body.payload", "missing: the answer to the wait"))?;
+    blocking(move || {
+        let state = match b.wait_key {
+            Some(k) => s.rt.resume(&id, &k, payload)?,
+            None => s.rt.respond(&id, payload)?,
+        };
+        s.wake.wake();
+        Ok(state)
+    })
+    .await
+    .map(|r| ok(run_json(&r)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cancel {
+    reason: Option<String>,
+}
+
+async fn cancel_run(State(s): S, Path(id): Path<String>, Body(b): Body<Cancel>) -> ApiResult {
+    blocking(move || {
+        let state = s.rt.cancel_run_by(&id, b.reason.as_deref(), "http")?;
+        s.wake.wake();
+        Ok(state)
+    })
+    .await
+    .map(|r| ok(run_json(&r)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LedgerQuery {
+    after: Option<u64>,
+}
+
+/// A ledger record as the API shows it: the record with its `seq`.
+pub(crate) fn record_json(record: &crate::StepRecord, seq: u64) -> Value {
+    let mut v = serde_json::to_value(record).unwrap_or(Value::Null);
+    v["seq"] = json!(seq);
+    v
+}
+
+async fn run_ledger(
+    State(s): S,
+    Path(id): Path<String>,
+    Params(q): Params<LedgerQuery>,
+) -> ApiResult {
+    blocking(move || {
+        s.rt.get_state(&id)?;
+        let after = q.after.unwrap_or(0);
+        let records = s.rt.ledger_after(&id, after)?;
+        Ok(Value::Array(
+            records
+                .iter()
+                .enumerate()
+                .map(|(i, r)| record_json(r, after + i as u64 + 1))
+                .collect(),
+        ))
+    })
+    .await
+    .map(ok)
+}
+
+async fn verify_ledger(State(s): S, Path(id): Path<String>) -> ApiResult {
+    blocking(move || {
+        let count = s.rt.get_ledger(&id)?.len();
+        Ok(match s.rt.verify_ledger(&id)? {
+            Ok(head) => json!({"ok": true, "records": count, "head": head}),
+            Err(b) => json!({"ok": false, "records": count, "break": b}),
+        })
+    })
+    .await
+    .map(ok)
+}
+
+// ---------------------------------------------------------------- snapshots
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSnapshot {
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    tags: Vec<String>,
+}
+
+async fn create_snapshot(
+    State(s): S,
+    Path(id): Path<String>,
+    Body(b): Body<NewSnapshot>,
+) -> ApiResult {
+    blocking(move || {
+        let snap =
+            s.rt.create_snapshot(&*s.snapshots, &id, &b.name, &b.description, b.tags)?;
+        Ok(serde_json::to_value(snap).unwrap_or(Value::Null))
+    })
+    .await
+    .map(created)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnapshotSearch {
+    run_id: Option<String>,
+    tag: Option<String>,
+    text: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn list_snapshots(State(s): S, Params(q): Params<SnapshotSearch>) -> ApiResult {
+    let limit = page_limit(q.limit)?;
+    blocking(move || {
+        let found = s.snapshots.search_snapshots(&crate::store::SnapshotQuery {
+            run_id: q.run_id,
+            tag: q.tag,
+            text: q.text,
+            limit: Some(limit),
+        })?;
+        Ok(json!({"items": found}))
+    })
+    .await
+    .map(ok)
+}
+
+async fn restore_snapshot(State(s): S, Path(id): Path<String>) -> ApiResult {
+    blocking(move || {
+        let run = s.rt.restore_snapshot(&*s.snapshots, &id)?;
+        s.wake.wake();
+        Ok(run)
+    })
+    .await
+    .map(|r| ok(run_json(&r)))
+}
+
+// ---------------------------------------------------------------- sessions
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TurnsQuery {
+    automation_id: Option<String>,
+    through_occurrence: Option<i64>,
+    limit: Option<usize>,
+}
+
+async fn session_turns(
+    State(s): S,
+    Path(id): Path<String>,
+    Params(q): Params<TurnsQuery>,
+) -> ApiResult {
+    blocking(move || {
+        let turns = crate::sessions::select_session_turns(
+            &s.rt,
+            &id,
+            &crate::sessions::TurnsOptions {
+                automation_id: q.automation_id,
+                through_occurrence: q.through_occurrence,
+                limit: q.limit.unwrap_or(50),
+                ..Default::default()
+            },
+        )?;
+        let items: Vec<Value> = turns
+            .iter()
+            .map(|t| crate::sessions::Turn::of(t).to_json())
+            .collect();
+        Ok(json!({"items": items}))
+    })
+    .await
+    .map(ok)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    max_tokens: Option<u64>,
+    automation_id: Option<String>,
+    through_occurrence: Option<i64>,
+}
+
+async fn session_history(
+    State(s): S,
+    Path(id): Path<String>,
+    Params(q): Params<HistoryQuery>,
+) -> ApiResult {
+    blocking(move || {
+        let mut options = crate::sessions::HistoryOptions {
+            automation_id: q.automation_id,
+            through_occurrence: q.through_occurrence,
+            ..Default::default()
+        };
+        if let Some(m) = q.max_tokens {
+            options.max_tokens = m;
+        }
+        let h = crate::sessions::session_chat_messages(&s.rt, &id, &options)?;
+        Ok(json!({"messages": h.messages, "report": h.report.to_json()}))
+    })
+    .await
+    .map(ok)
+}
+
+// ---------------------------------------------------------------- automations
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AutomationsQuery {
+    status: Option<String>,
+    cursor: Option<String>,
+    limit: Option<i64>,
+}
+
+async fn automations_list(State(s): S, Params(q): Params<AutomationsQuery>) -> ApiResult {
+    blocking(move || {
+        list_automations(
+            &s.rt,
+            q.status.as_deref(),
+            q.cursor.as_deref(),
+            q.limit.unwrap_or(50),
+            s.rt.now(),
+        )
+    })
+    .await
+    .map(ok)
+}
+
+async fn automations_create(State(s): S, Body(request): Body<Value>) -> ApiResult {
+    blocking(move || {
+        let c = create_automation(&s.rt, &request, s.rt.now(), None)?;
+        s.wake.wake();
+        Ok(json!({"automation_id": c.automation_id, "revision": c.revision, "created": c.created}))
+    })
+    .await
+    .map(|v| {
+        if v["created"] == json!(true) {
+            created(v)
+        } else {
+            ok(v)
+        }
+    })
+}
+
+async fn automations_show(State(s): S, Path(id): Path<String>) -> ApiResult {
+    blocking(move || show_automation(&s.rt, &id, s.rt.now()))
+        .await
+        .map(ok)
+}
+
+/// The body of `POST /v1/automations/{id}/commands`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CommandBody {
+    #[serde(rename = "type")]
+    kind: String,
+    command_id: String,
+    payload: Option<Value>,
+    expected_revision: Option<i64>,
+    actor: Option<String>,
+}
+
+impl CommandBody {
+    /// `stop_current` with `command_id`, sent by an AHP client.
+    pub(crate) fn stop_current(command_id: String) -> Self {
+        CommandBody {
+            kind: "stop_current".into(),
+            command_id,
+            payload: None,
+            expected_revision: None,
+            actor: Some("ahp".into()),
+        }
+    }
+}
+
+/// Applies an automation command: `200` with the answer when applied,
+/// `422` with it when rejected (a rejection is an answer, recorded).
+pub(crate) fn apply_command(
+    s: &Shared,
+    automation_id: &str,
+    body: &CommandBody,
+) -> Result<Value, Error> {
+    let answer = apply_automation_command(
+        &s.rt,
+        &Command {
+            automation_id,
+            command_id: &body.command_id,
+            command_type: &body.kind,
+            payload: body.payload.as_ref(),
+            actor: body.actor.as_deref(),
+            expected_revision: body.expected_revision,
+        },
+        s.rt.now(),
+    )?;
+    s.wake.wake();
+    Ok(answer)
+}
+
+async fn automations_command(
+    State(s): S,
+    Path(id): Path<String>,
+    Body(b): Body<CommandBody>,
+) -> ApiResult {
+    let answer = blocking(move || apply_command(&s, &id, &b)).await?;
+    let status = if answer["status"] == "applied" {
+        StatusCode::OK
+    } else {
+        StatusCode::UNPROCESSABLE_ENTITY
+    };
+    Ok((status, Json(answer)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PageQuery {
+    cursor: Option<String>,
+    limit: Option<i64>,
+}
+
+async fn automations_occurrences(
+    State(s): S,
+    Path(id): Path<String>,
+    Params(q): Params<PageQuery>,
+) -> ApiResult {
+    blocking(move || list_occurrences(&s.rt, &id, q.cursor.as_deref(), q.limit.unwrap_or(50)))
+        .await
+        .map(ok)
+}
+
+async fn automations_waits(
+    State(s): S,
+    Path(id): Path<String>,
+    Params(q): Params<ListWaits>,
+) -> ApiResult {
+    let limit = page_limit(q.limit)?;
+    blocking(move || pending_waits(&s.rt, &id, limit))
+        .await
+        .map(|items| ok(json!({"items": items})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AttentionQuery {
+    after_seq: Option<i64>,
+    cursor: Option<String>,
+    limit: Option<i64>,
+}
+
+async fn automations_attention(
+    State(s): S,
+    Path(id): Path<String>,
+    Params(q): Params<AttentionQuery>,
+) -> ApiResult {
+    blocking(move || {
+        list_attention(
+            &s.rt,
+            &id,
+            q.after_seq.unwrap_or(0),
+            q.cursor.as_deref(),
+            q.limit.unwrap_or(50),
+        )
+    })
+    .await
+    .map(ok)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DiscussBody {
+    occurrence: i64,
+    request_id: String,
+    prompt: String,
+    workspace: String,
+    actor: Option<String>,
+}
+
+async fn automations_discuss(
+    State(s): S,
+    Path(id): Path<String>,
+    Body(b): Body<DiscussBody>,
+) -> ApiResult {
+    blocking(move || {
+        let started = start_discussion(
+            &s.rt,
+            &DiscussionRequest {
+                automation_id: id,
+                occurrence_index: b.occurrence,
+                request_id: b.request_id,
+                prompt: b.prompt,
+                workspace_root: b.workspace,
+                actor_id: b.actor,
+            },
+        )?;
+        let state = s.rt.tick(&started.run_id)?;
+        let mut out = started.to_json();
+        out["status"] = json!(state.status.as_str());
+        out["output"] = state.output.clone().unwrap_or(Value::Null);
+        Ok(out)
+    })
+    .await
+    .map(created)
+}
+
+// ---------------------------------------------------------------- catalogues
+
+async fn triggers_list(State(s): S) -> ApiResult {
+    blocking(move || {
+        let registry = s.rt.triggers()?;
+        Ok(json!({"items": registry.entries()}))
+    })
+    .await
+    .map(ok)
+}
+
+async fn tools_list(State(s): S) -> ApiResult {
+    blocking(move || {
+        let table = s.rt.tools()?;
+        Ok(json!({"items": table.entries()}))
+    })
+    .await
+    .map(ok)
+}
+
+// ---------------------------------------------------------------- metrics
+
+async fn metrics(State(s): S) -> ApiResult {
+    let http: Vec<(RequestKind, RequestCount)> = s
+        .http
+        .counts
+        .lock()
+        .iter()
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    let text = blocking(move || {
+        let mut by_status = Vec::new();
+        for status in [
+            RunStatus::Running,
+            RunStatus::Waiting,
+            RunStatus::Completed,
+            RunStatus::Failed,
+            RunStatus::Cancelled,
+        ] {
+            let n =
+                s.rt.store()
+                    .list_run_index(&crate::RunIndexQuery {
+                        status: Some(status),
+                        ..Default::default()
+                    })?
+                    .len();
+            by_status.push((status.as_str(), n));
+        }
+        Ok(render_metrics(&by_status, &http))
+    })
+    .await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+fn render_metrics(by_status: &[(&str, usize)], http: &[(RequestKind, RequestCount)]) -> String {
+    use std::fmt::Write;
+    let c = crate::core::metrics::counters();
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    family("stepwell_runs", "gauge", "Runs in the store, by status.");
+    let mut lines = String::new();
+    for (status, n) in by_status {
+        let _ = writeln!(lines, "stepwell_runs{{status=\"{status}\"}} {n}");
+    }
+    out.push_str(&lines);
+    let mut simple = |name: &str, kind: &str, help: &str, value: String| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    };
+    simple(
+        "stepwell_steps_total",
+        "counter",
+        "Ledger records this process committed.",
+        c.records.to_string(),
+    );
+    simple(
+        "stepwell_resumes_total",
+        "counter",
+        "Waits this process resumed.",
+        c.resumes.to_string(),
+    );
+    simple(
+        "stepwell_guest_calls_total",
+        "counter",
+        "Node calls into guest components.",
+        c.guest_calls.to_string(),
+    );
+    simple(
+        "stepwell_guest_seconds_total",
+        "counter",
+        "Wall time spent in guest node calls.",
+        format!("{:.6}", c.guest_us as f64 / 1e6),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP stepwell_store_commit_seconds Store commit latency of run transitions.\n# TYPE stepwell_store_commit_seconds histogram"
+    );
+    let mut cumulative = 0;
+    for (i, bound) in crate::core::metrics::COMMIT_BUCKETS_US.iter().enumerate() {
+        cumulative += c.commit_buckets[i];
+        let _ = writeln!(
+            out,
+            "stepwell_store_commit_seconds_bucket{{le=\"{}\"}} {cumulative}",
+            *bound as f64 / 1e6
+        );
+    }
+    let _ = writeln!(
+        out,
+        "stepwell_store_commit_seconds_bucket{{le=\"+Inf\"}} {}\nstepwell_store_commit_seconds_sum {:.6}\nstepwell_store_commit_seconds_count {}",
+        c.commits,
+        c.commit_us as f64 / 1e6,
+        c.commits
+    );
+    let _ = writeln!(
+        out,
+        "# HELP stepwell_http_requests_total HTTP requests answered.\n# TYPE stepwell_http_requests_total counter"
+    );
+    for ((method, route, status), (n, _)) in http {
+        let _ = writeln!(
+            out,
+            "stepwell_http_requests_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} {n}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP stepwell_http_request_seconds_total Time spent answering HTTP requests.\n# TYPE stepwell_http_request_seconds_total counter"
+    );
+    for ((method, route, status), (_, us)) in http {
+        let _ = writeln!(
+            out,
+            "stepwell_http_request_seconds_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} {:.6}",
+            *us as f64 / 1e6
+        );
+    }
+    out
+}

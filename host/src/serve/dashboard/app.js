@@ -1,0 +1,936 @@
+// The stepwell dashboard: plain JavaScript, no dependencies, no build step.
+// Every piece of data goes into the page through text nodes (never innerHTML).
+'use strict';
+(() => {
+  const TOKEN_KEY = 'stepwell.token';
+  const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
+  const RUN_STATUSES = ['all', 'running', 'waiting', 'completed', 'failed', 'cancelled'];
+  const app = document.getElementById('app');
+  const enc = encodeURIComponent;
+
+  // ---------- DOM helpers ----------
+  function h(tag, attrs, ...kids) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v == null || v === false) continue;
+      if (k === 'class') el.className = v;
+      else if (k === 'testid') el.dataset.testid = v;
+      else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+      else if (k === 'value') el.value = v;
+      else el.setAttribute(k, v === true ? '' : String(v));
+    }
+    return add(el, kids);
+  }
+  function add(el, ...kids) {
+    for (const k of kids.flat(Infinity)) {
+      if (k == null || k === false) continue;
+      el.append(k instanceof Node ? k : String(k));
+    }
+    return el;
+  }
+  // Replaces a container's children, keeping the open/closed state of <details data-key>.
+  function swap(container, ...kids) {
+    const state = new Map();
+    for (const d of container.querySelectorAll('details[data-key]')) state.set(d.dataset.key, d.open);
+    container.replaceChildren();
+    add(container, kids);
+    for (const d of container.querySelectorAll('details[data-key]')) {
+      if (state.has(d.dataset.key)) d.open = state.get(d.dataset.key);
+    }
+    return container;
+  }
+  const pretty = (v) => JSON.stringify(v, null, 2);
+  const jsonBlock = (v, testid) => h('pre', { class: 'json', testid }, pretty(v));
+  function fold(key, label, body, open) {
+    return h('details', { class: 'fold', 'data-key': key, open: !!open }, h('summary', null, label), body);
+  }
+  const mono = (s, cls) => h('span', { class: 'mono ' + (cls || ''), title: s }, s);
+  const idText = (s) => h('span', { class: 'mono id', title: s }, s);
+  const muted = (...kids) => h('span', { class: 'muted' }, ...kids);
+  const link = (href, ...kids) => h('a', { href }, ...kids);
+  const runHref = (id) => '#/runs/' + enc(id);
+  const autoHref = (id) => '#/automations/' + enc(id);
+  function msg(el, text, kind) {
+    el.textContent = text || '';
+    el.className = 'msg ' + (kind || 'err');
+    el.hidden = !text;
+  }
+  const sleep = (ms, signal) => new Promise((res) => {
+    const t = setTimeout(res, ms);
+    if (signal) signal.addEventListener('abort', () => { clearTimeout(t); res(); }, { once: true });
+  });
+  function uuid() {
+    if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
+    const b = crypto.getRandomValues(new Uint8Array(16));
+    b[6] = (b[6] & 0x0f) | 0x40; b[8] = (b[8] & 0x3f) | 0x80;
+    const x = [...b].map((n) => n.toString(16).padStart(2, '0')).join('');
+    return `${x.slice(0, 8)}-${x.slice(8, 12)}-${x.slice(12, 16)}-${x.slice(16, 20)}-${x.slice(20)}`;
+  }
+
+  // ---------- time ----------
+  function parseTs(s) {
+    if (!s) return null;
+    const d = new Date(String(s).replace(/(\.\d{3})\d+/, '$1'));
+    return isNaN(d.getTime()) ? null : d;
+  }
+  function rel(d) {
+    const s = Math.round((d.getTime() - Date.now()) / 1000);
+    const a = Math.abs(s);
+    if (a < 5) return 'just now';
+    let t;
+    if (a < 60) t = a + 's';
+    else if (a < 3600) t = Math.floor(a / 60) + ' min';
+    else if (a < 86400) t = Math.floor(a / 3600) + 'h ' + Math.floor((a % 3600) / 60) + 'm';
+    else t = Math.floor(a / 86400) + 'd ' + Math.floor((a % 86400) / 3600) + 'h';
+    return s < 0 ? t + ' ago' : 'in ' + t;
+  }
+  const p2 = (n) => String(n).padStart(2, '0');
+  const absTime = (d) => `${d.getFullYear()}-${p2(d.getMonth() + 1)}-${p2(d.getDate())} ` +
+    `${p2(d.getHours())}:${p2(d.getMinutes())}:${p2(d.getSeconds())}`;
+  // A relative time, with the absolute one beside it (both=true) or in its tooltip.
+  function ts(s, both) {
+    const d = parseTs(s);
+    if (!d) return muted('—');
+    const r = h('time', { datetime: s, 'data-ts': s, title: `${absTime(d)} local · ${s}` }, rel(d));
+    return both ? h('span', { class: 'ts' }, r, h('span', { class: 'abs' }, absTime(d))) : r;
+  }
+  setInterval(() => {
+    for (const el of document.querySelectorAll('time[data-ts]')) {
+      const d = parseTs(el.dataset.ts);
+      if (d) el.textContent = rel(d);
+    }
+  }, 10000);
+  function duration(a, b) {
+    const x = parseTs(a), y = parseTs(b);
+    if (!x || !y) return '';
+    const ms = y - x;
+    return ms < 1 ? '' : ms < 1000 ? ms + ' ms' : ms < 60000 ? (ms / 1000).toFixed(1) + ' s' : Math.round(ms / 60000) + ' min';
+  }
+
+  // ---------- status ----------
+  function badge(status, testid) {
+    const s = status || 'unknown';
+    return h('span', { class: 'badge s-' + s.replace(/[^a-z_]/g, ''), testid }, s);
+  }
+  const isApproval = (w) => !!(w && w.details && w.details.mode === 'approval_required');
+  const tag = (text, cls) => h('span', { class: 'tag ' + (cls || '') }, text);
+  // One line saying what a run waits on (or why it ended badly).
+  function waitSummary(r) {
+    const w = r.waiting;
+    if (r.status === 'waiting' && w) {
+      if (isApproval(w)) {
+        const names = (w.details.tool_calls || []).map((c) => c.name).join(', ');
+        return h('span', { class: 'wait-sum' }, tag('approval', 't-person'), mono(names || 'tool calls'));
+      }
+      if (w.reason === 'user') return h('span', { class: 'wait-sum' }, tag('person', 't-person'), w.prompt || w.wait_key);
+      if (w.reason === 'until') return h('span', { class: 'wait-sum' }, tag('timer'), 'until ', ts(w.until));
+      if (w.reason === 'subworkflow') {
+        const child = w.details && w.details.sub_run_id;
+        return h('span', { class: 'wait-sum' }, tag('child run'), child ? link(runHref(child), mono(child, 'short')) : w.wait_key);
+      }
+      if (controllerOf(r) && /:wake$/.test(w.wait_key || '')) {
+        return h('span', { class: 'wait-sum' }, tag('timer'), w.until ? ['next wake ', ts(w.until)] : muted('idle: waits for a command'));
+      }
+      return h('span', { class: 'wait-sum' }, tag(w.reason || 'wait'), mono(w.wait_key || '', 'short'));
+    }
+    if ((r.status === 'failed' || r.status === 'cancelled') && r.error) {
+      return h('span', { class: 'err-sum', title: r.error }, firstLine(r.error, 90));
+    }
+    return muted('—');
+  }
+  function firstLine(s, n) {
+    const t = String(s).split('\n')[0];
+    return t.length > n ? t.slice(0, n - 1) + '…' : t;
+  }
+  const controllerOf = (r) => /automation-controller/.test(r.workflow_id || '');
+
+  // ---------- API ----------
+  class ApiError extends Error {
+    constructor(status, body, text) {
+      const e = body && body.error;
+      const code = e && (e.code || e.reason_code || 'error');
+      const text_ = e && (String(e.message || '').startsWith(code + ':') ? e.message : `${code}: ${e.message || ''}`);
+      super(e ? `${text_}${e.field ? ` (field ${e.field})` : ''}`
+        : status ? `HTTP ${status}${text ? ': ' + text.slice(0, 200) : ''}` : text);
+      this.status = status;
+      this.code = e && (e.code || e.reason_code);
+    }
+  }
+  const token = () => sessionStorage.getItem(TOKEN_KEY) || '';
+  const authHeaders = (extra) => Object.assign({ Authorization: 'Bearer ' + token() }, extra);
+  async function api(method, path, body, accept) {
+    const opts = { method, headers: authHeaders(), cache: 'no-store' };
+    if (body !== undefined) {
+      opts.headers['Content-Type'] = 'application/json';
+      opts.body = JSON.stringify(body);
+    }
+    let res;
+    try { res = await fetch(path, opts); } catch (e) { throw new ApiError(0, null, 'cannot reach the server: ' + e.message); }
+    const text = await res.text();
+    let data = null;
+    try { data = text ? JSON.parse(text) : null; } catch (_) { /* not JSON */ }
+    if (res.status === 401) {
+      signOut('The server refused the token (401 unauthorized). Enter it again.');
+      throw new ApiError(401, data, text);
+    }
+    if (!res.ok && !(accept && accept.includes(res.status))) throw new ApiError(res.status, data, text);
+    return data;
+  }
+  const items = (x) => (Array.isArray(x) ? x : (x && x.items) || []);
+
+  // Server-Sent Events over fetch (EventSource cannot send the Authorization header).
+  // onEvent returning false closes the stream.
+  async function sseOnce(path, signal, onOpen, onEvent) {
+    const res = await fetch(path, { headers: authHeaders({ Accept: 'text/event-stream' }), signal, cache: 'no-store' });
+    if (res.status === 401) {
+      signOut('The server refused the token (401 unauthorized). Enter it again.');
+      throw new ApiError(401, null, '');
+    }
+    if (!res.ok || !res.body) throw new ApiError(res.status, null, await res.text().catch(() => ''));
+    onOpen();
+    const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = '';
+    let ev = { event: '', data: [], id: null };
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) return;
+        buf += value;
+        let nl;
+        while ((nl = buf.indexOf('\n')) >= 0) {
+          const line = buf.slice(0, nl).replace(/\r$/, '');
+          buf = buf.slice(nl + 1);
+          if (line === '') {
+            if (ev.data.length || ev.event) {
+              const out = { event: ev.event || 'message', data: ev.data.join('\n'), id: ev.id };
+              ev = { event: '', data: [], id: null };
+              if (onEvent(out) === false) return;
+            }
+            continue;
+          }
+          if (line[0] === ':') continue;
+          const c = line.indexOf(':');
+          const field = c < 0 ? line : line.slice(0, c);
+          const val = c < 0 ? '' : line.slice(c + 1).replace(/^ /, '');
+          if (field === 'event') ev.event = val;
+          else if (field === 'data') ev.data.push(val);
+          else if (field === 'id') ev.id = val;
+        }
+      }
+    } finally {
+      reader.cancel().catch(() => {});
+    }
+  }
+  // Follows a stream, reconnecting (with the path pathFn gives then) after a drop.
+  async function follow(pathFn, signal, hooks) {
+    let delay = 500;
+    while (!signal.aborted && token()) {
+      try {
+        await sseOnce(pathFn(), signal, () => { delay = 500; hooks.onOpen && hooks.onOpen(); }, hooks.onEvent);
+        if (hooks.done && hooks.done()) return;
+      } catch (e) {
+        if (signal.aborted || e.status === 401) return;
+        if (e.status === 404) { hooks.onGone && hooks.onGone(e); return; }
+      }
+      if (signal.aborted) return;
+      hooks.onDrop && hooks.onDrop();
+      await sleep(delay, signal);
+      delay = Math.min(delay * 2, 8000);
+    }
+  }
+  function parse(data) {
+    try { return JSON.parse(data); } catch (_) { return null; }
+  }
+
+  // ---------- session, live indicator, routing ----------
+  const liveEl = document.getElementById('live');
+  function setLive(state) {
+    liveEl.className = 'live is-' + state;
+    liveEl.dataset.state = state;
+    liveEl.textContent = { live: 'live', reconnecting: 'reconnecting…', connecting: 'connecting…', off: 'offline' }[state];
+  }
+  let storeCtl = null;
+  // The store stream's position, kept for this tab so a reload does not replay the feed.
+  let storeCursor = sessionStorage.getItem('stepwell.feed') || null;
+  let view = null;
+  let throttle = null;
+  function storeEvent(ev) {
+    if (ev.id) { storeCursor = ev.id; sessionStorage.setItem('stepwell.feed', ev.id); }
+    const wanted = ev.event === 'run' || (ev.event === 'record' && view && view.wantsRecords);
+    if (wanted && !throttle) {
+      throttle = setTimeout(() => {
+        throttle = null;
+        if (view && view.refresh) view.refresh();
+        refreshWaitsCount();
+      }, 500);
+    }
+  }
+  function startStore() {
+    storeCtl = new AbortController();
+    setLive('connecting');
+    const path = () => '/v1/stream' + (storeCursor ? '?after=' + enc(storeCursor) : '');
+    follow(path, storeCtl.signal, {
+      onOpen: () => setLive('live'),
+      onDrop: () => setLive('reconnecting'),
+      onEvent: storeEvent,
+    });
+  }
+  const waitsCount = document.getElementById('waits-count');
+  async function refreshWaitsCount() {
+    try {
+      const n = items(await api('GET', '/v1/waits')).length;
+      waitsCount.textContent = String(n);
+      waitsCount.hidden = n === 0;
+    } catch (_) { /* shown elsewhere */ }
+  }
+
+  function showLogin(message) {
+    if (view && view.cleanup) view.cleanup();
+    view = null;
+    if (storeCtl) storeCtl.abort();
+    storeCtl = null;
+    storeCursor = null;
+    sessionStorage.removeItem('stepwell.feed');
+    setLive('off');
+    app.replaceChildren();
+    app.hidden = true;
+    document.getElementById('nav').hidden = true;
+    document.getElementById('signout').hidden = true;
+    document.getElementById('login').hidden = false;
+    msg(document.getElementById('token-error'), message || '');
+    document.getElementById('token-input').focus();
+  }
+  function signOut(message) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    showLogin(message);
+  }
+  function enter() {
+    document.getElementById('login').hidden = true;
+    document.getElementById('nav').hidden = false;
+    document.getElementById('signout').hidden = false;
+    app.hidden = false;
+    startStore();
+    route();
+  }
+  document.getElementById('token-form').addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const input = document.getElementById('token-input');
+    const t = input.value.trim();
+    if (!t) return;
+    sessionStorage.setItem(TOKEN_KEY, t);
+    try {
+      await api('GET', '/v1/runs?limit=1');
+    } catch (err) {
+      if (err.status !== 401) msg(document.getElementById('token-error'), String(err.message));
+      return;
+    }
+    input.value = '';
+    enter();
+  });
+  document.getElementById('signout').addEventListener('click', () => signOut('Signed out.'));
+
+  function route() {
+    if (!token()) return showLogin();
+    if (view && view.cleanup) view.cleanup();
+    view = null;
+    const [page, id] = (location.hash || '#/runs').replace(/^#\/?/, '').split('/').map((p) => decodeURIComponent(p || ''));
+    for (const a of document.querySelectorAll('[data-nav]')) a.classList.toggle('active', a.dataset.nav === (page || 'runs'));
+    app.replaceChildren();
+    window.scrollTo(0, 0);
+    refreshWaitsCount();
+    if (page === 'runs' && id) view = runView(id);
+    else if (page === 'automations' && id) view = automationView(id);
+    else if (page === 'automations') view = automationsView();
+    else if (page === 'waits') view = waitsView();
+    else view = runsView();
+  }
+  window.addEventListener('hashchange', route);
+
+  function pageHead(title, sub, ...right) {
+    return h('div', { class: 'page-head' }, h('div', null, h('h1', null, title), sub ? h('p', { class: 'muted' }, sub) : null),
+      h('div', { class: 'head-right' }, right));
+  }
+  const errorBox = (e) => h('div', { class: 'msg err', testid: 'error' }, String(e.message || e));
+  const empty = (title, ...hint) => h('div', { class: 'empty', testid: 'empty' }, h('strong', null, title), h('p', null, hint));
+
+  // ---------- Runs ----------
+  let runsFilter = 'all';
+  function runsView() {
+    const ctl = new AbortController();
+    let list = [];
+    let next = null;
+    let pages = 0;
+    const table = h('div', { class: 'table-wrap' });
+    const more = h('button', { class: 'btn', testid: 'runs-more', hidden: true, onclick: () => load(true) }, 'Load more');
+    const filters = h('div', { class: 'filters', role: 'group' }, RUN_STATUSES.map((s) =>
+      h('button', {
+        class: 'chip' + (s === runsFilter ? ' active' : ''), testid: 'filter-' + s, 'data-status': s,
+        onclick: () => {
+          runsFilter = s;
+          for (const b of filters.children) b.classList.toggle('active', b.dataset.status === s);
+          load(false);
+        },
+      }, s)));
+    add(app, h('div', { testid: 'runs-page' },
+      pageHead('Runs', 'Every run in the store, newest first.'),
+      startForm(), filters, table, h('div', { class: 'more' }, more)));
+
+    async function fetchPage(cursor) {
+      const q = new URLSearchParams({ limit: '50' });
+      if (runsFilter !== 'all') q.set('status', runsFilter);
+      if (cursor) q.set('cursor', cursor);
+      return api('GET', '/v1/runs?' + q);
+    }
+    async function load(append) {
+      try {
+        const page = await fetchPage(append ? next : null);
+        if (ctl.signal.aborted) return;
+        if (append) { list = list.concat(items(page)); pages += 1; next = page.next_cursor || null; }
+        else { list = items(page); pages = 1; next = page.next_cursor || null; }
+        render();
+      } catch (e) {
+        if (!ctl.signal.aborted) swap(table, errorBox(e));
+      }
+    }
+    async function refresh() {
+      if (pages > 1) {
+        // Keep what "load more" brought in; refresh the first page.
+        try {
+          const page = await fetchPage(null);
+          if (ctl.signal.aborted) return;
+          const fresh = items(page);
+          const ids = new Set(fresh.map((r) => r.run_id));
+          list = fresh.concat(list.filter((r) => !ids.has(r.run_id)));
+          render();
+        } catch (_) { /* keep the last view */ }
+      } else load(false);
+    }
+    function render() {
+      more.hidden = !next;
+      if (!list.length) {
+        swap(table, runsFilter === 'all'
+          ? empty('No runs yet.', 'Start one with the form above, or from a shell: ', h('code', null, 'stepwell run flows/examples/hello'), '.')
+          : empty(`No ${runsFilter} runs.`, 'Pick another filter, or ', h('a', { href: '#/runs', onclick: () => filters.children[0].click() }, 'show all runs'), '.'));
+        return;
+      }
+      swap(table, h('table', { class: 'grid', testid: 'runs-table' },
+        h('thead', null, h('tr', null, ['Run', 'Workflow', 'Status', 'Waiting on / error', 'Updated', 'Created'].map((t) => h('th', null, t)))),
+        h('tbody', null, list.map(runRow))));
+    }
+    load(false);
+    return { cleanup: () => ctl.abort(), refresh };
+  }
+  function runRow(r) {
+    return h('tr', {
+      class: 'clickable', testid: 'run-row', 'data-run-id': r.run_id, 'data-status': r.status,
+      onclick: (e) => { if (!e.target.closest('a')) location.hash = runHref(r.run_id); },
+    },
+    h('td', null, link(runHref(r.run_id), idText(r.run_id)),
+      controllerOf(r) ? [' ', h('a', { class: 'tag t-auto', href: autoHref(r.run_id) }, 'automation')] : null,
+      r.parent_run_id ? [' ', h('span', { class: 'tag', title: 'child of ' + r.parent_run_id }, 'child')] : null),
+    h('td', null, mono(r.workflow_id, 'wf')),
+    h('td', null, badge(r.status)),
+    h('td', { class: 'wait-cell' }, waitSummary(r)),
+    h('td', null, ts(r.updated_at, true)),
+    h('td', null, ts(r.created_at)));
+  }
+  function startForm() {
+    const saved = JSON.parse(localStorage.getItem('stepwell.start') || '{}');
+    const kind = h('select', { testid: 'start-kind', 'aria-label': 'what to start' },
+      h('option', { value: 'bundle' }, 'Bundle directory'), h('option', { value: 'workflow_id' }, 'Workflow id'));
+    kind.value = saved.kind || 'bundle';
+    const target = h('input', { testid: 'start-bundle', spellcheck: 'false', value: saved.target || '' });
+    const hint = () => { target.placeholder = kind.value === 'bundle' ? 'a bundle directory on the server, e.g. /srv/flows/examples/ask-user' : 'a workflow the store knows, e.g. ask-user'; };
+    kind.addEventListener('change', hint);
+    hint();
+    const vars = h('textarea', { testid: 'start-vars', rows: 3, spellcheck: 'false', placeholder: '{"name": "Ada"}' }, '{}');
+    const runId = h('input', { testid: 'start-run-id', spellcheck: 'false', placeholder: 'run id (optional: a UUID is made)' });
+    const error = h('p', { class: 'msg err', testid: 'start-error', hidden: true });
+    const submit = h('button', { class: 'btn primary', type: 'submit', testid: 'start-submit' }, 'Start run');
+    const form = h('form', {
+      class: 'start-form', onsubmit: async (e) => {
+        e.preventDefault();
+        let v;
+        try { v = vars.value.trim() ? JSON.parse(vars.value) : {}; } catch (err) { return msg(error, 'Vars are not valid JSON: ' + err.message); }
+        if (!v || typeof v !== 'object' || Array.isArray(v)) return msg(error, 'Vars must be a JSON object, like {"name": "Ada"}.');
+        const t = target.value.trim();
+        if (!t) return msg(error, kind.value === 'bundle' ? 'Enter a bundle directory on the server.' : 'Enter a workflow id.');
+        const body = { [kind.value === 'bundle' ? 'bundle' : 'workflow_id']: t, vars: v };
+        if (runId.value.trim()) body.run_id = runId.value.trim();
+        localStorage.setItem('stepwell.start', JSON.stringify({ kind: kind.value, target: t }));
+        msg(error, '');
+        submit.disabled = true;
+        submit.textContent = 'Starting…';
+        try {
+          const st = await api('POST', '/v1/runs', body);
+          location.hash = runHref(st.run_id);
+        } catch (err) {
+          msg(error, String(err.message));
+        } finally {
+          submit.disabled = false;
+          submit.textContent = 'Start run';
+        }
+      },
+    },
+    h('div', { class: 'row' }, kind, target),
+    h('label', null, 'Vars (JSON object)'), vars,
+    h('div', { class: 'row' }, runId, submit), error);
+    const d = fold('start', 'Start a run', form, localStorage.getItem('stepwell.startOpen') !== '0');
+    d.classList.add('card', 'start');
+    d.dataset.testid = 'start-form';
+    d.addEventListener('toggle', () => localStorage.setItem('stepwell.startOpen', d.open ? '1' : '0'));
+    return d;
+  }
+
+  // ---------- One run ----------
+  function runView(id) {
+    const ctl = new AbortController();
+    let run = null;
+    let lastSeq = null;
+    let ended = false;
+    let waitKey = null;
+    const head = h('div', { class: 'card run-head' });
+    const wait = h('div');
+    const results = h('div');
+    const timeline = h('ol', { class: 'timeline', testid: 'timeline' });
+    const follow_ = h('span', { class: 'live-small', testid: 'timeline-live' }, 'connecting…');
+    add(app, h('div', { testid: 'run-page', 'data-run-id': id },
+      h('div', { class: 'crumbs' }, link('#/runs', 'Runs'), ' / ', mono(id)),
+      head, wait, results,
+      h('section', { class: 'card' }, h('div', { class: 'section-head' }, h('h2', null, 'Timeline'), follow_),
+        h('p', { class: 'muted small' }, 'The run\'s ledger: one record per step, oldest first.'), timeline)));
+
+    function setRun(st) {
+      if (!st || (run && st.version != null && run.version != null && st.version < run.version)) return;
+      run = st;
+      renderHead();
+      const key = run.status + '|' + (run.waiting ? run.waiting.wait_key : '');
+      if (key !== waitKey) { waitKey = key; swap(wait, waitPanel()); }
+      renderResults();
+    }
+    async function reloadState() {
+      try { setRun(await api('GET', '/v1/runs/' + enc(id))); } catch (_) { /* keep */ }
+    }
+    function renderHead() {
+      const r = run;
+      const occ = r.vars && r.vars._meta && r.vars._meta.occurrence;
+      const meta = [
+        ['Workflow', mono(r.workflow_id)],
+        ['Run id', idText(r.run_id)],
+        ['Current node', r.current_node ? mono(r.current_node) : muted('—')],
+        ['Created', ts(r.created_at, true)],
+        ['Updated', ts(r.updated_at, true)],
+        ['Version', String(r.version == null ? '—' : r.version)],
+        r.parent_run_id && ['Parent run', link(runHref(r.parent_run_id), idText(r.parent_run_id))],
+        occ && occ.automation_id && ['Automation', h('span', null, link(autoHref(occ.automation_id), idText(occ.automation_id)),
+          ` occurrence #${occ.occurrence_index}, attempt ${occ.attempt}`)],
+        controllerOf(r) && ['Automation', link(autoHref(r.run_id), 'open the automation page')],
+        r.actor_id && ['Actor', mono(r.actor_id)],
+        r.session_id && ['Session', mono(r.session_id)],
+      ].filter(Boolean);
+      const cancel = !TERMINAL.has(r.status) ? h('button', {
+        class: 'btn danger-ghost', testid: 'cancel', onclick: async (e) => {
+          if (!confirm(`Cancel run ${r.run_id}? Its child runs are cancelled too. This cannot be undone.`)) return;
+          e.target.disabled = true;
+          try { setRun(await api('POST', `/v1/runs/${enc(id)}/cancel`, { reason: 'cancelled from the dashboard' })); } catch (err) { alert(err.message); } finally { e.target.disabled = false; }
+        },
+      }, 'Cancel run') : null;
+      swap(head,
+        h('div', { class: 'page-head' }, h('div', null, h('h1', null, r.workflow_id, ' ', badge(r.status, 'run-status'))), h('div', { class: 'head-right' }, cancel)),
+        h('dl', { class: 'meta' }, meta.map(([k, v]) => [h('dt', null, k), h('dd', null, v)])));
+    }
+    function renderResults() {
+      const r = run;
+      swap(results,
+        r.status === 'completed' ? h('section', { class: 'card ok-card' }, h('h2', null, 'Output'), jsonBlock(r.output, 'run-output')) : null,
+        r.error ? h('section', { class: 'card err-card' }, h('h2', null, r.status === 'cancelled' ? 'Cancelled' : 'Error'),
+          h('pre', { class: 'error-text', testid: 'run-error' }, r.error)) : null,
+        h('section', { class: 'card big-fold' }, fold('vars', 'Vars', jsonBlock(r.vars || {}, 'run-vars'))));
+    }
+    async function resume(payload, panel) {
+      const err = panel.querySelector('.wait-msg');
+      const buttons = panel.querySelectorAll('button, input');
+      buttons.forEach((b) => { b.disabled = true; });
+      msg(err, '');
+      try {
+        setRun(await api('POST', `/v1/runs/${enc(id)}/resume`, { payload, wait_key: run.waiting.wait_key }));
+      } catch (e) {
+        msg(err, e.status === 409 ? 'The run is no longer waiting on this (someone else answered?). Reloaded. ' + e.message : String(e.message));
+        buttons.forEach((b) => { b.disabled = false; });
+        if (e.status === 409) { waitKey = null; reloadState(); }
+      }
+    }
+    function waitPanel() {
+      const r = run;
+      if (r.status !== 'waiting' || !r.waiting) return null;
+      const w = r.waiting;
+      const errEl = h('p', { class: 'msg err wait-msg', testid: 'wait-error', hidden: true });
+      const panel = h('section', { class: 'card wait-card', testid: 'wait-panel', 'data-reason': w.reason });
+      const since = h('p', { class: 'muted small' }, 'Waiting since ', ts(r.updated_at), ' · key ', mono(w.wait_key || ''));
+      if (isApproval(w)) {
+        panel.dataset.kind = 'approval';
+        const reason = h('input', { testid: 'deny-reason', placeholder: 'Reason (optional, the run sees it)' });
+        const denyBox = h('div', { class: 'row deny-box', hidden: true }, reason,
+          h('button', { class: 'btn danger', testid: 'deny-confirm', onclick: () => resume(reason.value.trim() ? { approved: false, reason: reason.value.trim() } : { approved: false }, panel) }, 'Deny these calls'));
+        add(panel, h('h2', null, 'Tool approval needed'),
+          h('p', null, 'The run asks to call these tools. Approving runs them now, inside the run\'s sandbox. Read the arguments first.'), since,
+          h('ol', { class: 'tool-calls' }, (w.details.tool_calls || []).map((c) => h('li', { class: 'tool-call', testid: 'tool-call', 'data-tool': c.name },
+            h('div', null, h('strong', { class: 'mono' }, c.name), ' ', c.call_id ? muted(mono(c.call_id)) : null),
+            jsonBlock(c.arguments == null ? {} : c.arguments)))),
+          h('div', { class: 'row' },
+            h('button', { class: 'btn approve', testid: 'approve', onclick: () => resume({ approved: true }, panel) }, 'Approve'),
+            h('button', { class: 'btn danger-ghost', testid: 'deny', onclick: () => { denyBox.hidden = false; reason.focus(); } }, 'Deny…')),
+          denyBox, errEl);
+      } else if (w.reason === 'user') {
+        panel.dataset.kind = 'ask';
+        const choices = Array.isArray(w.choices) && w.choices.length ? w.choices : null;
+        const input = h('input', { testid: 'answer-input', placeholder: 'Your answer', autocomplete: 'off' });
+        add(panel, h('h2', null, 'Waiting for an answer'),
+          h('p', { class: 'prompt', testid: 'wait-prompt' }, w.prompt || '(no prompt)'), since,
+          choices ? h('div', { class: 'row' }, choices.map((c) => h('button', { class: 'btn', testid: 'answer-choice', 'data-choice': c, onclick: () => resume({ text: c }, panel) }, c)))
+            : h('form', { class: 'row', onsubmit: (e) => { e.preventDefault(); resume({ text: input.value }, panel); } },
+              input, h('button', { class: 'btn primary', type: 'submit', testid: 'answer-submit' }, 'Answer')),
+          w.details ? fold('wait-details', 'Details', jsonBlock(w.details)) : null, errEl);
+      } else if (w.reason === 'until') {
+        const retry = w.details && w.details.retry;
+        add(panel, h('h2', null, retry ? 'Waiting to retry' : 'Sleeping'),
+          h('p', null, 'Until ', ts(w.until, true), '. The server\'s driver moves it on when the time comes.'),
+          retry ? h('p', null, `Retrying ${retry.effect} (attempt ${retry.attempt}) after: `, h('span', { class: 'err-sum' }, retry.error)) : null, since);
+      } else if (w.reason === 'subworkflow') {
+        const d = w.details || {};
+        add(panel, h('h2', null, 'Waiting on a child run'),
+          h('p', null, d.sub_run_id ? link(runHref(d.sub_run_id), idText(d.sub_run_id)) : mono(w.wait_key), d.sub_workflow_id ? [' (', mono(d.sub_workflow_id), ')'] : null), since);
+      } else {
+        add(panel, h('h2', null, w.reason === 'event' ? 'Waiting for an event' : 'Waiting on a job'),
+          h('p', null, mono(w.wait_key)), w.prompt ? h('p', { class: 'prompt' }, w.prompt) : null,
+          w.until ? h('p', null, 'Deadline ', ts(w.until, true)) : null, since,
+          w.details ? fold('wait-details', 'Details', jsonBlock(w.details)) : null);
+      }
+      return panel;
+    }
+    function addRecord(rec, sseId) {
+      const seq = rec.seq != null ? Number(rec.seq) : Number(sseId);
+      if (!isNaN(seq)) {
+        if (lastSeq != null && seq <= lastSeq) return;
+        lastSeq = seq;
+      }
+      const eff = rec.effect || null;
+      const kind = eff && (eff.type || eff.kind);
+      const ename = eff && eff.payload && typeof eff.payload.name === 'string' ? eff.payload.name : null;
+      const extra = {};
+      if (eff) extra.effect = eff;
+      if (rec.result !== undefined && rec.result !== null) extra.result = rec.result;
+      if (rec.error) extra.error = rec.error;
+      const dur = duration(rec.started_at, rec.ended_at);
+      timeline.append(h('li', { class: 'tl-item st-' + rec.status, testid: 'timeline-record', 'data-seq': isNaN(seq) ? null : seq, 'data-status': rec.status },
+        h('div', { class: 'tl-head' },
+          h('span', { class: 'seq mono' }, isNaN(seq) ? '#' : '#' + seq),
+          badge(rec.status), mono(rec.node_id || '—', 'node'),
+          kind ? tag(kind + (ename ? ' · ' + ename : ''), 't-effect') : null,
+          rec.attempt > 1 ? tag('attempt ' + rec.attempt, 't-warn') : null,
+          h('span', { class: 'tl-time' }, ts(rec.ended_at || rec.started_at), dur ? muted(' · ' + dur) : null)),
+        rec.error ? h('div', { class: 'err-sum' }, firstLine(rec.error, 200))
+          : extra.result !== undefined ? h('div', { class: 'preview mono', title: 'result' }, '→ ', firstLine(JSON.stringify(extra.result), 160)) : null,
+        Object.keys(extra).length ? fold('rec-' + seq, 'effect / result / error', jsonBlock(extra)) : null));
+    }
+    async function start() {
+      try {
+        const [st, ledger] = await Promise.all([api('GET', '/v1/runs/' + enc(id)), api('GET', `/v1/runs/${enc(id)}/ledger`)]);
+        if (ctl.signal.aborted) return;
+        setRun(st);
+        items(ledger).forEach((r) => addRecord(r));
+        if (!items(ledger).length) timeline.append(h('li', { class: 'muted tl-empty' }, 'No records yet.'));
+      } catch (e) {
+        if (ctl.signal.aborted) return;
+        swap(head, e.status === 404 ? empty('No run with this id.', 'Check the id, or go back to ', link('#/runs', 'the runs'), '.') : errorBox(e));
+        return;
+      }
+      let opened = 0;
+      follow(() => `/v1/runs/${enc(id)}/ledger/stream` + (lastSeq != null ? '?after=' + lastSeq : ''), ctl.signal, {
+        onOpen: () => {
+          follow_.textContent = '● live';
+          follow_.className = 'live-small on';
+          if (opened++) reloadState();
+        },
+        onDrop: () => { follow_.textContent = 'reconnecting…'; follow_.className = 'live-small'; },
+        onGone: () => { follow_.textContent = 'not found'; },
+        done: () => ended,
+        onEvent: (ev) => {
+          const data = parse(ev.data);
+          if (ev.event === 'record' && data) {
+            const empty_ = timeline.querySelector('.tl-empty');
+            if (empty_) empty_.remove();
+            addRecord(data, ev.id);
+          } else if (ev.event === 'state' && data) setRun(data);
+          else if (ev.event === 'end') {
+            ended = true;
+            follow_.textContent = 'run ended';
+            follow_.className = 'live-small';
+            reloadState();
+            return false;
+          }
+          return true;
+        },
+      });
+    }
+    start();
+    return { cleanup: () => ctl.abort() };
+  }
+
+  // ---------- Automations ----------
+  function triggerText(t) {
+    if (!t) return '—';
+    const c = t.config || {};
+    const what = c.every ? `every ${c.every}` : c.at ? `at ${c.at}` : Object.keys(c).length ? JSON.stringify(c) : '';
+    return `${t.source_id}@${t.source_version}${what ? ' · ' + what : ''}`;
+  }
+  function heldBox(held) {
+    if (!held) return null;
+    return h('div', { class: 'msg warn', testid: 'held' }, `Held: the controller's step failed ${held.failures || '?'} time(s); next try `,
+      ts(held.retry_at), '. ', held.error || '');
+  }
+  function automationsView() {
+    const ctl = new AbortController();
+    const table = h('div', { class: 'table-wrap' });
+    add(app, h('div', { testid: 'automations-page' },
+      pageHead('Automations', 'Workflows fired again and again by a trigger. Each firing is an occurrence.'), table));
+    async function refresh() {
+      try {
+        const data = await api('GET', '/v1/automations?limit=200');
+        if (ctl.signal.aborted) return;
+        const list = items(data);
+        if (!list.length) {
+          swap(table, empty('No automations yet.', 'Create one from a shell: ', h('code', null, 'stepwell automations create --request @request.json'),
+            ', or POST the request to ', h('code', null, '/v1/automations'), ' (see docs/automations.md).'));
+          return;
+        }
+        swap(table, h('table', { class: 'grid', testid: 'automations-table' },
+          h('thead', null, h('tr', null, ['Automation', 'Status', 'Trigger', 'Next fire', 'Occurrences', 'Last outcome'].map((t) => h('th', null, t)))),
+          h('tbody', null, list.map((a) => h('tr', {
+            class: 'clickable', testid: 'automation-row', 'data-automation-id': a.automation_id, 'data-status': a.status,
+            onclick: (e) => { if (!e.target.closest('a')) location.hash = autoHref(a.automation_id); },
+          },
+          h('td', null, h('div', null, link(autoHref(a.automation_id), h('strong', null, a.title || '(untitled)'))), idText(a.automation_id),
+            a.held ? h('div', { class: 'err-sum', title: a.held.error || '' }, `⚠ held after ${a.held.failures} failed tries`) : null),
+          h('td', null, badge(a.status)),
+          h('td', null, mono(triggerText(a.trigger))),
+          h('td', null, a.next_fire_at ? ts(a.next_fire_at, true) : muted('—')),
+          h('td', { class: 'num' }, a.occurrence_count == null ? '0' : String(a.occurrence_count),
+            a.current_occurrence ? h('div', null, tag('#' + a.current_occurrence.index + ' ' + a.current_occurrence.status, 't-run')) : null),
+          h('td', null, outcomeText(a.last_outcome)))))));
+      } catch (e) {
+        if (!ctl.signal.aborted) swap(table, errorBox(e));
+      }
+    }
+    refresh();
+    const timer = setInterval(refresh, 5000);
+    return { cleanup: () => { ctl.abort(); clearInterval(timer); }, refresh };
+  }
+  function outcomeText(o) {
+    if (!o) return muted('—');
+    if (typeof o !== 'object') return String(o);
+    return h('span', null, o.status ? badge(o.status) : null, ' ', o.index != null ? muted('#' + o.index + ' ') : null,
+      o.finished_at ? ts(o.finished_at) : null);
+  }
+  const ackKey = (id) => 'stepwell.ack.' + id;
+  const seqOf = (item) => {
+    const m = /:(\d+)$/.exec(item.cursor || '');
+    return m ? Number(m[1]) : Number(item.seq || 0);
+  };
+
+  function automationView(id) {
+    const ctl = new AbortController();
+    let showAll = false;
+    let busy = false;
+    const head = h('div', { class: 'card' });
+    const cmdMsg = h('p', { class: 'msg', testid: 'cmd-result', hidden: true });
+    const def = h('div');
+    const waits = h('section', { class: 'card' });
+    const attention = h('section', { class: 'card' });
+    const occ = h('section', { class: 'card', testid: 'occurrences' });
+    const cmds = [['pause', 'Pause', 'cmd-pause'], ['resume', 'Resume', 'cmd-resume'], ['run_now', 'Run now', 'cmd-run-now'], ['stop_current', 'Stop current', 'cmd-stop-current']]
+      .map(([type, label, testid]) => h('button', { class: 'btn', testid, 'data-cmd': type, onclick: () => command(type, label) }, label));
+    add(app, h('div', { testid: 'automation-page', 'data-automation-id': id },
+      h('div', { class: 'crumbs' }, link('#/automations', 'Automations'), ' / ', mono(id)),
+      head, h('div', { class: 'card cmd-bar' }, h('div', { class: 'row' }, cmds), cmdMsg),
+      h('div', { class: 'cols' }, h('div', null, waits, attention), h('div', null, def)), occ));
+
+    async function command(type, label) {
+      cmds.forEach((b) => { b.disabled = true; });
+      msg(cmdMsg, `${label}: sending…`, 'info');
+      try {
+        const ans = await api('POST', `/v1/automations/${enc(id)}/commands`, { type, command_id: uuid(), actor: 'dashboard' }, [422]);
+        if (ans && ans.status === 'applied') msg(cmdMsg, `${label}: applied${ans.duplicate ? ' (duplicate)' : ''}.`, 'ok');
+        else {
+          const e = (ans && ans.error) || {};
+          msg(cmdMsg, `${label}: rejected: ${e.reason_code || e.code || 'error'}${e.field ? ' (' + e.field + ')' : ''}: ${e.message || ''}`, 'err');
+        }
+        cmdMsg.dataset.status = ans && ans.status;
+      } catch (e) {
+        msg(cmdMsg, `${label}: ${e.message}`, 'err');
+      } finally {
+        cmds.forEach((b) => { b.disabled = false; });
+      }
+      refresh();
+    }
+    function renderHead(a) {
+      const d = a.definition || {};
+      const cur = a.current_occurrence;
+      swap(head,
+        h('div', { class: 'page-head' }, h('div', null, h('h1', null, d.title || '(untitled)', ' ', badge(a.status, 'automation-status'))),
+          h('div', { class: 'head-right' }, muted('revision ', String(a.active_revision || d.revision || '?')))),
+        h('dl', { class: 'meta' },
+          h('dt', null, 'Automation id'), h('dd', null, link(runHref(id), idText(id))),
+          h('dt', null, 'Next fire'), h('dd', { testid: 'next-fire' }, a.next_fire_at ? ts(a.next_fire_at, true) : muted(a.status === 'paused' ? 'paused: nothing fires' : '—')),
+          h('dt', null, 'In flight'), h('dd', null, cur ? h('span', null, `#${cur.index} ${cur.status}, attempt ${cur.attempt} `, cur.run_id ? link(runHref(cur.run_id), idText(cur.run_id)) : null) : muted('nothing')),
+          h('dt', null, 'Trigger'), h('dd', null, mono(triggerText(d.trigger)))),
+        heldBox(a.held),
+        a.error ? h('div', { class: 'msg err' }, String(a.error)) : null);
+      for (const b of cmds) {
+        const t = b.dataset.cmd;
+        b.classList.toggle('primary', (t === 'resume' && a.status === 'paused') || (t === 'pause' && a.status === 'active'));
+      }
+    }
+    function renderDef(a) {
+      const d = a.definition || {};
+      const tg = d.target || {};
+      const pol = d.policy || {};
+      const retry = pol.retry || {};
+      const rows = [
+        ['Target workflow', mono(tg.workflow_id || '—')],
+        ['Flow', mono(tg.flow_id || '—')],
+        ['Bundle', mono(tg.bundle_ref || '—')],
+        ['Schedule', mono(triggerText(d.trigger))],
+        d.trigger && d.trigger.config && d.trigger.config.start_at && ['Starts', ts(d.trigger.config.start_at, true)],
+        ['Context', (d.context && d.context.mode) || 'independent'],
+        ['Retry', retry.max_attempts ? `${retry.max_attempts} attempts, backoff ${(retry.backoff || {}).initial || '?'} ×${(retry.backoff || {}).factor || '?'} up to ${(retry.backoff || {}).max || '?'}` : '—'],
+        ['Tool approval', pol.tool_approval || '—'],
+        ['Workspace', mono(d.workspace_root || '—')],
+        ['Created', ts(d.created_at, true)],
+      ].filter(Boolean);
+      swap(def, h('section', { class: 'card' }, h('h2', null, 'Definition'),
+        h('dl', { class: 'meta one' }, rows.map(([k, v]) => [h('dt', null, k), h('dd', null, v)])),
+        fold('input', 'Input data', jsonBlock(tg.input_data || {})),
+        fold('def', 'Full definition (JSON)', jsonBlock(d))));
+    }
+    function renderWaits(list) {
+      swap(waits, h('h2', null, 'Waiting on a person ', list.length ? h('span', { class: 'count' }, String(list.length)) : null),
+        list.length ? h('ul', { class: 'plain' }, list.map((w) => h('li', { class: 'wait-row', testid: 'automation-wait' },
+          tag({ tool_approval: 'approval', ask_user: 'question' }[w.kind] || w.kind || 'wait', 't-person'), ' ',
+          muted(`occurrence #${w.index} `),
+          w.prompt || (w.details && w.details.tool_calls ? w.details.tool_calls.map((c) => c.name).join(', ') : w.wait_key), ' ',
+          h('a', { class: 'btn small', href: runHref(w.run_id), testid: 'automation-wait-link' }, 'Answer →'))))
+          : h('p', { class: 'muted' }, 'No occurrence waits on a person right now.'));
+    }
+    function renderAttention(list) {
+      const acked = localStorage.getItem(ackKey(id));
+      const ackSeq = acked ? seqOf({ cursor: acked }) : 0;
+      const shown = showAll ? list : list.filter((i) => seqOf(i) > ackSeq);
+      const newCount = list.filter((i) => seqOf(i) > ackSeq).length;
+      const ack = (item) => { localStorage.setItem(ackKey(id), item.cursor || 'att1:' + seqOf(item)); renderAttention(list); };
+      swap(attention,
+        h('div', { class: 'section-head' }, h('h2', null, 'Attention ', newCount ? h('span', { class: 'count' }, String(newCount)) : null),
+          h('div', { class: 'row' },
+            newCount ? h('button', { class: 'btn small', testid: 'attention-ack-all', onclick: () => ack(list[list.length - 1]) }, 'Acknowledge all') : null,
+            h('label', { class: 'toggle' }, h('input', { type: 'checkbox', testid: 'attention-show-all', checked: showAll, onchange: (e) => { showAll = e.target.checked; renderAttention(list); } }), ' show all'))),
+        shown.length ? h('ul', { class: 'plain attention' }, shown.slice().reverse().map((i) => h('li', { class: 'att-item' + (seqOf(i) <= ackSeq ? ' acked' : ''), testid: 'attention-item', 'data-kind': i.kind },
+          h('div', { class: 'att-head' }, tag(i.kind, i.kind === 'failure' ? 't-fail' : 't-note'), h('strong', null, i.title || ''),
+            h('span', { class: 'tl-time' }, i.index != null ? muted(`#${i.index} · `) : null, ts(i.at))),
+          i.body ? h('p', { class: 'att-body' }, i.body) : null,
+          h('div', { class: 'row' }, i.run_id ? link(runHref(i.run_id), 'run ', mono(i.run_id, 'short')) : null,
+            seqOf(i) > ackSeq ? h('button', { class: 'btn small', testid: 'attention-ack', onclick: () => ack(i) }, 'Acknowledge') : muted('acknowledged')))))
+          : h('p', { class: 'muted' }, list.length ? 'Everything is acknowledged. Tick "show all" to see past items.' : 'Nothing needs attention: failures and notifications of occurrences show up here.'));
+    }
+    function renderOcc(page) {
+      const list = items(page);
+      swap(occ, h('h2', null, 'Occurrences'),
+        list.length ? h('div', { class: 'table-wrap' }, h('table', { class: 'grid', testid: 'occurrences-table' },
+          h('thead', null, h('tr', null, ['#', 'Status', 'Attempts', 'Fired', 'Finished', 'Run'].map((t) => h('th', null, t)))),
+          h('tbody', null, list.map((o) => h('tr', { testid: 'occurrence-row', 'data-index': o.index },
+            h('td', { class: 'num' }, String(o.index)), h('td', null, badge(o.status)), h('td', { class: 'num' }, String(o.attempts == null ? '—' : o.attempts)),
+            h('td', null, ts(o.fired_at, true)), h('td', null, ts(o.finished_at)),
+            h('td', null, o.run_id ? link(runHref(o.run_id), idText(o.run_id)) : muted('—')))))))
+          : h('p', { class: 'muted' }, 'No occurrence yet. It fires at the next trigger time, or press "Run now".'),
+        page && page.next_cursor ? h('p', { class: 'muted small' }, 'Showing the latest 50.') : null);
+    }
+    async function attentionItems() {
+      const acked = localStorage.getItem(ackKey(id));
+      const after = showAll || !acked ? 0 : seqOf({ cursor: acked });
+      let all = [];
+      let cursor = null;
+      for (let i = 0; i < 5; i++) {
+        const q = new URLSearchParams({ limit: '200' });
+        if (after) q.set('after_seq', String(after));
+        if (cursor) q.set('cursor', cursor);
+        const page = await api('GET', `/v1/automations/${enc(id)}/attention?${q}`);
+        all = all.concat(items(page));
+        cursor = page && page.next_cursor;
+        if (!cursor) break;
+      }
+      return all;
+    }
+    async function refresh() {
+      if (busy) return;
+      busy = true;
+      try {
+        const [a, o, w, at] = await Promise.all([
+          api('GET', '/v1/automations/' + enc(id)),
+          api('GET', `/v1/automations/${enc(id)}/occurrences?limit=50`),
+          api('GET', `/v1/automations/${enc(id)}/waits`),
+          attentionItems()]);
+        if (ctl.signal.aborted) return;
+        renderHead(a); renderDef(a); renderWaits(items(w)); renderAttention(at); renderOcc(o);
+      } catch (e) {
+        if (ctl.signal.aborted) return;
+        if (e.status === 404) swap(head, empty('No automation with this id.', 'Back to ', link('#/automations', 'the automations'), '.'));
+        else swap(head, errorBox(e));
+      } finally {
+        busy = false;
+      }
+    }
+    refresh();
+    const timer = setInterval(refresh, 2000);
+    return { cleanup: () => { ctl.abort(); clearInterval(timer); }, refresh, wantsRecords: true };
+  }
+
+  // ---------- Waits ----------
+  function waitsView() {
+    const ctl = new AbortController();
+    const box = h('div');
+    add(app, h('div', { testid: 'waits-page' },
+      pageHead('Waiting on a person', 'Runs that ask a question or need a tool approval, oldest first. Open one to answer it.'), box));
+    async function refresh() {
+      try {
+        const list = items(await api('GET', '/v1/waits'));
+        if (ctl.signal.aborted) return;
+        list.sort((a, b) => String(a.updated_at).localeCompare(String(b.updated_at)));
+        if (!list.length) {
+          swap(box, empty('Nobody is being waited on.', 'Runs that ask a person (', h('code', null, 'ask_user'),
+            ') or want a tool call approved show up here.'));
+          return;
+        }
+        swap(box, h('div', { class: 'wait-list' }, list.map((r) => {
+          const w = r.waiting || {};
+          const approval = isApproval(w);
+          return h('section', { class: 'card wait-item', testid: 'wait-item', 'data-run-id': r.run_id },
+            h('div', { class: 'section-head' },
+              h('div', null, tag(approval ? 'tool approval' : 'question', 't-person'), ' ', mono(r.workflow_id, 'wf'), ' ', link(runHref(r.run_id), idText(r.run_id))),
+              muted('waiting ', ts(r.updated_at))),
+            approval ? h('ul', { class: 'plain' }, (w.details.tool_calls || []).map((c) => h('li', null, h('strong', { class: 'mono' }, c.name),
+              fold('args-' + r.run_id + c.call_id, 'arguments', jsonBlock(c.arguments || {})))))
+              : h('p', { class: 'prompt' }, w.prompt || w.wait_key,
+                Array.isArray(w.choices) && w.choices.length ? muted('  choices: ' + w.choices.join(' / ')) : null),
+            h('a', { class: 'btn primary small', href: runHref(r.run_id), testid: 'wait-open' }, approval ? 'Review →' : 'Answer →'));
+        })));
+      } catch (e) {
+        if (!ctl.signal.aborted) swap(box, errorBox(e));
+      }
+    }
+    refresh();
+    return { cleanup: () => ctl.abort(), refresh };
+  }
+
+  // ---------- boot ----------
+  if (token()) enter();
+  else showLogin();
+})();

@@ -1,0 +1,386 @@
+//! `stepwell serve`: one process that drives the store (due waits,
+//! children, automations: the loop of `stepwell drive`) and answers an HTTP
+//! API over it, with live streams (Server-Sent Events), the Agent Host
+//! Protocol's automation-run channel (a WebSocket), Prometheus metrics and
+//! the web dashboard.
+//!
+//! The server is one more process on the store: every call goes through the
+//! same run transaction as the CLI's, so CLI calls, drivers and other
+//! servers beside it are safe. Every route but the health check, the
+//! OpenAPI document and the dashboard's static shell needs the bearer
+//! token kept in a file (created with a random token, mode 0600, when
+//! missing). `docs/http.md` lists the routes, `docs/ahp.md` the channel.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use stepwell::serve::{Server, ServeOptions};
+//! use stepwell::{Runtime, SqliteStore};
+//!
+//! # fn main() -> Result<(), stepwell::Error> {
+//! let store = Arc::new(SqliteStore::open(".stepwell/stepwell.sqlite")?);
+//! let runtime = Runtime::builder(store).build()?;
+//! let options = ServeOptions::new(".stepwell/serve-token".into());
+//! let server = Server::bind(runtime, options)?;
+//! println!("listening on http://{}/", server.local_addr());
+//! server.run()?; // until SIGTERM or Ctrl-C
+//! # Ok(()) }
+//! ```
+
+mod ahp;
+mod api;
+mod error;
+mod openapi;
+mod stream;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::core::{Error, Result};
+use crate::store::SnapshotStore;
+use crate::Runtime;
+
+pub use ahp::{project_occurrences, AHP_PROTOCOL_VERSION};
+pub use error::ApiError;
+pub use openapi::{documented_routes, openapi_document};
+
+/// How a server listens and behaves.
+pub struct ServeOptions {
+    /// The address to listen on (port 0: any free port).
+    pub listen: SocketAddr,
+    /// The file holding the bearer token (created when missing).
+    pub token_file: PathBuf,
+    /// The pause between the driver's passes when nothing wakes it.
+    pub drive_interval: Duration,
+    /// The largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Where snapshots are kept (`None`: in memory, for this process).
+    pub snapshots: Option<Arc<dyn SnapshotStore>>,
+    /// Run the driver loop in this process (off: only answer the API, and
+    /// let `stepwell drive` processes move the runs).
+    pub drive: bool,
+    /// How often streams look at the store for commits of other processes.
+    pub poll_interval: Duration,
+}
+
+impl ServeOptions {
+    /// The defaults: 127.0.0.1:8080, the driver on with a 200 ms pause,
+    /// 1 MiB bodies, streams looking every 250 ms.
+    pub fn new(token_file: PathBuf) -> Self {
+        ServeOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            token_file,
+            drive_interval: Duration::from_millis(200),
+            max_body_bytes: 1 << 20,
+            snapshots: None,
+            drive: true,
+            poll_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// Reads the token in `path`, or creates the file with a new random token
+/// (64 hex digits, mode 0600) when it does not exist. A token file that
+/// others can read, or that holds fewer than 16 characters, is refused.
+pub fn load_or_create_token(path: &Path) -> Result<String> {
+    let field = || path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = std::fs::metadata(path)
+                    .map_err(|e| Error::invalid(field(), e.to_string()))?
+                    .permissions()
+                    .mode();
+                if mode & 0o077 != 0 {
+                    return Err(Error::invalid(
+                        field(),
+                        format!(
+                            "the token file is readable by others (mode {:o}): chmod 600 it",
+                            mode & 0o777
+                        ),
+                    ));
+                }
+            }
+            let token = text.trim().to_string();
+            if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(Error::invalid(
+                    field(),
+                    "the token must be one line of at least 16 characters without spaces",
+                ));
+            }
+            Ok(token)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| Error::invalid(field(), e.to_string()))?;
+            }
+            let bytes: [u8; 32] = rand::random();
+            let token = hex::encode(bytes);
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                options.mode(0o600);
+            }
+            let mut file = match options.open(path) {
+                Ok(f) => f,
+                // Another process created it first: use theirs.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    return load_or_create_token(path)
+                }
+                Err(e) => return Err(Error::invalid(field(), e.to_string())),
+            };
+            std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes())
+                .and_then(|_| file.sync_all())
+                .map_err(|e| Error::invalid(field(), e.to_string()))?;
+            Ok(token)
+        }
+        Err(e) => Err(Error::invalid(field(), e.to_string())),
+    }
+}
+
+/// Wakes the driver before its pause ends (a run was started or resumed,
+/// a command arrived).
+#[derive(Clone, Default)]
+pub(crate) struct Wake(Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>);
+
+impl Wake {
+    pub(crate) fn wake(&self) {
+        let (flag, cv) = &*self.0;
+        *flag.lock() = true;
+        cv.notify_all();
+    }
+
+    /// Waits up to `timeout` for a wake; clears it.
+    fn wait(&self, timeout: Duration) {
+        let (flag, cv) = &*self.0;
+        let mut woken = flag.lock();
+        if !*woken {
+            cv.wait_for(&mut woken, timeout);
+        }
+        *woken = false;
+    }
+}
+
+/// What the request handlers share.
+pub(crate) struct Shared {
+    pub(crate) rt: Runtime,
+    pub(crate) token: String,
+    pub(crate) snapshots: Arc<dyn SnapshotStore>,
+    pub(crate) wake: Wake,
+    /// Bumped after every commit of this process: streams look again.
+    pub(crate) commits: tokio::sync::watch::Receiver<u64>,
+    /// Set when the server is shutting down: streams end.
+    pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
+    pub(crate) poll_interval: Duration,
+    pub(crate) http: api::HttpCounters,
+    pub(crate) max_body_bytes: usize,
+}
+
+/// A bound server, not yet serving.
+pub struct Server {
+    shared: Arc<Shared>,
+    listener: std::net::TcpListener,
+    drive: bool,
+    drive_interval: Duration,
+    shutdown_tx: tokio::sync::watch::Sender<bool>,
+    commits_tx: tokio::sync::watch::Sender<u64>,
+    tokio_rt: tokio::runtime::Runtime,
+    signals: Signals,
+}
+
+/// SIGTERM and SIGINT, caught from the moment the server is bound (a
+/// signal that arrives before `run` still stops it gracefully).
+struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    async fn recv(mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+impl Server {
+    /// Reads (or creates) the token and binds the address.
+    pub fn bind(rt: Runtime, options: ServeOptions) -> Result<Server> {
+        let token = load_or_create_token(&options.token_file)?;
+        let tokio_rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("stepwell-http")
+            .build()
+            .map_err(|e| Error::invalid("serve", format!("cannot start the runtime: {e}")))?;
+        let signals = {
+            let _entered = tokio_rt.enter();
+            Signals::new()
+                .map_err(|e| Error::invalid("serve", format!("cannot catch signals: {e}")))?
+        };
+        let listener = std::net::TcpListener::bind(options.listen)
+            .map_err(|e| Error::invalid("--listen", format!("{}: {e}", options.listen)))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::invalid("--listen", e.to_string()))?;
+        let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
+        let (commits_tx, commits) = tokio::sync::watch::channel(0u64);
+        let snapshots = options
+            .snapshots
+            .unwrap_or_else(|| Arc::new(crate::store::MemorySnapshotStore::new()));
+        Ok(Server {
+            shared: Arc::new(Shared {
+                rt,
+                token,
+                snapshots,
+                wake: Wake::default(),
+                commits,
+                shutdown,
+                poll_interval: options.poll_interval,
+                http: api::HttpCounters::default(),
+                max_body_bytes: options.max_body_bytes,
+            }),
+            listener,
+            drive: options.drive,
+            drive_interval: options.drive_interval,
+            shutdown_tx,
+            commits_tx,
+            tokio_rt,
+            signals,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Serves until SIGTERM or SIGINT (Ctrl-C): then stops accepting,
+    /// ends the streams, lets the requests in hand finish, and lets the
+    /// driver finish its pass (its runs' leases are released as each tick
+    /// ends), and returns.
+    pub fn run(self) -> Result<()> {
+        let tokio_rt = self.tokio_rt;
+        let signals = self.signals;
+        let stop = Arc::new(AtomicBool::new(false));
+        // Commits of this process wake the streams at once (other
+        // processes' are seen by polling).
+        let feed = self.shared.rt.subscribe_ledger(None);
+        let commits_tx = self.commits_tx.clone();
+        let feeder = std::thread::Builder::new()
+            .name("stepwell-feed".into())
+            .spawn(move || {
+                while feed.recv().is_ok() {
+                    while feed.try_recv().is_ok() {}
+                    commits_tx.send_modify(|n| *n += 1);
+                    if commits_tx.is_closed() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| Error::invalid("serve", e.to_string()))?;
+        let driver = if self.drive {
+            let rt = self.shared.rt.clone();
+            let stop = stop.clone();
+            let wake = self.shared.wake.clone();
+            let interval = self.drive_interval;
+            Some(
+                std::thread::Builder::new()
+                    .name("stepwell-driver".into())
+                    .spawn(move || drive_loop(&rt, &stop, &wake, interval))
+                    .map_err(|e| Error::invalid("serve", e.to_string()))?,
+            )
+        } else {
+            None
+        };
+        let shared = self.shared.clone();
+        let shutdown_tx = self.shutdown_tx;
+        let listener = self.listener;
+        let served = tokio_rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener)
+                .map_err(|e| Error::invalid("--listen", e.to_string()))?;
+            let app = api::router(shared);
+            let signal = async move {
+                signals.recv().await;
+                tracing::info!("shutting down: no new requests; streams end");
+                let _ = shutdown_tx.send(true);
+            };
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(signal)
+            .await
+            .map_err(|e| Error::invalid("serve", e.to_string()))
+        });
+        stop.store(true, Ordering::SeqCst);
+        self.shared.wake.wake();
+        if let Some(d) = driver {
+            let _ = d.join();
+        }
+        drop(self.commits_tx);
+        drop(feeder);
+        tokio_rt.shutdown_timeout(Duration::from_secs(5));
+        tracing::info!("stopped");
+        served
+    }
+}
+
+/// The driver loop: a pass, then a pause (cut short by a wake), until
+/// `stop`.
+fn drive_loop(rt: &Runtime, stop: &AtomicBool, wake: &Wake, interval: Duration) {
+    while !stop.load(Ordering::SeqCst) {
+        match rt.drive_once() {
+            Ok(report) => {
+                if report.moved_anything() {
+                    tracing::debug!(
+                        due = report.due_resumed.len(),
+                        ticked = report.ticked.len(),
+                        parents = report.parents_resumed.len(),
+                        "driver pass"
+                    );
+                }
+                for e in &report.errors {
+                    tracing::warn!(run_id = %e.run_id, error = %e.error, "driver");
+                }
+                for q in &report.quarantined {
+                    tracing::error!(run_id = %q.run_id, error = %q.error, "quarantined");
+                }
+                // More may be ready at once (a chain of controller steps).
+                if report.moved_anything() {
+                    continue;
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "driver pass failed"),
+        }
+        wake.wait(interval);
+    }
+}

@@ -1,0 +1,230 @@
+// End-to-end test of the `stepwell serve` dashboard in a real, headless Chromium.
+//
+// Env: STEPWELL_URL (base URL), STEPWELL_TOKEN, STEPWELL_REPO (repo root),
+// STEPWELL_SCREENSHOTS (dir), STEPWELL_AUTOMATION_ID (an active scheduled automation),
+// STEPWELL_WORKSPACE (writable dir for the tool-approval run), optional CHROMIUM
+// (default /usr/bin/chromium) and STEPWELL_NODE_MODULES (where playwright-core is installed,
+// default <repo>/target/browser/node_modules).
+//
+// Prints one line per step; exits 0 when every step passed, else prints what failed,
+// saves failure.png and exits 1.
+import { createRequire } from 'node:module';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+const env = (name, fallback) => {
+  const v = process.env[name] ?? fallback;
+  if (v === undefined || v === '') {
+    console.error(`missing environment variable ${name}`);
+    process.exit(2);
+  }
+  return v;
+};
+const REPO = env('STEPWELL_REPO', path.resolve(path.dirname(new URL(import.meta.url).pathname), '../..'));
+const BASE = env('STEPWELL_URL').replace(/\/+$/, '');
+const TOKEN = env('STEPWELL_TOKEN');
+const SHOTS = env('STEPWELL_SCREENSHOTS');
+const AUTOMATION_ID = env('STEPWELL_AUTOMATION_ID');
+const WORKSPACE = env('STEPWELL_WORKSPACE');
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const MODULES = process.env.STEPWELL_NODE_MODULES || path.join(REPO, 'target/browser/node_modules');
+const TIMEOUT = 20_000;
+
+const require = createRequire(path.join(MODULES, 'noop.js'));
+const { chromium } = require('playwright-core');
+
+fs.mkdirSync(SHOTS, { recursive: true });
+const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'stepwell-dash-profile-'));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: CHROMIUM,
+  headless: true,
+  viewport: { width: 1360, height: 900 },
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync'],
+});
+context.setDefaultTimeout(TIMEOUT);
+const page = context.pages()[0] || (await context.newPage());
+
+// What the page did wrong along the way: uncaught errors, console errors, requests elsewhere.
+const problems = [];
+page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+// (A refused token and a rejected command are expected answers, not errors of the page.)
+page.on('console', (m) => {
+  // (Failed responses are reported with their URL below.)
+  if (m.type() === 'error' && !/^Failed to load resource/.test(m.text())) problems.push(`console error: ${m.text()}`);
+});
+page.on('response', (r) => {
+  if (r.status() >= 400 && ![401, 422].includes(r.status())) problems.push(`HTTP ${r.status()} ${r.request().method()} ${r.url()}`);
+});
+page.on('request', (r) => {
+  const u = r.url();
+  if (!u.startsWith(BASE + '/') && !u.startsWith('data:')) problems.push(`request outside the server: ${u}`);
+});
+
+const tid = (id) => `[data-testid="${id}"]`;
+let shot = 0;
+async function screenshot(name) {
+  shot += 1;
+  const file = path.join(SHOTS, `${String(shot).padStart(2, '0')}-${name}.png`);
+  await page.screenshot({ path: file, fullPage: true });
+  return path.basename(file);
+}
+let current = '';
+async function step(name, fn) {
+  current = name;
+  const t0 = Date.now();
+  const detail = await fn();
+  console.log(`ok  ${name} (${Date.now() - t0} ms)${detail ? ' ' + detail : ''}`);
+}
+const expectText = (selector, text) => page.waitForFunction(
+  ([sel, want]) => [...document.querySelectorAll(sel)].some((e) => e.textContent.includes(want)),
+  [selector, text], { timeout: TIMEOUT });
+const runStatus = (status) => page.waitForFunction(
+  (want) => document.querySelector('[data-testid="run-status"]')?.textContent.trim() === want,
+  status, { timeout: TIMEOUT });
+function runIdFromUrl() {
+  const m = /#\/runs\/([^/?]+)$/.exec(page.url());
+  if (!m) throw new Error(`not on a run page: ${page.url()}`);
+  return decodeURIComponent(m[1]);
+}
+async function startRun(bundle, vars) {
+  await page.goto(`${BASE}/#/runs`);
+  await page.locator(tid('runs-page')).waitFor();
+  const form = page.locator(tid('start-form'));
+  if (!(await form.evaluate((d) => d.open))) await form.locator('summary').click();
+  await page.locator(tid('start-kind')).selectOption('bundle');
+  await page.locator(tid('start-bundle')).fill(bundle);
+  await page.locator(tid('start-vars')).fill(JSON.stringify(vars));
+  await page.locator(tid('start-submit')).click();
+  await page.waitForURL(/#\/runs\/[^/]+$/);
+  await page.locator(tid('run-page')).waitFor();
+  return runIdFromUrl();
+}
+
+const runs = {};
+try {
+  await step('a. the shell asks for the token and shows no data', async () => {
+    await page.goto(`${BASE}/`);
+    await page.locator(tid('token-input')).waitFor();
+    if (await page.locator(`${tid('run-row')}, ${tid('runs-page')}`).count()) throw new Error('data shown before sign-in');
+    if (await page.locator('#app').isVisible()) throw new Error('the app section is visible before sign-in');
+    const a = await screenshot('token');
+    await page.locator(tid('token-input')).fill('not-the-token-0000000000');
+    await page.locator(tid('token-submit')).click();
+    await expectText(tid('token-error'), '401');
+    await page.locator(tid('token-input')).fill(TOKEN);
+    await page.locator(tid('token-submit')).click();
+    await page.locator(tid('runs-page')).waitFor();
+    await page.waitForFunction(() => document.querySelector('[data-testid="live"]')?.dataset.state === 'live', null, { timeout: TIMEOUT });
+    const b = await screenshot('runs');
+    return `(a wrong token is refused; ${a}, ${b})`;
+  });
+
+  await step('b. ask-user: start, answer "Ada", completed live', async () => {
+    const id = await startRun(path.join(REPO, 'flows/examples/ask-user'), {});
+    runs.ask = id;
+    await runStatus('waiting');
+    await expectText(tid('wait-prompt'), 'What is your name?');
+    await page.locator(tid('timeline-record')).first().waitFor();
+    await page.evaluate(() => { window.__stepwellNoReload = true; });
+    const a = await screenshot('ask-waiting');
+    const before = await page.locator(tid('timeline-record')).count();
+    await page.locator(tid('answer-input')).fill('Ada');
+    await page.locator(tid('answer-submit')).click();
+    await runStatus('completed');
+    await expectText(tid('run-output'), 'Hello, Ada!');
+    // The new ledger records arrive over the live stream.
+    await page.waitForFunction((n) => document.querySelectorAll('[data-testid="timeline-record"]').length > n, before, { timeout: TIMEOUT });
+    if (!(await page.evaluate(() => window.__stepwellNoReload === true))) throw new Error('the page reloaded');
+    if (await page.locator(tid('wait-panel')).count()) throw new Error('the wait panel is still shown');
+    const b = await screenshot('ask-completed');
+    return `(run ${id}; ${a}, ${b})`;
+  });
+
+  await step('c. write-note: approve write_file, completed, the file is written', async () => {
+    const note = path.join(WORKSPACE, 'note.txt');
+    fs.rmSync(note, { force: true });
+    const id = await startRun(path.join(REPO, 'flows/examples/write-note'), { workspace_root: WORKSPACE, note: 'from the browser' });
+    runs.note = id;
+    await runStatus('waiting');
+    await page.locator(`${tid('tool-call')}[data-tool="write_file"]`).waitFor();
+    await expectText(tid('tool-call'), 'from the browser');
+    await page.evaluate(() => { window.__stepwellNoReload = true; });
+    const a = await screenshot('tool-approval');
+    await page.locator(tid('approve')).click();
+    await runStatus('completed');
+    if (!(await page.evaluate(() => window.__stepwellNoReload === true))) throw new Error('the page reloaded');
+    const b = await screenshot('tool-approved');
+    const text = fs.readFileSync(note, 'utf8');
+    if (!text.includes('from the browser')) throw new Error(`${note} holds ${JSON.stringify(text)}`);
+    return `(run ${id}; ${note} written; ${a}, ${b})`;
+  });
+
+  await step('d. automation: pause, then resume', async () => {
+    await page.goto(`${BASE}/#/automations`);
+    const row = page.locator(`${tid('automation-row')}[data-automation-id="${AUTOMATION_ID}"]`);
+    await row.waitFor();
+    const a = await screenshot('automations');
+    await row.click();
+    await page.waitForURL(new RegExp(`#/automations/${AUTOMATION_ID}$`));
+    await expectText(tid('automation-status'), 'active');
+    await page.locator(`${tid('occurrences')} h2`).waitFor();
+    const b = await screenshot('automation');
+    await page.locator(tid('cmd-pause')).click();
+    await expectText(tid('cmd-result'), 'applied');
+    await expectText(tid('automation-status'), 'paused');
+    const c = await screenshot('automation-paused');
+    await page.locator(tid('cmd-resume')).click();
+    await expectText(tid('automation-status'), 'active');
+    const d = await screenshot('automation-resumed');
+    return `(${a}, ${b}, ${c}, ${d})`;
+  });
+
+  await step('e. waits page (answered from there), runs page filtered to completed', async () => {
+    // A run waiting on a person, so the waits page has something to show; answered through its link.
+    const id = await startRun(path.join(REPO, 'flows/examples/ask-user'), {});
+    runs.waits = id;
+    await runStatus('waiting');
+    await page.goto(`${BASE}/#/waits`);
+    const item = page.locator(`${tid('wait-item')}[data-run-id="${id}"]`);
+    await item.waitFor();
+    await expectText(tid('wait-item'), 'What is your name?');
+    const a = await screenshot('waits');
+    await item.locator(tid('wait-open')).click();
+    await page.waitForURL(new RegExp(`#/runs/${id}$`));
+    await page.locator(tid('answer-input')).fill('Grace');
+    await page.locator(tid('answer-submit')).click();
+    await runStatus('completed');
+    await expectText(tid('run-output'), 'Hello, Grace!');
+    await page.goto(`${BASE}/#/runs`);
+    await page.locator(tid('runs-table')).waitFor();
+    await page.locator(tid('filter-completed')).click();
+    await page.waitForFunction((ids) => {
+      const rows = [...document.querySelectorAll('[data-testid="run-row"]')];
+      return rows.length > 0 && rows.every((r) => r.dataset.status === 'completed') &&
+        ids.every((id) => rows.some((r) => r.dataset.runId === id));
+    }, [runs.ask, runs.note, runs.waits], { timeout: TIMEOUT });
+    const b = await screenshot('runs-completed');
+    return `(${a}, ${b})`;
+  });
+
+  if (problems.length) {
+    current = 'no page errors, no outside requests';
+    throw new Error(problems.join('\n'));
+  }
+  console.log('PASS: every step passed');
+  await context.close();
+  fs.rmSync(profile, { recursive: true, force: true });
+  process.exit(0);
+} catch (e) {
+  console.log(`FAIL ${current}: ${e.message.split('\n').slice(0, 12).join('\n')}`);
+  if (problems.length) console.log('page problems:\n  ' + problems.join('\n  '));
+  try {
+    await page.screenshot({ path: path.join(SHOTS, 'failure.png'), fullPage: true });
+    console.log(`screenshot: ${path.join(SHOTS, 'failure.png')} (at ${page.url()})`);
+  } catch (_) { /* the browser is gone */ }
+  await context.close().catch(() => {});
+  fs.rmSync(profile, { recursive: true, force: true });
+  process.exit(1);
+}

@@ -1,0 +1,1372 @@
+//! `stepwell serve` from the outside: a real server process on a loopback
+//! port, called over HTTP (ureq), followed over Server-Sent Events and the
+//! AHP WebSocket (tungstenite), beside CLI processes on the same SQLite
+//! file.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use stepwell::host::{open_runtime, HostOptions, StoreSpec};
+use stepwell_tests::{repo, stepwell_binary, wait_for};
+
+struct Served {
+    child: Child,
+    url: String,
+    token: String,
+    dir: tempfile::TempDir,
+    agent: ureq::Agent,
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+impl Served {
+    /// Starts `stepwell serve` on a free port with `args` after `serve`.
+    fn start(args: &[&str]) -> Served {
+        Self::start_in(tempfile::tempdir().unwrap(), args)
+    }
+
+    fn start_in(dir: tempfile::TempDir, args: &[&str]) -> Served {
+        let mut child = Command::new(stepwell_binary())
+            .arg("--db")
+            .arg(dir.path().join("db.sqlite"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--interval-ms", "50"])
+            .args(args)
+            .current_dir(repo())
+            .env_remove("STEPWELL_DB")
+            .env_remove("STEPWELL_STORE")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().expect("serve prints its URL").unwrap();
+        let url = first
+            .strip_prefix("stepwell serve: ")
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .trim_end_matches('/')
+            .to_string();
+        let second = lines.next().unwrap().unwrap();
+        let token_file = PathBuf::from(second.strip_prefix("token file: ").unwrap());
+        assert_eq!(token_file, dir.path().join("serve-token"));
+        let token = std::fs::read_to_string(&token_file)
+            .unwrap()
+            .trim()
+            .to_string();
+        std::thread::spawn(move || for _ in lines {});
+        Served {
+            child,
+            url,
+            token,
+            dir,
+            agent: agent(),
+        }
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("db.sqlite")
+    }
+
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        token: Option<&str>,
+    ) -> (u16, Value) {
+        let url = format!("{}{path}", self.url);
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let mut response = match method {
+            "GET" => {
+                let mut r = self.agent.get(&url);
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.call()
+            }
+            _ => {
+                let mut r = self
+                    .agent
+                    .post(&url)
+                    .header("Content-Type", "application/json");
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.send(body.unwrap_or(""))
+            }
+        }
+        .unwrap();
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value)
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        self.call("GET", path, None, Some(&self.token.clone()))
+    }
+
+    fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call(
+            "POST",
+            path,
+            Some(&body.to_string()),
+            Some(&self.token.clone()),
+        )
+    }
+
+    fn ok(&self, path: &str) -> Value {
+        let (status, v) = self.get(path);
+        assert_eq!(status, 200, "GET {path}: {v}");
+        v
+    }
+
+    /// SIGTERM, and the exit status.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the server did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(stepwell_binary())
+            .arg("--db")
+            .arg(self.db())
+            .args(args)
+            .current_dir(repo())
+            .env_remove("STEPWELL_DB")
+            .env_remove("STEPWELL_STORE")
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn example(name: &str) -> String {
+    repo()
+        .join("flows/examples")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// Reads SSE events (name, id, data) from `reader` until `stop` says so.
+fn read_events(
+    reader: impl Read,
+    mut stop: impl FnMut(&[(String, Option<String>, Value)]) -> bool,
+) -> Vec<(String, Option<String>, Value)> {
+    let mut events = Vec::new();
+    let (mut name, mut id, mut data) = (String::new(), None, String::new());
+    for line in BufReader::new(reader).lines() {
+        let line = line.unwrap();
+        if line.is_empty() {
+            if !data.is_empty() {
+                events.push((
+                    std::mem::take(&mut name),
+                    id.take(),
+                    serde_json::from_str(&data).unwrap(),
+                ));
+                data.clear();
+                if stop(&events) {
+                    break;
+                }
+            }
+            continue;
+        }
+        if let Some(v) = line.strip_prefix("event: ") {
+            name = v.to_string();
+        } else if let Some(v) = line.strip_prefix("id: ") {
+            id = Some(v.to_string());
+        } else if let Some(v) = line.strip_prefix("data: ") {
+            data.push_str(v);
+        }
+    }
+    events
+}
+
+fn stream(s: &Served, path: &str) -> impl Read {
+    s.agent
+        .get(format!("{}{path}", s.url))
+        .header("Authorization", format!("Bearer {}", s.token))
+        .call()
+        .unwrap()
+        .into_body()
+        .into_reader()
+}
+
+/// The README's session: start the ask-user example over HTTP, answer it,
+/// read its ledger; the health check needs no token, everything else does.
+#[test]
+fn a_new_user_starts_answers_and_reads_a_run_over_http() {
+    let mut s = Served::start(&[]);
+    let (status, health) = s.call("GET", "/v1/health", None, None);
+    assert_eq!((status, &health["status"]), (200, &json!("ok")));
+    // No token, a wrong one: 401, and no data.
+    let (status, body) = s.call("GET", "/v1/runs", None, None);
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"]["code"], "unauthorized");
+    let (status, _) = s.call("GET", "/v1/runs", None, Some("0123456789abcdef0123"));
+    assert_eq!(status, 401);
+    let (status, _) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(&json!({"bundle": example("ask-user")}).to_string()),
+        None,
+    );
+    assert_eq!(status, 401);
+    assert!(s.ok("/v1/runs?limit=5")["items"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+
+    let (status, run) = s.post("/v1/runs", json!({"bundle": example("ask-user")}));
+    assert_eq!(status, 201, "{run}");
+    assert_eq!(run["status"], "waiting");
+    assert_eq!(run["waiting"]["prompt"], "What is your name?");
+    let id = run["run_id"].as_str().unwrap().to_string();
+    assert_eq!(s.ok(&format!("/v1/runs/{id}"))["status"], "waiting");
+    // It is in the list of runs waiting on a person.
+    let waits = s.ok("/v1/waits");
+    assert_eq!(waits["items"][0]["run_id"], json!(id));
+
+    let (status, done) = s.post(
+        &format!("/v1/runs/{id}/resume"),
+        json!({"payload": {"text": "Ada"}}),
+    );
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["output"], json!({"greeting": "Hello, Ada!"}));
+    // The same answer again: the wait was resumed once.
+    let (status, stale) = s.post(
+        &format!("/v1/runs/{id}/resume"),
+        json!({"payload": {"text": "Bob"}}),
+    );
+    assert_eq!(status, 409, "{stale}");
+    assert_eq!(stale["error"]["code"], "stale_resume");
+
+    let ledger = s.ok(&format!("/v1/runs/{id}/ledger"));
+    let ledger = ledger.as_array().unwrap();
+    assert_eq!(ledger.len(), 4);
+    assert_eq!(ledger[0]["seq"], 1);
+    assert_eq!(ledger[3]["node_id"], "greet");
+    let after = s.ok(&format!("/v1/runs/{id}/ledger?after=2"));
+    assert_eq!(after.as_array().unwrap().len(), 2);
+    assert_eq!(after[0]["seq"], 3);
+    let verified = s.ok(&format!("/v1/runs/{id}/ledger/verify"));
+    assert_eq!(
+        (verified["ok"].clone(), verified["records"].clone()),
+        (json!(true), json!(4))
+    );
+
+    // The CLI on the same file sees the same run.
+    let out = s.cli(&["--json", "status", &id]);
+    let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(cli["output"], done["output"]);
+    assert!(s.stop().success());
+}
+
+/// Bad input gets a typed error naming the field, with a status that
+/// fits; nothing is created.
+#[test]
+fn bad_requests_get_typed_errors() {
+    let s = Served::start(&["--max-body-bytes", "4096"]);
+    // (method, path, body, status, code, the field's start)
+    type Case<'a> = (&'a str, &'a str, String, u16, &'a str, Option<&'a str>);
+    let cases: Vec<Case> = vec![
+        (
+            "GET",
+            "/v1/runs/nope",
+            String::new(),
+            404,
+            "run_not_found",
+            None,
+        ),
+        (
+            "POST",
+            "/v1/runs",
+            json!({"bundle": example("ask-user"), "surprise": 1}).to_string(),
+            400,
+            "invalid_input",
+            Some("body"),
+        ),
+        (
+            "POST",
+            "/v1/runs",
+            json!({"bundle": example("ask-user"), "vars": [1]}).to_string(),
+            400,
+            "invalid_input",
+            Some("body.vars"),
+        ),
+        (
+            "POST",
+            "/v1/runs",
+            "{not json".to_string(),
+            400,
+            "invalid_input",
+            Some("body"),
+        ),
+        (
+            "POST",
+            "/v1/runs",
+            json!({}).to_string(),
+            400,
+            "invalid_input",
+            Some("body"),
+        ),
+        (
+            "POST",
+            "/v1/runs",
+            json!({"workflow_id": "never-loaded"}).to_string(),
+            404,
+            "unknown_workflow",
+            None,
+        ),
+        (
+            "POST",
+            "/v1/runs",
+            json!({"bundle": "/nonexistent/bundle"}).to_string(),
+            400,
+            "invalid_definition",
+            None,
+        ),
+        (
+            "POST",
+            "/v1/runs",
+            json!({"bundle": example("hello"), "vars": {"_meta": {"automation": {}}}}).to_string(),
+            400,
+            "invalid_input",
+            Some("body.vars: _meta.automation"),
+        ),
+        (
+            "POST",
+            "/v1/runs",
+            json!({"bundle": example("hello"), "session_id": "automation:x"}).to_string(),
+            400,
+            "invalid_input",
+            Some("body.session_id"),
+        ),
+        (
+            "POST",
+            "/v1/runs",
+            json!({"bundle": example("hello"), "vars": {"name": "x".repeat(5000)}}).to_string(),
+            413,
+            "payload_too_large",
+            None,
+        ),
+        (
+            "GET",
+            "/v1/runs?status=sleeping",
+            String::new(),
+            400,
+            "invalid_input",
+            Some("status"),
+        ),
+        (
+            "GET",
+            "/v1/runs?limit=0",
+            String::new(),
+            400,
+            "invalid_input",
+            Some("limit"),
+        ),
+        (
+            "GET",
+            "/v1/runs?bogus=1",
+            String::new(),
+            400,
+            "invalid_input",
+            Some("query"),
+        ),
+        (
+            "GET",
+            "/v1/runs?cursor=not-a-run",
+            String::new(),
+            400,
+            "invalid_input",
+            Some("cursor"),
+        ),
+        (
+            "GET",
+            "/v1/automations/nope",
+            String::new(),
+            404,
+            "automation_not_found",
+            None,
+        ),
+        (
+            "POST",
+            "/v1/automations",
+            json!({"request_id": "x", "title": "t", "surprise": 1}).to_string(),
+            400,
+            "invalid_definition",
+            None,
+        ),
+        (
+            "GET",
+            "/v1/nothing-here",
+            String::new(),
+            404,
+            "not_found",
+            None,
+        ),
+    ];
+    for (method, path, body, status, code, field) in cases {
+        let (got, v) = s.call(method, path, Some(&body), Some(&s.token.clone()));
+        assert_eq!(got, status, "{method} {path} {body:.80}: {v}");
+        assert_eq!(v["error"]["code"], code, "{method} {path}: {v}");
+        if let Some(f) = field {
+            assert!(
+                v["error"]["field"]
+                    .as_str()
+                    .is_some_and(|x| x.starts_with(f)),
+                "{method} {path}: field {f:?} in {v}"
+            );
+        }
+    }
+    // The definition error names the field.
+    let (_, v) = s.post(
+        "/v1/automations",
+        json!({"request_id": "x", "title": "t", "surprise": 1}),
+    );
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("surprise"),
+        "{v}"
+    );
+    // Nothing was created by any of them.
+    assert!(s.ok("/v1/runs")["items"].as_array().unwrap().is_empty());
+    // Resuming a run that does not wait, with the wrong key.
+    let (_, run) = s.post("/v1/runs", json!({"bundle": example("ask-user")}));
+    let id = run["run_id"].as_str().unwrap();
+    let (status, v) = s.post(
+        &format!("/v1/runs/{id}/resume"),
+        json!({"payload": {"text": "x"}, "wait_key": "wrong"}),
+    );
+    assert_eq!(
+        (status, v["error"]["code"].clone()),
+        (409, json!("stale_resume")),
+        "{v}"
+    );
+    let (status, v) = s.post(&format!("/v1/runs/{id}/resume"), json!({}));
+    assert_eq!(
+        (status, v["error"]["field"].clone()),
+        (400, json!("body.payload")),
+        "{v}"
+    );
+    // Cancel, then resume: stale.
+    let (status, v) = s.post(&format!("/v1/runs/{id}/cancel"), json!({"reason": "test"}));
+    assert_eq!(
+        (status, v["status"].clone()),
+        (200, json!("cancelled")),
+        "{v}"
+    );
+    let (status, _) = s.post(
+        &format!("/v1/runs/{id}/resume"),
+        json!({"payload": {"text": "x"}}),
+    );
+    assert_eq!(status, 409);
+}
+
+/// Runs list newest first, filtered, in pages that neither skip nor
+/// repeat a run.
+#[test]
+fn runs_list_in_pages_with_filters() {
+    let s = Served::start(&[]);
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        let bundle = if i % 2 == 0 { "ask-user" } else { "hello" };
+        let (status, run) = s.post(
+            "/v1/runs",
+            json!({"bundle": example(bundle), "vars": {"name": format!("n{i}")}}),
+        );
+        assert_eq!(status, 201, "{run}");
+        ids.push(run["run_id"].as_str().unwrap().to_string());
+    }
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/runs?limit=3&cursor={c}"),
+            None => "/v1/runs?limit=3".into(),
+        };
+        let page = s.ok(&path);
+        for r in page["items"].as_array().unwrap() {
+            seen.push(r["run_id"].as_str().unwrap().to_string());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
+    assert_eq!(seen, newest_first);
+    let waiting = s.ok("/v1/runs?status=waiting&wait_reason=user");
+    assert_eq!(waiting["items"].as_array().unwrap().len(), 4);
+    let hello = s.ok("/v1/runs?workflow_id=hello&status=completed");
+    assert_eq!(hello["items"].as_array().unwrap().len(), 3);
+}
+
+/// A run's stream: records as they are committed (by this server, and by
+/// a CLI process beside it), its state, its end; resumable from a seq.
+#[test]
+fn a_run_stream_follows_commits_of_every_process_and_resumes() {
+    let s = Served::start(&[]);
+    let (_, run) = s.post("/v1/runs", json!({"bundle": example("ask-user")}));
+    let id = run["run_id"].as_str().unwrap().to_string();
+    let reader = stream(&s, &format!("/v1/runs/{id}/ledger/stream"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let events = read_events(reader, |e| e.last().is_some_and(|x| x.0 == "end"));
+        tx.send(events).unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // Answered by another process.
+    let out = s.cli(&["resume", &id, "--payload", r#"{"text": "Grace"}"#]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the stream ended");
+    let records: Vec<&(String, Option<String>, Value)> =
+        events.iter().filter(|e| e.0 == "record").collect();
+    assert_eq!(records.len(), 4, "{events:?}");
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(r.1.as_deref(), Some((i + 1).to_string().as_str()));
+        assert_eq!(r.2["seq"], json!(i + 1));
+    }
+    let states: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.0 == "state")
+        .map(|e| &e.2)
+        .collect();
+    assert_eq!(states.first().unwrap()["status"], "waiting");
+    assert_eq!(states.last().unwrap()["status"], "completed");
+    assert_eq!(events.last().unwrap().2["records"], 4);
+
+    // From seq 2 (Last-Event-ID): only 3 and 4, then the end.
+    let reader = s
+        .agent
+        .get(format!("{}/v1/runs/{id}/ledger/stream", s.url))
+        .header("Authorization", format!("Bearer {}", s.token))
+        .header("Last-Event-ID", "2")
+        .call()
+        .unwrap()
+        .into_body()
+        .into_reader();
+    let events = read_events(reader, |e| e.last().is_some_and(|x| x.0 == "end"));
+    let seqs: Vec<Value> = events
+        .iter()
+        .filter(|e| e.0 == "record")
+        .map(|e| e.2["seq"].clone())
+        .collect();
+    assert_eq!(seqs, vec![json!(3), json!(4)]);
+    let (status, _) = s.get("/v1/runs/nope/ledger/stream");
+    assert_eq!(status, 404);
+}
+
+/// The store's stream: every commit of every process in commit order,
+/// records then the run's summary, resumable after any commit.
+#[test]
+fn the_store_stream_shows_every_commit_and_resumes() {
+    let s = Served::start(&[]);
+    let reader = stream(&s, "/v1/stream");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let events = read_events(reader, |e| {
+            e.iter()
+                .filter(|x| x.0 == "run" && x.2["status"] == "completed")
+                .count()
+                >= 2
+        });
+        tx.send(events).unwrap();
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, a) = s.post(
+        "/v1/runs",
+        json!({"bundle": example("hello"), "vars": {"name": "A"}}),
+    );
+    // A CLI process commits too.
+    let out = s.cli(&[
+        "--json",
+        "run",
+        &example("hello"),
+        "--vars",
+        r#"{"name": "B"}"#,
+    ]);
+    assert!(out.status.success());
+    let b: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let events = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("both runs seen");
+    let runs: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.0 == "run")
+        .map(|e| &e.2)
+        .collect();
+    let ids: Vec<&Value> = runs.iter().map(|r| &r["run_id"]).collect();
+    assert!(
+        ids.contains(&&a["run_id"]) && ids.contains(&&b["run_id"]),
+        "{ids:?}"
+    );
+    // The stream starts at the newest commit (none yet) and says so.
+    assert_eq!(events[0].0, "position");
+    assert_eq!(events[0].2, json!({"after": 0, "head": 0}));
+    // Every commit's last event carries the feed position; they increase.
+    let positions: Vec<u64> = events
+        .iter()
+        .filter(|e| e.0 != "position")
+        .filter_map(|e| e.1.as_ref())
+        .map(|i| i.parse().unwrap())
+        .collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+    // Resuming after the first commit skips it.
+    let first = positions[0];
+    let reader = stream(&s, &format!("/v1/stream?after={first}"));
+    let last = positions.last().unwrap().to_string();
+    let again = read_events(reader, |e| {
+        e.last().and_then(|x| x.1.as_deref()) == Some(last.as_str())
+    });
+    let again_positions: Vec<u64> = again
+        .iter()
+        .filter(|e| e.0 != "position")
+        .filter_map(|e| e.1.as_ref())
+        .map(|i| i.parse().unwrap())
+        .collect();
+    assert_eq!(again_positions, positions[1..].to_vec());
+}
+
+/// Automations over HTTP: create, list, show, pause and resume, a
+/// rejected command (422), occurrences, the AHP run summaries.
+#[test]
+fn automations_are_created_commanded_and_read_over_http() {
+    let s = Served::start(&[]);
+    let ws = s.dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let request = json!({
+        "request_id": "echo-often", "title": "Echo often",
+        "target": {"workflow_id": "echo", "bundle_ref": repo().join("flows/automations/echo").display().to_string(),
+                   "flow_id": "echo", "input_data": {"prompt": "hello"}},
+        "trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "1h"}},
+        "workspace_root": ws.display().to_string(),
+    });
+    let (status, created) = s.post("/v1/automations", request.clone());
+    assert_eq!(status, 201, "{created}");
+    let id = created["automation_id"].as_str().unwrap().to_string();
+    let (status, again) = s.post("/v1/automations", request);
+    assert_eq!((status, again["created"].clone()), (200, json!(false)));
+    let list = s.ok("/v1/automations");
+    assert_eq!(list["items"][0]["automation_id"], json!(id));
+    // The driver in the server admits the first occurrence and runs it.
+    wait_for(
+        "the first occurrence completes",
+        Duration::from_secs(30),
+        || s.ok(&format!("/v1/automations/{id}/occurrences"))["items"][0]["status"] == "completed",
+    );
+    let summaries = s.ok(&format!("/v1/automations/{id}/runs"));
+    let first = &summaries["items"][0];
+    assert_eq!(
+        first["resource"],
+        json!(format!("ahp-automation-run:/{id}/1"))
+    );
+    assert_eq!(first["lifecycle"]["status"], "completed");
+    assert_eq!(first["origin"]["kind"], "trigger");
+    assert!(first["origin"]["scheduledFor"].is_string(), "{first}");
+    assert_eq!(first["sessionCount"], 1);
+
+    let command = |kind: &str, cid: &str| {
+        s.post(
+            &format!("/v1/automations/{id}/commands"),
+            json!({"type": kind, "command_id": cid}),
+        )
+    };
+    let (status, answer) = command("pause", "c1");
+    assert_eq!(
+        (status, answer["status"].clone()),
+        (200, json!("applied")),
+        "{answer}"
+    );
+    assert_eq!(s.ok(&format!("/v1/automations/{id}"))["status"], "paused");
+    // At the wrong revision: rejected, 422 with the reason.
+    let (status, answer) = s.post(
+        &format!("/v1/automations/{id}/commands"),
+        json!({"type": "resume", "command_id": "c2", "expected_revision": 99}),
+    );
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["status"], "rejected");
+    assert_eq!(
+        answer["error"]["reason_code"], "revision_conflict",
+        "{answer}"
+    );
+    let (status, answer) = command("resume", "c3");
+    assert_eq!(
+        (status, answer["status"].clone()),
+        (200, json!("applied")),
+        "{answer}"
+    );
+    assert_eq!(s.ok(&format!("/v1/automations/{id}"))["status"], "active");
+    // A run now: a manual occurrence.
+    let (status, answer) = command("run_now", "c4");
+    assert_eq!(status, 200, "{answer}");
+    wait_for(
+        "the run-now occurrence completes",
+        Duration::from_secs(30),
+        || {
+            let runs = s.ok(&format!("/v1/automations/{id}/runs"));
+            runs["items"][0]["origin"]["kind"] == "manual"
+                && runs["items"][0]["lifecycle"]["status"] == "completed"
+        },
+    );
+    let (status, v) = s.post(
+        &format!("/v1/automations/{id}/commands"),
+        json!({"type": "pause"}),
+    );
+    assert_eq!(
+        (status, v["error"]["field"].clone()),
+        (400, json!("body")),
+        "{v}"
+    );
+    assert!(s.ok(&format!("/v1/automations/{id}/attention"))["items"].is_array());
+    assert!(s.ok(&format!("/v1/automations/{id}/waits"))["items"].is_array());
+    let triggers = s.ok("/v1/triggers");
+    assert!(triggers["items"].as_array().unwrap().len() >= 2);
+    let tools = s.ok("/v1/tools");
+    assert!(tools["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["name"] == "write_file"));
+}
+
+/// A tool approval answered over HTTP runs the tool once.
+#[test]
+fn a_tool_call_is_approved_over_http() {
+    let s = Served::start(&[]);
+    let ws = s.dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let (status, run) = s.post(
+        "/v1/runs",
+        json!({"bundle": example("write-note"),
+               "vars": {"workspace_root": ws.display().to_string(), "note": "approved"}}),
+    );
+    assert_eq!(status, 201, "{run}");
+    assert_eq!(run["waiting"]["details"]["mode"], "approval_required");
+    assert_eq!(
+        run["waiting"]["details"]["tool_calls"][0]["name"],
+        "write_file"
+    );
+    assert!(!ws.join("note.txt").exists());
+    let id = run["run_id"].as_str().unwrap();
+    let (status, done) = s.post(
+        &format!("/v1/runs/{id}/resume"),
+        json!({"payload": {"approved": true}}),
+    );
+    assert_eq!(
+        (status, done["status"].clone()),
+        (200, json!("completed")),
+        "{done}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("note.txt")).unwrap(),
+        "approved"
+    );
+    // A denial of another: nothing is written.
+    let (_, run) = s.post(
+        "/v1/runs",
+        json!({"bundle": example("write-note"),
+               "vars": {"workspace_root": ws.display().to_string(), "note": "denied"}}),
+    );
+    let id = run["run_id"].as_str().unwrap();
+    let (_, done) = s.post(
+        &format!("/v1/runs/{id}/resume"),
+        json!({"payload": {"approved": false, "reason": "no"}}),
+    );
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("note.txt")).unwrap(),
+        "approved"
+    );
+}
+
+/// The OpenAPI document and the router agree: every documented route is
+/// answered (not the fallback, not 405), and every route of the router
+/// is documented.
+#[test]
+fn the_openapi_document_matches_the_routes() {
+    let s = Served::start(&[]);
+    let (status, doc) = s.call("GET", "/openapi.json", None, None);
+    assert_eq!(status, 200);
+    assert_eq!(doc["openapi"], "3.1.0");
+    let mut documented = Vec::new();
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for (method, op) in ops.as_object().unwrap() {
+            documented.push((method.to_uppercase(), path.clone()));
+            let concrete = path.replace("{id}", "x");
+            if concrete == "/v1/ahp" || concrete.ends_with("/stream") {
+                continue; // long-lived: checked by their own tests
+            }
+            let token = s.token.clone();
+            let (got, body) = s.call(&method.to_uppercase(), &concrete, Some("{}"), Some(&token));
+            assert_ne!(got, 405, "{method} {path}: {body}");
+            assert_ne!(body["error"]["message"], "no such route", "{method} {path}");
+            let open = op["security"].as_array().unwrap().is_empty();
+            let (anon, _) = s.call(&method.to_uppercase(), &concrete, Some("{}"), None);
+            if open {
+                assert_ne!(anon, 401, "{method} {path} is documented as open");
+            } else {
+                assert_eq!(anon, 401, "{method} {path} must need the token");
+            }
+        }
+    }
+    // Every route the router declares is documented.
+    let source = std::fs::read_to_string(repo().join("host/src/serve/api.rs")).unwrap();
+    let route = regex_lite_routes(&source);
+    assert!(route.len() > 25, "{route:?}");
+    for (method, path) in route {
+        assert!(
+            documented.contains(&(method.clone(), path.clone())),
+            "{method} {path} is served but not in /openapi.json"
+        );
+    }
+}
+
+/// `.route("PATH", get(..).post(..))` declarations of the router source.
+fn regex_lite_routes(source: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let flat: String = source.split_whitespace().collect::<Vec<_>>().join(" ");
+    for part in flat.split(".route(\"").skip(1) {
+        let Some((path, rest)) = part.split_once('"') else {
+            continue;
+        };
+        // Up to the closing of this .route( call.
+        let mut depth = 1;
+        let mut end = rest.len();
+        for (i, c) in rest.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = i;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let call = &rest[..end];
+        for m in ["get", "post", "put", "delete", "patch"] {
+            if call.contains(&format!(" {m}("))
+                || call.contains(&format!(".{m}("))
+                || call.contains(&format!(",{m}("))
+            {
+                out.push((m.to_uppercase(), path.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// Metrics in the Prometheus text format, needing the token.
+#[test]
+fn metrics_are_scrapable() {
+    let s = Served::start(&[]);
+    let (_, run) = s.post("/v1/runs", json!({"bundle": example("ask-user")}));
+    let id = run["run_id"].as_str().unwrap();
+    s.post(
+        &format!("/v1/runs/{id}/resume"),
+        json!({"payload": {"text": "x"}}),
+    );
+    let (status, _) = s.call("GET", "/metrics", None, None);
+    assert_eq!(status, 401);
+    let (status, text) = s.get("/metrics");
+    assert_eq!(status, 200);
+    let text = text.as_str().unwrap().to_string();
+    for needle in [
+        "stepwell_runs{status=\"completed\"} 1",
+        "# TYPE stepwell_store_commit_seconds histogram",
+        "stepwell_store_commit_seconds_bucket{le=\"+Inf\"}",
+        "stepwell_resumes_total 1",
+        "stepwell_guest_calls_total",
+        "stepwell_http_requests_total{method=\"POST\",route=\"/v1/runs\",status=\"201\"} 1",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    let steps: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("stepwell_steps_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(steps >= 4, "{text}");
+}
+
+/// The token file is created 0600 and reused; a readable one is refused.
+#[test]
+fn the_token_file_is_private_and_kept() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut s = Served::start(&[]);
+    let path = s.dir.path().join("serve-token");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let token = s.token.clone();
+    assert_eq!(token.len(), 64);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(&path, dir.path().join("serve-token")).unwrap();
+    std::fs::set_permissions(
+        dir.path().join("serve-token"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    assert!(s.stop().success());
+    // Started again beside the same database: the same token.
+    let mut again = Served::start_in(dir, &[]);
+    assert_eq!(again.token, token);
+    let path = again.dir.path().join("serve-token");
+    assert!(again.stop().success());
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = Command::new(stepwell_binary())
+        .arg("--db")
+        .arg(path.with_file_name("db.sqlite"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("readable by others"));
+}
+
+/// SIGTERM: the server stops accepting, ends its streams, finishes what
+/// it has in hand, and exits 0; the store is consistent and the runs it
+/// started go on under another process.
+#[test]
+fn sigterm_stops_gracefully() {
+    let s = Served::start(&[]);
+    let (_, run) = s.post("/v1/runs", json!({"bundle": example("ask-user")}));
+    let id = run["run_id"].as_str().unwrap().to_string();
+    let reader = stream(&s, &format!("/v1/runs/{id}/ledger/stream"));
+    let follower = std::thread::spawn(move || read_events(reader, |_| false).len());
+    std::thread::sleep(Duration::from_millis(300));
+    let db = s.db();
+    let started = Instant::now();
+    let mut s = s;
+    assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
+    let status = s.child.wait().unwrap();
+    // The stream ended (its reader returned) after its first events.
+    assert!(follower.join().unwrap() >= 2);
+    // The store is whole, and another process goes on with the run.
+    let rt = open_runtime(&StoreSpec::Sqlite(db), &HostOptions::default()).unwrap();
+    assert_eq!(
+        rt.get_state(&id).unwrap().status,
+        stepwell::RunStatus::Waiting
+    );
+    let done = rt.respond(&id, json!({"text": "after"})).unwrap();
+    assert_eq!(done.status, stepwell::RunStatus::Completed);
+    assert!(rt.verify_ledger(&id).unwrap().is_ok());
+    assert!(status.success(), "{status:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// An AHP client over the WebSocket.
+struct Ahp {
+    ws: tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>,
+    next_id: u64,
+    /// Actions received while waiting for a response.
+    actions: Vec<Value>,
+}
+
+impl Ahp {
+    fn connect(s: &Served) -> Ahp {
+        use tungstenite::client::IntoClientRequest;
+        let url = s.url.replace("http://", "ws://") + "/v1/ahp";
+        let mut req = url.as_str().into_client_request().unwrap();
+        req.headers_mut().insert(
+            "Authorization",
+            format!("Bearer {}", s.token).parse().unwrap(),
+        );
+        let (ws, _) = tungstenite::connect(req).unwrap();
+        if let tungstenite::stream::MaybeTlsStream::Plain(t) = ws.get_ref() {
+            t.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        }
+        let mut a = Ahp {
+            ws,
+            next_id: 0,
+            actions: Vec::new(),
+        };
+        let init = a.request(
+            "initialize",
+            json!({"channel": "ahp-root://", "protocolVersions": [1], "clientId": "test-client"}),
+        );
+        assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
+        assert_eq!(
+            init["result"]["capabilities"]["automationRuns"]["runCancellation"],
+            true
+        );
+        a
+    }
+
+    fn send(&mut self, v: Value) {
+        self.ws
+            .send(tungstenite::Message::Text(v.to_string().into()))
+            .unwrap();
+    }
+
+    fn read(&mut self) -> Value {
+        loop {
+            match self.ws.read().unwrap() {
+                tungstenite::Message::Text(t) => return serde_json::from_str(t.as_str()).unwrap(),
+                tungstenite::Message::Close(_) => panic!("closed"),
+                _ => {}
+            }
+        }
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        loop {
+            let m = self.read();
+            if m["id"] == json!(id) {
+                return m;
+            }
+            self.actions.push(m);
+        }
+    }
+
+    /// The next `action` notification's params.
+    fn action(&mut self) -> Value {
+        if !self.actions.is_empty() {
+            return self.actions.remove(0)["params"].clone();
+        }
+        let m = self.read();
+        assert_eq!(m["method"], "action", "{m}");
+        m["params"].clone()
+    }
+
+    /// Actions until one of `kind` whose lifecycle status is `status`.
+    fn until_lifecycle(&mut self, status: &str) -> Vec<Value> {
+        let mut seen = Vec::new();
+        loop {
+            let a = self.action();
+            let done = a["action"]["type"] == "automationRun/lifecycleChanged"
+                && a["action"]["lifecycle"]["status"] == status;
+            seen.push(a);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+fn ask_automation(s: &Served, request_id: &str) -> String {
+    let ws = s.dir.path().join(format!("ws-{request_id}"));
+    std::fs::create_dir_all(&ws).unwrap();
+    let (status, created) = s.post(
+        "/v1/automations",
+        json!({
+            "request_id": request_id, "title": "Ask hourly",
+            "target": {"workflow_id": "ask", "bundle_ref": repo().join("flows/automations/ask").display().to_string(),
+                       "flow_id": "ask", "input_data": {"prompt": "How are you?"}},
+            "trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "1h"}},
+            "workspace_root": ws.display().to_string(),
+        }),
+    );
+    assert_eq!(status, 201, "{created}");
+    created["automation_id"].as_str().unwrap().to_string()
+}
+
+/// A client follows an occurrence from pending to completed through AHP
+/// actions. The server only answers (`--no-drive`); this test's process
+/// moves the controller one step at a time through the library on the same
+/// database, and the person's answer comes over HTTP.
+#[test]
+fn an_ahp_client_follows_an_occurrence_from_pending_to_completed() {
+    let s = Served::start(&["--no-drive"]);
+    let aid = ask_automation(&s, "follow");
+    let rt = open_runtime(&StoreSpec::Sqlite(s.db()), &HostOptions::default()).unwrap();
+    // Step the controller until its first occurrence is admitted.
+    let mut steps = 0;
+    while s.ok(&format!("/v1/automations/{aid}/runs"))["items"]
+        .as_array()
+        .unwrap()
+        .is_empty()
+    {
+        rt.tick_with(&aid, 1).unwrap();
+        steps += 1;
+        assert!(steps < 50, "no admission after 50 controller steps");
+    }
+    let uri = format!("ahp-automation-run:/{aid}/1");
+    let mut ahp = Ahp::connect(&s);
+    let sub = ahp.request("subscribe", json!({"resource": uri}));
+    let state = &sub["result"]["state"];
+    assert_eq!(state["lifecycle"]["status"], "pending", "{sub}");
+    assert!(state["lifecycle"]["createdAt"].is_string());
+    assert_eq!(state["sessions"], json!([]));
+    assert_eq!(state["automation"], json!(format!("ahp-automation:/{aid}")));
+    assert_eq!(state["origin"]["kind"], "trigger");
+    assert!(state["origin"]["scheduledFor"].is_string());
+    let from = sub["result"]["fromSeq"].as_u64().unwrap();
+    // Dispatch: the child starts and waits on a person.
+    let child = loop {
+        rt.tick_with(&aid, 1).unwrap();
+        let runs = s.ok(&format!("/v1/automations/{aid}/runs"));
+        if let Some(p) = runs["items"][0]["primarySession"].as_str() {
+            break p.strip_prefix("ahp-session:/").unwrap().to_string();
+        }
+    };
+    let actions = ahp.until_lifecycle("running");
+    let types: Vec<&str> = actions
+        .iter()
+        .map(|a| a["action"]["type"].as_str().unwrap())
+        .collect();
+    assert!(types.contains(&"automationRun/sessionSet"), "{types:?}");
+    assert!(
+        types.contains(&"automationRun/primarySessionChanged"),
+        "{types:?}"
+    );
+    let set = actions
+        .iter()
+        .find(|a| a["action"]["type"] == "automationRun/sessionSet")
+        .unwrap();
+    assert_eq!(
+        set["action"]["session"],
+        json!(format!("ahp-session:/{child}"))
+    );
+    assert!(actions.iter().all(|a| a["channel"] == json!(uri)));
+    let seqs: Vec<u64> = actions
+        .iter()
+        .map(|a| a["serverSeq"].as_u64().unwrap())
+        .collect();
+    assert!(
+        seqs[0] > from && seqs.windows(2).all(|w| w[0] < w[1]),
+        "{seqs:?}"
+    );
+    let running = &actions.last().unwrap()["action"]["lifecycle"];
+    assert!(running["startedAt"].is_string(), "{running}");
+    // The child exists and waits (more controller steps may be needed).
+    let mut steps = 0;
+    while rt
+        .load_run_opt(&child)
+        .unwrap()
+        .is_none_or(|r| r.status != stepwell::RunStatus::Waiting)
+    {
+        rt.tick_with(&aid, 1).unwrap();
+        if rt.load_run_opt(&child).unwrap().is_some() {
+            rt.tick(&child).unwrap();
+        }
+        steps += 1;
+        assert!(steps < 50, "the child never waited");
+    }
+    // The person answers over HTTP; the controller records the outcome.
+    let (status, done) = s.post(
+        &format!("/v1/runs/{child}/resume"),
+        json!({"payload": {"text": "fine"}}),
+    );
+    assert_eq!(
+        (status, done["status"].clone()),
+        (200, json!("completed")),
+        "{done}"
+    );
+    stepwell::automation::drive_until_idle(&rt, 100).unwrap();
+    let actions = ahp.until_lifecycle("completed");
+    let completed = &actions.last().unwrap()["action"]["lifecycle"];
+    assert!(
+        completed["completedAt"].is_string() && completed["startedAt"].is_string(),
+        "{completed}"
+    );
+    // The summaries of the automation's history, over the channel too.
+    let list = ahp.request(
+        "listAutomationRuns",
+        json!({"automation": format!("ahp-automation:/{aid}")}),
+    );
+    assert_eq!(
+        list["result"]["items"][0]["lifecycle"]["status"], "completed",
+        "{list}"
+    );
+    // An unknown resource and method.
+    let bad = ahp.request(
+        "subscribe",
+        json!({"resource": format!("ahp-automation-run:/{aid}/99")}),
+    );
+    assert_eq!(bad["error"]["code"], -32004, "{bad}");
+    let bad = ahp.request("frobnicate", json!({}));
+    assert_eq!(bad["error"]["code"], -32601);
+}
+
+/// `automationRun/cancelRequested` cancels an occurrence that waits on a
+/// person; the outcome arrives as a lifecycle action; a second request on
+/// the ended run is rejected.
+#[test]
+fn an_ahp_cancel_request_cancels_a_waiting_occurrence() {
+    let s = Served::start(&[]);
+    let aid = ask_automation(&s, "cancel-me");
+    let mut child = String::new();
+    wait_for(
+        "the occurrence waits on a person",
+        Duration::from_secs(30),
+        || {
+            let waits = s.ok(&format!("/v1/automations/{aid}/waits"));
+            match waits["items"][0]["run_id"].as_str() {
+                Some(r) => {
+                    child = r.to_string();
+                    true
+                }
+                None => false,
+            }
+        },
+    );
+    let uri = format!("ahp-automation-run:/{aid}/1");
+    let mut ahp = Ahp::connect(&s);
+    let sub = ahp.request("subscribe", json!({"resource": uri}));
+    assert_eq!(
+        sub["result"]["state"]["lifecycle"]["status"], "running",
+        "{sub}"
+    );
+    ahp.send(json!({"jsonrpc": "2.0", "method": "dispatchAction",
+                    "params": {"channel": uri, "clientSeq": 1, "action": {"type": "automationRun/cancelRequested"}}}));
+    let echo = ahp.action();
+    assert_eq!(
+        echo["action"]["type"], "automationRun/cancelRequested",
+        "{echo}"
+    );
+    assert_eq!(
+        echo["origin"],
+        json!({"clientId": "test-client", "clientSeq": 1})
+    );
+    assert!(echo.get("rejectionReason").is_none(), "{echo}");
+    let actions = ahp.until_lifecycle("cancelled");
+    assert!(actions.last().unwrap()["action"]["lifecycle"]["completedAt"].is_string());
+    assert_eq!(s.ok(&format!("/v1/runs/{child}"))["status"], "cancelled");
+    ahp.send(json!({"jsonrpc": "2.0", "method": "dispatchAction",
+                    "params": {"channel": uri, "clientSeq": 2, "action": {"type": "automationRun/cancelRequested"}}}));
+    let echo = ahp.action();
+    assert!(
+        echo["rejectionReason"]
+            .as_str()
+            .unwrap()
+            .contains("cancelled"),
+        "{echo}"
+    );
+    // Without the token there is no channel.
+    use tungstenite::client::IntoClientRequest;
+    let url = s.url.replace("http://", "ws://") + "/v1/ahp";
+    let req = url.as_str().into_client_request().unwrap();
+    assert!(tungstenite::connect(req).is_err());
+}
+
+/// Whether the browser test can run here: Chromium, node and
+/// playwright-core (scripts/setup-browser installs them). Under CI they
+/// must be there.
+fn browser_ready() -> Option<PathBuf> {
+    let modules = repo().join("target/browser/node_modules");
+    let chromium = std::env::var_os("CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    let node = Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let ready = node && chromium.is_file() && modules.join("playwright-core").is_dir();
+    if !ready {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the browser test must run under CI: run scripts/setup-browser"
+        );
+        eprintln!("skipped: no chromium, node or playwright-core (scripts/setup-browser)");
+        return None;
+    }
+    Some(modules)
+}
+
+/// The dashboard in a real browser (Debian's Chromium, headless, driven by
+/// playwright-core): enter the token, start the ask-user example and
+/// answer it in the page, approve a tool call, pause and resume an
+/// automation, the waits and runs pages. Screenshots of every page land in
+/// target/browser/screenshots.
+#[test]
+fn the_dashboard_works_in_a_real_browser() {
+    let Some(modules) = browser_ready() else {
+        return;
+    };
+    let s = Served::start(&[]);
+    let ws = s.dir.path().join("note-ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let auto_ws = s.dir.path().join("auto-ws");
+    std::fs::create_dir_all(&auto_ws).unwrap();
+    let (status, created) = s.post(
+        "/v1/automations",
+        json!({
+            "request_id": "dashboard", "title": "Echo hourly",
+            "target": {"workflow_id": "echo", "bundle_ref": repo().join("flows/automations/echo").display().to_string(),
+                       "flow_id": "echo", "input_data": {"prompt": "hello from the schedule"}},
+            "trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "1h"}},
+            "workspace_root": auto_ws.display().to_string(),
+        }),
+    );
+    assert_eq!(status, 201, "{created}");
+    let shots = repo().join("target/browser/screenshots");
+    let _ = std::fs::remove_dir_all(&shots);
+    let out = Command::new("node")
+        .arg(repo().join("tests/browser/dashboard.mjs"))
+        .env("STEPWELL_URL", &s.url)
+        .env("STEPWELL_TOKEN", &s.token)
+        .env("STEPWELL_REPO", repo())
+        .env("STEPWELL_SCREENSHOTS", &shots)
+        .env(
+            "STEPWELL_AUTOMATION_ID",
+            created["automation_id"].as_str().unwrap(),
+        )
+        .env("STEPWELL_WORKSPACE", &ws)
+        .env("STEPWELL_NODE_MODULES", &modules)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the browser test failed:\n{text}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("note.txt")).unwrap(),
+        "from the browser"
+    );
+    let pngs = std::fs::read_dir(&shots)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "png"))
+        })
+        .count();
+    assert!(
+        pngs >= 8,
+        "{pngs} screenshots in {}:\n{text}",
+        shots.display()
+    );
+}
