@@ -540,6 +540,9 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.automation_occurrences = 20;
             options.automation_commands = 40;
             options.automation_batches = 1;
+            options.http.starts = 100;
+            options.http.resumes = 40;
+            options.http.subscribers = 3;
         }
         let figures = cli::bench::run(&options)?;
         if cli.json {

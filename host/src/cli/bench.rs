@@ -47,6 +47,8 @@ pub struct BenchOptions {
     pub automation_commands: usize,
     /// Batches of both automation benchmarks (a fresh automation each).
     pub automation_batches: usize,
+    /// The HTTP load test's size (`http_*`).
+    pub http: super::bench_http::HttpLoad,
 }
 
 impl Default for BenchOptions {
@@ -66,6 +68,12 @@ impl Default for BenchOptions {
             automation_occurrences: 100,
             automation_commands: 200,
             automation_batches: 3,
+            http: super::bench_http::HttpLoad {
+                starts: 1_000,
+                start_clients: 16,
+                resumes: 200,
+                subscribers: 10,
+            },
         }
     }
 }
@@ -331,6 +339,14 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
     if want("history_window_us_p50") {
         let us = history_window(options, &engine)?;
         figures.insert("history_window_us_p50".into(), json!(round(us, 1)));
+    }
+    if want("http_start_runs_per_s") || want("http_resume_p99_ms") {
+        figures.extend(super::bench_http::http_load(
+            &options.http,
+            &options.flows_dir,
+            &engine,
+            &scratch.0.join("http"),
+        )?);
     }
     if want("automation_commands_per_s_sqlite") {
         let rate = automation_commands(options, &engine, &scratch.0.join("commands"))?;

@@ -5,4 +5,5 @@
 
 pub mod automations;
 pub mod bench;
+pub mod bench_http;
 pub mod sessions;

@@ -29,11 +29,27 @@ use crate::{RunQuery, RunState, RunStatus, StartOptions, WaitReason};
 type S = State<Arc<Shared>>;
 type ApiResult<T = Response> = Result<T, ApiError>;
 
+/// How many runtime calls run at once: a few per core. More would only
+/// contend for the store's write lock (SQLite retries a busy lock with
+/// growing sleeps, which makes the slowest caller very slow); queued here,
+/// callers are served in the order they came.
+fn permits() -> &'static tokio::sync::Semaphore {
+    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    PERMITS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        tokio::sync::Semaphore::new((cores * 4).max(8))
+    })
+}
+
 /// Runs `f` on the blocking pool (the runtime's calls block: store
-/// commits, guest calls).
+/// commits, guest calls), at most a few at a time.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> ApiResult<T> {
+    let _permit = permits()
+        .acquire()
+        .await
+        .map_err(|_| ApiError::internal("the server is shutting down"))?;
     match tokio::task::spawn_blocking(f).await {
         Ok(r) => r.map_err(ApiError::from),
         Err(e) => Err(ApiError::internal(format!("the call panicked: {e}"))),

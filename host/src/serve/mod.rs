@@ -192,6 +192,19 @@ pub struct Server {
     commits_tx: tokio::sync::watch::Sender<u64>,
     tokio_rt: tokio::runtime::Runtime,
     signals: Signals,
+    stop: Arc<tokio::sync::Notify>,
+}
+
+/// Stops a running [`Server`] as SIGTERM does (for an application that
+/// embeds one, and for tests and benchmarks).
+#[derive(Clone)]
+pub struct Stopper(Arc<tokio::sync::Notify>);
+
+impl Stopper {
+    /// Asks the server to stop; [`Server::run`] returns once it has.
+    pub fn stop(&self) {
+        self.0.notify_one();
+    }
 }
 
 /// SIGTERM and SIGINT, caught from the moment the server is bound (a
@@ -273,7 +286,13 @@ impl Server {
             commits_tx,
             tokio_rt,
             signals,
+            stop: Arc::new(tokio::sync::Notify::new()),
         })
+    }
+
+    /// A handle that stops the server from another thread.
+    pub fn stopper(&self) -> Stopper {
+        Stopper(self.stop.clone())
     }
 
     /// The address it listens on.
@@ -283,13 +302,14 @@ impl Server {
             .expect("a bound listener has an address")
     }
 
-    /// Serves until SIGTERM or SIGINT (Ctrl-C): then stops accepting,
+    /// Serves until SIGTERM, SIGINT (Ctrl-C) or its [`Stopper`]: then stops accepting,
     /// ends the streams, lets the requests in hand finish, and lets the
     /// driver finish its pass (its runs' leases are released as each tick
     /// ends), and returns.
     pub fn run(self) -> Result<()> {
         let tokio_rt = self.tokio_rt;
         let signals = self.signals;
+        let asked = self.stop.clone();
         let stop = Arc::new(AtomicBool::new(false));
         // Commits of this process wake the streams at once (other
         // processes' are seen by polling).
@@ -329,7 +349,10 @@ impl Server {
                 .map_err(|e| Error::invalid("--listen", e.to_string()))?;
             let app = api::router(shared);
             let signal = async move {
-                signals.recv().await;
+                tokio::select! {
+                    _ = signals.recv() => {}
+                    _ = asked.notified() => {}
+                }
                 tracing::info!("shutting down: no new requests; streams end");
                 let _ = shutdown_tx.send(true);
             };
