@@ -757,6 +757,20 @@ fn automations_are_created_commanded_and_read_over_http() {
     assert!(s.ok(&format!("/v1/automations/{id}/waits"))["items"].is_array());
     let triggers = s.ok("/v1/triggers");
     assert!(triggers["items"].as_array().unwrap().len() >= 2);
+    let (status, preview) = s.post(
+        "/v1/triggers/schedule@1/preview",
+        json!({"config": {"every": "1h"}, "from": "2026-01-01T00:00:00Z", "count": 2}),
+    );
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(preview["fires"].as_array().unwrap().len(), 2, "{preview}");
+    let (status, bad) = s.post(
+        "/v1/triggers/schedule@1/validate",
+        json!({"config": {"every": "never"}}),
+    );
+    assert_eq!(status, 400, "{bad}");
+    let (status, _) = s.post("/v1/triggers/nope@1/validate", json!({"config": {}}));
+    assert_eq!(status, 400);
+    assert_eq!(s.ok("/v1/quarantined")["items"], json!([]));
     let tools = s.ok("/v1/tools");
     assert!(tools["items"]
         .as_array()
@@ -828,7 +842,7 @@ fn the_openapi_document_matches_the_routes() {
     for (path, ops) in doc["paths"].as_object().unwrap() {
         for (method, op) in ops.as_object().unwrap() {
             documented.push((method.to_uppercase(), path.clone()));
-            let concrete = path.replace("{id}", "x");
+            let concrete = path.replace("{id}", "x").replace("{source}", "schedule@1");
             if concrete == "/v1/ahp" || concrete.ends_with("/stream") {
                 continue; // long-lived: checked by their own tests
             }

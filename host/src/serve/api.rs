@@ -179,7 +179,10 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             "/v1/automations/{id}/discussions",
             post(automations_discuss),
         )
+        .route("/v1/quarantined", get(quarantined_list))
         .route("/v1/triggers", get(triggers_list))
+        .route("/v1/triggers/{source}/validate", post(triggers_validate))
+        .route("/v1/triggers/{source}/preview", post(triggers_preview))
         .route("/v1/tools", get(tools_list))
         .route("/v1/ahp", get(super::ahp::upgrade))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -932,6 +935,81 @@ async fn triggers_list(State(s): S) -> ApiResult {
     blocking(move || {
         let registry = s.rt.triggers()?;
         Ok(json!({"items": registry.entries()}))
+    })
+    .await
+    .map(ok)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ValidateBody {
+    config: Value,
+}
+
+/// `POST /v1/triggers/{source}/validate` (`source` as `schedule@1`): the
+/// config with its defaults filled in, as the source validates it now.
+async fn triggers_validate(
+    State(s): S,
+    Path(source): Path<String>,
+    Body(b): Body<ValidateBody>,
+) -> ApiResult {
+    blocking(move || {
+        let registry = s.rt.triggers()?;
+        Ok(registry.call(
+            &source,
+            "validate",
+            &json!({"config": b.config}),
+            s.rt.now(),
+        )?)
+    })
+    .await
+    .map(ok)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PreviewBody {
+    config: Value,
+    from: Option<String>,
+    count: Option<usize>,
+}
+
+/// `POST /v1/triggers/{source}/preview`: the next fire times.
+async fn triggers_preview(
+    State(s): S,
+    Path(source): Path<String>,
+    Body(b): Body<PreviewBody>,
+) -> ApiResult {
+    let count = b.count.unwrap_or(5);
+    if !(1..=100).contains(&count) {
+        return Err(ApiError::invalid("body.count", "must be between 1 and 100"));
+    }
+    blocking(move || {
+        let from = match &b.from {
+            Some(t) => {
+                crate::core::clock::parse_time(t).map_err(|m| Error::invalid("body.from", m))?
+            }
+            None => s.rt.now(),
+        };
+        let registry = s.rt.triggers()?;
+        let preview = registry.preview(&source, &b.config, from, count)?;
+        Ok(serde_json::to_value(preview).unwrap_or(Value::Null))
+    })
+    .await
+    .map(ok)
+}
+
+/// `GET /v1/quarantined`: the runs set aside because they cannot be read
+/// or committed, and why.
+async fn quarantined_list(State(s): S) -> ApiResult {
+    blocking(move || {
+        let items: Vec<Value> =
+            s.rt.store()
+                .list_quarantined()?
+                .into_iter()
+                .map(|(id, why)| json!({"run_id": id, "reason": why}))
+                .collect();
+        Ok(json!({"items": items}))
     })
     .await
     .map(ok)

@@ -64,7 +64,9 @@ impl ApiError {
             | "history_unavailable" => StatusCode::BAD_REQUEST,
             "unauthorized" => StatusCode::UNAUTHORIZED,
             "payload_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
-            "command_rejected" => StatusCode::UNPROCESSABLE_ENTITY,
+            "command_rejected" | "trigger_failed" | "trigger_source_unavailable" => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -71,6 +71,9 @@ const OPS: &[Op] = &[
     op("post", "/v1/automations/{id}/discussions", "Start (or find again) a discussion of an occurrence", &[], true, 201),
     op("get", "/v1/triggers", "Trigger sources with their descriptors and availability", &[], false, 200),
     op("get", "/v1/tools", "Tools with their class, origin and availability", &[], false, 200),
+    op("post", "/v1/triggers/{source}/validate", "Validate a trigger config (source as schedule@1); answers it with its defaults", &[], true, 200),
+    op("post", "/v1/triggers/{source}/preview", "The next fire times of a trigger config (config, from, count)", &[], true, 200),
+    op("get", "/v1/quarantined", "Runs set aside because they cannot be read or committed, and why", &[], false, 200),
     op("get", "/v1/ahp", "WebSocket: the AHP automation-run channel (JSON-RPC 2.0)", &[], false, 101),
 ];
 
@@ -88,11 +91,13 @@ pub fn openapi_document() -> Value {
             .iter()
             .map(|q| json!({"name": q, "in": "query", "required": false, "schema": {"type": "string"}}))
             .collect();
-        if o.path.contains("{id}") {
-            params.insert(
-                0,
-                json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}),
-            );
+        for name in ["id", "source"] {
+            if o.path.contains(&format!("{{{name}}}")) {
+                params.insert(
+                    0,
+                    json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}),
+                );
+            }
         }
         let mut operation = json!({
             "summary": o.summary,

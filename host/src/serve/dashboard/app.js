@@ -723,7 +723,7 @@
       }
     }
     refresh();
-    const timer = setInterval(refresh, 5000);
+    const timer = setInterval(refresh, 30000); // the stream refreshes on every commit; this catches what time alone changes
     return { cleanup: () => { ctl.abort(); clearInterval(timer); }, refresh };
   }
   function outcomeText(o) {
@@ -889,7 +889,7 @@
       }
     }
     refresh();
-    const timer = setInterval(refresh, 2000);
+    const timer = setInterval(refresh, 30000); // the stream refreshes on every commit; this catches what time alone changes
     return { cleanup: () => { ctl.abort(); clearInterval(timer); }, refresh, wantsRecords: true };
   }
 
