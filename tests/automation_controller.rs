@@ -859,7 +859,7 @@ fn a_schema_4_database_gets_the_automation_index() {
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 6);
+    assert_eq!(version, stepwell::store::SQLITE_SCHEMA_VERSION);
     let has_reason: bool = conn
         .prepare("SELECT 1 FROM pragma_table_info('runs') WHERE name = 'defer_reason'")
         .unwrap()

@@ -304,6 +304,46 @@ fn a_cache_directory_others_may_write_or_own_is_refused() {
     }
 }
 
+/// A version-6 database (before the change feed) is migrated when opened:
+/// it gets the `feed` table, and its runs go on and are fed.
+#[test]
+fn a_version_6_database_gets_the_change_feed() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("six.sqlite");
+    let id = {
+        let store = Arc::new(SqliteStore::open(&db).unwrap());
+        let rt = stepwell::Runtime::builder(store)
+            .engine(stepwell_tests::engine())
+            .build()
+            .unwrap();
+        let bundle = rt.load_bundle(&example("ask-user")).unwrap();
+        rt.run(&bundle.main_workflow_id, Default::default())
+            .unwrap()
+            .run_id
+    };
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute_batch("DROP TABLE feed; PRAGMA user_version = 6;")
+            .unwrap();
+    }
+    let store = Arc::new(SqliteStore::open(&db).unwrap());
+    let rt = stepwell::Runtime::builder(store.clone())
+        .engine(stepwell_tests::engine())
+        .build()
+        .unwrap();
+    rt.load_bundle(&example("ask-user")).unwrap();
+    let done = rt.respond(&id, serde_json::json!({"text": "x"})).unwrap();
+    assert_eq!(done.status, stepwell::RunStatus::Completed);
+    let feed = store.list_feed(0, 10).unwrap().unwrap();
+    assert_eq!(feed.len(), 1, "{feed:?}");
+    assert_eq!((feed[0].from_seq, feed[0].to_seq), (3, 4));
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, stepwell::store::SQLITE_SCHEMA_VERSION);
+}
+
 #[test]
 fn a_database_from_a_newer_schema_is_refused_untouched() {
     let dir = tempfile::tempdir().unwrap();

@@ -57,7 +57,9 @@ impl Served {
             .to_string();
         let second = lines.next().unwrap().unwrap();
         let token_file = PathBuf::from(second.strip_prefix("token file: ").unwrap());
-        assert_eq!(token_file, dir.path().join("serve-token"));
+        if !args.contains(&"--token-file") {
+            assert_eq!(token_file, dir.path().join("serve-token"));
+        }
         let token = std::fs::read_to_string(&token_file)
             .unwrap()
             .trim()
@@ -478,6 +480,32 @@ fn bad_requests_get_typed_errors() {
         (400, json!("body.payload")),
         "{v}"
     );
+    // Text after the JSON value is refused, and the run still waits.
+    let (status, v) = s.call(
+        "POST",
+        &format!("/v1/runs/{id}/resume"),
+        Some(r#"{"payload": {"text": "x"}} garbage"#),
+        Some(&s.token.clone()),
+    );
+    assert_eq!(
+        (status, v["error"]["field"].clone()),
+        (400, json!("body")),
+        "{v}"
+    );
+    assert_eq!(s.ok(&format!("/v1/runs/{id}"))["status"], "waiting");
+    // A cursor past the store's feed.
+    let (status, v) = s.get("/v1/stream?after=999999");
+    assert_eq!(
+        (status, v["error"]["field"].clone()),
+        (400, json!("after")),
+        "{v}"
+    );
+    let (status, v) = s.get(&format!("/v1/runs/{id}/ledger/stream?after=99"));
+    assert_eq!(
+        (status, v["error"]["field"].clone()),
+        (400, json!("after")),
+        "{v}"
+    );
     // Cancel, then resume: stale.
     let (status, v) = s.post(&format!("/v1/runs/{id}/cancel"), json!({"reason": "test"}));
     assert_eq!(
@@ -719,12 +747,22 @@ fn automations_are_created_commanded_and_read_over_http() {
         &format!("/v1/automations/{id}/commands"),
         json!({"type": "resume", "command_id": "c2", "expected_revision": 99}),
     );
-    assert_eq!(status, 422, "{answer}");
+    assert_eq!(status, 409, "{answer}");
     assert_eq!(answer["status"], "rejected");
     assert_eq!(
         answer["error"]["reason_code"], "revision_conflict",
         "{answer}"
     );
+    // Nothing in flight to stop: refused by the automation, 422.
+    let (status, answer) = command("stop_current", "c2b");
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["error"]["reason_code"], "invalid_state", "{answer}");
+    // No such automation: 404.
+    let (status, answer) = s.post(
+        "/v1/automations/nope/commands",
+        json!({"type": "pause", "command_id": "c2c"}),
+    );
+    assert_eq!(status, 404, "{answer}");
     let (status, answer) = command("resume", "c3");
     assert_eq!(
         (status, answer["status"].clone()),
@@ -920,6 +958,21 @@ fn metrics_are_scrapable() {
     );
     let (status, _) = s.call("GET", "/metrics", None, None);
     assert_eq!(status, 401);
+    // A made-up method is counted as OTHER, whatever it is.
+    {
+        use std::io::Write;
+        let host = s.url.trim_start_matches("http://");
+        let mut c = std::net::TcpStream::connect(host).unwrap();
+        let method = "Z".repeat(5000);
+        write!(
+            c,
+            "{method} /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        let _ = c.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 405"), "{answer}");
+    }
     let (status, text) = s.get("/metrics");
     assert_eq!(status, 200);
     let text = text.as_str().unwrap().to_string();
@@ -930,9 +983,11 @@ fn metrics_are_scrapable() {
         "stepwell_resumes_total 1",
         "stepwell_guest_calls_total",
         "stepwell_http_requests_total{method=\"POST\",route=\"/v1/runs\",status=\"201\"} 1",
+        "stepwell_http_requests_total{method=\"OTHER\",route=\"/v1/health\",status=\"405\"} 1",
     ] {
         assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
     }
+    assert!(!text.contains("ZZZZ"));
     let steps: u64 = text
         .lines()
         .find_map(|l| l.strip_prefix("stepwell_steps_total "))
@@ -974,6 +1029,50 @@ fn the_token_file_is_private_and_kept() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("readable by others"));
+}
+
+/// A token file wherever the operator put it (here: inside a workspace)
+/// is out of every tool's reach: a run cannot read it into its ledger.
+#[test]
+fn tools_cannot_read_the_token_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let token_file = ws.join("tok");
+    let bundle = stepwell_tests::write_bundle(
+        dir.path(),
+        "read-token",
+        &[(
+            "flow.json",
+            json!({"workflow_id": "read-token", "entry": "read", "nodes": {
+                "read": {"effect": "tool_calls", "payload": {"tool_calls": [
+                    {"name": "read_file", "call_id": "r", "arguments": {"file_path": "tok"}}]},
+                         "result_key": "out", "next": "done"},
+                "done": {"complete": {"$var": "out"}}}}),
+        )],
+    );
+    let s = Served::start_in(dir, &["--token-file", token_file.to_str().unwrap()]);
+    let (status, run) = s.post(
+        "/v1/runs",
+        json!({"bundle": bundle.display().to_string(),
+               "vars": {"workspace_root": ws.display().to_string()}}),
+    );
+    assert_eq!(status, 201, "{run}");
+    // Refused as a workspace that holds the host's files.
+    assert_eq!(run["status"], "failed", "{run}");
+    assert!(
+        run["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("workspace_policy"),
+        "{run}"
+    );
+    let text = run.to_string();
+    assert!(!text.contains(&s.token), "the token leaked: {text}");
+    if let Some(id) = run["run_id"].as_str() {
+        let ledger = s.ok(&format!("/v1/runs/{id}/ledger")).to_string();
+        assert!(!ledger.contains(&s.token), "the token is in the ledger");
+    }
 }
 
 /// SIGTERM: the server stops accepting, ends its streams, finishes what
@@ -1232,6 +1331,18 @@ fn an_ahp_client_follows_an_occurrence_from_pending_to_completed() {
     assert_eq!(bad["error"]["code"], -32004, "{bad}");
     let bad = ahp.request("frobnicate", json!({}));
     assert_eq!(bad["error"]["code"], -32601);
+    // One spelling per occurrence.
+    let bad = ahp.request(
+        "subscribe",
+        json!({"resource": format!("ahp-automation-run:/{aid}/01")}),
+    );
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    // A batch is refused; a notification sent with an id is answered.
+    ahp.send(json!([{"jsonrpc": "2.0", "id": 99, "method": "ping"}]));
+    let m = ahp.read();
+    assert_eq!(m["error"]["code"], -32600, "{m}");
+    let m = ahp.request("unsubscribe", json!({"resource": uri}));
+    assert_eq!(m["result"], json!({}), "{m}");
 }
 
 /// `automationRun/cancelRequested` cancels an occurrence that waits on a

@@ -601,11 +601,21 @@ fn execute(cli: Cli) -> Result<(), Error> {
             })
         })
         .transpose()?;
+    // The server's token file, wherever it is, is out of every tool's
+    // reach (a tool that read it would put it in a ledger).
+    let serve_token = match &cli.command {
+        Command::Serve { token_file, .. } => {
+            let path = token_file.clone().unwrap_or_else(|| spec.token_file());
+            Some(std::path::absolute(&path).unwrap_or(path))
+        }
+        _ => None,
+    };
     let options = HostOptions {
         limits,
         durability,
         config: RuntimeConfig {
             lease_ttl: Duration::from_millis(cli.lease_ttl_ms),
+            tool_deny_paths: serve_token.iter().cloned().collect(),
             ..RuntimeConfig::default()
         },
         clock: fixed_now.map(|t| {
@@ -1007,8 +1017,8 @@ fn execute(cli: Cli) -> Result<(), Error> {
             unsafe {
                 libc::signal(libc::SIGPIPE, libc::SIG_IGN);
             }
-            let token_file = token_file.unwrap_or_else(|| spec.token_file());
-            let token_file = std::path::absolute(&token_file).unwrap_or(token_file);
+            let _ = token_file;
+            let token_file = serve_token.clone().unwrap_or_else(|| spec.token_file());
             let mut options = stepwell::serve::ServeOptions::new(token_file.clone());
             options.listen = listen;
             options.drive_interval = Duration::from_millis(interval_ms.max(1));
@@ -1017,6 +1027,11 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.snapshots = Some(std::sync::Arc::from(spec.snapshots()?));
             let server = stepwell::serve::Server::bind(rt, options)?;
             let url = format!("http://{}/", server.local_addr());
+            if !server.local_addr().ip().is_loopback() {
+                eprintln!(
+                    "warning: listening beyond loopback: the token travels in cleartext; put a TLS proxy in front"
+                );
+            }
             if cli.json {
                 println!(
                     "{}",
@@ -1045,6 +1060,7 @@ fn init_logs(format: &str) -> Result<(), Error> {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         "text" => builder.try_init(),

@@ -35,6 +35,21 @@ impl Runtime {
         Ok(records)
     }
 
+    /// The run's ledger records with seqs `after + 1 ..= through`,
+    /// offloaded values loaded back (one change-feed entry's records).
+    pub fn ledger_range(
+        &self,
+        run_id: &str,
+        after: u64,
+        through: u64,
+    ) -> crate::Result<Vec<StepRecord>> {
+        let mut records = self.store().list_records_range(run_id, after, through)?;
+        if let Some(o) = &self.inner.offloader {
+            o.load_records(&mut records)?;
+        }
+        Ok(records)
+    }
+
     /// Whether anyone follows the records as they are committed.
     pub(crate) fn has_subscribers(&self) -> bool {
         !self.inner.subscribers.lock().is_empty()

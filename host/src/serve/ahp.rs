@@ -43,7 +43,9 @@ fn parse_run_uri(uri: &str) -> Option<(String, i64)> {
     if aid.is_empty() || aid.contains('/') {
         return None;
     }
-    Some((aid.to_string(), index.parse().ok()?))
+    // One spelling per occurrence: `.../1`, never `.../01`.
+    let n: i64 = index.parse().ok()?;
+    (n >= 1 && n.to_string() == index).then(|| (aid.to_string(), n))
 }
 
 /// What one occurrence's records say, gathered in ledger order.
@@ -117,10 +119,32 @@ pub fn project_occurrences(rt: &Runtime, automation_id: &str) -> Result<BTreeMap
             }
         }
     }
+    // A failed occurrence says why in its last attempt's run.
+    for g in found.values_mut() {
+        if g.status.as_deref() == Some("failed") && g.error.is_none() {
+            if let Some(run) = g.runs.last() {
+                if let Some(e) = rt.load_run_opt(run)?.and_then(|r| r.error) {
+                    g.error = Some(error_info(&e));
+                }
+            }
+        }
+    }
     Ok(found
         .into_iter()
         .map(|(index, g)| (index, state_of(automation_id, index, &g)))
         .collect())
+}
+
+/// `{code, message}` from a run's error (`reason_code: message`).
+fn error_info(error: &str) -> Value {
+    match error.split_once(": ") {
+        Some((code, message))
+            if !code.is_empty() && code.chars().all(|c| c.is_ascii_lowercase() || c == '_') =>
+        {
+            json!({"code": code, "message": message})
+        }
+        _ => json!({"code": "occurrence_failed", "message": error}),
+    }
 }
 
 /// The AHP origin of an occurrence from its trigger envelope: `manual` for
@@ -143,12 +167,12 @@ fn origin_of(envelope: &Value) -> Value {
             o["scheduledFor"] = t.clone();
         }
     }
-    let catch_up = envelope
-        .pointer("/payload/catch_up")
-        .or_else(|| envelope.get("catch_up"))
-        .and_then(Value::as_bool);
-    if let Some(c) = catch_up {
-        o["catchUp"] = json!(c);
+    // Missed ticks coalesced into this one: a catch-up run.
+    if envelope
+        .pointer("/payload/coalesced")
+        .is_some_and(|c| c.is_object())
+    {
+        o["catchUp"] = json!(true);
     }
     if source != "schedule" && source != "cron" {
         let mut event = Map::new();
@@ -181,7 +205,7 @@ fn state_of(automation_id: &str, index: i64, g: &Gathered) -> Value {
                 let code = g
                     .error
                     .as_ref()
-                    .and_then(|e| e.get("reason_code").or_else(|| e.get("code")))
+                    .and_then(|e| e.get("code").or_else(|| e.get("reason_code")))
                     .and_then(Value::as_str)
                     .unwrap_or("occurrence_failed");
                 l["error"] = json!({"code": code, "message": message});
@@ -260,6 +284,15 @@ pub(crate) fn diff(old: &Value, new: &Value) -> Vec<Value> {
         actions.push(a);
     }
     if old["lifecycle"] != new["lifecycle"] {
+        // Every transition is an action: a run seen pending and then
+        // ended (between two looks) went through running.
+        let was = old["lifecycle"]["status"].as_str().unwrap_or_default();
+        let now = new["lifecycle"]["status"].as_str().unwrap_or_default();
+        let started = &new["lifecycle"]["startedAt"];
+        if was == "pending" && now != "running" && now != "pending" && started.is_string() {
+            actions.push(json!({"type": "automationRun/lifecycleChanged", "lifecycle": {
+                "status": "running", "createdAt": new["lifecycle"]["createdAt"], "startedAt": started}}));
+        }
         actions
             .push(json!({"type": "automationRun/lifecycleChanged", "lifecycle": new["lifecycle"]}));
     }
@@ -357,6 +390,12 @@ impl Conn {
     }
 
     async fn subscribe(&mut self, uri: &str) -> std::result::Result<Value, ApiError> {
+        if !self.subscriptions.contains_key(uri) && self.subscriptions.len() >= MAX_SUBSCRIPTIONS {
+            return Err(ApiError::invalid(
+                "resource",
+                format!("at most {MAX_SUBSCRIPTIONS} subscriptions per connection"),
+            ));
+        }
         let state = self.project(uri.to_string()).await?;
         self.subscriptions.insert(uri.to_string(), state.clone());
         Ok(json!({"resource": uri, "state": state, "fromSeq": self.server_seq}))
@@ -375,6 +414,14 @@ impl Conn {
                 )]
             }
         };
+        if !msg.is_object() {
+            return vec![rpc_error(
+                &Value::Null,
+                -32600,
+                "send one JSON-RPC object per frame (batches are not supported)",
+                None,
+            )];
+        }
         let id = msg.get("id").cloned();
         let method = msg
             .get("method")
@@ -442,13 +489,20 @@ impl Conn {
                     Err(e) => vec![rpc_error_of(&id, &e)],
                 }
             }
-            ("unsubscribe", _) => {
+            ("unsubscribe", id) => {
                 if let Some(uri) = resource {
                     self.subscriptions.remove(&uri);
                 }
-                Vec::new()
+                id.map(|id| vec![rpc_result(&id, json!({}))])
+                    .unwrap_or_default()
             }
-            ("dispatchAction", _) => self.dispatch(&params).await,
+            ("dispatchAction", id) => {
+                let mut out = self.dispatch(&params).await;
+                if let Some(id) = id {
+                    out.insert(0, rpc_result(&id, json!({})));
+                }
+                out
+            }
             (_, Some(id)) => vec![rpc_error(
                 &id,
                 -32601,
@@ -506,7 +560,11 @@ impl Conn {
             ));
         }
         let s = self.s.clone();
-        let command_id = format!("ahp:{}:{channel}:{client_seq}", self.client_id);
+        let seq = client_seq
+            .as_u64()
+            .map_or_else(|| "none".to_string(), |n| n.to_string());
+        let client: String = self.client_id.chars().take(64).collect();
+        let command_id = format!("ahp:{client}:{channel}:{seq}");
         let answer = blocking(move || {
             // stop_current stops the automation's current occurrence: it
             // must be this one.
@@ -532,13 +590,31 @@ impl Conn {
         }
     }
 
-    /// Projects every subscription again and returns the actions of what
-    /// changed.
+    /// Projects every subscription again (each automation once) and
+    /// returns the actions of what changed.
     async fn refresh(&mut self) -> Vec<Value> {
         let mut out = Vec::new();
         let uris: Vec<String> = self.subscriptions.keys().cloned().collect();
+        let automations: std::collections::BTreeSet<String> = uris
+            .iter()
+            .filter_map(|u| parse_run_uri(u).map(|(aid, _)| aid))
+            .collect();
+        let s = self.s.clone();
+        let projected = blocking(move || {
+            let mut all = BTreeMap::new();
+            for aid in automations {
+                if let Ok(states) = project_occurrences(&s.rt, &aid) {
+                    all.insert(aid, states);
+                }
+            }
+            Ok(all)
+        })
+        .await
+        .unwrap_or_default();
         for uri in uris {
-            let Ok(now) = self.project(uri.clone()).await else {
+            let Some(now) = parse_run_uri(&uri)
+                .and_then(|(aid, index)| projected.get(&aid)?.get(&index).cloned())
+            else {
                 continue;
             };
             let old = self.subscriptions.get(&uri).cloned().unwrap_or(Value::Null);
@@ -551,8 +627,15 @@ impl Conn {
     }
 }
 
+/// The most subscriptions one connection holds.
+const MAX_SUBSCRIPTIONS: usize = 100;
+
 async fn connection(s: Arc<Shared>, mut socket: WebSocket) {
     let mut commits = s.commits.clone();
+    // One timer for the connection: a chatty client cannot keep resetting
+    // it (other processes' commits are seen only through it).
+    let mut tick = tokio::time::interval(s.poll_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut shutdown = s.shutdown.clone();
     let mut conn = Conn {
         s: s.clone(),
@@ -569,7 +652,7 @@ async fn connection(s: Arc<Shared>, mut socket: WebSocket) {
                 _ => return,
             },
             _ = commits.changed() => conn.refresh().await,
-            _ = tokio::time::sleep(s.poll_interval) => {
+                        _ = tick.tick() => {
                 if conn.subscriptions.is_empty() { Vec::new() } else { conn.refresh().await }
             }
             _ = shutdown.changed() => {

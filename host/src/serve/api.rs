@@ -82,15 +82,19 @@ impl<St: Send + Sync, T: DeserializeOwned> FromRequest<St> for Body<T> {
             &bytes
         };
         let de = &mut serde_json::Deserializer::from_slice(bytes);
-        serde_path_to_error::deserialize(de).map(Body).map_err(|e| {
+        let value: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
             let path = e.path().to_string();
-            let field = if path == "." || path.is_empty() {
+            let field = if path == "." || path == "?" || path.is_empty() {
                 "body".to_string()
             } else {
                 format!("body.{path}")
             };
             ApiError::invalid(&field, e.into_inner().to_string())
-        })
+        })?;
+        // One JSON value and nothing after it.
+        de.end()
+            .map_err(|e| ApiError::invalid("body", format!("text after the JSON value: {e}")))?;
+        Ok(Body(value))
     }
 }
 
@@ -191,6 +195,13 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         ));
     open.merge(guarded)
         .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take this method (see /openapi.json)",
+            )
+        })
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             observe,
@@ -203,7 +214,12 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
 /// carries.
 async fn observe(State(s): S, req: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = req.method().to_string();
+    // Only the standard methods are counted and logged by name: any other
+    // token is one label (a client cannot grow the counters or the log).
+    let method = match req.method().as_str() {
+        m @ ("GET" | "POST" | "PUT" | "DELETE" | "PATCH" | "HEAD" | "OPTIONS") => m.to_string(),
+        _ => "OTHER".to_string(),
+    };
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -245,8 +261,17 @@ fn presented_token(req: &Request) -> Option<String> {
         return v
             .to_str()
             .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(|t| t.trim().to_string());
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim().to_string());
+    }
+    let upgrade = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !upgrade {
+        return None;
     }
     req.headers()
         .get(header::SEC_WEBSOCKET_PROTOCOL)
@@ -478,7 +503,12 @@ async fn start_run(State(s): S, Body(b): Body<StartRun>) -> ApiResult {
         Some(r) => crate::core::config::operator_runtime(r)?,
         None => Map::new(),
     };
-    let state = blocking(move || {
+    let (existed, state) = blocking(move || {
+        // An explicit id already taken by the same run: found again (200).
+        let existed = match &b.run_id {
+            Some(id) => s.rt.load_run_opt(id)?.is_some(),
+            None => false,
+        };
         let workflow =
             match (b.bundle, b.workflow_id) {
                 (Some(dir), None) => {
@@ -508,10 +538,14 @@ async fn start_run(State(s): S, Body(b): Body<StartRun>) -> ApiResult {
         )?;
         // Children it started, or the waits it set, are the driver's now.
         s.wake.wake();
-        Ok(state)
+        Ok((existed, state))
     })
     .await?;
-    Ok(created(run_json(&state)))
+    Ok(if existed {
+        ok(run_json(&state))
+    } else {
+        created(run_json(&state))
+    })
 }
 
 async fn get_run(State(s): S, Path(id): Path<String>) -> ApiResult {
@@ -657,6 +691,13 @@ async fn list_snapshots(State(s): S, Params(q): Params<SnapshotSearch>) -> ApiRe
 
 async fn restore_snapshot(State(s): S, Path(id): Path<String>) -> ApiResult {
     blocking(move || {
+        if s.snapshots.load_snapshot(&id)?.is_none() {
+            return Err(Error::Automation(crate::automation::AutomationError::new(
+                "snapshot_not_found",
+                Some("id"),
+                format!("no snapshot with id {id:?}"),
+            )));
+        }
         let run = s.rt.restore_snapshot(&*s.snapshots, &id)?;
         s.wake.wake();
         Ok(run)
@@ -740,7 +781,26 @@ struct AutomationsQuery {
     limit: Option<i64>,
 }
 
+/// The statuses an automation can have.
+const AUTOMATION_STATUSES: [&str; 5] = ["active", "paused", "completed", "failed", "archived"];
+
 async fn automations_list(State(s): S, Params(q): Params<AutomationsQuery>) -> ApiResult {
+    for status in q
+        .status
+        .as_deref()
+        .map(crate::store::filter_values)
+        .unwrap_or_default()
+    {
+        if !AUTOMATION_STATUSES.contains(&status.as_str()) {
+            return Err(ApiError::invalid(
+                "status",
+                format!(
+                    "{status:?} is not one of {}",
+                    AUTOMATION_STATUSES.join(", ")
+                ),
+            ));
+        }
+    }
     blocking(move || {
         list_automations(
             &s.rt,
@@ -830,10 +890,18 @@ async fn automations_command(
     Body(b): Body<CommandBody>,
 ) -> ApiResult {
     let answer = blocking(move || apply_command(&s, &id, &b)).await?;
+    // A rejection is an answer (recorded); its status says what kind:
+    // no such automation 404, a lost revision race 409, a malformed command
+    // 400, anything else the automation refused 422.
     let status = if answer["status"] == "applied" {
         StatusCode::OK
     } else {
-        StatusCode::UNPROCESSABLE_ENTITY
+        match answer["error"]["reason_code"].as_str().unwrap_or_default() {
+            "automation_not_found" => StatusCode::NOT_FOUND,
+            "revision_conflict" | "conflict" => StatusCode::CONFLICT,
+            "invalid_request" | "invalid_input" => StatusCode::BAD_REQUEST,
+            _ => StatusCode::UNPROCESSABLE_ENTITY,
+        }
     };
     Ok((status, Json(answer)).into_response())
 }
@@ -855,10 +923,16 @@ async fn automations_occurrences(
         .map(ok)
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitQuery {
+    limit: Option<usize>,
+}
+
 async fn automations_waits(
     State(s): S,
     Path(id): Path<String>,
-    Params(q): Params<ListWaits>,
+    Params(q): Params<LimitQuery>,
 ) -> ApiResult {
     let limit = page_limit(q.limit)?;
     blocking(move || pending_waits(&s.rt, &id, limit))

@@ -87,6 +87,14 @@ impl From<Error> for ApiError {
             .strip_prefix(code)
             .and_then(|m| m.strip_prefix(": "))
             .unwrap_or(&text);
+        // ... and so is the field.
+        let message = match &e {
+            Error::InvalidInput { field, .. } => message
+                .strip_prefix(field.as_str())
+                .and_then(|m| m.strip_prefix(": "))
+                .unwrap_or(message),
+            _ => message,
+        };
         detail["message"] = json!(message);
         match &e {
             Error::InvalidInput { field, .. } => detail["field"] = json!(field),

@@ -90,11 +90,22 @@ pub fn load_or_create_token(path: &Path) -> Result<String> {
         Ok(text) => {
             #[cfg(unix)]
             {
+                use std::os::unix::fs::MetadataExt;
                 use std::os::unix::fs::PermissionsExt;
-                let mode = std::fs::metadata(path)
-                    .map_err(|e| Error::invalid(field(), e.to_string()))?
-                    .permissions()
-                    .mode();
+                let meta =
+                    std::fs::metadata(path).map_err(|e| Error::invalid(field(), e.to_string()))?;
+                // SAFETY: geteuid has no preconditions.
+                let me = unsafe { libc::geteuid() };
+                if meta.uid() != me {
+                    return Err(Error::invalid(
+                        field(),
+                        format!(
+                            "the token file belongs to user {}, not to this process's user {me}",
+                            meta.uid()
+                        ),
+                    ));
+                }
+                let mode = meta.permissions().mode();
                 if mode & 0o077 != 0 {
                     return Err(Error::invalid(
                         field(),
@@ -230,7 +241,7 @@ impl Signals {
         Ok(Signals {})
     }
 
-    async fn recv(mut self) {
+    async fn recv(&mut self) {
         #[cfg(unix)]
         tokio::select! {
             _ = self.term.recv() => {}
@@ -348,21 +359,47 @@ impl Server {
             let listener = tokio::net::TcpListener::from_std(listener)
                 .map_err(|e| Error::invalid("--listen", e.to_string()))?;
             let app = api::router(shared);
-            let signal = async move {
-                tokio::select! {
-                    _ = signals.recv() => {}
-                    _ = asked.notified() => {}
+            // Stop requests (signals, the stopper), counted: the first
+            // drains, a second (or the drain's time limit) closes what is
+            // still open.
+            let (asks_tx, asks) = tokio::sync::watch::channel(0u32);
+            let mut signals = signals;
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = signals.recv() => {}
+                        _ = asked.notified() => {}
+                    }
+                    asks_tx.send_modify(|n| *n += 1);
                 }
+            });
+            let mut first = asks.clone();
+            let signal = async move {
+                let _ = first.wait_for(|n| *n >= 1).await;
                 tracing::info!("shutting down: no new requests; streams end");
                 let _ = shutdown_tx.send(true);
             };
-            axum::serve(
+            let server = axum::serve(
                 listener,
                 app.into_make_service_with_connect_info::<SocketAddr>(),
             )
-            .with_graceful_shutdown(signal)
-            .await
-            .map_err(|e| Error::invalid("serve", e.to_string()))
+            .with_graceful_shutdown(signal);
+            let mut again = asks;
+            let forced = async move {
+                let _ = again.wait_for(|n| *n >= 1).await;
+                tokio::select! {
+                    _ = again.wait_for(|n| *n >= 2) => {
+                        tracing::warn!("a second stop request: closing the connections still open");
+                    }
+                    _ = tokio::time::sleep(SHUTDOWN_GRACE) => {
+                        tracing::warn!(grace_s = SHUTDOWN_GRACE.as_secs(), "connections still open after the grace period: closing them");
+                    }
+                }
+            };
+            tokio::select! {
+                served = server => served.map_err(|e| Error::invalid("serve", e.to_string())),
+                _ = forced => Ok(()),
+            }
         });
         stop.store(true, Ordering::SeqCst);
         self.shared.wake.wake();
@@ -376,6 +413,10 @@ impl Server {
         served
     }
 }
+
+/// How long a stopping server waits for the requests in hand before it
+/// closes the connections still open.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// The driver loop: a pass, then a pause (cut short by a wake), until
 /// `stop`.

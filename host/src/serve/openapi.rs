@@ -65,7 +65,7 @@ const OPS: &[Op] = &[
     op("get", "/v1/automations/{id}", "An automation: definition, state, status, next fire time, current occurrence", &[], false, 200),
     op("post", "/v1/automations/{id}/commands", "Apply a command (pause, resume, run_now, revise, stop_current, archive, unarchive); 422 when rejected", &[], true, 200),
     op("get", "/v1/automations/{id}/occurrences", "An automation's occurrences, newest first", &["cursor", "limit"], false, 200),
-    op("get", "/v1/automations/{id}/waits", "The waits on a person in an automation's occurrences", &["limit", "cursor"], false, 200),
+    op("get", "/v1/automations/{id}/waits", "The waits on a person in an automation's occurrences", &["limit"], false, 200),
     op("get", "/v1/automations/{id}/attention", "Attention items (failures, notifications), oldest first; acknowledge by cursor", &["after_seq", "cursor", "limit"], false, 200),
     op("get", "/v1/automations/{id}/runs", "AHP run summaries of the automation's history, newest first", &[], false, 200),
     op("post", "/v1/automations/{id}/discussions", "Start (or find again) a discussion of an occurrence", &[], true, 201),

@@ -75,6 +75,20 @@ async fn pause(s: &Shared, commits: &mut tokio::sync::watch::Receiver<u64>) -> b
     }
 }
 
+/// Sends `e` unless the client left or the server is shutting down (a
+/// client that stopped reading cannot hold the shutdown up): `false` to
+/// end the stream.
+async fn send(s: &Shared, tx: &mpsc::Sender<Event>, e: Event) -> bool {
+    let mut shutdown = s.shutdown.clone();
+    if *shutdown.borrow() {
+        return false;
+    }
+    tokio::select! {
+        sent = tx.send(e) => sent.is_ok(),
+        _ = shutdown.changed() => false,
+    }
+}
+
 /// What a follower of a run is shown about its state: changes to any of
 /// these are a `state` event.
 fn state_key(run: &RunState) -> (u64, String) {
@@ -91,26 +105,41 @@ pub(crate) async fn run_stream(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let mut sent = start_after(&q, &headers)?.unwrap_or(0);
-    // An unknown run is a 404 before the stream starts.
+    // An unknown run is a 404, a position past its ledger a 400, before
+    // the stream starts.
     {
         let (s, id) = (s.clone(), id.clone());
-        blocking(move || s.rt.get_state(&id)).await?;
+        let len = blocking(move || {
+            s.rt.get_state(&id)?;
+            Ok(s.rt.store().list_records(&id)?.len() as u64)
+        })
+        .await?;
+        if sent > len {
+            return Err(ApiError::invalid(
+                "after",
+                format!("the run's ledger has {len} records"),
+            ));
+        }
     }
     let (tx, rx) = mpsc::channel::<Event>(64);
     tokio::spawn(async move {
         let mut commits = s.commits.clone();
         let mut shown: Option<(u64, String)> = None;
         loop {
-            let (records, now) = {
+            // The state first, then the records: a record is appended no
+            // later than the state that follows it is saved, so a terminal
+            // state read first means its last records are in this read.
+            let (run, records) = {
                 let (s2, id2) = (s.clone(), id.clone());
                 match blocking(move || {
-                    Ok((s2.rt.ledger_after(&id2, sent)?, s2.rt.get_state(&id2)?))
+                    let run = s2.rt.get_state(&id2)?;
+                    Ok((run, s2.rt.ledger_after(&id2, sent)?))
                 })
                 .await
                 {
                     Ok(v) => v,
                     Err(e) => {
-                        let _ = tx.send(event("error", &json!(e.detail))).await;
+                        send(&s, &tx, event("error", &json!(e.detail))).await;
                         return;
                     }
                 }
@@ -118,22 +147,21 @@ pub(crate) async fn run_stream(
             for r in &records {
                 sent += 1;
                 let e = event("record", &record_json(r, sent)).id(sent.to_string());
-                if tx.send(e).await.is_err() {
+                if !send(&s, &tx, e).await {
                     return;
                 }
             }
-            let run = now;
             if shown.as_ref() != Some(&state_key(&run)) {
                 shown = Some(state_key(&run));
                 let data = serde_json::to_value(&run).unwrap_or(Value::Null);
-                if tx.send(event("state", &data)).await.is_err() {
+                if !send(&s, &tx, event("state", &data)).await {
                     return;
                 }
             }
-            if run.status.is_terminal() && records.is_empty() {
-                let _ = tx
-                    .send(event("end", &json!({"run_id": run.run_id, "status": run.status.as_str(), "records": sent})))
-                    .await;
+            if run.status.is_terminal() {
+                let end =
+                    json!({"run_id": run.run_id, "status": run.status.as_str(), "records": sent});
+                send(&s, &tx, event("end", &end)).await;
                 return;
             }
             if !records.is_empty() {
@@ -168,8 +196,9 @@ fn run_summary(run: &RunState) -> Value {
 /// is the feed position to resume after. Without `after` (or
 /// `Last-Event-ID`) it starts at the newest commit; a first `position`
 /// event says where it starts. On a backend that keeps no feed
-/// (memory, JSON files) it shows the commits of this process, numbered
-/// from 1 at the server's start.
+/// (memory, JSON files) it shows the commits of this process from the
+/// moment the client connects, numbered from 1 for each connection
+/// (`after` and `Last-Event-ID` do not apply there).
 pub(crate) async fn store_stream(
     State(s): State<Arc<Shared>>,
     Params(q): Params<After>,
@@ -184,6 +213,12 @@ pub(crate) async fn store_stream(
     if let Some(head) = head {
         // From now unless told where: the first event says where now is.
         let after = after.unwrap_or(head);
+        if after > head {
+            return Err(ApiError::invalid(
+                "after",
+                format!("the feed's newest position is {head}"),
+            ));
+        }
         let _ = tx
             .send(event("position", &json!({"after": after, "head": head})).id(after.to_string()))
             .await;
@@ -202,10 +237,9 @@ async fn follow_feed(s: Arc<Shared>, mut after: u64, tx: mpsc::Sender<Event>) {
             let entries = s2.rt.store().list_feed(after, 100)?.unwrap_or_default();
             let mut out = Vec::new();
             for e in entries {
-                let mut records = s2
-                    .rt
-                    .ledger_after(&e.run_id, e.from_seq.saturating_sub(1))?;
-                records.truncate((e.to_seq + 1).saturating_sub(e.from_seq) as usize);
+                let records =
+                    s2.rt
+                        .ledger_range(&e.run_id, e.from_seq.saturating_sub(1), e.to_seq)?;
                 let run = s2.rt.load_run_opt(&e.run_id)?;
                 out.push((e, records, run));
             }
@@ -215,7 +249,7 @@ async fn follow_feed(s: Arc<Shared>, mut after: u64, tx: mpsc::Sender<Event>) {
         let batch = match batch {
             Ok(b) => b,
             Err(e) => {
-                let _ = tx.send(event("error", &json!(e.detail))).await;
+                send(&s, &tx, event("error", &json!(e.detail))).await;
                 return;
             }
         };
@@ -226,13 +260,13 @@ async fn follow_feed(s: Arc<Shared>, mut after: u64, tx: mpsc::Sender<Event>) {
                 if run.is_none() && i + 1 == records.len() {
                     e = e.id(entry.seq.to_string());
                 }
-                if tx.send(e).await.is_err() {
+                if !send(&s, &tx, e).await {
                     return;
                 }
             }
             if let Some(run) = &run {
                 let e = event("run", &run_summary(run)).id(entry.seq.to_string());
-                if tx.send(e).await.is_err() {
+                if !send(&s, &tx, e).await {
                     return;
                 }
             }
@@ -247,11 +281,17 @@ async fn follow_feed(s: Arc<Shared>, mut after: u64, tx: mpsc::Sender<Event>) {
 async fn follow_process(s: Arc<Shared>, tx: mpsc::Sender<Event>) {
     let feed = s.rt.subscribe_ledger(None);
     let (atx, mut arx) = mpsc::channel::<crate::StepRecord>(1024);
-    std::thread::spawn(move || {
-        while let Ok(r) = feed.recv() {
-            if atx.blocking_send(r).is_err() {
-                break;
+    // The bridge from the runtime's subscription ends with the stream
+    // (it looks every second whether anyone still listens).
+    std::thread::spawn(move || loop {
+        match feed.recv_timeout(Duration::from_secs(1)) {
+            Ok(r) => {
+                if atx.blocking_send(r).is_err() {
+                    break;
+                }
             }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !atx.is_closed() => {}
+            Err(_) => break,
         }
     });
     let mut shutdown = s.shutdown.clone();
@@ -264,18 +304,13 @@ async fn follow_process(s: Arc<Shared>, tx: mpsc::Sender<Event>) {
         let Some(r) = r else { return };
         n += 1;
         let run_id = r.run_id.clone();
-        if tx
-            .send(
-                event("record", &serde_json::to_value(&r).unwrap_or(Value::Null)).id(n.to_string()),
-            )
-            .await
-            .is_err()
-        {
+        let data = serde_json::to_value(&r).unwrap_or(Value::Null);
+        if !send(&s, &tx, event("record", &data).id(n.to_string())).await {
             return;
         }
         let s2 = s.clone();
         if let Ok(Some(run)) = blocking(move || s2.rt.load_run_opt(&run_id)).await {
-            if tx.send(event("run", &run_summary(&run))).await.is_err() {
+            if !send(&s, &tx, event("run", &run_summary(&run))).await {
                 return;
             }
         }

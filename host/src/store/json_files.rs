@@ -929,13 +929,8 @@ impl Store for JsonFileStore {
     }
 
     fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
-        let found: Vec<RunState> = self
-            .scan()?
-            .0
-            .into_iter()
-            .filter(|r| query.matches(r))
-            .collect();
-        Ok(query.page(found, |r| &r.run_id))
+        let all = self.scan()?.0;
+        Ok(query.page(all, |r| &r.run_id, |r| query.matches(r)))
     }
 
     fn list_due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {

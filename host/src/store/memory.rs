@@ -569,11 +569,11 @@ impl Store for MemoryStore {
         let mut found: Vec<&Slot> = t
             .runs
             .values()
-            .filter(|s| query.matches(&s.run) && t.quarantine_reason(&s.run.run_id).is_none())
+            .filter(|s| t.quarantine_reason(&s.run.run_id).is_none())
             .collect();
         found.sort_by_key(|s| s.seq);
         Ok(query
-            .page(found, |s| &s.run.run_id)
+            .page(found, |s| &s.run.run_id, |s| query.matches(&s.run))
             .into_iter()
             .map(|s| s.run.clone())
             .collect())

@@ -32,7 +32,7 @@ pub use memory::MemoryStore;
 pub use snapshots::{
     JsonSnapshotStore, MemorySnapshotStore, Snapshot, SnapshotQuery, SnapshotStore,
 };
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteStore, SCHEMA_VERSION as SQLITE_SCHEMA_VERSION};
 
 /// The store failed: an I/O or database error, corrupt data, a schema this
 /// version cannot read, or a write whose fence no longer holds.
@@ -230,23 +230,29 @@ pub struct RunQuery {
 }
 
 impl RunQuery {
-    /// Orders `found` (matching runs, oldest first) as the query asks and
-    /// applies its cursor and limit: the backends without an ordered index
-    /// page with this.
-    pub fn page<T>(&self, mut found: Vec<T>, run_id: impl Fn(&T) -> &str) -> Vec<T> {
+    /// Orders `all` (every run, oldest first) as the query asks, applies
+    /// its cursor (found among all runs: the cursor run need not match the
+    /// filters any more), keeps the runs that `matches`, and applies the
+    /// limit: the backends without an ordered index page with this.
+    pub fn page<T>(
+        &self,
+        mut all: Vec<T>,
+        run_id: impl Fn(&T) -> &str,
+        matches: impl Fn(&T) -> bool,
+    ) -> Vec<T> {
         if self.newest_first {
-            found.reverse();
+            all.reverse();
         }
         let start = match &self.after_run_id {
-            Some(after) => found
+            Some(after) => all
                 .iter()
                 .position(|r| run_id(r) == after)
-                .map_or(found.len(), |i| i + 1),
+                .map_or(all.len(), |i| i + 1),
             None => 0,
         };
-        found
-            .into_iter()
+        all.into_iter()
             .skip(start)
+            .filter(|r| matches(r))
             .take(self.limit.unwrap_or(usize::MAX))
             .collect()
     }
@@ -629,6 +635,20 @@ pub trait Store: Send + Sync {
     fn list_records_after(&self, run_id: &str, after: u64) -> Result<Vec<StepRecord>, StoreError> {
         let mut records = self.list_records(run_id)?;
         records.drain(..(after as usize).min(records.len()));
+        Ok(records)
+    }
+
+    /// A run's ledger records with seqs `after + 1 ..= through`, oldest
+    /// first (what one change-feed entry names). The default reads from
+    /// `after` on.
+    fn list_records_range(
+        &self,
+        run_id: &str,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<StepRecord>, StoreError> {
+        let mut records = self.list_records_after(run_id, after)?;
+        records.truncate(through.saturating_sub(after) as usize);
         Ok(records)
     }
 

@@ -29,7 +29,7 @@ use crate::core::model::{RunState, RunStatus, StepRecord};
 /// The schema version this build writes. A database with a higher
 /// `user_version` was written by a newer stepwell and is refused; an older
 /// one is migrated when opened.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -770,6 +770,37 @@ impl Store for SqliteStore {
         )
     }
 
+    fn list_records_range(
+        &self,
+        run_id: &str,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<StepRecord>, StoreError> {
+        let conn = self.conn.lock();
+        let mut st = conn
+            .prepare_cached(
+                "SELECT seq, data FROM ledger WHERE run_id = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq",
+            )
+            .map_err(|e| self.err(e))?;
+        let clamp = |n: u64| n.min(i64::MAX as u64) as i64;
+        let rows = st
+            .query_map(params![run_id, clamp(after), clamp(through)], |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+            })
+            .map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, data) = row.map_err(|e| self.err(e))?;
+            out.push(serde_json::from_str(&data).map_err(|e| {
+                StoreError::corrupt(format!(
+                    "{}: ledger row {seq} of run {run_id}: {e}",
+                    self.path.display()
+                ))
+            })?);
+        }
+        Ok(out)
+    }
+
     fn feed_head(&self) -> Result<Option<u64>, StoreError> {
         let conn = self.conn.lock();
         conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM feed", [], |row| {
@@ -787,14 +818,17 @@ impl Store for SqliteStore {
             )
             .map_err(|e| self.err(e))?;
         let rows = st
-            .query_map(params![after as i64, limit as i64], |row| {
-                Ok(FeedEntry {
-                    seq: row.get::<_, i64>(0)? as u64,
-                    run_id: row.get(1)?,
-                    from_seq: row.get::<_, i64>(2)? as u64,
-                    to_seq: row.get::<_, i64>(3)? as u64,
-                })
-            })
+            .query_map(
+                params![after.min(i64::MAX as u64) as i64, limit as i64],
+                |row| {
+                    Ok(FeedEntry {
+                        seq: row.get::<_, i64>(0)? as u64,
+                        run_id: row.get(1)?,
+                        from_seq: row.get::<_, i64>(2)? as u64,
+                        to_seq: row.get::<_, i64>(3)? as u64,
+                    })
+                },
+            )
             .map_err(|e| self.err(e))?;
         rows.collect::<Result<Vec<_>, _>>()
             .map(Some)
