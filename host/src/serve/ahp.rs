@@ -123,7 +123,17 @@ pub fn project_occurrences(rt: &Runtime, automation_id: &str) -> Result<BTreeMap
     for g in found.values_mut() {
         if g.status.as_deref() == Some("failed") && g.error.is_none() {
             if let Some(run) = g.runs.last() {
-                if let Some(e) = rt.load_run_opt(run)?.and_then(|r| r.error) {
+                // The run's error, else the error its output reports (a
+                // target that completed with `success: false`).
+                let why = rt.load_run_opt(run)?.and_then(|r| {
+                    r.error.or_else(|| {
+                        r.output?
+                            .get("error")
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                    })
+                });
+                if let Some(e) = why {
                     g.error = Some(error_info(&e));
                 }
             }
