@@ -1367,6 +1367,17 @@ fn an_ahp_cancel_request_cancels_a_waiting_occurrence() {
             }
         },
     );
+    // A stop aimed at another occurrence stops nothing.
+    let (status, answer) = s.post(
+        &format!("/v1/automations/{aid}/commands"),
+        json!({"type": "stop_current", "command_id": "wrong-one", "payload": {"occurrence_index": 2}}),
+    );
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(
+        answer["error"]["field"], "payload.occurrence_index",
+        "{answer}"
+    );
+    assert_eq!(s.ok(&format!("/v1/runs/{child}"))["status"], "waiting");
     let uri = format!("ahp-automation-run:/{aid}/1");
     let mut ahp = Ahp::connect(&s);
     let sub = ahp.request("subscribe", json!({"resource": uri}));

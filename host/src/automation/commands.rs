@@ -233,6 +233,22 @@ pub fn decide_command(
         }
         "automation.stop_current" => match pending {
             None => reject("invalid_state", "No occurrence is running.", None),
+            // A stop aimed at one occurrence (`payload.occurrence_index`, a
+            // stepwell extension) does not stop the next one.
+            Some(p)
+                if payload
+                    .get("occurrence_index")
+                    .is_some_and(|want| *want != p["index"]) =>
+            {
+                reject(
+                    "invalid_state",
+                    format!(
+                        "Occurrence {} is not the one running (occurrence {} is).",
+                        payload["occurrence_index"], p["index"]
+                    ),
+                    Some("payload.occurrence_index"),
+                )
+            }
             Some(p) => {
                 let mut p = stored_object("the pending occurrence", p.clone())?;
                 p["stop_requested"] = json!(true);

@@ -576,17 +576,14 @@ impl Conn {
         let client: String = self.client_id.chars().take(64).collect();
         let command_id = format!("ahp:{client}:{channel}:{seq}");
         let answer = blocking(move || {
-            // stop_current stops the automation's current occurrence: it
-            // must be this one.
-            let view = crate::automation::show_automation(&s.rt, &aid, s.rt.now())?;
-            let current = view
-                .pointer("/current_occurrence/index")
-                .and_then(Value::as_i64);
-            if current != Some(index) {
-                return Ok(json!({"status": "rejected", "error": {"message":
-                    format!("occurrence {index} is not the automation's current occurrence")}}));
-            }
-            super::api::apply_command(&s, &aid, &super::api::CommandBody::stop_current(command_id))
+            // stop_current stops the automation's current occurrence: the
+            // command names this one, and is refused in the automation's
+            // own transaction if another is current by then.
+            super::api::apply_command(
+                &s,
+                &aid,
+                &super::api::CommandBody::stop_current(command_id, index),
+            )
         })
         .await
         .map_err(|e| e.detail["message"].as_str().unwrap_or("error").to_string())?;

@@ -849,12 +849,13 @@ pub(crate) struct CommandBody {
 }
 
 impl CommandBody {
-    /// `stop_current` with `command_id`, sent by an AHP client.
-    pub(crate) fn stop_current(command_id: String) -> Self {
+    /// `stop_current` of occurrence `index` with `command_id`, sent by an
+    /// AHP client.
+    pub(crate) fn stop_current(command_id: String, index: i64) -> Self {
         CommandBody {
             kind: "stop_current".into(),
             command_id,
-            payload: None,
+            payload: Some(json!({"occurrence_index": index})),
             expected_revision: None,
             actor: Some("ahp".into()),
         }
