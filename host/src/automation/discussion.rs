@@ -70,6 +70,16 @@ impl Discussion {
     pub fn to_json(&self) -> Value {
         json!({"session_id": self.session_id, "run_id": self.run_id, "session_kind": "discussion"})
     }
+
+    /// [`Discussion::to_json`] with the `status` and `output` of its run's
+    /// `state` (after its first tick): what `automations discuss` and the
+    /// HTTP API answer.
+    pub fn with_state(&self, state: &crate::RunState) -> Value {
+        let mut out = self.to_json();
+        out["status"] = json!(state.status.as_str());
+        out["output"] = state.output.clone().unwrap_or(Value::Null);
+        out
+    }
 }
 
 fn refused(reason: &str, field: &str, message: impl Into<String>) -> Error {

@@ -274,11 +274,8 @@ pub fn run(
                 },
             )?;
             let state = rt.tick(&started.run_id)?;
-            let mut out = started.to_json();
-            out["status"] = serde_json::json!(state.status.as_str());
-            out["output"] = state.output.clone().unwrap_or(Value::Null);
             if json {
-                println!("{out}");
+                println!("{}", started.with_state(&state));
             } else {
                 println!(
                     "discussion {}  run {}  status {}",

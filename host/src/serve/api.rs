@@ -995,10 +995,7 @@ async fn automations_discuss(
             },
         )?;
         let state = s.rt.tick(&started.run_id)?;
-        let mut out = started.to_json();
-        out["status"] = json!(state.status.as_str());
-        out["output"] = state.output.clone().unwrap_or(Value::Null);
-        Ok(out)
+        Ok(started.with_state(&state))
     })
     .await
     .map(created)

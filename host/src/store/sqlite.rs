@@ -499,21 +499,23 @@ impl SqliteStore {
             .collect())
     }
 
+    /// The records `sql` selects (`seq, data`) with `run_id` as `?1` and
+    /// `args` after it.
     fn records(
         &self,
         run_id: &str,
         sql: &str,
-        key: Option<&str>,
+        args: &[&dyn rusqlite::ToSql],
     ) -> Result<Vec<StepRecord>, StoreError> {
         let conn = self.conn.lock();
         let mut st = conn.prepare_cached(sql).map_err(|e| self.err(e))?;
-        let decode =
-            |row: &rusqlite::Row<'_>| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?));
-        let rows = match key {
-            Some(k) => st.query_map(params![run_id, k], decode),
-            None => st.query_map(params![run_id], decode),
-        }
-        .map_err(|e| self.err(e))?;
+        let mut all: Vec<&dyn rusqlite::ToSql> = vec![&run_id];
+        all.extend_from_slice(args);
+        let rows = st
+            .query_map(&*all, |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+            })
+            .map_err(|e| self.err(e))?;
         let mut out = Vec::new();
         for row in rows {
             let (seq, data) = row.map_err(|e| self.err(e))?;
@@ -758,15 +760,15 @@ impl Store for SqliteStore {
         self.records(
             run_id,
             "SELECT seq, data FROM ledger WHERE run_id = ?1 ORDER BY seq",
-            None,
+            &[],
         )
     }
 
     fn list_records_after(&self, run_id: &str, after: u64) -> Result<Vec<StepRecord>, StoreError> {
         self.records(
             run_id,
-            "SELECT seq, data FROM ledger WHERE run_id = ?1 AND seq > CAST(?2 AS INTEGER) ORDER BY seq",
-            Some(&after.to_string()),
+            "SELECT seq, data FROM ledger WHERE run_id = ?1 AND seq > ?2 ORDER BY seq",
+            &[&(after.min(i64::MAX as u64) as i64)],
         )
     }
 
@@ -776,29 +778,12 @@ impl Store for SqliteStore {
         after: u64,
         through: u64,
     ) -> Result<Vec<StepRecord>, StoreError> {
-        let conn = self.conn.lock();
-        let mut st = conn
-            .prepare_cached(
-                "SELECT seq, data FROM ledger WHERE run_id = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq",
-            )
-            .map_err(|e| self.err(e))?;
         let clamp = |n: u64| n.min(i64::MAX as u64) as i64;
-        let rows = st
-            .query_map(params![run_id, clamp(after), clamp(through)], |row| {
-                Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
-            })
-            .map_err(|e| self.err(e))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (seq, data) = row.map_err(|e| self.err(e))?;
-            out.push(serde_json::from_str(&data).map_err(|e| {
-                StoreError::corrupt(format!(
-                    "{}: ledger row {seq} of run {run_id}: {e}",
-                    self.path.display()
-                ))
-            })?);
-        }
-        Ok(out)
+        self.records(
+            run_id,
+            "SELECT seq, data FROM ledger WHERE run_id = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq",
+            &[&clamp(after), &clamp(through)],
+        )
     }
 
     fn feed_head(&self) -> Result<Option<u64>, StoreError> {
@@ -839,8 +824,8 @@ impl Store for SqliteStore {
         self.records(
             run_id,
             "SELECT seq, data FROM ledger WHERE run_id = ?1 AND seq > COALESCE(
-                (SELECT ledger_seq FROM runs WHERE run_id = ?1), 0) ORDER BY seq",
-            None,
+                                (SELECT ledger_seq FROM runs WHERE run_id = ?1), 0) ORDER BY seq",
+            &[],
         )
     }
 
@@ -864,7 +849,7 @@ impl Store for SqliteStore {
         } else {
             "SELECT seq, data FROM ledger WHERE run_id = ?1 AND idem_key = ?2 ORDER BY seq"
         };
-        self.records(run_id, sql, Some(idempotency_key))
+        self.records(run_id, sql, &[&idempotency_key])
     }
 
     fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
