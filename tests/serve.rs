@@ -95,6 +95,13 @@ impl Served {
                 }
                 r.call()
             }
+            "PUT" => {
+                let mut r = self.agent.put(&url);
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.send(body.unwrap_or(""))
+            }
             _ => {
                 let mut r = self
                     .agent
@@ -435,6 +442,22 @@ fn bad_requests_get_typed_errors() {
             String::new(),
             404,
             "not_found",
+            None,
+        ),
+        (
+            "POST",
+            "/v1/snapshots/nope/restore",
+            String::new(),
+            404,
+            "snapshot_not_found",
+            Some("id"),
+        ),
+        (
+            "PUT",
+            "/v1/runs",
+            String::new(),
+            405,
+            "method_not_allowed",
             None,
         ),
     ];
@@ -1331,6 +1354,15 @@ fn an_ahp_client_follows_an_occurrence_from_pending_to_completed() {
     assert_eq!(bad["error"]["code"], -32004, "{bad}");
     let bad = ahp.request("frobnicate", json!({}));
     assert_eq!(bad["error"]["code"], -32601);
+    let bad = ahp.request(
+        "listAutomationRuns",
+        json!({"automation": "ahp-automation:/nope"}),
+    );
+    assert_eq!(bad["error"]["code"], -32004, "{bad}");
+    assert_eq!(
+        bad["error"]["data"]["code"], "automation_not_found",
+        "{bad}"
+    );
     // One spelling per occurrence.
     let bad = ahp.request(
         "subscribe",
@@ -1375,6 +1407,15 @@ fn an_ahp_cancel_request_cancels_a_waiting_occurrence() {
     assert_eq!(status, 422, "{answer}");
     assert_eq!(
         answer["error"]["field"], "payload.occurrence_index",
+        "{answer}"
+    );
+    let (status, answer) = s.post(
+        &format!("/v1/automations/{aid}/commands"),
+        json!({"type": "stop_current", "command_id": "not-an-index", "payload": {"occurrence_index": "1"}}),
+    );
+    assert_eq!(
+        (status, answer["error"]["reason_code"].clone()),
+        (400, json!("invalid_request")),
         "{answer}"
     );
     assert_eq!(s.ok(&format!("/v1/runs/{child}"))["status"], "waiting");

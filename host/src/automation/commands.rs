@@ -232,6 +232,16 @@ pub fn decide_command(
             )
         }
         "automation.stop_current" => match pending {
+            _ if payload
+                .get("occurrence_index")
+                .is_some_and(|i| i.as_i64().is_none()) =>
+            {
+                reject(
+                    "invalid_request",
+                    "payload.occurrence_index must be an integer.",
+                    Some("payload.occurrence_index"),
+                )
+            }
             None => reject("invalid_state", "No occurrence is running.", None),
             // A stop aimed at one occurrence (`payload.occurrence_index`, a
             // stepwell extension) does not stop the next one.

@@ -64,13 +64,16 @@ struct Gathered {
 /// The `AutomationRunState` of every occurrence of `automation_id`, by
 /// index, from its controller's ledger.
 pub fn project_occurrences(rt: &Runtime, automation_id: &str) -> Result<BTreeMap<i64, Value>> {
-    let controller = rt.get_state(automation_id)?;
-    if controller.workflow_id != crate::automation::CONTROLLER_WORKFLOW_ID {
-        return Err(Error::Automation(crate::automation::AutomationError::new(
+    let not_found = || {
+        Error::Automation(crate::automation::AutomationError::new(
             "automation_not_found",
             None,
-            format!("{automation_id} is not an automation"),
-        )));
+            format!("no automation with id {automation_id:?}"),
+        ))
+    };
+    let controller = rt.load_run_opt(automation_id)?.ok_or_else(not_found)?;
+    if controller.workflow_id != crate::automation::CONTROLLER_WORKFLOW_ID {
+        return Err(not_found());
     }
     let records = rt.get_ledger(automation_id)?;
     let names = [

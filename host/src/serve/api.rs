@@ -690,20 +690,28 @@ async fn list_snapshots(State(s): S, Params(q): Params<SnapshotSearch>) -> ApiRe
 }
 
 async fn restore_snapshot(State(s): S, Path(id): Path<String>) -> ApiResult {
-    blocking(move || {
+    let missing = id.clone();
+    let restored = blocking(move || {
         if s.snapshots.load_snapshot(&id)?.is_none() {
-            return Err(Error::Automation(crate::automation::AutomationError::new(
-                "snapshot_not_found",
-                Some("id"),
-                format!("no snapshot with id {id:?}"),
-            )));
+            return Ok(None);
         }
         let run = s.rt.restore_snapshot(&*s.snapshots, &id)?;
         s.wake.wake();
-        Ok(run)
+        Ok(Some(run))
     })
-    .await
-    .map(|r| ok(run_json(&r)))
+    .await?;
+    match restored {
+        Some(r) => Ok(ok(run_json(&r))),
+        None => {
+            let mut e = ApiError::new(
+                StatusCode::NOT_FOUND,
+                "snapshot_not_found",
+                format!("no snapshot with id {missing:?}"),
+            );
+            e.detail["field"] = json!("id");
+            Err(e)
+        }
+    }
 }
 
 // ---------------------------------------------------------------- sessions

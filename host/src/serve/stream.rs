@@ -297,9 +297,12 @@ async fn follow_process(s: Arc<Shared>, tx: mpsc::Sender<Event>) {
     let mut shutdown = s.shutdown.clone();
     let mut n = 0u64;
     loop {
+        // A client that left ends the stream (and the bridge) at once,
+        // not at the next commit.
         let r = tokio::select! {
             r = arx.recv() => r,
             _ = shutdown.changed() => None,
+            _ = tx.closed() => None,
         };
         let Some(r) = r else { return };
         n += 1;
