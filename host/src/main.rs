@@ -220,6 +220,9 @@ enum Command {
         /// The largest request body, in bytes.
         #[arg(long, default_value_t = 1 << 20)]
         max_body_bytes: usize,
+        /// The most connections served at once (more wait to be accepted).
+        #[arg(long, default_value_t = 1024)]
+        max_connections: usize,
     },
     /// Measure the host and print the figures (medians). Uses its own scratch
     /// stores and the default guest limits: --db and the --guest-* flags do
@@ -1007,6 +1010,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             no_drive,
             log_format,
             max_body_bytes,
+            max_connections,
         } => {
             init_logs(&log_format)?;
             // A long-running server handles a closed connection per
@@ -1024,6 +1028,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.drive_interval = Duration::from_millis(interval_ms.max(1));
             options.drive = !no_drive;
             options.max_body_bytes = max_body_bytes;
+            options.max_connections = max_connections;
             options.snapshots = Some(std::sync::Arc::from(spec.snapshots()?));
             let server = stepwell::serve::Server::bind(rt, options)?;
             let url = format!("http://{}/", server.local_addr());

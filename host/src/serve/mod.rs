@@ -63,6 +63,8 @@ pub struct ServeOptions {
     pub drive: bool,
     /// How often streams look at the store for commits of other processes.
     pub poll_interval: Duration,
+    /// The most connections served at once (more wait to be accepted).
+    pub max_connections: usize,
 }
 
 impl ServeOptions {
@@ -77,6 +79,7 @@ impl ServeOptions {
             snapshots: None,
             drive: true,
             poll_interval: Duration::from_millis(250),
+            max_connections: 1024,
         }
     }
 }
@@ -204,6 +207,7 @@ pub struct Server {
     tokio_rt: tokio::runtime::Runtime,
     signals: Signals,
     stop: Arc<tokio::sync::Notify>,
+    max_connections: usize,
 }
 
 /// Stops a running [`Server`] as SIGTERM does (for an application that
@@ -298,6 +302,7 @@ impl Server {
             tokio_rt,
             signals,
             stop: Arc::new(tokio::sync::Notify::new()),
+            max_connections: options.max_connections,
         })
     }
 
@@ -355,6 +360,8 @@ impl Server {
         let shared = self.shared.clone();
         let shutdown_tx = self.shutdown_tx;
         let listener = self.listener;
+        let stopping = self.shared.shutdown.clone();
+        let max_connections = self.max_connections;
         let served = tokio_rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener)
                 .map_err(|e| Error::invalid("--listen", e.to_string()))?;
@@ -379,11 +386,10 @@ impl Server {
                 tracing::info!("shutting down: no new requests; streams end");
                 let _ = shutdown_tx.send(true);
             };
-            let server = axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(signal);
+                        let server = async move {
+                let accepting = accept_loop(listener, app, stopping, max_connections);
+                tokio::join!(signal, accepting);
+            };
             let mut again = asks;
             let forced = async move {
                 let _ = again.wait_for(|n| *n >= 1).await;
@@ -396,8 +402,8 @@ impl Server {
                     }
                 }
             };
-            tokio::select! {
-                served = server => served.map_err(|e| Error::invalid("serve", e.to_string())),
+                        tokio::select! {
+                _ = server => Ok(()),
                 _ = forced => Ok(()),
             }
         });
@@ -417,6 +423,86 @@ impl Server {
 /// How long a stopping server waits for the requests in hand before it
 /// closes the connections still open.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// How long a client may take to send a request's headers (a connection
+/// that sends them slower, or never, is closed).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Resolves once `stopping` says the server stops.
+async fn stopped(mut stopping: tokio::sync::watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|s| *s).await;
+}
+
+/// Accepts connections until `stopping`, at most `max_connections` at once
+/// (more wait in the listen backlog), and serves each over HTTP/1.1 (with
+/// upgrades, for the WebSocket) with a time limit on reading headers; then
+/// lets the connections finish their requests and waits for them.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    stopping: tokio::sync::watch::Receiver<bool>,
+    max_connections: usize,
+) {
+    use tower::ServiceExt;
+    let permits = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
+    // Each connection holds a clone of `open`: when all are dropped, the
+    // last connection has ended.
+    let (open_tx, open) = tokio::sync::watch::channel(());
+    loop {
+        let stop = stopping.clone();
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = stopped(stop.clone()) => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors, a reset before accept: wait
+                    // a little rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped(stop.clone()) => break,
+        };
+        let service =
+            app.clone()
+                .map_request(move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                    req.extensions_mut()
+                        .insert(axum::extract::ConnectInfo(peer));
+                    req.map(axum::body::Body::new)
+                });
+        let service = hyper_util::service::TowerToHyperService::new(service);
+        let open = open.clone();
+        let stop = stopping.clone();
+        tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            let conn = builder
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stopped(stop.clone()) => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(permit);
+            drop(open);
+        });
+    }
+    drop(open);
+    open_tx.closed().await;
+}
 
 /// The driver loop: a pass, then a pause (cut short by a wake), until
 /// `stop`.
