@@ -28,11 +28,7 @@ impl Runtime {
     /// onwards), offloaded values loaded back: what a follower of the run
     /// has not seen yet, committed by any process.
     pub fn ledger_after(&self, run_id: &str, after: u64) -> crate::Result<Vec<StepRecord>> {
-        let mut records = self.store().list_records_after(run_id, after)?;
-        if let Some(o) = &self.inner.offloader {
-            o.load_records(&mut records)?;
-        }
-        Ok(records)
+        self.loaded_records(self.store().list_records_after(run_id, after)?)
     }
 
     /// The run's ledger records with seqs `after + 1 ..= through`,
@@ -43,11 +39,7 @@ impl Runtime {
         after: u64,
         through: u64,
     ) -> crate::Result<Vec<StepRecord>> {
-        let mut records = self.store().list_records_range(run_id, after, through)?;
-        if let Some(o) = &self.inner.offloader {
-            o.load_records(&mut records)?;
-        }
-        Ok(records)
+        self.loaded_records(self.store().list_records_range(run_id, after, through)?)
     }
 
     /// Whether anyone follows the records as they are committed.

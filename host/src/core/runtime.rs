@@ -266,7 +266,7 @@ pub(crate) struct Inner {
     engine: WasmEngine,
     clock: Arc<dyn Clock>,
     pub(crate) config: RuntimeConfig,
-    pub(crate) offloader: Option<crate::store::artifacts::Offloader>,
+    offloader: Option<crate::store::artifacts::Offloader>,
     pub(crate) effects: EffectRegistry,
     triggers: Arc<crate::automation::TriggerCatalog>,
     tools: Arc<crate::tools::ToolCatalog>,
@@ -733,16 +733,17 @@ impl Runtime {
                 run_id: run_id.to_string(),
             });
         }
-        let mut records = self.store().list_records(run_id)?;
-        if let Some(o) = &self.inner.offloader {
-            o.load_records(&mut records)?;
-        }
-        Ok(records)
+        self.loaded_records(self.store().list_records(run_id)?)
     }
 
     /// The run's records ahead of its state, offloaded values loaded back.
     pub(crate) fn list_ahead(&self, run_id: &str) -> Result<Vec<StepRecord>> {
-        let mut records = self.store().list_ahead(run_id)?;
+        self.loaded_records(self.store().list_ahead(run_id)?)
+    }
+
+    /// `records` as the store keeps them, with their offloaded values
+    /// loaded back.
+    pub(crate) fn loaded_records(&self, mut records: Vec<StepRecord>) -> Result<Vec<StepRecord>> {
         if let Some(o) = &self.inner.offloader {
             o.load_records(&mut records)?;
         }
