@@ -578,6 +578,17 @@ fn runs_list_in_pages_with_filters() {
     assert_eq!(seen, newest_first);
     let waiting = s.ok("/v1/runs?status=waiting&wait_reason=user");
     assert_eq!(waiting["items"].as_array().unwrap().len(), 4);
+    // Summaries: no vars or output, the wait's prompt kept.
+    let summary = s.ok("/v1/runs?status=waiting&view=summary&limit=1");
+    let first = &summary["items"][0];
+    assert!(
+        first.get("vars").is_none() && first.get("output").is_none(),
+        "{first}"
+    );
+    assert_eq!(first["waiting"]["prompt"], "What is your name?");
+    assert_eq!(first["run_id"], waiting["items"][0]["run_id"]);
+    let (status, _) = s.get("/v1/runs?view=everything");
+    assert_eq!(status, 400);
     let hello = s.ok("/v1/runs?workflow_id=hello&status=completed");
     assert_eq!(hello["items"].as_array().unwrap().len(), 3);
 }

@@ -386,6 +386,70 @@ struct ListRuns {
     workflow_id: Option<String>,
     limit: Option<usize>,
     cursor: Option<String>,
+    view: Option<String>,
+}
+
+/// A run as a list shows it with `view=summary`: everything but its vars
+/// and output, and of its wait only what says what it waits on (a tool
+/// approval's call names, not their arguments). A page stays small
+/// whatever the runs hold.
+pub(crate) fn run_summary(run: &RunState) -> Value {
+    let waiting = run.waiting.as_ref().map(|w| {
+        let mut v = json!({"reason": w.reason.as_str(), "wait_key": w.wait_key});
+        for (key, value) in [
+            ("until", w.until.as_ref().map(|u| json!(u))),
+            ("prompt", w.prompt.as_ref().map(|p| json!(p))),
+            ("choices", w.choices.as_ref().map(|c| json!(c))),
+        ] {
+            if let Some(value) = value {
+                v[key] = value;
+            }
+        }
+        if let Some(d) = &w.details {
+            let mut details = serde_json::Map::new();
+            for key in ["mode", "sub_run_id"] {
+                if let Some(x) = d.get(key) {
+                    details.insert(key.into(), x.clone());
+                }
+            }
+            if let Some(calls) = d.get("tool_calls").and_then(Value::as_array) {
+                let names: Vec<Value> = calls
+                    .iter()
+                    .map(|c| json!({"name": c["name"], "call_id": c["call_id"]}))
+                    .collect();
+                details.insert("tool_calls".into(), Value::Array(names));
+            }
+            v["details"] = Value::Object(details);
+        }
+        v
+    });
+    json!({
+        "run_id": run.run_id,
+        "workflow_id": run.workflow_id,
+        "status": run.status.as_str(),
+        "version": run.version,
+        "current_node": run.current_node,
+        "waiting": waiting,
+        "error": run.error,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "actor_id": run.actor_id,
+        "session_id": run.session_id,
+        "parent_run_id": run.parent_run_id,
+    })
+}
+
+/// How a list shows each run: whole (`full`, the default, as `stepwell
+/// list --json`) or as [`run_summary`].
+fn run_view(view: Option<&str>) -> ApiResult<fn(&RunState) -> Value> {
+    match view.unwrap_or("full") {
+        "full" => Ok(run_json),
+        "summary" => Ok(run_summary),
+        other => Err(ApiError::invalid(
+            "view",
+            format!("{other:?} is not full or summary"),
+        )),
+    }
 }
 
 /// The most items one page holds.
@@ -437,7 +501,12 @@ fn run_query(
 }
 
 /// One page of runs, newest first, and the cursor of the next.
-fn run_page(s: &Shared, mut query: RunQuery, limit: usize) -> Result<Value, Error> {
+fn run_page(
+    s: &Shared,
+    mut query: RunQuery,
+    limit: usize,
+    show: fn(&RunState) -> Value,
+) -> Result<Value, Error> {
     if let Some(after) = &query.after_run_id {
         if s.rt.store().load_run(after)?.is_none() {
             return Err(Error::invalid(
@@ -454,15 +523,18 @@ fn run_page(s: &Shared, mut query: RunQuery, limit: usize) -> Result<Value, Erro
         Some(r) if more => json!(r.run_id),
         _ => Value::Null,
     };
-    let items: Vec<Value> = runs.iter().map(run_json).collect();
+    let items: Vec<Value> = runs.iter().map(show).collect();
     Ok(json!({"items": items, "next_cursor": next}))
 }
 
 async fn list_runs(State(s): S, Params(q): Params<ListRuns>) -> ApiResult {
     let limit = page_limit(q.limit)?;
+    let show = run_view(q.view.as_deref())?;
     let mut query = run_query(q.status.as_deref(), q.wait_reason.as_deref(), q.workflow_id)?;
     query.after_run_id = q.cursor;
-    blocking(move || run_page(&s, query, limit)).await.map(ok)
+    blocking(move || run_page(&s, query, limit, show))
+        .await
+        .map(ok)
 }
 
 #[derive(Deserialize)]
@@ -476,7 +548,9 @@ async fn list_waits(State(s): S, Params(q): Params<ListWaits>) -> ApiResult {
     let limit = page_limit(q.limit)?;
     let mut query = run_query(Some("waiting"), Some("user"), None)?;
     query.after_run_id = q.cursor;
-    blocking(move || run_page(&s, query, limit)).await.map(ok)
+    blocking(move || run_page(&s, query, limit, run_json))
+        .await
+        .map(ok)
 }
 
 #[derive(Deserialize)]

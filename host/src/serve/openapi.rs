@@ -45,7 +45,7 @@ const OPS: &[Op] = &[
     Op { token: OPEN, ..op("get", "/v1/health", "Liveness: {status, version}", &[], false, 200) },
     Op { token: OPEN, ..op("get", "/openapi.json", "This document", &[], false, 200) },
     op("get", "/metrics", "Prometheus metrics: runs by status, steps, resumes, guest time, commit latency, requests", &[], false, 200),
-    op("get", "/v1/runs", "Runs, newest first, filtered, one page", &["status", "wait_reason", "workflow_id", "limit", "cursor"], false, 200),
+    op("get", "/v1/runs", "Runs, newest first, filtered, one page", &["status", "wait_reason", "workflow_id", "limit", "cursor", "view"], false, 200),
     op("post", "/v1/runs", "Start a run of a bundle or a known workflow; answers its state after its first tick", &[], true, 201),
     op("get", "/v1/runs/{id}", "A run's state", &[], false, 200),
     op("post", "/v1/runs/{id}/resume", "Answer the run's wait (payload; wait_key optional)", &[], true, 200),

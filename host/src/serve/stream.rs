@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::api::{blocking, record_json, Params};
+use super::api::{blocking, record_json, run_summary, Params};
 use super::error::ApiError;
 use super::Shared;
 use crate::RunState;
@@ -173,21 +173,6 @@ pub(crate) async fn run_stream(
         }
     });
     Ok(sse(rx))
-}
-
-/// A run as the store stream shows it.
-fn run_summary(run: &RunState) -> Value {
-    json!({
-        "run_id": run.run_id,
-        "workflow_id": run.workflow_id,
-        "status": run.status.as_str(),
-        "version": run.version,
-        "waiting": run.waiting,
-        "parent_run_id": run.parent_run_id,
-        "session_id": run.session_id,
-        "updated_at": run.updated_at,
-        "error": run.error,
-    })
 }
 
 /// `GET /v1/stream`: every commit of the store, in commit order: `record`

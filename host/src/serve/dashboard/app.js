@@ -376,7 +376,8 @@
       startForm(), filters, table, h('div', { class: 'more' }, more)));
 
     async function fetchPage(cursor) {
-      const q = new URLSearchParams({ limit: '50' });
+            // Summaries: a page stays small whatever the runs' vars hold.
+      const q = new URLSearchParams({ limit: '50', view: 'summary' });
       if (runsFilter !== 'all') q.set('status', runsFilter);
       if (cursor) q.set('cursor', cursor);
       return api('GET', '/v1/runs?' + q);
