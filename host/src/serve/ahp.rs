@@ -663,7 +663,7 @@ async fn connection(s: Arc<Shared>, mut socket: WebSocket) {
             },
             _ = commits.changed() => conn.refresh().await,
                         _ = tick.tick() => {
-                if conn.subscriptions.is_empty() { Vec::new() } else { conn.refresh().await }
+                if conn.subscriptions.is_empty() || s.has_feed { Vec::new() } else { conn.refresh().await }
             }
             _ = shutdown.changed() => {
                 let _ = socket.send(Message::Close(None)).await;

@@ -187,8 +187,13 @@ pub(crate) struct Shared {
     pub(crate) token: String,
     pub(crate) snapshots: Arc<dyn SnapshotStore>,
     pub(crate) wake: Wake,
-    /// Bumped after every commit of this process: streams look again.
+    /// Bumped after every commit of this process, and (on a store that
+    /// keeps a change feed) whenever the feed moves: streams look again.
     pub(crate) commits: tokio::sync::watch::Receiver<u64>,
+    /// The store keeps a change feed ([`crate::Store::feed_head`]): one
+    /// watcher per server sees every process's commits, and the streams
+    /// need no timers of their own.
+    pub(crate) has_feed: bool,
     /// Set when the server is shutting down: streams end.
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
     pub(crate) poll_interval: Duration,
@@ -279,6 +284,7 @@ impl Server {
             .map_err(|e| Error::invalid("--listen", e.to_string()))?;
         let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
         let (commits_tx, commits) = tokio::sync::watch::channel(0u64);
+        let has_feed = rt.store().feed_head()?.is_some();
         let snapshots = options
             .snapshots
             .unwrap_or_else(|| Arc::new(crate::store::MemorySnapshotStore::new()));
@@ -289,6 +295,7 @@ impl Server {
                 snapshots,
                 wake: Wake::default(),
                 commits,
+                has_feed,
                 shutdown,
                 poll_interval: options.poll_interval,
                 http: api::HttpCounters::default(),
@@ -362,6 +369,11 @@ impl Server {
         let listener = self.listener;
         let stopping = self.shared.shutdown.clone();
         let max_connections = self.max_connections;
+        if self.shared.has_feed {
+            // The one look at the store for other processes' commits: the
+            // feed's newest position, every poll interval.
+            tokio_rt.spawn(watch_feed(self.shared.clone(), self.commits_tx.clone()));
+        }
         let served = tokio_rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener)
                 .map_err(|e| Error::invalid("--listen", e.to_string()))?;
@@ -427,6 +439,30 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// How long a client may take to send a request's headers (a connection
 /// that sends them slower, or never, is closed).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Bumps `commits` whenever the store's change feed moves (a commit of any
+/// process), looking every poll interval, until the server stops.
+async fn watch_feed(shared: Arc<Shared>, commits: tokio::sync::watch::Sender<u64>) {
+    let mut last = None;
+    loop {
+        let s = shared.clone();
+        let head = api::blocking(move || Ok(s.rt.store().feed_head()?)).await;
+        match head {
+            Ok(head) if head != last => {
+                if last.is_some() {
+                    commits.send_modify(|n| *n += 1);
+                }
+                last = head;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e.detail, "reading the change feed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(shared.poll_interval) => {}
+            _ = stopped(shared.shutdown.clone()) => return,
+        }
+    }
+}
 
 /// Resolves once `stopping` says the server stops.
 async fn stopped(mut stopping: tokio::sync::watch::Receiver<bool>) {

@@ -61,16 +61,25 @@ fn event(name: &str, data: &Value) -> Event {
     Event::default().event(name).data(data.to_string())
 }
 
-/// Waits until this process commits something, the poll interval passes,
-/// or the server shuts down (`false`).
+/// Waits until something was committed (by this process; by any, on a
+/// store with a change feed, which the server watches), or, on a store
+/// without one, the poll interval passes; `false` when the server shuts
+/// down. An idle subscriber of a store with a feed does no work.
 async fn pause(s: &Shared, commits: &mut tokio::sync::watch::Receiver<u64>) -> bool {
     let mut shutdown = s.shutdown.clone();
     if *shutdown.borrow() {
         return false;
     }
+    let poll = async {
+        if s.has_feed {
+            std::future::pending::<()>().await
+        } else {
+            tokio::time::sleep(s.poll_interval).await
+        }
+    };
     tokio::select! {
         _ = commits.changed() => true,
-        _ = tokio::time::sleep(s.poll_interval) => true,
+        _ = poll => true,
         _ = shutdown.changed() => false,
     }
 }
