@@ -1109,6 +1109,31 @@ fn tools_cannot_read_the_token_file() {
     }
 }
 
+/// A client that never finishes sending its request's headers is cut off
+/// (no token needed to try it), and the server goes on answering others.
+#[test]
+fn a_half_sent_request_is_closed() {
+    use std::io::Write;
+    let s = Served::start(&["--header-timeout-ms", "500"]);
+    let host = s.url.trim_start_matches("http://").to_string();
+    let mut c = std::net::TcpStream::connect(&host).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    // Closed by the server (EOF), not by our 10 s read timeout.
+    let read = c.read_to_end(&mut answer);
+    assert!(read.is_ok(), "{read:?} after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let (status, _) = s.call("GET", "/v1/health", None, None);
+    assert_eq!(status, 200);
+}
+
 /// SIGTERM: the server stops accepting, ends its streams, finishes what
 /// it has in hand, and exits 0; the store is consistent and the runs it
 /// started go on under another process.

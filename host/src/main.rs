@@ -223,6 +223,10 @@ enum Command {
         /// The most connections served at once (more wait to be accepted).
         #[arg(long, default_value_t = 1024)]
         max_connections: usize,
+        /// How long a client may take to send a request's headers, in
+        /// milliseconds (slower, the connection is closed).
+        #[arg(long, default_value_t = 15_000)]
+        header_timeout_ms: u64,
     },
     /// Measure the host and print the figures (medians). Uses its own scratch
     /// stores and the default guest limits: --db and the --guest-* flags do
@@ -1011,6 +1015,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             log_format,
             max_body_bytes,
             max_connections,
+            header_timeout_ms,
         } => {
             init_logs(&log_format)?;
             // A long-running server handles a closed connection per
@@ -1029,6 +1034,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.drive = !no_drive;
             options.max_body_bytes = max_body_bytes;
             options.max_connections = max_connections;
+            options.header_read_timeout = Duration::from_millis(header_timeout_ms.max(1));
             options.snapshots = Some(std::sync::Arc::from(spec.snapshots()?));
             let server = stepwell::serve::Server::bind(rt, options)?;
             let url = format!("http://{}/", server.local_addr());

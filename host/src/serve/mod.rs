@@ -65,6 +65,9 @@ pub struct ServeOptions {
     pub poll_interval: Duration,
     /// The most connections served at once (more wait to be accepted).
     pub max_connections: usize,
+    /// How long a client may take to send a request's headers (a
+    /// connection that sends them slower, or never, is closed).
+    pub header_read_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -80,6 +83,7 @@ impl ServeOptions {
             drive: true,
             poll_interval: Duration::from_millis(250),
             max_connections: 1024,
+            header_read_timeout: Duration::from_secs(15),
         }
     }
 }
@@ -213,6 +217,7 @@ pub struct Server {
     signals: Signals,
     stop: Arc<tokio::sync::Notify>,
     max_connections: usize,
+    header_read_timeout: Duration,
 }
 
 /// Stops a running [`Server`] as SIGTERM does (for an application that
@@ -310,6 +315,7 @@ impl Server {
             signals,
             stop: Arc::new(tokio::sync::Notify::new()),
             max_connections: options.max_connections,
+            header_read_timeout: options.header_read_timeout,
         })
     }
 
@@ -369,6 +375,7 @@ impl Server {
         let listener = self.listener;
         let stopping = self.shared.shutdown.clone();
         let max_connections = self.max_connections;
+        let header_read_timeout = self.header_read_timeout;
         if self.shared.has_feed {
             // The one look at the store for other processes' commits: the
             // feed's newest position, every poll interval.
@@ -399,7 +406,13 @@ impl Server {
                 let _ = shutdown_tx.send(true);
             };
                         let server = async move {
-                let accepting = accept_loop(listener, app, stopping, max_connections);
+                                let accepting = accept_loop(
+                    listener,
+                    app,
+                    stopping,
+                    max_connections,
+                    header_read_timeout,
+                );
                 tokio::join!(signal, accepting);
             };
             let mut again = asks;
@@ -435,10 +448,6 @@ impl Server {
 /// How long a stopping server waits for the requests in hand before it
 /// closes the connections still open.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// How long a client may take to send a request's headers (a connection
-/// that sends them slower, or never, is closed).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Bumps `commits` whenever the store's change feed moves (a commit of any
 /// process), looking every poll interval, until the server stops.
@@ -478,6 +487,7 @@ async fn accept_loop(
     app: axum::Router,
     stopping: tokio::sync::watch::Receiver<bool>,
     max_connections: usize,
+    header_read_timeout: Duration,
 ) {
     use tower::ServiceExt;
     let permits = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
@@ -520,7 +530,7 @@ async fn accept_loop(
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
+                .header_read_timeout(header_read_timeout);
             let conn = builder
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                 .with_upgrades();
