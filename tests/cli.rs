@@ -292,6 +292,9 @@ fn bench_prints_every_figure() {
         "drive_runs_per_s_sqlite_3procs",
         "node_instantiate_us_p50",
         "hostile_contained_per_s",
+        "sqlite_raw_commit_per_s",
+        "http_start_runs_per_s",
+        "http_resume_p99_ms",
     ] {
         let v = figures[key]
             .as_f64()

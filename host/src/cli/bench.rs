@@ -134,6 +134,43 @@ fn write_chain(dir: &Path, component: &Path, len: usize) -> Result<()> {
         .map_err(|e| invalid("bench", e.to_string()))
 }
 
+/// The raw commit ceiling of SQLite here: transactions of one run-row
+/// upsert and one ledger append (a step's writes, with payloads the size of
+/// a chain step's), on a connection set up as the store's, per second
+/// (median of the repeats).
+fn raw_commits(options: &BenchOptions, path: &Path) -> Result<f64> {
+    let db = |e: rusqlite::Error| invalid("bench", e.to_string());
+    let conn = rusqlite::Connection::open(path).map_err(db)?;
+    stepwell::store::configure_sqlite(&conn, stepwell::Durability::Normal).map_err(db)?;
+    conn.execute_batch(
+        "CREATE TABLE runs (run_id TEXT PRIMARY KEY, status TEXT NOT NULL, version INTEGER NOT NULL, data TEXT NOT NULL);
+         CREATE TABLE ledger (run_id TEXT NOT NULL, seq INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run_id, seq)) WITHOUT ROWID;",
+    )
+    .map_err(db)?;
+    let run_data = "x".repeat(600);
+    let record_data = "y".repeat(400);
+    let mut rates = Vec::new();
+    for repeat in 0..options.chain_repeats {
+        let run = format!("raw-{repeat}");
+        let t = Instant::now();
+        for seq in 1..=options.chain_len as i64 {
+            let tx = conn.unchecked_transaction().map_err(db)?;
+            tx.prepare_cached(
+                "INSERT INTO runs (run_id, status, version, data) VALUES (?1, 'running', ?2, ?3)
+                 ON CONFLICT(run_id) DO UPDATE SET version = excluded.version, data = excluded.data",
+            )
+            .and_then(|mut st| st.execute(rusqlite::params![run, seq, run_data]))
+            .map_err(db)?;
+            tx.prepare_cached("INSERT INTO ledger (run_id, seq, data) VALUES (?1, ?2, ?3)")
+                .and_then(|mut st| st.execute(rusqlite::params![run, seq, record_data]))
+                .map_err(db)?;
+            tx.commit().map_err(db)?;
+        }
+        rates.push(options.chain_len as f64 / t.elapsed().as_secs_f64());
+    }
+    Ok(median(rates))
+}
+
 fn runtime(store: Arc<dyn Store>, engine: &WasmEngine) -> Result<Runtime> {
     Runtime::builder(store).engine(engine.clone()).build()
 }
@@ -271,6 +308,10 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             "ledger_append_per_s_sqlite".into(),
             json!(round(median(rates), 0)),
         );
+    }
+    if want("sqlite_raw_commit_per_s") {
+        let rate = raw_commits(options, &scratch.0.join("raw.sqlite"))?;
+        figures.insert("sqlite_raw_commit_per_s".into(), json!(round(rate, 0)));
     }
     if want("chain_steps_per_s_sqlite") {
         let rate = chain(Arc::new(SqliteStore::open(scratch.0.join("chain.sqlite"))?))?;

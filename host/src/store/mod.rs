@@ -32,7 +32,9 @@ pub use memory::MemoryStore;
 pub use snapshots::{
     JsonSnapshotStore, MemorySnapshotStore, Snapshot, SnapshotQuery, SnapshotStore,
 };
-pub use sqlite::{SqliteStore, SCHEMA_VERSION as SQLITE_SCHEMA_VERSION};
+pub use sqlite::{
+    configure as configure_sqlite, SqliteStore, SCHEMA_VERSION as SQLITE_SCHEMA_VERSION,
+};
 
 /// The store failed: an I/O or database error, corrupt data, a schema this
 /// version cannot read, or a write whose fence no longer holds.

@@ -281,20 +281,7 @@ impl SqliteStore {
             _ => SetupError::Other(db_err(path, e)),
         };
         let mut conn = Connection::open(path).map_err(err)?;
-        conn.busy_timeout(Duration::from_secs(10)).map_err(err)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(err)?;
-        let sync = match durability {
-            Durability::Normal => "NORMAL",
-            Durability::Full => "FULL",
-        };
-        conn.pragma_update(None, "synchronous", sync).map_err(err)?;
-        // Checkpoint (and sync) every 16,384 pages (64 MiB) of WAL instead
-        // of every 1,000.
-        conn.pragma_update(None, "wal_autocheckpoint", 16384)
-            .map_err(err)?;
-        conn.pragma_update(None, "mmap_size", 256i64 << 20)
-            .map_err(err)?;
+        configure(&conn, durability).map_err(err)?;
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(err)?;
@@ -593,6 +580,22 @@ fn migrate(conn: &mut Connection, from: i64) -> rusqlite::Result<()> {
     tx.execute_batch(INDEXES)?;
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()
+}
+
+/// Sets a connection up as the store's are: a 10 s busy timeout, WAL,
+/// `synchronous` by `durability`, a checkpoint every 16,384 pages (64 MiB)
+/// of WAL instead of every 1,000, a 256 MiB memory map. (`stepwell bench`
+/// measures the raw commit ceiling with the same settings.)
+pub fn configure(conn: &Connection, durability: Durability) -> rusqlite::Result<()> {
+    conn.busy_timeout(Duration::from_secs(10))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    let sync = match durability {
+        Durability::Normal => "NORMAL",
+        Durability::Full => "FULL",
+    };
+    conn.pragma_update(None, "synchronous", sync)?;
+    conn.pragma_update(None, "wal_autocheckpoint", 16384)?;
+    conn.pragma_update(None, "mmap_size", 256i64 << 20)
 }
 
 impl Store for SqliteStore {
