@@ -1009,7 +1009,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
         }
         Command::Serve {
             listen,
-            token_file,
+            token_file: _, // resolved above (serve_token)
             interval_ms,
             no_drive,
             log_format,
@@ -1026,7 +1026,6 @@ fn execute(cli: Cli) -> Result<(), Error> {
             unsafe {
                 libc::signal(libc::SIGPIPE, libc::SIG_IGN);
             }
-            let _ = token_file;
             let token_file = serve_token.clone().unwrap_or_else(|| spec.token_file());
             let mut options = stepwell::serve::ServeOptions::new(token_file.clone());
             options.listen = listen;

@@ -118,15 +118,21 @@ pub(crate) async fn run_stream(
     // the stream starts.
     {
         let (s, id) = (s.clone(), id.clone());
-        let len = blocking(move || {
+        // Record `sent` exists (one row read, not the ledger).
+        let exists = blocking(move || {
             s.rt.get_state(&id)?;
-            Ok(s.rt.store().list_records(&id)?.len() as u64)
+            Ok(sent == 0
+                || !s
+                    .rt
+                    .store()
+                    .list_records_range(&id, sent - 1, sent)?
+                    .is_empty())
         })
         .await?;
-        if sent > len {
+        if !exists {
             return Err(ApiError::invalid(
                 "after",
-                format!("the run's ledger has {len} records"),
+                format!("the run's ledger has no record {sent}"),
             ));
         }
     }
