@@ -20,6 +20,8 @@ fn main() {
         ("tools_workspace", tools.join("workspace.wasm")),
         ("schedule", dir.join("schedule.wasm")),
         ("manual", dir.join("manual.wasm")),
+        ("webhook", dir.join("webhook.wasm")),
+        ("feed", dir.join("feed.wasm")),
         ("controller", controller.join("nodes.wasm")),
         ("controller_flow", controller.join("flow.json")),
     ];

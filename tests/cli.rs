@@ -295,6 +295,7 @@ fn bench_prints_every_figure() {
         "sqlite_raw_commit_per_s",
         "http_start_runs_per_s",
         "http_resume_p99_ms",
+        "webhook_accept_per_s",
     ] {
         let v = figures[key]
             .as_f64()
@@ -329,10 +330,14 @@ fn triggers_list_validate_preview_and_call() {
         [
             ("schedule@1".to_string(), true),
             ("manual@1".to_string(), true),
+            ("webhook.received@1".to_string(), true),
+            ("feed.item@1".to_string(), true),
+            ("alert@1".to_string(), true),
             ("cron@1".to_string(), true)
         ]
     );
-    assert_eq!(listed[2]["descriptor"]["kind"], "time");
+    assert_eq!(listed[2]["descriptor"]["kind"], "event");
+    assert_eq!(listed[5]["descriptor"]["kind"], "time");
 
     // A broken plugin beside cron: listed unavailable, cron still works.
     let dir = cli.cwd.path().join("plugins");

@@ -1228,6 +1228,145 @@ mod commands {
     );
 }
 
+fn event(stream: &str, key: &str, n: u64) -> stepwell::store::InboxEvent {
+    stepwell::store::InboxEvent {
+        seq: 0,
+        stream: stream.into(),
+        event_id: format!("{stream}:{key}"),
+        dedupe_key: key.into(),
+        appended_at: "2026-12-01T10:00:00+00:00".into(),
+        payload: json!({"n": n}),
+    }
+}
+
+fn the_event_inbox_dedupes_per_stream_and_reads_in_order(b: Backend) {
+    let f = fixture(b);
+    let s = &f.store;
+    let a = s.append_event(&event("trigger:a", "w1", 1)).unwrap();
+    let b1 = s.append_event(&event("trigger:b", "w1", 2)).unwrap();
+    let a2 = s.append_event(&event("trigger:a", "w2", 3)).unwrap();
+    assert!(
+        !a.duplicate && !b1.duplicate && !a2.duplicate,
+        "the same key in another stream is new"
+    );
+    assert!(a2.seq > a.seq);
+    let again = s.append_event(&event("trigger:a", "w1", 9)).unwrap();
+    assert_eq!((again.duplicate, again.seq), (true, a.seq));
+    let read = s.events_after("trigger:a", 0, 10).unwrap();
+    assert_eq!(
+        read.iter()
+            .map(|e| (e.dedupe_key.as_str(), e.payload["n"].as_u64().unwrap()))
+            .collect::<Vec<_>>(),
+        [("w1", 1), ("w2", 3)],
+        "the duplicate stored nothing"
+    );
+    assert_eq!(read[0].seq, a.seq);
+    assert_eq!(s.events_after("trigger:a", a.seq, 10).unwrap().len(), 1);
+    assert_eq!(s.events_after("trigger:a", 0, 1).unwrap().len(), 1);
+    assert!(s.events_after("trigger:none", 0, 10).unwrap().is_empty());
+    if let Some(again) = (f.backend != Backend::Memory).then(|| open(f.backend, f.dir.path())) {
+        assert_eq!(again.events_after("trigger:a", 0, 10).unwrap(), read);
+        assert!(
+            again
+                .append_event(&event("trigger:a", "w2", 4))
+                .unwrap()
+                .duplicate
+        );
+    }
+}
+
+fn connection(id: &str) -> stepwell::store::ConnectionRecord {
+    stepwell::store::ConnectionRecord {
+        connection_id: id.into(),
+        source_id: "webhook.received".into(),
+        source_version: 1,
+        label: "l".into(),
+        status: "active".into(),
+        config: json!({"tolerance_s": 300}),
+        sealed_secret: Some("v1.x.y".into()),
+        created_at: "2026-12-01T10:00:00+00:00".into(),
+        updated_at: "2026-12-01T10:00:00+00:00".into(),
+        last_event_at: None,
+        last_error: None,
+        feeder_state: serde_json::Value::Null,
+    }
+}
+
+fn connections_are_created_once_and_changed_atomically(b: Backend) {
+    let f = fixture(b);
+    let s = &f.store;
+    s.create_connection(&connection("tc_1")).unwrap();
+    s.create_connection(&connection("tc_2")).unwrap();
+    assert!(s
+        .create_connection(&connection("tc_1"))
+        .unwrap_err()
+        .is_conflict());
+    let changed = s
+        .update_connection("tc_1", &mut |c| {
+            c.status = "disabled".into();
+            Ok(())
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(changed.status, "disabled");
+    // A change that fails writes nothing.
+    let refused = s.update_connection("tc_1", &mut |c| {
+        c.label = "changed".into();
+        Err(stepwell::StoreError::conflict("no"))
+    });
+    assert!(refused.is_err());
+    assert_eq!(s.get_connection("tc_1").unwrap().unwrap().label, "l");
+    assert!(s
+        .update_connection("tc_9", &mut |_| Ok(()))
+        .unwrap()
+        .is_none());
+    assert_eq!(s.get_connection("tc_9").unwrap(), None);
+    let ids: Vec<String> = s
+        .list_connections()
+        .unwrap()
+        .into_iter()
+        .map(|c| c.connection_id)
+        .collect();
+    assert_eq!(ids, ["tc_1", "tc_2"]);
+    // Concurrent changes of one connection: none is lost.
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                s.update_connection("tc_2", &mut |c| {
+                    let mut seen = c.feeder_state["seen"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default();
+                    seen.push(json!(i));
+                    c.feeder_state["seen"] = json!(seen);
+                    Ok(())
+                })
+                .unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let seen = &s.get_connection("tc_2").unwrap().unwrap().feeder_state["seen"];
+    assert_eq!(seen.as_array().unwrap().len(), 8, "{seen}");
+    if let Some(again) = (f.backend != Backend::Memory).then(|| open(f.backend, f.dir.path())) {
+        assert_eq!(
+            again.get_connection("tc_1").unwrap().unwrap().status,
+            "disabled"
+        );
+    }
+}
+
+mod inbox {
+    use super::*;
+    store_tests!(
+        the_event_inbox_dedupes_per_stream_and_reads_in_order,
+        connections_are_created_once_and_changed_atomically
+    );
+}
+
 fn attributed(id: &str, parent: Option<&str>, meta: serde_json::Value) -> RunState {
     let mut r = run(id, "wf");
     r.parent_run_id = parent.map(str::to_string);
@@ -1718,6 +1857,70 @@ mod processes {
             "the workers ran one after the other: {switches} switches"
         );
         reports
+    }
+
+    /// Four processes append the same 100 dedupe keys to one stream at
+    /// once: each key is stored once, in one place of the stream.
+    fn events_race(backend: Backend) {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, spec) = match backend {
+            Backend::Sqlite => (
+                open(backend, dir.path()),
+                format!("sqlite:{}", dir.path().join("db.sqlite").display()),
+            ),
+            _ => (
+                open(backend, dir.path()),
+                format!("json:{}", dir.path().join("store").display()),
+            ),
+        };
+        let go = dir.path().join("go");
+        let go_arg = go.display().to_string();
+        let children: Vec<_> = (0..4)
+            .map(|_| {
+                std::process::Command::new(worker())
+                    .args([
+                        spec.as_str(),
+                        "events",
+                        "trigger:race",
+                        "100",
+                        go_arg.as_str(),
+                    ])
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        std::fs::write(&go, b"go").unwrap();
+        let reports: Vec<serde_json::Value> = children
+            .into_iter()
+            .map(|c| {
+                let out = c.wait_with_output().unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                serde_json::from_slice(&out.stdout).unwrap()
+            })
+            .collect();
+        let stored: u64 = reports.iter().map(|r| r["stored"].as_u64().unwrap()).sum();
+        assert_eq!(stored, 100, "{reports:?}");
+        let events = store.events_after("trigger:race", 0, 1000).unwrap();
+        let mut keys: Vec<&str> = events.iter().map(|e| e.dedupe_key.as_str()).collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!((events.len(), keys.len()), (100, 100));
+        assert!(events.windows(2).all(|w| w[0].seq < w[1].seq));
+    }
+
+    #[test]
+    fn sqlite_event_appends_from_processes_store_each_key_once() {
+        events_race(Backend::Sqlite);
+    }
+
+    #[test]
+    fn json_event_appends_from_processes_store_each_key_once() {
+        events_race(Backend::Json);
     }
 
     #[test]

@@ -15,6 +15,10 @@
 //! - `cas`: reads the run and commits with a fence on the version alone,
 //!   reading again and retrying when another writer got there first.
 //!
+//! - `events`: appends N events to the inbox stream RUN_ID, with the
+//!   dedupe keys `k0` .. `k<N-1>` (the same keys in every worker), and
+//!   prints `{"stored": S, "duplicates": D}`.
+//!
 //! With GO_FILE, it starts only once that file exists (so that several
 //! workers start together). Prints `{"conflicts": C, "busy": B}`: the
 //! commits that lost a race (and changed nothing), and the claims that
@@ -61,6 +65,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         while !std::path::Path::new(go).exists() {
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+    if mode == "events" {
+        let (mut stored, mut duplicates) = (0u64, 0u64);
+        for i in 0..n {
+            let appended = store.append_event(&stepwell::store::InboxEvent {
+                seq: 0,
+                stream: run_id.to_string(),
+                event_id: format!("{run_id}:k{i}"),
+                dedupe_key: format!("k{i}"),
+                appended_at: Utc::now().to_rfc3339(),
+                payload: json!({"by": std::process::id(), "i": i}),
+            })?;
+            if appended.duplicate {
+                duplicates += 1;
+            } else {
+                stored += 1;
+            }
+        }
+        println!("{}", json!({ "stored": stored, "duplicates": duplicates }));
+        return Ok(());
     }
     let holder = format!("worker-{}", std::process::id());
     let (mut conflicts, mut busy) = (0u64, 0u64);

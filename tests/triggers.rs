@@ -29,7 +29,15 @@ fn the_built_in_sources_are_listed_and_available() {
         .iter()
         .map(|e| (e.name.as_str(), e.available))
         .collect();
-    assert_eq!(names, [("schedule@1", true), ("manual@1", true)]);
+    assert_eq!(
+        names,
+        [
+            ("schedule@1", true),
+            ("manual@1", true),
+            ("webhook.received@1", true),
+            ("feed.item@1", true)
+        ]
+    );
     for e in r.entries() {
         assert_eq!(e.origin, Origin::Builtin);
         let d = e.descriptor.as_ref().unwrap();
@@ -40,7 +48,15 @@ fn the_built_in_sources_are_listed_and_available() {
         .iter()
         .map(|e| json!(e.descriptor.as_ref().unwrap().kind))
         .collect();
-    assert_eq!(kinds, [json!("time"), json!("manual")]);
+    assert_eq!(
+        kinds,
+        [
+            json!("time"),
+            json!("manual"),
+            json!("event"),
+            json!("event")
+        ]
+    );
 }
 
 #[test]
@@ -150,7 +166,7 @@ fn plugin_calls_run_under_the_time_limit() {
         config: json!({}),
     };
     let err = source
-        .prepare(&binding, &json!({}), "2026-11-30T09:00:00Z")
+        .prepare(&binding, &json!({}), "2026-11-30T09:00:00Z", &[])
         .unwrap_err();
     assert_eq!(err.reason_code(), "guest_timeout", "{err}");
 }

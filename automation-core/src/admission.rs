@@ -26,9 +26,15 @@ fn strings(v: Option<&Value>) -> Vec<String> {
 
 /// A source's normalized envelope `{event_id, source_id, source_version,
 /// fired_at, payload, binding_id}` as an occurrence keeps it: `fired_at`
-/// in the automation layer's spelling, with its CloudEvents attributes
-/// (every source is trusted; a plugin cannot say otherwise yet).
-pub fn admitted_envelope(raw: &Value) -> Value {
+/// in the automation layer's spelling, with its CloudEvents attributes.
+/// `untrusted`: the source is an event source (its content was written by
+/// others): `abstracttrust` is `untrusted`, and a connection's batch
+/// (`payload.connection_id` and `events`) is described as the reference's
+/// connection sources do: `source` = the connection
+/// (`abstract://triggers/connections/<id>`), `connectionid`, `subject` =
+/// the single event's subject or `batch:<first_seq>-<last_seq>`,
+/// `sequence` = the last seq.
+pub fn admitted_envelope(raw: &Value, untrusted: bool) -> Value {
     let mut m = into_map(json!({
         "event_id": raw["event_id"],
         "source_id": raw["source_id"],
@@ -37,8 +43,45 @@ pub fn admitted_envelope(raw: &Value) -> Value {
         "payload": raw["payload"],
         "binding_id": raw["binding_id"],
     }));
-    ensure_cloudevent_attributes(&mut m, "trusted");
+    ensure_cloudevent_attributes(&mut m, if untrusted { "untrusted" } else { "trusted" });
+    let payload = &raw["payload"];
+    if let (true, Some(cid), Some(events)) = (
+        untrusted,
+        payload["connection_id"].as_str().filter(|c| !c.is_empty()),
+        payload["events"].as_array(),
+    ) {
+        let subject = match events.as_slice() {
+            [one] if one["subject"].as_str().is_some_and(|s| !s.is_empty()) => {
+                one["subject"].as_str().unwrap_or_default().to_string()
+            }
+            _ => format!(
+                "batch:{}-{}",
+                py_text(&payload["first_seq"]),
+                py_text(&payload["last_seq"])
+            ),
+        };
+        m.insert("source".into(), json!(connection_source_uri(cid)));
+        m.insert("connectionid".into(), json!(cid));
+        m.insert("subject".into(), json!(subject));
+        if let Some(seq) = payload["last_seq"].as_i64() {
+            m.insert("sequence".into(), json!(seq));
+        }
+    }
     Value::Object(m)
+}
+
+/// `str(value)` as Python spells a JSON scalar.
+fn py_text(v: &Value) -> String {
+    match v {
+        Value::Null => "None".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// CloudEvents `source` of a connection's events.
+pub fn connection_source_uri(connection_id: &str) -> String {
+    format!("abstract://triggers/connections/{connection_id}")
 }
 
 /// The context modes an input can be prepared for: an automation's
@@ -134,11 +177,15 @@ pub fn build_prepared(
     automation_id: &str,
     definition: &Value,
     owner: Option<&str>,
-    index: u64,
-    envelope: &Value,
-    first_run_id: &str,
+    admitting: &Admitting<'_>,
     facts: &AdmissionFacts,
 ) -> Result<Value, AutomationError> {
+    let Admitting {
+        index,
+        envelope,
+        first_run_id,
+        inputs,
+    } = *admitting;
     let source_id = envelope["source_id"].as_str().unwrap_or_default();
     let source_version = envelope["source_version"].as_i64().unwrap_or(0);
     let fired_at = envelope["fired_at"].as_str().unwrap_or_default();
@@ -151,8 +198,33 @@ pub fn build_prepared(
         let header = prompt_header(source_id, source_version, index, fired_at);
         input.insert("prompt".into(), json!(format!("{header}{prompt}")));
     }
+    // A connection's events reach a string prompt inside the fixed frame;
+    // they are in `input_data.event.data.events` too.
+    if let (Some(Value::String(prompt)), Some(events), true) = (
+        input.get("prompt"),
+        envelope["payload"]["events"].as_array(),
+        envelope.get("connectionid").is_some_and(|c| c.is_string()),
+    ) {
+        if !events.is_empty() {
+            let boundary = crate::event_frame::boundary(automation_id, index, events);
+            let frame = crate::event_frame::connection_events_frame(
+                &format!("{source_id}@{source_version}"),
+                events,
+                &boundary,
+            );
+            input.insert("prompt".into(), json!(format!("{prompt}\n\n{frame}")));
+        }
+    }
+    // The source's named inputs (`calls`, `items`, ...).
+    if let Some(Value::Object(named)) = inputs {
+        for (k, v) in named {
+            input.insert(k.clone(), v.clone());
+        }
+    }
     let policy = &definition["policy"];
-    let untrusted = set(definition.get("untrusted_origin"));
+    // An event source's content was written by others: the untrusted grant.
+    let untrusted =
+        set(definition.get("untrusted_origin")) || envelope["abstracttrust"] == "untrusted";
     let approval = policy["tool_approval"].as_str().unwrap_or("auto");
     let grant = Grant {
         tools: &facts.tools,
@@ -243,6 +315,21 @@ pub fn build_prepared(
         "workspace_root": definition["workspace_root"],
         "input_data": input,
     }))
+}
+
+/// What is admitted: the occurrence's index, its normalized envelope, the
+/// run id of its first attempt, and the source's named inputs (an event
+/// source's `calls`, `items`, ...).
+#[derive(Debug, Clone, Copy)]
+pub struct Admitting<'a> {
+    /// The occurrence's index.
+    pub index: u64,
+    /// Its envelope ([`admitted_envelope`]).
+    pub envelope: &'a Value,
+    /// The run id of its first attempt.
+    pub first_run_id: &'a str,
+    /// The source's named inputs, an object set on the inputs.
+    pub inputs: Option<&'a Value>,
 }
 
 /// The source of every grant an automation writes.

@@ -30,6 +30,7 @@ pub mod admission;
 pub mod definition;
 pub mod envelope;
 mod error;
+pub mod event_frame;
 pub mod history;
 pub mod ids;
 pub mod node;
@@ -38,7 +39,7 @@ pub mod outcome;
 pub mod protocol;
 pub mod time;
 
-pub use admission::{admitted_envelope, build_prepared};
+pub use admission::{admitted_envelope, build_prepared, Admitting};
 pub use definition::{
     backoff_delay, build_definition, initial_state, revise_definition, stored_trigger_state,
     trigger_changed, trigger_state_of, validate_context, validate_email_recipients,

@@ -10,7 +10,9 @@
 use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
 
-use crate::admission::{admitted_envelope, build_prepared, history_ask, occurrence_session_kind};
+use crate::admission::{
+    admitted_envelope, build_prepared, history_ask, occurrence_session_kind, Admitting,
+};
 use crate::definition::stored_trigger_state;
 use crate::ids::{occurrence_run_id, OccurrenceKind};
 use crate::occurrence::{
@@ -204,7 +206,7 @@ impl Controller<'_> {
         let complete = |context: &Option<AdmissionFacts>| {
             history.is_none() || context.as_ref().is_some_and(|c| c.history.is_some())
         };
-        let (envelope, first_run_id, command_id, at, context) = match manual {
+        let (envelope, first_run_id, command_id, at, context, inputs) = match manual {
             Some(command_id) => {
                 let event_id = format!("manual:{command_id}");
                 let answer = self.trigger_answer().and_then(|a| match a.answer {
@@ -224,11 +226,12 @@ impl Controller<'_> {
                 };
                 let first = occurrence_run_id(self.id, OccurrenceKind::Manual { command_id }, 1);
                 (
-                    admitted_envelope(&envelope),
+                    admitted_envelope(&envelope, false),
                     first,
                     Some(command_id),
                     at,
                     context,
+                    None,
                 )
             }
             None => {
@@ -268,11 +271,12 @@ impl Controller<'_> {
                 let first =
                     occurrence_run_id(self.id, OccurrenceKind::Scheduled { revision, index }, 1);
                 (
-                    admitted_envelope(&admitted.envelope),
+                    admitted_envelope(&admitted.envelope, admitted.untrusted),
                     first,
                     None,
                     at,
                     context,
+                    admitted.inputs,
                 )
             }
         };
@@ -280,9 +284,12 @@ impl Controller<'_> {
             self.id,
             definition,
             self.owner,
-            index,
-            &envelope,
-            &first_run_id,
+            &Admitting {
+                index,
+                envelope: &envelope,
+                first_run_id: &first_run_id,
+                inputs: inputs.as_ref(),
+            },
             &context.unwrap_or_default(),
         )?;
         let event_id = envelope["event_id"].clone();
@@ -593,6 +600,8 @@ mod tests {
                 envelope: json!({"event_id": "e4", "source_id": "schedule", "source_version": 1,
                                  "fired_at": "2026-01-01T00:00:00Z", "payload": {},
                                  "binding_id": "b1"}),
+                inputs: None,
+                untrusted: false,
             }),
             context: None,
         });

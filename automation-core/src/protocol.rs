@@ -269,6 +269,15 @@ pub struct Admitted {
     /// Its normalized envelope `{event_id, source_id, source_version,
     /// fired_at, payload, binding_id}`.
     pub envelope: Value,
+    /// An event source's named inputs for the occurrence (an object set on
+    /// its `input_data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Value>,
+    /// The source delivers content written by others (an event source):
+    /// the envelope says `abstracttrust: untrusted` and the occurrence gets
+    /// the untrusted tool grant.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub untrusted: bool,
 }
 
 /// The answer of a [`TriggerCall`].

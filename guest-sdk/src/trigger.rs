@@ -22,10 +22,10 @@
 //!     fn initial_state(_: &Binding, _: &str) -> Result<Value, TriggerError> {
 //!         Ok(json!({}))
 //!     }
-//!     fn prepare(_: &Binding, _: &Value, _: &str) -> Result<Wait, TriggerError> {
+//!     fn prepare(_: &Binding, _: &Value, _: &str, _: &[Value]) -> Result<Wait, TriggerError> {
 //!         Ok(Wait::Exhausted)
 //!     }
-//!     fn admit(_: &Binding, state: &Value, _: &str) -> Result<(Option<Admission>, Value), TriggerError> {
+//!     fn admit(_: &Binding, state: &Value, _: &str, _: &[Value]) -> Result<(Option<Admission>, Value), TriggerError> {
 //!         Ok((None, state.clone()))
 //!     }
 //!     fn rearm(_: &Binding, state: &Value, _: &str) -> Result<Value, TriggerError> {
@@ -128,6 +128,9 @@ pub struct Admission {
     pub fired_at: String,
     /// What the occurrence receives.
     pub payload: Value,
+    /// Event sources: named inputs for the occurrence beyond the envelope
+    /// (an object set on its `input_data`), if any.
+    pub inputs: Option<Value>,
 }
 
 /// A firing in the shared form.
@@ -195,13 +198,23 @@ pub trait TriggerSource {
     fn validate(config: Value, now: &str) -> Result<Value, TriggerError>;
     /// The state of a new binding.
     fn initial_state(binding: &Binding, now: &str) -> Result<Value, TriggerError>;
-    /// What the source waits for next.
-    fn prepare(binding: &Binding, state: &Value, now: &str) -> Result<Wait, TriggerError>;
-    /// The firing due at `now`, if any, and the new state.
+    /// What the source waits for next. `events` are, for an event source,
+    /// the records of its connection's stream after the automation's cursor
+    /// (`{seq, event_id, stream, appended_at, payload}`, oldest first);
+    /// empty for a time or manual source.
+    fn prepare(
+        binding: &Binding,
+        state: &Value,
+        now: &str,
+        events: &[Value],
+    ) -> Result<Wait, TriggerError>;
+    /// The firing due at `now`, if any, and the new state (`events` as for
+    /// [`TriggerSource::prepare`]).
     fn admit(
         binding: &Binding,
         state: &Value,
         now: &str,
+        events: &[Value],
     ) -> Result<(Option<Admission>, Value), TriggerError>;
     /// The state moved past everything due at or before `now`, admitting nothing.
     fn rearm(binding: &Binding, state: &Value, now: &str) -> Result<Value, TriggerError>;
@@ -324,13 +337,25 @@ pub mod glue {
             .map_err(to_wit_error)
     }
 
+    fn events(text: &str) -> Result<Vec<Value>, wit::TriggerError> {
+        match parse("events", text)? {
+            Value::Array(items) => Ok(items),
+            _ => Err(wit::TriggerError::Invalid(wit::FieldError {
+                field: "events".into(),
+                message: "is not a JSON array".into(),
+            })),
+        }
+    }
+
     pub fn prepare<T: TriggerSource>(
         b: wit::Binding,
         state: String,
         now: String,
+        events_json: String,
     ) -> Result<wit::TriggerWait, wit::TriggerError> {
         let state = parse("state", &state)?;
-        T::prepare(&binding(b)?, &state, &now)
+        let events = events(&events_json)?;
+        T::prepare(&binding(b)?, &state, &now, &events)
             .map(|w| match w {
                 Wait::Until(t) => wit::TriggerWait::Until(t),
                 Wait::Idle => wit::TriggerWait::Idle,
@@ -343,14 +368,18 @@ pub mod glue {
         b: wit::Binding,
         state: String,
         now: String,
+        events_json: String,
     ) -> Result<wit::AdmitResult, wit::TriggerError> {
         let state = parse("state", &state)?;
-        let (admission, state) = T::admit(&binding(b)?, &state, &now).map_err(to_wit_error)?;
+        let events = events(&events_json)?;
+        let (admission, state) =
+            T::admit(&binding(b)?, &state, &now, &events).map_err(to_wit_error)?;
         Ok(wit::AdmitResult {
             admission: admission.map(|a| wit::Admission {
                 event_id: a.event_id,
                 fired_at: a.fired_at,
                 payload: a.payload.to_string(),
+                inputs: a.inputs.map(|i| i.to_string()),
             }),
             state: state.to_string(),
         })
@@ -407,11 +436,11 @@ macro_rules! export_trigger_source {
                 fn initial_state(b: __t::Binding, now: String) -> Result<String, __t::TriggerError> {
                     glue::initial_state::<$ty>(b, now)
                 }
-                fn prepare(b: __t::Binding, state: String, now: String) -> Result<__t::TriggerWait, __t::TriggerError> {
-                    glue::prepare::<$ty>(b, state, now)
+                fn prepare(b: __t::Binding, state: String, now: String, events: String) -> Result<__t::TriggerWait, __t::TriggerError> {
+                    glue::prepare::<$ty>(b, state, now, events)
                 }
-                fn admit(b: __t::Binding, state: String, now: String) -> Result<__t::AdmitResult, __t::TriggerError> {
-                    glue::admit::<$ty>(b, state, now)
+                fn admit(b: __t::Binding, state: String, now: String, events: String) -> Result<__t::AdmitResult, __t::TriggerError> {
+                    glue::admit::<$ty>(b, state, now, events)
                 }
                 fn rearm(b: __t::Binding, state: String, now: String) -> Result<String, __t::TriggerError> {
                     glue::rearm::<$ty>(b, state, now)
@@ -430,3 +459,6 @@ macro_rules! export_trigger_source {
         };
     };
 }
+
+#[cfg(feature = "connection")]
+pub mod connection;

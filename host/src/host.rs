@@ -93,10 +93,16 @@ impl StoreSpec {
                     .filter(|p| !p.as_os_str().is_empty())
                     .unwrap_or(Path::new("."));
                 let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-                let mut out: Vec<PathBuf> = ["artifacts", "snapshots", "cache", "serve-token"]
-                    .iter()
-                    .map(|d| dir.join(d))
-                    .collect();
+                let mut out: Vec<PathBuf> = [
+                    "artifacts",
+                    "snapshots",
+                    "cache",
+                    "serve-token",
+                    crate::triggers::connections::KEY_FILE,
+                ]
+                .iter()
+                .map(|d| dir.join(d))
+                .collect();
                 if let Some(name) = name {
                     for suffix in ["", "-wal", "-shm", "-journal"] {
                         out.push(dir.join(format!("{name}{suffix}")));
@@ -124,6 +130,13 @@ impl StoreSpec {
                 dir.join("snapshots"),
             )?),
         })
+    }
+
+    /// The key file that seals trigger connections' secrets:
+    /// `connections.key` beside the database or inside a JSON store folder.
+    pub fn connection_key_file(&self) -> PathBuf {
+        self.cache_dir()
+            .with_file_name(crate::triggers::connections::KEY_FILE)
     }
 
     /// Where `stepwell serve` keeps its bearer token unless told otherwise:
@@ -221,5 +234,9 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     if let Some(on) = options.enable_exec {
         builder = builder.enable_exec(on);
     }
+    builder = builder.sealing_key(match spec {
+        StoreSpec::Memory => crate::triggers::SealingKey::random(),
+        _ => crate::triggers::SealingKey::File(spec.connection_key_file()),
+    });
     builder.build()
 }

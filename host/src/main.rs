@@ -170,6 +170,12 @@ enum Command {
         #[command(subcommand)]
         command: cli::automations::AutomationCommand,
     },
+    /// Trigger connections: a webhook endpoint and its signing secret, a
+    /// feed; their events; a test event.
+    Connections {
+        #[command(subcommand)]
+        command: cli::connections::ConnectionCommand,
+    },
     /// Sessions: the turns of a conversation and the history a model is
     /// handed again.
     Sessions {
@@ -548,6 +554,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.automation_commands = 40;
             options.automation_batches = 1;
             options.http.starts = 100;
+            options.http.webhooks = 100;
             options.http.resumes = 40;
             options.http.subscribers = 3;
         }
@@ -881,6 +888,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             }
         }
         Command::Sessions { command } => cli::sessions::run(&rt, command, cli.json)?,
+        Command::Connections { command } => cli::connections::run(&rt, command, cli.json)?,
         Command::Drive {
             until_idle: true, ..
         } => {
@@ -901,6 +909,12 @@ fn execute(cli: Cli) -> Result<(), Error> {
         Command::Drive {
             once, interval_ms, ..
         } => loop {
+            // The feeders first: a feed poll or a wake moves controllers
+            // this pass.
+            let feeds = stepwell::triggers::feed_once(&rt)?;
+            for (id, e) in &feeds.failed {
+                eprintln!("  connection {id}: {e}");
+            }
             let report = rt.drive_once()?;
             if cli.json {
                 println!("{}", serde_json::to_string(&report).unwrap_or_default());

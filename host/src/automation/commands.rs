@@ -374,7 +374,7 @@ pub fn command_observation(
                 .get(&format!("{}@{}", b.source_id, b.source_version))
                 .map_err(trigger_error)?;
             let wait = source
-                .prepare(&b, &trigger_state_of(state), &format_timestamp(now))
+                .prepare(&b, &trigger_state_of(state), &format_timestamp(now), &[])
                 .map_err(trigger_error)?;
             let next = match wait {
                 Wait::Until { until } => json!(until),

@@ -47,7 +47,8 @@ use crate::core::model::{RunState, WaitReason, WaitState};
 use crate::core::{Error, Result};
 use crate::effects::subworkflow::{child_wait, OnChildFailure};
 use crate::effects::{EffectClass, EffectCx, EffectHandler, HostChange, Outcome, Then};
-use crate::triggers::{Envelope, TriggerRegistry, Wait};
+use crate::store::Store;
+use crate::triggers::{Envelope, SourceKind, TriggerRegistry, Wait};
 use crate::wasm::WasmEngine;
 
 /// Where the trigger sources come from: the built-in ones and the plugin
@@ -94,6 +95,7 @@ impl TriggerCatalog {
 pub fn controller_effects(
     catalog: Arc<TriggerCatalog>,
     tools: Arc<crate::tools::ToolCatalog>,
+    store: Arc<dyn Store>,
 ) -> Vec<Arc<dyn EffectHandler>> {
     [
         Kind::Trigger,
@@ -107,6 +109,7 @@ pub fn controller_effects(
             kind,
             catalog: catalog.clone(),
             tools: tools.clone(),
+            store: store.clone(),
         }) as Arc<dyn EffectHandler>
     })
     .collect()
@@ -124,6 +127,7 @@ struct ControllerEffect {
     kind: Kind,
     catalog: Arc<TriggerCatalog>,
     tools: Arc<crate::tools::ToolCatalog>,
+    store: Arc<dyn Store>,
 }
 
 fn seam(message: impl Into<String>) -> Error {
@@ -154,14 +158,71 @@ pub(crate) fn prepare(
     state: &Value,
     now: DateTime<Utc>,
     triggers: &TriggerRegistry,
+    events: &[Value],
 ) -> std::result::Result<Wait, AutomationError> {
     let b = binding_of(definition);
     let source = triggers
         .get(&format!("{}@{}", b.source_id, b.source_version))
         .map_err(trigger_failure)?;
     source
-        .prepare(&b, &trigger_state_of(state), &format_timestamp(now))
+        .prepare(&b, &trigger_state_of(state), &format_timestamp(now), events)
         .map_err(trigger_failure)
+}
+
+/// How many inbox records one read takes.
+const EVENT_PAGE: usize = 256;
+
+/// The records an event source is handed: those of its connection's stream
+/// (`trigger:<config.connection_id>`) after the cursor of `state`
+/// (`cursor_seq`), appended after its `since`, oldest first, at most one
+/// more than its `max_batch` (so it can tell a full batch from the last
+/// one). Empty for a source of another kind.
+pub(crate) fn source_events(
+    store: &dyn Store,
+    triggers: &TriggerRegistry,
+    definition: &Value,
+    state: &Value,
+) -> Result<Vec<Value>> {
+    let b = binding_of(definition);
+    if triggers.kind(&format!("{}@{}", b.source_id, b.source_version)) != Some(SourceKind::Event) {
+        return Ok(Vec::new());
+    }
+    let Some(connection_id) = b.config["connection_id"].as_str() else {
+        return Err(seam(
+            "an event source's binding has no config.connection_id",
+        ));
+    };
+    let slice = trigger_state_of(state);
+    let mut after = slice["cursor_seq"].as_u64().unwrap_or(0);
+    let since = slice["since"]
+        .as_str()
+        .or(b.config["start_at"].as_str())
+        .and_then(|t| parse_timestamp(t, "since").ok());
+    let want = b.config["max_batch"].as_u64().unwrap_or(20) as usize + 1;
+    let stream = crate::store::connection_stream(connection_id);
+    let mut out = Vec::new();
+    loop {
+        let page = store.events_after(&stream, after, EVENT_PAGE)?;
+        let full = page.len() == EVENT_PAGE;
+        for e in page {
+            after = e.seq;
+            let fresh = match since {
+                None => true,
+                Some(since) => {
+                    parse_timestamp(&e.appended_at, "appended_at").is_ok_and(|at| at > since)
+                }
+            };
+            if fresh {
+                out.push(e.to_source_record());
+                if out.len() >= want {
+                    return Ok(out);
+                }
+            }
+        }
+        if !full {
+            return Ok(out);
+        }
+    }
 }
 
 fn envelope_json(e: Envelope) -> Value {
@@ -326,15 +387,21 @@ impl ControllerEffect {
         let binding = binding_of(definition);
         let now = format_timestamp(cx.now);
         Ok(match call {
-            TriggerCall::Prepare => TriggerAnswer::Prepare {
-                wait: trigger_wait(prepare(definition, state, cx.now, &triggers)?),
-            },
+            TriggerCall::Prepare => {
+                let events = source_events(self.store.as_ref(), &triggers, definition, state)?;
+                TriggerAnswer::Prepare {
+                    wait: trigger_wait(prepare(definition, state, cx.now, &triggers, &events)?),
+                }
+            }
             TriggerCall::Admit { history } => {
                 let name = format!("{}@{}", binding.source_id, binding.source_version);
                 let source = triggers.get(&name).map_err(trigger_failure)?;
+                let events = source_events(self.store.as_ref(), &triggers, definition, state)?;
                 let admitted = source
-                    .admit(&binding, &trigger_state_of(state), &now)
+                    .admit(&binding, &trigger_state_of(state), &now, &events)
                     .map_err(trigger_failure)?;
+                // An event source's content was written by others.
+                let untrusted = triggers.kind(&name) == Some(SourceKind::Event);
                 let envelope = match &admitted.admission {
                     None => None,
                     Some(a) => Some(
@@ -352,6 +419,8 @@ impl ControllerEffect {
                     admitted: admitted.admission.zip(envelope).map(|(a, e)| Admitted {
                         payload: a.payload,
                         envelope: envelope_json(e),
+                        inputs: a.inputs,
+                        untrusted,
                     }),
                     context,
                 }

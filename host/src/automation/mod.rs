@@ -50,6 +50,7 @@ pub use commands::{
     command_digest, command_observation, command_type, decide_command, CommandDecision,
     Observation, COMMAND_TYPES,
 };
+pub(crate) use controller::source_events;
 pub use controller::{controller_effects, TriggerCatalog};
 pub use decision::{decide, observe, Transition, Written};
 pub use definition::{

@@ -45,6 +45,6 @@ pub fn plan_wait(
     if let Some(plan) = plan_wait_locally(definition, state, now) {
         return Ok(plan);
     }
-    let wait = super::controller::prepare(definition, state, now, triggers)?;
+    let wait = super::controller::prepare(definition, state, now, triggers, &[])?;
     Ok(wait_after_prepare(&trigger_wait(wait), now))
 }

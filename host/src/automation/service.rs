@@ -211,6 +211,7 @@ pub fn create_automation(
         }
         return Ok(existing_created(&existing));
     }
+    bound_connection(rt, &triggers, &definition["trigger"])?;
     resolve_target(rt, &mut definition)?;
     let b = super::commands::binding_of(&definition);
     let source = triggers
@@ -458,10 +459,25 @@ fn apply_held(
             // A revised target names a bundle directory (loaded, stored
             // absolute) or a workflow the store knows, as at creation.
             let current = &run.vars["_meta"]["automation"]["target"];
+            let trigger = &run.vars["_meta"]["automation"]["trigger"];
+            // A revised event trigger names a connection that can be bound.
+            let rebound = match delta.get("definition").filter(|d| d["trigger"] != *trigger) {
+                Some(d) => match bound_connection(rt, &triggers, &d["trigger"]) {
+                    Ok(()) => None,
+                    Err(Error::Automation(e)) => Some(e),
+                    Err(e) => return Err(e),
+                },
+                None => None,
+            };
             match delta
                 .get_mut("definition")
                 .filter(|d| d["target"] != *current)
             {
+                _ if rebound.is_some() => (
+                    "rejected",
+                    json!({}),
+                    rebound.map(|e: super::AutomationError| e.to_json()),
+                ),
                 Some(definition) => match resolve_target(rt, definition) {
                     Ok(()) => ("applied", delta, None),
                     Err(Error::Automation(e)) => ("rejected", json!({}), Some(e.to_json())),
@@ -619,6 +635,22 @@ fn follow_up(rt: &Runtime, id: &str, kind: &str, command_id: &str) -> Result<()>
         }
     }
     Ok(())
+}
+
+/// Checks the connection an event source's binding names
+/// ([`crate::triggers::check_binding`]).
+fn bound_connection(
+    rt: &Runtime,
+    triggers: &crate::triggers::TriggerRegistry,
+    trigger: &Value,
+) -> Result<()> {
+    let name = format!(
+        "{}@{}",
+        trigger["source_id"].as_str().unwrap_or_default(),
+        trigger["source_version"]
+    );
+    crate::triggers::check_binding(rt.store(), triggers.kind(&name), trigger)
+        .map_err(Error::Automation)
 }
 
 /// Cancels `root` and every unfinished run below it.
@@ -811,6 +843,7 @@ pub struct IdleReport {
 pub fn drive_until_idle(rt: &Runtime, max_passes: u64) -> Result<IdleReport> {
     let mut report = IdleReport::default();
     for _ in 0..max_passes.max(1) {
+        crate::triggers::feed_once(rt)?;
         let pass = rt.drive_once()?;
         report.errors = pass.errors.clone();
         if !pass.moved_anything() {

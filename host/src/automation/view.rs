@@ -98,13 +98,16 @@ pub fn next_fire_at(
     let source = triggers.get(&name).map_err(trigger_error)?;
     let at = format_timestamp(now);
     let slice = trigger_state_of(state);
-    let Wait::Until { until } = source.prepare(&b, &slice, &at).map_err(trigger_error)? else {
+    let Wait::Until { until } = source
+        .prepare(&b, &slice, &at, &[])
+        .map_err(trigger_error)?
+    else {
         return Ok(None);
     };
     if parse_timestamp(&until, "until").is_ok_and(|u| u > now) {
         return Ok(Some(super::time::respell(&until)));
     }
-    let admitted = source.admit(&b, &slice, &at).map_err(trigger_error)?;
+    let admitted = source.admit(&b, &slice, &at, &[]).map_err(trigger_error)?;
     let due = admitted.admission.map_or(until, |a| a.fired_at);
     Ok(Some(super::time::respell(&due)))
 }

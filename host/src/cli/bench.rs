@@ -69,6 +69,7 @@ impl Default for BenchOptions {
             automation_commands: 200,
             automation_batches: 3,
             http: super::bench_http::HttpLoad {
+                webhooks: 2_000,
                 starts: 1_000,
                 start_clients: 16,
                 resumes: 200,
@@ -331,12 +332,12 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         };
         let state = source.initial_state(&binding, now)?;
         for _ in 0..200 {
-            source.prepare(&binding, &state, now)?;
+            source.prepare(&binding, &state, now, &[])?;
         }
         let mut samples = Vec::with_capacity(options.dispatch_samples);
         for _ in 0..options.dispatch_samples {
             let t = Instant::now();
-            source.prepare(&binding, &state, now)?;
+            source.prepare(&binding, &state, now, &[])?;
             samples.push(t.elapsed().as_secs_f64() * 1e6);
         }
         figures.insert(
@@ -387,6 +388,13 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             &options.flows_dir,
             &engine,
             &scratch.0.join("http"),
+        )?);
+    }
+    if want("webhook_accept_per_s") {
+        figures.extend(super::bench_http::webhook_load(
+            &options.http,
+            &engine,
+            &scratch.0.join("hooks"),
         )?);
     }
     if want("automation_commands_per_s_sqlite") {

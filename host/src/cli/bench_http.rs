@@ -21,6 +21,8 @@ use stepwell::{Error, Result, RunQuery, RunStatus, Runtime};
 /// How big the load is.
 #[derive(Debug, Clone)]
 pub struct HttpLoad {
+    /// Signed webhook calls sent (`webhook_accept_per_s`).
+    pub webhooks: usize,
     /// Runs started over HTTP.
     pub starts: usize,
     /// Client threads starting them.
@@ -329,5 +331,132 @@ pub fn http_load(
         json!(round(percentile(resumes, 0.99))),
     );
     figures.insert("http_errors".into(), json!(0));
+    Ok(figures)
+}
+
+/// `webhook_accept_per_s`: `load.webhooks` calls signed per Standard
+/// Webhooks, sent by `load.start_clients` clients over loopback to a server
+/// on its own SQLite file (no driver, no automation bound: the figure is
+/// the verification and the inbox append), each answered 202 and stored
+/// once; also their p50 and p99 latency.
+pub fn webhook_load(
+    load: &HttpLoad,
+    engine: &WasmEngine,
+    dir: &Path,
+) -> Result<Map<String, Value>> {
+    std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
+    let store = Arc::new(SqliteStore::open(dir.join("hooks.sqlite"))?);
+    let rt = Runtime::builder(store)
+        .engine(engine.clone())
+        .sealing_key(stepwell::triggers::SealingKey::random())
+        .build()?;
+    let created = rt.create_connection("webhook.received@1", Some("bench"), &json!({}))?;
+    let secret = created.secret.clone().unwrap_or_default();
+    let mut options = ServeOptions::new(dir.join("serve-token"));
+    options.listen = "127.0.0.1:0".parse().expect("an address");
+    options.drive = false;
+    let server = Server::bind(rt.clone(), options)?;
+    let url = format!(
+        "http://{}{}",
+        server.local_addr(),
+        created.path.clone().unwrap_or_default()
+    );
+    let stopper = server.stopper();
+    let serving = std::thread::spawn(move || server.run());
+    let next = Arc::new(AtomicUsize::new(0));
+    let times = Arc::new(Mutex::new(Vec::with_capacity(load.webhooks)));
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let start = Instant::now();
+    let clients: Vec<_> = (0..load.start_clients.max(1))
+        .map(|_| {
+            let (url, secret, next, times, errors) = (
+                url.clone(),
+                secret.clone(),
+                next.clone(),
+                times.clone(),
+                errors.clone(),
+            );
+            let total = load.webhooks;
+            std::thread::spawn(move || {
+                let agent = agent();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        break;
+                    }
+                    let id = format!("msg_{i}");
+                    let body = json!({"type": "invoice.paid", "n": i, "amount": 1200}).to_string();
+                    let ts = chrono::Utc::now().timestamp();
+                    let sig = match stepwell::triggers::webhook::sign(
+                        &secret,
+                        &id,
+                        ts,
+                        body.as_bytes(),
+                    ) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            errors.lock().unwrap().push(e);
+                            break;
+                        }
+                    };
+                    let t = Instant::now();
+                    let answer = agent
+                        .post(&url)
+                        .header("webhook-id", &id)
+                        .header("webhook-timestamp", ts.to_string())
+                        .header("webhook-signature", &sig)
+                        .header("content-type", "application/json")
+                        .send(&body);
+                    match answer {
+                        Ok(r) if r.status() == 202 => times
+                            .lock()
+                            .unwrap()
+                            .push(t.elapsed().as_secs_f64() * 1000.0),
+                        Ok(r) => errors
+                            .lock()
+                            .unwrap()
+                            .push(format!("{id}: HTTP {}", r.status())),
+                        Err(e) => errors.lock().unwrap().push(format!("{id}: {e}")),
+                    }
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        let _ = c.join();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    stopper.stop();
+    let _ = serving.join();
+    let errors = errors.lock().unwrap().clone();
+    if let Some(first) = errors.first() {
+        return Err(fail(format!(
+            "{} webhook calls failed, first: {first}",
+            errors.len()
+        )));
+    }
+    let stored = rt.connection_events(&created.connection_id, 0, load.webhooks + 1)?;
+    if stored.len() != load.webhooks {
+        return Err(fail(format!(
+            "{} webhook calls accepted, {} events stored",
+            load.webhooks,
+            stored.len()
+        )));
+    }
+    let round = |x: f64| (x * 10.0).round() / 10.0;
+    let times = times.lock().unwrap().clone();
+    let mut figures = Map::new();
+    figures.insert(
+        "webhook_accept_per_s".into(),
+        json!(round(load.webhooks as f64 / secs)),
+    );
+    figures.insert(
+        "webhook_accept_p50_ms".into(),
+        json!(round(percentile(times.clone(), 0.5))),
+    );
+    figures.insert(
+        "webhook_accept_p99_ms".into(),
+        json!(round(percentile(times, 0.99))),
+    );
     Ok(figures)
 }

@@ -6,4 +6,5 @@
 pub mod automations;
 pub mod bench;
 pub mod bench_http;
+pub mod connections;
 pub mod sessions;

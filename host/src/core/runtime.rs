@@ -115,9 +115,19 @@ pub struct RuntimeBuilder {
     trigger_dir: Option<std::path::PathBuf>,
     tool_dir: Option<std::path::PathBuf>,
     enable_exec: Option<bool>,
+    sealing: Option<crate::triggers::SealingKey>,
 }
 
 impl RuntimeBuilder {
+    /// The key that seals trigger connections' secrets (a webhook's signing
+    /// secret). Default: none, and creating a connection with a secret is
+    /// refused; [`crate::open_runtime`] uses `connections.key` beside the
+    /// database.
+    pub fn sealing_key(mut self, key: crate::triggers::SealingKey) -> Self {
+        self.sealing = Some(key);
+        self
+    }
+
     /// Offers the host tool `execute_command` (a shell command run with the
     /// host's rights, always after a person's approval; docs/tools.md).
     /// Default: the `STEPWELL_ENABLE_EXEC` environment variable is `1`.
@@ -234,7 +244,11 @@ impl RuntimeBuilder {
             )));
         }
         // The controller's own effects: an application cannot replace them.
-        for handler in crate::automation::controller_effects(triggers.clone(), tools.clone()) {
+        for handler in crate::automation::controller_effects(
+            triggers.clone(),
+            tools.clone(),
+            self.store.clone(),
+        ) {
             effects.register(handler);
         }
         let keeper = LeaseKeeper::start(
@@ -256,6 +270,8 @@ impl RuntimeBuilder {
                 locks: RunLocks::default(),
                 keeper,
                 subscribers: parking_lot::Mutex::new(Vec::new()),
+                sealing: self.sealing,
+                last_sweep: parking_lot::Mutex::new(None),
             }),
         })
     }
@@ -274,6 +290,8 @@ pub(crate) struct Inner {
     locks: RunLocks,
     keeper: Arc<LeaseKeeper>,
     pub(crate) subscribers: parking_lot::Mutex<Vec<Subscriber>>,
+    pub(crate) sealing: Option<crate::triggers::SealingKey>,
+    pub(crate) last_sweep: parking_lot::Mutex<Option<chrono::DateTime<chrono::Utc>>>,
 }
 
 impl Drop for Inner {
@@ -336,6 +354,7 @@ impl Runtime {
             trigger_dir: None,
             tool_dir: None,
             enable_exec: None,
+            sealing: None,
         }
     }
 

@@ -189,8 +189,24 @@ fn origin_of(envelope: &Value) -> Value {
     }
     if source != "schedule" && source != "cron" {
         let mut event = Map::new();
-        for k in ["source_id", "source_version", "event_id", "fired_at"] {
+        // An event source's provenance: its connection, subject, trust,
+        // position in the stream, and the events it carried.
+        for k in [
+            "source_id",
+            "source_version",
+            "event_id",
+            "fired_at",
+            "connectionid",
+            "subject",
+            "abstracttrust",
+            "sequence",
+        ] {
             if let Some(v) = envelope.get(k).filter(|v| !v.is_null()) {
+                event.insert(k.into(), v.clone());
+            }
+        }
+        for k in ["count", "event_ids"] {
+            if let Some(v) = envelope.pointer(&format!("/payload/{k}")) {
                 event.insert(k.into(), v.clone());
             }
         }

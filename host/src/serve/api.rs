@@ -146,7 +146,9 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/assets/app.js", get(dashboard_js))
         .route("/assets/app.css", get(dashboard_css))
         .route("/v1/health", get(health))
-        .route("/openapi.json", get(openapi));
+        .route("/openapi.json", get(openapi))
+        // The signature is the credential: no token.
+        .route("/v1/hooks/{connection_id}", post(receive_webhook));
     let guarded = Router::new()
         .route("/metrics", get(metrics))
         .route("/v1/runs", get(list_runs).post(start_run))
@@ -188,6 +190,21 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/triggers/{source}/validate", post(triggers_validate))
         .route("/v1/triggers/{source}/preview", post(triggers_preview))
         .route("/v1/tools", get(tools_list))
+        .route(
+            "/v1/connections",
+            get(connections_list).post(connections_create),
+        )
+        .route("/v1/connections/{id}", get(connections_show))
+        .route("/v1/connections/{id}/disable", post(connections_disable))
+        .route("/v1/connections/{id}/enable", post(connections_enable))
+        .route(
+            "/v1/connections/{id}/rotate-secret",
+            post(connections_rotate),
+        )
+        .route(
+            "/v1/connections/{id}/events",
+            get(connections_events).post(connections_send),
+        )
         .route("/v1/ahp", get(super::ahp::upgrade))
         .route_layer(axum::middleware::from_fn_with_state(
             shared.clone(),
@@ -1304,4 +1321,159 @@ fn render_metrics(by_status: &[(&str, usize)], http: &[(RequestKind, RequestCoun
         );
     }
     out
+}
+
+/// `POST /v1/hooks/{connection_id}`: one Standard Webhooks call
+/// ([`crate::Runtime::receive_webhook`]): 202 appended, 409 duplicate, 401
+/// bad or stale signature, 404 unknown or disabled connection, 413 body
+/// over 1 MiB, 415 neither JSON nor UTF-8 text. An appended call wakes the
+/// driver at once.
+async fn receive_webhook(
+    State(s): S,
+    Path(connection_id): Path<String>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> ApiResult {
+    use crate::triggers::webhook::MAX_BODY_BYTES;
+    let answer = |r: crate::triggers::Received| {
+        let status = StatusCode::from_u16(r.http_status).unwrap_or(StatusCode::BAD_REQUEST);
+        (status, Json(json!(r))).into_response()
+    };
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let too_large = || crate::triggers::Received {
+        status: "refused",
+        http_status: 413,
+        reason: Some("too_large"),
+        webhook_id: None,
+        event_id: None,
+        seq: None,
+    };
+    // A body over the limit is read on (up to 16 MiB, then dropped) so
+    // that the sender, still sending, gets to read the 413.
+    let mut bytes = Vec::new();
+    let mut seen = 0usize;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
+        let Ok(chunk) = chunk else {
+            return Err(ApiError::invalid("body", "the body could not be read"));
+        };
+        seen += chunk.len();
+        if seen <= MAX_BODY_BYTES && declared.is_none_or(|n| n <= MAX_BODY_BYTES) {
+            bytes.extend_from_slice(&chunk);
+        } else if seen > 16 * MAX_BODY_BYTES {
+            break;
+        }
+    }
+    if seen > MAX_BODY_BYTES || declared.is_some_and(|n| n > MAX_BODY_BYTES) {
+        return Ok(answer(too_large()));
+    }
+    let headers: Vec<(String, String)> = headers
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect();
+    let rt = s.rt.clone();
+    let r = blocking(move || rt.receive_webhook(&connection_id, &headers, &bytes)).await?;
+    if r.status == "appended" {
+        s.wake.wake();
+    }
+    Ok(answer(r))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewConnection {
+    source: String,
+    label: Option<String>,
+    #[serde(default)]
+    config: Option<Value>,
+}
+
+async fn connections_list(State(s): S) -> ApiResult {
+    blocking(move || Ok(json!({"connections": s.rt.list_connections()?})))
+        .await
+        .map(ok)
+}
+
+/// Creates a connection; the answer is the only one that shows its secret.
+async fn connections_create(State(s): S, Body(b): Body<NewConnection>) -> ApiResult {
+    blocking(move || {
+        let config = b.config.unwrap_or_else(|| json!({}));
+        Ok(json!(s.rt.create_connection(
+            &b.source,
+            b.label.as_deref(),
+            &config
+        )?))
+    })
+    .await
+    .map(created)
+}
+
+async fn connections_show(State(s): S, Path(id): Path<String>) -> ApiResult {
+    blocking(move || Ok(crate::triggers::connection_view(&s.rt.connection(&id)?)))
+        .await
+        .map(ok)
+}
+
+async fn connections_disable(State(s): S, Path(id): Path<String>) -> ApiResult {
+    blocking(move || s.rt.set_connection_status(&id, "disabled"))
+        .await
+        .map(ok)
+}
+
+async fn connections_enable(State(s): S, Path(id): Path<String>) -> ApiResult {
+    blocking(move || s.rt.set_connection_status(&id, "active"))
+        .await
+        .map(ok)
+}
+
+async fn connections_rotate(State(s): S, Path(id): Path<String>) -> ApiResult {
+    blocking(move || Ok(json!(s.rt.rotate_connection_secret(&id)?)))
+        .await
+        .map(ok)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SendEvent {
+    data: Value,
+    subject: Option<String>,
+}
+
+/// Appends a test or plugin event to a connection's stream.
+async fn connections_send(
+    State(s): S,
+    Path(id): Path<String>,
+    Body(b): Body<SendEvent>,
+) -> ApiResult {
+    let wake = s.wake.clone();
+    let out = blocking(move || {
+        s.rt.send_connection_event(&id, b.data, b.subject.as_deref())
+    })
+    .await?;
+    wake.wake();
+    Ok(created(out))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    after: Option<u64>,
+    limit: Option<usize>,
+}
+
+async fn connections_events(
+    State(s): S,
+    Path(id): Path<String>,
+    Params(q): Params<EventsQuery>,
+) -> ApiResult {
+    blocking(move || {
+        let events =
+            s.rt.connection_events(&id, q.after.unwrap_or(0), q.limit.unwrap_or(100).min(1000))?;
+        Ok(json!({"events": events}))
+    })
+    .await
+    .map(ok)
 }

@@ -75,6 +75,15 @@ const OPS: &[Op] = &[
     op("post", "/v1/triggers/{source}/preview", "The next fire times of a trigger config (config, from, count)", &[], true, 200),
     op("get", "/v1/quarantined", "Runs set aside because they cannot be read or committed, and why", &[], false, 200),
     op("get", "/v1/ahp", "WebSocket: the AHP automation-run channel (JSON-RPC 2.0)", &[], false, 101),
+    Op { token: OPEN, ..op("post", "/v1/hooks/{connection_id}", "A Standard Webhooks call to a webhook.received@1 connection (the signature is the credential): 202 appended, 409 duplicate id, 401 bad or stale signature, 404 unknown or disabled connection, 413 over 1 MiB, 415 neither JSON nor UTF-8 text", &[], true, 202) },
+    op("get", "/v1/connections", "Trigger connections (never their secrets)", &[], false, 200),
+    op("post", "/v1/connections", "Create a connection {source, label?, config?}; the only answer that shows its secret", &[], true, 201),
+    op("get", "/v1/connections/{id}", "A connection (never its secret)", &[], false, 200),
+    op("post", "/v1/connections/{id}/disable", "Disable a connection (webhook calls get 404, feeds are not polled)", &[], false, 200),
+    op("post", "/v1/connections/{id}/enable", "Enable a disabled connection", &[], false, 200),
+    op("post", "/v1/connections/{id}/rotate-secret", "A new signing secret (shown once; the old one stops working)", &[], false, 200),
+    op("get", "/v1/connections/{id}/events", "The events of a connection's stream after a seq", &["after", "limit"], false, 200),
+    op("post", "/v1/connections/{id}/events", "Append a test or plugin event {data, subject?} to a connection's stream", &[], true, 201),
 ];
 
 /// The (method, path) of every documented operation.

@@ -1067,4 +1067,151 @@ impl Store for JsonFileStore {
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError> {
         Ok(self.bundles()?.get(workflow_id).cloned())
     }
+
+    fn append_event(&self, event: &super::InboxEvent) -> Result<super::EventAppend, StoreError> {
+        let _w = self.write.lock();
+        let _store = self.store_lock()?;
+        let all = self.inbox()?;
+        let mut last = 0;
+        for e in all.iter().filter(|e| e.stream == event.stream) {
+            if e.dedupe_key == event.dedupe_key {
+                return Ok(super::EventAppend {
+                    seq: e.seq,
+                    duplicate: true,
+                });
+            }
+            last = e.seq;
+        }
+        let seq = last + 1;
+        let path = self.dir.join(INBOX);
+        let mut line = serde_json::to_vec(&super::InboxEvent {
+            seq,
+            ..event.clone()
+        })
+        .map_err(|e| io(&path, e))?;
+        line.push(b'\n');
+        let mut f = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| io(&path, e))?;
+        f.write_all(&line).map_err(|e| io(&path, e))?;
+        self.sync(&f, &path)?;
+        Ok(super::EventAppend {
+            seq,
+            duplicate: false,
+        })
+    }
+
+    fn events_after(
+        &self,
+        stream: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<super::InboxEvent>, StoreError> {
+        Ok(self
+            .inbox()?
+            .into_iter()
+            .filter(|e| e.stream == stream && e.seq > after)
+            .take(limit)
+            .collect())
+    }
+
+    fn create_connection(&self, connection: &super::ConnectionRecord) -> Result<(), StoreError> {
+        let _w = self.write.lock();
+        let _store = self.store_lock()?;
+        let mut all = self.connections()?;
+        if all
+            .iter()
+            .any(|c| c.connection_id == connection.connection_id)
+        {
+            return Err(StoreError::conflict(format!(
+                "connection {} already exists",
+                connection.connection_id
+            )));
+        }
+        all.push(connection.clone());
+        self.save_connections(&all)
+    }
+
+    fn update_connection(
+        &self,
+        id: &str,
+        change: &mut dyn FnMut(&mut super::ConnectionRecord) -> Result<(), StoreError>,
+    ) -> Result<Option<super::ConnectionRecord>, StoreError> {
+        let _w = self.write.lock();
+        let _store = self.store_lock()?;
+        let mut all = self.connections()?;
+        let Some(slot) = all.iter_mut().find(|c| c.connection_id == id) else {
+            return Ok(None);
+        };
+        change(slot)?;
+        let out = slot.clone();
+        self.save_connections(&all)?;
+        Ok(Some(out))
+    }
+
+    fn get_connection(&self, id: &str) -> Result<Option<super::ConnectionRecord>, StoreError> {
+        Ok(self
+            .connections()?
+            .into_iter()
+            .find(|c| c.connection_id == id))
+    }
+
+    fn list_connections(&self) -> Result<Vec<super::ConnectionRecord>, StoreError> {
+        self.connections()
+    }
+}
+
+/// The event inbox of a JSON store: one event per line, every stream.
+const INBOX: &str = "inbox.jsonl";
+/// The trigger connections of a JSON store.
+const CONNECTIONS: &str = "connections.json";
+
+impl JsonFileStore {
+    /// Every event of the inbox, oldest first (a torn last line, from a
+    /// crash during its append, was never appended).
+    fn inbox(&self) -> Result<Vec<super::InboxEvent>, StoreError> {
+        let path = self.dir.join(INBOX);
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&path, e)),
+        };
+        let complete = text.ends_with('\n');
+        let lines: Vec<&str> = text.lines().collect();
+        let mut out = Vec::with_capacity(lines.len());
+        for (n, line) in lines.iter().enumerate() {
+            match serde_json::from_str(line) {
+                Ok(e) => out.push(e),
+                Err(_) if n + 1 == lines.len() && !complete => {}
+                Err(e) => {
+                    return Err(StoreError::corrupt(format!(
+                        "{}:{}: {e}",
+                        path.display(),
+                        n + 1
+                    )))
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn connections(&self) -> Result<Vec<super::ConnectionRecord>, StoreError> {
+        let path = self.dir.join(CONNECTIONS);
+        match fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map_err(|e| StoreError::corrupt(format!("{}: {e}", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(io(&path, e)),
+        }
+    }
+
+    fn save_connections(&self, all: &[super::ConnectionRecord]) -> Result<(), StoreError> {
+        let path = self.dir.join(CONNECTIONS);
+        let bytes = serde_json::to_vec_pretty(all).map_err(|e| io(&path, e))?;
+        let tmp = self.temp(&bytes)?;
+        fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+        self.sync_dir()
+    }
 }

@@ -49,6 +49,8 @@ struct Tables {
 pub struct MemoryStore {
     tables: Mutex<Tables>,
     bundles: Mutex<HashMap<String, PathBuf>>,
+    inbox: Mutex<HashMap<String, Vec<super::InboxEvent>>>,
+    connections: Mutex<Vec<super::ConnectionRecord>>,
 }
 
 impl MemoryStore {
@@ -725,6 +727,85 @@ impl Store for MemoryStore {
 
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError> {
         Ok(self.bundles.lock().get(workflow_id).cloned())
+    }
+
+    fn append_event(&self, event: &super::InboxEvent) -> Result<super::EventAppend, StoreError> {
+        let mut inbox = self.inbox.lock();
+        let stream = inbox.entry(event.stream.clone()).or_default();
+        if let Some(found) = stream.iter().find(|e| e.dedupe_key == event.dedupe_key) {
+            return Ok(super::EventAppend {
+                seq: found.seq,
+                duplicate: true,
+            });
+        }
+        let seq = stream.last().map_or(0, |e| e.seq) + 1;
+        stream.push(super::InboxEvent {
+            seq,
+            ..event.clone()
+        });
+        Ok(super::EventAppend {
+            seq,
+            duplicate: false,
+        })
+    }
+
+    fn events_after(
+        &self,
+        stream: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<super::InboxEvent>, StoreError> {
+        let inbox = self.inbox.lock();
+        Ok(inbox
+            .get(stream)
+            .map(|events| {
+                let start = events.partition_point(|e| e.seq <= after);
+                events[start..].iter().take(limit).cloned().collect()
+            })
+            .unwrap_or_default())
+    }
+
+    fn create_connection(&self, connection: &super::ConnectionRecord) -> Result<(), StoreError> {
+        let mut all = self.connections.lock();
+        if all
+            .iter()
+            .any(|c| c.connection_id == connection.connection_id)
+        {
+            return Err(StoreError::conflict(format!(
+                "connection {} already exists",
+                connection.connection_id
+            )));
+        }
+        all.push(connection.clone());
+        Ok(())
+    }
+
+    fn update_connection(
+        &self,
+        id: &str,
+        change: &mut dyn FnMut(&mut super::ConnectionRecord) -> Result<(), StoreError>,
+    ) -> Result<Option<super::ConnectionRecord>, StoreError> {
+        let mut all = self.connections.lock();
+        let Some(slot) = all.iter_mut().find(|c| c.connection_id == id) else {
+            return Ok(None);
+        };
+        let mut next = slot.clone();
+        change(&mut next)?;
+        *slot = next.clone();
+        Ok(Some(next))
+    }
+
+    fn get_connection(&self, id: &str) -> Result<Option<super::ConnectionRecord>, StoreError> {
+        Ok(self
+            .connections
+            .lock()
+            .iter()
+            .find(|c| c.connection_id == id)
+            .cloned())
+    }
+
+    fn list_connections(&self) -> Result<Vec<super::ConnectionRecord>, StoreError> {
+        Ok(self.connections.lock().clone())
     }
 }
 

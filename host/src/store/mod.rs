@@ -10,6 +10,7 @@
 
 pub mod artifacts;
 pub mod commands;
+pub mod inbox;
 mod json_files;
 mod memory;
 pub mod snapshots;
@@ -27,6 +28,7 @@ pub use artifacts::{ArtifactMeta, ArtifactStore, FileArtifactStore, MemoryArtifa
 pub use commands::{
     AppendResult, CommandRecord, CommandStore, JsonlCommandStore, MemoryCommandStore,
 };
+pub use inbox::{connection_stream, ConnectionRecord, EventAppend, InboxEvent};
 pub use json_files::JsonFileStore;
 pub use memory::MemoryStore;
 pub use snapshots::{
@@ -844,6 +846,59 @@ pub trait Store: Send + Sync {
 
     /// The bundle directory that defines `workflow_id`, if one was recorded.
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError>;
+
+    /// Appends `event` to its stream (its `seq` is ignored and assigned)
+    /// unless the stream already holds its `dedupe_key`: then nothing is
+    /// stored and the stored event's seq is returned as a duplicate.
+    fn append_event(&self, event: &InboxEvent) -> Result<EventAppend, StoreError> {
+        let _ = event;
+        Err(no_inbox())
+    }
+
+    /// The events of `stream` with `seq > after`, oldest first, at most
+    /// `limit`.
+    fn events_after(
+        &self,
+        stream: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<InboxEvent>, StoreError> {
+        let _ = (stream, after, limit);
+        Err(no_inbox())
+    }
+
+    /// Stores a new connection; a `conflict` when its id exists.
+    fn create_connection(&self, connection: &ConnectionRecord) -> Result<(), StoreError> {
+        let _ = connection;
+        Err(no_inbox())
+    }
+
+    /// Changes connection `id` with `change`, atomically against every other
+    /// writer; `Ok(None)` when there is no such connection. Nothing is
+    /// written when `change` fails.
+    fn update_connection(
+        &self,
+        id: &str,
+        change: &mut dyn FnMut(&mut ConnectionRecord) -> Result<(), StoreError>,
+    ) -> Result<Option<ConnectionRecord>, StoreError> {
+        let _ = (id, change);
+        Err(no_inbox())
+    }
+
+    /// The connection with this id, if any.
+    fn get_connection(&self, id: &str) -> Result<Option<ConnectionRecord>, StoreError> {
+        let _ = id;
+        Err(no_inbox())
+    }
+
+    /// Every connection, oldest first.
+    fn list_connections(&self) -> Result<Vec<ConnectionRecord>, StoreError> {
+        Err(no_inbox())
+    }
+}
+
+fn no_inbox() -> StoreError {
+    StoreError::io("this store keeps no event inbox or trigger connections")
 }
 
 /// Checks that `run.version` follows `fence.version`, as [`Store::commit`]

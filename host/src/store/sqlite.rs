@@ -29,7 +29,7 @@ use crate::core::model::{RunState, RunStatus, StepRecord};
 /// The schema version this build writes. A database with a higher
 /// `user_version` was written by a newer stepwell and is refused; an older
 /// one is migrated when opened.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -73,6 +73,17 @@ CREATE TABLE IF NOT EXISTS feed (
     from_seq INTEGER NOT NULL,
     to_seq   INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS inbox (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    stream      TEXT NOT NULL,
+    dedupe_key  TEXT NOT NULL,
+    data        TEXT NOT NULL,
+    UNIQUE (stream, dedupe_key)
+);
+CREATE TABLE IF NOT EXISTS connections (
+    connection_id TEXT PRIMARY KEY,
+    data          TEXT NOT NULL
+);
 ";
 
 /// Columns added after schema 1, with their types: added to an older
@@ -110,6 +121,7 @@ CREATE INDEX IF NOT EXISTS ledger_caused ON ledger(run_id, idem_key)
     WHERE idem_key LIKE 'resumed-by:%';
 CREATE INDEX IF NOT EXISTS ledger_automation ON ledger(run_id, idem_key)
     WHERE idem_key LIKE 'automation:%';
+CREATE INDEX IF NOT EXISTS inbox_stream ON inbox(stream, seq);
 ";
 
 /// The columns every statement on `runs` binds, as ?1 run_id,
@@ -1145,6 +1157,147 @@ impl Store for SqliteStore {
             .and_then(|mut st| st.query_row([workflow_id], |r| r.get(0)).optional())
             .map_err(|e| self.err(e))?;
         Ok(dir.map(PathBuf::from))
+    }
+
+    fn append_event(&self, event: &super::InboxEvent) -> Result<super::EventAppend, StoreError> {
+        self.inbox_append(event)
+    }
+
+    fn events_after(
+        &self,
+        stream: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<super::InboxEvent>, StoreError> {
+        let conn = self.conn.lock();
+        let mut st = conn
+            .prepare_cached(
+                "SELECT seq, data FROM inbox WHERE stream = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(
+                params![stream, after as i64, limit.min(i64::MAX as usize) as i64],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+            )
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.err(e))?;
+        rows.iter()
+            .map(|(seq, data)| self.decode_event(*seq, data))
+            .collect()
+    }
+
+    fn create_connection(&self, connection: &super::ConnectionRecord) -> Result<(), StoreError> {
+        let data = serde_json::to_string(connection).map_err(|e| self.err(e))?;
+        self.write(|tx| {
+            let n = tx
+                .prepare_cached(
+                    "INSERT INTO connections (connection_id, data) VALUES (?1, ?2)
+                     ON CONFLICT (connection_id) DO NOTHING",
+                )
+                .and_then(|mut st| st.execute(params![connection.connection_id, data]))
+                .map_err(|e| self.err(e))?;
+            if n == 0 {
+                return Err(StoreError::conflict(format!(
+                    "connection {} already exists",
+                    connection.connection_id
+                )));
+            }
+            Ok(())
+        })
+    }
+
+    fn update_connection(
+        &self,
+        id: &str,
+        change: &mut dyn FnMut(&mut super::ConnectionRecord) -> Result<(), StoreError>,
+    ) -> Result<Option<super::ConnectionRecord>, StoreError> {
+        self.write(|tx| {
+            let data: Option<String> = tx
+                .prepare_cached("SELECT data FROM connections WHERE connection_id = ?1")
+                .and_then(|mut st| st.query_row([id], |r| r.get(0)).optional())
+                .map_err(|e| self.err(e))?;
+            let Some(data) = data else {
+                return Ok(None);
+            };
+            let mut record = self.decode_connection(id, &data)?;
+            change(&mut record)?;
+            let data = serde_json::to_string(&record).map_err(|e| self.err(e))?;
+            tx.prepare_cached("UPDATE connections SET data = ?2 WHERE connection_id = ?1")
+                .and_then(|mut st| st.execute(params![id, data]))
+                .map_err(|e| self.err(e))?;
+            Ok(Some(record))
+        })
+    }
+
+    fn get_connection(&self, id: &str) -> Result<Option<super::ConnectionRecord>, StoreError> {
+        let conn = self.conn.lock();
+        let data: Option<String> = conn
+            .prepare_cached("SELECT data FROM connections WHERE connection_id = ?1")
+            .and_then(|mut st| st.query_row([id], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))?;
+        data.map(|d| self.decode_connection(id, &d)).transpose()
+    }
+
+    fn list_connections(&self) -> Result<Vec<super::ConnectionRecord>, StoreError> {
+        let conn = self.conn.lock();
+        let mut st = conn
+            .prepare_cached("SELECT connection_id, data FROM connections ORDER BY rowid")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.err(e))?;
+        rows.iter()
+            .map(|(id, data)| self.decode_connection(id, data))
+            .collect()
+    }
+}
+
+impl SqliteStore {
+    fn decode_event(&self, seq: i64, data: &str) -> Result<super::InboxEvent, StoreError> {
+        let mut e: super::InboxEvent = serde_json::from_str(data).map_err(|e| {
+            StoreError::corrupt(format!("{}: inbox row {seq}: {e}", self.path.display()))
+        })?;
+        e.seq = seq as u64;
+        Ok(e)
+    }
+
+    fn decode_connection(
+        &self,
+        id: &str,
+        data: &str,
+    ) -> Result<super::ConnectionRecord, StoreError> {
+        serde_json::from_str(data).map_err(|e| {
+            StoreError::corrupt(format!("{}: connection {id:?}: {e}", self.path.display()))
+        })
+    }
+
+    /// The inbox, the connections: [`Store`]'s event methods.
+    fn inbox_append(&self, event: &super::InboxEvent) -> Result<super::EventAppend, StoreError> {
+        self.write(|tx| {
+            let found: Option<i64> = tx
+                .prepare_cached("SELECT seq FROM inbox WHERE stream = ?1 AND dedupe_key = ?2")
+                .and_then(|mut st| {
+                    st.query_row([&event.stream, &event.dedupe_key], |r| r.get(0))
+                        .optional()
+                })
+                .map_err(|e| self.err(e))?;
+            if let Some(seq) = found {
+                return Ok(super::EventAppend {
+                    seq: seq as u64,
+                    duplicate: true,
+                });
+            }
+            let data = serde_json::to_string(event).map_err(|e| self.err(e))?;
+            tx.prepare_cached("INSERT INTO inbox (stream, dedupe_key, data) VALUES (?1, ?2, ?3)")
+                .and_then(|mut st| st.execute(params![event.stream, event.dedupe_key, data]))
+                .map_err(|e| self.err(e))?;
+            Ok(super::EventAppend {
+                seq: tx.last_insert_rowid() as u64,
+                duplicate: false,
+            })
+        })
     }
 }
 

@@ -5,14 +5,19 @@
 //!
 //! See `docs/triggers.md`.
 
+pub mod connections;
+pub mod feed;
 mod registry;
+pub mod webhook;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::wasm::GuestError;
 
+pub use connections::{check_binding, connection_view, feed_once, Created, FeedReport, SealingKey};
 pub use registry::{Fire, Origin, Preview, SourceEntry, TriggerRegistry, PLUGIN_DIR_ENV};
+pub use webhook::Received;
 
 /// What makes a source fire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,6 +132,10 @@ pub struct Admission {
     pub fired_at: String,
     /// What the occurrence receives.
     pub payload: Value,
+    /// An event source's named inputs for the occurrence (an object set on
+    /// its `input_data`), never part of the envelope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Value>,
 }
 
 /// The answer of `admit`.
@@ -232,4 +241,15 @@ impl TriggerError {
         }
         v
     }
+}
+
+/// Whether `id` is a connection id: letters, digits, `_` or `-`, 1 to 64,
+/// starting with a letter or digit.
+pub fn connection_id_ok(id: &str) -> bool {
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-'))
 }

@@ -22,12 +22,14 @@ pub const PLUGIN_DIR_ENV: &str = "STEPWELL_TRIGGER_DIR";
 /// (previews, and calls that give none).
 pub const PREVIEW_BINDING_ID: &str = "00000000-0000-0000-0000-000000000000";
 
-static BUILTINS: [(&str, &[u8]); 2] = [
+static BUILTINS: [(&str, &[u8]); 4] = [
     (
         "schedule",
         include_bytes!(env!("STEPWELL_BUILTIN_SCHEDULE")),
     ),
     ("manual", include_bytes!(env!("STEPWELL_BUILTIN_MANUAL"))),
+    ("webhook", include_bytes!(env!("STEPWELL_BUILTIN_WEBHOOK"))),
+    ("feed", include_bytes!(env!("STEPWELL_BUILTIN_FEED"))),
 ];
 
 /// Where a source comes from.
@@ -220,6 +222,15 @@ impl TriggerRegistry {
         &self.entries
     }
 
+    /// The kind of the available source `id@version`, if there is one.
+    pub fn kind(&self, name: &str) -> Option<super::SourceKind> {
+        self.entries
+            .iter()
+            .find(|e| e.available && e.name == name)
+            .and_then(|e| e.descriptor.as_ref())
+            .map(|d| d.kind)
+    }
+
     /// The available source `id@version`.
     pub fn get(&self, name: &str) -> Result<&Arc<TriggerComponent>, TriggerError> {
         match name.split_once('@') {
@@ -283,7 +294,7 @@ impl TriggerRegistry {
         let mut fires = Vec::new();
         let mut end = "count";
         while fires.len() < count {
-            let until = match source.prepare(&binding, &state, &now)? {
+            let until = match source.prepare(&binding, &state, &now, &[])? {
                 Wait::Until { until } => until,
                 Wait::Idle => {
                     end = "idle";
@@ -299,7 +310,7 @@ impl TriggerRegistry {
             if due > parse_time(&now).unwrap_or(from) {
                 now = format_time(due);
             }
-            let admitted = source.admit(&binding, &state, &now)?;
+            let admitted = source.admit(&binding, &state, &now, &[])?;
             let Some(a) = admitted.admission else {
                 return Err(TriggerError::Failed(format!(
                     "prepare said {until} but admit at {now} admitted nothing"
@@ -342,7 +353,8 @@ impl TriggerRegistry {
         let allowed: &[&str] = match method {
             "validate" => &["config", "now"],
             "initial-state" | "initial_state" => &["binding", "now"],
-            "prepare" | "admit" | "rearm" => &["binding", "state", "now"],
+            "prepare" | "admit" => &["binding", "state", "now", "events"],
+            "rearm" => &["binding", "state", "now"],
             "normalize" => &["binding", "event_id", "fired_at", "payload"],
             other => {
                 return Err(input(
@@ -374,11 +386,16 @@ impl TriggerRegistry {
         };
         let binding =
             || -> Result<Binding, TriggerError> { Self::binding_arg(name, need("binding")?) };
+        let events = match args.get("events") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items.clone(),
+            Some(_) => return Err(input("input.events", "must be a JSON array")),
+        };
         let out = match method {
             "validate" => source.validate(need("config")?, &now)?,
             "initial-state" | "initial_state" => source.initial_state(&binding()?, &now)?,
-            "prepare" => json!(source.prepare(&binding()?, need("state")?, &now)?),
-            "admit" => json!(source.admit(&binding()?, need("state")?, &now)?),
+            "prepare" => json!(source.prepare(&binding()?, need("state")?, &now, &events)?),
+            "admit" => json!(source.admit(&binding()?, need("state")?, &now, &events)?),
             "rearm" => source.rearm(&binding()?, need("state")?, &now)?,
             _ => json!(source.normalize(
                 &binding()?,

@@ -153,15 +153,21 @@ impl TriggerComponent {
         json("initial-state", &out)
     }
 
-    /// `prepare(binding, state, now)`: what the source waits for next.
+    /// `prepare(binding, state, now, events)`: what the source waits for
+    /// next. `events`: an event source's pending inbox records
+    /// ([`crate::store::InboxEvent::to_source_record`]), else empty.
     pub fn prepare(
         &self,
         binding: &Binding,
         state: &Value,
         now: &str,
+        events: &[Value],
     ) -> Result<Wait, TriggerError> {
+        let events = Value::from(events.to_vec()).to_string();
         let out = self
-            .call(|s, st| s.call_prepare(st, &wit_binding(binding), &state.to_string(), now))?
+            .call(|s, st| {
+                s.call_prepare(st, &wit_binding(binding), &state.to_string(), now, &events)
+            })?
             .map_err(from_wit_error)?;
         Ok(match out {
             wit::TriggerWait::Until(t) => Wait::Until { until: t },
@@ -170,22 +176,37 @@ impl TriggerComponent {
         })
     }
 
-    /// `admit(binding, state, now)`: the firing due at `now`, if any, and
-    /// the new state.
+    /// `admit(binding, state, now, events)`: the firing due at `now`, if
+    /// any, and the new state (`events` as for [`TriggerComponent::prepare`]).
     pub fn admit(
         &self,
         binding: &Binding,
         state: &Value,
         now: &str,
+        events: &[Value],
     ) -> Result<AdmitResult, TriggerError> {
+        let events = Value::from(events.to_vec()).to_string();
         let out = self
-            .call(|s, st| s.call_admit(st, &wit_binding(binding), &state.to_string(), now))?
+            .call(|s, st| {
+                s.call_admit(st, &wit_binding(binding), &state.to_string(), now, &events)
+            })?
             .map_err(from_wit_error)?;
         Ok(AdmitResult {
             admission: match out.admission {
                 None => None,
                 Some(a) => Some(Admission {
                     payload: json("admission.payload", &a.payload)?,
+                    inputs: match a.inputs {
+                        None => None,
+                        Some(text) => match json("admission.inputs", &text)? {
+                            v @ Value::Object(_) => Some(v),
+                            _ => {
+                                return Err(TriggerError::Guest(GuestError::BadOutput {
+                                    message: "admission.inputs that is not a JSON object".into(),
+                                }))
+                            }
+                        },
+                    },
                     event_id: a.event_id,
                     fired_at: a.fired_at,
                 }),

@@ -36,7 +36,7 @@ impl TriggerSource for Manual {
         Ok(json!({"anchor": null, "tick": 0, "scheduled_count": 0, "exhausted": false}))
     }
 
-    fn prepare(_: &Binding, _: &Value, _: &str) -> Result<Wait, TriggerError> {
+    fn prepare(_: &Binding, _: &Value, _: &str, _: &[Value]) -> Result<Wait, TriggerError> {
         Ok(Wait::Idle)
     }
 
@@ -44,6 +44,7 @@ impl TriggerSource for Manual {
         _: &Binding,
         state: &Value,
         _: &str,
+        _: &[Value],
     ) -> Result<(Option<Admission>, Value), TriggerError> {
         Ok((None, state.clone()))
     }

@@ -386,7 +386,12 @@ impl TriggerSource for Schedule {
         }))
     }
 
-    fn prepare(binding: &Binding, state: &Value, _now: &str) -> Result<Wait, TriggerError> {
+    fn prepare(
+        binding: &Binding,
+        state: &Value,
+        _now: &str,
+        _: &[Value],
+    ) -> Result<Wait, TriggerError> {
         let cfg = config_of(binding)?;
         let s = state_of(&cfg, state)?;
         Ok(match cfg.next_tick(&s) {
@@ -402,6 +407,7 @@ impl TriggerSource for Schedule {
         binding: &Binding,
         state: &Value,
         now: &str,
+        _: &[Value],
     ) -> Result<(Option<Admission>, Value), TriggerError> {
         let cfg = config_of(binding)?;
         let s = state_of(&cfg, state)?;
@@ -452,6 +458,7 @@ impl TriggerSource for Schedule {
             exhausted: false,
         });
         let admission = Admission {
+            inputs: None,
             event_id: format!("schedule@1:{}:{fired}", binding.binding_id),
             fired_at,
             payload,

@@ -444,7 +444,12 @@ impl TriggerSource for CronSource {
         }))
     }
 
-    fn prepare(binding: &Binding, state: &Value, _now: &str) -> Result<Wait, TriggerError> {
+    fn prepare(
+        binding: &Binding,
+        state: &Value,
+        _now: &str,
+        _: &[Value],
+    ) -> Result<Wait, TriggerError> {
         let cfg = config_of(binding)?;
         let s = state_of(state)?;
         Ok(match s.next_at {
@@ -457,6 +462,7 @@ impl TriggerSource for CronSource {
         binding: &Binding,
         state: &Value,
         now: &str,
+        _: &[Value],
     ) -> Result<(Option<Admission>, Value), TriggerError> {
         let cfg = config_of(binding)?;
         let mut s = state_of(state)?;
@@ -479,6 +485,7 @@ impl TriggerSource for CronSource {
         }
         s.admitted += 1;
         let admission = Admission {
+            inputs: None,
             event_id: format!("cron@1:{}:{last}", binding.binding_id),
             fired_at: format_time(at),
             payload,

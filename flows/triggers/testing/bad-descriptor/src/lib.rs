@@ -17,13 +17,18 @@ impl TriggerSource for Bad {
     fn initial_state(_: &Binding, _: &str) -> Result<Value, TriggerError> {
         Ok(Value::Null)
     }
-    fn prepare(_: &Binding, _: &Value, _: &str) -> Result<Wait, TriggerError> {
+    fn prepare(_: &Binding, _: &Value, _: &str, _: &[Value]) -> Result<Wait, TriggerError> {
         let mut i: u64 = 0;
         loop {
             i = std::hint::black_box(i.wrapping_add(1));
         }
     }
-    fn admit(_: &Binding, s: &Value, _: &str) -> Result<(Option<Admission>, Value), TriggerError> {
+    fn admit(
+        _: &Binding,
+        s: &Value,
+        _: &str,
+        _: &[Value],
+    ) -> Result<(Option<Admission>, Value), TriggerError> {
         Ok((None, s.clone()))
     }
     fn rearm(_: &Binding, s: &Value, _: &str) -> Result<Value, TriggerError> {

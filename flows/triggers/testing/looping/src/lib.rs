@@ -19,10 +19,15 @@ impl TriggerSource for Looping {
     fn initial_state(_: &Binding, _: &str) -> Result<Value, TriggerError> {
         Ok(Value::Null)
     }
-    fn prepare(_: &Binding, _: &Value, _: &str) -> Result<Wait, TriggerError> {
+    fn prepare(_: &Binding, _: &Value, _: &str, _: &[Value]) -> Result<Wait, TriggerError> {
         Ok(Wait::Idle)
     }
-    fn admit(_: &Binding, s: &Value, _: &str) -> Result<(Option<Admission>, Value), TriggerError> {
+    fn admit(
+        _: &Binding,
+        s: &Value,
+        _: &str,
+        _: &[Value],
+    ) -> Result<(Option<Admission>, Value), TriggerError> {
         Ok((None, s.clone()))
     }
     fn rearm(_: &Binding, s: &Value, _: &str) -> Result<Value, TriggerError> {

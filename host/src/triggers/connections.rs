@@ -1,0 +1,783 @@
+//! Trigger connections: one user's instance of an event source (this
+//! webhook endpoint and its signing secret, this feed), registered once and
+//! bound by any number of automations (`trigger.config.connection_id`).
+//!
+//! Each connection has one stream in the store's event inbox,
+//! `trigger:<connection_id>`: feeders (the webhook endpoint of `stepwell
+//! serve`, the feed poller of the driver, `stepwell connections send`)
+//! append to it, and the automations bound to the connection read it after
+//! their cursor ([`crate::automation`]'s controller hands the records to the
+//! source). After an append the idle automations bound to the connection
+//! are woken ([`wake_consumers`]); a wake missed in a race is caught by the
+//! driver's periodic sweep ([`feed_once`]).
+//!
+//! Secrets (a webhook's signing secret) are sealed with ChaCha20-Poly1305
+//! under a key derived from a key file beside the database
+//! (`connections.key`, 0600, created on first use), bound to the
+//! connection's id: the store holds only the sealed text, and no response,
+//! ledger or log holds the secret, which is shown once, when it is created.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{ChaCha20Poly1305, Nonce};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+use super::SourceKind;
+use crate::automation::AutomationError;
+use crate::core::{Error, Result};
+use crate::store::{ConnectionRecord, InboxEvent, Store, StoreError};
+use crate::Runtime;
+use stepwell_automation_core::time::format_timestamp as format_time;
+
+/// The key file's name beside the database.
+pub const KEY_FILE: &str = "connections.key";
+/// `webhook.received@1`.
+pub const WEBHOOK_SOURCE: &str = "webhook.received@1";
+/// `feed.item@1`.
+pub const FEED_SOURCE: &str = "feed.item@1";
+
+/// Where a runtime's sealing key comes from.
+#[derive(Clone)]
+pub enum SealingKey {
+    /// A key file (created 0600 with 32 random bytes when missing).
+    File(PathBuf),
+    /// A key held in memory (tests, the memory store).
+    Memory([u8; 32]),
+}
+
+impl std::fmt::Debug for SealingKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SealingKey::File(p) => f.debug_tuple("File").field(p).finish(),
+            SealingKey::Memory(_) => f.write_str("Memory(..)"),
+        }
+    }
+}
+
+impl SealingKey {
+    /// A random key held in memory.
+    pub fn random() -> Self {
+        SealingKey::Memory(rand::random())
+    }
+
+    fn cipher(&self) -> Result<ChaCha20Poly1305> {
+        let key: [u8; 32] = match self {
+            SealingKey::Memory(k) => *k,
+            SealingKey::File(path) => {
+                let text = crate::core::config::load_or_create_secret_file(path)?;
+                Sha256::digest(format!("stepwell connections key\n{text}").as_bytes()).into()
+            }
+        };
+        Ok(ChaCha20Poly1305::new(&key.into()))
+    }
+
+    /// `secret` sealed for connection `id`: `v1.<base64 nonce>.<base64
+    /// ciphertext>`.
+    pub fn seal(&self, id: &str, secret: &str) -> Result<String> {
+        let nonce: [u8; 12] = rand::random();
+        let sealed = self
+            .cipher()?
+            .encrypt(
+                Nonce::from_slice(&nonce),
+                Payload {
+                    msg: secret.as_bytes(),
+                    aad: id.as_bytes(),
+                },
+            )
+            .map_err(|_| sealing("the secret could not be sealed"))?;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        Ok(format!("v1.{}.{}", b64.encode(nonce), b64.encode(sealed)))
+    }
+
+    /// The secret `sealed` for connection `id`.
+    pub fn open(&self, id: &str, sealed: &str) -> Result<String> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let bad = || {
+            sealing(format!("the sealed secret of connection {id} cannot be opened with this key (another key file, or altered)"))
+        };
+        let mut parts = sealed.split('.');
+        let (Some("v1"), Some(nonce), Some(text), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        let nonce = b64.decode(nonce).map_err(|_| bad())?;
+        let text = b64.decode(text).map_err(|_| bad())?;
+        if nonce.len() != 12 {
+            return Err(bad());
+        }
+        let plain = self
+            .cipher()?
+            .decrypt(
+                Nonce::from_slice(&nonce),
+                Payload {
+                    msg: &text,
+                    aad: id.as_bytes(),
+                },
+            )
+            .map_err(|_| bad())?;
+        String::from_utf8(plain).map_err(|_| bad())
+    }
+}
+
+fn sealing(message: impl Into<String>) -> Error {
+    Error::Automation(AutomationError::new(
+        "connection_secret_unavailable",
+        None,
+        message,
+    ))
+}
+
+/// A connection error with the reference's reason codes
+/// (`connection_not_found`, `connection_required`,
+/// `connection_source_mismatch`, `connection_disabled`,
+/// `invalid_connection`).
+pub fn connection_error(code: &str, field: Option<&str>, message: impl Into<String>) -> Error {
+    Error::Automation(AutomationError::new(code, field, message))
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> Error {
+    connection_error("invalid_connection", Some(field), message)
+}
+
+/// A new connection id: `tc_` and 32 hex digits.
+pub fn new_connection_id() -> String {
+    format!("tc_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A Standard Webhooks secret: `whsec_` and the base64 of 24 random bytes.
+pub fn new_webhook_secret() -> String {
+    let bytes: [u8; 24] = rand::random();
+    format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+/// The connection as every reader sees it: never its secret; `path` (the
+/// endpoint of `stepwell serve`) for a webhook, `stream`, and whether a
+/// secret is set.
+pub fn connection_view(c: &ConnectionRecord) -> Value {
+    let mut v = json!({
+        "connection_id": c.connection_id,
+        "source_id": c.source_id,
+        "source_version": c.source_version,
+        "source": format!("{}@{}", c.source_id, c.source_version),
+        "label": c.label,
+        "status": c.status,
+        "config": c.config,
+        "stream": c.stream(),
+        "has_secret": c.sealed_secret.is_some(),
+        "created_at": c.created_at,
+        "updated_at": c.updated_at,
+        "last_event_at": c.last_event_at,
+        "last_error": c.last_error,
+    });
+    if format!("{}@{}", c.source_id, c.source_version) == WEBHOOK_SOURCE {
+        v["path"] = json!(webhook_path(&c.connection_id));
+    }
+    v
+}
+
+/// `/v1/hooks/<connection_id>`.
+pub fn webhook_path(id: &str) -> String {
+    format!("/v1/hooks/{id}")
+}
+
+/// A connection just created, or its secret just rotated: the only
+/// answers that carry the secret.
+#[derive(Debug, Clone, Serialize)]
+pub struct Created {
+    /// The connection's id.
+    pub connection_id: String,
+    /// The signing secret, shown this once (`None` for a source without
+    /// one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// The webhook endpoint's path (a webhook connection).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The connection as [`connection_view`] shows it.
+    pub connection: Value,
+}
+
+fn object_config(config: &Value) -> Result<&Map<String, Value>> {
+    config
+        .as_object()
+        .ok_or_else(|| invalid("config", "must be a JSON object"))
+}
+
+fn reject_unknown(config: &Map<String, Value>, allowed: &[&str]) -> Result<()> {
+    let mut keys: Vec<&String> = config.keys().collect();
+    keys.sort();
+    match keys.into_iter().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => Err(invalid(
+            &format!("config.{k}"),
+            format!("unknown field (this source takes {})", allowed.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn int_in(config: &Map<String, Value>, key: &str, default: u64, lo: u64, hi: u64) -> Result<u64> {
+    match config.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v.as_u64().filter(|n| (lo..=hi).contains(n)).ok_or_else(|| {
+            invalid(
+                &format!("config.{key}"),
+                format!("must be an integer {lo}..{hi}"),
+            )
+        }),
+    }
+}
+
+/// A webhook connection's config: `{subject_path?, tolerance_s? = 300
+/// (60..3600), secret?}` (the secret is split off: it is sealed, never
+/// kept in the config).
+fn webhook_config(config: &Map<String, Value>) -> Result<(Value, Option<String>)> {
+    reject_unknown(config, &["secret", "subject_path", "tolerance_s"])?;
+    let mut out = Map::new();
+    if let Some(p) = config.get("subject_path").filter(|p| !p.is_null()) {
+        let ok = p.as_str().map(str::trim).filter(|p| {
+            !p.is_empty() && p.len() <= 200 && p.split('.').all(|part| !part.is_empty())
+        });
+        let Some(p) = ok else {
+            return Err(invalid(
+                "config.subject_path",
+                "must be a dotted path like data.id",
+            ));
+        };
+        out.insert("subject_path".into(), json!(p));
+    }
+    out.insert(
+        "tolerance_s".into(),
+        json!(int_in(config, "tolerance_s", 300, 60, 3600)?),
+    );
+    let secret = match config.get("secret") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if super::webhook::secret_key(s).is_ok() => Some(s.clone()),
+        Some(_) => {
+            return Err(invalid(
+                "config.secret",
+                "must be whsec_<base64 of at least 16 bytes>",
+            ))
+        }
+    };
+    Ok((Value::Object(out), secret))
+}
+
+/// A feed connection's config: `{url, every? = "15m" (at least 60 s),
+/// max_items? = 50 (1..200), initial_items? = "skip" | "deliver"}`.
+fn feed_config(config: &Map<String, Value>) -> Result<Value> {
+    reject_unknown(config, &["every", "initial_items", "max_items", "url"])?;
+    let url = config
+        .get("url")
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|u| {
+            (u.starts_with("http://") || u.starts_with("https://"))
+                && u.len() > u.find("://").unwrap_or(0) + 3
+                && !u.chars().any(char::is_whitespace)
+        })
+        .ok_or_else(|| invalid("config.url", "must be an http(s) address of a feed"))?;
+    let every = match config.get("every") {
+        None | Some(Value::Null) => "15m".to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(invalid("config.every", "must be a duration like 15m")),
+    };
+    match super::feed::parse_every(&every) {
+        Some(secs) if secs >= 60 => {}
+        Some(_) => return Err(invalid("config.every", "must be at least 60s")),
+        None => {
+            return Err(invalid(
+                "config.every",
+                "must match ^[1-9][0-9]*[smhd]$ and be at most 366d",
+            ))
+        }
+    }
+    let initial = match config.get("initial_items") {
+        None | Some(Value::Null) => "skip",
+        Some(Value::String(s)) if s == "skip" || s == "deliver" => s.as_str(),
+        Some(_) => {
+            return Err(invalid(
+                "config.initial_items",
+                "must be one of [\"skip\", \"deliver\"]",
+            ))
+        }
+    };
+    Ok(json!({
+        "url": url,
+        "every": every,
+        "max_items": int_in(config, "max_items", 50, 1, 200)?,
+        "initial_items": initial,
+    }))
+}
+
+fn check_label(label: Option<&str>, default: &str) -> Result<String> {
+    let label = label.map(str::trim).unwrap_or(default).to_string();
+    if label.chars().count() > 120 || label.chars().any(char::is_control) {
+        return Err(invalid(
+            "label",
+            "must be at most 120 characters without control characters",
+        ));
+    }
+    Ok(label)
+}
+
+impl Runtime {
+    fn sealing_key(&self) -> Result<&SealingKey> {
+        self.inner.sealing.as_ref().ok_or_else(|| {
+            sealing("this runtime has no sealing key for connection secrets (RuntimeBuilder::sealing_key)")
+        })
+    }
+
+    /// Creates a connection of event source `source` (`id@version`) with
+    /// `config`. A webhook connection gets a signing secret (`config.secret`
+    /// when given, else a new one), sealed; the answer is the only one that
+    /// shows it.
+    pub fn create_connection(
+        &self,
+        source: &str,
+        label: Option<&str>,
+        config: &Value,
+    ) -> Result<Created> {
+        let registry = self.triggers()?;
+        if registry.kind(source) != Some(SourceKind::Event) {
+            let known = registry.get(source).is_ok();
+            return Err(connection_error(
+                if known {
+                    "invalid_connection"
+                } else {
+                    "unknown_trigger_source"
+                },
+                Some("source"),
+                if known {
+                    format!("{source} is not an event source: only event sources take connections")
+                } else {
+                    format!("no available trigger source {source}")
+                },
+            ));
+        }
+        let (source_id, version) = source.split_once('@').unwrap_or((source, "1"));
+        let map = object_config(config)?;
+        let (config, secret) = match source {
+            WEBHOOK_SOURCE => {
+                let (c, s) = webhook_config(map)?;
+                (c, Some(s.unwrap_or_else(new_webhook_secret)))
+            }
+            FEED_SOURCE => (feed_config(map)?, None),
+            _ => (config.clone(), None),
+        };
+        let id = new_connection_id();
+        let now = format_time(self.now());
+        let record = ConnectionRecord {
+            connection_id: id.clone(),
+            source_id: source_id.to_string(),
+            source_version: version.parse().unwrap_or(1),
+            label: check_label(label, source)?,
+            status: "active".into(),
+            config,
+            sealed_secret: match &secret {
+                Some(s) => Some(self.sealing_key()?.seal(&id, s)?),
+                None => None,
+            },
+            created_at: now.clone(),
+            updated_at: now,
+            last_event_at: None,
+            last_error: None,
+            feeder_state: Value::Null,
+        };
+        self.store().create_connection(&record)?;
+        Ok(created(&record, secret))
+    }
+
+    /// Every connection, oldest first, as [`connection_view`] shows it.
+    pub fn list_connections(&self) -> Result<Vec<Value>> {
+        Ok(self
+            .store()
+            .list_connections()?
+            .iter()
+            .map(connection_view)
+            .collect())
+    }
+
+    /// The stored connection `id` (`connection_not_found` when unknown).
+    pub fn connection(&self, id: &str) -> Result<ConnectionRecord> {
+        let found = if super::connection_id_ok(id) {
+            self.store().get_connection(id)?
+        } else {
+            None
+        };
+        found.ok_or_else(|| {
+            connection_error(
+                "connection_not_found",
+                Some("connection_id"),
+                format!("no trigger connection {id:?}"),
+            )
+        })
+    }
+
+    /// Sets connection `id`'s status: `active` or `disabled` (a disabled
+    /// connection accepts no webhook call and is not polled; automations
+    /// cannot be bound to it).
+    pub fn set_connection_status(&self, id: &str, status: &str) -> Result<Value> {
+        if !matches!(status, "active" | "disabled") {
+            return Err(invalid("status", "must be active or disabled"));
+        }
+        let now = format_time(self.now());
+        let updated = self.update_connection(id, &mut |c| {
+            c.status = status.to_string();
+            c.updated_at = now.clone();
+            Ok(())
+        })?;
+        Ok(connection_view(&updated))
+    }
+
+    /// A new signing secret for webhook connection `id` (the old one stops
+    /// working at once); the answer is the only one that shows it.
+    pub fn rotate_connection_secret(&self, id: &str) -> Result<Created> {
+        let c = self.connection(id)?;
+        if c.sealed_secret.is_none() {
+            return Err(invalid(
+                "connection_id",
+                format!(
+                    "connection {id} ({}@{}) has no secret",
+                    c.source_id, c.source_version
+                ),
+            ));
+        }
+        let secret = new_webhook_secret();
+        let sealed = self.sealing_key()?.seal(id, &secret)?;
+        let now = format_time(self.now());
+        let updated = self.update_connection(id, &mut |c| {
+            c.sealed_secret = Some(sealed.clone());
+            c.updated_at = now.clone();
+            Ok(())
+        })?;
+        Ok(created(&updated, Some(secret)))
+    }
+
+    /// The secret of connection `c`, opened.
+    pub(crate) fn connection_secret(&self, c: &ConnectionRecord) -> Result<Option<String>> {
+        match &c.sealed_secret {
+            None => Ok(None),
+            Some(sealed) => self.sealing_key()?.open(&c.connection_id, sealed).map(Some),
+        }
+    }
+
+    /// Changes connection `id` atomically (`connection_not_found` when
+    /// unknown).
+    pub(crate) fn update_connection(
+        &self,
+        id: &str,
+        change: &mut dyn FnMut(&mut ConnectionRecord) -> std::result::Result<(), StoreError>,
+    ) -> Result<ConnectionRecord> {
+        self.connection(id)?;
+        self.store().update_connection(id, change)?.ok_or_else(|| {
+            connection_error(
+                "connection_not_found",
+                Some("connection_id"),
+                format!("no trigger connection {id:?}"),
+            )
+        })
+    }
+
+    /// Appends one event to connection `c`'s stream (CloudEvents 1.0
+    /// attributes, `data` as given), deduplicated on `dedupe_key`, records
+    /// `last_event_at`, and wakes the automations bound to it. Returns the
+    /// append and the event's id.
+    pub(crate) fn append_connection_event(
+        &self,
+        c: &ConnectionRecord,
+        event: ConnectionEvent,
+    ) -> Result<(crate::store::EventAppend, String)> {
+        let now = format_time(self.now());
+        let stream = c.stream();
+        let mut payload = json!({
+            "kind": "trigger.connection_event",
+            "specversion": "1.0",
+            "id": event.id,
+            "type": format!("abstract.{}.v{}", c.source_id, c.source_version),
+            "source": format!("abstract://triggers/connections/{}", c.connection_id),
+            "time": event.time.unwrap_or_else(|| now.clone()),
+            "datacontenttype": "application/json",
+            "connectionid": c.connection_id,
+            "abstracttrust": if event.trusted { "trusted" } else { "untrusted" },
+            "data": event.data,
+        });
+        if let Some(s) = &event.subject {
+            payload["subject"] = json!(s);
+        }
+        payload["dedupekey"] = json!(event.dedupe_key);
+        let event_id = format!("{stream}:{}", event.id);
+        let appended = self.store().append_event(&InboxEvent {
+            seq: 0,
+            stream,
+            event_id: event_id.clone(),
+            dedupe_key: event.dedupe_key.clone(),
+            appended_at: now.clone(),
+            payload,
+        })?;
+        if !appended.duplicate {
+            // Bookkeeping only: the event is stored whatever happens here.
+            let _ = self.store().update_connection(&c.connection_id, &mut |c| {
+                c.last_event_at = Some(now.clone());
+                c.last_error = None;
+                Ok(())
+            });
+            self.wake_consumers(Some(&c.connection_id))?;
+        }
+        Ok((appended, event_id))
+    }
+
+    /// Appends `data` to connection `id`'s stream as a test or plugin event
+    /// (subject `subject`, default `test`): what `stepwell connections
+    /// send` and `POST /v1/connections/{id}/events` do. Bound automations
+    /// admit it like any other event.
+    pub fn send_connection_event(
+        &self,
+        id: &str,
+        data: Value,
+        subject: Option<&str>,
+    ) -> Result<Value> {
+        let c = self.connection(id)?;
+        if c.status != "active" {
+            return Err(connection_error(
+                "connection_disabled",
+                Some("connection_id"),
+                format!("connection {id} is disabled"),
+            ));
+        }
+        let eid = format!("test:{}", uuid::Uuid::new_v4().simple());
+        let (appended, event_id) = self.append_connection_event(
+            &c,
+            ConnectionEvent {
+                id: eid.clone(),
+                data,
+                time: None,
+                subject: Some(subject.unwrap_or("test").to_string()),
+                dedupe_key: eid,
+                trusted: false,
+            },
+        )?;
+        Ok(json!({"status": "appended", "event_id": event_id, "seq": appended.seq}))
+    }
+
+    /// The events of connection `id`'s stream after `after`, at most
+    /// `limit`.
+    pub fn connection_events(&self, id: &str, after: u64, limit: usize) -> Result<Vec<InboxEvent>> {
+        let c = self.connection(id)?;
+        Ok(self.store().events_after(&c.stream(), after, limit)?)
+    }
+
+    /// Wakes the idle automations bound to connection `id` (every
+    /// connection when `None`) that have events to admit: each controller
+    /// parked on its wake wait whose source finds pending records is
+    /// resumed (the driver then runs it). Returns the woken automations.
+    pub fn wake_consumers(&self, connection_id: Option<&str>) -> Result<Vec<String>> {
+        let registry = self.triggers()?;
+        let wanted = |run: &crate::RunState| {
+            let t = &run.vars["_meta"]["automation"]["trigger"];
+            let name = format!(
+                "{}@{}",
+                t["source_id"].as_str().unwrap_or_default(),
+                t["source_version"]
+            );
+            registry.kind(&name) == Some(SourceKind::Event)
+                && connection_id.is_none_or(|id| t["config"]["connection_id"] == id)
+        };
+        let mut woken = Vec::new();
+        for run in self.list_runs(&crate::RunQuery {
+            status: Some(crate::RunStatus::Waiting),
+            workflow_id: Some(crate::automation::CONTROLLER_WORKFLOW_ID.into()),
+            ..Default::default()
+        })? {
+            if !wanted(&run) {
+                continue;
+            }
+            let wake = stepwell_automation_core::ids::wake_wait_key(&run.run_id);
+            if run.waiting.as_ref().is_none_or(|w| w.wait_key != wake) {
+                continue;
+            }
+            let definition = &run.vars["_meta"]["automation"];
+            let state = &run.vars["_runtime"]["automation"];
+            if state["paused"] == Value::Bool(true) || !definition["archived_at"].is_null() {
+                continue;
+            }
+            let pending =
+                crate::automation::source_events(self.store(), &registry, definition, state)?;
+            if pending.is_empty() {
+                continue;
+            }
+            match self.resume_at(
+                &run.run_id,
+                Some(&wake),
+                json!({"wake": "connection_event"}),
+                None,
+                0,
+                false,
+            ) {
+                Ok(_) => woken.push(run.run_id.clone()),
+                Err(Error::StaleResume { .. } | Error::Conflict { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(woken)
+    }
+}
+
+fn created(c: &ConnectionRecord, secret: Option<String>) -> Created {
+    let view = connection_view(c);
+    Created {
+        connection_id: c.connection_id.clone(),
+        secret,
+        path: view.get("path").and_then(Value::as_str).map(str::to_string),
+        connection: view,
+    }
+}
+
+/// One event for a connection's stream.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectionEvent {
+    /// The event's own id (the stored id is `<stream>:<id>`).
+    pub id: String,
+    /// Its `data`.
+    pub data: Value,
+    /// Its CloudEvents `time` (default: now).
+    pub time: Option<String>,
+    /// Its `subject`.
+    pub subject: Option<String>,
+    /// What makes it unique in the stream.
+    pub dedupe_key: String,
+    /// Written by the host's operator, not by others.
+    pub trusted: bool,
+}
+
+/// Checks the connection a binding names, at automation create and revise
+/// time: `connection_required` (no `config.connection_id`),
+/// `connection_not_found`, `connection_source_mismatch`,
+/// `connection_disabled`, each with field `trigger.config.connection_id`.
+/// A binding of a source that is not an event source takes none.
+pub fn check_binding(
+    store: &dyn Store,
+    kind: Option<SourceKind>,
+    trigger: &Value,
+) -> std::result::Result<(), AutomationError> {
+    if kind != Some(SourceKind::Event) {
+        return Ok(());
+    }
+    let field = Some("trigger.config.connection_id");
+    let source = format!(
+        "{}@{}",
+        trigger["source_id"].as_str().unwrap_or_default(),
+        trigger["source_version"]
+    );
+    let Some(id) = trigger["config"]["connection_id"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+    else {
+        return Err(AutomationError::new(
+            "connection_required",
+            field,
+            format!("trigger {source} needs a connection: set config.connection_id"),
+        ));
+    };
+    let found = store
+        .get_connection(id)
+        .map_err(|e| AutomationError::new(e.code, field, e.message))?;
+    let Some(c) = found else {
+        return Err(AutomationError::new(
+            "connection_not_found",
+            field,
+            format!("no trigger connection {id:?}"),
+        ));
+    };
+    let theirs = format!("{}@{}", c.source_id, c.source_version);
+    if theirs != source {
+        return Err(AutomationError::new(
+            "connection_source_mismatch",
+            field,
+            format!("connection {id:?} is a {theirs} connection, not {source}"),
+        ));
+    }
+    if c.status == "disabled" {
+        return Err(AutomationError::new(
+            "connection_disabled",
+            field,
+            format!("connection {id:?} is disabled"),
+        ));
+    }
+    Ok(())
+}
+
+/// The key file of a store's connections: beside the database.
+pub fn key_file_beside(path: &Path) -> PathBuf {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .join(KEY_FILE)
+}
+
+/// What one [`feed_once`] pass did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FeedReport {
+    /// Feed connections polled, with the number of items appended.
+    pub polled: Vec<(String, usize)>,
+    /// Feed connections whose poll failed, with why.
+    pub failed: Vec<(String, String)>,
+    /// Automations woken by the sweep.
+    pub woken: Vec<String>,
+}
+
+/// How often the driver's sweep looks for idle automations with events to
+/// admit (a wake lost in a race is caught then).
+pub const SWEEP_INTERVAL_SECS: i64 = 30;
+
+/// The feeders' pass, for the driver loops (`stepwell drive`, `stepwell
+/// serve`): polls the feed connections that are due, and every
+/// [`SWEEP_INTERVAL_SECS`] wakes idle automations that have events to
+/// admit. Does nothing when the store keeps no connections.
+pub fn feed_once(rt: &Runtime) -> Result<FeedReport> {
+    let mut report = FeedReport::default();
+    let connections = match rt.store().list_connections() {
+        Ok(c) => c,
+        Err(e) if e.code == "store_io" && e.message.contains("no event inbox") => {
+            return Ok(report)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let now = rt.now();
+    for c in connections.iter().filter(|c| {
+        c.status == "active" && format!("{}@{}", c.source_id, c.source_version) == FEED_SOURCE
+    }) {
+        if !super::feed::due(c, now) {
+            continue;
+        }
+        match super::feed::poll(rt, &c.connection_id, false) {
+            Ok(Some(n)) => report.polled.push((c.connection_id.clone(), n)),
+            Ok(None) => {}
+            Err(e) => report.failed.push((c.connection_id.clone(), e.to_string())),
+        }
+    }
+    if !connections.is_empty() && rt.sweep_due(now) {
+        report.woken = rt.wake_consumers(None)?;
+    }
+    Ok(report)
+}
+
+impl Runtime {
+    /// Whether the periodic sweep is due (and, if so, that it runs now).
+    fn sweep_due(&self, now: DateTime<Utc>) -> bool {
+        let mut last = self.inner.last_sweep.lock();
+        if last.is_some_and(|t| (now - t).num_seconds() < SWEEP_INTERVAL_SECS) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+}
