@@ -1359,6 +1359,35 @@ fn connections_are_created_once_and_changed_atomically(b: Backend) {
     }
 }
 
+/// A JSON store's inbox whose last line was torn by a crash: the torn
+/// event was never appended, the next one is, and every stream still reads.
+#[test]
+fn a_torn_json_inbox_line_is_dropped_by_the_next_append() {
+    let f = fixture(Backend::Json);
+    f.store.append_event(&event("trigger:a", "w1", 1)).unwrap();
+    let path = f.dir.path().join("store").join("inbox.jsonl");
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    std::io::Write::write_all(
+        &mut file,
+        br#"{"seq":2,"stream":"trigger:a","event_id":"torn"#,
+    )
+    .unwrap();
+    drop(file);
+    assert_eq!(f.store.events_after("trigger:a", 0, 10).unwrap().len(), 1);
+    let next = f.store.append_event(&event("trigger:a", "w2", 2)).unwrap();
+    assert!(!next.duplicate);
+    let read = f.store.events_after("trigger:a", 0, 10).unwrap();
+    assert_eq!(
+        read.iter()
+            .map(|e| e.dedupe_key.as_str())
+            .collect::<Vec<_>>(),
+        ["w1", "w2"]
+    );
+}
+
 mod inbox {
     use super::*;
     store_tests!(
@@ -1790,19 +1819,18 @@ mod processes {
         env!("CARGO_BIN_EXE_store-worker").into()
     }
 
+    /// The `--store` text of `open(backend, dir)`'s store, for a worker.
+    fn spec_of(backend: Backend, dir: &std::path::Path) -> String {
+        match backend {
+            Backend::Sqlite => format!("sqlite:{}", dir.join("db.sqlite").display()),
+            Backend::Json => format!("json:{}", dir.join("store").display()),
+            Backend::Memory => unreachable!("one process only"),
+        }
+    }
+
     fn race(backend: Backend, mode: &str) -> Vec<serde_json::Value> {
         let dir = tempfile::tempdir().unwrap();
-        let (store, spec) = match backend {
-            Backend::Sqlite => (
-                open(backend, dir.path()),
-                format!("sqlite:{}", dir.path().join("db.sqlite").display()),
-            ),
-            Backend::Json => (
-                open(backend, dir.path()),
-                format!("json:{}", dir.path().join("store").display()),
-            ),
-            Backend::Memory => unreachable!("one process only"),
-        };
+        let (store, spec) = (open(backend, dir.path()), spec_of(backend, dir.path()));
         let mut r = run("counted", "wf");
         r.vars.insert("count".into(), json!(0));
         store.create_if_absent(&r).unwrap();
@@ -1863,16 +1891,7 @@ mod processes {
     /// once: each key is stored once, in one place of the stream.
     fn events_race(backend: Backend) {
         let dir = tempfile::tempdir().unwrap();
-        let (store, spec) = match backend {
-            Backend::Sqlite => (
-                open(backend, dir.path()),
-                format!("sqlite:{}", dir.path().join("db.sqlite").display()),
-            ),
-            _ => (
-                open(backend, dir.path()),
-                format!("json:{}", dir.path().join("store").display()),
-            ),
-        };
+        let (store, spec) = (open(backend, dir.path()), spec_of(backend, dir.path()));
         let go = dir.path().join("go");
         let go_arg = go.display().to_string();
         let children: Vec<_> = (0..4)

@@ -286,6 +286,20 @@ fn a_webhook_signed_by_the_reference_library_runs_the_automation_once() {
     assert_eq!(origin["event"]["connectionid"], cid.as_str(), "{origin}");
     assert_eq!(origin["event"]["abstracttrust"], "untrusted");
     assert_eq!(origin["event"]["subject"], "msg_1");
+    // Connection errors over HTTP: their reason code and a fitting status.
+    let missing = agent
+        .get(format!("{}/v1/connections/tc_nope", server.url))
+        .header("Authorization", format!("Bearer {}", token.trim()))
+        .call()
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let bad = agent
+        .post(format!("{}/v1/connections", server.url))
+        .header("Authorization", format!("Bearer {}", token.trim()))
+        .header("Content-Type", "application/json")
+        .send(r#"{"source": "webhook.received@1", "config": {"tolerance_s": 59}}"#)
+        .unwrap();
+    assert_eq!(bad.status(), 400);
     // An unknown connection, and no token needed (nor taken) for the route.
     let unknown = send(
         &python,
@@ -332,6 +346,18 @@ fn a_webhook_signed_by_the_reference_library_runs_the_automation_once() {
         )
         .unwrap_err();
     assert!(e.contains("connection_disabled"), "{e}");
+    // The key file lost: calls are 503 (the host's fault), and no new key
+    // is made that could not open the stored secrets.
+    b.ok(&["connections", "enable", &cid]);
+    let key = b.dir.path().join("connections.key");
+    std::fs::remove_file(&key).unwrap();
+    let answers = send(
+        &python,
+        &format!("{}{path}", server.url),
+        &json!([{"id": "msg_10", "body": "{}", "secret": secret}]),
+    );
+    assert_eq!(answers[0]["status"], 503, "{answers:?}");
+    assert!(!key.exists(), "opening a secret never creates a key");
 }
 
 /// A signed call, as a sender would make it.
@@ -448,8 +474,14 @@ impl FeedServer {
             .iter()
             .rev()
             .map(|i| {
+                // Even items have no guid and no link: known by their title.
+                let id = if i % 2 == 0 {
+                    String::new()
+                } else {
+                    format!("<link>https://example.org/{i}</link><guid>item-{i}</guid>")
+                };
                 format!(
-                    "<item><title>Item {i}</title><link>https://example.org/{i}</link><guid>item-{i}</guid>\
+                    "<item><title>Item {i}</title>{id}\
                      <description>Do what item {i} says</description>\
                      <pubDate>Tue, 01 Dec 2026 0{i}:00:00 GMT</pubDate></item>"
                 )
@@ -460,6 +492,46 @@ impl FeedServer {
              <link>https://example.org</link><description>test</description>{items}</channel></rss>"
         );
     }
+}
+
+#[test]
+fn a_body_of_a_mebibyte_runs_and_what_follows_runs_too() {
+    let b = Box_::new();
+    let (cid, secret, path) = webhook_connection(&b);
+    bind(&b, "big", "webhook.received", &cid);
+    b.drive();
+    let server = Server::start(&b, &["--no-drive"]);
+    let url = format!("{}{path}", server.url);
+    // The worst case for JSON: a mebibyte of control characters (text),
+    // each escaped to six bytes wherever the body is copied.
+    let huge = "\u{1}".repeat(1024 * 1024);
+    let mut headers = signed(&secret, "big_1", &huge);
+    headers[3].1 = "text/plain".into();
+    assert_eq!(post(&url, &headers, &huge), 202);
+    let small = json!({"n": 2}).to_string();
+    assert_eq!(post(&url, &signed(&secret, "small_2", &small), &small), 202);
+    drop(server);
+    b.drive();
+    // One occurrence: the big event is cut down to fit, so the small one
+    // fits beside it.
+    let runs = b.occurrences();
+    assert_eq!(runs.len(), 1);
+    let calls: Vec<&Value> = runs
+        .iter()
+        .flat_map(|r| r["vars"]["calls"].as_array().unwrap())
+        .collect();
+    assert_eq!(calls[0]["id"], "big_1");
+    // The occurrence gets the event with its big field left out and where
+    // to find it; the stream keeps it whole.
+    assert_eq!(calls[0]["body"]["omitted"], "too_large", "{}", calls[0]);
+    assert_eq!(calls[1]["body"]["n"], 2);
+    let stored = b.ok(&["connections", "events", &cid, "--limit", "1"]);
+    assert_eq!(
+        stored[0]["payload"]["data"]["body_text"]
+            .as_str()
+            .map(str::len),
+        Some(huge.len())
+    );
 }
 
 #[test]
@@ -497,7 +569,7 @@ fn a_feed_with_three_then_two_more_items_is_two_occurrences_across_restarts() {
     assert_eq!(titles(&runs[0]), ["Item 1", "Item 2", "Item 3"]);
     assert_eq!(titles(&runs[1]), ["Item 4", "Item 5"]);
     assert_eq!(runs[1]["vars"]["feed"]["title"], "Loopback news");
-    assert_eq!(runs[1]["vars"]["items"][0]["link"], "https://example.org/4");
+    assert_eq!(runs[1]["vars"]["items"][1]["link"], "https://example.org/5");
     assert!(runs[1]["vars"]["prompt"]
         .as_str()
         .unwrap()
@@ -578,17 +650,23 @@ fn an_event_source_plugin_admits_only_what_it_selects() {
     let b = Box_::new();
     let created = b.ok(&["connections", "create", "alert@1"]);
     let cid = created["connection_id"].as_str().unwrap().to_string();
-    b.automation(
-        "alerts",
-        json!({"source_id": "alert", "source_version": 1,
-               "config": {"connection_id": cid, "min_severity": "error"}}),
-    )
-    .unwrap();
+    let id = b
+        .automation(
+            "alerts",
+            json!({"source_id": "alert", "source_version": 1,
+               "config": {"connection_id": cid, "min_severity": "error", "max_batch": 2}}),
+        )
+        .unwrap();
     b.drive();
+    // More alerts below the threshold than a batch holds, before the ones
+    // that count: they are passed over, never in the way.
     for (severity, text) in [
         ("info", "fyi"),
-        ("error", "disk full"),
         ("warning", "slow"),
+        ("info", "fyi again"),
+        ("info", "and again"),
+        ("error", "disk full"),
+        ("warning", "slow again"),
         ("critical", "down"),
     ] {
         b.ok(&[
@@ -601,12 +679,23 @@ fn an_event_source_plugin_admits_only_what_it_selects() {
     }
     b.drive();
     let runs = b.occurrences();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    let texts: Vec<&str> = runs[0]["vars"]["alerts"]
-        .as_array()
-        .unwrap()
+    let texts: Vec<Vec<&str>> = runs
         .iter()
-        .map(|a| a["text"].as_str().unwrap())
+        .map(|r| {
+            r["vars"]["alerts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a["text"].as_str().unwrap())
+                .collect()
+        })
         .collect();
-    assert_eq!(texts, ["disk full", "down"]);
+    // The first batch examined held nothing to admit; then "disk full" came
+    // with a warning passed over; then "down".
+    assert_eq!(texts, [vec!["disk full"], vec!["down"]]);
+    let ledger = b.ok(&["ledger", &id]).to_string();
+    assert!(
+        ledger.contains("automation.passed_over"),
+        "the cursor moved past the info alerts"
+    );
 }

@@ -215,10 +215,14 @@ pub fn build_prepared(
             input.insert("prompt".into(), json!(format!("{prompt}\n\n{frame}")));
         }
     }
-    // The source's named inputs (`calls`, `items`, ...).
+    // The source's named inputs (`calls`, `items`, ...): never one of the
+    // keys the automation or the host sets (a plugin cannot replace the
+    // framed prompt, the event, the grant or the bookkeeping vars).
     if let Some(Value::Object(named)) = inputs {
         for (k, v) in named {
-            input.insert(k.clone(), v.clone());
+            if !k.starts_with('_') && !RESERVED_INPUTS.contains(&k.as_str()) {
+                input.insert(k.clone(), v.clone());
+            }
         }
     }
     let policy = &definition["policy"];
@@ -331,6 +335,22 @@ pub struct Admitting<'a> {
     /// The source's named inputs, an object set on the inputs.
     pub inputs: Option<&'a Value>,
 }
+
+/// Input keys a source's named inputs never set.
+pub const RESERVED_INPUTS: [&str; 12] = [
+    "prompt",
+    "event",
+    "context",
+    "messages",
+    "tools",
+    "allowed_tools",
+    "workspace_root",
+    "scheduled_at",
+    "occurrence",
+    "session_id",
+    "use_context",
+    "include_context",
+];
 
 /// The source of every grant an automation writes.
 pub const GRANT_SOURCE: &str = "automation-policy";

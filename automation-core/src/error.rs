@@ -50,7 +50,7 @@ impl AutomationError {
 /// The reason codes of the automation layer, as `'static` strings (for
 /// the host's `Error::reason_code`); an unknown one reads `automation_error`.
 pub fn static_reason_code(code: &str) -> &'static str {
-    const CODES: [&str; 15] = [
+    const CODES: [&str; 21] = [
         "invalid_definition",
         "unsupported_feature",
         "unknown_trigger_source",
@@ -66,6 +66,12 @@ pub fn static_reason_code(code: &str) -> &'static str {
         "conflict",
         "invalid_input",
         "occurrence_not_found",
+        "connection_not_found",
+        "connection_required",
+        "connection_source_mismatch",
+        "connection_disabled",
+        "invalid_connection",
+        "connection_secret_unavailable",
     ];
     CODES
         .iter()

@@ -9,6 +9,7 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Map, Value};
+use sha2::Digest as _;
 
 use crate::admission::{
     admitted_envelope, build_prepared, history_ask, occurrence_session_kind, Admitting,
@@ -259,8 +260,26 @@ impl Controller<'_> {
                     return Ok(Step::AskTrigger(TriggerCall::Admit { history }));
                 };
                 let Some(admitted) = admitted else {
-                    // A stale wake: nothing is due.
-                    return Ok(Step::Route("rearm"));
+                    // Nothing to admit: a stale wake, or events the source
+                    // passed over, whose cursor it moved (committed, so
+                    // that they are not examined again).
+                    let moved = stored_trigger_state(&source_state);
+                    let own = |s: Option<&Value>| s.filter(|v| !v.is_null()).cloned();
+                    if own(moved.get("source_state")) == own(state.get("source_state")) {
+                        return Ok(Step::Route("rearm"));
+                    }
+                    let digest = hex::encode(sha2::Sha256::digest(
+                        Value::Object(moved.clone()).to_string().as_bytes(),
+                    ));
+                    return Ok(commit(
+                        vec![Entry::Decision(Planned {
+                            name: "automation.passed_over".into(),
+                            discriminator: digest[..32].to_string(),
+                            fields: into_map(json!({"source_state": moved.get("source_state")})),
+                            delta: json!({"state": moved}),
+                        })],
+                        "rearm",
+                    ));
                 };
                 coalesced = admitted
                     .payload
@@ -593,6 +612,21 @@ mod tests {
             at(&d, &s, Some(&nothing)).admit().unwrap(),
             Step::Route("rearm")
         );
+        // A source that passed events over moved its own cursor: that is
+        // committed, then the node rearms.
+        let passed = answer(TriggerAnswer::Admit {
+            state: json!({"tick": 0, "cursor_seq": 7}),
+            admitted: None,
+            context: None,
+        });
+        let Step::Commit(c, "rearm") = at(&d, &s, Some(&passed)).admit().unwrap() else {
+            panic!("the moved cursor is committed");
+        };
+        let Entry::Decision(p) = &c.entries[0] else {
+            panic!("a decision");
+        };
+        assert_eq!(p.name, "automation.passed_over");
+        assert_eq!(p.delta["state"]["source_state"]["cursor_seq"], 7);
         let admitted = answer(TriggerAnswer::Admit {
             state: json!({"tick": 4, "scheduled_count": 2, "cursor": 9}),
             admitted: Some(Admitted {

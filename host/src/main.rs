@@ -909,11 +909,22 @@ fn execute(cli: Cli) -> Result<(), Error> {
         Command::Drive {
             once, interval_ms, ..
         } => loop {
-            // The feeders first: a feed poll or a wake moves controllers
-            // this pass.
-            let feeds = stepwell::triggers::feed_once(&rt)?;
-            for (id, e) in &feeds.failed {
-                eprintln!("  connection {id}: {e}");
+            if once {
+                // One pass: the due feeds are polled here, first.
+                for (id, e) in &stepwell::triggers::feed_once(&rt)?.failed {
+                    eprintln!("  connection {id}: {e}");
+                }
+            } else {
+                // Feeds are polled in their own thread, never in the
+                // driver's way; the driver sweeps for lost wakes.
+                FEED_POLLER.get_or_init(|| {
+                    let (rt, stop) = (
+                        rt.clone(),
+                        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                    );
+                    std::thread::spawn(move || stepwell::triggers::run_feed_poller(rt, stop))
+                });
+                stepwell::triggers::sweep_once(&rt)?;
             }
             let report = rt.drive_once()?;
             if cli.json {
@@ -1076,6 +1087,9 @@ fn execute(cli: Cli) -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// The feed poller of `stepwell drive` (started with its first pass).
+static FEED_POLLER: std::sync::OnceLock<std::thread::JoinHandle<()>> = std::sync::OnceLock::new();
 
 /// Starts the `tracing` subscriber of `serve`: text or JSON lines on
 /// stderr, filtered by RUST_LOG (default `info`).

@@ -252,11 +252,39 @@ pub fn admit(
     events: &[Value],
     inputs: impl Fn(&Value) -> Option<Value>,
 ) -> Result<(Option<Admission>, Value), TriggerError> {
-    let cands = candidates(binding, state, events);
-    if cands.is_empty() {
+    admit_selected(binding, state, now, events, |_| true, inputs)
+}
+
+/// [`admit`] of the pending events `select` keeps (a plugin's filter,
+/// given each record). The others are passed over for good: when none is
+/// kept, nothing is admitted and the returned state's cursor moves past
+/// every record examined (the controller commits it), so a run of events
+/// the source never wants cannot stall the ones after it. [`prepare`]
+/// says "due" while any record is pending, selected or not.
+pub fn admit_selected(
+    binding: &Binding,
+    state: &Value,
+    now: &str,
+    events: &[Value],
+    select: impl Fn(&Value) -> bool,
+    inputs: impl Fn(&Value) -> Option<Value>,
+) -> Result<(Option<Admission>, Value), TriggerError> {
+    let examined = candidates(binding, state, events);
+    if examined.is_empty() {
         return Ok((None, state.clone()));
     }
     let (cursor_seq, since) = cursor(state, binding);
+    let past_all = events.iter().map(seq_of).fold(cursor_seq, u64::max);
+    let cands: Vec<&Value> = examined.into_iter().filter(|r| select(r)).collect();
+    if cands.is_empty() {
+        let mut next = shared(state, 0);
+        next.insert("cursor_seq".into(), json!(past_all));
+        next.insert("since".into(), json!(since));
+        if let Some(at) = state.get("last_admitted_at") {
+            next.insert("last_admitted_at".into(), at.clone());
+        }
+        return Ok((None, Value::Object(next)));
+    }
     let max_batch = binding.config["max_batch"]
         .as_u64()
         .unwrap_or(DEFAULT_MAX_BATCH) as usize;
@@ -265,7 +293,7 @@ pub fn admit(
     let new_cursor = if cands.len() > batch.len() {
         last
     } else {
-        events.iter().map(seq_of).fold(cursor_seq, u64::max)
+        past_all
     };
     let event_ids: Vec<String> = batch
         .iter()
@@ -308,6 +336,75 @@ pub fn rearm(binding: &Binding, state: &Value, now: &str) -> Result<Value, Trigg
     next.insert("cursor_seq".into(), json!(cursor_seq));
     next.insert("since".into(), json!(format_time(parse_time("now", now)?)));
     Ok(Value::Object(next))
+}
+
+/// Exports a connection-bound event source `$id@$version` whose every
+/// method is this module's, with `$inputs` (a `fn(&Value) -> Option<Value>`
+/// over the admission's payload) building the occurrence's named inputs.
+/// A source that needs more (its own config fields, a filter) implements
+/// [`TriggerSource`](super::TriggerSource) itself and calls this module
+/// (`flows/triggers/plugins/alert`).
+///
+/// ```ignore
+/// stepwell_guest::export_connection_source!("webhook.received", 1, "When a webhook is called", calls);
+/// ```
+#[macro_export]
+macro_rules! export_connection_source {
+    ($id:literal, $version:literal, $label:literal, $inputs:path) => {
+        const _: () = {
+            use $crate::trigger::connection;
+            use $crate::trigger::{Admission, Binding, Descriptor, Kind, TriggerError, Wait};
+
+            struct __ConnectionSource;
+
+            impl $crate::trigger::TriggerSource for __ConnectionSource {
+                fn descriptor() -> Descriptor {
+                    Descriptor {
+                        config_schema: connection::binding_config_schema(),
+                        event_schema: connection::batch_event_schema(),
+                        ..Descriptor::new($id, $version, $label, Kind::Event)
+                    }
+                }
+                fn validate(
+                    config: serde_json::Value,
+                    now: &str,
+                ) -> Result<serde_json::Value, TriggerError> {
+                    connection::validate(config, now)
+                }
+                fn initial_state(
+                    binding: &Binding,
+                    _: &str,
+                ) -> Result<serde_json::Value, TriggerError> {
+                    Ok(connection::initial_state(binding))
+                }
+                fn prepare(
+                    b: &Binding,
+                    state: &serde_json::Value,
+                    now: &str,
+                    events: &[serde_json::Value],
+                ) -> Result<Wait, TriggerError> {
+                    connection::prepare(b, state, now, events)
+                }
+                fn admit(
+                    b: &Binding,
+                    state: &serde_json::Value,
+                    now: &str,
+                    events: &[serde_json::Value],
+                ) -> Result<(Option<Admission>, serde_json::Value), TriggerError> {
+                    connection::admit(b, state, now, events, $inputs)
+                }
+                fn rearm(
+                    b: &Binding,
+                    state: &serde_json::Value,
+                    now: &str,
+                ) -> Result<serde_json::Value, TriggerError> {
+                    connection::rearm(b, state, now)
+                }
+            }
+
+            $crate::export_trigger_source!(__ConnectionSource);
+        };
+    };
 }
 
 #[cfg(test)]
@@ -360,6 +457,31 @@ mod tests {
         let rearmed = rearm(&b, &state, "2026-12-01T11:00:00Z").unwrap();
         assert_eq!(
             prepare(&b, &rearmed, "2026-12-01T11:00:00Z", &events).unwrap(),
+            Wait::Idle
+        );
+    }
+
+    #[test]
+    fn events_a_source_passes_over_move_the_cursor() {
+        let b = binding(1);
+        let state = initial_state(&b);
+        let events: Vec<Value> = (1..=2)
+            .map(|i| event(i, "2026-12-01T10:00:01+00:00"))
+            .collect();
+        let (none, next) = admit_selected(
+            &b,
+            &state,
+            "2026-12-01T10:00:02Z",
+            &events,
+            |_| false,
+            |_| None,
+        )
+        .unwrap();
+        assert!(none.is_none());
+        assert_eq!(next["cursor_seq"], 2);
+        assert_eq!(next["tick"], 0);
+        assert_eq!(
+            prepare(&b, &next, "2026-12-01T10:00:02Z", &events).unwrap(),
             Wait::Idle
         );
     }

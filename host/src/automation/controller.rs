@@ -201,10 +201,11 @@ pub(crate) fn source_events(
     let want = b.config["max_batch"].as_u64().unwrap_or(20) as usize + 1;
     let stream = crate::store::connection_stream(connection_id);
     let mut out = Vec::new();
+    let mut bytes = 0;
     loop {
         let page = store.events_after(&stream, after, EVENT_PAGE)?;
         let full = page.len() == EVENT_PAGE;
-        for e in page {
+        for mut e in page {
             after = e.seq;
             let fresh = match since {
                 None => true,
@@ -212,17 +213,68 @@ pub(crate) fn source_events(
                     parse_timestamp(&e.appended_at, "appended_at").is_ok_and(|at| at > since)
                 }
             };
-            if fresh {
-                out.push(e.to_source_record());
-                if out.len() >= want {
-                    return Ok(out);
-                }
+            if !fresh {
+                continue;
+            }
+            let size = slim_event(&mut e);
+            // A batch stays within its byte budget (its first event always
+            // goes): the rest waits for the next admission.
+            if !out.is_empty() && bytes + size > BATCH_BYTES {
+                return Ok(out);
+            }
+            bytes += size;
+            out.push(e.to_source_record());
+            if out.len() >= want {
+                return Ok(out);
             }
         }
         if !full {
             return Ok(out);
         }
     }
+}
+
+/// The most bytes of event payloads (as JSON) one admission carries: an
+/// occurrence's inputs hold them a few times over (the events, the named
+/// inputs, the framed prompt), and all of it must stay within what the
+/// controller's nodes may return.
+pub(crate) const BATCH_BYTES: usize = 384 << 10;
+/// The most bytes of one event's payload an occurrence receives.
+pub(crate) const EVENT_BYTES: usize = 192 << 10;
+
+/// Keeps event `e` within [`EVENT_BYTES`]: its largest `data` fields are
+/// replaced, largest first, by `{"omitted": "too_large", "bytes": N,
+/// "seq": S}` until it fits (the whole event stays in its stream: `stepwell
+/// connections events`). Returns its size.
+fn slim_event(e: &mut crate::store::InboxEvent) -> usize {
+    let size = |v: &Value| serde_json::to_string(v).map_or(0, |t| t.len());
+    let mut total = size(&e.payload);
+    if total <= EVENT_BYTES {
+        return total;
+    }
+    let seq = e.seq;
+    let Some(data) = e.payload.get_mut("data") else {
+        return total;
+    };
+    let Some(fields) = data.as_object_mut() else {
+        let bytes = size(data);
+        *data = json!({"omitted": "too_large", "bytes": bytes, "seq": seq});
+        return size(&e.payload);
+    };
+    let mut by_size: Vec<(String, usize)> =
+        fields.iter().map(|(k, v)| (k.clone(), size(v))).collect();
+    by_size.sort_by_key(|f| std::cmp::Reverse(f.1));
+    for (key, bytes) in by_size {
+        if total <= EVENT_BYTES {
+            break;
+        }
+        fields.insert(
+            key,
+            json!({"omitted": "too_large", "bytes": bytes, "seq": seq}),
+        );
+        total = total.saturating_sub(bytes);
+    }
+    size(&e.payload)
 }
 
 fn envelope_json(e: Envelope) -> Value {
@@ -514,6 +566,7 @@ fn allowed(node: &str) -> &'static [(&'static str, bool)] {
             ("automation.admitted", true),
             ("automation.coalesced", false),
             ("automation.completed", true),
+            ("automation.passed_over", true),
         ],
         "dispatch" => &[("automation.dispatched", true)],
         "record_outcome" => &[
@@ -537,7 +590,8 @@ fn refuse(message: String) -> Outcome {
 /// (`automation:<id>:wake`, until the deadline the node chose) before it.
 ///
 /// The host checks what it writes: each node writes only its own records
-/// (`admit`: admitted, coalesced, a cancelled completion; `dispatch`:
+/// (`admit`: admitted, coalesced, a cancelled completion, events an event
+/// source passed over; `dispatch`:
 /// dispatched; `record_outcome`: completed, retry_scheduled), a delta
 /// changes only state keys (never the definition), fields never set a
 /// record's common keys, only `wait` parks or notes an exhausted source,

@@ -50,9 +50,14 @@ impl ApiError {
             | "unknown_workflow"
             | "not_found"
             | "occurrence_not_found"
+            | "connection_not_found"
             | "snapshot_not_found" => StatusCode::NOT_FOUND,
-            "stale_resume" | "conflict" | "identity_conflict" | "revision_conflict"
-            | "quarantined" => StatusCode::CONFLICT,
+            "stale_resume"
+            | "conflict"
+            | "identity_conflict"
+            | "revision_conflict"
+            | "quarantined"
+            | "connection_disabled" => StatusCode::CONFLICT,
             "invalid_input"
             | "invalid_definition"
             | "invalid_request"
@@ -61,7 +66,11 @@ impl ApiError {
             | "invalid_command"
             | "invalid_state"
             | "component_load_failed"
-            | "history_unavailable" => StatusCode::BAD_REQUEST,
+            | "history_unavailable"
+            | "invalid_connection"
+            | "connection_required"
+            | "connection_source_mismatch" => StatusCode::BAD_REQUEST,
+            "connection_secret_unavailable" => StatusCode::SERVICE_UNAVAILABLE,
             "unauthorized" => StatusCode::UNAUTHORIZED,
             "payload_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
             "command_rejected" | "trigger_failed" | "trigger_source_unavailable" => {

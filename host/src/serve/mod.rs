@@ -303,6 +303,18 @@ impl Server {
         } else {
             None
         };
+        // Feeds are polled beside the driver, never in its way.
+        let poller = if self.drive {
+            let (rt, stop) = (self.shared.rt.clone(), stop.clone());
+            Some(
+                std::thread::Builder::new()
+                    .name("stepwell-feeds".into())
+                    .spawn(move || crate::triggers::run_feed_poller(rt, stop))
+                    .map_err(|e| Error::invalid("serve", e.to_string()))?,
+            )
+        } else {
+            None
+        };
         let shared = self.shared.clone();
         let shutdown_tx = self.shutdown_tx;
         let listener = self.listener;
@@ -369,6 +381,9 @@ impl Server {
         self.shared.wake.wake();
         if let Some(d) = driver {
             let _ = d.join();
+        }
+        if let Some(p) = poller {
+            let _ = p.join();
         }
         drop(self.commits_tx);
         drop(feeder);
@@ -487,13 +502,8 @@ async fn accept_loop(
 /// `stop`.
 fn drive_loop(rt: &Runtime, stop: &AtomicBool, wake: &Wake, interval: Duration) {
     while !stop.load(Ordering::SeqCst) {
-        match crate::triggers::feed_once(rt) {
-            Ok(feeds) => {
-                for (id, e) in &feeds.failed {
-                    tracing::warn!(connection_id = %id, error = %e, "feed poll");
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "feeders failed"),
+        if let Err(e) = crate::triggers::sweep_once(rt) {
+            tracing::error!(error = %e, "the sweep of event-bound automations failed");
         }
         match rt.drive_once() {
             Ok(report) => {

@@ -1084,6 +1084,18 @@ impl Store for JsonFileStore {
         }
         let seq = last + 1;
         let path = self.dir.join(INBOX);
+        // Drop a torn last line (a crash during its append): that event was
+        // never appended, and the next line must start on a line of its own.
+        if let Ok(bytes) = fs::read(&path) {
+            if !bytes.is_empty() && !bytes.ends_with(b"\n") {
+                let keep = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |p| p + 1);
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .and_then(|f| f.set_len(keep as u64))
+                    .map_err(|e| io(&path, e))?;
+            }
+        }
         let mut line = serde_json::to_vec(&super::InboxEvent {
             seq,
             ..event.clone()

@@ -898,7 +898,10 @@ pub trait Store: Send + Sync {
 }
 
 fn no_inbox() -> StoreError {
-    StoreError::io("this store keeps no event inbox or trigger connections")
+    StoreError {
+        code: "store_unsupported",
+        message: "this store keeps no event inbox or trigger connections".into(),
+    }
 }
 
 /// Checks that `run.version` follows `fence.version`, as [`Store::commit`]

@@ -17,7 +17,12 @@
 //! connection's id: the store holds only the sealed text, and no response,
 //! ledger or log holds the secret, which is shown once, when it is created.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use base64::Engine as _;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
@@ -65,11 +70,21 @@ impl SealingKey {
         SealingKey::Memory(rand::random())
     }
 
-    fn cipher(&self) -> Result<ChaCha20Poly1305> {
+    /// The cipher; `create`: make the key file when it is missing (only
+    /// to seal: opening never creates a key, which could not open what
+    /// another key sealed).
+    fn cipher(&self, create: bool) -> Result<ChaCha20Poly1305> {
         let key: [u8; 32] = match self {
             SealingKey::Memory(k) => *k,
             SealingKey::File(path) => {
-                let text = crate::core::config::load_or_create_secret_file(path)?;
+                if !create && !path.exists() {
+                    return Err(sealing(format!(
+                        "the connections key file {} is missing: restore it from the backup of the database (or rotate every webhook connection's secret)",
+                        path.display()
+                    )));
+                }
+                let text = crate::core::config::load_or_create_secret_file(path)
+                    .map_err(|e| sealing(format!("the connections key file: {e}")))?;
                 Sha256::digest(format!("stepwell connections key\n{text}").as_bytes()).into()
             }
         };
@@ -81,7 +96,7 @@ impl SealingKey {
     pub fn seal(&self, id: &str, secret: &str) -> Result<String> {
         let nonce: [u8; 12] = rand::random();
         let sealed = self
-            .cipher()?
+            .cipher(true)?
             .encrypt(
                 Nonce::from_slice(&nonce),
                 Payload {
@@ -112,7 +127,7 @@ impl SealingKey {
             return Err(bad());
         }
         let plain = self
-            .cipher()?
+            .cipher(false)?
             .decrypt(
                 Nonce::from_slice(&nonce),
                 Payload {
@@ -530,7 +545,11 @@ impl Runtime {
                 c.last_error = None;
                 Ok(())
             });
-            self.wake_consumers(Some(&c.connection_id))?;
+            // Best effort: the event is stored; a wake that fails is made
+            // by the driver's sweep.
+            if let Err(e) = self.wake_consumers(Some(&c.connection_id)) {
+                tracing::warn!(connection_id = %c.connection_id, error = %e, "waking the bound automations");
+            }
         }
         Ok((appended, event_id))
     }
@@ -738,36 +757,101 @@ pub struct FeedReport {
 /// admit (a wake lost in a race is caught then).
 pub const SWEEP_INTERVAL_SECS: i64 = 30;
 
-/// The feeders' pass, for the driver loops (`stepwell drive`, `stepwell
-/// serve`): polls the feed connections that are due, and every
-/// [`SWEEP_INTERVAL_SECS`] wakes idle automations that have events to
-/// admit. Does nothing when the store keeps no connections.
-pub fn feed_once(rt: &Runtime) -> Result<FeedReport> {
-    let mut report = FeedReport::default();
+/// The feed connections due for a poll at `now` (none when the store
+/// keeps no connections).
+fn due_feeds(rt: &Runtime) -> Result<Vec<String>> {
     let connections = match rt.store().list_connections() {
         Ok(c) => c,
-        Err(e) if e.code == "store_io" && e.message.contains("no event inbox") => {
-            return Ok(report)
-        }
+        Err(e) if e.code == "store_unsupported" => return Ok(Vec::new()),
         Err(e) => return Err(e.into()),
     };
     let now = rt.now();
-    for c in connections.iter().filter(|c| {
-        c.status == "active" && format!("{}@{}", c.source_id, c.source_version) == FEED_SOURCE
-    }) {
-        if !super::feed::due(c, now) {
-            continue;
-        }
-        match super::feed::poll(rt, &c.connection_id, false) {
-            Ok(Some(n)) => report.polled.push((c.connection_id.clone(), n)),
+    Ok(connections
+        .into_iter()
+        .filter(|c| {
+            c.status == "active"
+                && format!("{}@{}", c.source_id, c.source_version) == FEED_SOURCE
+                && super::feed::due(c, now)
+        })
+        .map(|c| c.connection_id)
+        .collect())
+}
+
+/// One pass of the feeders in the calling thread: polls the due feed
+/// connections one after the other, then [`sweep_once`]. What `stepwell
+/// drive --until-idle` and `--once` do; the long-running loops poll in
+/// their own thread instead ([`run_feed_poller`]), so that a slow feed
+/// never holds the driver.
+pub fn feed_once(rt: &Runtime) -> Result<FeedReport> {
+    let mut report = FeedReport::default();
+    for id in due_feeds(rt)? {
+        match super::feed::poll(rt, &id, false) {
+            Ok(Some(n)) => report.polled.push((id, n)),
             Ok(None) => {}
-            Err(e) => report.failed.push((c.connection_id.clone(), e.to_string())),
+            Err(e) => report.failed.push((id, e.to_string())),
         }
     }
-    if !connections.is_empty() && rt.sweep_due(now) {
-        report.woken = rt.wake_consumers(None)?;
-    }
+    report.woken = sweep_once(rt)?;
     Ok(report)
+}
+
+/// Every [`SWEEP_INTERVAL_SECS`] (the first call at once): wakes the idle
+/// automations that have events to admit (a wake lost in a race). Returns
+/// the woken automations.
+pub fn sweep_once(rt: &Runtime) -> Result<Vec<String>> {
+    if !rt.sweep_due(rt.now()) {
+        return Ok(Vec::new());
+    }
+    match rt.store().list_connections() {
+        Ok(c) if c.is_empty() => Ok(Vec::new()),
+        Err(e) if e.code == "store_unsupported" => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+        Ok(_) => rt.wake_consumers(None),
+    }
+}
+
+/// How many feeds one poller fetches at once.
+pub const POLLS_AT_ONCE: usize = 4;
+
+/// Polls the due feed connections until `stop` is set, looking every
+/// second, each poll in a thread of its own (at most [`POLLS_AT_ONCE`] at
+/// once; a poll is claimed in the store first, so pollers of several
+/// processes never fetch one feed together). Failures are logged and
+/// recorded on the connection.
+pub fn run_feed_poller(rt: Runtime, stop: Arc<AtomicBool>) {
+    let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
+    while !stop.load(Ordering::SeqCst) {
+        match due_feeds(&rt) {
+            Ok(ids) => {
+                for id in ids {
+                    let mut held = busy.lock();
+                    if held.len() >= POLLS_AT_ONCE || !held.insert(id.clone()) {
+                        continue;
+                    }
+                    drop(held);
+                    let (rt, held, polled) = (rt.clone(), busy.clone(), id.clone());
+                    let spawned = std::thread::Builder::new()
+                        .name("stepwell-feed".into())
+                        .spawn(move || {
+                            if let Err(e) = super::feed::poll(&rt, &id, false) {
+                                tracing::warn!(connection_id = %id, error = %e, "feed poll");
+                            }
+                            held.lock().remove(&id);
+                        });
+                    if spawned.is_err() {
+                        busy.lock().remove(&polled);
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "listing the feed connections"),
+        }
+        for _ in 0..10 {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
 }
 
 impl Runtime {

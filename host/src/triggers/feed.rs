@@ -59,6 +59,34 @@ pub fn due(c: &ConnectionRecord, now: DateTime<Utc>) -> bool {
     next_poll(c).is_none_or(|t| t <= now)
 }
 
+/// The feed parser, with item identities that never change between polls:
+/// an item without an id is known by its link, else by the SHA-256 of its
+/// title (feed-rs would make up a random one).
+fn parser() -> feed_rs::parser::Parser {
+    feed_rs::parser::Builder::new()
+        .id_generator(|links, title, _uri| match links.first() {
+            Some(link) => link.href.clone(),
+            None => format!(
+                "sha256:{}",
+                hex::encode(Sha256::digest(
+                    title.as_ref().map_or("", |t| t.content.as_str()).as_bytes()
+                ))
+            ),
+        })
+        .build()
+}
+
+/// What an item is known by in the inbox and in the seen list: its id, or
+/// the SHA-256 of an id longer than 200 bytes (a feed cannot make the
+/// connection's record grow without bound).
+fn identity(id: &str) -> String {
+    if id.len() <= 200 {
+        id.to_string()
+    } else {
+        format!("sha256:{}", hex::encode(Sha256::digest(id.as_bytes())))
+    }
+}
+
 /// One item as its event's `data`.
 fn item_data(e: &feed_rs::model::Entry, feed_title: &str, url: &str) -> Value {
     let text = |t: &Option<feed_rs::model::Text>| {
@@ -84,6 +112,7 @@ fn agent() -> ureq::Agent {
         .get_or_init(|| {
             ureq::Agent::config_builder()
                 .timeout_global(Some(FETCH_TIMEOUT))
+                .timeout_connect(Some(Duration::from_secs(10)))
                 .http_status_as_error(false)
                 .max_redirects(5)
                 .build()
@@ -179,7 +208,8 @@ pub fn poll(rt: &Runtime, id: &str, force: bool) -> Result<Option<usize>> {
     };
     let parsed = fetch(&url, &state).and_then(|f| match f {
         None => Ok(None),
-        Some((body, etag, lm)) => feed_rs::parser::parse(&body[..])
+        Some((body, etag, lm)) => parser()
+            .parse(&body[..])
             .map(|feed| Some((feed, etag, lm)))
             .map_err(|e| ("feed_unparsable".to_string(), format!("{url}: {e}"))),
     });
@@ -229,7 +259,7 @@ pub fn poll(rt: &Runtime, id: &str, force: bool) -> Result<Option<usize>> {
     let mut new: Vec<&feed_rs::model::Entry> = feed
         .entries
         .iter()
-        .filter(|e| !seen.contains(&e.id))
+        .filter(|e| !seen.contains(&identity(&e.id)))
         .collect();
     new.reverse();
     let deliver: Vec<&feed_rs::model::Entry> = if baseline {
@@ -246,8 +276,8 @@ pub fn poll(rt: &Runtime, id: &str, force: bool) -> Result<Option<usize>> {
                 id: format!("feed:{}", &digest[..32]),
                 data: item_data(e, &title, &url),
                 time: e.published.or(e.updated).map(format_time),
-                subject: Some(e.id.clone()),
-                dedupe_key: e.id.clone(),
+                subject: Some(identity(&e.id)),
+                dedupe_key: identity(&e.id),
                 trusted: false,
             },
         )?;
@@ -256,7 +286,7 @@ pub fn poll(rt: &Runtime, id: &str, force: bool) -> Result<Option<usize>> {
         }
     }
     let mut seen = seen;
-    seen.extend(new.iter().map(|e| e.id.clone()));
+    seen.extend(new.iter().map(|e| identity(&e.id)));
     let keep = seen.len().saturating_sub(MAX_SEEN_KEPT);
     let seen: Vec<String> = seen.split_off(keep);
     rt.store().update_connection(id, &mut |c| {

@@ -15,7 +15,10 @@ use serde_json::Value;
 
 use crate::wasm::GuestError;
 
-pub use connections::{check_binding, connection_view, feed_once, Created, FeedReport, SealingKey};
+pub use connections::{
+    check_binding, connection_view, feed_once, run_feed_poller, sweep_once, Created, FeedReport,
+    SealingKey,
+};
 pub use registry::{Fire, Origin, Preview, SourceEntry, TriggerRegistry, PLUGIN_DIR_ENV};
 pub use webhook::Received;
 

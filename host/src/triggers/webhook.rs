@@ -19,6 +19,7 @@ use hmac::{Hmac, Mac};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 use super::connections::{ConnectionEvent, WEBHOOK_SOURCE};
 use crate::core::Result;
@@ -27,8 +28,11 @@ use stepwell_automation_core::time::format_timestamp as format_time;
 
 /// The largest body a webhook call may have.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
-/// The longest `webhook-id`.
+/// The longest `webhook-id`, in characters.
 pub const MAX_WEBHOOK_ID: usize = 256;
+/// The most `webhook-signature` entries looked at (one per secret a
+/// sender signs with while it rotates).
+pub const MAX_SIGNATURES: usize = 16;
 /// Headers never kept with a stored call.
 pub const WITHHELD_HEADERS: [&str; 4] = [
     "webhook-signature",
@@ -116,33 +120,37 @@ pub fn verify(
     ) else {
         return Err((Refusal::MissingHeaders, id.map(str::to_string)));
     };
-    if id.len() > MAX_WEBHOOK_ID {
+    if id.chars().count() > MAX_WEBHOOK_ID {
         return Err((Refusal::MissingHeaders, None));
     }
     let refused = |r| Err((r, Some(id.to_string())));
     let Ok(timestamp) = ts.parse::<i64>() else {
         return refused(Refusal::BadTimestamp);
     };
-    if (now.timestamp() - timestamp).abs() > tolerance_s {
+    if now.timestamp().abs_diff(timestamp) > tolerance_s.unsigned_abs() {
         return refused(Refusal::Stale);
     }
-    let Ok(key) = secret_key(secret) else {
+    // The body is hashed once, whatever the number of entries (a caller
+    // without the secret cannot make the host hash it again and again),
+    // and at most MAX_SIGNATURES entries are looked at.
+    let Ok(mut mac) = secret_key(secret)
+        .and_then(|key| Hmac::<Sha256>::new_from_slice(&key).map_err(|e| e.to_string()))
+    else {
         return refused(Refusal::BadSignature);
     };
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    let expected = mac.finalize().into_bytes();
     let b64 = base64::engine::general_purpose::STANDARD;
-    for entry in sigs.split(' ') {
+    for entry in sigs.split(' ').take(MAX_SIGNATURES) {
         let Some(("v1", value)) = entry.split_once(',') else {
             continue;
         };
         let Ok(given) = b64.decode(value) else {
             continue;
         };
-        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&key) else {
-            continue;
-        };
-        mac.update(format!("{id}.{timestamp}.").as_bytes());
-        mac.update(body);
-        if mac.verify_slice(&given).is_ok() {
+        if given.len() == expected.len() && bool::from(given.as_slice().ct_eq(expected.as_slice()))
+        {
             return Ok(Verified {
                 webhook_id: id.to_string(),
                 timestamp,
@@ -219,7 +227,8 @@ fn subject_from(body: Option<&Value>, path: Option<&str>) -> Option<String> {
 pub struct Received {
     /// `appended`, `duplicate` or `refused`.
     pub status: &'static str,
-    /// 202, 409, 401, 404, 413 or 415.
+    /// 202, 409, 401, 404, 413, 415, or 503 when the host cannot open the
+    /// connection's secret.
     pub http_status: u16,
     /// Why it was refused (`missing_headers`, `bad_timestamp`, `stale`,
     /// `bad_signature`, `too_large`, `unsupported_body`,
@@ -304,8 +313,15 @@ impl Runtime {
         if body.len() > MAX_BODY_BYTES {
             return Ok(Received::refused(413, "too_large", None));
         }
-        let Some(secret) = self.connection_secret(c)? else {
-            return Ok(Received::refused(401, "bad_signature", None));
+        // A secret that cannot be opened (a missing or unreadable key
+        // file) is the host's fault: 503, the detail in the log only.
+        let secret = match self.connection_secret(c) {
+            Ok(Some(secret)) => secret,
+            Ok(None) => return Ok(Received::refused(401, "bad_signature", None)),
+            Err(e) => {
+                tracing::error!(connection_id = %c.connection_id, error = %e, "webhook secret unavailable");
+                return Ok(Received::refused(503, "unavailable", None));
+            }
         };
         let tolerance = c.config["tolerance_s"].as_i64().unwrap_or(300);
         let v = match verify(&secret, headers, body, now, tolerance) {
@@ -473,6 +489,36 @@ mod tests {
                 .0,
             Refusal::MissingHeaders
         );
+    }
+
+    #[test]
+    fn many_entries_and_far_timestamps_are_refused_cheaply() {
+        let now = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
+        let body = b"{}";
+        let sig = sign(SECRET, "m", 1_700_000_000, body).unwrap();
+        // The valid one among the first 16 entries is found...
+        let few = format!("{} {sig}", vec!["v1,AAAA"; 15].join(" "));
+        assert!(verify(SECRET, &headers("m", 1_700_000_000, &few), body, now, 300).is_ok());
+        // ... and not after them.
+        let many = format!("{} {sig}", vec!["v1,AAAA"; 10_000].join(" "));
+        assert_eq!(
+            verify(SECRET, &headers("m", 1_700_000_000, &many), body, now, 300)
+                .unwrap_err()
+                .0,
+            Refusal::BadSignature
+        );
+        // A timestamp that would overflow a subtraction is stale.
+        let far = sign(SECRET, "m", i64::MIN, body).unwrap();
+        assert_eq!(
+            verify(SECRET, &headers("m", i64::MIN, &far), body, now, 300)
+                .unwrap_err()
+                .0,
+            Refusal::Stale
+        );
+        // 256 characters (not bytes) is the longest id.
+        let id: String = "é".repeat(256);
+        let sig = sign(SECRET, &id, 1_700_000_000, body).unwrap();
+        assert!(verify(SECRET, &headers(&id, 1_700_000_000, &sig), body, now, 300).is_ok());
     }
 
     #[test]

@@ -8,11 +8,6 @@
 //! Named occurrence inputs: `items` (each `{id, title, link, published,
 //! summary, author}`) and `feed` (`{title, url}`).
 use serde_json::{json, Value};
-use stepwell_guest::export_trigger_source;
-use stepwell_guest::trigger::connection;
-use stepwell_guest::trigger::*;
-
-struct Feed;
 
 /// The `items` and `feed` inputs of an admission's payload.
 fn items(payload: &Value) -> Option<Value> {
@@ -33,44 +28,4 @@ fn items(payload: &Value) -> Option<Value> {
     Some(json!({ "items": items, "feed": feed }))
 }
 
-impl TriggerSource for Feed {
-    fn descriptor() -> Descriptor {
-        Descriptor {
-            config_schema: connection::binding_config_schema(),
-            event_schema: connection::batch_event_schema(),
-            ..Descriptor::new("feed.item", 1, "When a feed has new items", Kind::Event)
-        }
-    }
-
-    fn validate(config: Value, now: &str) -> Result<Value, TriggerError> {
-        connection::validate(config, now)
-    }
-
-    fn initial_state(binding: &Binding, _: &str) -> Result<Value, TriggerError> {
-        Ok(connection::initial_state(binding))
-    }
-
-    fn prepare(
-        b: &Binding,
-        state: &Value,
-        now: &str,
-        events: &[Value],
-    ) -> Result<Wait, TriggerError> {
-        connection::prepare(b, state, now, events)
-    }
-
-    fn admit(
-        b: &Binding,
-        state: &Value,
-        now: &str,
-        events: &[Value],
-    ) -> Result<(Option<Admission>, Value), TriggerError> {
-        connection::admit(b, state, now, events, items)
-    }
-
-    fn rearm(b: &Binding, state: &Value, now: &str) -> Result<Value, TriggerError> {
-        connection::rearm(b, state, now)
-    }
-}
-
-export_trigger_source!(Feed);
+stepwell_guest::export_connection_source!("feed.item", 1, "When a feed has new items", items);

@@ -9,11 +9,6 @@
 //! Named occurrence input `calls`: each `{id, received_at, headers, body}`
 //! (`body`: the parsed JSON, or the text of a non-JSON body).
 use serde_json::{json, Value};
-use stepwell_guest::export_trigger_source;
-use stepwell_guest::trigger::connection;
-use stepwell_guest::trigger::*;
-
-struct Webhook;
 
 /// The `calls` input of an admission's payload.
 fn calls(payload: &Value) -> Option<Value> {
@@ -39,49 +34,4 @@ fn calls(payload: &Value) -> Option<Value> {
     Some(json!({ "calls": calls }))
 }
 
-impl TriggerSource for Webhook {
-    fn descriptor() -> Descriptor {
-        Descriptor {
-            config_schema: connection::binding_config_schema(),
-            event_schema: connection::batch_event_schema(),
-            ..Descriptor::new(
-                "webhook.received",
-                1,
-                "When a webhook is called",
-                Kind::Event,
-            )
-        }
-    }
-
-    fn validate(config: Value, now: &str) -> Result<Value, TriggerError> {
-        connection::validate(config, now)
-    }
-
-    fn initial_state(binding: &Binding, _: &str) -> Result<Value, TriggerError> {
-        Ok(connection::initial_state(binding))
-    }
-
-    fn prepare(
-        b: &Binding,
-        state: &Value,
-        now: &str,
-        events: &[Value],
-    ) -> Result<Wait, TriggerError> {
-        connection::prepare(b, state, now, events)
-    }
-
-    fn admit(
-        b: &Binding,
-        state: &Value,
-        now: &str,
-        events: &[Value],
-    ) -> Result<(Option<Admission>, Value), TriggerError> {
-        connection::admit(b, state, now, events, calls)
-    }
-
-    fn rearm(b: &Binding, state: &Value, now: &str) -> Result<Value, TriggerError> {
-        connection::rearm(b, state, now)
-    }
-}
-
-export_trigger_source!(Webhook);
+stepwell_guest::export_connection_source!("webhook.received", 1, "When a webhook is called", calls);

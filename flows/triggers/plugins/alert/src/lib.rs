@@ -11,7 +11,8 @@
 //!
 //! The shared logic of connection-bound sources (cursor, batching, the
 //! admission's payload) is `stepwell_guest::trigger::connection`: this
-//! plugin adds a config field and a filter.
+//! plugin adds a config field and a filter (`connection::admit_selected`:
+//! alerts below the threshold are passed over, the cursor moving past them).
 use serde_json::{json, Value};
 use stepwell_guest::export_trigger_source;
 use stepwell_guest::trigger::connection;
@@ -25,19 +26,13 @@ fn rank(severity: &str) -> Option<usize> {
 
 struct Alert;
 
-/// The events at or above the binding's threshold.
-fn selected(binding: &Binding, events: &[Value]) -> Vec<Value> {
+/// Whether inbox record `e` is at or above the binding's threshold.
+fn selected(binding: &Binding, e: &Value) -> bool {
     let min = rank(binding.config["min_severity"].as_str().unwrap_or("warning")).unwrap_or(1);
-    events
-        .iter()
-        .filter(|e| {
-            e["payload"]["data"]["severity"]
-                .as_str()
-                .and_then(rank)
-                .is_some_and(|r| r >= min)
-        })
-        .cloned()
-        .collect()
+    e["payload"]["data"]["severity"]
+        .as_str()
+        .and_then(rank)
+        .is_some_and(|r| r >= min)
 }
 
 /// The `alerts` input of an admission's payload.
@@ -89,7 +84,9 @@ impl TriggerSource for Alert {
         now: &str,
         events: &[Value],
     ) -> Result<Wait, TriggerError> {
-        connection::prepare(b, state, now, &selected(b, events))
+        // Due while anything is pending: passing over an alert below the
+        // threshold moves the cursor too.
+        connection::prepare(b, state, now, events)
     }
 
     fn admit(
@@ -98,7 +95,7 @@ impl TriggerSource for Alert {
         now: &str,
         events: &[Value],
     ) -> Result<(Option<Admission>, Value), TriggerError> {
-        connection::admit(b, state, now, &selected(b, events), alerts)
+        connection::admit_selected(b, state, now, events, |e| selected(b, e), alerts)
     }
 
     fn rearm(b: &Binding, state: &Value, now: &str) -> Result<Value, TriggerError> {
