@@ -1819,6 +1819,35 @@ mod processes {
         env!("CARGO_BIN_EXE_store-worker").into()
     }
 
+    /// Starts `n` workers with `args`, all at once (behind a file in `dir`),
+    /// and returns what each printed.
+    fn workers(dir: &std::path::Path, n: usize, args: &[&str]) -> Vec<serde_json::Value> {
+        let go = dir.join("go");
+        let children: Vec<_> = (0..n)
+            .map(|_| {
+                std::process::Command::new(worker())
+                    .args(args)
+                    .arg(&go)
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        std::fs::write(&go, b"go").unwrap();
+        children
+            .into_iter()
+            .map(|c| {
+                let out = c.wait_with_output().unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                serde_json::from_slice(&out.stdout).unwrap()
+            })
+            .collect()
+    }
+
     /// The `--store` text of `open(backend, dir)`'s store, for a worker.
     fn spec_of(backend: Backend, dir: &std::path::Path) -> String {
         match backend {
@@ -1835,30 +1864,7 @@ mod processes {
         r.vars.insert("count".into(), json!(0));
         store.create_if_absent(&r).unwrap();
         // Both start at once, behind a file.
-        let go = dir.path().join("go");
-        let go_arg = go.display().to_string();
-        let children: Vec<_> = (0..2)
-            .map(|_| {
-                std::process::Command::new(worker())
-                    .args([spec.as_str(), mode, "counted", "200", go_arg.as_str()])
-                    .stdout(std::process::Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        std::fs::write(&go, b"go").unwrap();
-        let reports: Vec<serde_json::Value> = children
-            .into_iter()
-            .map(|c| {
-                let out = c.wait_with_output().unwrap();
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                serde_json::from_slice(&out.stdout).unwrap()
-            })
-            .collect();
+        let reports = workers(dir.path(), 2, &[spec.as_str(), mode, "counted", "200"]);
         let done = store.load_run("counted").unwrap().unwrap();
         assert_eq!(done.vars["count"], json!(400), "no update lost or doubled");
         assert_eq!(done.version, 401);
@@ -1892,36 +1898,11 @@ mod processes {
     fn events_race(backend: Backend) {
         let dir = tempfile::tempdir().unwrap();
         let (store, spec) = (open(backend, dir.path()), spec_of(backend, dir.path()));
-        let go = dir.path().join("go");
-        let go_arg = go.display().to_string();
-        let children: Vec<_> = (0..4)
-            .map(|_| {
-                std::process::Command::new(worker())
-                    .args([
-                        spec.as_str(),
-                        "events",
-                        "trigger:race",
-                        "100",
-                        go_arg.as_str(),
-                    ])
-                    .stdout(std::process::Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        std::fs::write(&go, b"go").unwrap();
-        let reports: Vec<serde_json::Value> = children
-            .into_iter()
-            .map(|c| {
-                let out = c.wait_with_output().unwrap();
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                serde_json::from_slice(&out.stdout).unwrap()
-            })
-            .collect();
+        let reports = workers(
+            dir.path(),
+            4,
+            &[spec.as_str(), "events", "trigger:race", "100"],
+        );
         let stored: u64 = reports.iter().map(|r| r["stored"].as_u64().unwrap()).sum();
         assert_eq!(stored, 100, "{reports:?}");
         let events = store.events_after("trigger:race", 0, 1000).unwrap();

@@ -154,34 +154,7 @@ impl JsonlCommandStore {
     }
 
     fn all(&self) -> Result<Vec<CommandRecord>, StoreError> {
-        let path = self.dir.join("commands.jsonl");
-        let text = match fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io(&path, e)),
-        };
-        let lines: Vec<(usize, &str)> = text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-            .collect();
-        let mut out = Vec::with_capacity(lines.len());
-        for (i, (n, l)) in lines.iter().enumerate() {
-            match serde_json::from_str(l) {
-                Ok(c) => out.push(c),
-                // A last line without its newline was torn by a crash during
-                // its append: that command was never accepted.
-                Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {}
-                Err(e) => {
-                    return Err(StoreError::corrupt(format!(
-                        "{}:{}: {e}",
-                        path.display(),
-                        n + 1
-                    )))
-                }
-            }
-        }
-        Ok(out)
+        super::jsonl::read_lines(&self.dir.join("commands.jsonl"))
     }
 
     fn cursors(&self) -> Result<HashMap<String, u64>, StoreError> {
@@ -210,16 +183,7 @@ impl CommandStore for JsonlCommandStore {
         let path = self.dir.join("commands.jsonl");
         // Drop a torn last line (a crash during its append): that command
         // was never accepted.
-        if let Ok(bytes) = fs::read(&path) {
-            if !bytes.is_empty() && !bytes.ends_with(b"\n") {
-                let keep = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |p| p + 1);
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(|e| io(&path, e))?;
-                f.set_len(keep as u64).map_err(|e| io(&path, e))?;
-            }
-        }
+        super::jsonl::drop_torn_tail(&path)?;
         let line = serde_json::to_string(&CommandRecord {
             seq,
             ..command.clone()

@@ -1086,16 +1086,7 @@ impl Store for JsonFileStore {
         let path = self.dir.join(INBOX);
         // Drop a torn last line (a crash during its append): that event was
         // never appended, and the next line must start on a line of its own.
-        if let Ok(bytes) = fs::read(&path) {
-            if !bytes.is_empty() && !bytes.ends_with(b"\n") {
-                let keep = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |p| p + 1);
-                fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .and_then(|f| f.set_len(keep as u64))
-                    .map_err(|e| io(&path, e))?;
-            }
-        }
+        super::jsonl::drop_torn_tail(&path)?;
         let mut line = serde_json::to_vec(&super::InboxEvent {
             seq,
             ..event.clone()
@@ -1184,29 +1175,7 @@ impl JsonFileStore {
     /// Every event of the inbox, oldest first (a torn last line, from a
     /// crash during its append, was never appended).
     fn inbox(&self) -> Result<Vec<super::InboxEvent>, StoreError> {
-        let path = self.dir.join(INBOX);
-        let text = match fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io(&path, e)),
-        };
-        let complete = text.ends_with('\n');
-        let lines: Vec<&str> = text.lines().collect();
-        let mut out = Vec::with_capacity(lines.len());
-        for (n, line) in lines.iter().enumerate() {
-            match serde_json::from_str(line) {
-                Ok(e) => out.push(e),
-                Err(_) if n + 1 == lines.len() && !complete => {}
-                Err(e) => {
-                    return Err(StoreError::corrupt(format!(
-                        "{}:{}: {e}",
-                        path.display(),
-                        n + 1
-                    )))
-                }
-            }
-        }
-        Ok(out)
+        super::jsonl::read_lines(&self.dir.join(INBOX))
     }
 
     fn connections(&self) -> Result<Vec<super::ConnectionRecord>, StoreError> {

@@ -12,6 +12,7 @@ pub mod artifacts;
 pub mod commands;
 pub mod inbox;
 mod json_files;
+mod jsonl;
 mod memory;
 pub mod snapshots;
 mod sqlite;
