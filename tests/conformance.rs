@@ -1386,6 +1386,19 @@ fn a_torn_json_inbox_line_is_dropped_by_the_next_append() {
             .collect::<Vec<_>>(),
         ["w1", "w2"]
     );
+    // A whole line whose newline was not written is torn too: never read,
+    // dropped by the next append (no event is read and then lost).
+    let text = std::fs::read_to_string(&path).unwrap();
+    let line = serde_json::to_string(&stepwell::store::InboxEvent {
+        seq: 3,
+        ..event("trigger:a", "w3", 3)
+    })
+    .unwrap();
+    std::fs::write(&path, format!("{text}{line}")).unwrap();
+    assert_eq!(f.store.events_after("trigger:a", 0, 10).unwrap().len(), 2);
+    let w4 = f.store.append_event(&event("trigger:a", "w4", 4)).unwrap();
+    assert_eq!(w4.seq, 3);
+    assert_eq!(f.store.events_after("trigger:a", 0, 10).unwrap().len(), 3);
 }
 
 mod inbox {

@@ -510,12 +510,20 @@ fn a_body_of_a_mebibyte_runs_and_what_follows_runs_too() {
     assert_eq!(post(&url, &headers, &huge), 202);
     let small = json!({"n": 2}).to_string();
     assert_eq!(post(&url, &signed(&secret, "small_2", &small), &small), 202);
+    // Deep nesting: a tiny body 60 levels deep, and 184 KB 20 levels deep
+    // that indented (as the prompt's frame holds it) is 4 MB.
+    let deep = format!("{}0{}", "[".repeat(60), "]".repeat(60));
+    assert_eq!(post(&url, &signed(&secret, "deep_3", &deep), &deep), 202);
+    let one = format!("{}0{}", "[".repeat(20), "]".repeat(20));
+    let wide = format!("[{}]", vec![one; 4400].join(","));
+    assert_eq!(post(&url, &signed(&secret, "wide_4", &wide), &wide), 202);
+    let last = json!({"n": 5}).to_string();
+    assert_eq!(post(&url, &signed(&secret, "small_5", &last), &last), 202);
     drop(server);
     b.drive();
-    // One occurrence: the big event is cut down to fit, so the small one
-    // fits beside it.
+    // Every call admitted once, in order, each cut down to fit.
     let runs = b.occurrences();
-    assert_eq!(runs.len(), 1);
+    assert!(!runs.is_empty());
     let calls: Vec<&Value> = runs
         .iter()
         .flat_map(|r| r["vars"]["calls"].as_array().unwrap())
@@ -525,6 +533,11 @@ fn a_body_of_a_mebibyte_runs_and_what_follows_runs_too() {
     // to find it; the stream keeps it whole.
     assert_eq!(calls[0]["body"]["omitted"], "too_large", "{}", calls[0]);
     assert_eq!(calls[1]["body"]["n"], 2);
+    let ids: Vec<&str> = calls.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["big_1", "small_2", "deep_3", "wide_4", "small_5"]);
+    assert_eq!(calls[2]["body"]["omitted"], "too_deep", "{}", calls[2]);
+    assert_eq!(calls[3]["body"]["omitted"], "too_large");
+    assert_eq!(calls[4]["body"]["n"], 5);
     let stored = b.ok(&["connections", "events", &cid, "--limit", "1"]);
     assert_eq!(
         stored[0]["payload"]["data"]["body_text"]
@@ -660,15 +673,7 @@ fn an_event_source_plugin_admits_only_what_it_selects() {
     b.drive();
     // More alerts below the threshold than a batch holds, before the ones
     // that count: they are passed over, never in the way.
-    for (severity, text) in [
-        ("info", "fyi"),
-        ("warning", "slow"),
-        ("info", "fyi again"),
-        ("info", "and again"),
-        ("error", "disk full"),
-        ("warning", "slow again"),
-        ("critical", "down"),
-    ] {
+    let send = |severity: &str, text: &str| {
         b.ok(&[
             "connections",
             "send",
@@ -676,6 +681,26 @@ fn an_event_source_plugin_admits_only_what_it_selects() {
             "--data",
             &json!({"severity": severity, "text": text}).to_string(),
         ]);
+    };
+    // Alerts below the threshold only: nothing runs, and the source passes
+    // them over for good (its cursor moves, committed).
+    for (severity, text) in [("info", "fyi"), ("warning", "slow"), ("info", "fyi again")] {
+        send(severity, text);
+    }
+    b.drive();
+    assert!(b.occurrences().is_empty());
+    let ledger = b.ok(&["ledger", &id]).to_string();
+    assert!(
+        ledger.contains("automation.passed_over"),
+        "the cursor moved past them"
+    );
+    for (severity, text) in [
+        ("info", "and again"),
+        ("error", "disk full"),
+        ("warning", "slow again"),
+        ("critical", "down"),
+    ] {
+        send(severity, text);
     }
     b.drive();
     let runs = b.occurrences();
@@ -690,12 +715,24 @@ fn an_event_source_plugin_admits_only_what_it_selects() {
                 .collect()
         })
         .collect();
-    // The first batch examined held nothing to admit; then "disk full" came
-    // with a warning passed over; then "down".
-    assert_eq!(texts, [vec!["disk full"], vec!["down"]]);
-    let ledger = b.ok(&["ledger", &id]).to_string();
+    assert_eq!(texts, [vec!["disk full", "down"]]);
+    // A subject over 200 bytes is stored as its digest.
+    let long = "s".repeat(300);
+    b.ok(&[
+        "connections",
+        "send",
+        &cid,
+        "--data",
+        "{\"severity\": \"info\"}",
+        "--subject",
+        &long,
+    ]);
+    let events = b.ok(&["connections", "events", &cid, "--after", "7"]);
     assert!(
-        ledger.contains("automation.passed_over"),
-        "the cursor moved past the info alerts"
+        events[0]["payload"]["subject"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:"),
+        "{events}"
     );
 }

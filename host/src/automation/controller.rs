@@ -174,9 +174,11 @@ const EVENT_PAGE: usize = 256;
 
 /// The records an event source is handed: those of its connection's stream
 /// (`trigger:<config.connection_id>`) after the cursor of `state`
-/// (`cursor_seq`), appended after its `since`, oldest first, at most one
+/// (`cursor_seq`), appended after its `since`, oldest first: at least one
 /// more than its `max_batch` (so it can tell a full batch from the last
-/// one). Empty for a source of another kind.
+/// one) and at least a page of 256, within [`BATCH_BYTES`], each cut down
+/// to what an occurrence may receive ([`slim_event`]). Empty for a source
+/// of another kind.
 pub(crate) fn source_events(
     store: &dyn Store,
     triggers: &TriggerRegistry,
@@ -198,7 +200,9 @@ pub(crate) fn source_events(
         .as_str()
         .or(b.config["start_at"].as_str())
         .and_then(|t| parse_timestamp(t, "since").ok());
-    let want = b.config["max_batch"].as_u64().unwrap_or(20) as usize + 1;
+    // More than a batch, so that a source passing events over (a filter)
+    // moves past a page of them at once; the byte budget bounds it.
+    let want = (b.config["max_batch"].as_u64().unwrap_or(20) as usize + 1).max(EVENT_PAGE);
     let stream = crate::store::connection_stream(connection_id);
     let mut out = Vec::new();
     let mut bytes = 0;
@@ -242,39 +246,63 @@ pub(crate) const BATCH_BYTES: usize = 384 << 10;
 /// The most bytes of one event's payload an occurrence receives.
 pub(crate) const EVENT_BYTES: usize = 192 << 10;
 
-/// Keeps event `e` within [`EVENT_BYTES`]: its largest `data` fields are
-/// replaced, largest first, by `{"omitted": "too_large", "bytes": N,
-/// "seq": S}` until it fits (the whole event stays in its stream: `stepwell
-/// connections events`). Returns its size.
+/// How deep an event's data may nest in an occurrence (its frozen inputs
+/// nest it a dozen levels further, within the host's limit of 64).
+pub(crate) const EVENT_DEPTH: usize = 24;
+
+fn depth(v: &Value) -> usize {
+    match v {
+        Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+        Value::Object(m) => 1 + m.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Keeps event `e` within what an occurrence may receive: a `data` field
+/// nested deeper than [`EVENT_DEPTH`] is replaced by `{"omitted":
+/// "too_deep", "bytes": N, "seq": S}`; then, while the event is over
+/// [`EVENT_BYTES`] (as indented JSON, as the prompt's frame holds it), its
+/// largest `data` fields, largest first (16 at most), and at last the
+/// whole `data`, by `{"omitted": "too_large", ...}` (the whole event stays
+/// in its stream: `stepwell connections events`). Returns its size.
 fn slim_event(e: &mut crate::store::InboxEvent) -> usize {
-    let size = |v: &Value| serde_json::to_string(v).map_or(0, |t| t.len());
+    let size = |v: &Value| serde_json::to_string_pretty(v).map_or(0, |t| t.len());
+    let seq = e.seq;
+    let marker = |why: &str, v: &Value| json!({"omitted": why, "bytes": size(v), "seq": seq});
+    match e.payload.get_mut("data") {
+        Some(Value::Object(fields)) => {
+            for v in fields.values_mut().filter(|v| depth(v) > EVENT_DEPTH) {
+                *v = marker("too_deep", v);
+            }
+        }
+        Some(data) if depth(data) > EVENT_DEPTH => *data = marker("too_deep", data),
+        _ => {}
+    }
     let mut total = size(&e.payload);
     if total <= EVENT_BYTES {
         return total;
     }
-    let seq = e.seq;
-    let Some(data) = e.payload.get_mut("data") else {
-        return total;
-    };
-    let Some(fields) = data.as_object_mut() else {
-        let bytes = size(data);
-        *data = json!({"omitted": "too_large", "bytes": bytes, "seq": seq});
-        return size(&e.payload);
-    };
-    let mut by_size: Vec<(String, usize)> =
-        fields.iter().map(|(k, v)| (k.clone(), size(v))).collect();
-    by_size.sort_by_key(|f| std::cmp::Reverse(f.1));
-    for (key, bytes) in by_size {
-        if total <= EVENT_BYTES {
-            break;
+    if let Some(Value::Object(fields)) = e.payload.get_mut("data") {
+        let mut by_size: Vec<(String, usize)> =
+            fields.iter().map(|(k, v)| (k.clone(), size(v))).collect();
+        by_size.sort_by_key(|f| std::cmp::Reverse(f.1));
+        for (key, _) in by_size.into_iter().take(16) {
+            if let Some(v) = fields.get_mut(&key) {
+                *v = marker("too_large", v);
+            }
+            if size(&Value::Object(fields.clone())) + 4096 < EVENT_BYTES {
+                break;
+            }
         }
-        fields.insert(
-            key,
-            json!({"omitted": "too_large", "bytes": bytes, "seq": seq}),
-        );
-        total = total.saturating_sub(bytes);
+        total = size(&e.payload);
     }
-    size(&e.payload)
+    if total > EVENT_BYTES {
+        if let Some(data) = e.payload.get_mut("data") {
+            *data = marker("too_large", data);
+        }
+        total = size(&e.payload);
+    }
+    total
 }
 
 fn envelope_json(e: Envelope) -> Value {

@@ -1372,7 +1372,10 @@ async fn receive_webhook(
     }
     let headers: Vec<(String, String)> = headers
         .iter()
-        .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .filter_map(|(k, v)| {
+            let value = std::str::from_utf8(v.as_bytes()).ok()?;
+            Some((k.as_str().to_string(), value.to_string()))
+        })
         .collect();
     let rt = s.rt.clone();
     let r = blocking(move || rt.receive_webhook(&connection_id, &headers, &bytes)).await?;

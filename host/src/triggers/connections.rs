@@ -160,6 +160,17 @@ fn invalid(field: &str, message: impl Into<String>) -> Error {
     connection_error("invalid_connection", Some(field), message)
 }
 
+/// `text`, or `sha256:` and its digest when it is over 200 bytes (an
+/// identity or a subject a sender chose cannot make a record grow without
+/// bound).
+pub(crate) fn capped(text: &str) -> String {
+    if text.len() <= 200 {
+        text.to_string()
+    } else {
+        format!("sha256:{}", hex::encode(Sha256::digest(text.as_bytes())))
+    }
+}
+
 /// A new connection id: `tc_` and 32 hex digits.
 pub fn new_connection_id() -> String {
     format!("tc_{}", uuid::Uuid::new_v4().simple())
@@ -526,15 +537,16 @@ impl Runtime {
             "data": event.data,
         });
         if let Some(s) = &event.subject {
-            payload["subject"] = json!(s);
+            payload["subject"] = json!(capped(s));
         }
-        payload["dedupekey"] = json!(event.dedupe_key);
+        let dedupe_key = capped(&event.dedupe_key);
+        payload["dedupekey"] = json!(dedupe_key);
         let event_id = format!("{stream}:{}", event.id);
         let appended = self.store().append_event(&InboxEvent {
             seq: 0,
             stream,
             event_id: event_id.clone(),
-            dedupe_key: event.dedupe_key.clone(),
+            dedupe_key,
             appended_at: now.clone(),
             payload,
         })?;
@@ -833,10 +845,18 @@ pub fn run_feed_poller(rt: Runtime, stop: Arc<AtomicBool>) {
                     let spawned = std::thread::Builder::new()
                         .name("stepwell-feed".into())
                         .spawn(move || {
+                            // The slot is given back however the poll ends
+                            // (a panic included).
+                            struct Slot(Arc<Mutex<HashSet<String>>>, String);
+                            impl Drop for Slot {
+                                fn drop(&mut self) {
+                                    self.0.lock().remove(&self.1);
+                                }
+                            }
+                            let _slot = Slot(held, id.clone());
                             if let Err(e) = super::feed::poll(&rt, &id, false) {
                                 tracing::warn!(connection_id = %id, error = %e, "feed poll");
                             }
-                            held.lock().remove(&id);
                         });
                     if spawned.is_err() {
                         busy.lock().remove(&polled);

@@ -67,7 +67,7 @@ fn parser() -> feed_rs::parser::Parser {
         .id_generator(|links, title, _uri| match links.first() {
             Some(link) => link.href.clone(),
             None => format!(
-                "sha256:{}",
+                "{TITLE_ID}{}",
                 hex::encode(Sha256::digest(
                     title.as_ref().map_or("", |t| t.content.as_str()).as_bytes()
                 ))
@@ -76,16 +76,22 @@ fn parser() -> feed_rs::parser::Parser {
         .build()
 }
 
-/// What an item is known by in the inbox and in the seen list: its id, or
-/// the SHA-256 of an id longer than 200 bytes (a feed cannot make the
+/// What an item is known by in the inbox and in the seen list: its id (an
+/// item known only by its title also by its date: two items of one title
+/// are two items), capped at 200 bytes (a feed cannot make the
 /// connection's record grow without bound).
-fn identity(id: &str) -> String {
-    if id.len() <= 200 {
-        id.to_string()
-    } else {
-        format!("sha256:{}", hex::encode(Sha256::digest(id.as_bytes())))
+fn identity(e: &feed_rs::model::Entry) -> String {
+    match (e.id.starts_with(TITLE_ID), e.published.or(e.updated)) {
+        (true, Some(at)) => format!(
+            "{TITLE_ID}{}",
+            hex::encode(Sha256::digest(format!("{}\n{at}", e.id).as_bytes()))
+        ),
+        _ => super::connections::capped(&e.id),
     }
 }
+
+/// The prefix of an identity made from an item's title.
+const TITLE_ID: &str = "sha256:";
 
 /// One item as its event's `data`.
 fn item_data(e: &feed_rs::model::Entry, feed_title: &str, url: &str) -> Value {
@@ -259,7 +265,7 @@ pub fn poll(rt: &Runtime, id: &str, force: bool) -> Result<Option<usize>> {
     let mut new: Vec<&feed_rs::model::Entry> = feed
         .entries
         .iter()
-        .filter(|e| !seen.contains(&identity(&e.id)))
+        .filter(|e| !seen.contains(&identity(e)))
         .collect();
     new.reverse();
     let deliver: Vec<&feed_rs::model::Entry> = if baseline {
@@ -276,8 +282,8 @@ pub fn poll(rt: &Runtime, id: &str, force: bool) -> Result<Option<usize>> {
                 id: format!("feed:{}", &digest[..32]),
                 data: item_data(e, &title, &url),
                 time: e.published.or(e.updated).map(format_time),
-                subject: Some(identity(&e.id)),
-                dedupe_key: identity(&e.id),
+                subject: Some(identity(e)),
+                dedupe_key: identity(e),
                 trusted: false,
             },
         )?;
@@ -286,7 +292,7 @@ pub fn poll(rt: &Runtime, id: &str, force: bool) -> Result<Option<usize>> {
         }
     }
     let mut seen = seen;
-    seen.extend(new.iter().map(|e| identity(&e.id)));
+    seen.extend(new.iter().map(|e| identity(e)));
     let keep = seen.len().saturating_sub(MAX_SEEN_KEPT);
     let seen: Vec<String> = seen.split_off(keep);
     rt.store().update_connection(id, &mut |c| {

@@ -297,7 +297,12 @@ impl Runtime {
         }
         let now = self.now();
         let out = self.verified_call(&c, headers, body, now)?;
-        if let Some(reason) = out.reason.filter(|_| out.status == "refused") {
+        // A refusal of the caller's call is noted on the connection (the
+        // host's own failure, a 503, is in the log).
+        if let Some(reason) = out
+            .reason
+            .filter(|_| out.status == "refused" && out.http_status != 503)
+        {
             self.note_refusal(&c, reason, now);
         }
         Ok(out)
