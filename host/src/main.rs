@@ -908,29 +908,28 @@ fn execute(cli: Cli) -> Result<(), Error> {
         }
         Command::Drive {
             once, interval_ms, ..
-        } => loop {
-            if once {
-                // One pass: the due feeds are polled here, first.
-                for (id, e) in &stepwell::triggers::feed_once(&rt)?.failed {
-                    eprintln!("  connection {id}: {e}");
-                }
-            } else {
-                // Feeds are polled in their own thread, never in the
-                // driver's way; the driver sweeps for lost wakes.
-                FEED_POLLER.get_or_init(|| {
-                    let (rt, stop) = (
-                        rt.clone(),
-                        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
-                    );
-                    std::thread::spawn(move || stepwell::triggers::run_feed_poller(rt, stop))
-                });
-                stepwell::triggers::sweep_once(&rt)?;
+        } => {
+            // The loop's feeds are polled in their own thread, never in the
+            // driver's way (it runs until the process ends).
+            if !once {
+                let (rt, stop) = (rt.clone(), std::sync::Arc::default());
+                std::thread::spawn(move || stepwell::triggers::run_feed_poller(rt, stop));
             }
-            let report = rt.drive_once()?;
-            if cli.json {
-                println!("{}", serde_json::to_string(&report).unwrap_or_default());
-            } else if report.moved_anything() || !report.errors.is_empty() || once {
-                println!(
+            loop {
+                if once {
+                    // One pass: the due feeds are polled here, first.
+                    for (id, e) in &stepwell::triggers::feed_once(&rt)?.failed {
+                        eprintln!("  connection {id}: {e}");
+                    }
+                } else {
+                    // The driver sweeps for lost wakes.
+                    stepwell::triggers::sweep_once(&rt)?;
+                }
+                let report = rt.drive_once()?;
+                if cli.json {
+                    println!("{}", serde_json::to_string(&report).unwrap_or_default());
+                } else if report.moved_anything() || !report.errors.is_empty() || once {
+                    println!(
                     "due resumed {}  ticked {}  parents resumed {}  orphans cancelled {}  busy {}  quarantined {}  errors {}",
                     report.due_resumed.len(),
                     report.ticked.len(),
@@ -940,19 +939,20 @@ fn execute(cli: Cli) -> Result<(), Error> {
                     report.quarantined.len(),
                     report.errors.len()
                 );
-                for q in &report.quarantined {
-                    eprintln!("  {}: quarantined: {}", q.run_id, q.error);
+                    for q in &report.quarantined {
+                        eprintln!("  {}: quarantined: {}", q.run_id, q.error);
+                    }
+                    for e in &report.errors {
+                        eprintln!("  {}: {}", e.run_id, e.error);
+                    }
                 }
-                for e in &report.errors {
-                    eprintln!("  {}: {}", e.run_id, e.error);
+                std::io::Write::flush(&mut std::io::stdout()).ok();
+                if once {
+                    break;
                 }
+                std::thread::sleep(Duration::from_millis(interval_ms));
             }
-            std::io::Write::flush(&mut std::io::stdout()).ok();
-            if once {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(interval_ms));
-        },
+        }
         Command::Tools {
             command: ToolCommand::List,
         } => {
@@ -1087,9 +1087,6 @@ fn execute(cli: Cli) -> Result<(), Error> {
     }
     Ok(())
 }
-
-/// The feed poller of `stepwell drive` (started with its first pass).
-static FEED_POLLER: std::sync::OnceLock<std::thread::JoinHandle<()>> = std::sync::OnceLock::new();
 
 /// Starts the `tracing` subscriber of `serve`: text or JSON lines on
 /// stderr, filtered by RUST_LOG (default `info`).

@@ -644,13 +644,7 @@ fn bound_connection(
     triggers: &crate::triggers::TriggerRegistry,
     trigger: &Value,
 ) -> Result<()> {
-    let name = format!(
-        "{}@{}",
-        trigger["source_id"].as_str().unwrap_or_default(),
-        trigger["source_version"]
-    );
-    crate::triggers::check_binding(rt.store(), triggers.kind(&name), trigger)
-        .map_err(Error::Automation)
+    crate::triggers::check_binding(rt.store(), triggers, trigger).map_err(Error::Automation)
 }
 
 /// Cancels `root` and every unfinished run below it.

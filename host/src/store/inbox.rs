@@ -93,6 +93,11 @@ pub struct ConnectionRecord {
 }
 
 impl ConnectionRecord {
+    /// The source it is an instance of, `id@version`.
+    pub fn source(&self) -> String {
+        format!("{}@{}", self.source_id, self.source_version)
+    }
+
     /// The connection's inbox stream: `trigger:<connection_id>`.
     pub fn stream(&self) -> String {
         connection_stream(&self.connection_id)

@@ -156,6 +156,14 @@ pub fn connection_error(code: &str, field: Option<&str>, message: impl Into<Stri
     Error::Automation(AutomationError::new(code, field, message))
 }
 
+fn not_found(id: &str) -> Error {
+    connection_error(
+        "connection_not_found",
+        Some("connection_id"),
+        format!("no trigger connection {id:?}"),
+    )
+}
+
 fn invalid(field: &str, message: impl Into<String>) -> Error {
     connection_error("invalid_connection", Some(field), message)
 }
@@ -193,7 +201,7 @@ pub fn connection_view(c: &ConnectionRecord) -> Value {
         "connection_id": c.connection_id,
         "source_id": c.source_id,
         "source_version": c.source_version,
-        "source": format!("{}@{}", c.source_id, c.source_version),
+        "source": c.source(),
         "label": c.label,
         "status": c.status,
         "config": c.config,
@@ -204,7 +212,7 @@ pub fn connection_view(c: &ConnectionRecord) -> Value {
         "last_event_at": c.last_event_at,
         "last_error": c.last_error,
     });
-    if format!("{}@{}", c.source_id, c.source_version) == WEBHOOK_SOURCE {
+    if c.source() == WEBHOOK_SOURCE {
         v["path"] = json!(webhook_path(&c.connection_id));
     }
     v
@@ -439,13 +447,7 @@ impl Runtime {
         } else {
             None
         };
-        found.ok_or_else(|| {
-            connection_error(
-                "connection_not_found",
-                Some("connection_id"),
-                format!("no trigger connection {id:?}"),
-            )
-        })
+        found.ok_or_else(|| not_found(id))
     }
 
     /// Sets connection `id`'s status: `active` or `disabled` (a disabled
@@ -471,10 +473,7 @@ impl Runtime {
         if c.sealed_secret.is_none() {
             return Err(invalid(
                 "connection_id",
-                format!(
-                    "connection {id} ({}@{}) has no secret",
-                    c.source_id, c.source_version
-                ),
+                format!("connection {id} ({}) has no secret", c.source()),
             ));
         }
         let secret = new_webhook_secret();
@@ -503,14 +502,12 @@ impl Runtime {
         id: &str,
         change: &mut dyn FnMut(&mut ConnectionRecord) -> std::result::Result<(), StoreError>,
     ) -> Result<ConnectionRecord> {
-        self.connection(id)?;
-        self.store().update_connection(id, change)?.ok_or_else(|| {
-            connection_error(
-                "connection_not_found",
-                Some("connection_id"),
-                format!("no trigger connection {id:?}"),
-            )
-        })
+        if !super::connection_id_ok(id) {
+            return Err(not_found(id));
+        }
+        self.store()
+            .update_connection(id, change)?
+            .ok_or_else(|| not_found(id))
     }
 
     /// Appends one event to connection `c`'s stream (CloudEvents 1.0
@@ -614,12 +611,7 @@ impl Runtime {
         let registry = self.triggers()?;
         let wanted = |run: &crate::RunState| {
             let t = &run.vars["_meta"]["automation"]["trigger"];
-            let name = format!(
-                "{}@{}",
-                t["source_id"].as_str().unwrap_or_default(),
-                t["source_version"]
-            );
-            registry.kind(&name) == Some(SourceKind::Event)
+            registry.kind(&super::trigger_source(t)) == Some(SourceKind::Event)
                 && connection_id.is_none_or(|id| t["config"]["connection_id"] == id)
         };
         let mut woken = Vec::new();
@@ -696,18 +688,14 @@ pub(crate) struct ConnectionEvent {
 /// A binding of a source that is not an event source takes none.
 pub fn check_binding(
     store: &dyn Store,
-    kind: Option<SourceKind>,
+    triggers: &super::TriggerRegistry,
     trigger: &Value,
 ) -> std::result::Result<(), AutomationError> {
-    if kind != Some(SourceKind::Event) {
+    if triggers.kind(&super::trigger_source(trigger)) != Some(SourceKind::Event) {
         return Ok(());
     }
     let field = Some("trigger.config.connection_id");
-    let source = format!(
-        "{}@{}",
-        trigger["source_id"].as_str().unwrap_or_default(),
-        trigger["source_version"]
-    );
+    let source = super::trigger_source(trigger);
     let Some(id) = trigger["config"]["connection_id"]
         .as_str()
         .filter(|s| !s.is_empty())
@@ -728,7 +716,7 @@ pub fn check_binding(
             format!("no trigger connection {id:?}"),
         ));
     };
-    let theirs = format!("{}@{}", c.source_id, c.source_version);
+    let theirs = c.source();
     if theirs != source {
         return Err(AutomationError::new(
             "connection_source_mismatch",
@@ -780,11 +768,7 @@ fn due_feeds(rt: &Runtime) -> Result<Vec<String>> {
     let now = rt.now();
     Ok(connections
         .into_iter()
-        .filter(|c| {
-            c.status == "active"
-                && format!("{}@{}", c.source_id, c.source_version) == FEED_SOURCE
-                && super::feed::due(c, now)
-        })
+        .filter(|c| c.status == "active" && c.source() == FEED_SOURCE && super::feed::due(c, now))
         .map(|c| c.connection_id)
         .collect())
 }

@@ -180,7 +180,7 @@ fn fetch(url: &str, state: &Value) -> std::result::Result<Fetched, (String, Stri
 pub fn poll(rt: &Runtime, id: &str, force: bool) -> Result<Option<usize>> {
     let now = rt.now();
     let c = rt.connection(id)?;
-    if format!("{}@{}", c.source_id, c.source_version) != super::connections::FEED_SOURCE {
+    if c.source() != super::connections::FEED_SOURCE {
         return Err(super::connections::connection_error(
             "invalid_connection",
             Some("connection_id"),

@@ -246,6 +246,16 @@ impl TriggerError {
     }
 }
 
+/// The source a stored trigger binding (`{source_id, source_version, ...}`)
+/// names, `id@version`.
+pub fn trigger_source(trigger: &serde_json::Value) -> String {
+    format!(
+        "{}@{}",
+        trigger["source_id"].as_str().unwrap_or_default(),
+        trigger["source_version"]
+    )
+}
+
 /// Whether `id` is a connection id: letters, digits, `_` or `-`, 1 to 64,
 /// starting with a letter or digit.
 pub fn connection_id_ok(id: &str) -> bool {

@@ -291,8 +291,7 @@ impl Runtime {
             }
             Err(e) => return Err(e),
         };
-        if c.status != "active" || format!("{}@{}", c.source_id, c.source_version) != WEBHOOK_SOURCE
-        {
+        if c.status != "active" || c.source() != WEBHOOK_SOURCE {
             return Ok(not_found());
         }
         let now = self.now();
