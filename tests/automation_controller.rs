@@ -825,18 +825,18 @@ fn a_plugin_trigger_source_drives_an_automation() {
     assert_eq!(shown["next_fire_at"], "2026-12-02T08:00:00+00:00");
 }
 
-/// A database of schema 4 (before the automation key index) gets the
-/// index when it is opened (automation lookups name it), and the column
-/// of a held run's reason (schema 6).
+/// A database of schema 4 (before the ledger's key index) gets the index
+/// when it is opened (key lookups name it), and the column of a held run's
+/// reason (schema 6).
 #[test]
-fn a_schema_4_database_gets_the_automation_index() {
+fn a_schema_4_database_gets_the_key_index() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("db.sqlite");
     drop(stepwell::SqliteStore::open(&db).unwrap());
     {
         let conn = rusqlite::Connection::open(&db).unwrap();
         conn.execute_batch(
-            "DROP INDEX ledger_automation; ALTER TABLE runs DROP COLUMN defer_reason;
+            "DROP INDEX ledger_keyed; ALTER TABLE runs DROP COLUMN defer_reason;
              PRAGMA user_version = 4;",
         )
         .unwrap();

@@ -194,14 +194,11 @@ fn a_sqlite_host_keeps_the_cache_digests_in_its_store() {
     assert_eq!(greets(rt.engine(), "Bob"), "Hello, Bob!");
 }
 
-#[test]
-fn a_child_that_cannot_be_read_is_set_aside_and_its_parent_learns_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("db.sqlite");
-    let spec = stepwell::host::StoreSpec::Sqlite(db.clone());
-    let rt = stepwell::host::open_runtime(&spec, &Default::default()).unwrap();
-    let dir_bundle = stepwell_tests::write_bundle(
-        dir.path(),
+/// A bundle whose `parent` starts an async `asker` child (which asks) and
+/// waits for it, completing with the child's status.
+fn parent_and_asker(dir: &std::path::Path) -> std::path::PathBuf {
+    stepwell_tests::write_bundle(
+        dir,
         "parent",
         &[
             (
@@ -218,7 +215,16 @@ fn a_child_that_cannot_be_read_is_set_aside_and_its_parent_learns_it() {
                     "ask": {"effect": "ask_user", "payload": {"prompt": "?"}}}}),
             ),
         ],
-    );
+    )
+}
+
+#[test]
+fn a_child_that_cannot_be_read_is_set_aside_and_its_parent_learns_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.sqlite");
+    let spec = stepwell::host::StoreSpec::Sqlite(db.clone());
+    let rt = stepwell::host::open_runtime(&spec, &Default::default()).unwrap();
+    let dir_bundle = parent_and_asker(dir.path());
     rt.load_bundle(&dir_bundle).unwrap();
     let parent = rt.run("parent", StartOptions::default()).unwrap();
     let child = parent.waiting.unwrap().details.unwrap()["sub_run_id"]
@@ -226,9 +232,13 @@ fn a_child_that_cannot_be_read_is_set_aside_and_its_parent_learns_it() {
         .unwrap()
         .to_string();
     rt.drive_once().unwrap();
+    // The child ends (its parent is marked for the driver's next pass),
+    // then its row is damaged before the pass reads it.
+    let ended = rt.respond(&child, json!({"text": "done"})).unwrap();
+    assert_eq!(ended.status, RunStatus::Completed);
     let conn = rusqlite::Connection::open(&db).unwrap();
     conn.execute(
-        "UPDATE runs SET data = '{broken', status = 'failed' WHERE run_id = ?1",
+        "UPDATE runs SET data = '{broken' WHERE run_id = ?1",
         [&child],
     )
     .unwrap();
@@ -545,4 +555,72 @@ fn a_resume_that_cannot_continue_is_refused_before_anything_is_written() {
         "{out}"
     );
     assert_eq!(rt.get_state(&listener).unwrap().status, RunStatus::Waiting);
+}
+
+/// A version-8 database (before the driver's markers) is migrated when
+/// opened: a parent already waiting on an ended child, and an unfinished
+/// child of a parent already cancelled, are marked, so the driver's
+/// indexed queries find them.
+#[test]
+fn a_version_8_database_gets_the_drivers_markers() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("eight.sqlite");
+    let spec = stepwell::host::StoreSpec::Sqlite(db.clone());
+    let bundle = parent_and_asker(dir.path());
+    let child_of = |run: &stepwell::RunState| {
+        run.waiting.as_ref().unwrap().details.as_ref().unwrap()["sub_run_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (waiting, ended_child, cancelled, orphan) = {
+        let rt = stepwell::host::open_runtime(&spec, &Default::default()).unwrap();
+        rt.load_bundle(&bundle).unwrap();
+        let waiting = rt.run("parent", StartOptions::default()).unwrap();
+        let cancelled = rt.run("parent", StartOptions::default()).unwrap();
+        let ended_child = child_of(&waiting);
+        rt.drive_once().unwrap();
+        rt.respond(&ended_child, json!({"text": "done"})).unwrap();
+        rt.cancel_run(&cancelled.run_id, None).unwrap();
+        // A child started under the parent as it was cancelled (its cancel
+        // had already cancelled the children it knew of).
+        let orphan = rt
+            .start(
+                "asker",
+                StartOptions {
+                    parent_run_id: Some(cancelled.run_id.clone()),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        (waiting.run_id, ended_child, cancelled.run_id, orphan)
+    };
+    {
+        // As a version-8 database had them: no marker columns or indexes.
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute_batch(
+            "DROP INDEX runs_child_ended; DROP INDEX runs_orphan;
+             ALTER TABLE runs DROP COLUMN child_ended_us; ALTER TABLE runs DROP COLUMN orphan_us;
+             PRAGMA user_version = 8;",
+        )
+        .unwrap();
+    }
+    let rt = stepwell::host::open_runtime(&spec, &Default::default()).unwrap();
+    let report = rt.drive_once().unwrap();
+    assert_eq!(report.parents_resumed, vec![waiting.clone()], "{report:?}");
+    assert_eq!(report.orphans_cancelled, vec![orphan.clone()], "{report:?}");
+    assert_eq!(
+        rt.get_state(&waiting).unwrap().output,
+        Some(json!("completed"))
+    );
+    assert_eq!(
+        rt.get_state(&ended_child).unwrap().status,
+        RunStatus::Completed
+    );
+    assert_eq!(
+        rt.get_state(&cancelled).unwrap().status,
+        RunStatus::Cancelled
+    );
+    assert_eq!(rt.get_state(&orphan).unwrap().status, RunStatus::Cancelled);
+    assert!(!rt.drive_once().unwrap().moved_anything());
 }

@@ -247,6 +247,11 @@ enum Command {
         /// Run only the benchmarks whose figure names contain this text.
         #[arg(long)]
         only: Option<String>,
+        /// Measure scale instead: one driver pass among 1,000 and 100,000
+        /// parked runs, the driver's memory, bytes per parked run, 1,000
+        /// automations ticking at once, the raw SQLite commit ceiling.
+        #[arg(long)]
+        scale: bool,
     },
     /// One process of a multi-process benchmark (started by `bench`).
     #[command(hide = true)]
@@ -535,8 +540,43 @@ fn print_run(run: &RunState, json: bool) {
     }
 }
 
+/// Prints benchmark figures: one JSON object, or a line each.
+fn print_figures(figures: &serde_json::Value, json: bool) {
+    if json {
+        println!("{figures}");
+    } else {
+        for (k, v) in figures.as_object().into_iter().flatten() {
+            println!("{k:32} {v}");
+        }
+    }
+}
+
 fn execute(cli: Cli) -> Result<(), Error> {
-    if let Command::Bench { flows, quick, only } = &cli.command {
+    if let Command::Bench {
+        flows,
+        quick,
+        only,
+        scale: true,
+    } = &cli.command
+    {
+        let mut options = cli::bench_scale::ScaleOptions {
+            flows_dir: flows.clone(),
+            only: only.clone(),
+            ..Default::default()
+        };
+        if *quick {
+            options.parked = [200, 2_000];
+            options.passes = 3;
+            options.automations = 50;
+        }
+        let figures = cli::bench_scale::run(&options)?;
+        print_figures(&figures, cli.json);
+        return Ok(());
+    }
+    if let Command::Bench {
+        flows, quick, only, ..
+    } = &cli.command
+    {
         let mut options = cli::bench::BenchOptions {
             flows_dir: flows.clone(),
             only: only.clone(),
@@ -559,13 +599,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.http.subscribers = 3;
         }
         let figures = cli::bench::run(&options)?;
-        if cli.json {
-            println!("{figures}");
-        } else {
-            for (k, v) in figures.as_object().into_iter().flatten() {
-                println!("{k:32} {v}");
-            }
-        }
+        print_figures(&figures, cli.json);
         return Ok(());
     }
     let spec = match &cli.store {
@@ -630,6 +664,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
         config: RuntimeConfig {
             lease_ttl: Duration::from_millis(cli.lease_ttl_ms),
             tool_deny_paths: serve_token.iter().cloned().collect(),
+            drive_workers: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
             ..RuntimeConfig::default()
         },
         clock: fixed_now.map(|t| {

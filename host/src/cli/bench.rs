@@ -79,6 +79,11 @@ impl Default for BenchOptions {
     }
 }
 
+/// A benchmark that could not run or whose check failed.
+pub(super) fn bench_err(message: impl Into<String>) -> Error {
+    invalid("bench", message)
+}
+
 fn invalid(field: &str, message: impl Into<String>) -> Error {
     Error::InvalidInput {
         field: field.into(),
@@ -86,7 +91,8 @@ fn invalid(field: &str, message: impl Into<String>) -> Error {
     }
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
+/// The median of `xs` (NaN for none).
+pub(super) fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(|a, b| a.total_cmp(b));
     if xs.is_empty() {
         return f64::NAN;
@@ -99,10 +105,11 @@ fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
-struct Scratch(PathBuf);
+/// A scratch directory of the benchmark, removed when dropped.
+pub(super) struct Scratch(pub(super) PathBuf);
 
 impl Scratch {
-    fn new(tag: &str) -> Result<Self> {
+    pub(super) fn new(tag: &str) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "stepwell-bench-{tag}-{}-{}",
             std::process::id(),
@@ -115,6 +122,11 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
+        // `STEPWELL_BENCH_KEEP=1` keeps the stores, to look into them.
+        if std::env::var_os("STEPWELL_BENCH_KEEP").is_some() {
+            eprintln!("kept {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
@@ -139,7 +151,7 @@ fn write_chain(dir: &Path, component: &Path, len: usize) -> Result<()> {
 /// upsert and one ledger append (a step's writes, with payloads the size of
 /// a chain step's), on a connection set up as the store's, per second
 /// (median of the repeats).
-fn raw_commits(options: &BenchOptions, path: &Path) -> Result<f64> {
+pub(super) fn raw_commits(len: usize, repeats: usize, path: &Path) -> Result<f64> {
     let db = |e: rusqlite::Error| invalid("bench", e.to_string());
     let conn = rusqlite::Connection::open(path).map_err(db)?;
     stepwell::store::configure_sqlite(&conn, stepwell::Durability::Normal).map_err(db)?;
@@ -151,10 +163,10 @@ fn raw_commits(options: &BenchOptions, path: &Path) -> Result<f64> {
     let run_data = "x".repeat(600);
     let record_data = "y".repeat(400);
     let mut rates = Vec::new();
-    for repeat in 0..options.chain_repeats {
+    for repeat in 0..repeats {
         let run = format!("raw-{repeat}");
         let t = Instant::now();
-        for seq in 1..=options.chain_len as i64 {
+        for seq in 1..=len as i64 {
             let tx = conn.unchecked_transaction().map_err(db)?;
             tx.prepare_cached(
                 "INSERT INTO runs (run_id, status, version, data) VALUES (?1, 'running', ?2, ?3)
@@ -167,7 +179,7 @@ fn raw_commits(options: &BenchOptions, path: &Path) -> Result<f64> {
                 .map_err(db)?;
             tx.commit().map_err(db)?;
         }
-        rates.push(options.chain_len as f64 / t.elapsed().as_secs_f64());
+        rates.push(len as f64 / t.elapsed().as_secs_f64());
     }
     Ok(median(rates))
 }
@@ -311,7 +323,11 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         );
     }
     if want("sqlite_raw_commit_per_s") {
-        let rate = raw_commits(options, &scratch.0.join("raw.sqlite"))?;
+        let rate = raw_commits(
+            options.chain_len,
+            options.chain_repeats,
+            &scratch.0.join("raw.sqlite"),
+        )?;
         figures.insert("sqlite_raw_commit_per_s".into(), json!(round(rate, 0)));
     }
     if want("chain_steps_per_s_sqlite") {

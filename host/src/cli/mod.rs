@@ -6,5 +6,6 @@
 pub mod automations;
 pub mod bench;
 pub mod bench_http;
+pub mod bench_scale;
 pub mod connections;
 pub mod sessions;

@@ -48,6 +48,12 @@ pub struct RuntimeConfig {
     /// finished children, running runs): a backlog is worked through in
     /// batches.
     pub drive_batch: usize,
+    /// How many threads one driver pass moves due and running runs with
+    /// (each run by one of them). With more than one, the steps of runs
+    /// that are ready together are committed together (SQLite's group
+    /// commit). Default 1; `stepwell drive` and `stepwell serve` use the
+    /// machine's cores, at most 4.
+    pub drive_workers: usize,
     /// How long a lease lasts unless renewed (at least 1 s). A runtime
     /// renews the leases it holds every third of this; a process that dies
     /// leaves its runs to others after at most this long (at once, to a
@@ -149,6 +155,7 @@ impl Default for RuntimeConfig {
             drive_steps_per_run: 1_000,
             drive_time_per_run: Duration::from_secs(1),
             drive_batch: 256,
+            drive_workers: 1,
             lease_ttl: Duration::from_secs(30),
             lease_wait: Duration::from_secs(10),
             max_nesting: 16,

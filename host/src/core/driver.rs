@@ -47,6 +47,17 @@ pub struct DriveReport {
 }
 
 impl DriveReport {
+    /// Adds what `other` (a part of the same pass) did.
+    fn merge(&mut self, other: DriveReport) {
+        self.due_resumed.extend(other.due_resumed);
+        self.ticked.extend(other.ticked);
+        self.parents_resumed.extend(other.parents_resumed);
+        self.orphans_cancelled.extend(other.orphans_cancelled);
+        self.busy.extend(other.busy);
+        self.quarantined.extend(other.quarantined);
+        self.errors.extend(other.errors);
+    }
+
     /// Whether the pass moved anything.
     pub fn moved_anything(&self) -> bool {
         !(self.due_resumed.is_empty()
@@ -85,9 +96,8 @@ impl Runtime {
                 Err(e) => self.not_moved(&id, Why::Running, e, &mut report)?,
             }
         }
-        for id in self.store().list_due(self.now(), batch)? {
-            self.drive_run(&id, Why::Due, &mut report)?;
-        }
+        let due = self.store().list_due(self.now(), batch)?;
+        self.drive_runs(&due, Why::Due, &mut report)?;
         for (parent, child) in self.store().list_ended_children(batch)? {
             match self.resume_parent(&parent, &child) {
                 Ok(true) => report.parents_resumed.push(parent),
@@ -96,9 +106,8 @@ impl Runtime {
                 Err(e) => self.not_moved(&parent, Why::Running, e, &mut report)?,
             }
         }
-        for id in self.store().list_claimable(lease_now(), batch)? {
-            self.drive_run(&id, Why::Running, &mut report)?;
-        }
+        let claimable = self.store().list_claimable(lease_now(), batch)?;
+        self.drive_runs(&claimable, Why::Running, &mut report)?;
         // Runs whose executor died on this host: taken over at once, not at
         // the end of its lease. (Checking a holder is cheap: look further
         // than one batch.)
@@ -108,6 +117,48 @@ impl Runtime {
             }
         }
         Ok(report)
+    }
+
+    /// Moves `ids` along, each by one of
+    /// [`crate::RuntimeConfig::drive_workers`] threads (the pass's order
+    /// with one). A failing store stops them all.
+    fn drive_runs(&self, ids: &[String], why: Why, report: &mut DriveReport) -> Result<()> {
+        let workers = self.config().drive_workers.clamp(1, ids.len().max(1));
+        if workers == 1 {
+            for id in ids {
+                self.drive_run(id, why, report)?;
+            }
+            return Ok(());
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let reports: Vec<Result<DriveReport>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut mine = DriveReport::default();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if i >= ids.len() || failed.load(std::sync::atomic::Ordering::Relaxed) {
+                                return Ok(mine);
+                            }
+                            if let Err(e) = self.drive_run(&ids[i], why, &mut mine) {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        for part in reports {
+            report.merge(part?);
+        }
+        Ok(())
     }
 
     /// Claims `id` without waiting and moves it along.
@@ -214,12 +265,7 @@ impl Runtime {
     fn resume_parent(&self, parent: &str, child_id: &str) -> Result<bool> {
         // A quarantined child may not even be readable: its parent learns
         // that it was set aside.
-        let quarantined = self
-            .store()
-            .list_quarantined()?
-            .into_iter()
-            .find(|(id, _)| id == child_id)
-            .map(|(_, reason)| reason);
+        let quarantined = self.store().quarantined(child_id)?;
         let (child, quarantined) = match quarantined {
             Some(reason) => (None, Some(reason)),
             None => match self.get_state(child_id) {

@@ -164,6 +164,7 @@ impl RuntimeBuilder {
         self.offloader = Some(crate::store::artifacts::Offloader {
             store: artifacts,
             threshold: threshold_bytes,
+            recent: Default::default(),
         });
         self
     }
@@ -571,7 +572,7 @@ impl Runtime {
         let explicit = options.run_id.is_some();
         let run_id = options
             .run_id
-            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let mut vars = options.vars;
         for (k, v) in &vars {
             if let Some(why) = super::keys::too_deep(v, 1) {

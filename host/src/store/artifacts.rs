@@ -218,7 +218,21 @@ impl ArtifactStore for FileArtifactStore {
 pub(crate) struct Offloader {
     pub store: std::sync::Arc<dyn ArtifactStore>,
     pub threshold: usize,
+    /// The large vars offloaded last, by run and name, with their
+    /// references: a var that has not changed since (compared in place,
+    /// much cheaper than encoding and hashing it) keeps its reference, so
+    /// a run carrying a large var does not re-encode, re-hash and look it
+    /// up on every step.
+    pub recent: parking_lot::Mutex<RecentVars>,
 }
+
+/// Large vars offloaded last: run id → var name → (value, reference).
+pub(crate) type RecentVars =
+    std::collections::HashMap<String, std::collections::HashMap<String, (Value, Value)>>;
+
+/// The most runs [`Offloader::recent`] remembers vars of (it is emptied
+/// when full: a var missing from it is only encoded again).
+const RECENT_RUNS: usize = 256;
 
 /// Vars that always stay inline.
 const INLINE_VARS: [&str; 3] = ["_meta", "_limits", "_runtime"];
@@ -269,7 +283,40 @@ impl Offloader {
             if INLINE_VARS.contains(&k.as_str()) {
                 continue;
             }
-            if let Some(r) = self.offload(v, &run.run_id, now)? {
+            let known = self
+                .recent
+                .lock()
+                .get(&run.run_id)
+                .and_then(|vars| vars.get(k))
+                .filter(|(value, _)| value == v)
+                .map(|(_, r)| r.clone());
+            let r = match known {
+                Some(r) => Some(r),
+                None => {
+                    let r = self.offload(v, &run.run_id, now)?;
+                    let mut recent = self.recent.lock();
+                    match &r {
+                        // Only a value stored as an artifact is worth
+                        // remembering (a small one is cheap to measure).
+                        Some(r) if as_literal(r).is_none() => {
+                            if recent.len() >= RECENT_RUNS && !recent.contains_key(&run.run_id) {
+                                recent.clear();
+                            }
+                            recent
+                                .entry(run.run_id.clone())
+                                .or_default()
+                                .insert(k.clone(), (v.clone(), r.clone()));
+                        }
+                        _ => {
+                            if let Some(vars) = recent.get_mut(&run.run_id) {
+                                vars.remove(k);
+                            }
+                        }
+                    }
+                    r
+                }
+            };
+            if let Some(r) = r {
                 out.get_or_insert_with(|| run.clone())
                     .vars
                     .insert(k.clone(), r);
@@ -337,5 +384,77 @@ impl Offloader {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// An artifact store that counts what it is asked to keep.
+    struct Counting {
+        inner: MemoryArtifactStore,
+        puts: AtomicUsize,
+    }
+
+    impl ArtifactStore for Counting {
+        fn put(
+            &self,
+            content: &[u8],
+            content_type: &str,
+            run_id: Option<&str>,
+            created_at: &str,
+        ) -> Result<ArtifactMeta, StoreError> {
+            self.puts.fetch_add(1, Ordering::SeqCst);
+            self.inner.put(content, content_type, run_id, created_at)
+        }
+        fn get(&self, artifact_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+            self.inner.get(artifact_id)
+        }
+        fn meta(&self, artifact_id: &str) -> Result<Option<ArtifactMeta>, StoreError> {
+            self.inner.meta(artifact_id)
+        }
+    }
+
+    /// A large var that did not change since the last commit keeps its
+    /// reference without being encoded and stored again; a changed one is
+    /// stored anew; the stored run loads back to the run.
+    #[test]
+    fn an_unchanged_large_var_is_not_stored_again() {
+        let store = Arc::new(Counting {
+            inner: MemoryArtifactStore::new(),
+            puts: AtomicUsize::new(0),
+        });
+        let offloader = Offloader {
+            store: store.clone(),
+            threshold: 64,
+            recent: Default::default(),
+        };
+        let mut run: crate::core::model::RunState = serde_json::from_value(serde_json::json!({
+            "run_id": "r", "workflow_id": "w", "status": "running",
+            "vars": {"big": "x".repeat(1000), "small": 1},
+            "created_at": "2026-11-30T09:00:00Z", "updated_at": "2026-11-30T09:00:00Z",
+        }))
+        .unwrap();
+        let now = "2026-11-30T09:00:00Z";
+        let first = offloader.offload_run(&run, now).unwrap().unwrap();
+        assert_eq!(store.puts.load(Ordering::SeqCst), 1);
+        run.vars.insert("small".into(), serde_json::json!(2));
+        let second = offloader.offload_run(&run, now).unwrap().unwrap();
+        assert_eq!(
+            store.puts.load(Ordering::SeqCst),
+            1,
+            "unchanged: not stored again"
+        );
+        assert_eq!(first.vars["big"], second.vars["big"]);
+        run.vars
+            .insert("big".into(), serde_json::json!("y".repeat(1000)));
+        let mut third = offloader.offload_run(&run, now).unwrap().unwrap();
+        assert_eq!(store.puts.load(Ordering::SeqCst), 2, "changed: stored");
+        assert_ne!(third.vars["big"], second.vars["big"]);
+        offloader.load_run(&mut third).unwrap();
+        assert_eq!(third.vars, run.vars);
     }
 }

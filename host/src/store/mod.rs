@@ -364,6 +364,10 @@ pub struct Attribution {
     pub session_kind: Option<String>,
     /// See [`RunIndexRow::workspace_root`].
     pub workspace_root: Option<String>,
+    /// For an automation controller bound to a trigger connection (an
+    /// event source): the connection, whose events wake it
+    /// ([`Store::list_consumers`]).
+    pub connection_id: Option<String>,
 }
 
 impl Attribution {
@@ -396,11 +400,17 @@ impl Attribution {
             .filter(|s| !s.is_empty());
         let meta = run.vars.get("_meta").and_then(Value::as_object);
         let section = |name: &str| meta.and_then(|m| m.get(name)).and_then(Value::as_object);
-        let mut a = if section("automation").is_some() {
+        let mut a = if let Some(automation) = section("automation") {
             Attribution {
                 automation_id: Some(run.run_id.clone()),
                 role: Some("controller".into()),
                 session_kind: Some("automation".into()),
+                connection_id: text(
+                    automation
+                        .get("trigger")
+                        .and_then(|t| t.get("config"))
+                        .and_then(|c| c.get("connection_id")),
+                ),
                 ..Attribution::default()
             }
         } else if let Some(o) = section("occurrence") {
@@ -818,6 +828,36 @@ pub trait Store: Send + Sync {
 
     /// Quarantined runs and why, in the order they were set aside.
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError>;
+
+    /// Ids of waiting automation controllers bound to the trigger
+    /// connection `connection_id` (to any connection with `None`): those an
+    /// appended event may wake. The default reads every waiting run; SQLite
+    /// answers from an index of consumers.
+    fn list_consumers(&self, connection_id: Option<&str>) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .list_runs(&RunQuery {
+                status: Some(RunStatus::Waiting),
+                ..RunQuery::default()
+            })?
+            .into_iter()
+            .filter(|run| {
+                Attribution::of(run)
+                    .connection_id
+                    .is_some_and(|c| connection_id.is_none_or(|id| c == id))
+            })
+            .map(|run| run.run_id)
+            .collect())
+    }
+
+    /// Why the run was quarantined, if it was. The default reads the list
+    /// of quarantined runs; SQLite reads the run's row.
+    fn quarantined(&self, run_id: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .list_quarantined()?
+            .into_iter()
+            .find(|(id, _)| id == run_id)
+            .map(|(_, reason)| reason))
+    }
 
     /// The run index: lightweight rows with attribution, filtered by
     /// `query`, newest first unless `oldest_first`. The default reads every

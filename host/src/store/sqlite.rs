@@ -13,10 +13,11 @@
 //! with [`Durability::Full`] every commit is on disk when it returns.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
@@ -29,7 +30,7 @@ use crate::core::model::{RunState, RunStatus, StepRecord};
 /// The schema version this build writes. A database with a higher
 /// `user_version` was written by a newer stepwell and is refused; an older
 /// one is migrated when opened.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -106,6 +107,9 @@ const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("runs", "defer_until_us", "INTEGER"),
     ("runs", "defer_count", "INTEGER"),
     ("runs", "defer_reason", "TEXT"),
+    ("runs", "child_ended_us", "INTEGER"),
+    ("runs", "orphan_us", "INTEGER"),
+    ("runs", "connection_id", "TEXT"),
 ];
 
 const INDEXES: &str = "
@@ -117,12 +121,95 @@ CREATE INDEX IF NOT EXISTS runs_automation ON runs(automation_id, role, occurren
     WHERE automation_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runs_session ON runs(session_id, role) WHERE session_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runs_quarantine ON runs(quarantine) WHERE quarantine IS NOT NULL;
-CREATE INDEX IF NOT EXISTS ledger_caused ON ledger(run_id, idem_key)
-    WHERE idem_key LIKE 'resumed-by:%';
-CREATE INDEX IF NOT EXISTS ledger_automation ON ledger(run_id, idem_key)
-    WHERE idem_key LIKE 'automation:%';
+DROP INDEX IF EXISTS ledger_caused;
+DROP INDEX IF EXISTS ledger_automation;
+CREATE INDEX IF NOT EXISTS ledger_keyed ON ledger(run_id, idem_key)
+    WHERE idem_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS inbox_stream ON inbox(stream, seq);
+CREATE INDEX IF NOT EXISTS runs_child_ended ON runs(child_ended_us)
+    WHERE child_ended_us IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_orphan ON runs(orphan_us) WHERE orphan_us IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_consumer ON runs(connection_id)
+    WHERE connection_id IS NOT NULL AND status = 'waiting';
 ";
+
+/// The driver's markers of existing rows, set when a database older than
+/// schema 9 is migrated: parents waiting on a child that has ended, and
+/// unfinished children of cancelled parents (see [`SqliteStore::mark`]).
+const MARK_EXISTING: &str = "
+UPDATE runs SET child_ended_us = 0
+ WHERE status = 'waiting' AND wait_reason = 'subworkflow' AND wait_key LIKE 'subworkflow:%'
+   AND EXISTS (SELECT 1 FROM runs c WHERE c.run_id = substr(runs.wait_key, 13)
+               AND (c.status IN ('completed', 'failed', 'cancelled') OR c.quarantine IS NOT NULL));
+UPDATE runs SET orphan_us = 0
+ WHERE status IN ('running', 'waiting') AND parent_run_id IS NOT NULL
+   AND EXISTS (SELECT 1 FROM runs p WHERE p.run_id = runs.parent_run_id AND p.status = 'cancelled');
+UPDATE runs SET connection_id =
+       trim(json_extract(data, '$.vars._meta.automation.trigger.config.connection_id'))
+ WHERE role = 'controller' AND json_valid(data)
+   AND json_type(data, '$.vars._meta.automation.trigger.config.connection_id') = 'text'
+   AND trim(json_extract(data, '$.vars._meta.automation.trigger.config.connection_id')) <> '';
+";
+
+// The driver's periodic queries. Each reads an index of what is due (named:
+// without statistics SQLite's planner may prefer another index and scan
+// every open run), so a pass costs what is due, not what is stored. The
+// form `status IN ('running', 'waiting') AND status = 'running'` repeats
+// the partial index's own condition, which SQLite needs to use it.
+// `tests::periodic_queries_read_only_what_is_due` holds them to it.
+
+/// Due waits ([`Store::list_due`]): ?1 now, ?2 limit.
+const DUE: &str = "SELECT run_id FROM runs INDEXED BY runs_due
+    WHERE wait_due_us IS NOT NULL AND wait_due_us <= ?1 AND status = 'waiting'
+      AND quarantine IS NULL AND COALESCE(defer_until_us, 0) <= ?1
+    ORDER BY wait_due_us, rowid LIMIT ?2";
+
+/// Running runs free to claim ([`Store::list_claimable`]): ?1 now, ?2 limit.
+const CLAIMABLE: &str = "SELECT run_id FROM runs INDEXED BY runs_open
+    WHERE status IN ('running', 'waiting') AND status = 'running'
+      AND (lease_holder IS NULL OR lease_until_us < ?1) AND quarantine IS NULL
+      AND COALESCE(defer_until_us, 0) <= ?1
+    ORDER BY COALESCE(defer_until_us, 0), rowid LIMIT ?2";
+
+/// Running runs with a lease ([`Store::list_leased`]): ?1 limit.
+const LEASED: &str = "SELECT run_id, lease_holder FROM runs INDEXED BY runs_open
+    WHERE status IN ('running', 'waiting') AND status = 'running'
+      AND lease_holder IS NOT NULL AND quarantine IS NULL
+    ORDER BY rowid LIMIT ?1";
+
+/// Parents whose child ended ([`Store::list_ended_children`]): ?1 limit,
+/// ?2 now.
+const ENDED_CHILDREN: &str =
+    "SELECT run_id, substr(wait_key, 13) FROM runs INDEXED BY runs_child_ended
+    WHERE child_ended_us IS NOT NULL AND status = 'waiting'
+      AND wait_reason = 'subworkflow' AND wait_key LIKE 'subworkflow:%'
+      AND quarantine IS NULL AND COALESCE(defer_until_us, 0) <= ?2
+    ORDER BY child_ended_us, rowid LIMIT ?1";
+
+/// Unfinished children of cancelled parents ([`Store::list_orphans`]):
+/// ?1 limit, ?2 now.
+const ORPHANS: &str = "SELECT run_id FROM runs INDEXED BY runs_orphan
+    WHERE orphan_us IS NOT NULL AND status IN ('running', 'waiting')
+      AND quarantine IS NULL AND COALESCE(defer_until_us, 0) <= ?2
+    ORDER BY orphan_us, rowid LIMIT ?1";
+
+/// Waiting controllers bound to a connection ([`Store::list_consumers`]):
+/// ?1 the connection, or NULL for any.
+const CONSUMERS: &str = "SELECT run_id FROM runs INDEXED BY runs_consumer
+    WHERE connection_id IS NOT NULL AND status = 'waiting'
+      AND (?1 IS NULL OR connection_id = ?1) AND quarantine IS NULL
+    ORDER BY rowid";
+
+/// A run's ledger records with a key ([`Store::find_records`]): ?1 run,
+/// ?2 key.
+const KEYED: &str = "SELECT seq, data FROM ledger INDEXED BY ledger_keyed
+    WHERE run_id = ?1 AND idem_key = ?2 ORDER BY seq";
+
+/// Marks the parent waiting on a child that ended: ?1 now, ?2 the child.
+const MARK_PARENT: &str = "UPDATE runs INDEXED BY runs_open SET child_ended_us = ?1
+    WHERE status IN ('running', 'waiting') AND status = 'waiting'
+      AND wait_reason = 'subworkflow' AND wait_key = 'subworkflow:' || ?2
+      AND child_ended_us IS NULL";
 
 /// The columns every statement on `runs` binds, as ?1 run_id,
 /// ?2 workflow_id, ?3 status, ?4 wait_reason, ?5 wait_key, ?6 wait_due_us,
@@ -131,12 +218,13 @@ CREATE INDEX IF NOT EXISTS inbox_stream ON inbox(stream, seq);
 /// ?15 workspace_root, ?16 created_at, ?17 updated_at, ?18 lease_holder,
 /// ?19 lease_until_us, ?20 the fenced version, ?21 the fence's holder,
 /// ?22 the time a taking fence takes a lapsed lease at, ?23 the ledger's
-/// last seq after the commit.
+/// last seq after the commit, ?24 connection_id.
 const INSERT_RUN: &str = "INSERT INTO runs (run_id, workflow_id, status, wait_reason, wait_key,
         wait_due_us, parent_run_id, session_id, data, version, automation_id, role,
         occurrence_index, session_kind, workspace_root, created_at, updated_at,
-        lease_holder, lease_until_us, ledger_seq)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?23)
+        lease_holder, lease_until_us, ledger_seq, connection_id)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?23,
+        ?24)
     ON CONFLICT(run_id) DO NOTHING";
 
 /// A save that changes no indexed column sets only the data, version,
@@ -150,14 +238,15 @@ const UPDATE_DATA: &str = "UPDATE runs SET data = ?9, version = ?10, updated_at 
       AND workflow_id = ?2 AND status = ?3 AND wait_reason IS ?4 AND wait_key IS ?5
       AND wait_due_us IS ?6 AND parent_run_id IS ?7 AND session_id IS ?8
       AND automation_id IS ?11 AND role IS ?12 AND occurrence_index IS ?13
-      AND session_kind IS ?14 AND workspace_root IS ?15";
+      AND session_kind IS ?14 AND workspace_root IS ?15 AND connection_id IS ?24";
 
 const UPDATE_ALL: &str = "UPDATE runs SET workflow_id = ?2, status = ?3, wait_reason = ?4,
         wait_key = ?5, wait_due_us = ?6, parent_run_id = ?7, session_id = ?8, data = ?9,
         version = ?10, automation_id = ?11, role = ?12, occurrence_index = ?13,
         session_kind = ?14, workspace_root = ?15, updated_at = ?17, lease_holder = ?18,
         lease_until_us = ?19, ledger_seq = ?23, defer_until_us = NULL, defer_count = NULL,
-        defer_reason = NULL
+        defer_reason = NULL, child_ended_us = NULL,
+        orphan_us = CASE WHEN ?3 IN ('running', 'waiting') THEN orphan_us END, connection_id = ?24
     WHERE run_id = ?1 AND version = ?20 AND (?21 IS NULL OR lease_holder = ?21
         OR (?22 IS NOT NULL AND (lease_holder IS NULL OR lease_until_us < ?22)))
       AND quarantine IS NULL";
@@ -191,7 +280,7 @@ impl<'a> RunRow<'a> {
     ) -> rusqlite::Result<usize> {
         let (run, w, a) = (self.run, self.run.waiting.as_ref(), &self.attribution);
         let take = fence.take.map(|t| t.timestamp_micros());
-        let values: [&dyn rusqlite::ToSql; 23] = [
+        let values: [&dyn rusqlite::ToSql; 24] = [
             &run.run_id,
             &run.workflow_id,
             &run.status.as_str(),
@@ -215,6 +304,7 @@ impl<'a> RunRow<'a> {
             &fence.holder,
             &take,
             &ledger_seq,
+            &a.connection_id,
         ];
         let mut st = conn.prepare_cached(sql)?;
         // Each statement uses the columns up to its highest parameter.
@@ -234,7 +324,78 @@ enum SetupError {
 pub struct SqliteStore {
     path: PathBuf,
     conn: Mutex<Connection>,
+    group: CommitQueue,
 }
+
+/// Group commit: the run commits of this process's threads that arrive
+/// while one is being written wait here, and whoever writes next writes
+/// them all in one transaction (each in a savepoint of its own, so a fence
+/// that does not hold undoes only its own commit). A lone commit is
+/// written at once; under load the wait is at most one transaction, and
+/// many steps share its write-ahead-log pages and its lock.
+#[derive(Default)]
+struct CommitQueue {
+    state: Mutex<QueueState>,
+    turn: Condvar,
+    /// Commits written in a group with others, since the store was opened.
+    grouped: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Default)]
+struct QueueState {
+    /// Whether a thread is writing a group now.
+    writing: bool,
+    /// The commits waiting for the next group, oldest first.
+    waiting: Vec<Arc<Queued>>,
+}
+
+/// A commit waiting in the queue: its own copy of what it commits, and its
+/// outcome once written.
+struct Queued {
+    records: Vec<StepRecord>,
+    run: RunState,
+    version: u64,
+    holder: Option<String>,
+    take: Option<DateTime<Utc>>,
+    lease: LeaseAfter,
+    outcome: Mutex<Option<Result<(), StoreError>>>,
+}
+
+impl Queued {
+    fn fence(&self) -> Fence<'_> {
+        Fence {
+            version: self.version,
+            holder: self.holder.as_deref(),
+            take: self.take,
+        }
+    }
+}
+
+/// The thread writing a group. However it ends (a panic included), each
+/// commit of the group has an outcome, and the next group may start.
+struct Writing<'a> {
+    store: &'a SqliteStore,
+    group: Vec<Arc<Queued>>,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        for q in &self.group {
+            let mut outcome = q.outcome.lock();
+            if outcome.is_none() {
+                *outcome = Some(Err(StoreError::io(format!(
+                    "{}: the thread writing this commit's group failed before its outcome was known (read the run again)",
+                    self.store.path.display()
+                ))));
+            }
+        }
+        self.store.group.state.lock().writing = false;
+        self.store.group.turn.notify_all();
+    }
+}
+
+/// The most commits one group writes (the rest wait for the next).
+const MAX_GROUP: usize = 64;
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -279,6 +440,7 @@ impl SqliteStore {
                     return Ok(SqliteStore {
                         path,
                         conn: Mutex::new(conn),
+                        group: CommitQueue::default(),
                     })
                 }
             }
@@ -315,6 +477,15 @@ impl SqliteStore {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// How many run commits this store (this process) wrote in a group
+    /// with others since it was opened: commits of several threads that
+    /// were ready together share one transaction.
+    pub fn grouped_commits(&self) -> u64 {
+        self.group
+            .grouped
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn err(&self, e: impl std::fmt::Display) -> StoreError {
@@ -395,7 +566,162 @@ impl SqliteStore {
         if n == 0 {
             return Err(self.conflict(tx, &run.run_id, fence));
         }
+        self.mark(tx, run, fence.version == 0)
+    }
+
+    /// Keeps the driver's two markers true after `run` was saved (in the
+    /// same transaction), so that its periodic queries read an index of
+    /// what is due instead of every open run:
+    ///
+    /// - `child_ended_us` on a parent waiting (reason `subworkflow`) on a
+    ///   child that has ended or was quarantined: set when the child ends,
+    ///   or when the parent starts waiting on a child that already has;
+    ///   cleared by the parent's next save that changes its wait;
+    /// - `orphan_us` on an unfinished child of a cancelled parent: set when
+    ///   the parent is cancelled, or when a child is created under a parent
+    ///   already cancelled; cleared when the child ends.
+    fn mark(&self, tx: &Connection, run: &RunState, created: bool) -> Result<(), StoreError> {
+        let now = Utc::now().timestamp_micros();
+        let exec = |sql: &str, args: &[&dyn rusqlite::ToSql]| {
+            tx.prepare_cached(sql)
+                .and_then(|mut st| st.execute(args))
+                .map_err(|e| self.err(e))
+        };
+        if run.status.is_terminal() {
+            mark_parent(tx, &run.run_id, now).map_err(|e| self.err(e))?;
+            if run.status == RunStatus::Cancelled {
+                exec(
+                    "UPDATE runs SET orphan_us = ?1 WHERE parent_run_id = ?2
+                       AND status IN ('running', 'waiting') AND orphan_us IS NULL",
+                    &[&now, &run.run_id],
+                )?;
+            }
+            return Ok(());
+        }
+        let child = run
+            .waiting
+            .as_ref()
+            .filter(|w| run.status == RunStatus::Waiting && w.reason.as_str() == "subworkflow")
+            .and_then(|w| w.wait_key.strip_prefix("subworkflow:"));
+        if let Some(child) = child {
+            exec(
+                "UPDATE runs SET child_ended_us = ?1 WHERE run_id = ?2 AND child_ended_us IS NULL
+                   AND EXISTS (SELECT 1 FROM runs c WHERE c.run_id = ?3
+                     AND (c.status IN ('completed', 'failed', 'cancelled')
+                          OR c.quarantine IS NOT NULL))",
+                &[&now, &run.run_id, &child],
+            )?;
+        }
+        if let (true, Some(parent)) = (created, &run.parent_run_id) {
+            exec(
+                "UPDATE runs SET orphan_us = ?1 WHERE run_id = ?2 AND EXISTS
+                   (SELECT 1 FROM runs p WHERE p.run_id = ?3 AND p.status = 'cancelled')",
+                &[&now, &run.run_id, parent],
+            )?;
+        }
         Ok(())
+    }
+
+    /// Takes the writer's turn with the next group (the oldest waiting
+    /// commits, at most [`MAX_GROUP`]); the turn ends when the returned
+    /// guard is dropped.
+    fn take_turn(&self, state: &mut QueueState) -> Writing<'_> {
+        state.writing = true;
+        let n = state.waiting.len().min(MAX_GROUP);
+        Writing {
+            store: self,
+            group: state.waiting.drain(..n).collect(),
+        }
+    }
+
+    /// Writes one group of run commits in one transaction: `own` (the
+    /// writing thread's, borrowed) and `queued` (other threads', whose
+    /// outcomes are set). Returns `own`'s outcome.
+    fn write_group(
+        &self,
+        own: Option<(&[StepRecord], &RunState, &Fence<'_>, LeaseAfter)>,
+        queued: &[Arc<Queued>],
+    ) -> Result<(), StoreError> {
+        if queued.is_empty() {
+            // Alone: no savepoint needed, a failed fence rolls it all back.
+            let Some((records, run, fence, lease)) = own else {
+                return Ok(());
+            };
+            return self.write(|tx| self.commit_on(tx, records, run, fence, lease));
+        }
+        let members = queued.len() as u64 + u64::from(own.is_some());
+        let written = self.write(|tx| {
+            let mine = match own {
+                Some((records, run, fence, lease)) => {
+                    self.in_savepoint(tx, |tx| self.commit_on(tx, records, run, fence, lease))?
+                }
+                None => Ok(()),
+            };
+            let mut theirs = Vec::with_capacity(queued.len());
+            for q in queued {
+                theirs.push(self.in_savepoint(tx, |tx| {
+                    self.commit_on(tx, &q.records, &q.run, &q.fence(), q.lease)
+                })?);
+            }
+            Ok((mine, theirs))
+        });
+        match written {
+            Ok((mine, theirs)) => {
+                if members > 1 {
+                    self.group
+                        .grouped
+                        .fetch_add(members, std::sync::atomic::Ordering::Relaxed);
+                }
+                for (q, outcome) in queued.iter().zip(theirs) {
+                    *q.outcome.lock() = Some(outcome);
+                }
+                mine
+            }
+            // The transaction as a whole failed: none of it landed.
+            Err(e) => {
+                for q in queued {
+                    *q.outcome.lock() = Some(Err(e.clone()));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs `f` in a savepoint: its writes are undone if it fails, the
+    /// transaction's others kept. The outer error is the database's own
+    /// failure (the transaction cannot go on); the inner one is `f`'s.
+    fn in_savepoint(
+        &self,
+        tx: &Connection,
+        f: impl FnOnce(&Connection) -> Result<(), StoreError>,
+    ) -> Result<Result<(), StoreError>, StoreError> {
+        let run = |sql: &str| tx.execute_batch(sql).map_err(|e| self.err(e));
+        run("SAVEPOINT run_commit")?;
+        let outcome = f(tx);
+        if outcome.is_err() {
+            run("ROLLBACK TO run_commit")?;
+        }
+        run("RELEASE run_commit")?;
+        Ok(outcome)
+    }
+
+    /// One run commit inside a transaction: the records, then the run
+    /// with where its ledger now ends; a fence that does not hold fails
+    /// it (the caller undoes what it wrote).
+    fn commit_on(
+        &self,
+        tx: &Connection,
+        records: &[StepRecord],
+        run: &RunState,
+        fence: &Fence<'_>,
+        lease: LeaseAfter,
+    ) -> Result<(), StoreError> {
+        let heads = self.append_on(tx, records)?;
+        let seq = match heads.iter().find(|(id, _)| *id == run.run_id) {
+            Some((_, seq)) => *seq,
+            None => self.last_seq(tx, &run.run_id)?,
+        };
+        self.save(tx, run, fence, lease, seq)
     }
 
     /// The seq of the run's last ledger record (0 for none).
@@ -590,8 +916,18 @@ fn migrate(conn: &mut Connection, from: i64) -> rusqlite::Result<()> {
         }
     }
     tx.execute_batch(INDEXES)?;
+    if from > 0 && from < 9 {
+        tx.execute_batch(MARK_EXISTING)?;
+    }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()
+}
+
+/// Marks the parent waiting on `child` (if one does): its child has ended
+/// or was set aside, and the driver's next pass resumes it.
+fn mark_parent(conn: &Connection, child: &str, now: i64) -> rusqlite::Result<usize> {
+    conn.prepare_cached(MARK_PARENT)?
+        .execute(params![now, child])
 }
 
 /// Sets a connection up as the store's are: a 10 s busy timeout, WAL,
@@ -630,6 +966,7 @@ impl Store for SqliteStore {
                 .execute(tx, INSERT_RUN, (None, None), &Fence::unleased(0), None)
                 .map_err(|e| self.err(e))?;
             if created == 1 {
+                self.mark(tx, run, true)?;
                 return Ok((run.clone(), true));
             }
             let (data, version): (String, i64) = tx
@@ -727,16 +1064,41 @@ impl Store for SqliteStore {
         lease: LeaseAfter,
     ) -> Result<(), StoreError> {
         check_next_version(run, &fence)?;
-        self.write(|tx| {
-            // The records, then the run with where its ledger now ends; a
-            // fence that does not hold rolls both back.
-            let heads = self.append_on(tx, records)?;
-            let seq = match heads.iter().find(|(id, _)| *id == run.run_id) {
-                Some((_, seq)) => *seq,
-                None => self.last_seq(tx, &run.run_id)?,
-            };
-            self.save(tx, run, &fence, lease, seq)
-        })
+        let mut state = self.group.state.lock();
+        if !state.writing {
+            // Nobody is writing: this commit is written at once, with any
+            // that queued behind the last group.
+            let writing = self.take_turn(&mut state);
+            drop(state);
+            return self.write_group(Some((records, run, &fence, lease)), &writing.group);
+        }
+        // Another thread is writing: this commit joins the next group.
+        let item = Arc::new(Queued {
+            records: records.to_vec(),
+            run: run.clone(),
+            version: fence.version,
+            holder: fence.holder.map(str::to_string),
+            take: fence.take,
+            lease,
+            outcome: Mutex::new(None),
+        });
+        state.waiting.push(item.clone());
+        loop {
+            if let Some(outcome) = item.outcome.lock().take() {
+                return outcome;
+            }
+            if !state.writing {
+                // The last group is written and ours is not: write it.
+                let writing = self.take_turn(&mut state);
+                drop(state);
+                // Outcomes are set, then the next group may start.
+                let _ = self.write_group(None, &writing.group);
+                drop(writing);
+                state = self.group.state.lock();
+                continue;
+            }
+            self.group.turn.wait(&mut state);
+        }
     }
 
     fn append_ahead(&self, records: &[StepRecord], fence: Fence<'_>) -> Result<(), StoreError> {
@@ -849,22 +1211,12 @@ impl Store for SqliteStore {
         run_id: &str,
         idempotency_key: &str,
     ) -> Result<Vec<StepRecord>, StoreError> {
-        // Keys of resumes another run's effect caused are indexed (a
-        // long-lived listener is checked on every delivery), and so are an
-        // automation controller's record keys (checked on every decision);
-        // any other key is found in the run's part of the ledger.
+        // Every keyed record is indexed: a long-lived run (a listener
+        // checked on every delivery, an automation controller on every
+        // decision, an effect's resume) never reads its whole ledger.
         // (Named: without statistics the planner prefers the primary key,
         // which scans the run's whole ledger.)
-        let sql = if idempotency_key.starts_with("resumed-by:") {
-            "SELECT seq, data FROM ledger INDEXED BY ledger_caused
-               WHERE run_id = ?1 AND idem_key = ?2 AND idem_key LIKE 'resumed-by:%' ORDER BY seq"
-        } else if idempotency_key.starts_with("automation:") {
-            "SELECT seq, data FROM ledger INDEXED BY ledger_automation
-               WHERE run_id = ?1 AND idem_key = ?2 AND idem_key LIKE 'automation:%' ORDER BY seq"
-        } else {
-            "SELECT seq, data FROM ledger WHERE run_id = ?1 AND idem_key = ?2 ORDER BY seq"
-        };
-        self.records(run_id, sql, &[&idempotency_key])
+        self.records(run_id, KEYED, &[&idempotency_key])
     }
 
     fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
@@ -925,33 +1277,16 @@ impl Store for SqliteStore {
     }
 
     fn list_due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
-        self.ids(
-            "SELECT run_id FROM runs WHERE wait_due_us IS NOT NULL AND wait_due_us <= ?1
-             AND status = 'waiting' AND quarantine IS NULL
-             AND COALESCE(defer_until_us, 0) <= ?1 ORDER BY wait_due_us, rowid LIMIT ?2",
-            &[&now.timestamp_micros(), &(limit as i64)],
-        )
+        self.ids(DUE, &[&now.timestamp_micros(), &(limit as i64)])
     }
 
     fn list_claimable(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
-        self.ids(
-            "SELECT run_id FROM runs WHERE status = 'running'
-             AND (lease_holder IS NULL OR lease_until_us < ?1) AND quarantine IS NULL
-             AND COALESCE(defer_until_us, 0) <= ?1
-             ORDER BY COALESCE(defer_until_us, 0), rowid LIMIT ?2",
-            &[&now.timestamp_micros(), &(limit as i64)],
-        )
+        self.ids(CLAIMABLE, &[&now.timestamp_micros(), &(limit as i64)])
     }
 
     fn list_leased(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
         let conn = self.conn.lock();
-        let mut st = conn
-            .prepare_cached(
-                "SELECT run_id, lease_holder FROM runs WHERE status = 'running'
-                   AND lease_holder IS NOT NULL AND quarantine IS NULL
-                 ORDER BY rowid LIMIT ?1",
-            )
-            .map_err(|e| self.err(e))?;
+        let mut st = conn.prepare_cached(LEASED).map_err(|e| self.err(e))?;
         let rows = st
             .query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))
             .map_err(|e| self.err(e))?;
@@ -962,16 +1297,7 @@ impl Store for SqliteStore {
     fn list_ended_children(&self, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
         let conn = self.conn.lock();
         let mut st = conn
-            .prepare_cached(
-                "SELECT p.run_id, c.run_id FROM runs p JOIN runs c
-                   ON c.run_id = substr(p.wait_key, 13)
-                 WHERE p.status = 'waiting' AND p.wait_reason = 'subworkflow'
-                   AND p.wait_key LIKE 'subworkflow:%' AND p.quarantine IS NULL
-                   AND (c.status IN ('completed', 'failed', 'cancelled')
-                        OR c.quarantine IS NOT NULL)
-                   AND COALESCE(p.defer_until_us, 0) <= ?2
-                 ORDER BY p.rowid LIMIT ?1",
-            )
+            .prepare_cached(ENDED_CHILDREN)
             .map_err(|e| self.err(e))?;
         let now = Utc::now().timestamp_micros();
         let rows = st
@@ -982,24 +1308,39 @@ impl Store for SqliteStore {
     }
 
     fn list_orphans(&self, limit: usize) -> Result<Vec<String>, StoreError> {
-        self.ids(
-            "SELECT c.run_id FROM runs c JOIN runs p ON p.run_id = c.parent_run_id
-             WHERE c.status IN ('running', 'waiting') AND p.status = 'cancelled'
-               AND c.quarantine IS NULL AND COALESCE(c.defer_until_us, 0) <= ?2
-             ORDER BY c.rowid LIMIT ?1",
-            &[&(limit as i64), &Utc::now().timestamp_micros()],
-        )
+        self.ids(ORPHANS, &[&(limit as i64), &Utc::now().timestamp_micros()])
     }
 
     fn quarantine(&self, run_id: &str, reason: &str) -> Result<(), StoreError> {
+        self.write(|tx| {
+            let set = tx
+                .prepare_cached(
+                    "UPDATE runs SET quarantine = ?2, lease_holder = NULL, lease_until_us = NULL
+                     WHERE run_id = ?1 AND quarantine IS NULL",
+                )
+                .and_then(|mut st| st.execute(params![run_id, reason]))
+                .map_err(|e| self.err(e))?;
+            if set > 0 {
+                // A parent waiting on it learns that it was set aside.
+                mark_parent(tx, run_id, Utc::now().timestamp_micros()).map_err(|e| self.err(e))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn list_consumers(&self, connection_id: Option<&str>) -> Result<Vec<String>, StoreError> {
+        self.ids(CONSUMERS, &[&connection_id])
+    }
+
+    fn quarantined(&self, run_id: &str) -> Result<Option<String>, StoreError> {
         let conn = self.conn.lock();
-        conn.prepare_cached(
-            "UPDATE runs SET quarantine = ?2, lease_holder = NULL, lease_until_us = NULL
-             WHERE run_id = ?1 AND quarantine IS NULL",
-        )
-        .and_then(|mut st| st.execute(params![run_id, reason]))
-        .map_err(|e| self.err(e))?;
-        Ok(())
+        conn.prepare_cached("SELECT quarantine FROM runs WHERE run_id = ?1")
+            .and_then(|mut st| {
+                st.query_row([run_id], |r| r.get::<_, Option<String>>(0))
+                    .optional()
+            })
+            .map(Option::flatten)
+            .map_err(|e| self.err(e))
     }
 
     fn defer(
@@ -1053,7 +1394,8 @@ impl Store for SqliteStore {
         let conn = self.conn.lock();
         let mut st = conn
             .prepare_cached(
-                "SELECT run_id, quarantine FROM runs WHERE quarantine IS NOT NULL ORDER BY rowid",
+                "SELECT run_id, quarantine FROM runs INDEXED BY runs_quarantine
+                 WHERE quarantine IS NOT NULL ORDER BY rowid",
             )
             .map_err(|e| self.err(e))?;
         let rows = st
@@ -1421,5 +1763,134 @@ impl crate::wasm::CompiledDigests for SqliteStore {
             .and_then(|mut st| st.execute(params![name, hex::encode(digest)]))
             .map_err(|e| self.err(e))
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(id: &str, version: u64) -> RunState {
+        serde_json::from_value(serde_json::json!({
+            "run_id": id, "workflow_id": "w", "status": "running", "current_node": "a",
+            "vars": {"n": version}, "created_at": "2026-11-30T09:00:00.000000Z",
+            "updated_at": "2026-11-30T09:00:00.000000Z", "version": version,
+        }))
+        .unwrap()
+    }
+
+    fn record(id: &str, n: u64) -> StepRecord {
+        serde_json::from_value(serde_json::json!({
+            "step_id": format!("{id}-{n}"), "run_id": id, "node_id": "a",
+            "status": "completed", "started_at": "2026-11-30T09:00:00.000000Z", "attempt": 1,
+        }))
+        .unwrap()
+    }
+
+    /// Commits of several threads that arrive while one is written are
+    /// written together, each judged by its own fence: one whose fence no
+    /// longer holds is refused and leaves nothing, the others land, and
+    /// every ledger's chain holds.
+    #[test]
+    fn commits_ready_together_are_written_in_one_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
+        for id in ["a", "b", "c", "d"] {
+            store
+                .commit(
+                    &[record(id, 1)],
+                    &run(id, 1),
+                    Fence::unleased(0),
+                    LeaseAfter::Release,
+                )
+                .unwrap();
+        }
+        // The connection is held (as by a long write) while four threads
+        // commit: one waits for it to write, three queue behind it.
+        let held = store.conn.lock();
+        let threads: Vec<_> = ["a", "b", "c", "d"]
+            .into_iter()
+            .map(|id| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    // "d" commits from a version it did not read: refused.
+                    let read = if id == "d" { 7 } else { 1 };
+                    let mut next = run(id, read + 1);
+                    next.vars.insert("n".into(), serde_json::json!(2));
+                    store.commit(
+                        &[record(id, 2)],
+                        &next,
+                        Fence::unleased(read),
+                        LeaseAfter::Release,
+                    )
+                })
+            })
+            .collect();
+        let queued = std::time::Instant::now();
+        while store.group.state.lock().waiting.len() < 3 {
+            assert!(queued.elapsed().as_secs() < 10, "the commits did not queue");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(held);
+        let outcomes: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(
+            store.grouped_commits(),
+            3,
+            "the three queued commits, together"
+        );
+        for (id, outcome) in ["a", "b", "c", "d"].iter().zip(outcomes) {
+            let stored = store.load_run(id).unwrap().unwrap();
+            let ledger = store.list_records(id).unwrap();
+            if *id == "d" {
+                assert_eq!(outcome.unwrap_err().code, "conflict");
+                assert_eq!(
+                    (stored.version, ledger.len()),
+                    (1, 1),
+                    "nothing of it landed"
+                );
+            } else {
+                outcome.unwrap();
+                assert_eq!((stored.version, ledger.len()), (2, 2));
+                assert_eq!(stored.vars["n"], 2);
+            }
+            assert!(crate::store::verify_chain(&ledger).is_ok(), "{id}");
+        }
+    }
+
+    /// Each periodic query of the driver reads the index of what is due:
+    /// no full scan of `runs`, and no walk of every open run (the
+    /// `runs_open` index by status alone) where the query asks for waiting
+    /// runs, of which there may be a hundred thousand parked.
+    #[test]
+    fn periodic_queries_read_only_what_is_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("db.sqlite")).unwrap();
+        let conn = store.conn.lock();
+        let plan = |sql: &str| -> String {
+            let n = conn.prepare(sql).unwrap().parameter_count();
+            let args = vec![0i64; n];
+            let mut st = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let rows = st
+                .query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(3))
+                .unwrap();
+            rows.map(Result::unwrap).collect::<Vec<_>>().join("; ")
+        };
+        let cases = [
+            (DUE, "runs_due"),
+            (CLAIMABLE, "runs_open (status=?)"),
+            (LEASED, "runs_open (status=?)"),
+            (ENDED_CHILDREN, "runs_child_ended"),
+            (ORPHANS, "runs_orphan"),
+            (KEYED, "ledger_keyed (run_id=? AND idem_key=?)"),
+            (
+                MARK_PARENT,
+                "runs_open (status=? AND wait_reason=? AND wait_key=?)",
+            ),
+        ];
+        for (sql, index) in cases {
+            let plan = plan(sql);
+            assert!(plan.contains(index), "{sql}\n reads {plan}, not {index}");
+            assert!(!plan.contains("SCAN runs"), "{sql}\n scans: {plan}");
+        }
     }
 }

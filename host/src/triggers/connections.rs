@@ -615,12 +615,20 @@ impl Runtime {
                 && connection_id.is_none_or(|id| t["config"]["connection_id"] == id)
         };
         let mut woken = Vec::new();
-        for run in self.list_runs(&crate::RunQuery {
-            status: Some(crate::RunStatus::Waiting),
-            workflow_id: Some(crate::automation::CONTROLLER_WORKFLOW_ID.into()),
-            ..Default::default()
-        })? {
-            if !wanted(&run) {
+        // Only the controllers bound to the connection are read (an index
+        // on SQLite), not every waiting run.
+        for id in self.store().list_consumers(connection_id)? {
+            let run = match self.get_state(&id) {
+                Ok(run) => run,
+                Err(Error::RunNotFound { .. }) => continue,
+                // Left to the driver, which sets it aside.
+                Err(e) if e.reason_code() == "store_corrupt" => continue,
+                Err(e) => return Err(e),
+            };
+            if run.status != crate::RunStatus::Waiting
+                || run.workflow_id != crate::automation::CONTROLLER_WORKFLOW_ID
+                || !wanted(&run)
+            {
                 continue;
             }
             let wake = stepwell_automation_core::ids::wake_wait_key(&run.run_id);
