@@ -673,7 +673,17 @@ fn ended_children_and_orphans_are_found(b: Backend) {
     orphan.parent_run_id = Some("cancelled".into());
     let mut cancelled = run("cancelled", "wf");
     cancelled.status = RunStatus::Cancelled;
+    let mut early = run("early-child", "wf");
+    early.status = RunStatus::Failed;
     for r in [
+        // Ended before its parent waited on it.
+        early,
+        waiting(
+            run("late-parent", "wf"),
+            WaitReason::Subworkflow,
+            "subworkflow:early-child",
+            None,
+        ),
         waiting(
             run("parent", "wf"),
             WaitReason::Subworkflow,
@@ -693,11 +703,72 @@ fn ended_children_and_orphans_are_found(b: Backend) {
     ] {
         f.store.create_if_absent(&r).unwrap();
     }
+    let mut ended = f.store.list_ended_children(10).unwrap();
+    ended.sort();
     assert_eq!(
-        f.store.list_ended_children(10).unwrap(),
-        [("parent".to_string(), "child-done".to_string())]
+        ended,
+        [
+            ("late-parent".to_string(), "early-child".to_string()),
+            ("parent".to_string(), "child-done".to_string())
+        ]
     );
     assert_eq!(f.store.list_orphans(10).unwrap(), ["orphan"]);
+    // A parent that stops waiting is no longer listed.
+    let mut parent = f.store.load_run("parent").unwrap().unwrap();
+    parent.status = RunStatus::Running;
+    parent.waiting = None;
+    save(&*f.store, &mut parent, 1);
+    assert_eq!(
+        f.store.list_ended_children(10).unwrap(),
+        [("late-parent".to_string(), "early-child".to_string())]
+    );
+}
+
+/// An automation controller as the store sees it: waiting at its wake
+/// wait, bound to `connection` (an event source), maybe paused.
+fn controller(id: &str, connection: &str, paused: bool) -> RunState {
+    let mut r = waiting(
+        run(id, "automation.controller"),
+        WaitReason::Event,
+        &format!("automation:{id}:wake"),
+        None,
+    );
+    r.vars = serde_json::from_value(json!({
+        "_meta": {"automation": {"trigger": {"source_id": "webhook.received", "source_version": 1,
+                                              "config": {"connection_id": connection}},
+                                 "archived_at": null}},
+        "_runtime": {"automation": {"paused": paused}},
+    }))
+    .unwrap();
+    r
+}
+
+fn consumers_are_the_controllers_an_event_would_wake(b: Backend) {
+    let f = fixture(b);
+    let mut busy = controller("busy", "c1", false);
+    busy.status = RunStatus::Running;
+    busy.waiting = None;
+    for r in [
+        controller("idle-1", "c1", false),
+        controller("paused-1", "c1", true),
+        controller("idle-2", "c2", false),
+        busy,
+        waiting(run("asker", "wf"), WaitReason::User, "ask", None),
+    ] {
+        f.store.create_if_absent(&r).unwrap();
+    }
+    assert_eq!(f.store.list_consumers(Some("c1")).unwrap(), ["idle-1"]);
+    assert_eq!(f.store.list_consumers(Some("c3")).unwrap(), [] as [&str; 0]);
+    assert_eq!(f.store.list_consumers(None).unwrap(), ["idle-1", "idle-2"]);
+    // Paused: no longer woken; resumed: woken again.
+    let mut idle = f.store.load_run("idle-1").unwrap().unwrap();
+    idle.vars["_runtime"]["automation"]["paused"] = json!(true);
+    save(&*f.store, &mut idle, 1);
+    assert_eq!(f.store.list_consumers(Some("c1")).unwrap(), [] as [&str; 0]);
+    let mut paused = f.store.load_run("paused-1").unwrap().unwrap();
+    paused.vars["_runtime"]["automation"]["paused"] = json!(false);
+    save(&*f.store, &mut paused, 1);
+    assert_eq!(f.store.list_consumers(Some("c1")).unwrap(), ["paused-1"]);
 }
 
 fn a_null_result_is_kept_and_its_hash_holds(b: Backend) {
@@ -911,6 +982,7 @@ store_tests!(
     deferred_runs_are_listed_after_their_time_and_last,
     quarantined_runs_are_set_aside,
     ended_children_and_orphans_are_found,
+    consumers_are_the_controllers_an_event_would_wake,
     ledgers_append_in_order_per_run,
     a_null_result_is_kept_and_its_hash_holds,
     identical_records_of_successive_commits_all_land,

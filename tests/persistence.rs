@@ -624,3 +624,61 @@ fn a_version_8_database_gets_the_drivers_markers() {
     assert_eq!(rt.get_state(&orphan).unwrap().status, RunStatus::Cancelled);
     assert!(!rt.drive_once().unwrap().moved_anything());
 }
+
+/// The driver's markers follow runs that go back: a child restored from a
+/// snapshot to a wait after it ended resumes nobody, and a child restored
+/// to a wait after its parent was cancelled is cancelled again.
+#[test]
+fn a_restored_child_is_judged_as_it_is_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = stepwell::host::StoreSpec::Sqlite(dir.path().join("db.sqlite"));
+    let rt = stepwell::host::open_runtime(&spec, &Default::default()).unwrap();
+    let snapshots = spec.snapshots().unwrap();
+    rt.load_bundle(&parent_and_asker(dir.path())).unwrap();
+    let child_of = |run: &stepwell::RunState| {
+        run.waiting.as_ref().unwrap().details.as_ref().unwrap()["sub_run_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+
+    // A parent whose child asks, and a snapshot of the child asking.
+    let parked = || {
+        let parent = rt.run("parent", StartOptions::default()).unwrap();
+        let child = child_of(&parent);
+        rt.drive_once().unwrap();
+        let asking = rt
+            .create_snapshot(snapshots.as_ref(), &child, "asking", "", vec![])
+            .unwrap();
+        (parent, child, asking)
+    };
+
+    // Ended, then back to its wait: the parent waits on.
+    let (parent, child, asking) = parked();
+    rt.respond(&child, json!({"text": "done"})).unwrap();
+    rt.restore_snapshot(snapshots.as_ref(), &asking.snapshot_id)
+        .unwrap();
+    assert_eq!(rt.get_state(&child).unwrap().status, RunStatus::Waiting);
+    let report = rt.drive_once().unwrap();
+    assert!(report.parents_resumed.is_empty(), "{report:?}");
+    assert_eq!(
+        rt.get_state(&parent.run_id).unwrap().status,
+        RunStatus::Waiting
+    );
+    // When it ends again, the parent goes on.
+    rt.respond(&child, json!({"text": "again"})).unwrap();
+    let report = rt.drive_once().unwrap();
+    assert_eq!(report.parents_resumed, vec![parent.run_id.clone()]);
+
+    // Cancelled with its parent, then back to its wait: cancelled again.
+    let (parent, child, asking) = parked();
+    rt.cancel_run(&parent.run_id, None).unwrap();
+    rt.drive_once().unwrap();
+    assert_eq!(rt.get_state(&child).unwrap().status, RunStatus::Cancelled);
+    rt.restore_snapshot(snapshots.as_ref(), &asking.snapshot_id)
+        .unwrap();
+    assert_eq!(rt.get_state(&child).unwrap().status, RunStatus::Waiting);
+    let report = rt.drive_once().unwrap();
+    assert_eq!(report.orphans_cancelled, vec![child.clone()], "{report:?}");
+    assert_eq!(rt.get_state(&child).unwrap().status, RunStatus::Cancelled);
+}

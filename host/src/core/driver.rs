@@ -280,6 +280,14 @@ impl Runtime {
                 Err(e) => return Err(e),
             },
         };
+        // A child that is not over (listed from a stale index, or gone back
+        // by a restored snapshot) resumes nobody.
+        if child
+            .as_ref()
+            .is_some_and(|c| !c.status.is_terminal() && quarantined.is_none())
+        {
+            return Ok(false);
+        }
         let (mut txn, mut run) = self.claim(parent, Duration::ZERO)?;
         let key = subworkflow::wait_key(child_id);
         let Some(wait) = run

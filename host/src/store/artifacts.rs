@@ -218,21 +218,47 @@ impl ArtifactStore for FileArtifactStore {
 pub(crate) struct Offloader {
     pub store: std::sync::Arc<dyn ArtifactStore>,
     pub threshold: usize,
-    /// The large vars offloaded last, by run and name, with their
-    /// references: a var that has not changed since (compared in place,
-    /// much cheaper than encoding and hashing it) keeps its reference, so
-    /// a run carrying a large var does not re-encode, re-hash and look it
-    /// up on every step.
+    /// The large vars offloaded last, by run and name: a fingerprint of
+    /// their JSON and their reference. A var whose fingerprint has not
+    /// changed keeps its reference, so a run carrying a large var does not
+    /// copy, SHA-256 and look it up again on every step.
     pub recent: parking_lot::Mutex<RecentVars>,
 }
 
-/// Large vars offloaded last: run id → var name → (value, reference).
+/// Large vars offloaded last: run id → var name → (fingerprint, reference).
 pub(crate) type RecentVars =
-    std::collections::HashMap<String, std::collections::HashMap<String, (Value, Value)>>;
+    std::collections::HashMap<String, std::collections::HashMap<String, (u128, Value)>>;
 
 /// The most runs [`Offloader::recent`] remembers vars of (it is emptied
-/// when full: a var missing from it is only encoded again).
-const RECENT_RUNS: usize = 256;
+/// when full: a var missing from it is only stored again). An entry is a
+/// few dozen bytes, whatever the var's size.
+const RECENT_RUNS: usize = 4096;
+
+/// A 128-bit fingerprint of `value`'s JSON: two SipHash digests under keys
+/// drawn at random by this process, so no input can be made to collide
+/// with another on purpose. The JSON is fed to the hashers as it is
+/// written, without a copy.
+fn fingerprint(value: &Value) -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    static KEYS: std::sync::OnceLock<(std::hash::RandomState, std::hash::RandomState)> =
+        std::sync::OnceLock::new();
+    let keys = KEYS.get_or_init(|| (Default::default(), Default::default()));
+    struct Feed<A: Hasher, B: Hasher>(A, B);
+    impl<A: Hasher, B: Hasher> std::io::Write for Feed<A, B> {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            self.1.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut feed = Feed(keys.0.build_hasher(), keys.1.build_hasher());
+    // Writing a `Value` into memory cannot fail.
+    let _ = serde_json::to_writer(&mut feed, value);
+    (u128::from(feed.0.finish()) << 64) | u128::from(feed.1.finish())
+}
 
 /// Vars that always stay inline.
 const INLINE_VARS: [&str; 3] = ["_meta", "_limits", "_runtime"];
@@ -283,29 +309,35 @@ impl Offloader {
             if INLINE_VARS.contains(&k.as_str()) {
                 continue;
             }
-            let known = self
+            let remembered = self
                 .recent
                 .lock()
                 .get(&run.run_id)
                 .and_then(|vars| vars.get(k))
-                .filter(|(value, _)| value == v)
-                .map(|(_, r)| r.clone());
+                .cloned();
+            let known = remembered
+                .filter(|(print, _)| *print == fingerprint(v))
+                .map(|(_, r)| r);
             let r = match known {
                 Some(r) => Some(r),
                 None => {
                     let r = self.offload(v, &run.run_id, now)?;
+                    // Only a value stored as an artifact is worth
+                    // remembering (a small one is cheap to measure).
+                    let print = r
+                        .as_ref()
+                        .filter(|r| as_literal(r).is_none())
+                        .map(|_| fingerprint(v));
                     let mut recent = self.recent.lock();
-                    match &r {
-                        // Only a value stored as an artifact is worth
-                        // remembering (a small one is cheap to measure).
-                        Some(r) if as_literal(r).is_none() => {
+                    match (&r, print) {
+                        (Some(r), Some(print)) => {
                             if recent.len() >= RECENT_RUNS && !recent.contains_key(&run.run_id) {
                                 recent.clear();
                             }
                             recent
                                 .entry(run.run_id.clone())
                                 .or_default()
-                                .insert(k.clone(), (v.clone(), r.clone()));
+                                .insert(k.clone(), (print, r.clone()));
                         }
                         _ => {
                             if let Some(vars) = recent.get_mut(&run.run_id) {

@@ -364,10 +364,6 @@ pub struct Attribution {
     pub session_kind: Option<String>,
     /// See [`RunIndexRow::workspace_root`].
     pub workspace_root: Option<String>,
-    /// For an automation controller bound to a trigger connection (an
-    /// event source): the connection, whose events wake it
-    /// ([`Store::list_consumers`]).
-    pub connection_id: Option<String>,
 }
 
 impl Attribution {
@@ -400,17 +396,11 @@ impl Attribution {
             .filter(|s| !s.is_empty());
         let meta = run.vars.get("_meta").and_then(Value::as_object);
         let section = |name: &str| meta.and_then(|m| m.get(name)).and_then(Value::as_object);
-        let mut a = if let Some(automation) = section("automation") {
+        let mut a = if section("automation").is_some() {
             Attribution {
                 automation_id: Some(run.run_id.clone()),
                 role: Some("controller".into()),
                 session_kind: Some("automation".into()),
-                connection_id: text(
-                    automation
-                        .get("trigger")
-                        .and_then(|t| t.get("config"))
-                        .and_then(|c| c.get("connection_id")),
-                ),
                 ..Attribution::default()
             }
         } else if let Some(o) = section("occurrence") {
@@ -452,6 +442,34 @@ impl Attribution {
         a.workspace_root = workspace_root;
         a
     }
+}
+
+/// The trigger connection whose events would wake `run` now: set for an
+/// automation controller bound to a connection (an event source) that
+/// waits idle at its wake wait, neither paused nor archived
+/// ([`Store::list_consumers`]). A busy, paused or archived controller is
+/// not woken by an event, so a store need not list it.
+pub fn wakes_on(run: &RunState) -> Option<String> {
+    use serde_json::Value;
+    let waiting = run
+        .waiting
+        .as_ref()
+        .filter(|_| run.status == RunStatus::Waiting)?;
+    if waiting.wait_key != stepwell_automation_core::ids::wake_wait_key(&run.run_id) {
+        return None;
+    }
+    let definition = run.vars.get("_meta")?.get("automation")?;
+    let state = run.vars.get("_runtime").and_then(|r| r.get("automation"));
+    let paused = state.and_then(|s| s.get("paused")) == Some(&Value::Bool(true));
+    let archived = definition.get("archived_at").is_some_and(|a| !a.is_null());
+    if paused || archived {
+        return None;
+    }
+    let id = definition
+        .get("trigger")?
+        .get("config")?
+        .get("connection_id")?;
+    Some(id.as_str()?.trim().to_string()).filter(|s| !s.is_empty())
 }
 
 impl RunIndexRow {
@@ -829,10 +847,10 @@ pub trait Store: Send + Sync {
     /// Quarantined runs and why, in the order they were set aside.
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError>;
 
-    /// Ids of waiting automation controllers bound to the trigger
-    /// connection `connection_id` (to any connection with `None`): those an
-    /// appended event may wake. The default reads every waiting run; SQLite
-    /// answers from an index of consumers.
+    /// Ids of the automation controllers an event of the trigger
+    /// connection `connection_id` (of any connection with `None`) would
+    /// wake now ([`wakes_on`]), oldest first. The default reads every
+    /// waiting run; SQLite answers from an index of them.
     fn list_consumers(&self, connection_id: Option<&str>) -> Result<Vec<String>, StoreError> {
         Ok(self
             .list_runs(&RunQuery {
@@ -840,11 +858,7 @@ pub trait Store: Send + Sync {
                 ..RunQuery::default()
             })?
             .into_iter()
-            .filter(|run| {
-                Attribution::of(run)
-                    .connection_id
-                    .is_some_and(|c| connection_id.is_none_or(|id| c == id))
-            })
+            .filter(|run| wakes_on(run).is_some_and(|c| connection_id.is_none_or(|id| c == id)))
             .map(|run| run.run_id)
             .collect())
     }

@@ -109,7 +109,7 @@ const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("runs", "defer_reason", "TEXT"),
     ("runs", "child_ended_us", "INTEGER"),
     ("runs", "orphan_us", "INTEGER"),
-    ("runs", "connection_id", "TEXT"),
+    ("runs", "wakes_on", "TEXT"),
 ];
 
 const INDEXES: &str = "
@@ -129,13 +129,13 @@ CREATE INDEX IF NOT EXISTS inbox_stream ON inbox(stream, seq);
 CREATE INDEX IF NOT EXISTS runs_child_ended ON runs(child_ended_us)
     WHERE child_ended_us IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runs_orphan ON runs(orphan_us) WHERE orphan_us IS NOT NULL;
-CREATE INDEX IF NOT EXISTS runs_consumer ON runs(connection_id)
-    WHERE connection_id IS NOT NULL AND status = 'waiting';
+CREATE INDEX IF NOT EXISTS runs_consumer ON runs(wakes_on) WHERE wakes_on IS NOT NULL;
 ";
 
 /// The driver's markers of existing rows, set when a database older than
 /// schema 9 is migrated: parents waiting on a child that has ended, and
 /// unfinished children of cancelled parents (see [`SqliteStore::mark`]).
+/// (`wakes_on` is set from each waiting controller's data.)
 const MARK_EXISTING: &str = "
 UPDATE runs SET child_ended_us = 0
  WHERE status = 'waiting' AND wait_reason = 'subworkflow' AND wait_key LIKE 'subworkflow:%'
@@ -144,14 +144,12 @@ UPDATE runs SET child_ended_us = 0
 UPDATE runs SET orphan_us = 0
  WHERE status IN ('running', 'waiting') AND parent_run_id IS NOT NULL
    AND EXISTS (SELECT 1 FROM runs p WHERE p.run_id = runs.parent_run_id AND p.status = 'cancelled');
-UPDATE runs SET connection_id =
-       trim(json_extract(data, '$.vars._meta.automation.trigger.config.connection_id'))
- WHERE role = 'controller' AND json_valid(data)
-   AND json_type(data, '$.vars._meta.automation.trigger.config.connection_id') = 'text'
-   AND trim(json_extract(data, '$.vars._meta.automation.trigger.config.connection_id')) <> '';
 ";
 
-// The driver's periodic queries. Each reads an index of what is due (named:
+// The driver's periodic queries. Each reads an index of what may be due
+// (the markers narrow it; a join re-checks the other run by its key, so a
+// marker left behind by a run that went back, a restored snapshot, moves
+// nothing) (named:
 // without statistics SQLite's planner may prefer another index and scan
 // every open run), so a pass costs what is due, not what is stored. The
 // form `status IN ('running', 'waiting') AND status = 'running'` repeats
@@ -179,26 +177,31 @@ const LEASED: &str = "SELECT run_id, lease_holder FROM runs INDEXED BY runs_open
 
 /// Parents whose child ended ([`Store::list_ended_children`]): ?1 limit,
 /// ?2 now.
-const ENDED_CHILDREN: &str =
-    "SELECT run_id, substr(wait_key, 13) FROM runs INDEXED BY runs_child_ended
-    WHERE child_ended_us IS NOT NULL AND status = 'waiting'
-      AND wait_reason = 'subworkflow' AND wait_key LIKE 'subworkflow:%'
-      AND quarantine IS NULL AND COALESCE(defer_until_us, 0) <= ?2
-    ORDER BY child_ended_us, rowid LIMIT ?1";
+const ENDED_CHILDREN: &str = "SELECT p.run_id, c.run_id FROM runs p INDEXED BY runs_child_ended
+    JOIN runs c ON c.run_id = substr(p.wait_key, 13)
+    WHERE p.child_ended_us IS NOT NULL AND p.status = 'waiting'
+      AND p.wait_reason = 'subworkflow' AND p.wait_key LIKE 'subworkflow:%'
+      AND p.quarantine IS NULL AND COALESCE(p.defer_until_us, 0) <= ?2
+      AND (c.status IN ('completed', 'failed', 'cancelled') OR c.quarantine IS NOT NULL)
+    ORDER BY p.child_ended_us, p.rowid LIMIT ?1";
 
 /// Unfinished children of cancelled parents ([`Store::list_orphans`]):
 /// ?1 limit, ?2 now.
-const ORPHANS: &str = "SELECT run_id FROM runs INDEXED BY runs_orphan
-    WHERE orphan_us IS NOT NULL AND status IN ('running', 'waiting')
-      AND quarantine IS NULL AND COALESCE(defer_until_us, 0) <= ?2
-    ORDER BY orphan_us, rowid LIMIT ?1";
+const ORPHANS: &str = "SELECT c.run_id FROM runs c INDEXED BY runs_orphan
+    JOIN runs p ON p.run_id = c.parent_run_id
+    WHERE c.orphan_us IS NOT NULL AND c.status IN ('running', 'waiting')
+      AND c.quarantine IS NULL AND COALESCE(c.defer_until_us, 0) <= ?2
+      AND p.status = 'cancelled'
+    ORDER BY c.orphan_us, c.rowid LIMIT ?1";
 
-/// Waiting controllers bound to a connection ([`Store::list_consumers`]):
-/// ?1 the connection, or NULL for any.
+/// The controllers an event of a connection would wake
+/// ([`Store::list_consumers`]): ?1 the connection.
+const CONSUMERS_OF: &str = "SELECT run_id FROM runs INDEXED BY runs_consumer
+    WHERE wakes_on = ?1 AND quarantine IS NULL ORDER BY rowid";
+
+/// The controllers an event of any connection would wake.
 const CONSUMERS: &str = "SELECT run_id FROM runs INDEXED BY runs_consumer
-    WHERE connection_id IS NOT NULL AND status = 'waiting'
-      AND (?1 IS NULL OR connection_id = ?1) AND quarantine IS NULL
-    ORDER BY rowid";
+    WHERE wakes_on IS NOT NULL AND quarantine IS NULL ORDER BY rowid";
 
 /// A run's ledger records with a key ([`Store::find_records`]): ?1 run,
 /// ?2 key.
@@ -218,11 +221,11 @@ const MARK_PARENT: &str = "UPDATE runs INDEXED BY runs_open SET child_ended_us =
 /// ?15 workspace_root, ?16 created_at, ?17 updated_at, ?18 lease_holder,
 /// ?19 lease_until_us, ?20 the fenced version, ?21 the fence's holder,
 /// ?22 the time a taking fence takes a lapsed lease at, ?23 the ledger's
-/// last seq after the commit, ?24 connection_id.
+/// last seq after the commit, ?24 wakes_on.
 const INSERT_RUN: &str = "INSERT INTO runs (run_id, workflow_id, status, wait_reason, wait_key,
         wait_due_us, parent_run_id, session_id, data, version, automation_id, role,
         occurrence_index, session_kind, workspace_root, created_at, updated_at,
-        lease_holder, lease_until_us, ledger_seq, connection_id)
+        lease_holder, lease_until_us, ledger_seq, wakes_on)
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?23,
         ?24)
     ON CONFLICT(run_id) DO NOTHING";
@@ -238,7 +241,7 @@ const UPDATE_DATA: &str = "UPDATE runs SET data = ?9, version = ?10, updated_at 
       AND workflow_id = ?2 AND status = ?3 AND wait_reason IS ?4 AND wait_key IS ?5
       AND wait_due_us IS ?6 AND parent_run_id IS ?7 AND session_id IS ?8
       AND automation_id IS ?11 AND role IS ?12 AND occurrence_index IS ?13
-      AND session_kind IS ?14 AND workspace_root IS ?15 AND connection_id IS ?24";
+      AND session_kind IS ?14 AND workspace_root IS ?15 AND wakes_on IS ?24";
 
 const UPDATE_ALL: &str = "UPDATE runs SET workflow_id = ?2, status = ?3, wait_reason = ?4,
         wait_key = ?5, wait_due_us = ?6, parent_run_id = ?7, session_id = ?8, data = ?9,
@@ -246,7 +249,7 @@ const UPDATE_ALL: &str = "UPDATE runs SET workflow_id = ?2, status = ?3, wait_re
         session_kind = ?14, workspace_root = ?15, updated_at = ?17, lease_holder = ?18,
         lease_until_us = ?19, ledger_seq = ?23, defer_until_us = NULL, defer_count = NULL,
         defer_reason = NULL, child_ended_us = NULL,
-        orphan_us = CASE WHEN ?3 IN ('running', 'waiting') THEN orphan_us END, connection_id = ?24
+        orphan_us = CASE WHEN ?3 IN ('running', 'waiting') THEN orphan_us END, wakes_on = ?24
     WHERE run_id = ?1 AND version = ?20 AND (?21 IS NULL OR lease_holder = ?21
         OR (?22 IS NOT NULL AND (lease_holder IS NULL OR lease_until_us < ?22)))
       AND quarantine IS NULL";
@@ -257,6 +260,7 @@ struct RunRow<'a> {
     data: String,
     due: Option<i64>,
     attribution: Attribution,
+    wakes_on: Option<String>,
 }
 
 impl<'a> RunRow<'a> {
@@ -267,6 +271,7 @@ impl<'a> RunRow<'a> {
                 .map_err(|e| StoreError::io(format!("run {}: cannot encode: {e}", run.run_id)))?,
             due: wait_due_at(run).map(|t| t.timestamp_micros()),
             attribution: Attribution::of(run),
+            wakes_on: super::wakes_on(run),
         })
     }
 
@@ -304,7 +309,7 @@ impl<'a> RunRow<'a> {
             &fence.holder,
             &take,
             &ledger_seq,
-            &a.connection_id,
+            &self.wakes_on,
         ];
         let mut st = conn.prepare_cached(sql)?;
         // Each statement uses the columns up to its highest parameter.
@@ -554,19 +559,23 @@ impl SqliteStore {
             _ => (None, None),
         };
         let seq = Some(ledger_seq);
-        let n = if fence.version == 0 {
-            row.execute(tx, INSERT_RUN, lease, fence, seq)
+        // Whether an indexed column (status, wait, ...) changed: only then
+        // can the markers change.
+        let (n, changed) = if fence.version == 0 {
+            (row.execute(tx, INSERT_RUN, lease, fence, seq), true)
         } else {
             match row.execute(tx, UPDATE_DATA, lease, fence, seq) {
-                Ok(0) => row.execute(tx, UPDATE_ALL, lease, fence, seq),
-                other => other,
+                Ok(0) => (row.execute(tx, UPDATE_ALL, lease, fence, seq), true),
+                other => (other, false),
             }
-        }
-        .map_err(|e| self.err(e))?;
-        if n == 0 {
+        };
+        if n.map_err(|e| self.err(e))? == 0 {
             return Err(self.conflict(tx, &run.run_id, fence));
         }
-        self.mark(tx, run, fence.version == 0)
+        if changed {
+            self.mark(tx, run)?;
+        }
+        Ok(())
     }
 
     /// Keeps the driver's two markers true after `run` was saved (in the
@@ -576,11 +585,15 @@ impl SqliteStore {
     /// - `child_ended_us` on a parent waiting (reason `subworkflow`) on a
     ///   child that has ended or was quarantined: set when the child ends,
     ///   or when the parent starts waiting on a child that already has;
-    ///   cleared by the parent's next save that changes its wait;
+    ///   cleared by the parent's next save that changes its wait, and when
+    ///   the child is unfinished again (a restored snapshot);
     /// - `orphan_us` on an unfinished child of a cancelled parent: set when
-    ///   the parent is cancelled, or when a child is created under a parent
-    ///   already cancelled; cleared when the child ends.
-    fn mark(&self, tx: &Connection, run: &RunState, created: bool) -> Result<(), StoreError> {
+    ///   the parent is cancelled, or when a child is saved unfinished under
+    ///   a parent already cancelled; cleared when the child ends.
+    ///
+    /// Called when the save changed an indexed column (a new run, a new
+    /// status or wait): a save that changes none cannot change a marker.
+    fn mark(&self, tx: &Connection, run: &RunState) -> Result<(), StoreError> {
         let now = Utc::now().timestamp_micros();
         let exec = |sql: &str, args: &[&dyn rusqlite::ToSql]| {
             tx.prepare_cached(sql)
@@ -598,6 +611,14 @@ impl SqliteStore {
             }
             return Ok(());
         }
+        // Unfinished (again, maybe): a parent marked for it is not due.
+        exec(
+            "UPDATE runs INDEXED BY runs_open SET child_ended_us = NULL
+              WHERE status IN ('running', 'waiting') AND status = 'waiting'
+                AND wait_reason = 'subworkflow' AND wait_key = 'subworkflow:' || ?1
+                AND child_ended_us IS NOT NULL",
+            &[&run.run_id],
+        )?;
         let child = run
             .waiting
             .as_ref()
@@ -612,10 +633,12 @@ impl SqliteStore {
                 &[&now, &run.run_id, &child],
             )?;
         }
-        if let (true, Some(parent)) = (created, &run.parent_run_id) {
+        if let Some(parent) = &run.parent_run_id {
             exec(
-                "UPDATE runs SET orphan_us = ?1 WHERE run_id = ?2 AND EXISTS
-                   (SELECT 1 FROM runs p WHERE p.run_id = ?3 AND p.status = 'cancelled')",
+                "UPDATE runs SET orphan_us = CASE WHEN EXISTS
+                   (SELECT 1 FROM runs p WHERE p.run_id = ?3 AND p.status = 'cancelled')
+                   THEN COALESCE(orphan_us, ?1) END
+                 WHERE run_id = ?2",
                 &[&now, &run.run_id, parent],
             )?;
         }
@@ -918,6 +941,20 @@ fn migrate(conn: &mut Connection, from: i64) -> rusqlite::Result<()> {
     tx.execute_batch(INDEXES)?;
     if from > 0 && from < 9 {
         tx.execute_batch(MARK_EXISTING)?;
+        // The controllers an event would wake: read from each waiting
+        // controller's state.
+        let rows: Vec<(String, String)> = tx
+            .prepare(
+                "SELECT run_id, data FROM runs WHERE role = 'controller' AND status = 'waiting'",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut update = tx.prepare("UPDATE runs SET wakes_on = ?2 WHERE run_id = ?1")?;
+        for (id, data) in rows {
+            if let Ok(run) = serde_json::from_str::<RunState>(&data) {
+                update.execute(params![id, super::wakes_on(&run)])?;
+            }
+        }
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()
@@ -966,7 +1003,7 @@ impl Store for SqliteStore {
                 .execute(tx, INSERT_RUN, (None, None), &Fence::unleased(0), None)
                 .map_err(|e| self.err(e))?;
             if created == 1 {
-                self.mark(tx, run, true)?;
+                self.mark(tx, run)?;
                 return Ok((run.clone(), true));
             }
             let (data, version): (String, i64) = tx
@@ -1329,7 +1366,10 @@ impl Store for SqliteStore {
     }
 
     fn list_consumers(&self, connection_id: Option<&str>) -> Result<Vec<String>, StoreError> {
-        self.ids(CONSUMERS, &[&connection_id])
+        match connection_id {
+            Some(id) => self.ids(CONSUMERS_OF, &[&id]),
+            None => self.ids(CONSUMERS, &[]),
+        }
     }
 
     fn quarantined(&self, run_id: &str) -> Result<Option<String>, StoreError> {
@@ -1886,11 +1926,16 @@ mod tests {
                 MARK_PARENT,
                 "runs_open (status=? AND wait_reason=? AND wait_key=?)",
             ),
+            (CONSUMERS_OF, "runs_consumer (wakes_on=?)"),
+            (CONSUMERS, "runs_consumer"),
         ];
         for (sql, index) in cases {
             let plan = plan(sql);
             assert!(plan.contains(index), "{sql}\n reads {plan}, not {index}");
-            assert!(!plan.contains("SCAN runs"), "{sql}\n scans: {plan}");
+            assert!(
+                !plan.split("; ").any(|step| step.starts_with("SCAN")),
+                "{sql}\n scans: {plan}"
+            );
         }
     }
 }
