@@ -599,9 +599,19 @@ fn a_version_8_database_gets_the_drivers_markers() {
         // As a version-8 database had them: no marker columns or indexes.
         let conn = rusqlite::Connection::open(&db).unwrap();
         conn.execute_batch(
-            "DROP INDEX runs_child_ended; DROP INDEX runs_orphan;
+            "DROP INDEX runs_child_ended; DROP INDEX runs_orphan; DROP INDEX runs_consumer;
              ALTER TABLE runs DROP COLUMN child_ended_us; ALTER TABLE runs DROP COLUMN orphan_us;
+             ALTER TABLE runs DROP COLUMN wakes_on;
              PRAGMA user_version = 8;",
+        )
+        .unwrap();
+        // A controller row whose data is not even text does not stop the
+        // migration (its claim reports it).
+        conn.execute(
+            "INSERT INTO runs (run_id, workflow_id, status, data, role)
+             VALUES ('broken', 'automation.controller', 'waiting', CAST(X'7B22FF22' AS TEXT),
+                     'controller')",
+            [],
         )
         .unwrap();
     }

@@ -328,11 +328,13 @@ pub fn run(options: &ScaleOptions) -> Result<Value> {
         let rate = raw_commits(1_000, 7, &scratch.0.join("raw.sqlite"))?;
         figures.insert("sqlite_raw_commit_per_s".into(), json!(round(rate, 0)));
     }
-    let pass_figures = [
-        "drive_pass_ms",
-        "driver_rss_mib",
-        "store_bytes_per_parked_run",
-    ];
+    // The figures of the parked stores, by their full names.
+    let mut pass_figures = vec!["store_bytes_per_parked_run".to_string()];
+    for n in options.parked {
+        let label = size_label(n);
+        pass_figures.push(format!("drive_pass_ms_{label}_parked"));
+        pass_figures.push(format!("driver_rss_mib_{label}_parked"));
+    }
     if pass_figures.iter().any(|f| want(f)) {
         let mut bytes = Vec::new();
         for n in options.parked {
@@ -351,11 +353,11 @@ pub fn run(options: &ScaleOptions) -> Result<Value> {
                 samples.push(timed_pass(&rt, &clock, options.due_timers, at)?);
             }
             drop(rt);
-            figures.insert(
-                format!("drive_pass_ms_{label}_parked"),
-                json!(round(median(samples), 2)),
-            );
-            if want("driver_rss_mib") {
+            let pass = format!("drive_pass_ms_{label}_parked");
+            if want(&pass) {
+                figures.insert(pass, json!(round(median(samples), 2)));
+            }
+            if want(&format!("driver_rss_mib_{label}_parked")) {
                 figures.insert(
                     format!("driver_rss_mib_{label}_parked"),
                     json!(round(driver_rss_mib(&exe, &db)?, 1)),
@@ -374,19 +376,17 @@ pub fn run(options: &ScaleOptions) -> Result<Value> {
             }
         }
     }
-    if want("automations_") {
+    let label = size_label(options.automations);
+    let (rate_name, secs_name) = (
+        format!("automations_{label}_admit_per_s"),
+        format!("automations_{label}_admit_s"),
+    );
+    if want(&rate_name) || want(&secs_name) {
         let dir = scratch.0.join("automations");
         std::fs::create_dir_all(&dir).map_err(|e| bench_err(e.to_string()))?;
         let (rate, secs) = automations_admit(&options.flows_dir, options.automations, &dir)?;
-        let label = size_label(options.automations);
-        figures.insert(
-            format!("automations_{label}_admit_per_s"),
-            json!(round(rate, 1)),
-        );
-        figures.insert(
-            format!("automations_{label}_admit_s"),
-            json!(round(secs, 2)),
-        );
+        figures.insert(rate_name, json!(round(rate, 1)));
+        figures.insert(secs_name, json!(round(secs, 2)));
     }
     figures.insert("machine_cpus".into(), json!(num_cpus()));
     Ok(Value::Object(figures))

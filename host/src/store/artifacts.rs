@@ -234,34 +234,54 @@ pub(crate) type RecentVars =
 /// few dozen bytes, whatever the var's size.
 const RECENT_RUNS: usize = 4096;
 
-/// A 128-bit fingerprint of `value`'s JSON: two SipHash digests under keys
-/// drawn at random by this process, so no input can be made to collide
-/// with another on purpose. The JSON is fed to the hashers as it is
+/// Vars that always stay inline.
+const INLINE_VARS: [&str; 3] = ["_meta", "_limits", "_runtime"];
+
+/// The key of this process's fingerprints: random, so no input can be
+/// made to collide with another on purpose.
+fn fingerprint_key() -> (u64, u64) {
+    static KEY: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    *KEY.get_or_init(|| {
+        // Two random UUIDs: their fixed version and variant bits do not
+        // line up, so each half of the key is random throughout.
+        let (a, b) = uuid::Uuid::new_v4().as_u64_pair();
+        let (c, d) = uuid::Uuid::new_v4().as_u64_pair();
+        (a ^ d, b ^ c)
+    })
+}
+
+/// A fingerprint of JSON bytes: SipHash-1-3 with 128 bits of output under
+/// this process's random key.
+fn fingerprint_bytes(bytes: &[u8]) -> u128 {
+    use siphasher::sip128::Hasher128;
+    use std::hash::Hasher;
+    let (k0, k1) = fingerprint_key();
+    let mut hasher = siphasher::sip128::SipHasher13::new_with_keys(k0, k1);
+    hasher.write(bytes);
+    hasher.finish128().into()
+}
+
+/// [`fingerprint_bytes`] of `value`'s JSON, fed to the hasher as it is
 /// written, without a copy.
 fn fingerprint(value: &Value) -> u128 {
-    use std::hash::{BuildHasher, Hasher};
-    static KEYS: std::sync::OnceLock<(std::hash::RandomState, std::hash::RandomState)> =
-        std::sync::OnceLock::new();
-    let keys = KEYS.get_or_init(|| (Default::default(), Default::default()));
-    struct Feed<A: Hasher, B: Hasher>(A, B);
-    impl<A: Hasher, B: Hasher> std::io::Write for Feed<A, B> {
+    use siphasher::sip128::Hasher128;
+    use std::hash::Hasher;
+    struct Feed(siphasher::sip128::SipHasher13);
+    impl std::io::Write for Feed {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
             self.0.write(bytes);
-            self.1.write(bytes);
             Ok(bytes.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let mut feed = Feed(keys.0.build_hasher(), keys.1.build_hasher());
+    let (k0, k1) = fingerprint_key();
+    let mut feed = Feed(siphasher::sip128::SipHasher13::new_with_keys(k0, k1));
     // Writing a `Value` into memory cannot fail.
     let _ = serde_json::to_writer(&mut feed, value);
-    (u128::from(feed.0.finish()) << 64) | u128::from(feed.1.finish())
+    feed.0.finish128().into()
 }
-
-/// Vars that always stay inline.
-const INLINE_VARS: [&str; 3] = ["_meta", "_limits", "_runtime"];
 
 impl Offloader {
     /// `value` as a reference if its JSON is larger than the threshold. A
@@ -269,8 +289,19 @@ impl Offloader {
     /// one) is stored escaped, `{"$literal": value}`, so it is never
     /// resolved: only references the host wrote are.
     fn offload(&self, value: &Value, run_id: &str, now: &str) -> Result<Option<Value>, StoreError> {
+        Ok(self.offload_printed(value, run_id, now)?.map(|(r, _)| r))
+    }
+
+    /// [`Offloader::offload`], with the fingerprint of what it stored as an
+    /// artifact (`None` for an escaped value).
+    fn offload_printed(
+        &self,
+        value: &Value,
+        run_id: &str,
+        now: &str,
+    ) -> Result<Option<(Value, Option<u128>)>, StoreError> {
         if as_artifact_ref(value).is_some() || as_literal(value).is_some() {
-            return Ok(Some(serde_json::json!({ "$literal": value })));
+            return Ok(Some((serde_json::json!({ "$literal": value }), None)));
         }
         let bytes = serde_json::to_vec(value).map_err(|e| StoreError::io(e.to_string()))?;
         if bytes.len() <= self.threshold {
@@ -279,7 +310,10 @@ impl Offloader {
         let meta = self
             .store
             .put(&bytes, "application/json", Some(run_id), now)?;
-        Ok(Some(artifact_ref(&meta.artifact_id)))
+        Ok(Some((
+            artifact_ref(&meta.artifact_id),
+            Some(fingerprint_bytes(&bytes)),
+        )))
     }
 
     /// `value` loaded back if it is a reference (or unescaped).
@@ -321,13 +355,12 @@ impl Offloader {
             let r = match known {
                 Some(r) => Some(r),
                 None => {
-                    let r = self.offload(v, &run.run_id, now)?;
                     // Only a value stored as an artifact is worth
                     // remembering (a small one is cheap to measure).
-                    let print = r
-                        .as_ref()
-                        .filter(|r| as_literal(r).is_none())
-                        .map(|_| fingerprint(v));
+                    let (r, print) = match self.offload_printed(v, &run.run_id, now)? {
+                        Some((r, print)) => (Some(r), print),
+                        None => (None, None),
+                    };
                     let mut recent = self.recent.lock();
                     match (&r, print) {
                         (Some(r), Some(print)) => {

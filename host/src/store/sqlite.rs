@@ -600,6 +600,14 @@ impl SqliteStore {
                 .and_then(|mut st| st.execute(args))
                 .map_err(|e| self.err(e))
         };
+        if run.status != RunStatus::Cancelled {
+            // Not (or no longer: a restored snapshot) cancelled: its
+            // children are nobody's orphans.
+            exec(
+                "UPDATE runs SET orphan_us = NULL WHERE parent_run_id = ?1 AND orphan_us IS NOT NULL",
+                &[&run.run_id],
+            )?;
+        }
         if run.status.is_terminal() {
             mark_parent(tx, &run.run_id, now).map_err(|e| self.err(e))?;
             if run.status == RunStatus::Cancelled {
@@ -942,16 +950,25 @@ fn migrate(conn: &mut Connection, from: i64) -> rusqlite::Result<()> {
     if from > 0 && from < 9 {
         tx.execute_batch(MARK_EXISTING)?;
         // The controllers an event would wake: read from each waiting
-        // controller's state.
-        let rows: Vec<(String, String)> = tx
-            .prepare(
-                "SELECT run_id, data FROM runs WHERE role = 'controller' AND status = 'waiting'",
-            )?
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        // controller's state. A row whose data does not decode (not even as
+        // text) is left without: its claim reports it, and the driver
+        // quarantines it.
+        let mut select = tx.prepare(
+            "SELECT run_id, data FROM runs WHERE role = 'controller' AND status = 'waiting'",
+        )?;
+        let rows: Vec<(String, Option<RunState>)> = select
+            .query_map([], |r| {
+                let run = r
+                    .get_ref(1)?
+                    .as_bytes()
+                    .ok()
+                    .and_then(|data| serde_json::from_slice::<RunState>(data).ok());
+                Ok((r.get(0)?, run))
+            })?
             .collect::<rusqlite::Result<_>>()?;
         let mut update = tx.prepare("UPDATE runs SET wakes_on = ?2 WHERE run_id = ?1")?;
-        for (id, data) in rows {
-            if let Ok(run) = serde_json::from_str::<RunState>(&data) {
+        for (id, run) in rows {
+            if let Some(run) = run {
                 update.execute(params![id, super::wakes_on(&run)])?;
             }
         }
