@@ -664,7 +664,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
         config: RuntimeConfig {
             lease_ttl: Duration::from_millis(cli.lease_ttl_ms),
             tool_deny_paths: serve_token.iter().cloned().collect(),
-            drive_workers: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+            drive_workers: RuntimeConfig::host_drive_workers(),
             ..RuntimeConfig::default()
         },
         clock: fixed_now.map(|t| {

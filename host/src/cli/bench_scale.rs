@@ -62,7 +62,7 @@ fn world(db: &Path) -> Result<(Runtime, Arc<ManualClock>)> {
     let clock = Arc::new(ManualClock::new(t0()));
     let rt = Runtime::builder(Arc::new(SqliteStore::open(db)?))
         .config(stepwell::RuntimeConfig {
-            drive_workers: num_cpus().min(4),
+            drive_workers: stepwell::RuntimeConfig::host_drive_workers(),
             ..Default::default()
         })
         .clock(clock.clone())
@@ -111,11 +111,7 @@ impl Template {
                 r.step_id = uuid::Uuid::now_v7().to_string();
             }
             let run = stepwell::RunState { version: 1, ..run };
-            let fence = Fence {
-                version: 0,
-                holder: None,
-                take: None,
-            };
+            let fence = Fence::unleased(0);
             rt.store()
                 .commit(&copied, &run, fence, LeaseAfter::Release)?;
         }

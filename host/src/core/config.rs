@@ -144,6 +144,15 @@ impl RetryPolicy {
     }
 }
 
+impl RuntimeConfig {
+    /// The driver workers of `stepwell drive` and `stepwell serve`
+    /// ([`RuntimeConfig::drive_workers`]): one per core of this machine,
+    /// at most 4.
+    pub fn host_drive_workers() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+    }
+}
+
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {

@@ -237,26 +237,26 @@ const RECENT_RUNS: usize = 4096;
 /// Vars that always stay inline.
 const INLINE_VARS: [&str; 3] = ["_meta", "_limits", "_runtime"];
 
-/// The key of this process's fingerprints: random, so no input can be
-/// made to collide with another on purpose.
-fn fingerprint_key() -> (u64, u64) {
+/// A fresh fingerprint hasher: SipHash-1-3 with 128 bits of output, under
+/// a key drawn at random once per process, so no input can be made to
+/// collide with another on purpose.
+fn fingerprint_hasher() -> siphasher::sip128::SipHasher13 {
     static KEY: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
-    *KEY.get_or_init(|| {
+    let (k0, k1) = *KEY.get_or_init(|| {
         // Two random UUIDs: their fixed version and variant bits do not
         // line up, so each half of the key is random throughout.
         let (a, b) = uuid::Uuid::new_v4().as_u64_pair();
         let (c, d) = uuid::Uuid::new_v4().as_u64_pair();
         (a ^ d, b ^ c)
-    })
+    });
+    siphasher::sip128::SipHasher13::new_with_keys(k0, k1)
 }
 
-/// A fingerprint of JSON bytes: SipHash-1-3 with 128 bits of output under
-/// this process's random key.
+/// The fingerprint of JSON bytes.
 fn fingerprint_bytes(bytes: &[u8]) -> u128 {
     use siphasher::sip128::Hasher128;
     use std::hash::Hasher;
-    let (k0, k1) = fingerprint_key();
-    let mut hasher = siphasher::sip128::SipHasher13::new_with_keys(k0, k1);
+    let mut hasher = fingerprint_hasher();
     hasher.write(bytes);
     hasher.finish128().into()
 }
@@ -276,8 +276,7 @@ fn fingerprint(value: &Value) -> u128 {
             Ok(())
         }
     }
-    let (k0, k1) = fingerprint_key();
-    let mut feed = Feed(siphasher::sip128::SipHasher13::new_with_keys(k0, k1));
+    let mut feed = Feed(fingerprint_hasher());
     // Writing a `Value` into memory cannot fail.
     let _ = serde_json::to_writer(&mut feed, value);
     feed.0.finish128().into()

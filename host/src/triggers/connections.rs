@@ -609,10 +609,15 @@ impl Runtime {
     /// resumed (the driver then runs it). Returns the woken automations.
     pub fn wake_consumers(&self, connection_id: Option<&str>) -> Result<Vec<String>> {
         let registry = self.triggers()?;
+        // Read again as it is now: still idle at its wake wait (neither
+        // paused nor archived), bound to this connection, on an event source.
         let wanted = |run: &crate::RunState| {
-            let t = &run.vars["_meta"]["automation"]["trigger"];
-            registry.kind(&super::trigger_source(t)) == Some(SourceKind::Event)
-                && connection_id.is_none_or(|id| t["config"]["connection_id"] == id)
+            let bound =
+                crate::store::wakes_on(run).is_some_and(|c| connection_id.is_none_or(|id| c == id));
+            let source = super::trigger_source(&run.vars["_meta"]["automation"]["trigger"]);
+            bound
+                && run.workflow_id == crate::automation::CONTROLLER_WORKFLOW_ID
+                && registry.kind(&source) == Some(SourceKind::Event)
         };
         let mut woken = Vec::new();
         // Only the controllers bound to the connection are read (an index
@@ -625,21 +630,12 @@ impl Runtime {
                 Err(e) if e.reason_code() == "store_corrupt" => continue,
                 Err(e) => return Err(e),
             };
-            if run.status != crate::RunStatus::Waiting
-                || run.workflow_id != crate::automation::CONTROLLER_WORKFLOW_ID
-                || !wanted(&run)
-            {
+            if !wanted(&run) {
                 continue;
             }
             let wake = stepwell_automation_core::ids::wake_wait_key(&run.run_id);
-            if run.waiting.as_ref().is_none_or(|w| w.wait_key != wake) {
-                continue;
-            }
             let definition = &run.vars["_meta"]["automation"];
             let state = &run.vars["_runtime"]["automation"];
-            if state["paused"] == Value::Bool(true) || !definition["archived_at"].is_null() {
-                continue;
-            }
             let pending =
                 crate::automation::source_events(self.store(), &registry, definition, state)?;
             if pending.is_empty() {
