@@ -515,8 +515,20 @@ fn the_store_can_be_json_files_or_memory() {
         .starts_with("ok: 4 records"));
     let mem = cli.json(&["--store", "memory", "run", &ex("hello")]);
     assert_eq!(mem["status"], "completed");
-    let err = cli.fails(&["--store", "postgres://x", "list"]);
+    let err = cli.fails(&["--store", "redis://x", "list"]);
     assert!(err.contains("--store"), "{err}");
+    // A PostgreSQL server that is not there: the store says so, naming it
+    // without its password.
+    let err = cli.fails(&[
+        "--store",
+        "postgres://me:hunter2@127.0.0.1:1/db?connect_timeout=2",
+        "list",
+    ]);
+    assert!(
+        err.contains("store_io") && err.contains("127.0.0.1:1"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
     assert!(!cli.cwd.path().join(".stepwell/stepwell.sqlite").exists());
 }
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use serde_json::json;
 use stepwell::{
-    Claim, Fence, JsonFileStore, LeaseAfter, LeaseRequest, MemoryStore, RunQuery, RunState,
-    RunStatus, SqliteStore, StepRecord, StepStatus, Store, WaitReason, WaitState,
+    Claim, Fence, JsonFileStore, LeaseAfter, LeaseRequest, RunQuery, RunState, RunStatus,
+    SqliteStore, StepRecord, StepStatus, Store, WaitReason, WaitState,
 };
 use stepwell_tests::{store_tests, Backend};
 
@@ -17,11 +17,7 @@ struct Fixture {
 }
 
 fn open(backend: Backend, dir: &std::path::Path) -> Arc<dyn Store> {
-    match backend {
-        Backend::Memory => Arc::new(MemoryStore::new()),
-        Backend::Sqlite => Arc::new(SqliteStore::open(dir.join("db.sqlite")).unwrap()),
-        Backend::Json => Arc::new(JsonFileStore::open(dir.join("store")).unwrap()),
-    }
+    stepwell_tests::open_store(backend, dir)
 }
 
 fn fixture(backend: Backend) -> Fixture {
@@ -1209,6 +1205,7 @@ fn inbox(b: Backend, dir: &std::path::Path) -> Arc<dyn stepwell::CommandStore> {
         Backend::Memory => Arc::new(stepwell::MemoryCommandStore::new()),
         Backend::Sqlite => Arc::new(SqliteStore::open(dir.join("db.sqlite")).unwrap()),
         Backend::Json => Arc::new(stepwell::JsonlCommandStore::open(dir.join("inbox")).unwrap()),
+        Backend::Postgres => Arc::new(stepwell_tests::open_postgres(dir)),
     }
 }
 
@@ -1720,13 +1717,15 @@ fn snapshot(
     }
 }
 
-fn snapshot_stores_search_by_run_tag_and_text(json_files: bool) {
+fn snapshot_stores_search_by_run_tag_and_text(b: Backend) {
     use stepwell::store::{SnapshotQuery as Q, SnapshotStore};
     let dir = tempfile::tempdir().unwrap();
-    let store: Box<dyn SnapshotStore> = if json_files {
-        Box::new(stepwell::store::JsonSnapshotStore::open(dir.path().join("snaps")).unwrap())
-    } else {
-        Box::new(stepwell::store::MemorySnapshotStore::new())
+    let store: Box<dyn SnapshotStore> = match b {
+        Backend::Json => {
+            Box::new(stepwell::store::JsonSnapshotStore::open(dir.path().join("snaps")).unwrap())
+        }
+        Backend::Postgres => Box::new(stepwell_tests::open_postgres(dir.path())),
+        _ => Box::new(stepwell::store::MemorySnapshotStore::new()),
     };
     store
         .save_snapshot(&snapshot(
@@ -1802,21 +1801,30 @@ fn snapshot_stores_search_by_run_tag_and_text(json_files: bool) {
 
 #[test]
 fn memory_snapshots_search() {
-    snapshot_stores_search_by_run_tag_and_text(false);
+    snapshot_stores_search_by_run_tag_and_text(Backend::Memory);
 }
 
 #[test]
 fn json_snapshots_search() {
-    snapshot_stores_search_by_run_tag_and_text(true);
+    snapshot_stores_search_by_run_tag_and_text(Backend::Json);
 }
 
-fn artifact_store_is_content_addressed(files: bool) {
+#[test]
+fn postgres_snapshots_search() {
+    if !stepwell_tests::postgres_skipped() {
+        snapshot_stores_search_by_run_tag_and_text(Backend::Postgres);
+    }
+}
+
+fn artifact_store_is_content_addressed(b: Backend) {
     use stepwell::ArtifactStore;
     let dir = tempfile::tempdir().unwrap();
-    let store: Box<dyn ArtifactStore> = if files {
-        Box::new(stepwell::FileArtifactStore::open(dir.path().join("artifacts")).unwrap())
-    } else {
-        Box::new(stepwell::MemoryArtifactStore::new())
+    let store: Box<dyn ArtifactStore> = match b {
+        Backend::Json => {
+            Box::new(stepwell::FileArtifactStore::open(dir.path().join("artifacts")).unwrap())
+        }
+        Backend::Postgres => Box::new(stepwell_tests::open_postgres(dir.path())),
+        _ => Box::new(stepwell::MemoryArtifactStore::new()),
     };
     let a = store
         .put(
@@ -1854,7 +1862,7 @@ fn artifact_store_is_content_addressed(files: bool) {
     assert_ne!(other.artifact_id, a.artifact_id);
     assert_eq!(store.get(&"0".repeat(64)).unwrap(), None);
     assert_eq!(store.get("../../etc/passwd").unwrap(), None);
-    if files {
+    if b == Backend::Json {
         let shard = dir.path().join("artifacts").join(&a.artifact_id[..2]);
         let names: Vec<_> = std::fs::read_dir(&shard)
             .unwrap()
@@ -1866,12 +1874,19 @@ fn artifact_store_is_content_addressed(files: bool) {
 
 #[test]
 fn memory_artifacts() {
-    artifact_store_is_content_addressed(false);
+    artifact_store_is_content_addressed(Backend::Memory);
 }
 
 #[test]
 fn file_artifacts() {
-    artifact_store_is_content_addressed(true);
+    artifact_store_is_content_addressed(Backend::Json);
+}
+
+#[test]
+fn postgres_artifacts() {
+    if !stepwell_tests::postgres_skipped() {
+        artifact_store_is_content_addressed(Backend::Postgres);
+    }
 }
 
 #[test]
@@ -1935,11 +1950,7 @@ mod processes {
 
     /// The `--store` text of `open(backend, dir)`'s store, for a worker.
     fn spec_of(backend: Backend, dir: &std::path::Path) -> String {
-        match backend {
-            Backend::Sqlite => format!("sqlite:{}", dir.join("db.sqlite").display()),
-            Backend::Json => format!("json:{}", dir.join("store").display()),
-            Backend::Memory => unreachable!("one process only"),
-        }
+        stepwell_tests::store_spec(backend, dir)
     }
 
     fn race(backend: Backend, mode: &str) -> Vec<serde_json::Value> {
@@ -2006,6 +2017,91 @@ mod processes {
     #[test]
     fn json_event_appends_from_processes_store_each_key_once() {
         events_race(Backend::Json);
+    }
+
+    /// A host stalled inside a transaction (paused, cut off) holds its
+    /// row locks: a claim of that run answers busy at once instead of
+    /// waiting behind it.
+    #[test]
+    fn postgres_a_claim_never_waits_behind_a_stalled_transaction() {
+        if stepwell_tests::postgres_skipped() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(Backend::Postgres, dir.path());
+        store.create_if_absent(&run("stalled", "wf")).unwrap();
+        let url = stepwell_tests::store_spec(Backend::Postgres, dir.path());
+        let mut stalled = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
+        let mut tx = stalled.transaction().unwrap();
+        tx.query(
+            "SELECT 1 FROM runs WHERE run_id = 'stalled' FOR UPDATE",
+            &[],
+        )
+        .unwrap();
+        let t = std::time::Instant::now();
+        let now = chrono::Utc::now();
+        let claim = store
+            .claim(
+                "stalled",
+                &LeaseRequest {
+                    holder: "h2",
+                    now,
+                    until: now + chrono::Duration::seconds(30),
+                    dead_holder: None,
+                },
+            )
+            .unwrap();
+        assert!(matches!(claim, Claim::Busy { .. }), "{claim:?}");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(4),
+            "{:?}",
+            t.elapsed()
+        );
+        tx.rollback().unwrap();
+        // Let go, the run is claimed.
+        let claim = store
+            .claim(
+                "stalled",
+                &LeaseRequest {
+                    holder: "h2",
+                    now,
+                    until: now + chrono::Duration::seconds(30),
+                    dead_holder: None,
+                },
+            )
+            .unwrap();
+        assert!(matches!(claim, Claim::Held(_)), "{claim:?}");
+    }
+
+    #[test]
+    fn postgres_event_appends_from_processes_store_each_key_once() {
+        if !stepwell_tests::postgres_skipped() {
+            events_race(Backend::Postgres);
+        }
+    }
+
+    #[test]
+    fn postgres_leases_exclude_another_process() {
+        if stepwell_tests::postgres_skipped() {
+            return;
+        }
+        let reports = race(Backend::Postgres, "lease");
+        assert!(reports.iter().all(|r| r["conflicts"] == 0), "{reports:?}");
+        let busy: u64 = reports.iter().map(|r| r["busy"].as_u64().unwrap()).sum();
+        assert!(busy > 0, "a claim found the other's lease: {reports:?}");
+    }
+
+    #[test]
+    fn postgres_versions_refuse_a_stale_write_from_another_process() {
+        if stepwell_tests::postgres_skipped() {
+            return;
+        }
+        let reports = race(Backend::Postgres, "cas");
+        let lost: u64 = reports
+            .iter()
+            .map(|r| r["conflicts"].as_u64().unwrap())
+            .sum();
+        assert!(lost > 0, "a stale write was refused: {reports:?}");
     }
 
     #[test]

@@ -23,12 +23,22 @@ fn host() -> PathBuf {
 enum Kind {
     Sqlite,
     Json,
+    /// A schema of its own on the tests' PostgreSQL server, named in
+    /// `dir/postgres.url`.
+    Postgres,
 }
 
 fn spec(kind: Kind, dir: &Path) -> String {
     match kind {
         Kind::Sqlite => format!("sqlite:{}", dir.join("db.sqlite").display()),
         Kind::Json => format!("json:{}", dir.join("store").display()),
+        Kind::Postgres => {
+            let file = dir.join("postgres.url");
+            if !file.exists() {
+                std::fs::write(&file, stepwell_tests::postgres_url()).unwrap();
+            }
+            std::fs::read_to_string(file).unwrap()
+        }
     }
 }
 
@@ -36,6 +46,7 @@ fn open(kind: Kind, dir: &Path) -> Box<dyn Store> {
     match kind {
         Kind::Sqlite => Box::new(SqliteStore::open(dir.join("db.sqlite")).unwrap()),
         Kind::Json => Box::new(JsonFileStore::open(dir.join("store")).unwrap()),
+        Kind::Postgres => Box::new(stepwell::PostgresStore::open(&spec(kind, dir)).unwrap()),
     }
 }
 
@@ -53,6 +64,8 @@ enum Ended {
 fn command(kind: Kind, dir: &Path, scenario: &str, crash: Option<(usize, &str)>) -> Command {
     let mut cmd = Command::new(host());
     cmd.arg(spec(kind, dir)).arg(scenario);
+    // Where a database elsewhere keeps the side files.
+    cmd.env("STEPWELL_CRASH_DIR", dir);
     if let Some((n, phase)) = crash {
         cmd.arg(n.to_string()).arg(phase);
     }
@@ -188,6 +201,7 @@ fn phases(kind: Kind) -> &'static [&'static str] {
         // A SQLite commit is one transaction: it cannot be torn in two.
         Kind::Sqlite => &["before", "after"],
         Kind::Json => &["before", "after", "ledger", "temp", "published", "lease"],
+        Kind::Postgres => &["before", "after"],
     }
 }
 
@@ -376,9 +390,14 @@ fn harness(kind: Kind, s: Scenario) {
     }
 }
 
+/// Every persistent store: SQLite, JSON files and (where a server is
+/// named) PostgreSQL.
 fn both(s: fn() -> Scenario) {
     harness(Kind::Sqlite, s());
     harness(Kind::Json, s());
+    if !stepwell_tests::postgres_skipped() {
+        harness(Kind::Postgres, s());
+    }
 }
 
 #[test]

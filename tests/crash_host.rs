@@ -300,6 +300,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = match &spec {
         StoreSpec::Sqlite(p) => p.parent().unwrap().to_path_buf(),
         StoreSpec::Json(d) => d.parent().unwrap().to_path_buf(),
+        // A database elsewhere: the side files go where the test says.
+        StoreSpec::Postgres(_) => PathBuf::from(std::env::var("STEPWELL_CRASH_DIR")?),
         StoreSpec::Memory => return Err("a crash harness needs a store that persists".into()),
     };
     let inner: Arc<dyn Store> = match &spec {

@@ -421,7 +421,9 @@ fn a_corrupt_run_is_quarantined_and_the_rest_moves_on(json_files: bool) {
         stepwell::host::StoreSpec::Json(store) => {
             std::fs::write(store.join(format!("run_{bad}.json")), b"{broken").unwrap();
         }
-        stepwell::host::StoreSpec::Memory => unreachable!(),
+        stepwell::host::StoreSpec::Memory | stepwell::host::StoreSpec::Postgres(_) => {
+            unreachable!()
+        }
     }
     let err = rt.get_state(&bad).unwrap_err();
     assert_eq!(err.reason_code(), "store_corrupt");

@@ -1,7 +1,8 @@
 //! Many processes on one store, the way operators run stepwell: drivers
 //! looping beside `resume`, `run` and `cancel` commands, each its own OS
-//! process, on one SQLite file. Nothing is done twice, nothing is lost, and
-//! the loser of a race gets a typed error.
+//! process, on one SQLite file or one PostgreSQL database (as several hosts
+//! would be). Nothing is done twice, nothing is lost, and the loser of a
+//! race gets a typed error.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -10,33 +11,41 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use stepwell::host::{open_runtime, HostOptions, StoreSpec};
 use stepwell::{RunStatus, Runtime, StartOptions, StepRecord};
-use stepwell_tests::{count_results, example, stepwell_binary, vars, wait_for};
+use stepwell_tests::{count_results, example, stepwell_binary, vars, wait_for, Backend};
 
-/// A database in a scratch directory, and the runtime tests set runs up
-/// with.
+/// A store (SQLite in a scratch directory, or a PostgreSQL schema of its
+/// own), and the runtime tests set runs up with.
 struct Db {
     dir: tempfile::TempDir,
+    spec: StoreSpec,
 }
 
 impl Db {
-    fn new() -> Db {
-        Db {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.path().join("db.sqlite")
+    fn new(backend: Backend) -> Db {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = match backend {
+            Backend::Sqlite => StoreSpec::Sqlite(dir.path().join("db.sqlite")),
+            Backend::Postgres => {
+                stepwell_tests::open_store(backend, dir.path());
+                StoreSpec::parse(&stepwell_tests::store_spec(backend, dir.path())).unwrap()
+            }
+            other => panic!("no races on {other:?}"),
+        };
+        Db { dir, spec }
     }
 
     fn runtime(&self) -> Runtime {
-        open_runtime(&StoreSpec::Sqlite(self.path()), &HostOptions::default()).unwrap()
+        open_runtime(&self.spec, &HostOptions::default()).unwrap()
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(stepwell_binary());
-        c.arg("--db")
-            .arg(self.path())
+        c.arg("--store")
+            .arg(match &self.spec {
+                StoreSpec::Sqlite(p) => format!("sqlite:{}", p.display()),
+                StoreSpec::Postgres(url) => url.clone(),
+                other => panic!("no races on {other:?}"),
+            })
             .args(args)
             .current_dir(self.dir.path())
             .env_remove("STEPWELL_DB")
@@ -89,9 +98,8 @@ fn node_visits(ledger: &[StepRecord]) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn two_processes_resuming_one_wait_complete_it_once() {
-    let db = Db::new();
+fn two_processes_resuming_one_wait_complete_it_once(b: Backend) {
+    let db = Db::new(b);
     let rt = db.runtime();
     let wf = rt
         .load_bundle(&example("ask-user"))
@@ -159,9 +167,8 @@ fn two_processes_resuming_one_wait_complete_it_once() {
     }
 }
 
-#[test]
-fn three_drivers_move_every_run_once() {
-    let db = Db::new();
+fn three_drivers_move_every_run_once(b: Backend) {
+    let db = Db::new(b);
     let rt = db.runtime();
     let waiter = rt
         .load_bundle(&example("wait-until"))
@@ -242,9 +249,8 @@ fn slow_chain(dir: &Path, len: usize) -> PathBuf {
     )
 }
 
-#[test]
-fn a_driver_killed_mid_run_leaves_it_to_another_with_no_step_done_twice() {
-    let db = Db::new();
+fn a_driver_killed_mid_run_leaves_it_to_another_with_no_step_done_twice(b: Backend) {
+    let db = Db::new(b);
     let rt = db.runtime();
     rt.load_bundle(&slow_chain(db.dir.path(), 12)).unwrap();
     let id = rt.start("slow", StartOptions::default()).unwrap();
@@ -280,12 +286,11 @@ fn a_driver_killed_mid_run_leaves_it_to_another_with_no_step_done_twice() {
     assert!(stepwell::store::verify_chain(&ledger).is_ok());
 }
 
-#[test]
-fn a_stalled_driver_loses_its_run_when_the_lease_lapses_and_cannot_commit_after() {
+fn a_stalled_driver_loses_its_run_when_the_lease_lapses_and_cannot_commit_after(b: Backend) {
     // A driver stopped (SIGSTOP) is alive but renews nothing: another takes
     // the run over once the lease lapses (not at once: its holder still
     // runs). Let go again, the stalled driver's step in flight is refused.
-    let db = Db::new();
+    let db = Db::new(b);
     let rt = db.runtime();
     rt.load_bundle(&slow_chain(db.dir.path(), 8)).unwrap();
     let id = rt.start("slow", StartOptions::default()).unwrap();
@@ -326,9 +331,8 @@ fn a_stalled_driver_loses_its_run_when_the_lease_lapses_and_cannot_commit_after(
     assert!(stepwell::store::verify_chain(&ledger).is_ok());
 }
 
-#[test]
-fn a_cancel_from_another_process_is_not_overwritten_by_the_driver() {
-    let db = Db::new();
+fn a_cancel_from_another_process_is_not_overwritten_by_the_driver(b: Backend) {
+    let db = Db::new(b);
     let rt = db.runtime();
     rt.load_bundle(&slow_chain(db.dir.path(), 30)).unwrap();
     let id = rt.start("slow", StartOptions::default()).unwrap();
@@ -358,13 +362,12 @@ fn a_cancel_from_another_process_is_not_overwritten_by_the_driver() {
     assert!(stepwell::store::verify_chain(&ledger).is_ok());
 }
 
-#[test]
-fn a_run_started_beside_a_driver_is_executed_once() {
+fn a_run_started_beside_a_driver_is_executed_once(b: Backend) {
     // `stepwell run` (start + tick) in one process while two drivers loop
     // in others, on a chain slow enough that a driver can pick the run up
     // between its creation and its first step: whoever gets the run first
     // executes it, the others leave it.
-    let db = Db::new();
+    let db = Db::new(b);
     let rt = db.runtime();
     let bundle = slow_chain(db.dir.path(), 3);
     rt.load_bundle(&bundle).unwrap();
@@ -387,4 +390,417 @@ fn a_run_started_beside_a_driver_is_executed_once() {
             "{id}"
         );
     }
+}
+
+/// Three drivers on one store, as three hosts would run: 300 runs mixing
+/// chains, ask-user runs resumed by other processes, timers and
+/// subworkflows, and 20 automations on a 2-second schedule (3 firings
+/// each). Every run completes exactly once, every ledger verifies, every
+/// occurrence runs once. With `kill_one`, one driver is `kill -9`'d when
+/// about half of the runs are done; the other two finish its work.
+fn cluster(b: Backend, kill_one: bool) {
+    let db = Db::new(b);
+    let rt = db.runtime();
+    let wf = |name: &str| rt.load_bundle(&example(name)).unwrap().main_workflow_id;
+    let (chain, ask, timer, sub) = (
+        wf("chain"),
+        wf("ask-user"),
+        wf("wait-until"),
+        wf("subworkflow"),
+    );
+    let mut automations = Vec::new();
+    for i in 0..20 {
+        let request = json!({
+            "request_id": format!("cluster-{i}"),
+            "title": format!("Cluster {i}"),
+            "target": {
+                "workflow_id": "echo",
+                "bundle_ref": stepwell_tests::repo().join("flows/automations/echo"),
+                "flow_id": "echo",
+                "input_data": {"prompt": format!("tick {i}")},
+            },
+            "trigger": {"source_id": "schedule", "source_version": 1,
+                        "config": {"every": "2s", "count": 3}},
+            "workspace_root": db.dir.path(),
+        });
+        let created =
+            stepwell::automation::create_automation(&rt, &request, chrono::Utc::now(), None)
+                .unwrap();
+        automations.push(created.automation_id);
+    }
+    let (mut chains, mut asks, mut timers, mut subs) = (vec![], vec![], vec![], vec![]);
+    for i in 0..75 {
+        let opts = |v: Value| StartOptions {
+            vars: vars(v),
+            ..StartOptions::default()
+        };
+        chains.push(rt.start(&chain, StartOptions::default()).unwrap());
+        let parked = rt.run(&ask, StartOptions::default()).unwrap();
+        assert_eq!(parked.status, RunStatus::Waiting);
+        asks.push(parked.run_id);
+        let seconds = 0.5 + f64::from(i % 5) * 0.5;
+        timers.push(
+            rt.run(&timer, opts(json!({"seconds": seconds})))
+                .unwrap()
+                .run_id,
+        );
+        subs.push(
+            rt.start(&sub, opts(json!({"text": format!("child {i}")})))
+                .unwrap(),
+        );
+    }
+    let mut drivers = db.drivers(3, &["--lease-ttl-ms", "3000"]);
+    // Other processes answer the people, a few at a time.
+    let mut killed = !kill_one;
+    let all: Vec<&String> = chains
+        .iter()
+        .chain(&asks)
+        .chain(&timers)
+        .chain(&subs)
+        .collect();
+    let done = |id: &String| rt.get_state(id).unwrap().status == RunStatus::Completed;
+    for batch in asks.chunks(8) {
+        let resumers: Vec<Child> = batch
+            .iter()
+            .map(|id| {
+                db.spawn(&[
+                    "resume",
+                    id,
+                    "--payload",
+                    r#"{"text": "cluster"}"#,
+                    "--json",
+                ])
+            })
+            .collect();
+        for r in resumers {
+            let out = r.wait_with_output().unwrap();
+            assert!(out.status.success(), "{out:?}");
+        }
+        if !killed && all.iter().filter(|id| done(id)).count() >= all.len() / 2 {
+            // kill -9: no destructor, its leases left to lapse.
+            drivers.0[0].kill().unwrap();
+            drivers.0[0].wait().unwrap();
+            killed = true;
+        }
+    }
+    wait_for("every run to complete", Duration::from_secs(180), || {
+        all.iter().all(|id| done(id))
+    });
+    if !killed {
+        drivers.0[0].kill().unwrap();
+        drivers.0[0].wait().unwrap();
+    }
+    wait_for(
+        "every automation to fire 3 times",
+        Duration::from_secs(120),
+        || {
+            automations.iter().all(|id| {
+                let page = stepwell::automation::list_occurrences(&rt, id, None, 10).unwrap();
+                let items = page["items"].as_array().unwrap();
+                items.len() == 3 && items.iter().all(|o| o["status"] == "completed")
+            })
+        },
+    );
+    drop(drivers);
+    for id in &chains {
+        let ledger = rt.get_ledger(id).unwrap();
+        assert_eq!(node_visits(&ledger), ["n0", "n1", "n2", "n3", "n4"], "{id}");
+        assert!(stepwell::store::verify_chain(&ledger).is_ok(), "{id}");
+    }
+    for id in &asks {
+        let ledger = rt.get_ledger(id).unwrap();
+        assert_eq!(count_results(&ledger, "resumed"), 1, "{id}: one resume");
+        assert_eq!(count_results(&ledger, "complete_output"), 1, "{id}");
+        assert!(stepwell::store::verify_chain(&ledger).is_ok(), "{id}");
+    }
+    for id in &timers {
+        let ledger = rt.get_ledger(id).unwrap();
+        assert_eq!(
+            count_results(&ledger, "due"),
+            1,
+            "{id}: one resume per wait"
+        );
+        assert_eq!(node_visits(&ledger), ["execute"], "{id}");
+        assert!(stepwell::store::verify_chain(&ledger).is_ok(), "{id}");
+    }
+    for (i, id) in subs.iter().enumerate() {
+        let children = rt
+            .list_runs(&stepwell::RunQuery {
+                parent_run_id: Some(id.clone()),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(children.len(), 1, "{id}: one child");
+        assert_eq!(children[0].status, RunStatus::Completed);
+        assert!(stepwell::store::verify_chain(&rt.get_ledger(id).unwrap()).is_ok());
+        assert!(
+            stepwell::store::verify_chain(&rt.get_ledger(&children[0].run_id).unwrap()).is_ok()
+        );
+        assert_eq!(
+            rt.get_state(id).unwrap().output,
+            Some(json!({"shouted": format!("CHILD {i}")})),
+            "{id}"
+        );
+    }
+    for id in &automations {
+        let ledger = rt.get_ledger(id).unwrap();
+        assert!(stepwell::store::verify_chain(&ledger).is_ok(), "{id}");
+        let mut keys: Vec<&str> = ledger
+            .iter()
+            .filter_map(|r| r.idempotency_key.as_deref())
+            .filter(|k| k.starts_with("automation:"))
+            .collect();
+        let n = keys.len();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), n, "{id}: every decision once");
+        let page = stepwell::automation::list_occurrences(&rt, id, None, 10).unwrap();
+        let mut indexes: Vec<i64> = page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["index"].as_i64().unwrap())
+            .collect();
+        indexes.sort();
+        assert_eq!(indexes, [1, 2, 3], "{id}: each firing once");
+        let children = rt
+            .list_runs(&stepwell::RunQuery {
+                parent_run_id: Some(id.clone()),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(children.len(), 3, "{id}: one run per occurrence");
+        for c in &children {
+            assert_eq!(c.status, RunStatus::Completed, "{}", c.run_id);
+            assert!(stepwell::store::verify_chain(&rt.get_ledger(&c.run_id).unwrap()).is_ok());
+        }
+    }
+}
+
+fn three_drivers_share_300_runs_and_20_automations(b: Backend) {
+    cluster(b, false);
+}
+
+fn a_driver_killed_halfway_leaves_its_share_to_the_others(b: Backend) {
+    cluster(b, true);
+}
+
+/// On PostgreSQL a driver that polls every ten minutes still starts a run
+/// another process started at once: the start's commit signals it
+/// (LISTEN/NOTIFY), and it wakes, also after the server restarted.
+#[test]
+fn a_slow_polling_driver_wakes_when_another_process_adds_work() {
+    if stepwell_tests::postgres_skipped() {
+        return;
+    }
+    let db = Db::new(Backend::Postgres);
+    let rt = db.runtime();
+    let chain = rt.load_bundle(&example("chain")).unwrap().main_workflow_id;
+    let _driver = Drivers(vec![db.spawn(&["drive", "--interval-ms", "600000"])]);
+    // Its first pass found nothing; it now waits (for ten minutes).
+    std::thread::sleep(Duration::from_millis(1500));
+    let restart = std::env::var_os("STEPWELL_TEST_POSTGRES_RESTART");
+    for round in 0..3 {
+        if round == 2 {
+            // The server restarts: the driver listens again on a new
+            // connection, and still wakes.
+            let Some(restart) = &restart else { break };
+            assert!(Command::new(restart).status().unwrap().success());
+        }
+        let id = rt.start(&chain, StartOptions::default()).unwrap();
+        wait_for(
+            &format!("the driver to wake for run {round}"),
+            Duration::from_secs(60),
+            || rt.get_state(&id).unwrap().status == RunStatus::Completed,
+        );
+    }
+}
+
+/// The database restarted twice under load (its connections cut, the
+/// second time as a crash): the
+/// drivers reconnect, every commit in flight either landed or is done
+/// again, and nothing is done twice.
+#[test]
+fn a_database_restarted_under_load_loses_and_doubles_nothing() {
+    if stepwell_tests::postgres_skipped() {
+        return;
+    }
+    let Some(restart) = std::env::var_os("STEPWELL_TEST_POSTGRES_RESTART") else {
+        eprintln!("skipped: STEPWELL_TEST_POSTGRES_RESTART is unset (a server of your own)");
+        return;
+    };
+    let db = Db::new(Backend::Postgres);
+    let rt = db.runtime();
+    let chain = rt.load_bundle(&example("chain")).unwrap().main_workflow_id;
+    let timer = rt
+        .load_bundle(&example("wait-until"))
+        .unwrap()
+        .main_workflow_id;
+    rt.load_bundle(&slow_chain(db.dir.path(), 4)).unwrap();
+    let mut ids: Vec<String> = Vec::new();
+    for i in 0..40 {
+        ids.push(rt.start(&chain, StartOptions::default()).unwrap());
+        let seconds = 0.5 + f64::from(i % 4);
+        let parked = rt
+            .run(
+                &timer,
+                StartOptions {
+                    vars: vars(json!({"seconds": seconds})),
+                    ..StartOptions::default()
+                },
+            )
+            .unwrap();
+        ids.push(parked.run_id);
+    }
+    let slow: Vec<String> = (0..4)
+        .map(|_| rt.start("slow", StartOptions::default()).unwrap())
+        .collect();
+    let drivers = db.drivers(2, &["--lease-ttl-ms", "3000"]);
+    // A clean restart, then a crash of the server (no shutdown checkpoint:
+    // every pooled connection is stale at once).
+    for mode in ["fast", "immediate"] {
+        std::thread::sleep(Duration::from_millis(700));
+        let status = Command::new(&restart).arg(mode).status().unwrap();
+        assert!(status.success(), "the server restarted ({mode})");
+    }
+    let all: Vec<&String> = ids.iter().chain(&slow).collect();
+    wait_for("every run to complete", Duration::from_secs(180), || {
+        all.iter().all(|id| {
+            rt.get_state(id)
+                .is_ok_and(|r| r.status == RunStatus::Completed)
+        })
+    });
+    drop(drivers);
+    for id in &ids {
+        let ledger = rt.get_ledger(id).unwrap();
+        let visits = node_visits(&ledger);
+        assert!(
+            visits == ["n0", "n1", "n2", "n3", "n4"] || visits == ["execute"],
+            "{id}: each node once: {visits:?}"
+        );
+        assert!(count_results(&ledger, "due") <= 1, "{id}");
+        assert!(stepwell::store::verify_chain(&ledger).is_ok(), "{id}");
+    }
+    for id in &slow {
+        let ledger = rt.get_ledger(id).unwrap();
+        assert_eq!(
+            node_visits(&ledger),
+            ["s0", "s1", "s2", "s3", "done"],
+            "{id}: each node once"
+        );
+        assert!(stepwell::store::verify_chain(&ledger).is_ok(), "{id}");
+    }
+}
+
+/// A host on another machine dies holding leases (`kill -9`). Here the
+/// other machine is a driver in a UTS namespace of its own, with another
+/// host name: nobody can tell that it died, so its runs wait until its
+/// leases lapse, then a driver of this machine finishes them, each step
+/// once.
+#[test]
+fn runs_of_a_host_killed_on_another_machine_finish_here_once_its_leases_lapse() {
+    if stepwell_tests::postgres_skipped() {
+        return;
+    }
+    let unshare_works = Command::new("unshare")
+        .args(["--uts", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !unshare_works {
+        eprintln!("skipped: `unshare --uts` is not allowed here (it needs root)");
+        return;
+    }
+    let db = Db::new(Backend::Postgres);
+    let rt = db.runtime();
+    rt.load_bundle(&slow_chain(db.dir.path(), 8)).unwrap();
+    let id = rt.start("slow", StartOptions::default()).unwrap();
+    let ttl = ["--lease-ttl-ms", "6000"];
+    let store = match &db.spec {
+        StoreSpec::Postgres(url) => url.clone(),
+        other => panic!("{other:?}"),
+    };
+    let mut other = Drivers(vec![Command::new("unshare")
+        .args([
+            "--uts",
+            "sh",
+            "-c",
+            "hostname stepwell-other-host && exec \"$0\" \"$@\"",
+        ])
+        .arg(stepwell_binary())
+        .args(["--store", &store, "drive", "--interval-ms", "20"])
+        .args(ttl)
+        .current_dir(db.dir.path())
+        .env_remove("STEPWELL_DB")
+        .env_remove("STEPWELL_STORE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()]);
+    wait_for(
+        "the other host to be under way",
+        Duration::from_secs(60),
+        || node_visits(&rt.get_ledger(&id).unwrap()).len() >= 2,
+    );
+    let leased = rt.store().list_leased(10).unwrap();
+    assert!(
+        leased
+            .iter()
+            .any(|(run, holder)| *run == id && holder.starts_with("stepwell-other-host:")),
+        "the other host holds the run: {leased:?}"
+    );
+    // kill -9 (the `exec` made the driver the namespace's first process).
+    other.0[0].kill().unwrap();
+    other.0[0].wait().unwrap();
+    let at_kill = rt.get_ledger(&id).unwrap();
+    let _here = db.drivers(1, &ttl);
+    // Its lease was renewed at most 2 s ago: for a while nobody may move
+    // the run.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        rt.get_ledger(&id).unwrap(),
+        at_kill,
+        "the run moved before the dead host's lease lapsed"
+    );
+    wait_for(
+        "a driver here to finish the run",
+        Duration::from_secs(120),
+        || rt.get_state(&id).unwrap().status == RunStatus::Completed,
+    );
+    let ledger = rt.get_ledger(&id).unwrap();
+    let expected: Vec<String> = (0..8)
+        .map(|i| format!("s{i}"))
+        .chain(["done".to_string()])
+        .collect();
+    assert_eq!(node_visits(&ledger), expected, "each node once, in order");
+    assert!(stepwell::store::verify_chain(&ledger).is_ok());
+}
+
+/// Each race on SQLite and on PostgreSQL.
+mod on {
+    macro_rules! both {
+        ($($name:ident),* $(,)?) => {
+            mod sqlite {
+                $( #[test] fn $name() { super::super::$name(stepwell_tests::Backend::Sqlite) } )*
+            }
+            mod postgres {
+                $( #[test] fn $name() {
+                    if !stepwell_tests::postgres_skipped() {
+                        super::super::$name(stepwell_tests::Backend::Postgres)
+                    }
+                } )*
+            }
+        };
+    }
+
+    both!(
+        two_processes_resuming_one_wait_complete_it_once,
+        three_drivers_share_300_runs_and_20_automations,
+        a_driver_killed_halfway_leaves_its_share_to_the_others,
+        three_drivers_move_every_run_once,
+        a_driver_killed_mid_run_leaves_it_to_another_with_no_step_done_twice,
+        a_stalled_driver_loses_its_run_when_the_lease_lapses_and_cannot_commit_after,
+        a_cancel_from_another_process_is_not_overwritten_by_the_driver,
+        a_run_started_beside_a_driver_is_executed_once
+    );
 }

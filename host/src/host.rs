@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::core::{Error, Result};
-use crate::store::{Durability, JsonFileStore, MemoryStore, SqliteStore, Store};
+use crate::store::{Durability, JsonFileStore, MemoryStore, PostgresStore, SqliteStore, Store};
 use crate::wasm::{EngineConfig, SandboxLimits, WasmEngine};
 use crate::Runtime;
 
@@ -29,21 +29,48 @@ pub enum StoreSpec {
     Sqlite(PathBuf),
     /// A folder of JSON files.
     Json(PathBuf),
+    /// A PostgreSQL database, by its connection URL (`postgres://...`):
+    /// several hosts share it.
+    Postgres(String),
 }
 
 impl StoreSpec {
-    /// Parses `memory`, `sqlite:PATH` or `json:DIR` (the `--store` syntax).
+    /// Parses `memory`, `sqlite:PATH`, `json:DIR` or a PostgreSQL URL
+    /// (`postgres://...` or `postgresql://...`): the `--store` syntax.
     pub fn parse(text: &str) -> Result<StoreSpec> {
         let bad = || Error::InvalidInput {
             field: "--store".into(),
-            message: format!("{text:?} is not memory, sqlite:PATH or json:DIR"),
+            message: format!(
+                "{:?} is not memory, sqlite:PATH, json:DIR or postgres://...",
+                redact_url(text)
+            ),
         };
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            return Ok(StoreSpec::Postgres(text.to_string()));
+        }
         match text.split_once(':') {
             None if text == "memory" => Ok(StoreSpec::Memory),
             Some(("sqlite", p)) if !p.is_empty() => Ok(StoreSpec::Sqlite(p.into())),
             Some(("json", p)) if !p.is_empty() => Ok(StoreSpec::Json(p.into())),
             _ => Err(bad()),
         }
+    }
+
+    /// Opens the store, creating or migrating its schema, and returns the
+    /// schema version it is at (`None` for the memory and JSON stores,
+    /// which keep none).
+    pub fn migrate(&self, durability: Option<Durability>) -> Result<Option<i64>> {
+        Ok(match self {
+            StoreSpec::Memory | StoreSpec::Json(_) => {
+                self.open(durability)?;
+                None
+            }
+            StoreSpec::Sqlite(_) => {
+                self.open(durability)?;
+                Some(crate::store::SQLITE_SCHEMA_VERSION)
+            }
+            StoreSpec::Postgres(url) => Some(PostgresStore::open(url)?.schema_version()?),
+        })
     }
 
     /// Opens the store. `durability` applies to SQLite (`None`: normal) and
@@ -59,6 +86,7 @@ impl StoreSpec {
                 dir,
                 durability.unwrap_or(Durability::Full),
             )?),
+            StoreSpec::Postgres(url) => Arc::new(PostgresStore::open(url)?),
         })
     }
 
@@ -77,6 +105,7 @@ impl StoreSpec {
             StoreSpec::Json(dir) => Arc::new(crate::store::FileArtifactStore::open(
                 dir.join("artifacts"),
             )?),
+            StoreSpec::Postgres(url) => Arc::new(PostgresStore::open(url)?),
         })
     }
 
@@ -86,7 +115,11 @@ impl StoreSpec {
     pub fn protected_paths(&self) -> Vec<PathBuf> {
         let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
         match self {
-            StoreSpec::Memory => vec![absolute(self.cache_dir()), absolute(self.token_file())],
+            StoreSpec::Memory | StoreSpec::Postgres(_) => vec![
+                absolute(self.cache_dir()),
+                absolute(self.token_file()),
+                absolute(self.connection_key_file()),
+            ],
             StoreSpec::Sqlite(path) => {
                 let dir = path
                     .parent()
@@ -129,6 +162,7 @@ impl StoreSpec {
             StoreSpec::Json(dir) => Box::new(crate::store::JsonSnapshotStore::open(
                 dir.join("snapshots"),
             )?),
+            StoreSpec::Postgres(url) => Box::new(PostgresStore::open(url)?),
         })
     }
 
@@ -148,16 +182,69 @@ impl StoreSpec {
 
     /// Where compiled components are cached for this store: `cache/` beside
     /// the database, `cache/` inside a JSON store folder, or
-    /// `.stepwell/cache` for the memory store.
+    /// `.stepwell/cache` for the memory and PostgreSQL stores (each host
+    /// compiles for itself).
     pub fn cache_dir(&self) -> PathBuf {
         match self {
-            StoreSpec::Memory => Path::new(".stepwell").join("cache"),
+            StoreSpec::Memory | StoreSpec::Postgres(_) => Path::new(".stepwell").join("cache"),
             StoreSpec::Sqlite(path) => path
                 .parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."))
                 .join("cache"),
             StoreSpec::Json(dir) => dir.join("cache"),
+        }
+    }
+}
+
+/// `url` without its password (for messages): the password of a URL's
+/// user part (which ends at its last `@`) and any `password=` parameter
+/// (of a URL's query or a libpq key/value string) become `***`; text that
+/// has an `@` but no `://` (a mistyped URL) shows only its scheme.
+pub fn redact_url(url: &str) -> String {
+    let shown = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let rest = match rest.rfind('@') {
+                Some(at) if rest[..at].contains(':') => {
+                    let name = rest[..at].split(':').next().unwrap_or_default();
+                    format!("{name}:***@{}", &rest[at + 1..])
+                }
+                _ => rest.to_string(),
+            };
+            format!("{scheme}://{rest}")
+        }
+        None if url.contains('@') => {
+            let scheme = url.split(':').next().unwrap_or_default();
+            return format!("{scheme}:***");
+        }
+        None => url.to_string(),
+    };
+    // `password=...` up to the next `&` or space (or quoted).
+    let mut out = String::with_capacity(shown.len());
+    let mut rest = shown.as_str();
+    while let Some(at) = rest.to_ascii_lowercase().find("password=") {
+        let (before, after) = rest.split_at(at + "password=".len());
+        out.push_str(before);
+        out.push_str("***");
+        let end = if let Some(quoted) = after.strip_prefix('\'') {
+            quoted.find('\'').map_or(after.len(), |q| q + 2)
+        } else {
+            after.find(['&', ' ']).unwrap_or(after.len())
+        };
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+impl std::fmt::Display for StoreSpec {
+    /// The `--store` text (a URL without its password).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreSpec::Memory => f.write_str("memory"),
+            StoreSpec::Sqlite(p) => write!(f, "sqlite:{}", p.display()),
+            StoreSpec::Json(p) => write!(f, "json:{}", p.display()),
+            StoreSpec::Postgres(url) => f.write_str(&redact_url(url)),
         }
     }
 }
@@ -195,24 +282,34 @@ impl std::fmt::Debug for HostOptions {
     }
 }
 
+/// What a host's runtime keeps its state in: the store, the digests of
+/// its compiled components (if the store keeps them), its artifacts.
+type Backing = (
+    Arc<dyn Store>,
+    Option<Arc<dyn crate::wasm::CompiledDigests>>,
+    Arc<dyn crate::store::ArtifactStore>,
+);
+
 /// Opens the store and builds a runtime over it with an engine that caches
 /// compiled components on disk, and the store's artifact store for values
 /// larger than [`DEFAULT_OFFLOAD_BYTES`].
 pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> {
     // A SQLite store also keeps the digests of the compiled files cached
     // beside it (the cache loads only files they vouch for).
-    let (store, digests): (
-        Arc<dyn Store>,
-        Option<Arc<dyn crate::wasm::CompiledDigests>>,
-    ) = match spec {
+    // PostgreSQL keeps them, and the artifacts, in the database itself.
+    let (store, digests, artifacts): Backing = match spec {
         StoreSpec::Sqlite(path) => {
             let db = Arc::new(SqliteStore::open_with(
                 path,
                 options.durability.unwrap_or(Durability::Normal),
             )?);
-            (db.clone(), Some(db))
+            (db.clone(), Some(db), spec.artifacts()?)
         }
-        other => (other.open(options.durability)?, None),
+        StoreSpec::Postgres(url) => {
+            let db = Arc::new(PostgresStore::open(url)?);
+            (db.clone(), Some(db.clone()), db)
+        }
+        other => (other.open(options.durability)?, None, spec.artifacts()?),
     };
     let engine = WasmEngine::new(EngineConfig {
         cache_dir: Some(spec.cache_dir()),
@@ -224,7 +321,7 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     let mut builder = Runtime::builder(store)
         .engine(engine)
         .config(config)
-        .artifacts(spec.artifacts()?, DEFAULT_OFFLOAD_BYTES);
+        .artifacts(artifacts, DEFAULT_OFFLOAD_BYTES);
     if let Some(clock) = &options.clock {
         builder = builder.clock(clock.clone());
     }
@@ -239,4 +336,36 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
         _ => crate::triggers::SealingKey::File(spec.connection_key_file()),
     });
     builder.build()
+}
+
+#[cfg(test)]
+mod redact_tests {
+    use super::redact_url;
+
+    #[test]
+    fn no_password_is_shown() {
+        for (url, shown) in [
+            ("postgres://u@h:5432/db", "postgres://u@h:5432/db"),
+            ("postgres://u:hunter2@h/db", "postgres://u:***@h/db"),
+            // A password holding `@`: the user part ends at the last one.
+            ("postgres://u:hun@ter2@h:1/db", "postgres://u:***@h:1/db"),
+            (
+                "postgres://u@h/db?password=hunter2&connect_timeout=2",
+                "postgres://u@h/db?password=***&connect_timeout=2",
+            ),
+            (
+                "host=h user=u password=hunter2 dbname=d",
+                "host=h user=u password=*** dbname=d",
+            ),
+            (
+                "host=h PASSWORD='hun ter2' dbname=d",
+                "host=h PASSWORD=*** dbname=d",
+            ),
+            // Mistyped: only the scheme.
+            ("postgres:/u:hunter2@x/db", "postgres:***"),
+            ("memory", "memory"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
 }

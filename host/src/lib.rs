@@ -53,7 +53,7 @@ pub use crate::effects::{
 pub use crate::store::{
     ArtifactMeta, ArtifactStore, Attribution, Claim, CommandRecord, CommandStore, Durability,
     FeedEntry, Fence, FileArtifactStore, JsonFileStore, JsonlCommandStore, LeaseAfter,
-    LeaseRequest, MemoryArtifactStore, MemoryCommandStore, MemoryStore, RunIndexQuery, RunIndexRow,
-    RunQuery, SqliteStore, Store, StoreError,
+    LeaseRequest, MemoryArtifactStore, MemoryCommandStore, MemoryStore, PostgresStore,
+    RunIndexQuery, RunIndexRow, RunQuery, SqliteStore, Store, StoreError,
 };
 pub use crate::wasm::{EngineConfig, GuestError, SandboxLimits, WasmEngine};

@@ -21,7 +21,9 @@ struct Cli {
     /// The SQLite database (default .stepwell/stepwell.sqlite under the current directory).
     #[arg(long, global = true, env = DB_ENV)]
     db: Option<PathBuf>,
-    /// The store: memory, sqlite:PATH or json:DIR (overrides --db).
+    /// The store: memory, sqlite:PATH, json:DIR or a PostgreSQL URL
+    /// (postgres://user@host:port/db; several hosts may share it)
+    /// (overrides --db).
     #[arg(long, global = true, env = "STEPWELL_STORE")]
     store: Option<String>,
     /// Print machine-readable JSON.
@@ -196,6 +198,11 @@ enum Command {
         #[command(subcommand)]
         command: TriggerCommand,
     },
+    /// The store's schema: create it or bring it to this build's version.
+    Db {
+        #[command(subcommand)]
+        command: DbCommand,
+    },
     /// Tools: list what `tool_calls` can run.
     Tools {
         #[command(subcommand)]
@@ -298,6 +305,14 @@ enum SnapshotCommand {
         /// The snapshot.
         snapshot_id: String,
     },
+}
+
+#[derive(Subcommand)]
+enum DbCommand {
+    /// Create the store's schema or migrate it to this build's version
+    /// (opening a store does too; this does only that, and prints the
+    /// version). Refused when the store was written by a newer stepwell.
+    Migrate,
 }
 
 #[derive(Subcommand)]
@@ -580,6 +595,11 @@ fn execute(cli: Cli) -> Result<(), Error> {
         let mut options = cli::bench::BenchOptions {
             flows_dir: flows.clone(),
             only: only.clone(),
+            // `--store postgres://...` adds the PostgreSQL figures.
+            postgres: cli
+                .store
+                .clone()
+                .filter(|s| matches!(StoreSpec::parse(s), Ok(StoreSpec::Postgres(_)))),
             ..Default::default()
         };
         if *quick {
@@ -680,6 +700,24 @@ fn execute(cli: Cli) -> Result<(), Error> {
     } = cli.command
     {
         return triggers(&spec, limits, trigger_dir, command, cli.now, cli.json);
+    }
+    if let Command::Db {
+        command: DbCommand::Migrate,
+    } = cli.command
+    {
+        let version = spec.migrate(durability)?;
+        if cli.json {
+            println!(
+                "{}",
+                serde_json::json!({"store": spec.to_string(), "schema_version": version})
+            );
+        } else {
+            match version {
+                Some(v) => println!("{spec}: schema version {v}"),
+                None => println!("{spec}: keeps no schema"),
+            }
+        }
+        return Ok(());
     }
     let rt = open_runtime(&spec, &options)?;
     match cli.command {
@@ -947,6 +985,9 @@ fn execute(cli: Cli) -> Result<(), Error> {
             // The loop's feeds are polled in their own thread, never in the
             // driver's way (it runs until the process ends).
             if !once {
+                // Listen for other processes' signals before the first pass,
+                // so that none sent after it is missed.
+                rt.store().wait_for_work(Duration::ZERO);
                 let (rt, stop) = (rt.clone(), std::sync::Arc::default());
                 std::thread::spawn(move || stepwell::triggers::run_feed_poller(rt, stop));
             }
@@ -956,11 +997,22 @@ fn execute(cli: Cli) -> Result<(), Error> {
                     for (id, e) in &stepwell::triggers::feed_once(&rt)?.failed {
                         eprintln!("  connection {id}: {e}");
                     }
-                } else {
-                    // The driver sweeps for lost wakes.
-                    stepwell::triggers::sweep_once(&rt)?;
+                } else if let Err(e) = stepwell::triggers::sweep_once(&rt) {
+                    // The driver sweeps for lost wakes; a store that is
+                    // away (a database restarting) is tried again.
+                    eprintln!("error: the sweep failed: {e}");
                 }
-                let report = rt.drive_once()?;
+                let report = match rt.drive_once() {
+                    Ok(report) => report,
+                    Err(e) if once => return Err(e),
+                    Err(e) => {
+                        // A long-running driver outlives a store outage:
+                        // it says so and tries again after its pause.
+                        eprintln!("error: the driver's pass failed: {e}");
+                        std::thread::sleep(Duration::from_millis(interval_ms.min(5000)));
+                        continue;
+                    }
+                };
                 if cli.json {
                     println!("{}", serde_json::to_string(&report).unwrap_or_default());
                 } else if report.moved_anything() || !report.errors.is_empty() || once {
@@ -985,7 +1037,12 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 if once {
                     break;
                 }
-                std::thread::sleep(Duration::from_millis(interval_ms));
+                // A pass that moved something may have left more ready (a
+                // chain of controller steps); otherwise wait for a signal
+                // from another process (PostgreSQL) or the next poll.
+                if !report.moved_anything() {
+                    rt.store().wait_for_work(Duration::from_millis(interval_ms));
+                }
             }
         }
         Command::Tools {
@@ -1118,7 +1175,9 @@ fn execute(cli: Cli) -> Result<(), Error> {
             std::io::Write::flush(&mut std::io::stdout()).ok();
             server.run()?;
         }
-        Command::Bench { .. } | Command::Triggers { .. } => unreachable!("handled above"),
+        Command::Bench { .. } | Command::Triggers { .. } | Command::Db { .. } => {
+            unreachable!("handled above")
+        }
     }
     Ok(())
 }

@@ -87,6 +87,83 @@ pub enum Backend {
     Sqlite,
     /// [`stepwell::JsonFileStore`] in a temporary directory.
     Json,
+    /// [`stepwell::PostgresStore`] in a schema of its own on the server
+    /// `STEPWELL_TEST_POSTGRES_URL` names (`scripts/with-postgres` starts
+    /// one).
+    Postgres,
+}
+
+/// The environment variable naming the PostgreSQL server of the tests.
+pub const POSTGRES_URL_ENV: &str = "STEPWELL_TEST_POSTGRES_URL";
+
+/// Whether the PostgreSQL tests are skipped: no server was named. With
+/// `STEPWELL_REQUIRE_POSTGRES=1` (CI), a missing server fails the test
+/// instead.
+pub fn postgres_skipped() -> bool {
+    if std::env::var_os(POSTGRES_URL_ENV).is_some() {
+        return false;
+    }
+    if std::env::var("STEPWELL_REQUIRE_POSTGRES").as_deref() == Ok("1") {
+        panic!("{POSTGRES_URL_ENV} is unset and STEPWELL_REQUIRE_POSTGRES=1");
+    }
+    eprintln!("skipped: no PostgreSQL ({POSTGRES_URL_ENV} is unset; see scripts/with-postgres)");
+    true
+}
+
+/// A `--store` URL for a fresh, empty schema on the tests' PostgreSQL
+/// server (created by the store when it is first opened).
+pub fn postgres_url() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let base = std::env::var(POSTGRES_URL_ENV).expect("STEPWELL_TEST_POSTGRES_URL");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let schema = format!(
+        "t{}_{}_{}",
+        std::process::id(),
+        nanos % 1_000_000_000_000,
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}options=-csearch_path%3D{schema}")
+}
+
+/// A store on `backend` with its files under `dir` (a PostgreSQL store
+/// gets a fresh schema, whose URL is kept in `dir/postgres.url` for
+/// [`store_spec`]).
+pub fn open_store(backend: Backend, dir: &Path) -> Arc<dyn Store> {
+    match backend {
+        Backend::Memory => Arc::new(MemoryStore::new()),
+        Backend::Sqlite => Arc::new(SqliteStore::open(dir.join("db.sqlite")).expect("open")),
+        Backend::Json => Arc::new(stepwell::JsonFileStore::open(dir.join("store")).expect("open")),
+        Backend::Postgres => Arc::new(open_postgres(dir)),
+    }
+}
+
+/// The PostgreSQL store of `dir` ([`open_store`]): the schema named in
+/// `dir/postgres.url`, or a fresh one named there.
+pub fn open_postgres(dir: &Path) -> stepwell::PostgresStore {
+    let file = dir.join("postgres.url");
+    let url = std::fs::read_to_string(&file).unwrap_or_else(|_| {
+        let url = postgres_url();
+        std::fs::write(&file, &url).expect("write postgres.url");
+        url
+    });
+    stepwell::PostgresStore::open(&url).expect("open postgres")
+}
+
+/// The `--store` text of [`open_store`]'s store in `dir`, for another
+/// process (the memory store has none).
+pub fn store_spec(backend: Backend, dir: &Path) -> String {
+    match backend {
+        Backend::Sqlite => format!("sqlite:{}", dir.join("db.sqlite").display()),
+        Backend::Json => format!("json:{}", dir.join("store").display()),
+        Backend::Postgres => {
+            std::fs::read_to_string(dir.join("postgres.url")).expect("open the store first")
+        }
+        Backend::Memory => panic!("the memory store is one process's"),
+    }
 }
 
 /// A runtime and what keeps its files alive.
@@ -144,15 +221,7 @@ impl Host {
 
     fn build(backend: Backend, clock: Option<Arc<ManualClock>>, engine: WasmEngine) -> Host {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store: Arc<dyn Store> = match backend {
-            Backend::Memory => Arc::new(MemoryStore::new()),
-            Backend::Sqlite => {
-                Arc::new(SqliteStore::open(dir.path().join("db.sqlite")).expect("open"))
-            }
-            Backend::Json => {
-                Arc::new(stepwell::JsonFileStore::open(dir.path().join("store")).expect("open"))
-            }
-        };
+        let store = open_store(backend, dir.path());
         let mut b = Runtime::builder(store.clone()).engine(engine);
         if let Some(c) = clock {
             b = b.clock(c as Arc<dyn Clock>);
@@ -210,7 +279,8 @@ pub fn manual_clock() -> Arc<ManualClock> {
 
 /// Runs a test body once per backend: `store_tests!(name, ...)` expects a
 /// function `fn name(b: Backend)` for each name and generates
-/// `memory::name`, `sqlite::name` and `json::name` tests.
+/// `memory::name`, `sqlite::name`, `json::name` and `postgres::name` tests
+/// (the last skipped where no PostgreSQL server is named).
 #[macro_export]
 macro_rules! store_tests {
     ($($name:ident),* $(,)?) => {
@@ -222,6 +292,13 @@ macro_rules! store_tests {
         }
         mod json {
             $( #[test] fn $name() { super::$name($crate::Backend::Json) } )*
+        }
+        mod postgres {
+            $( #[test] fn $name() {
+                if !$crate::postgres_skipped() {
+                    super::$name($crate::Backend::Postgres)
+                }
+            } )*
         }
     };
 }

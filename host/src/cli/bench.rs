@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use serde_json::{json, Map, Value};
 
-use stepwell::store::{JsonFileStore, MemoryStore, SqliteStore, Store};
+use stepwell::host::StoreSpec;
+use stepwell::store::{JsonFileStore, MemoryStore, PostgresStore, SqliteStore, Store};
 use stepwell::wasm::{EngineConfig, NodeCall, WasmEngine};
 use stepwell::{Error, Result, RunStatus, Runtime, StartOptions};
 
@@ -49,6 +50,10 @@ pub struct BenchOptions {
     pub automation_batches: usize,
     /// The HTTP load test's size (`http_*`).
     pub http: super::bench_http::HttpLoad,
+    /// A PostgreSQL server (`postgres://...`, from `--store`): the chain,
+    /// ask/resume and three-driver benchmarks run on it too, each in a
+    /// schema of its own that is dropped afterwards.
+    pub postgres: Option<String>,
 }
 
 impl Default for BenchOptions {
@@ -75,6 +80,7 @@ impl Default for BenchOptions {
                 resumes: 200,
                 subscribers: 10,
             },
+            postgres: None,
         }
     }
 }
@@ -334,6 +340,31 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         let rate = chain(Arc::new(SqliteStore::open(scratch.0.join("chain.sqlite"))?))?;
         figures.insert("chain_steps_per_s_sqlite".into(), json!(round(rate, 0)));
     }
+    if let Some(server) = &options.postgres {
+        if want("chain_steps_per_s_postgres") {
+            let schema = BenchSchema::new(server, "chain")?;
+            let rate = chain(Arc::new(PostgresStore::open(&schema.url)?))?;
+            figures.insert("chain_steps_per_s_postgres".into(), json!(round(rate, 0)));
+        }
+        if want("drive_runs_per_s_postgres_3procs") {
+            let schema = BenchSchema::new(server, "drive")?;
+            let dir = scratch.0.join("drive-postgres");
+            std::fs::create_dir_all(&dir).map_err(|e| invalid("bench", e.to_string()))?;
+            let rate = drive_three(options, &StoreSpec::Postgres(schema.url.clone()), &dir)?;
+            figures.insert(
+                "drive_runs_per_s_postgres_3procs".into(),
+                json!(round(rate, 0)),
+            );
+        }
+        if want("ask_resume_cycles_per_s_postgres") {
+            let schema = BenchSchema::new(server, "ask")?;
+            let rt = runtime(Arc::new(PostgresStore::open(&schema.url)?), &engine)?;
+            figures.insert(
+                "ask_resume_cycles_per_s_postgres".into(),
+                json!(round(ask_resume(&rt, options)?, 0)),
+            );
+        }
+    }
     // 3. One `prepare` call on schedule@1, through the component.
     if want("trigger_prepare_us_p50") {
         let registry = stepwell::triggers::TriggerRegistry::load(&engine, None)?;
@@ -373,7 +404,9 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         );
     }
     if want("drive_runs_per_s_sqlite_3procs") {
-        let rate = drive_three(options, &scratch.0.join("drive"))?;
+        let dir = scratch.0.join("drive");
+        std::fs::create_dir_all(&dir).map_err(|e| invalid("bench", e.to_string()))?;
+        let rate = drive_three(options, &StoreSpec::Sqlite(dir.join("drive.sqlite")), &dir)?;
         figures.insert(
             "drive_runs_per_s_sqlite_3procs".into(),
             json!(round(rate, 0)),
@@ -429,6 +462,16 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         Arc::new(SqliteStore::open(scratch.0.join("ask.sqlite"))?),
         &engine,
     )?;
+    figures.insert(
+        "ask_resume_cycles_per_s_sqlite".into(),
+        json!(round(ask_resume(&rt, options)?, 0)),
+    );
+    Ok(Value::Object(figures))
+}
+
+/// Ask/resume cycles per second on `rt`'s store: start, park on
+/// ask_user, resume, complete (the median of the batches).
+fn ask_resume(rt: &Runtime, options: &BenchOptions) -> Result<f64> {
     let bundle = rt.load_bundle(&options.flows_dir.join("examples/ask-user"))?;
     let mut rates = Vec::new();
     for _ in 0..options.cycle_batches {
@@ -448,11 +491,38 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         }
         rates.push(options.cycles_per_batch as f64 / t.elapsed().as_secs_f64());
     }
-    figures.insert(
-        "ask_resume_cycles_per_s_sqlite".into(),
-        json!(round(median(rates), 0)),
-    );
-    Ok(Value::Object(figures))
+    Ok(median(rates))
+}
+
+/// A schema of its own on a PostgreSQL server for one benchmark, dropped
+/// when done.
+struct BenchSchema {
+    server: String,
+    name: String,
+    url: String,
+}
+
+impl BenchSchema {
+    fn new(server: &str, what: &str) -> Result<BenchSchema> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
+        let name = format!("stepwell_bench_{what}_{}_{nanos}", std::process::id());
+        let sep = if server.contains('?') { '&' } else { '?' };
+        Ok(BenchSchema {
+            server: server.to_string(),
+            url: format!("{server}{sep}options=-csearch_path%3D{name}"),
+            name,
+        })
+    }
+}
+
+impl Drop for BenchSchema {
+    fn drop(&mut self) {
+        if let Ok(mut c) = postgres::Client::connect(&self.server, postgres::NoTls) {
+            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name));
+        }
+    }
 }
 
 /// A chat-completions server on loopback that answers every request at
@@ -740,11 +810,15 @@ fn resume_conflicts(options: &BenchOptions, dir: &Path) -> Result<f64> {
 }
 
 /// Three `stepwell drive` processes complete `drive_runs` chain runs on one
-/// SQLite file. Returns runs completed per second.
-fn drive_three(options: &BenchOptions, dir: &Path) -> Result<f64> {
-    std::fs::create_dir_all(dir).map_err(|e| invalid("bench", e.to_string()))?;
-    let db = dir.join("drive.sqlite");
-    let rt = cli_runtime(&db)?;
+/// store (a SQLite file, or a PostgreSQL database as three hosts would
+/// share it). Returns runs completed per second.
+fn drive_three(options: &BenchOptions, spec: &StoreSpec, dir: &Path) -> Result<f64> {
+    let rt = stepwell::host::open_runtime(spec, &stepwell::host::HostOptions::default())?;
+    let store_arg = match spec {
+        StoreSpec::Sqlite(p) => format!("sqlite:{}", p.display()),
+        StoreSpec::Postgres(url) => url.clone(),
+        other => return Err(invalid("bench", format!("no drivers on {other}"))),
+    };
     let bundle = rt.load_bundle(&options.flows_dir.join("examples/chain"))?;
     let mut ids = Vec::with_capacity(options.drive_runs);
     for _ in 0..options.drive_runs {
@@ -754,9 +828,10 @@ fn drive_three(options: &BenchOptions, dir: &Path) -> Result<f64> {
     let mut drivers: Vec<std::process::Child> = (0..3)
         .map(|_| {
             std::process::Command::new(exe(options)?)
-                .arg("--db")
-                .arg(&db)
+                .arg("--store")
+                .arg(&store_arg)
                 .args(["drive", "--interval-ms", "5"])
+                .current_dir(dir)
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()

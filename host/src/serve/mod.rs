@@ -289,6 +289,10 @@ impl Server {
                 }
             })
             .map_err(|e| Error::invalid("serve", e.to_string()))?;
+        // Listen for other hosts' signals before the driver's first pass.
+        if self.drive {
+            self.shared.rt.store().wait_for_work(Duration::ZERO);
+        }
         let driver = if self.drive {
             let rt = self.shared.rt.clone();
             let stop = stop.clone();
@@ -303,6 +307,21 @@ impl Server {
         } else {
             None
         };
+        // Other hosts' signals of new work (PostgreSQL) wake the driver.
+        if self.drive && self.shared.rt.store().signals_work() {
+            let (rt, stop) = (self.shared.rt.clone(), stop.clone());
+            let wake = self.shared.wake.clone();
+            std::thread::Builder::new()
+                .name("stepwell-signals".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        if rt.store().wait_for_work(Duration::from_secs(1)) {
+                            wake.wake();
+                        }
+                    }
+                })
+                .map_err(|e| Error::invalid("serve", e.to_string()))?;
+        }
         // Feeds are polled beside the driver, never in its way.
         let poller = if self.drive {
             let (rt, stop) = (self.shared.rt.clone(), stop.clone());

@@ -1,12 +1,13 @@
 //! Where runs and ledgers live. One [`Store`] trait, several backends:
 //! [`MemoryStore`] (tests, embedding), [`JsonFileStore`] (a folder of JSON
-//! files) and [`SqliteStore`] (the embedded default: one file, WAL).
+//! files), [`SqliteStore`] (the embedded default: one file, WAL) and
+//! [`PostgresStore`] (one database shared by several hosts).
 //!
 //! The trait is shaped for more than one host process: every write is either
 //! a whole-run save, an atomic create-if-absent, or an append, and
 //! [`Store::commit`] gives a backend one place to make a step's ledger records
-//! and its run save atomic. A backend shared by several hosts (PostgreSQL with
-//! per-run leases) implements the same calls.
+//! and its run save atomic, fenced by the version its writer read and the
+//! lease it holds.
 
 pub mod artifacts;
 pub mod commands;
@@ -14,6 +15,7 @@ pub mod inbox;
 mod json_files;
 mod jsonl;
 mod memory;
+mod postgres;
 pub mod snapshots;
 mod sqlite;
 
@@ -32,6 +34,7 @@ pub use commands::{
 pub use inbox::{connection_stream, ConnectionRecord, EventAppend, InboxEvent};
 pub use json_files::JsonFileStore;
 pub use memory::MemoryStore;
+pub use postgres::{PostgresStore, SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION};
 pub use snapshots::{
     JsonSnapshotStore, MemorySnapshotStore, Snapshot, SnapshotQuery, SnapshotStore,
 };
@@ -949,6 +952,130 @@ pub trait Store: Send + Sync {
     /// Every connection, oldest first.
     fn list_connections(&self) -> Result<Vec<ConnectionRecord>, StoreError> {
         Err(no_inbox())
+    }
+
+    /// Whether [`Store::wait_for_work`] hears other processes (and hosts):
+    /// a driver may then poll slowly, and wake when told.
+    fn signals_work(&self) -> bool {
+        false
+    }
+
+    /// Waits up to `timeout` for another process to signal new work (a run
+    /// started, released or resumed, a child ended, a parent cancelled, an
+    /// event or command appended); returns whether one did. The first call
+    /// starts listening (a driver makes it with a zero timeout before its
+    /// first pass); from then on a signal sent while nobody waited is kept
+    /// for the next call. The default sleeps for `timeout` and returns
+    /// `false`: its callers poll.
+    fn wait_for_work(&self, timeout: std::time::Duration) -> bool {
+        std::thread::sleep(timeout);
+        false
+    }
+}
+
+/// How an SQL backend names its `runs` table's parameters and order: the
+/// SQLite and PostgreSQL stores build [`RunQuery`] and [`RunIndexQuery`]
+/// statements alike, each with its own marks (`?1`, `$1`) and the column
+/// that gives creation order (`rowid`, `ord`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SqlDialect {
+    /// The mark of the n-th parameter (from 1).
+    pub mark: fn(usize) -> String,
+    /// The column of `runs` in creation order.
+    pub order: &'static str,
+}
+
+impl SqlDialect {
+    /// `SELECT run_id, data, version FROM runs ...` for `query`, and its
+    /// arguments (quarantined runs left out).
+    pub(crate) fn run_query(&self, query: &RunQuery) -> (String, Vec<String>) {
+        let mut sql =
+            String::from("SELECT run_id, data, version FROM runs WHERE quarantine IS NULL");
+        let mut args: Vec<String> = Vec::new();
+        for (column, value) in [
+            ("status", query.status.map(|s| s.as_str().to_string())),
+            (
+                "wait_reason",
+                query.wait_reason.map(|r| r.as_str().to_string()),
+            ),
+            ("wait_key", query.wait_key.clone()),
+            ("workflow_id", query.workflow_id.clone()),
+            ("parent_run_id", query.parent_run_id.clone()),
+        ] {
+            if let Some(v) = value {
+                args.push(v);
+                sql.push_str(&format!(" AND {column} = {}", (self.mark)(args.len())));
+            }
+        }
+        let (before_after, direction) = if query.newest_first {
+            ("<", "DESC")
+        } else {
+            (">", "ASC")
+        };
+        let order = self.order;
+        if let Some(after) = &query.after_run_id {
+            args.push(after.clone());
+            sql.push_str(&format!(
+                " AND {order} {before_after} (SELECT {order} FROM runs WHERE run_id = {})",
+                (self.mark)(args.len())
+            ));
+        }
+        sql.push_str(&format!(" ORDER BY {order} {direction}"));
+        if let Some(l) = query.limit {
+            sql.push_str(&format!(" LIMIT {l}"));
+        }
+        (sql, args)
+    }
+
+    /// The run index's statement for `query` (the columns of
+    /// [`RunIndexRow`], in its field order), and its arguments.
+    pub(crate) fn run_index(&self, query: &RunIndexQuery) -> (String, Vec<String>) {
+        let mut sql = String::from(
+            "SELECT run_id, workflow_id, status, parent_run_id, session_id, created_at,
+                    updated_at, automation_id, role, occurrence_index, session_kind,
+                    workspace_root
+             FROM runs WHERE quarantine IS NULL",
+        );
+        let mut args: Vec<String> = Vec::new();
+        for (column, value) in [
+            ("status", query.status.map(|s| s.as_str().to_string())),
+            ("workflow_id", query.workflow_id.clone()),
+            ("session_id", query.session_id.clone()),
+        ] {
+            if let Some(v) = value {
+                args.push(v);
+                sql.push_str(&format!(" AND {column} = {}", (self.mark)(args.len())));
+            }
+        }
+        for (column, wanted) in [
+            ("automation_id", &query.automation_id),
+            ("role", &query.role),
+            ("session_kind", &query.session_kind),
+        ] {
+            let Some(values) = wanted else { continue };
+            if values.is_empty() {
+                sql.push_str(" AND 1 = 0");
+                continue;
+            }
+            let mut marks = Vec::new();
+            for v in values {
+                args.push(v.clone());
+                marks.push((self.mark)(args.len()));
+            }
+            sql.push_str(&format!(" AND {column} IN ({})", marks.join(", ")));
+        }
+        if query.root_only {
+            sql.push_str(
+                " AND (role = 'occurrence' OR ((parent_run_id IS NULL OR parent_run_id = '')
+                   AND (role IS NULL OR role <> 'controller')))",
+            );
+        }
+        let direction = if query.oldest_first { "" } else { " DESC" };
+        sql.push_str(&format!(" ORDER BY {}{direction}", self.order));
+        if let Some(l) = query.limit {
+            sql.push_str(&format!(" LIMIT {l}"));
+        }
+        (sql, args)
     }
 }
 

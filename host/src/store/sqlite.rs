@@ -214,6 +214,13 @@ const MARK_PARENT: &str = "UPDATE runs INDEXED BY runs_open SET child_ended_us =
       AND wait_reason = 'subworkflow' AND wait_key = 'subworkflow:' || ?2
       AND child_ended_us IS NULL";
 
+/// SQLite's marks (`?1`) and creation order (`rowid`, which an update
+/// keeps).
+const DIALECT: super::SqlDialect = super::SqlDialect {
+    mark: |n| format!("?{n}"),
+    order: "rowid",
+};
+
 /// The columns every statement on `runs` binds, as ?1 run_id,
 /// ?2 workflow_id, ?3 status, ?4 wait_reason, ?5 wait_key, ?6 wait_due_us,
 /// ?7 parent_run_id, ?8 session_id, ?9 data, ?10 version,
@@ -1274,39 +1281,7 @@ impl Store for SqliteStore {
     }
 
     fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
-        let mut sql =
-            String::from("SELECT run_id, data, version FROM runs WHERE quarantine IS NULL");
-        let status = query.status.map(|s| s.as_str().to_string());
-        let reason = query.wait_reason.map(|r| r.as_str().to_string());
-        let mut args: Vec<&String> = Vec::new();
-        for (column, value) in [
-            ("status", &status),
-            ("wait_reason", &reason),
-            ("wait_key", &query.wait_key),
-            ("workflow_id", &query.workflow_id),
-            ("parent_run_id", &query.parent_run_id),
-        ] {
-            if let Some(v) = value {
-                args.push(v);
-                sql.push_str(&format!(" AND {column} = ?{}", args.len()));
-            }
-        }
-        let (before_after, order) = if query.newest_first {
-            ("<", "DESC")
-        } else {
-            (">", "ASC")
-        };
-        if let Some(after) = &query.after_run_id {
-            args.push(after);
-            sql.push_str(&format!(
-                " AND rowid {before_after} (SELECT rowid FROM runs WHERE run_id = ?{})",
-                args.len()
-            ));
-        }
-        sql.push_str(&format!(" ORDER BY rowid {order}"));
-        if let Some(l) = query.limit {
-            sql.push_str(&format!(" LIMIT {l}"));
-        }
+        let (sql, args) = DIALECT.run_query(query);
         let conn = self.conn.lock();
         let mut st = conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
         let rows = st
@@ -1463,57 +1438,7 @@ impl Store for SqliteStore {
     }
 
     fn list_run_index(&self, query: &RunIndexQuery) -> Result<Vec<RunIndexRow>, StoreError> {
-        let mut sql = String::from(
-            "SELECT run_id, workflow_id, status, parent_run_id, session_id, created_at,
-                    updated_at, automation_id, role, occurrence_index, session_kind,
-                    workspace_root
-             FROM runs WHERE quarantine IS NULL",
-        );
-        let mut args: Vec<String> = Vec::new();
-        let mut eq = |sql: &mut String, column: &str, value: &Option<String>| {
-            if let Some(v) = value {
-                args.push(v.clone());
-                sql.push_str(&format!(" AND {column} = ?{}", args.len()));
-            }
-        };
-        eq(
-            &mut sql,
-            "status",
-            &query.status.map(|s| s.as_str().to_string()),
-        );
-        eq(&mut sql, "workflow_id", &query.workflow_id);
-        eq(&mut sql, "session_id", &query.session_id);
-        for (column, wanted) in [
-            ("automation_id", &query.automation_id),
-            ("role", &query.role),
-            ("session_kind", &query.session_kind),
-        ] {
-            let Some(values) = wanted else { continue };
-            if values.is_empty() {
-                sql.push_str(" AND 0");
-                continue;
-            }
-            let mut marks = Vec::new();
-            for v in values {
-                args.push(v.clone());
-                marks.push(format!("?{}", args.len()));
-            }
-            sql.push_str(&format!(" AND {column} IN ({})", marks.join(", ")));
-        }
-        if query.root_only {
-            sql.push_str(
-                " AND (role = 'occurrence' OR ((parent_run_id IS NULL OR parent_run_id = '')
-                   AND (role IS NULL OR role <> 'controller')))",
-            );
-        }
-        sql.push_str(if query.oldest_first {
-            " ORDER BY rowid"
-        } else {
-            " ORDER BY rowid DESC"
-        });
-        if let Some(l) = query.limit {
-            sql.push_str(&format!(" LIMIT {l}"));
-        }
+        let (sql, args) = DIALECT.run_index(query);
         let conn = self.conn.lock();
         let mut st = conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
         let rows = st
