@@ -431,6 +431,10 @@ const SESSION: &str = "SET default_transaction_isolation = 'read committed';
 /// lost a deadlock before it committed.
 const ATTEMPTS: u32 = 5;
 
+/// How long opening a store, or a transaction, waits for a server that
+/// refuses connections (restarting) before it reports the failure.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
+
 /// Idle connections kept for reuse.
 const MAX_IDLE: usize = 16;
 
@@ -493,7 +497,18 @@ impl PostgresStore {
             listener: Mutex::new(None),
             channel,
         };
-        let mut conn = store.connect()?;
+        // A server that is restarting (or not up yet, as when hosts and
+        // database start together) is waited for, up to CONNECT_PATIENCE.
+        let started = std::time::Instant::now();
+        let mut conn = loop {
+            match store.connect() {
+                Ok(conn) => break conn,
+                Err(e) if started.elapsed() < CONNECT_PATIENCE && e.code == "store_io" => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(e),
+            }
+        };
         store.migrate(&mut conn)?;
         store.idle.lock().push(conn);
         Ok(store)
@@ -613,12 +628,14 @@ impl PostgresStore {
         mut f: impl FnMut(&mut Conn) -> Result<T, TxError>,
     ) -> Result<T, StoreError> {
         let mut attempt = 0;
+        let started = std::time::Instant::now();
         loop {
             attempt += 1;
             let mut conn = match self.checkout() {
                 Ok(c) => c,
-                Err(_) if attempt < ATTEMPTS => {
-                    std::thread::sleep(Duration::from_millis(50 << attempt.min(5)));
+                // The server refuses connections (restarting): wait for it.
+                Err(_) if started.elapsed() < CONNECT_PATIENCE => {
+                    std::thread::sleep(Duration::from_millis(200));
                     continue;
                 }
                 Err(e) => return Err(e),
