@@ -2040,17 +2040,13 @@ mod processes {
         .unwrap();
         let t = std::time::Instant::now();
         let now = chrono::Utc::now();
-        let claim = store
-            .claim(
-                "stalled",
-                &LeaseRequest {
-                    holder: "h2",
-                    now,
-                    until: now + chrono::Duration::seconds(30),
-                    dead_holder: None,
-                },
-            )
-            .unwrap();
+        let lease = LeaseRequest {
+            holder: "h2",
+            now,
+            until: now + chrono::Duration::seconds(30),
+            dead_holder: None,
+        };
+        let claim = store.claim("stalled", &lease).unwrap();
         assert!(matches!(claim, Claim::Busy { .. }), "{claim:?}");
         assert!(
             t.elapsed() < std::time::Duration::from_secs(4),
@@ -2059,17 +2055,7 @@ mod processes {
         );
         tx.rollback().unwrap();
         // Let go, the run is claimed.
-        let claim = store
-            .claim(
-                "stalled",
-                &LeaseRequest {
-                    holder: "h2",
-                    now,
-                    until: now + chrono::Duration::seconds(30),
-                    dead_holder: None,
-                },
-            )
-            .unwrap();
+        let claim = store.claim("stalled", &lease).unwrap();
         assert!(matches!(claim, Claim::Held(_)), "{claim:?}");
     }
 

@@ -224,6 +224,15 @@ fn three_drivers_move_every_run_once(b: Backend) {
     }
 }
 
+/// The node visits of a whole run of [`slow_chain`]`(len)`: each node
+/// once, in order.
+fn slow_visits(len: usize) -> Vec<String> {
+    (0..len)
+        .map(|i| format!("s{i}"))
+        .chain(["done".to_string()])
+        .collect()
+}
+
 /// A chain of `len` slow (but finite) nodes.
 fn slow_chain(dir: &Path, len: usize) -> PathBuf {
     let hostile = stepwell_tests::component("runaway/hostile.wasm");
@@ -278,10 +287,7 @@ fn a_driver_killed_mid_run_leaves_it_to_another_with_no_step_done_twice(b: Backe
         || rt.get_state(&id).unwrap().status == RunStatus::Completed,
     );
     let ledger = rt.get_ledger(&id).unwrap();
-    let expected: Vec<String> = (0..12)
-        .map(|i| format!("s{i}"))
-        .chain(["done".to_string()])
-        .collect();
+    let expected = slow_visits(12);
     assert_eq!(node_visits(&ledger), expected, "each node once, in order");
     assert!(stepwell::store::verify_chain(&ledger).is_ok());
 }
@@ -323,10 +329,7 @@ fn a_stalled_driver_loses_its_run_when_the_lease_lapses_and_cannot_commit_after(
     drop(first);
     let ledger = rt.get_ledger(&id).unwrap();
     assert_eq!(ledger, done, "nothing landed after the takeover");
-    let expected: Vec<String> = (0..8)
-        .map(|i| format!("s{i}"))
-        .chain(["done".to_string()])
-        .collect();
+    let expected = slow_visits(8);
     assert_eq!(node_visits(&ledger), expected, "each node once, in order");
     assert!(stepwell::store::verify_chain(&ledger).is_ok());
 }
@@ -768,10 +771,7 @@ fn runs_of_a_host_killed_on_another_machine_finish_here_once_its_leases_lapse() 
         || rt.get_state(&id).unwrap().status == RunStatus::Completed,
     );
     let ledger = rt.get_ledger(&id).unwrap();
-    let expected: Vec<String> = (0..8)
-        .map(|i| format!("s{i}"))
-        .chain(["done".to_string()])
-        .collect();
+    let expected = slow_visits(8);
     assert_eq!(node_visits(&ledger), expected, "each node once, in order");
     assert!(stepwell::store::verify_chain(&ledger).is_ok());
 }
