@@ -931,6 +931,147 @@ fn bundles_are_recorded(b: Backend) {
     assert_eq!(f.store.bundle_dir("wf").unwrap(), Some("/c/d".into()));
 }
 
+/// A store several machines share keeps each bundle's files, once per
+/// digest, and lets go of files no workflow names any more; the others
+/// record the path only.
+fn bundle_files_are_kept_once_per_digest(b: Backend) {
+    use stepwell::flow::archive::{BundleFile, BundleFiles};
+    let f = fixture(b);
+    let file = |path: &str, bytes: &[u8]| BundleFile {
+        path: path.into(),
+        bytes: bytes.to_vec(),
+    };
+    let v1 = BundleFiles::new(vec![file("flow.json", b"{}"), file("s/a.wasm", b"\0asm1")]).unwrap();
+    let v2 = BundleFiles::new(vec![file("flow.json", b"{}"), file("s/a.wasm", b"\0asm2")]).unwrap();
+    let ids = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    f.store
+        .put_bundle_files(&ids(&["wf", "wf2"]), "/a".as_ref(), &v1)
+        .unwrap();
+    assert_eq!(f.store.bundle_dir("wf").unwrap(), Some("/a".into()));
+    assert_eq!(f.store.bundle_dir("wf2").unwrap(), Some("/a".into()));
+    if !f.store.keeps_bundle_files() {
+        assert_eq!(f.store.bundle_digest("wf").unwrap(), None);
+        assert!(f.store.bundle_files(&v1.digest).unwrap().is_empty());
+        return;
+    }
+    assert_eq!(
+        f.store.bundle_digest("wf").unwrap(),
+        Some(v1.digest.clone())
+    );
+    let kept = f.store.bundle_files(&v1.digest).unwrap();
+    assert_eq!(kept, v1.files, "the same paths and bytes, in path order");
+    // A new version of one workflow: the old files stay while another
+    // workflow names them...
+    f.store
+        .put_bundle_files(&ids(&["wf"]), "/a".as_ref(), &v2)
+        .unwrap();
+    assert_eq!(
+        f.store.bundle_digest("wf").unwrap(),
+        Some(v2.digest.clone())
+    );
+    assert_eq!(f.store.bundle_files(&v1.digest).unwrap(), v1.files);
+    // ...and go when none does.
+    f.store
+        .put_bundle_files(&ids(&["wf2"]), "/a".as_ref(), &v2)
+        .unwrap();
+    assert!(f.store.bundle_files(&v1.digest).unwrap().is_empty());
+    assert_eq!(f.store.bundle_files(&v2.digest).unwrap(), v2.files);
+    // Recording a path only forgets the files.
+    f.store.put_bundle("wf", "/b".as_ref()).unwrap();
+    assert_eq!(f.store.bundle_digest("wf").unwrap(), None);
+    assert_eq!(f.store.bundle_dir("wf").unwrap(), Some("/b".into()));
+    // Loads of two versions at once, each from its own connection, never
+    // leave a workflow naming files the store let go of.
+    let other = open(f.backend, f.dir.path());
+    std::thread::scope(|s| {
+        for (store, version) in [(&f.store, &v1), (&other, &v2)] {
+            s.spawn(move || {
+                for _ in 0..20 {
+                    store
+                        .put_bundle_files(&ids(&["wf", "wf2"]), "/a".as_ref(), version)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    for id in ["wf", "wf2"] {
+        let digest = f.store.bundle_digest(id).unwrap().unwrap();
+        assert!(!f.store.bundle_files(&digest).unwrap().is_empty(), "{id}");
+    }
+}
+
+/// A store that signals work tells idle drivers when its earliest timed
+/// work falls due: a time wait, counted from when a deferral or someone's
+/// lease lets it go, a running run's deferral or lease; never "now" for
+/// runs held back, however many there are. The others do not know.
+fn next_due_is_when_the_earliest_timed_work_falls_due(b: Backend) {
+    use stepwell::store::NextDue;
+    let f = fixture(b);
+    let now = chrono::Utc::now();
+    let t = |secs: i64| {
+        (now + chrono::Duration::seconds(secs)).to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    };
+    let next = || f.store.next_due(chrono::Utc::now()).unwrap();
+    let Some(empty) = next() else {
+        assert!(!f.store.signals_work());
+        return;
+    };
+    assert_eq!(empty, NextDue::default());
+    let timer = |id: &str, due: i64| {
+        f.store
+            .create_if_absent(&waiting(
+                run(id, "wf"),
+                WaitReason::Until,
+                id,
+                Some(&t(due)),
+            ))
+            .unwrap();
+    };
+    // Seventy timers due a second ago, each deferred for 40 s (a driver
+    // could not move them).
+    for i in 0..70 {
+        let id = format!("held{i}");
+        timer(&id, -1);
+        f.store.defer(&id, Some("broken"), &|_| at(&t(40))).unwrap();
+    }
+    assert_eq!(next().unwrap().wait, Some(at(&t(40))));
+    timer("w1", 10);
+    assert_eq!(next().unwrap().wait, Some(at(&t(10))));
+    // Due already, but another host holds it for 5 s more.
+    timer("w2", -1);
+    assert!(matches!(
+        f.store.claim("w2", &lease("other", &t(0), &t(5))).unwrap(),
+        Claim::Held(_)
+    ));
+    assert_eq!(
+        next().unwrap(),
+        NextDue {
+            wait: Some(at(&t(5))),
+            claim: None
+        }
+    );
+    // Running runs: seventy held by another host for 60 s, one deferred
+    // for 7 s.
+    for i in 0..70 {
+        let id = format!("busy{i}");
+        f.store.create_if_absent(&run(&id, "wf")).unwrap();
+        f.store.claim(&id, &lease("other", &t(0), &t(60))).unwrap();
+    }
+    assert_eq!(next().unwrap().claim, Some(at(&t(60))));
+    f.store.create_if_absent(&run("r1", "wf")).unwrap();
+    f.store.defer("r1", None, &|_| at(&t(7))).unwrap();
+    assert_eq!(
+        next().unwrap(),
+        NextDue {
+            wait: Some(at(&t(5))),
+            claim: Some(at(&t(7)))
+        }
+    );
+    // One free to claim: due now.
+    f.store.create_if_absent(&run("r2", "wf")).unwrap();
+    assert!(next().unwrap().claim.unwrap() <= chrono::Utc::now());
+}
+
 fn a_reopened_store_has_everything(b: Backend) {
     let f = fixture(b);
     if f.backend == Backend::Memory {
@@ -985,6 +1126,8 @@ store_tests!(
     evidence_appended_ahead_stays_through_the_next_commit,
     records_appended_since_the_last_commit_are_ahead,
     bundles_are_recorded,
+    bundle_files_are_kept_once_per_digest,
+    next_due_is_when_the_earliest_timed_work_falls_due,
     a_reopened_store_has_everything,
 );
 

@@ -187,6 +187,26 @@ impl Store for FaultStore {
     fn bundle_dir(&self, w: &str) -> Result<Option<PathBuf>, StoreError> {
         self.inner.bundle_dir(w)
     }
+    fn keeps_bundle_files(&self) -> bool {
+        self.inner.keeps_bundle_files()
+    }
+    fn put_bundle_files(
+        &self,
+        w: &[String],
+        d: &Path,
+        files: &stepwell::flow::archive::BundleFiles,
+    ) -> Result<(), StoreError> {
+        self.write("bundle", || self.inner.put_bundle_files(w, d, files))
+    }
+    fn bundle_digest(&self, w: &str) -> Result<Option<String>, StoreError> {
+        self.inner.bundle_digest(w)
+    }
+    fn bundle_files(
+        &self,
+        digest: &str,
+    ) -> Result<Vec<stepwell::flow::archive::BundleFile>, StoreError> {
+        self.inner.bundle_files(digest)
+    }
 }
 
 /// The `external` scenario's effect: writes its key to a file (the outside

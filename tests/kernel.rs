@@ -1154,6 +1154,17 @@ mod driver {
     use super::*;
     use stepwell::RuntimeConfig;
 
+    /// Deletes the bundle `broken` of `workflow_id`: another process can
+    /// no longer load it. (A store that keeps bundles' files would still
+    /// run it: there it is recorded as its path alone, now gone.)
+    fn forget_bundle(h: &Host, workflow_id: &str) {
+        let dir = h.dir.path().join("broken");
+        std::fs::remove_dir_all(&dir).unwrap();
+        if h.store.keeps_bundle_files() {
+            h.store.put_bundle(workflow_id, &dir).unwrap();
+        }
+    }
+
     fn a_few_broken_due_runs_never_starve_the_driver(b: Backend) {
         // Six due runs of a workflow whose bundle is gone fail every time the
         // driver takes them; a pass takes four runs. They are set aside after
@@ -1190,7 +1201,7 @@ mod driver {
         };
         let bad: Vec<String> = (0..6).map(|_| start(&broken, 1)).collect();
         let fine: Vec<String> = (0..2).map(|_| start(&good, 2)).collect();
-        std::fs::remove_dir_all(h.dir.path().join("broken")).unwrap();
+        forget_bundle(&h, "broken-wait");
         clock.advance(chrono::Duration::seconds(10));
 
         // Another process: it knows the broken workflow only by its bundle.
@@ -1398,7 +1409,7 @@ mod driver {
                 h.rt.tick(&id).unwrap();
             }
         }
-        std::fs::remove_dir_all(h.dir.path().join("broken")).unwrap();
+        forget_bundle(&h, "broken-parent");
         let rt = h.runtime(Some(clock.clone()), config);
         let first = rt.drive_once().unwrap();
         assert_eq!(first.errors.len(), 4, "{first:?}");
@@ -1531,6 +1542,26 @@ impl Store for SaveFails {
     }
     fn bundle_dir(&self, w: &str) -> Result<Option<std::path::PathBuf>, StoreError> {
         self.inner.bundle_dir(w)
+    }
+    fn keeps_bundle_files(&self) -> bool {
+        self.inner.keeps_bundle_files()
+    }
+    fn put_bundle_files(
+        &self,
+        w: &[String],
+        d: &std::path::Path,
+        files: &stepwell::flow::archive::BundleFiles,
+    ) -> Result<(), StoreError> {
+        self.inner.put_bundle_files(w, d, files)
+    }
+    fn bundle_digest(&self, w: &str) -> Result<Option<String>, StoreError> {
+        self.inner.bundle_digest(w)
+    }
+    fn bundle_files(
+        &self,
+        digest: &str,
+    ) -> Result<Vec<stepwell::flow::archive::BundleFile>, StoreError> {
+        self.inner.bundle_files(digest)
     }
 }
 

@@ -65,6 +65,40 @@ impl Db {
         self.cmd(args).output().unwrap()
     }
 
+    /// [`Db::cmd`] run from `cwd` instead (another host: its own caches).
+    fn cmd_in(&self, cwd: &Path, args: &[&str]) -> Command {
+        let mut c = self.cmd(args);
+        c.current_dir(cwd);
+        c
+    }
+
+    /// Runs a `--json` command from `cwd` ([`Db::cmd_in`]): its exit code
+    /// and the JSON it printed (on stdout when it succeeded, else stderr).
+    fn json_in(&self, cwd: &Path, args: &[&str]) -> (Option<i32>, Value) {
+        let out = self.cmd_in(cwd, args).output().unwrap();
+        let text = if out.status.success() {
+            &out.stdout
+        } else {
+            &out.stderr
+        };
+        let printed = serde_json::from_slice(text).unwrap_or_else(|e| {
+            panic!(
+                "{e}: stdout {} stderr {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.code(), printed)
+    }
+
+    /// A client of the PostgreSQL schema, to read and damage its tables.
+    fn sql(&self) -> ::postgres::Client {
+        let StoreSpec::Postgres(url) = &self.spec else {
+            panic!("not a PostgreSQL store")
+        };
+        ::postgres::Client::connect(url, ::postgres::NoTls).unwrap()
+    }
+
     /// `count` drivers looping on the database.
     fn drivers(&self, count: usize, extra: &[&str]) -> Drivers {
         let mut args = vec!["drive", "--interval-ms", "20"];
@@ -617,6 +651,362 @@ fn a_slow_polling_driver_wakes_when_another_process_adds_work() {
             || rt.get_state(&id).unwrap().status == RunStatus::Completed,
         );
     }
+}
+
+/// On PostgreSQL idle drivers are idle: with nothing due they wait for a
+/// signal (at most `IDLE_POLL`, 5 s) instead of passing every
+/// `--interval-ms`, and a time wait parked by another process wakes them
+/// when it falls due, not at their next poll.
+#[test]
+fn idle_drivers_pass_rarely_and_wake_when_a_timer_falls_due() {
+    if stepwell_tests::postgres_skipped() {
+        return;
+    }
+    let db = Db::new(Backend::Postgres);
+    let rt = db.runtime();
+    let timer = rt
+        .load_bundle(&example("wait-until"))
+        .unwrap()
+        .main_workflow_id;
+    // Polling every 50 ms, three idle drivers would make 60 passes each
+    // in 3 s (each pass prints a line with --json).
+    let mut drivers: Vec<Child> = (0..3)
+        .map(|_| db.spawn(&["--json", "drive", "--interval-ms", "50"]))
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+    for d in &mut drivers {
+        d.kill().unwrap();
+    }
+    for d in drivers {
+        let out = d.wait_with_output().unwrap();
+        let passes = String::from_utf8_lossy(&out.stdout).lines().count();
+        assert!(
+            (1..=3).contains(&passes),
+            "an idle driver made {passes} passes in 3 s; stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Drivers whose safety-net poll is 10 minutes: a 1 s timer parked by
+    // this process completes about 1 s later (the park signals them, and
+    // they sleep until it falls due).
+    let _drivers = Drivers(
+        (0..2)
+            .map(|_| db.spawn(&["drive", "--interval-ms", "600000"]))
+            .collect(),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let started = std::time::Instant::now();
+    let id = rt
+        .start(
+            &timer,
+            StartOptions {
+                vars: vars(json!({"seconds": 1})),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    wait_for(
+        "the timer's run to complete",
+        Duration::from_secs(60),
+        || rt.get_state(&id).unwrap().status == RunStatus::Completed,
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(1),
+        "completed before its timer: {took:?}"
+    );
+}
+
+/// Copies the files of folder `from` (not below it) into a new folder `to`.
+fn copy_flat(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// On PostgreSQL the database keeps each bundle's files: a host that has
+/// never seen the bundle's directory (it is gone, or on another machine)
+/// resumes the workflow's runs from them, through a cache folder of its
+/// own, and files changed in the database are refused by their digest.
+#[test]
+fn a_host_without_the_bundle_directory_runs_the_files_the_database_keeps() {
+    if stepwell_tests::postgres_skipped() {
+        return;
+    }
+    let db = Db::new(Backend::Postgres);
+    let (host_a, host_b, host_c) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let src = tempfile::tempdir().unwrap();
+    let bundle = src.path().join("ask");
+    copy_flat(&example("ask-user"), &bundle);
+    let bundle_arg = bundle.to_str().unwrap();
+    let ids: Vec<String> = (0..2)
+        .map(|_| {
+            let (_, run) = db.json_in(host_a.path(), &["--json", "run", bundle_arg]);
+            assert_eq!(run["status"], "waiting", "{run}");
+            run["run_id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    drop(src);
+    assert!(!bundle.exists());
+    // Host B has neither the directory nor a cache: it resumes the run.
+    let payload = r#"{"response": "Ada"}"#;
+    let (code, run) = db.json_in(
+        host_b.path(),
+        &["--json", "resume", &ids[0], "--payload", payload],
+    );
+    assert!(code == Some(0), "{run}");
+    assert_eq!(run["status"], "completed", "{run}");
+    let mut sql = db.sql();
+    let digest: String = sql
+        .query_one(
+            "SELECT digest FROM bundles WHERE workflow_id = 'ask-user'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let cached = host_b.path().join(".stepwell/bundles").join(&digest);
+    assert_eq!(
+        std::fs::read(cached.join("greet.wasm")).unwrap(),
+        std::fs::read(example("ask-user").join("greet.wasm")).unwrap()
+    );
+    // A component changed in the database: host C refuses to run it, and
+    // the run stays as it was.
+    sql.execute(
+        "UPDATE bundle_files SET content = content || 'x'::bytea WHERE path = 'greet.wasm'",
+        &[],
+    )
+    .unwrap();
+    let (code, err) = db.json_in(
+        host_c.path(),
+        &["--json", "resume", &ids[1], "--payload", payload],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err["error"]["code"], "invalid_definition", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("do not match their digest") && m.contains("ask-user")),
+        "{err}"
+    );
+    let rt = db.runtime();
+    assert_eq!(rt.get_state(&ids[1]).unwrap().status, RunStatus::Waiting);
+    assert!(!host_c
+        .path()
+        .join(".stepwell/bundles")
+        .join(&digest)
+        .exists());
+}
+
+/// A component outside its bundle's directory (`../greet.wasm`) is kept
+/// with the bundle on PostgreSQL: a host without either runs it.
+#[test]
+fn a_component_outside_the_bundle_is_kept_with_it_on_a_shared_store() {
+    if stepwell_tests::postgres_skipped() {
+        return;
+    }
+    let db = Db::new(Backend::Postgres);
+    let (host_a, host_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let src = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        example("ask-user").join("greet.wasm"),
+        src.path().join("greet.wasm"),
+    )
+    .unwrap();
+    let bundle = src.path().join("b");
+    std::fs::create_dir(&bundle).unwrap();
+    let mut flow: Value =
+        serde_json::from_slice(&std::fs::read(example("ask-user").join("flow.json")).unwrap())
+            .unwrap();
+    flow["workflow_id"] = json!("outside");
+    flow["nodes"]["greet"]["component"] = json!("../greet.wasm");
+    std::fs::write(bundle.join("flow.json"), flow.to_string()).unwrap();
+    let (_, run) = db.json_in(host_a.path(), &["--json", "run", bundle.to_str().unwrap()]);
+    assert_eq!(run["status"], "waiting", "{run}");
+    drop(src);
+    let (_, done) = db.json_in(
+        host_b.path(),
+        &[
+            "--json",
+            "resume",
+            run["run_id"].as_str().unwrap(),
+            "--payload",
+            r#"{"response": "Ada"}"#,
+        ],
+    );
+    assert_eq!(done["status"], "completed", "{done}");
+    let mut sql = db.sql();
+    let paths: Vec<String> = sql
+        .query("SELECT path FROM bundle_files ORDER BY path", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(paths.len(), 2, "{paths:?}");
+    assert!(paths[0].starts_with(".stepwell-outside/") && paths[0].ends_with("/greet.wasm"));
+    assert_eq!(paths[1], "flow.json");
+    let kept: Vec<u8> = sql
+        .query_one(
+            "SELECT content FROM bundle_files WHERE path = 'flow.json'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let kept: Value = serde_json::from_slice(&kept).unwrap();
+    assert_eq!(kept["nodes"]["greet"]["component"], json!(paths[0]));
+}
+
+/// A component named by a symbolic link, by a path through `..`, or by an
+/// absolute path is kept under a name the kept flow file uses: a host
+/// without the bundle runs each.
+#[test]
+fn components_named_by_links_dot_dots_and_absolute_paths_run_on_another_host() {
+    if stepwell_tests::postgres_skipped() {
+        return;
+    }
+    let db = Db::new(Backend::Postgres);
+    let (host_a, host_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let src = tempfile::tempdir().unwrap();
+    let template: Value =
+        serde_json::from_slice(&std::fs::read(example("ask-user").join("flow.json")).unwrap())
+            .unwrap();
+    let mut parked = Vec::new();
+    for (i, how) in ["link", "dotdot", "absolute"].iter().enumerate() {
+        let bundle = src.path().join(how);
+        std::fs::create_dir_all(bundle.join("real")).unwrap();
+        std::fs::create_dir_all(bundle.join("sub")).unwrap();
+        let real = bundle.join("real/greet.wasm");
+        std::fs::copy(example("ask-user").join("greet.wasm"), &real).unwrap();
+        std::os::unix::fs::symlink("real/greet.wasm", bundle.join("link.wasm")).unwrap();
+        let component = match i {
+            0 => "link.wasm".to_string(),
+            1 => "sub/../real/greet.wasm".to_string(),
+            _ => real.display().to_string(),
+        };
+        let mut flow = template.clone();
+        flow["workflow_id"] = json!(format!("named-{how}"));
+        flow["nodes"]["greet"]["component"] = json!(component);
+        std::fs::write(bundle.join("flow.json"), flow.to_string()).unwrap();
+        let (_, run) = db.json_in(host_a.path(), &["--json", "run", bundle.to_str().unwrap()]);
+        assert_eq!(run["status"], "waiting", "{how}: {run}");
+        parked.push((how, run["run_id"].as_str().unwrap().to_string()));
+    }
+    drop(src);
+    for (how, id) in parked {
+        let (_, done) = db.json_in(
+            host_b.path(),
+            &[
+                "--json",
+                "resume",
+                &id,
+                "--payload",
+                r#"{"response": "Ada"}"#,
+            ],
+        );
+        assert_eq!(done["status"], "completed", "{how}: {done}");
+    }
+}
+
+/// Bundle files damaged in the database are the bundle's fault, not its
+/// runs': a driver reports them and backs off, and quarantines nothing.
+#[test]
+fn a_driver_reports_damaged_bundle_files_and_quarantines_nothing() {
+    if stepwell_tests::postgres_skipped() {
+        return;
+    }
+    let db = Db::new(Backend::Postgres);
+    let (host_a, host_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_, run) = db.json_in(
+        host_a.path(),
+        &[
+            "--json",
+            "run",
+            example("wait-until").to_str().unwrap(),
+            "--vars",
+            r#"{"seconds": 0.2}"#,
+        ],
+    );
+    assert_eq!(run["status"], "waiting", "{run}");
+    let id = run["run_id"].as_str().unwrap().to_string();
+    let mut sql = db.sql();
+    let changed = sql
+        .execute(
+            "UPDATE bundle_files SET content = content || 'x'::bytea WHERE path = 'steps.wasm'",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    std::thread::sleep(Duration::from_millis(400));
+    let out = db
+        .cmd_in(host_b.path(), &["--json", "drive", "--once"])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["quarantined"], json!([]), "{report}");
+    assert_eq!(report["errors"][0]["run_id"], json!(id), "{report}");
+    assert!(
+        report["errors"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("invalid_definition") && e.contains("digest")),
+        "{report}"
+    );
+    let rt = db.runtime();
+    assert_eq!(rt.get_state(&id).unwrap().status, RunStatus::Waiting);
+    assert_eq!(rt.store().quarantined(&id).unwrap(), None);
+}
+
+/// A database at schema version 1 (bundles as paths) is brought to version
+/// 2 by `stepwell db migrate`: its recorded paths are kept, and bundles
+/// loaded from then on keep their files.
+#[test]
+fn a_version_1_database_is_migrated_keeping_its_bundle_paths() {
+    use stepwell::store::Store;
+    if stepwell_tests::postgres_skipped() {
+        return;
+    }
+    let db = Db::new(Backend::Postgres);
+    let StoreSpec::Postgres(url) = &db.spec else {
+        unreachable!()
+    };
+    let store = stepwell::PostgresStore::open(url).unwrap();
+    store.put_bundle("ask-user", &example("ask-user")).unwrap();
+    drop(store);
+    // Back to version 1, as a previous stepwell left it.
+    let mut sql = db.sql();
+    sql.batch_execute(
+        "DROP TABLE bundle_files; ALTER TABLE bundles DROP COLUMN digest;
+         UPDATE stepwell_schema SET version = 1",
+    )
+    .unwrap();
+    let out = db.output(&["db", "migrate"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("schema version 2"),
+        "{out:?}"
+    );
+    let version: i64 = sql
+        .query_one("SELECT version FROM stepwell_schema", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 2);
+    let store = stepwell::PostgresStore::open(url).unwrap();
+    assert_eq!(
+        store.bundle_dir("ask-user").unwrap(),
+        Some(example("ask-user"))
+    );
+    assert_eq!(store.bundle_digest("ask-user").unwrap(), None);
+    // The path still serves (this checkout has it); loading it again
+    // records its files.
+    let rt = db.runtime();
+    rt.workflow("ask-user").unwrap();
+    assert!(store.bundle_digest("ask-user").unwrap().is_some());
 }
 
 /// The database restarted twice under load (its connections cut, the

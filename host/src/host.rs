@@ -117,6 +117,7 @@ impl StoreSpec {
         match self {
             StoreSpec::Memory | StoreSpec::Postgres(_) => vec![
                 absolute(self.cache_dir()),
+                absolute(self.bundle_cache_dir()),
                 absolute(self.token_file()),
                 absolute(self.connection_key_file()),
             ],
@@ -178,6 +179,12 @@ impl StoreSpec {
     /// under `.stepwell` for the memory store.
     pub fn token_file(&self) -> PathBuf {
         self.cache_dir().with_file_name("serve-token")
+    }
+
+    /// Where the bundles a store keeps (PostgreSQL) are written to be
+    /// loaded: `bundles/` beside [`StoreSpec::cache_dir`].
+    pub fn bundle_cache_dir(&self) -> PathBuf {
+        self.cache_dir().with_file_name("bundles")
     }
 
     /// Where compiled components are cached for this store: `cache/` beside
@@ -321,7 +328,8 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     let mut builder = Runtime::builder(store)
         .engine(engine)
         .config(config)
-        .artifacts(artifacts, DEFAULT_OFFLOAD_BYTES);
+        .artifacts(artifacts, DEFAULT_OFFLOAD_BYTES)
+        .bundle_cache(spec.bundle_cache_dir());
     if let Some(clock) = &options.clock {
         builder = builder.clock(clock.clone());
     }

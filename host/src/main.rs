@@ -1041,7 +1041,8 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 // chain of controller steps); otherwise wait for a signal
                 // from another process (PostgreSQL) or the next poll.
                 if !report.moved_anything() {
-                    rt.store().wait_for_work(Duration::from_millis(interval_ms));
+                    let pause = rt.idle_pause(Duration::from_millis(interval_ms));
+                    rt.store().wait_for_work(pause);
                 }
             }
         }

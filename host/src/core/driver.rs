@@ -68,6 +68,11 @@ impl DriveReport {
     }
 }
 
+/// The longest an idle driver of a store that signals work waits between
+/// passes ([`Runtime::idle_pause`]): the safety net for a lost signal, and
+/// for runs whose executor died on this host (taken over by the next pass).
+pub const IDLE_POLL: Duration = Duration::from_secs(5);
+
 /// The longest a run the driver cannot move is set aside for.
 const MAX_BACK_OFF_SECS: i64 = 300;
 
@@ -117,6 +122,46 @@ impl Runtime {
             }
         }
         Ok(report)
+    }
+
+    /// How long a driver whose last pass moved nothing may wait for a
+    /// signal before its next pass. A store that
+    /// [signals work](crate::store::Store::signals_work) (PostgreSQL) tells
+    /// of new runs, resumes, events and commands; what falls due with time
+    /// (a time wait, a deferral, a lapsing lease) is asked of it
+    /// ([`crate::store::Store::next_due`]): the pause lasts until the
+    /// earliest, at most [`IDLE_POLL`] (or `interval`, if longer) as a
+    /// safety net. Any other store, or one that cannot answer, is polled
+    /// every `interval`.
+    pub fn idle_pause(&self, interval: Duration) -> Duration {
+        if !self.store().signals_work() {
+            return interval;
+        }
+        let next = match self.store().next_due(self.now()) {
+            Ok(Some(next)) => next,
+            Ok(None) => return interval,
+            Err(e) => {
+                tracing::warn!(error = %e, "asking the store what falls due next");
+                return interval;
+            }
+        };
+        let until = |at: Option<chrono::DateTime<chrono::Utc>>,
+                     now: chrono::DateTime<chrono::Utc>| {
+            at.map(|at| (at - now).to_std().unwrap_or(Duration::ZERO))
+        };
+        let soonest = [until(next.wait, self.now()), until(next.claim, lease_now())]
+            .into_iter()
+            .flatten()
+            .min();
+        let cap = interval.max(IDLE_POLL);
+        match soonest {
+            None => cap,
+            // Due already, yet the pass left it (taken by another driver
+            // since): looked at again after the usual interval.
+            Some(d) if d.is_zero() => interval.min(IDLE_POLL),
+            // Just after it falls due (the store keeps microseconds).
+            Some(d) => (d + Duration::from_millis(1)).min(cap),
+        }
     }
 
     /// Moves `ids` along, each by one of

@@ -18,5 +18,5 @@ mod snapshots;
 mod step;
 mod txn;
 
-pub use driver::{DriveReport, RunError};
+pub use driver::{DriveReport, RunError, IDLE_POLL};
 pub use error::{Error, Result};

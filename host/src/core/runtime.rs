@@ -116,6 +116,7 @@ pub struct RuntimeBuilder {
     tool_dir: Option<std::path::PathBuf>,
     enable_exec: Option<bool>,
     sealing: Option<crate::triggers::SealingKey>,
+    bundle_cache: Option<std::path::PathBuf>,
 }
 
 impl RuntimeBuilder {
@@ -141,6 +142,16 @@ impl RuntimeBuilder {
     /// `STEPWELL_TOOL_DIR` environment variable, else none).
     pub fn tool_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.tool_dir = Some(dir.into());
+        self
+    }
+
+    /// Where bundles a store keeps (PostgreSQL: see
+    /// [`crate::flow::archive`]) are written to be loaded, one folder per
+    /// digest (default: `.stepwell/bundles` in the working directory;
+    /// [`crate::open_runtime`] uses `bundles/` beside the compiled-component
+    /// cache).
+    pub fn bundle_cache(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.bundle_cache = Some(dir.into());
         self
     }
 
@@ -273,6 +284,9 @@ impl RuntimeBuilder {
                 subscribers: parking_lot::Mutex::new(Vec::new()),
                 sealing: self.sealing,
                 last_sweep: parking_lot::Mutex::new(None),
+                bundle_cache: self
+                    .bundle_cache
+                    .unwrap_or_else(|| std::path::Path::new(".stepwell").join("bundles")),
             }),
         })
     }
@@ -293,6 +307,7 @@ pub(crate) struct Inner {
     pub(crate) subscribers: parking_lot::Mutex<Vec<Subscriber>>,
     pub(crate) sealing: Option<crate::triggers::SealingKey>,
     pub(crate) last_sweep: parking_lot::Mutex<Option<chrono::DateTime<chrono::Utc>>>,
+    bundle_cache: std::path::PathBuf,
 }
 
 impl Drop for Inner {
@@ -356,6 +371,7 @@ impl Runtime {
             tool_dir: None,
             enable_exec: None,
             sealing: None,
+            bundle_cache: None,
         }
     }
 
@@ -425,6 +441,10 @@ impl Runtime {
     /// components), registers its workflows, and records in the store where
     /// they come from, so another process can resume their runs. Nothing is
     /// registered or recorded if any file is invalid.
+    ///
+    /// A store that [keeps bundles' files](crate::store::Store::keeps_bundle_files)
+    /// (PostgreSQL) records the bundle's files too: other hosts then run
+    /// them without the directory.
     pub fn load_bundle(&self, dir: &Path) -> Result<Bundle> {
         let kinds = self.inner.effects.kinds();
         let bundle = flow::load_bundle(dir, &self.inner.engine, &kinds)?;
@@ -461,14 +481,102 @@ impl Runtime {
                 ),
             }));
         }
-        for wf in &bundle.workflows {
-            self.store().put_bundle(&wf.workflow_id, &bundle.dir)?;
+        if self.store().keeps_bundle_files() {
+            let files = flow::archive::BundleFiles::collect(&bundle)?;
+            let ids: Vec<String> = bundle
+                .workflows
+                .iter()
+                .map(|w| w.workflow_id.clone())
+                .collect();
+            self.store().put_bundle_files(&ids, &bundle.dir, &files)?;
+        } else {
+            for wf in &bundle.workflows {
+                self.store().put_bundle(&wf.workflow_id, &bundle.dir)?;
+            }
         }
+        self.register_bundle(&bundle);
+        Ok(bundle)
+    }
+
+    /// Registers every workflow of `bundle`.
+    fn register_bundle(&self, bundle: &Bundle) {
         let mut map = self.inner.workflows.write();
         for wf in &bundle.workflows {
             map.insert(wf.workflow_id.clone(), wf.clone());
         }
-        Ok(bundle)
+    }
+
+    /// Loads the bundle the store keeps for `workflow_id` (written into
+    /// the bundle cache first, if it is not there yet) and registers its
+    /// workflows that the store names it for. Returns `false` when the
+    /// store keeps no files for it (its bundle is a path).
+    fn load_stored_bundle(&self, workflow_id: &str) -> Result<bool> {
+        // The files of a digest are let go when no workflow names it any
+        // more: a digest read just before a new load replaced it is read
+        // again.
+        let mut found = None;
+        for _ in 0..3 {
+            let Some(digest) = self.store().bundle_digest(workflow_id)? else {
+                return Ok(false);
+            };
+            let kept = self.store().bundle_files(&digest)?;
+            if !kept.is_empty() {
+                found = Some((digest, kept));
+                break;
+            }
+        }
+        let Some((digest, kept)) = found else {
+            tracing::warn!(
+                workflow_id,
+                "the store names files for this workflow but keeps none: loading it from its path"
+            );
+            return Ok(false);
+        };
+        // Damaged files are the bundle's fault, not its runs': reported as
+        // an invalid definition (the driver backs off), never quarantined.
+        let damaged = |why: String| {
+            Error::Flow(flow::FlowError {
+                path: std::path::PathBuf::from(format!("bundle_files/{digest}")),
+                field: String::new(),
+                message: format!(
+                    "the bundle files the store keeps for workflow {workflow_id:?} {why}"
+                ),
+            })
+        };
+        let files = flow::archive::BundleFiles::new(kept)
+            .map_err(|e| damaged(format!("cannot be used: {e}")))?;
+        if !files.matches(&digest) {
+            return Err(damaged(format!(
+                "do not match their digest (they are {})",
+                files.digest
+            )));
+        }
+        let dir = files.materialise(&self.inner.bundle_cache).map_err(|e| {
+            Error::invalid(
+                "bundle_cache",
+                format!(
+                    "cannot write the bundle of workflow {workflow_id:?} into {}: {e}",
+                    self.inner.bundle_cache.display()
+                ),
+            )
+        })?;
+        let kinds = self.inner.effects.kinds();
+        let bundle = flow::load_bundle(&dir, &self.inner.engine, &kinds)?;
+        // Only the workflows the store names this bundle for: one since
+        // recorded with another bundle keeps that one.
+        let mut ours = Vec::new();
+        for wf in &bundle.workflows {
+            if wf.workflow_id == workflow_id
+                || self.store().bundle_digest(&wf.workflow_id)?.as_deref() == Some(&digest)
+            {
+                ours.push(wf.clone());
+            }
+        }
+        let mut map = self.inner.workflows.write();
+        for wf in ours {
+            map.insert(wf.workflow_id.clone(), wf);
+        }
+        Ok(true)
     }
 
     /// Registers an already loaded workflow.
@@ -493,7 +601,11 @@ impl Runtime {
             self.register(wf.clone());
             return Ok(wf);
         }
-        if let Some(dir) = self.store().bundle_dir(workflow_id)? {
+        if self.store().keeps_bundle_files() && self.load_stored_bundle(workflow_id)? {
+            if let Some(wf) = self.inner.workflows.read().get(workflow_id) {
+                return Ok(wf.clone());
+            }
+        } else if let Some(dir) = self.store().bundle_dir(workflow_id)? {
             self.load_bundle(&dir)?;
             if let Some(wf) = self.inner.workflows.read().get(workflow_id) {
                 return Ok(wf.clone());

@@ -6,6 +6,7 @@
 //! workflows of the same bundle (for example the children a subworkflow node
 //! starts). Components are named by paths relative to the flow file.
 
+pub mod archive;
 pub mod template;
 
 use std::collections::{BTreeMap, HashMap};

@@ -547,6 +547,6 @@ fn drive_loop(rt: &Runtime, stop: &AtomicBool, wake: &Wake, interval: Duration) 
             }
             Err(e) => tracing::error!(error = %e, "driver pass failed"),
         }
-        wake.wait(interval);
+        wake.wait(rt.idle_pause(interval));
     }
 }

@@ -905,6 +905,47 @@ pub trait Store: Send + Sync {
     /// The bundle directory that defines `workflow_id`, if one was recorded.
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError>;
 
+    /// Whether the store keeps bundles' files, not only their paths (a
+    /// store several machines share: every host then runs the files the
+    /// store keeps; see [`crate::flow::archive`]). The default: `false`.
+    fn keeps_bundle_files(&self) -> bool {
+        false
+    }
+
+    /// Records, in one transaction, that `workflow_ids` are defined by the
+    /// bundle at `dir` whose files are `files` (kept once per digest), and
+    /// lets go of files no workflow names any more. The default records
+    /// the path only ([`Store::put_bundle`]).
+    fn put_bundle_files(
+        &self,
+        workflow_ids: &[String],
+        dir: &std::path::Path,
+        files: &crate::flow::archive::BundleFiles,
+    ) -> Result<(), StoreError> {
+        let _ = files;
+        for id in workflow_ids {
+            self.put_bundle(id, dir)?;
+        }
+        Ok(())
+    }
+
+    /// The digest of the files recorded for `workflow_id`, if the store
+    /// keeps them (`None`: no files recorded; its bundle is a path).
+    fn bundle_digest(&self, workflow_id: &str) -> Result<Option<String>, StoreError> {
+        let _ = workflow_id;
+        Ok(None)
+    }
+
+    /// The files kept under `digest`, in path order (none: no such
+    /// digest). The caller checks them against it.
+    fn bundle_files(
+        &self,
+        digest: &str,
+    ) -> Result<Vec<crate::flow::archive::BundleFile>, StoreError> {
+        let _ = digest;
+        Ok(Vec::new())
+    }
+
     /// Appends `event` to its stream (its `seq` is ignored and assigned)
     /// unless the stream already holds its `dedupe_key`: then nothing is
     /// stored and the stored event's seq is returned as a duplicate.
@@ -971,6 +1012,31 @@ pub trait Store: Send + Sync {
         std::thread::sleep(timeout);
         false
     }
+
+    /// When the store's earliest timed work falls due: a time wait, a
+    /// deferral ending, a lease lapsing (time waits by `wait_now`, the
+    /// runtime's clock, as [`Store::list_due`]; the rest by the system
+    /// clock). A time may be early (a lower bound), never late. A driver of
+    /// a store that [signals work](Store::signals_work) sleeps until then
+    /// (or a signal) instead of polling. `None`: not known (the default);
+    /// the driver polls.
+    fn next_due(&self, wait_now: DateTime<Utc>) -> Result<Option<NextDue>, StoreError> {
+        let _ = wait_now;
+        Ok(None)
+    }
+}
+
+/// The earliest timed work of a store ([`Store::next_due`]); `None` in a
+/// field: none of that kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NextDue {
+    /// When the earliest time wait (or a waiting run's deferral) ends, by
+    /// the runtime's clock (which [`Store::list_due`] is given).
+    pub wait: Option<DateTime<Utc>>,
+    /// When the earliest running run becomes free to claim (its deferral
+    /// ends, its lease lapses), or a deferred parent or orphan may be
+    /// moved, by the system clock.
+    pub claim: Option<DateTime<Utc>>,
 }
 
 /// How an SQL backend names its `runs` table's parameters and order: the

@@ -45,15 +45,16 @@ use postgres::{Client, NoTls, Row, Statement};
 
 use super::{
     check_next_version, link, wait_due_at, Attribution, Claim, Deferral, FeedEntry, Fence,
-    LeaseAfter, LeaseRequest, RunIndexQuery, RunIndexRow, RunQuery, Store, StoreError,
+    LeaseAfter, LeaseRequest, NextDue, RunIndexQuery, RunIndexRow, RunQuery, Store, StoreError,
 };
 use crate::core::clock::format_time;
 use crate::core::model::{RunState, RunStatus, StepRecord};
+use crate::flow::archive::{BundleFile, BundleFiles};
 
 /// The schema version this build writes. A database at a higher version
 /// was written by a newer stepwell and is refused; an older one is migrated
 /// when opened.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Each migration brings the schema from its index to the next version.
 const MIGRATIONS: &[&str] = &[
@@ -168,6 +169,17 @@ CREATE TABLE snapshots (
 );
 CREATE INDEX snapshots_run ON snapshots (run_id);
 ",
+    // 1 -> 2: bundles' files, kept once per digest (every host runs what
+    // the database keeps).
+    "
+ALTER TABLE bundles ADD COLUMN digest TEXT;
+CREATE TABLE bundle_files (
+    digest  TEXT NOT NULL,
+    path    TEXT NOT NULL,
+    content BYTEA NOT NULL,
+    PRIMARY KEY (digest, path)
+);
+",
 ];
 
 /// The lock every opening process takes while it reads (and migrates)
@@ -212,6 +224,44 @@ const ORPHANS: &str = "SELECT c.run_id FROM runs c
       AND c.quarantine IS NULL AND COALESCE(c.defer_until_us, 0) <= $2
       AND p.status = 'cancelled'
     ORDER BY c.orphan_us, c.ord LIMIT $1";
+
+/// When the earliest timed work falls due ([`Store::next_due`]), in
+/// microseconds (NULL when none): first for time waits ($1: the runtime's
+/// now), then for running runs, parents whose child ended and orphans ($2:
+/// the system's now). A run counts from when nothing holds it back: its
+/// due time, its deferral, and a lease someone holds on it (a claim waits
+/// for it to lapse). What is already due is read whole (the same rows the
+/// driver's queries read); what falls due later by an index seek, its
+/// earliest due time a lower bound (a deferral may hold it longer: the
+/// driver then wakes once for nothing).
+const NEXT_DUE: &str = "SELECT
+    LEAST(
+      (SELECT MIN(GREATEST(COALESCE(defer_until_us, 0),
+                           CASE WHEN lease_holder IS NOT NULL THEN lease_until_us END))
+         FROM runs WHERE wait_due_us IS NOT NULL AND wait_due_us <= $1
+           AND status = 'waiting' AND quarantine IS NULL),
+      (SELECT MIN(wait_due_us) FROM runs
+         WHERE wait_due_us IS NOT NULL AND wait_due_us > $1
+           AND status = 'waiting' AND quarantine IS NULL)),
+    LEAST(
+      (SELECT MIN(GREATEST(COALESCE(defer_until_us, 0),
+                           CASE WHEN lease_holder IS NOT NULL THEN lease_until_us END))
+         FROM runs WHERE status = 'running' AND quarantine IS NULL
+           AND COALESCE(defer_until_us, 0) <= $2),
+      (SELECT MIN(COALESCE(defer_until_us, 0)) FROM runs
+         WHERE status = 'running' AND quarantine IS NULL AND COALESCE(defer_until_us, 0) > $2),
+      (SELECT MIN(GREATEST(COALESCE(p.defer_until_us, 0),
+                           CASE WHEN p.lease_holder IS NOT NULL THEN p.lease_until_us END))
+         FROM runs p JOIN runs c ON c.run_id = substr(p.wait_key, 13)
+         WHERE p.child_ended_us IS NOT NULL AND p.status = 'waiting'
+           AND p.wait_reason = 'subworkflow' AND p.wait_key LIKE 'subworkflow:%'
+           AND p.quarantine IS NULL
+           AND (c.status IN ('completed', 'failed', 'cancelled') OR c.quarantine IS NOT NULL)),
+      (SELECT MIN(GREATEST(COALESCE(c.defer_until_us, 0),
+                           CASE WHEN c.lease_holder IS NOT NULL THEN c.lease_until_us END))
+         FROM runs c JOIN runs p ON p.run_id = c.parent_run_id
+         WHERE c.orphan_us IS NOT NULL AND c.status IN ('running', 'waiting')
+           AND c.quarantine IS NULL AND p.status = 'cancelled'))";
 
 /// Marks the parent waiting on a child that ended: $1 now, $2 the child.
 const MARK_PARENT: &str = "UPDATE runs SET child_ended_us = $1
@@ -859,7 +909,7 @@ impl PostgresStore {
         Ok(conn
             .query_opt(
                 "SELECT version, lease_holder, lease_until_us, quarantine, status, wait_reason,
-                        wait_key, parent_run_id, head_seq, head_hash
+                        wait_key, parent_run_id, head_seq, head_hash, wait_due_us
                  FROM runs WHERE run_id = $1 FOR UPDATE",
                 &[&run_id],
             )?
@@ -873,6 +923,7 @@ impl PostgresStore {
                 wait_key: r.get(6),
                 parent_run_id: r.get(7),
                 head: (r.get(8), r.get(9)),
+                due: r.get(10),
             }))
     }
 
@@ -936,7 +987,10 @@ impl PostgresStore {
         }
         // Work for a driver: a run free to claim, or one whose end (or
         // cancel) moves a parent or orphans.
-        if claimable || (changed && run.status.is_terminal()) {
+        // A new time wait, or one moved, too: idle drivers sleep until the
+        // earliest they know of.
+        let new_due = row.due.is_some() && current.as_ref().is_none_or(|c| c.due != row.due);
+        if claimable || new_due || (changed && run.status.is_terminal()) {
             signal(conn, &self.channel)?;
         }
         Ok(())
@@ -1014,6 +1068,8 @@ struct Current {
     parent_run_id: Option<String>,
     /// The last seq and hash of its ledger (0 and none for none).
     head: (i64, Option<String>),
+    /// When its time wait falls due (microseconds), if it has one.
+    due: Option<i64>,
 }
 
 impl Current {
@@ -1413,6 +1469,19 @@ impl Store for PostgresStore {
         true
     }
 
+    fn next_due(&self, wait_now: DateTime<Utc>) -> Result<Option<NextDue>, StoreError> {
+        let (wait_now, now) = (wait_now.timestamp_micros(), Utc::now().timestamp_micros());
+        let row = self.read(|c| Ok(c.client.query_one(NEXT_DUE, &[&wait_now, &now])?))?;
+        let at = |i: usize| {
+            row.get::<_, Option<i64>>(i)
+                .and_then(DateTime::from_timestamp_micros)
+        };
+        Ok(Some(NextDue {
+            wait: at(0),
+            claim: at(1),
+        }))
+    }
+
     fn wait_for_work(&self, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
         let left = || deadline.saturating_duration_since(std::time::Instant::now());
@@ -1747,7 +1816,7 @@ impl Store for PostgresStore {
         self.read(|c| {
             c.execute(
                 "INSERT INTO bundles (workflow_id, dir) VALUES ($1, $2)
-                 ON CONFLICT (workflow_id) DO UPDATE SET dir = excluded.dir",
+                 ON CONFLICT (workflow_id) DO UPDATE SET dir = excluded.dir, digest = NULL",
                 &[&workflow_id, &dir.as_ref()],
             )?;
             Ok(())
@@ -1762,6 +1831,78 @@ impl Store for PostgresStore {
             )?
             .map(|r| PathBuf::from(r.get::<_, String>(0))))
         })
+    }
+
+    fn keeps_bundle_files(&self) -> bool {
+        true
+    }
+
+    fn put_bundle_files(
+        &self,
+        workflow_ids: &[String],
+        dir: &Path,
+        files: &BundleFiles,
+    ) -> Result<(), StoreError> {
+        let dir = dir.to_string_lossy();
+        self.write(|c| {
+            // One load at a time: a load lets go of the files no workflow
+            // names, which another load's files must not be taken for.
+            c.lock(&mut vec![LockKey::new("bundles", "")])?;
+            let kept = c
+                .query_opt(
+                    "SELECT 1 FROM bundle_files WHERE digest = $1 LIMIT 1",
+                    &[&files.digest],
+                )?
+                .is_some();
+            if !kept {
+                for f in &files.files {
+                    c.execute(
+                        "INSERT INTO bundle_files (digest, path, content) VALUES ($1, $2, $3)",
+                        &[&files.digest, &f.path, &f.bytes],
+                    )?;
+                }
+            }
+            for id in workflow_ids {
+                c.execute(
+                    "INSERT INTO bundles (workflow_id, dir, digest) VALUES ($1, $2, $3)
+                     ON CONFLICT (workflow_id) DO UPDATE
+                     SET dir = excluded.dir, digest = excluded.digest",
+                    &[id, &dir.as_ref(), &files.digest],
+                )?;
+            }
+            c.execute(
+                "DELETE FROM bundle_files f WHERE NOT EXISTS
+                   (SELECT 1 FROM bundles b WHERE b.digest = f.digest)",
+                &[],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn bundle_digest(&self, workflow_id: &str) -> Result<Option<String>, StoreError> {
+        self.read(|c| {
+            Ok(c.query_opt(
+                "SELECT digest FROM bundles WHERE workflow_id = $1",
+                &[&workflow_id],
+            )?
+            .and_then(|r| r.get(0)))
+        })
+    }
+
+    fn bundle_files(&self, digest: &str) -> Result<Vec<BundleFile>, StoreError> {
+        let rows = self.read(|c| {
+            Ok(c.query(
+                "SELECT path, content FROM bundle_files WHERE digest = $1 ORDER BY path",
+                &[&digest],
+            )?)
+        })?;
+        Ok(rows
+            .iter()
+            .map(|r| BundleFile {
+                path: r.get(0),
+                bytes: r.get(1),
+            })
+            .collect())
     }
 
     fn append_event(&self, event: &super::InboxEvent) -> Result<super::EventAppend, StoreError> {

@@ -764,18 +764,33 @@ pub const SWEEP_INTERVAL_SECS: i64 = 30;
 /// The feed connections due for a poll at `now` (none when the store
 /// keeps no connections).
 fn due_feeds(rt: &Runtime) -> Result<Vec<String>> {
+    Ok(feeds(rt)?.0)
+}
+
+/// The active feed connections due for a poll, and whether there is any
+/// active feed connection at all.
+fn feeds(rt: &Runtime) -> Result<(Vec<String>, bool)> {
     let connections = match rt.store().list_connections() {
         Ok(c) => c,
-        Err(e) if e.code == "store_unsupported" => return Ok(Vec::new()),
+        Err(e) if e.code == "store_unsupported" => return Ok((Vec::new(), false)),
         Err(e) => return Err(e.into()),
     };
     let now = rt.now();
-    Ok(connections
+    let active: Vec<_> = connections
         .into_iter()
-        .filter(|c| c.status == "active" && c.source() == FEED_SOURCE && super::feed::due(c, now))
+        .filter(|c| c.status == "active" && c.source() == FEED_SOURCE)
+        .collect();
+    let any = !active.is_empty();
+    let due = active
+        .into_iter()
+        .filter(|c| super::feed::due(c, now))
         .map(|c| c.connection_id)
-        .collect())
+        .collect();
+    Ok((due, any))
 }
+
+/// How often a poller with no active feed connection looks for a new one.
+pub const NO_FEEDS_LOOK_SECS: u32 = 5;
 
 /// One pass of the feeders in the calling thread: polls the due feed
 /// connections one after the other, then [`sweep_once`]. What `stepwell
@@ -814,15 +829,22 @@ pub fn sweep_once(rt: &Runtime) -> Result<Vec<String>> {
 pub const POLLS_AT_ONCE: usize = 4;
 
 /// Polls the due feed connections until `stop` is set, looking every
-/// second, each poll in a thread of its own (at most [`POLLS_AT_ONCE`] at
+/// second (every [`NO_FEEDS_LOOK_SECS`] while there is no active feed
+/// connection), each poll in a thread of its own (at most [`POLLS_AT_ONCE`] at
 /// once; a poll is claimed in the store first, so pollers of several
 /// processes never fetch one feed together). Failures are logged and
 /// recorded on the connection.
 pub fn run_feed_poller(rt: Runtime, stop: Arc<AtomicBool>) {
     let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
     while !stop.load(Ordering::SeqCst) {
-        match due_feeds(&rt) {
-            Ok(ids) => {
+        // Every second while there are feeds; with none, a look every few
+        // seconds keeps an idle host idle.
+        let mut tenths = 10;
+        match feeds(&rt) {
+            Ok((ids, any)) => {
+                if !any {
+                    tenths = 10 * NO_FEEDS_LOOK_SECS;
+                }
                 for id in ids {
                     let mut held = busy.lock();
                     if held.len() >= POLLS_AT_ONCE || !held.insert(id.clone()) {
@@ -853,7 +875,7 @@ pub fn run_feed_poller(rt: Runtime, stop: Arc<AtomicBool>) {
             }
             Err(e) => tracing::error!(error = %e, "listing the feed connections"),
         }
-        for _ in 0..10 {
+        for _ in 0..tenths {
             if stop.load(Ordering::SeqCst) {
                 break;
             }

@@ -185,7 +185,7 @@ fn read_private_file(file: &Path) -> Option<Vec<u8>> {
 /// Refuses a cache directory that is a symbolic link, that another user
 /// owns or that others may write.
 #[cfg(unix)]
-fn check_private_dir(dir: &Path) -> Result<(), String> {
+pub(crate) fn check_private_dir(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("cannot read: {e}"))?;
     if meta.file_type().is_symlink() {
@@ -212,6 +212,6 @@ fn check_private_dir(dir: &Path) -> Result<(), String> {
 }
 
 #[cfg(not(unix))]
-fn check_private_dir(_: &Path) -> Result<(), String> {
+pub(crate) fn check_private_dir(_: &Path) -> Result<(), String> {
     Ok(())
 }

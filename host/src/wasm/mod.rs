@@ -10,7 +10,7 @@
 //! entropy gets a deterministic answer. The real time reaches a guest only
 //! as the `now` field of its input. The details are in `sandbox.rs`.
 
-mod cache;
+pub(crate) mod cache;
 mod engine;
 mod node;
 mod sandbox;
