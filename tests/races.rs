@@ -960,6 +960,19 @@ fn a_driver_reports_damaged_bundle_files_and_quarantines_nothing() {
     let rt = db.runtime();
     assert_eq!(rt.get_state(&id).unwrap().status, RunStatus::Waiting);
     assert_eq!(rt.store().quarantined(&id).unwrap(), None);
+    // Loading the bundle again repairs its files: the run goes on (once
+    // its back-off is over).
+    rt.load_bundle(&example("wait-until")).unwrap();
+    wait_for(
+        "the repaired run to complete",
+        Duration::from_secs(30),
+        || {
+            db.cmd_in(host_b.path(), &["--json", "drive", "--once"])
+                .output()
+                .unwrap();
+            rt.get_state(&id).unwrap().status == RunStatus::Completed
+        },
+    );
 }
 
 /// A database at schema version 1 (bundles as paths) is brought to version

@@ -519,6 +519,12 @@ impl Runtime {
             let Some(digest) = self.store().bundle_digest(workflow_id)? else {
                 return Ok(false);
             };
+            // Written here before (and unchanged): not fetched again.
+            if let Some(dir) = flow::archive::BundleFiles::cached(&self.inner.bundle_cache, &digest)
+            {
+                self.register_stored(workflow_id, &digest, &dir)?;
+                return Ok(true);
+            }
             let kept = self.store().bundle_files(&digest)?;
             if !kept.is_empty() {
                 found = Some((digest, kept));
@@ -560,14 +566,20 @@ impl Runtime {
                 ),
             )
         })?;
+        self.register_stored(workflow_id, &digest, &dir)?;
+        Ok(true)
+    }
+
+    /// Loads the bundle of `digest` written at `dir` and registers
+    /// `workflow_id` and the other workflows the store names it for (one
+    /// since recorded with another bundle keeps that one).
+    fn register_stored(&self, workflow_id: &str, digest: &str, dir: &Path) -> Result<()> {
         let kinds = self.inner.effects.kinds();
-        let bundle = flow::load_bundle(&dir, &self.inner.engine, &kinds)?;
-        // Only the workflows the store names this bundle for: one since
-        // recorded with another bundle keeps that one.
+        let bundle = flow::load_bundle(dir, &self.inner.engine, &kinds)?;
         let mut ours = Vec::new();
         for wf in &bundle.workflows {
             if wf.workflow_id == workflow_id
-                || self.store().bundle_digest(&wf.workflow_id)?.as_deref() == Some(&digest)
+                || self.store().bundle_digest(&wf.workflow_id)?.as_deref() == Some(digest)
             {
                 ours.push(wf.clone());
             }
@@ -576,7 +588,7 @@ impl Runtime {
         for wf in ours {
             map.insert(wf.workflow_id.clone(), wf);
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Registers an already loaded workflow.

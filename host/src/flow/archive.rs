@@ -71,7 +71,7 @@ impl BundleFiles {
     /// they name, each under the path the flow names it by. A component
     /// named otherwise than by a plain relative path (`../x.wasm`,
     /// `a/../x.wasm`, an absolute path: inside the bundle directory or
-    /// not) is kept under `.stepwell-outside/<digest of its path>/<its
+    /// not) is kept under `.stepwell-outside/<digest of its content>/<its
     /// name>` ([`OUTSIDE`]), and the flow files that name it are kept with
     /// that path instead. A bundle over [`MAX_BUNDLE_BYTES`] is refused.
     pub fn collect(bundle: &Bundle) -> Result<BundleFiles, FlowError> {
@@ -111,8 +111,12 @@ impl BundleFiles {
                         .ok_or_else(|| {
                             FlowError::new(&wf.source, &field, "not a file name in UTF-8")
                         })?;
-                    let tag =
-                        hex::encode(&Sha256::digest(file.as_os_str().as_encoded_bytes())[..8]);
+                    // Named by its content: the same bundle loaded from
+                    // another checkout keeps the same files.
+                    let bytes = std::fs::read(&file).map_err(|e| {
+                        FlowError::new(&file, "", format!("cannot read the file: {e}"))
+                    })?;
+                    let tag = hex::encode(&Sha256::digest(&bytes)[..8]);
                     let kept = format!("{OUTSIDE}/{tag}/{name}");
                     node["component"] = Value::String(kept.clone());
                     rewritten = true;
@@ -128,7 +132,7 @@ impl BundleFiles {
             let source = inside(&wf.source)
                 .ok_or_else(|| FlowError::new(&wf.source, "", "not a path inside the bundle"))?;
             let bytes = if rewritten {
-                serde_json::to_vec_pretty(&doc)
+                serde_json::to_vec(&doc)
                     .map_err(|e| FlowError::new(&wf.source, "", e.to_string()))?
             } else {
                 text
@@ -228,6 +232,23 @@ impl BundleFiles {
         Err(last.unwrap_or_else(|| std::io::Error::other("cannot rename into place")))
     }
 
+    /// The cache folder of `digest` under `root`, if it is complete and
+    /// its files (every one below it) match the digest: read and hashed
+    /// here, so that a host that wrote it once needs not fetch the files
+    /// again.
+    pub fn cached(root: &Path, digest: &str) -> Option<PathBuf> {
+        crate::wasm::cache::check_private_dir(root).ok()?;
+        let dir = root.join(digest);
+        if !dir.join(COMPLETE).is_file() {
+            return None;
+        }
+        let mut files = Vec::new();
+        read_tree(&dir, "", &mut files)?;
+        files.retain(|f| f.path != COMPLETE);
+        let found = BundleFiles::new(files).ok()?;
+        (found.digest == digest).then_some(dir)
+    }
+
     /// Whether `dir` holds these files, complete, and nothing else.
     fn written_in(&self, dir: &Path) -> bool {
         if !dir.join(COMPLETE).is_file() {
@@ -239,6 +260,31 @@ impl BundleFiles {
             .all(|f| std::fs::read(dir.join(&f.path)).is_ok_and(|bytes| bytes == f.bytes));
         same && count_files(dir) == Some(self.files.len() + 1)
     }
+}
+
+/// Reads every file below `dir` into `out` (paths relative to the bundle,
+/// `prefix` the folder's); `None` if anything cannot be read or is neither
+/// a file nor a folder (a symbolic link).
+fn read_tree(dir: &Path, prefix: &str, out: &mut Vec<BundleFile>) -> Option<()> {
+    for entry in std::fs::read_dir(dir).ok()? {
+        let entry = entry.ok()?;
+        let name = entry.file_name().into_string().ok()?;
+        let path = if prefix.is_empty() {
+            name
+        } else {
+            format!("{prefix}/{name}")
+        };
+        let kind = entry.file_type().ok()?;
+        if kind.is_dir() {
+            read_tree(&entry.path(), &path, out)?;
+        } else if kind.is_file() {
+            let bytes = std::fs::read(entry.path()).ok()?;
+            out.push(BundleFile { path, bytes });
+        } else {
+            return None;
+        }
+    }
+    Some(())
 }
 
 /// How many files `dir` holds, in every folder below it (`None`: it cannot
@@ -369,5 +415,13 @@ mod tests {
         files.materialise(root.path()).unwrap();
         assert!(!dir.join("extra.flow.json").exists());
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+        // A complete folder is found by its digest; a changed one is not.
+        assert_eq!(
+            BundleFiles::cached(root.path(), &files.digest),
+            Some(dir.clone())
+        );
+        std::fs::write(dir.join("steps/s.wasm"), b"evil").unwrap();
+        assert_eq!(BundleFiles::cached(root.path(), &files.digest), None);
+        assert_eq!(BundleFiles::cached(root.path(), "0000"), None);
     }
 }

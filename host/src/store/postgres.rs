@@ -549,17 +549,22 @@ impl PostgresStore {
         };
         // A server that is restarting (or not up yet, as when hosts and
         // database start together) is waited for, up to CONNECT_PATIENCE.
+        // So is one that restarts while the schema is read or migrated (in
+        // one transaction: tried again whole).
         let started = std::time::Instant::now();
-        let mut conn = loop {
+        let patient = || started.elapsed() < CONNECT_PATIENCE;
+        let conn = loop {
             match store.connect() {
-                Ok(conn) => break conn,
-                Err(e) if started.elapsed() < CONNECT_PATIENCE && e.code == "store_io" => {
-                    std::thread::sleep(Duration::from_millis(200));
-                }
+                Ok(mut conn) => match store.migrate(&mut conn) {
+                    Ok(()) => break conn,
+                    Err(_) if conn.client.is_closed() && patient() => {}
+                    Err(e) => return Err(e),
+                },
+                Err(e) if patient() && e.code == "store_io" => {}
                 Err(e) => return Err(e),
             }
+            std::thread::sleep(Duration::from_millis(200));
         };
-        store.migrate(&mut conn)?;
         store.idle.lock().push(conn);
         Ok(store)
     }
@@ -1848,13 +1853,24 @@ impl Store for PostgresStore {
             // One load at a time: a load lets go of the files no workflow
             // names, which another load's files must not be taken for.
             c.lock(&mut vec![LockKey::new("bundles", "")])?;
-            let kept = c
-                .query_opt(
-                    "SELECT 1 FROM bundle_files WHERE digest = $1 LIMIT 1",
+            // Kept already: unless damaged since (then written anew, so
+            // that loading the bundle again repairs it).
+            let kept: Vec<BundleFile> = c
+                .query(
+                    "SELECT path, content FROM bundle_files WHERE digest = $1 ORDER BY path",
                     &[&files.digest],
                 )?
-                .is_some();
-            if !kept {
+                .iter()
+                .map(|r| BundleFile {
+                    path: r.get(0),
+                    bytes: r.get(1),
+                })
+                .collect();
+            if kept != files.files {
+                c.execute(
+                    "DELETE FROM bundle_files WHERE digest = $1",
+                    &[&files.digest],
+                )?;
                 for f in &files.files {
                     c.execute(
                         "INSERT INTO bundle_files (digest, path, content) VALUES ($1, $2, $3)",
