@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::clock::format_time;
@@ -145,8 +146,7 @@ impl Runtime {
                 return interval;
             }
         };
-        let until = |at: Option<chrono::DateTime<chrono::Utc>>,
-                     now: chrono::DateTime<chrono::Utc>| {
+        let until = |at: Option<DateTime<Utc>>, now: DateTime<Utc>| {
             at.map(|at| (at - now).to_std().unwrap_or(Duration::ZERO))
         };
         let soonest = [until(next.wait, self.now()), until(next.claim, lease_now())]

@@ -613,12 +613,16 @@ impl Runtime {
             self.register(wf.clone());
             return Ok(wf);
         }
-        if self.store().keeps_bundle_files() && self.load_stored_bundle(workflow_id)? {
-            if let Some(wf) = self.inner.workflows.read().get(workflow_id) {
-                return Ok(wf.clone());
-            }
+        // The files the store keeps (PostgreSQL), else the recorded path.
+        let loaded = if self.store().keeps_bundle_files() && self.load_stored_bundle(workflow_id)? {
+            true
         } else if let Some(dir) = self.store().bundle_dir(workflow_id)? {
             self.load_bundle(&dir)?;
+            true
+        } else {
+            false
+        };
+        if loaded {
             if let Some(wf) = self.inner.workflows.read().get(workflow_id) {
                 return Ok(wf.clone());
             }
