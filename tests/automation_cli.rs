@@ -366,15 +366,11 @@ fn commands_from_many_processes_beside_a_driver() {
     let ledger = rt.get_ledger(&id).unwrap();
     stepwell::store::verify_chain(&ledger).unwrap();
     let records = names(&ledger);
-    let mut keys: Vec<&str> = ledger
-        .iter()
-        .filter_map(|r| r.idempotency_key.as_deref())
-        .filter(|k| k.starts_with("automation:"))
-        .collect();
-    let n = keys.len();
-    keys.sort();
-    keys.dedup();
-    assert_eq!(keys.len(), n, "every record key once");
+    assert_eq!(
+        stepwell_tests::repeated_automation_keys(&ledger),
+        Vec::<String>::new(),
+        "every record key once"
+    );
     let results = records
         .iter()
         .filter(|(n, _)| n == "automation.command_result")

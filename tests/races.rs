@@ -582,15 +582,11 @@ fn cluster(b: Backend, kill_one: bool) {
     for id in &automations {
         let ledger = rt.get_ledger(id).unwrap();
         assert!(stepwell::store::verify_chain(&ledger).is_ok(), "{id}");
-        let mut keys: Vec<&str> = ledger
-            .iter()
-            .filter_map(|r| r.idempotency_key.as_deref())
-            .filter(|k| k.starts_with("automation:"))
-            .collect();
-        let n = keys.len();
-        keys.sort();
-        keys.dedup();
-        assert_eq!(keys.len(), n, "{id}: every decision once");
+        assert_eq!(
+            stepwell_tests::repeated_automation_keys(&ledger),
+            Vec::<String>::new(),
+            "{id}: every decision once"
+        );
         let page = stepwell::automation::list_occurrences(&rt, id, None, 10).unwrap();
         let mut indexes: Vec<i64> = page["items"]
             .as_array()

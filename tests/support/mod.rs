@@ -329,6 +329,24 @@ pub fn trigger_component(rel: &str) -> PathBuf {
     p
 }
 
+/// The `automation:` idempotency keys that occur more than once in
+/// `ledger` (an automation controller records each decision once).
+pub fn repeated_automation_keys(ledger: &[stepwell::StepRecord]) -> Vec<String> {
+    let mut keys: Vec<&str> = ledger
+        .iter()
+        .filter_map(|r| r.idempotency_key.as_deref())
+        .filter(|k| k.starts_with("automation:"))
+        .collect();
+    keys.sort_unstable();
+    let mut repeated: Vec<String> = keys
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| w[0].to_string())
+        .collect();
+    repeated.dedup();
+    repeated
+}
+
 /// How many of `ledger`'s records that are not effect records have a
 /// result with the top-level key `key` (`"resumed"`, `"complete_output"`,
 /// ...).

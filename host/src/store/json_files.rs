@@ -49,7 +49,6 @@ use super::{
     check_next_version, link, wait_due_at, Claim, Deferral, Durability, Fence, LeaseAfter,
     LeaseRequest, RunQuery, Store, StoreError,
 };
-use crate::core::clock::format_time;
 use crate::core::model::{RunState, RunStatus, StepRecord};
 
 /// The format version this build writes.
@@ -729,13 +728,8 @@ impl Store for JsonFileStore {
             return Ok(Claim::Missing);
         };
         let mut data = lock.read();
-        if let (Some(h), Some(u)) = (&data.holder, data.until_us) {
-            if DateTime::from_timestamp_micros(u).is_none_or(|u| lease.blocked_by(h, u)) {
-                return Ok(Claim::Busy {
-                    holder: Some(h.clone()),
-                    until: DateTime::from_timestamp_micros(u).map(format_time),
-                });
-            }
+        if let Some(busy) = lease.busy(data.holder.as_deref(), data.until_us) {
+            return Ok(busy);
         }
         data.holder = Some(lease.holder.to_string());
         data.until_us = Some(lease.until.timestamp_micros());

@@ -121,6 +121,21 @@ impl LeaseRequest<'_> {
     pub fn blocked_by(&self, holder: &str, until: DateTime<Utc>) -> bool {
         holder != self.holder && until >= self.now && Some(holder) != self.dead_holder
     }
+
+    /// [`Claim::Busy`] when a run's stored lease (its holder, and until
+    /// when in microseconds) keeps this request out; `None` when the
+    /// request may take the run. A lease time that cannot be read keeps it
+    /// out.
+    pub fn busy(&self, holder: Option<&str>, until_us: Option<i64>) -> Option<Claim> {
+        let (holder, until_us) = (holder?, until_us?);
+        let until = DateTime::from_timestamp_micros(until_us);
+        until
+            .is_none_or(|until| self.blocked_by(holder, until))
+            .then(|| Claim::Busy {
+                holder: Some(holder.to_string()),
+                until: until.map(crate::core::clock::format_time),
+            })
+    }
 }
 
 /// What [`Store::claim`] found.

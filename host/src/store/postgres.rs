@@ -47,7 +47,6 @@ use super::{
     check_next_version, link, wait_due_at, Attribution, Claim, Deferral, FeedEntry, Fence,
     LeaseAfter, LeaseRequest, NextDue, RunIndexQuery, RunIndexRow, RunQuery, Store, StoreError,
 };
-use crate::core::clock::format_time;
 use crate::core::model::{RunState, RunStatus, StepRecord};
 use crate::flow::archive::{BundleFile, BundleFiles};
 
@@ -1420,13 +1419,8 @@ impl Store for PostgresStore {
             if let Some(reason) = quarantine {
                 return Ok(Claim::Quarantined { reason });
             }
-            if let (Some(h), Some(u)) = (&holder, until) {
-                if DateTime::from_timestamp_micros(u).is_none_or(|u| lease.blocked_by(h, u)) {
-                    return Ok(Claim::Busy {
-                        holder: Some(h.clone()),
-                        until: DateTime::from_timestamp_micros(u).map(format_time),
-                    });
-                }
+            if let Some(busy) = lease.busy(holder.as_deref(), until) {
+                return Ok(busy);
             }
             let run = self.decode_run(run_id, row.get(0), row.get(1))?;
             c.execute(

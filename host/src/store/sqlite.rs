@@ -24,7 +24,6 @@ use super::{
     check_next_version, link, wait_due_at, Attribution, Claim, Deferral, Durability, FeedEntry,
     Fence, LeaseAfter, LeaseRequest, RunIndexQuery, RunIndexRow, RunQuery, Store, StoreError,
 };
-use crate::core::clock::format_time;
 use crate::core::model::{RunState, RunStatus, StepRecord};
 
 /// The schema version this build writes. A database with a higher
@@ -1059,13 +1058,8 @@ impl Store for SqliteStore {
             if let Some(reason) = quarantine {
                 return Ok(Claim::Quarantined { reason });
             }
-            if let (Some(h), Some(u)) = (&holder, until) {
-                if DateTime::from_timestamp_micros(u).is_none_or(|u| lease.blocked_by(h, u)) {
-                    return Ok(Claim::Busy {
-                        holder: Some(h.clone()),
-                        until: DateTime::from_timestamp_micros(u).map(format_time),
-                    });
-                }
+            if let Some(busy) = lease.busy(holder.as_deref(), until) {
+                return Ok(busy);
             }
             let run = self.decode_run(run_id, &data, version)?;
             tx.prepare_cached(
