@@ -344,9 +344,21 @@ fn update_map(
     dst: &mut serde_json::Map<String, serde_json::Value>,
     src: &serde_json::Map<String, serde_json::Value>,
 ) {
-    if dst.len() != src.len() || dst.keys().zip(src.keys()).any(|(a, b)| a != b) {
-        dst.retain(|k, _| src.contains_key(k));
+    // Usually the same keys: one pass over both (sorted) maps, no lookups.
+    if dst.len() == src.len() {
+        let mut same = true;
+        for ((dk, dv), (sk, sv)) in dst.iter_mut().zip(src) {
+            if dk != sk {
+                same = false;
+                break;
+            }
+            update_value(dv, sv);
+        }
+        if same {
+            return;
+        }
     }
+    dst.retain(|k, _| src.contains_key(k));
     for (k, v) in src {
         match dst.get_mut(k) {
             Some(d) => update_value(d, v),
