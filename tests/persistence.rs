@@ -314,8 +314,50 @@ fn a_cache_directory_others_may_write_or_own_is_refused() {
     }
 }
 
+/// Gives the ledger of `conn` the shape it had up to schema 9: a table
+/// keyed by `(run_id, seq)`, and (with `feed`) the separate `feed` table of
+/// one row per append, filled in the order the records were committed.
+fn old_ledger_shape(conn: &rusqlite::Connection, feed: bool) {
+    conn.execute_batch(
+        "CREATE TABLE ledger_old (run_id TEXT NOT NULL, seq INTEGER NOT NULL, data TEXT NOT NULL,
+             hash TEXT, idem_key TEXT, PRIMARY KEY (run_id, seq)) WITHOUT ROWID;
+         INSERT INTO ledger_old SELECT run_id, seq, data, hash, idem_key FROM ledger;",
+    )
+    .unwrap();
+    if feed {
+        conn.execute_batch(
+            "CREATE TABLE feed (seq INTEGER PRIMARY KEY, run_id TEXT NOT NULL,
+                 from_seq INTEGER NOT NULL, to_seq INTEGER NOT NULL);",
+        )
+        .unwrap();
+        let rows: Vec<(String, i64)> = conn
+            .prepare("SELECT run_id, seq FROM ledger ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let mut appends: Vec<(String, i64, i64)> = Vec::new();
+        for (run, seq) in rows {
+            match appends.last_mut() {
+                Some(a) if a.0 == run && a.2 + 1 == seq => a.2 = seq,
+                _ => appends.push((run, seq, seq)),
+            }
+        }
+        for (run, from, to) in appends {
+            conn.execute(
+                "INSERT INTO feed (run_id, from_seq, to_seq) VALUES (?1, ?2, ?3)",
+                rusqlite::params![run, from, to],
+            )
+            .unwrap();
+        }
+    }
+    conn.execute_batch("DROP TABLE ledger; ALTER TABLE ledger_old RENAME TO ledger;")
+        .unwrap();
+}
+
 /// A version-6 database (before the change feed) is migrated when opened:
-/// it gets the `feed` table, and its runs go on and are fed.
+/// its records join the feed first, and its runs go on and are fed.
 #[test]
 fn a_version_6_database_gets_the_change_feed() {
     let dir = tempfile::tempdir().unwrap();
@@ -333,8 +375,8 @@ fn a_version_6_database_gets_the_change_feed() {
     };
     {
         let conn = rusqlite::Connection::open(&db).unwrap();
-        conn.execute_batch("DROP TABLE feed; PRAGMA user_version = 6;")
-            .unwrap();
+        old_ledger_shape(&conn, false);
+        conn.execute_batch("PRAGMA user_version = 6;").unwrap();
     }
     let store = Arc::new(SqliteStore::open(&db).unwrap());
     let rt = stepwell::Runtime::builder(store.clone())
@@ -345,13 +387,103 @@ fn a_version_6_database_gets_the_change_feed() {
     let done = rt.respond(&id, serde_json::json!({"text": "x"})).unwrap();
     assert_eq!(done.status, stepwell::RunStatus::Completed);
     let feed = store.list_feed(0, 10).unwrap().unwrap();
-    assert_eq!(feed.len(), 1, "{feed:?}");
-    assert_eq!((feed[0].from_seq, feed[0].to_seq), (3, 4));
+    let ranges: Vec<(&str, u64, u64)> = feed
+        .iter()
+        .map(|e| (e.run_id.as_str(), e.from_seq, e.to_seq))
+        .collect();
+    // The records from before the upgrade, then the resume's (one run's
+    // records one after another are one entry).
+    assert_eq!(ranges, vec![(id.as_str(), 1, 4)]);
+    assert_eq!(store.feed_head().unwrap(), Some(feed[0].seq));
+    assert_eq!(feed[0].seq, 4);
     let conn = rusqlite::Connection::open(&db).unwrap();
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
     assert_eq!(version, stepwell::store::SQLITE_SCHEMA_VERSION);
+}
+
+/// A version-9 database (a ledger keyed by run and a separate feed table)
+/// is migrated when opened: the records keep their chains, the feed keeps
+/// its order across runs, and a position held before the upgrade reads
+/// every record committed after it (some again, none missed).
+#[test]
+fn a_version_9_database_keeps_its_feed_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nine.sqlite");
+    let (a, b, before) = {
+        let store = Arc::new(SqliteStore::open(&db).unwrap());
+        let rt = stepwell::Runtime::builder(store.clone())
+            .engine(stepwell_tests::engine())
+            .build()
+            .unwrap();
+        let bundle = rt.load_bundle(&example("ask-user")).unwrap();
+        let a = rt
+            .run(&bundle.main_workflow_id, Default::default())
+            .unwrap();
+        let b = rt
+            .run(&bundle.main_workflow_id, Default::default())
+            .unwrap();
+        // Interleaved: a's first append, b's, then a's second.
+        rt.respond(&a.run_id, json!({"text": "a"})).unwrap();
+        let before = store.list_feed(0, 100).unwrap().unwrap();
+        (a.run_id, b.run_id, before)
+    };
+    let ranges = |feed: &[stepwell::FeedEntry]| -> Vec<(String, u64, u64)> {
+        feed.iter()
+            .map(|e| (e.run_id.clone(), e.from_seq, e.to_seq))
+            .collect()
+    };
+    assert_eq!(
+        ranges(&before),
+        vec![(a.clone(), 1, 2), (b.clone(), 1, 2), (a.clone(), 3, 4)]
+    );
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        old_ledger_shape(&conn, true);
+        // An operator's view on the ledger does not stop the upgrade.
+        conn.execute_batch(
+            "CREATE VIEW ledger_rows AS SELECT run_id, seq FROM ledger;
+             PRAGMA user_version = 9;",
+        )
+        .unwrap();
+        // The old feed's positions were 1, 2, 3.
+        let head: i64 = conn
+            .query_row("SELECT MAX(seq) FROM feed", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(head, 3);
+    }
+    let store = Arc::new(SqliteStore::open(&db).unwrap());
+    let feed = store.list_feed(0, 100).unwrap().unwrap();
+    assert_eq!(ranges(&feed), ranges(&before));
+    // A client that had read the old feed up to position 1 (a's first
+    // append) still gets b's first append and a's second.
+    let after_1 = store.list_feed(1, 100).unwrap().unwrap();
+    let got = ranges(&after_1);
+    assert!(
+        got.ends_with(&[(b.clone(), 1, 2), (a.clone(), 3, 4)]),
+        "{got:?}"
+    );
+    for id in [&a, &b] {
+        let records = store.list_records(id).unwrap();
+        assert!(stepwell::store::verify_chain(&records).is_ok(), "{id}");
+    }
+    assert_eq!(store.list_records(&a).unwrap().len(), 4);
+    let viewed: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM ledger_rows", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(viewed, 6);
+    // And the runs go on: b is resumed and fed after everything before.
+    let rt = stepwell::Runtime::builder(store.clone())
+        .engine(stepwell_tests::engine())
+        .build()
+        .unwrap();
+    rt.load_bundle(&example("ask-user")).unwrap();
+    let done = rt.respond(&b, json!({"text": "b"})).unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    let last = store.list_feed(feed[2].seq, 100).unwrap().unwrap();
+    assert_eq!(ranges(&last), vec![(b.clone(), 3, 4)]);
 }
 
 #[test]

@@ -705,8 +705,9 @@ pub trait Store: Send + Sync {
 
     /// The store-wide change feed: up to `limit` entries after the entry
     /// `after` (0: from the start), in commit order across every process
-    /// on the store; each names a run and the seqs of the records one
-    /// append gave it. `None` when the backend keeps no feed (memory and
+    /// on the store; each names a run and the seqs of records it gained
+    /// (one append, or on SQLite several of the run's in a row). `None`
+    /// when the backend keeps no feed (memory and
     /// JSON files: a server then shows the commits of its own process).
     fn list_feed(&self, after: u64, limit: usize) -> Result<Option<Vec<FeedEntry>>, StoreError> {
         let _ = (after, limit);

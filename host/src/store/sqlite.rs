@@ -29,7 +29,7 @@ use crate::core::model::{RunState, RunStatus, StepRecord};
 /// The schema version this build writes. A database with a higher
 /// `user_version` was written by a newer stepwell and is refused; an older
 /// one is migrated when opened.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -44,12 +44,13 @@ CREATE TABLE IF NOT EXISTS runs (
     data          TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS ledger (
-    run_id  TEXT NOT NULL,
-    seq     INTEGER NOT NULL,
-    data    TEXT NOT NULL,
-    hash    TEXT,
-    PRIMARY KEY (run_id, seq)
-) WITHOUT ROWID;
+    id       INTEGER PRIMARY KEY,
+    run_id   TEXT NOT NULL,
+    seq      INTEGER NOT NULL,
+    data     TEXT NOT NULL,
+    hash     TEXT,
+    idem_key TEXT
+);
 CREATE TABLE IF NOT EXISTS commands (
     seq         INTEGER PRIMARY KEY AUTOINCREMENT,
     command_id  TEXT NOT NULL UNIQUE,
@@ -66,12 +67,6 @@ CREATE TABLE IF NOT EXISTS bundles (
 CREATE TABLE IF NOT EXISTS compiled_digests (
     name    TEXT PRIMARY KEY,
     sha256  TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS feed (
-    seq      INTEGER PRIMARY KEY,
-    run_id   TEXT NOT NULL,
-    from_seq INTEGER NOT NULL,
-    to_seq   INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS inbox (
     seq         INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -122,6 +117,7 @@ CREATE INDEX IF NOT EXISTS runs_session ON runs(session_id, role) WHERE session_
 CREATE INDEX IF NOT EXISTS runs_quarantine ON runs(quarantine) WHERE quarantine IS NOT NULL;
 DROP INDEX IF EXISTS ledger_caused;
 DROP INDEX IF EXISTS ledger_automation;
+CREATE UNIQUE INDEX IF NOT EXISTS ledger_run ON ledger(run_id, seq);
 CREATE INDEX IF NOT EXISTS ledger_keyed ON ledger(run_id, idem_key)
     WHERE idem_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS inbox_stream ON inbox(stream, seq);
@@ -205,7 +201,19 @@ const CONSUMERS: &str = "SELECT run_id FROM runs INDEXED BY runs_consumer
 /// A run's ledger records with a key ([`Store::find_records`]): ?1 run,
 /// ?2 key.
 const KEYED: &str = "SELECT seq, data FROM ledger INDEXED BY ledger_keyed
-    WHERE run_id = ?1 AND idem_key = ?2 ORDER BY seq";
+    WHERE run_id = ?1 AND idem_key = ?2 ORDER BY id";
+
+/// A run's last record (?1 the run): its seq and hash.
+const LEDGER_HEAD: &str =
+    "SELECT seq, hash FROM ledger INDEXED BY ledger_run WHERE run_id = ?1 ORDER BY seq DESC LIMIT 1";
+
+/// A run's records after seq ?2 (?1 the run), in order.
+const RECORDS_AFTER: &str =
+    "SELECT seq, data FROM ledger INDEXED BY ledger_run WHERE run_id = ?1 AND seq > ?2 ORDER BY seq";
+
+/// The change feed: the records after position ?1 (at most ?2), in the
+/// order they were committed.
+const FEED: &str = "SELECT id, run_id, seq FROM ledger WHERE id > ?1 ORDER BY id LIMIT ?2";
 
 /// Marks the parent waiting on a child that ended: ?1 now, ?2 the child.
 const MARK_PARENT: &str = "UPDATE runs INDEXED BY runs_open SET child_ended_us = ?1
@@ -763,7 +771,7 @@ impl SqliteStore {
 
     /// The seq of the run's last ledger record (0 for none).
     fn last_seq(&self, conn: &Connection, run_id: &str) -> Result<i64, StoreError> {
-        conn.prepare_cached("SELECT seq FROM ledger WHERE run_id = ?1 ORDER BY seq DESC LIMIT 1")
+        conn.prepare_cached(LEDGER_HEAD)
             .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
             .map(|seq| seq.unwrap_or(0))
             .map_err(|e| self.err(e))
@@ -813,13 +821,9 @@ impl SqliteStore {
         records: &[StepRecord],
     ) -> Result<Vec<(String, i64)>, StoreError> {
         // Each run's last (seq, hash), read once per run and batch.
-        // Each run's (id, last seq, last hash, seq before this append).
-        let mut heads: Vec<(&str, i64, Option<String>, i64)> = Vec::new();
-        let mut last = conn
-            .prepare_cached(
-                "SELECT seq, hash FROM ledger WHERE run_id = ?1 ORDER BY seq DESC LIMIT 1",
-            )
-            .map_err(|e| self.err(e))?;
+        // Each run's (id, last seq, last hash).
+        let mut heads: Vec<(&str, i64, Option<String>)> = Vec::new();
+        let mut last = conn.prepare_cached(LEDGER_HEAD).map_err(|e| self.err(e))?;
         let mut insert = conn
             .prepare_cached(
                 "INSERT INTO ledger (run_id, seq, data, hash, idem_key) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -834,7 +838,7 @@ impl SqliteStore {
                         .optional()
                         .map_err(|e| self.err(e))?
                         .unwrap_or((0, None));
-                    heads.push((&r.run_id, seq, hash, seq));
+                    heads.push((&r.run_id, seq, hash));
                     heads.len() - 1
                 }
             };
@@ -846,18 +850,14 @@ impl SqliteStore {
                 .execute(params![r.run_id, head.1, data, head.2, r.idempotency_key])
                 .map_err(|e| self.err(e))?;
         }
-        // One feed row per run and append: the store-wide change feed
-        // (`Store::list_feed`), in commit order across processes.
-        let mut feed = conn
-            .prepare_cached("INSERT INTO feed (run_id, from_seq, to_seq) VALUES (?1, ?2, ?3)")
-            .map_err(|e| self.err(e))?;
-        for (id, seq, _, before) in &heads {
-            feed.execute(params![id, before + 1, seq])
-                .map_err(|e| self.err(e))?;
-        }
+        // The records' `id`s (the next after the largest, under the write
+        // lock) are the store-wide change feed (`Store::list_feed`), in
+        // commit order across processes. Nothing deletes ledger rows: were
+        // the newest deleted, their ids would be given again (the table is
+        // not AUTOINCREMENT, which would cost a page per commit).
         Ok(heads
             .into_iter()
-            .map(|(id, seq, _, _)| (id.to_string(), seq))
+            .map(|(id, seq, _)| (id.to_string(), seq))
             .collect())
     }
 
@@ -952,6 +952,9 @@ fn migrate(conn: &mut Connection, from: i64) -> rusqlite::Result<()> {
             }
         }
     }
+    if from > 0 && from < 10 {
+        rebuild_ledger(&tx)?;
+    }
     tx.execute_batch(INDEXES)?;
     if from > 0 && from < 9 {
         tx.execute_batch(MARK_EXISTING)?;
@@ -981,6 +984,42 @@ fn migrate(conn: &mut Connection, from: i64) -> rusqlite::Result<()> {
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()
+}
+
+/// Schema 10: the ledger becomes a table of `id`s in commit order (what
+/// the separate `feed` table of one row per append was), with its
+/// `(run_id, seq)` key as an index. Appending at the end of a table of
+/// ids writes one page where the keyed table's splits wrote three, and the
+/// feed's page is no longer written at all. The records keep their feed
+/// order (records older than the feed first): a position a client held
+/// before the upgrade reads no later than the same records now (it may
+/// see some again, never miss one).
+fn rebuild_ledger(tx: &Connection) -> rusqlite::Result<()> {
+    let exists = |sql: &str| tx.prepare(sql)?.exists([]);
+    if exists("SELECT 1 FROM pragma_table_info('ledger') WHERE name = 'id'")? {
+        return Ok(());
+    }
+    // A view of the operator's on `ledger` must not stop the upgrade: the
+    // legacy rename leaves it naming `ledger`, the new table by then.
+    tx.execute_batch(
+        "PRAGMA legacy_alter_table = ON;
+         ALTER TABLE ledger RENAME TO ledger_v9;
+         PRAGMA legacy_alter_table = OFF;",
+    )?;
+    tx.execute_batch(SCHEMA)?;
+    let order = if exists("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'feed'")? {
+        tx.execute_batch("CREATE INDEX feed_by_run ON feed(run_id, from_seq);")?;
+        "COALESCE((SELECT f.seq FROM feed f WHERE f.run_id = l.run_id AND f.from_seq <= l.seq
+                   ORDER BY f.from_seq DESC LIMIT 1), 0), l.run_id, l.seq"
+    } else {
+        "l.run_id, l.seq"
+    };
+    tx.execute_batch(&format!(
+        "INSERT INTO ledger (run_id, seq, data, hash, idem_key)
+           SELECT l.run_id, l.seq, l.data, l.hash, l.idem_key FROM ledger_v9 l ORDER BY {order};
+         DROP TABLE ledger_v9;
+         DROP TABLE IF EXISTS feed;"
+    ))
 }
 
 /// Marks the parent waiting on `child` (if one does): its child has ended
@@ -1191,7 +1230,7 @@ impl Store for SqliteStore {
     fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
         self.records(
             run_id,
-            "SELECT seq, data FROM ledger WHERE run_id = ?1 ORDER BY seq",
+            "SELECT seq, data FROM ledger INDEXED BY ledger_run WHERE run_id = ?1 ORDER BY seq",
             &[],
         )
     }
@@ -1199,7 +1238,7 @@ impl Store for SqliteStore {
     fn list_records_after(&self, run_id: &str, after: u64) -> Result<Vec<StepRecord>, StoreError> {
         self.records(
             run_id,
-            "SELECT seq, data FROM ledger WHERE run_id = ?1 AND seq > ?2 ORDER BY seq",
+            RECORDS_AFTER,
             &[&(after.min(i64::MAX as u64) as i64)],
         )
     }
@@ -1213,49 +1252,60 @@ impl Store for SqliteStore {
         let clamp = |n: u64| n.min(i64::MAX as u64) as i64;
         self.records(
             run_id,
-            "SELECT seq, data FROM ledger WHERE run_id = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq",
+            "SELECT seq, data FROM ledger INDEXED BY ledger_run WHERE run_id = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq",
             &[&clamp(after), &clamp(through)],
         )
     }
 
     fn feed_head(&self) -> Result<Option<u64>, StoreError> {
         let conn = self.conn.lock();
-        conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM feed", [], |row| {
+        conn.query_row("SELECT COALESCE(MAX(id), 0) FROM ledger", [], |row| {
             row.get::<_, i64>(0)
         })
         .map(|n| Some(n as u64))
         .map_err(|e| self.err(e))
     }
 
+    /// The ledger read in `id` order: each run of consecutive records of
+    /// one run is an entry, at the position of its last record.
     fn list_feed(&self, after: u64, limit: usize) -> Result<Option<Vec<FeedEntry>>, StoreError> {
         let conn = self.conn.lock();
-        let mut st = conn
-            .prepare_cached(
-                "SELECT seq, run_id, from_seq, to_seq FROM feed WHERE seq > ?1 ORDER BY seq LIMIT ?2",
-            )
-            .map_err(|e| self.err(e))?;
+        let mut st = conn.prepare_cached(FEED).map_err(|e| self.err(e))?;
         let rows = st
             .query_map(
                 params![after.min(i64::MAX as u64) as i64, limit as i64],
                 |row| {
-                    Ok(FeedEntry {
-                        seq: row.get::<_, i64>(0)? as u64,
-                        run_id: row.get(1)?,
-                        from_seq: row.get::<_, i64>(2)? as u64,
-                        to_seq: row.get::<_, i64>(3)? as u64,
-                    })
+                    Ok((
+                        row.get::<_, i64>(0)? as u64,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, i64>(2)? as u64,
+                    ))
                 },
             )
             .map_err(|e| self.err(e))?;
-        rows.collect::<Result<Vec<_>, _>>()
-            .map(Some)
-            .map_err(|e| self.err(e))
+        let mut entries: Vec<FeedEntry> = Vec::new();
+        for row in rows {
+            let (id, run_id, seq) = row.map_err(|e| self.err(e))?;
+            match entries.last_mut() {
+                Some(e) if e.run_id == run_id && e.to_seq + 1 == seq => {
+                    e.seq = id;
+                    e.to_seq = seq;
+                }
+                _ => entries.push(FeedEntry {
+                    seq: id,
+                    run_id,
+                    from_seq: seq,
+                    to_seq: seq,
+                }),
+            }
+        }
+        Ok(Some(entries))
     }
 
     fn list_ahead(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
         self.records(
             run_id,
-            "SELECT seq, data FROM ledger WHERE run_id = ?1 AND seq > COALESCE(
+            "SELECT seq, data FROM ledger INDEXED BY ledger_run WHERE run_id = ?1 AND seq > COALESCE(
                                 (SELECT ledger_seq FROM runs WHERE run_id = ?1), 0) ORDER BY seq",
             &[],
         )
@@ -1858,6 +1908,9 @@ mod tests {
             (ENDED_CHILDREN, "runs_child_ended"),
             (ORPHANS, "runs_orphan"),
             (KEYED, "ledger_keyed (run_id=? AND idem_key=?)"),
+            (LEDGER_HEAD, "ledger_run (run_id=?)"),
+            (RECORDS_AFTER, "ledger_run (run_id=? AND seq>?)"),
+            (FEED, "INTEGER PRIMARY KEY (rowid>?)"),
             (
                 MARK_PARENT,
                 "runs_open (status=? AND wait_reason=? AND wait_key=?)",
@@ -1872,6 +1925,11 @@ mod tests {
                 !plan.split("; ").any(|step| step.starts_with("SCAN")),
                 "{sql}\n scans: {plan}"
             );
+            // A ledger read comes in its index's order: no sort of a long
+            // run's records.
+            if [KEYED, LEDGER_HEAD, RECORDS_AFTER, FEED].contains(&sql) {
+                assert!(!plan.contains("TEMP B-TREE"), "{sql}\n sorts: {plan}");
+            }
         }
     }
 }
