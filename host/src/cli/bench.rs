@@ -160,7 +160,7 @@ fn write_chain(dir: &Path, component: &Path, len: usize) -> Result<()> {
 /// second (median of the repeats).
 pub(super) fn raw_commits(len: usize, repeats: usize, path: &Path) -> Result<f64> {
     let db = |e: rusqlite::Error| invalid("bench", e.to_string());
-    let conn = rusqlite::Connection::open(path).map_err(db)?;
+    let conn = stepwell::store::open_sqlite_connection(path).map_err(db)?;
     stepwell::store::configure_sqlite(&conn, stepwell::Durability::Normal).map_err(db)?;
     conn.execute_batch(
         "CREATE TABLE runs (run_id TEXT PRIMARY KEY, status TEXT NOT NULL, version INTEGER NOT NULL, data TEXT NOT NULL);

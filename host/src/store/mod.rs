@@ -18,6 +18,7 @@ mod memory;
 mod postgres;
 pub mod snapshots;
 mod sqlite;
+mod sqlite_vfs;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -39,7 +40,8 @@ pub use snapshots::{
     JsonSnapshotStore, MemorySnapshotStore, Snapshot, SnapshotQuery, SnapshotStore,
 };
 pub use sqlite::{
-    configure as configure_sqlite, SqliteStore, SCHEMA_VERSION as SQLITE_SCHEMA_VERSION,
+    configure as configure_sqlite, open_connection as open_sqlite_connection, SqliteStore,
+    SCHEMA_VERSION as SQLITE_SCHEMA_VERSION,
 };
 
 /// The store failed: an I/O or database error, corrupt data, a schema this

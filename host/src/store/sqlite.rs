@@ -473,7 +473,7 @@ impl SqliteStore {
             }
             _ => SetupError::Other(db_err(path, e)),
         };
-        let mut conn = Connection::open(path).map_err(err)?;
+        let mut conn = open_connection(path).map_err(err)?;
         configure(&conn, durability).map_err(err)?;
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
@@ -1027,6 +1027,23 @@ fn rebuild_ledger(tx: &Connection) -> rusqlite::Result<()> {
 fn mark_parent(conn: &Connection, child: &str, now: i64) -> rusqlite::Result<usize> {
     conn.prepare_cached(MARK_PARENT)?
         .execute(params![now, child])
+}
+
+/// Opens a connection to the database at `path` as the store does: through
+/// the store's file layer ([`super::sqlite_vfs`]: a transaction's log
+/// writes reach the kernel as one), not yet configured (see [`configure`]).
+pub fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
+    super::sqlite_vfs::register().map_err(|e| {
+        rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+            Some(e),
+        )
+    })?;
+    Connection::open_with_flags_and_vfs(
+        path,
+        rusqlite::OpenFlags::default(),
+        super::sqlite_vfs::VFS_NAME,
+    )
 }
 
 /// Sets a connection up as the store's are: a 10 s busy timeout, WAL,
@@ -1811,6 +1828,98 @@ mod tests {
             "status": "completed", "started_at": "2026-11-30T09:00:00.000000Z", "attempt": 1,
         }))
         .unwrap()
+    }
+
+    /// A transaction's log writes reach the kernel together (several
+    /// frames, two writes each, in one call), and a connection through
+    /// SQLite's own VFS reading meanwhile (as the `sqlite3` shell would)
+    /// only ever sees whole commits: every run it counts has its records.
+    #[test]
+    fn a_transactions_log_writes_are_one_write_and_readers_see_whole_commits() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let store = SqliteStore::open(&path).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (path, done) = (path.clone(), done.clone());
+            std::thread::spawn(move || {
+                let conn = rusqlite::Connection::open(&path).unwrap();
+                let mut reads = 0;
+                while !done.load(Ordering::Relaxed) || reads == 0 {
+                    // One read transaction: the runs and their records.
+                    let (runs, missing): (i64, i64) = conn
+                        .query_row(
+                            "SELECT COUNT(*), COUNT(*) - (SELECT COUNT(DISTINCT run_id) FROM ledger
+                                 WHERE run_id IN (SELECT run_id FROM runs)) FROM runs",
+                            [],
+                            |r| Ok((r.get(0)?, r.get(1)?)),
+                        )
+                        .unwrap();
+                    assert_eq!(missing, 0, "{runs} runs, {missing} without records");
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        let before = crate::store::sqlite_vfs::counts();
+        for i in 0..200 {
+            let id = format!("run-{i:04}");
+            let records: Vec<StepRecord> = (1..=3).map(|n| record(&id, n)).collect();
+            store
+                .commit(
+                    &records,
+                    &run(&id, 1),
+                    Fence::unleased(0),
+                    LeaseAfter::Release,
+                )
+                .unwrap();
+        }
+        // A transaction larger than one write to the kernel carries (its
+        // log writes are written in pieces), one of exactly 128 KiB of
+        // record data, and one of 2 MiB.
+        for (i, bytes) in [(0, 200_000), (1, 128 * 1024), (2, 2 << 20)] {
+            let id = format!("big-{i}");
+            let mut big = record(&id, 1);
+            big.result = Some(serde_json::json!("z".repeat(bytes)));
+            store
+                .commit(
+                    &[big],
+                    &run(&id, 1),
+                    Fence::unleased(0),
+                    LeaseAfter::Release,
+                )
+                .unwrap();
+            let back = store.list_records(&id).unwrap();
+            assert_eq!(
+                back[0]
+                    .result
+                    .as_ref()
+                    .and_then(|v| v.as_str())
+                    .map(str::len),
+                Some(bytes)
+            );
+        }
+        done.store(true, Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+        let after = crate::store::sqlite_vfs::counts();
+        let (gathered, flushed) = (after.0 - before.0, after.1 - before.1);
+        // Each commit writes a few frames (header and page each) and is
+        // written once: at least four writes gathered per write made.
+        assert!(flushed > 0, "nothing written through the layer");
+        assert!(
+            gathered >= 4 * flushed,
+            "{gathered} log writes in {flushed} calls"
+        );
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+        let n: i64 = conn
+            .query_row("SELECT COUNT(*) FROM ledger", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 603);
     }
 
     /// Commits of several threads that arrive while one is written are
