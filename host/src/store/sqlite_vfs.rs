@@ -16,8 +16,7 @@
 //!   publish the commit (in the shared-memory index) once its frames are in
 //!   the kernel, as without this layer;
 //! - before any other operation on the log file (a read, a sync, a size, a
-//!   truncation, a lock, a close), and before a write that does not follow
-//!   the buffered ones;
+//!   truncation, a lock, a close);
 //! - before the database file's shared-memory operations (`xShmBarrier` in
 //!   particular, which SQLite calls between the two copies of the index
 //!   header it writes to publish a commit): a safety net should a commit
@@ -25,9 +24,17 @@
 //!   failed write there, where SQLite cannot be told, aborts the process
 //!   rather than publish frames that are not in the file (a crash is what
 //!   the store is built to survive);
+//! - a write anywhere else than where the last one ended (a frame whose
+//!   checksum is rewritten, the log started again from its beginning) goes
+//!   straight to the file, after what was gathered;
 //! - when the buffer reaches 1 MiB (a transaction of many pages), written
 //!   in pieces of at most 64 KiB (SQLite's Unix file writes less than
 //!   128 KiB per call).
+//!
+//! A write of gathered bytes that fails is reported, and then again by
+//! every operation on the log until the transaction's write lock is
+//! released (SQLite has then rolled it back): bytes SQLite was told were
+//! written but never reached the file can end no transaction but that one.
 //!
 //! Nothing else changes: the same files, locks and shared memory, so
 //! processes using this layer and processes using SQLite's default (the
@@ -54,6 +61,10 @@ const MAX_GATHERED: usize = 1 << 20;
 /// `0x1ffff`), so a larger buffer is written in pieces of this size.
 const MAX_WRITE: usize = 64 * 1024;
 
+/// The shared-memory lock a writer holds for its transaction (wal.c's
+/// `WAL_WRITE_LOCK`, the first of the shared-memory locks).
+const WAL_WRITE_LOCK: c_int = 0;
+
 /// The size of a WAL frame header.
 const FRAME_HEADER: c_int = 24;
 
@@ -70,6 +81,15 @@ struct GatherFile {
     commit_next: bool,
     /// Where the buffered bytes go in the file.
     start: i64,
+    /// Where the last write to the log ended: a write there is appended to
+    /// the buffer, one anywhere else (a frame rewritten, the log restarted)
+    /// goes straight to the file.
+    end: i64,
+    /// The error a write of gathered bytes met, if one did: every later
+    /// operation on the log reports it until the transaction's write lock
+    /// is released (SQLite has then rolled the transaction back), so no
+    /// commit goes on past bytes that never reached the file.
+    failed: c_int,
     /// The gathered writes (consecutive bytes from `start`).
     buf: Vec<u8>,
     /// For a log: its database file; for a database file: its open log.
@@ -81,19 +101,24 @@ struct GatherFile {
 /// Where SQLite's own file object starts in a file's memory.
 const REAL_OFFSET: usize = std::mem::size_of::<GatherFile>().next_multiple_of(16);
 
-/// Log writes gathered, and the writes that reached the kernel for them
-/// (for tests and `perf`-free checks: their ratio is the calls saved).
-static GATHERED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static FLUSHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+thread_local! {
+    /// This thread's log writes gathered, and the writes to the kernel they
+    /// took (their ratio is the calls saved).
+    static COUNTS: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
 
-/// How many log writes this process gathered so far, and in how many writes
+fn count(gathered: u64, flushed: u64) {
+    COUNTS.with(|c| {
+        let (g, f) = c.get();
+        c.set((g + gathered, f + flushed));
+    });
+}
+
+/// How many log writes this thread gathered so far, and in how many writes
 /// to the kernel.
 #[cfg(test)]
 pub(crate) fn counts() -> (u64, u64) {
-    (
-        GATHERED.load(Ordering::Relaxed),
-        FLUSHED.load(Ordering::Relaxed),
-    )
+    COUNTS.with(std::cell::Cell::get)
 }
 
 /// The default VFS this one delegates to.
@@ -200,6 +225,8 @@ unsafe extern "C" fn x_open(
             wal,
             commit_next: false,
             start: 0,
+            end: 0,
+            failed: ffi::SQLITE_OK,
             buf: Vec::new(),
             peer,
         },
@@ -239,27 +266,39 @@ unsafe fn flush(g: *mut GatherFile) -> c_int {
             piece.len() as c_int,
             offset,
         );
-        FLUSHED.fetch_add(1, Ordering::Relaxed);
+        count(0, 1);
         if rc != ffi::SQLITE_OK {
             break;
         }
         offset += piece.len() as i64;
     }
     gf.buf.clear();
+    if rc != ffi::SQLITE_OK {
+        gf.failed = rc;
+    }
     rc
 }
 
 /// Writes what the log file gathered before an operation on it, or on its
 /// database file's shared memory.
+///
+/// On the log itself, a write that failed earlier in the transaction is
+/// reported again. On the database file nothing is then pending (a failed
+/// write drops what was gathered), and its operations go on: the rollback
+/// needs them.
 unsafe fn flush_before(file: *mut ffi::sqlite3_file) -> c_int {
     let g = file.cast::<GatherFile>();
     if (*g).wal {
-        flush(g)
-    } else if !(*g).peer.is_null() {
-        flush((*g).peer)
-    } else {
-        ffi::SQLITE_OK
+        if (*g).failed != ffi::SQLITE_OK {
+            return (*g).failed;
+        }
+        return flush(g);
     }
+    let log = (*g).peer;
+    if log.is_null() || (*log).failed != ffi::SQLITE_OK {
+        return ffi::SQLITE_OK;
+    }
+    flush(log)
 }
 
 unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
@@ -293,19 +332,30 @@ unsafe extern "C" fn x_write(
             .map_or(ffi::SQLITE_IOERR_WRITE, |w| w(real, data, amount, offset));
     }
     let gf = &mut *g;
-    if !gf.buf.is_empty() && offset != gf.start + gf.buf.len() as i64 {
+    if gf.failed != ffi::SQLITE_OK {
+        return gf.failed;
+    }
+    if offset != gf.end {
+        // Not where the last write ended: what is gathered goes first,
+        // then this write, straight to the file (its outcome is its own).
         let rc = flush(g);
         if rc != ffi::SQLITE_OK {
             return rc;
         }
+        let gf = &mut *g;
+        gf.end = offset + i64::from(amount);
+        let (real, m) = real(file);
+        return m
+            .xWrite
+            .map_or(ffi::SQLITE_IOERR_WRITE, |w| w(real, data, amount, offset));
     }
-    let gf = &mut *g;
     if gf.buf.is_empty() {
         gf.start = offset;
     }
+    gf.end = offset + i64::from(amount);
     let bytes = std::slice::from_raw_parts(data.cast::<u8>(), amount as usize);
     gf.buf.extend_from_slice(bytes);
-    GATHERED.fetch_add(1, Ordering::Relaxed);
+    count(1, 0);
     if amount == FRAME_HEADER {
         // Bytes 4..8 of a frame header: the database's size in pages
         // after a commit, zero in every other frame.
@@ -368,7 +418,16 @@ unsafe extern "C" fn x_lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int
 }
 
 unsafe extern "C" fn x_unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    flushed_then!(file, xUnlock, ffi::SQLITE_IOERR_UNLOCK, |f, r| f(r, level))
+    // Always unlocked (SQLite does not act on an unlock's error), whatever
+    // writing what was gathered said.
+    let flushed = flush_before(file);
+    let (real, m) = real(file);
+    let unlocked = m.xUnlock.map_or(ffi::SQLITE_OK, |f| f(real, level));
+    if flushed != ffi::SQLITE_OK {
+        flushed
+    } else {
+        unlocked
+    }
 }
 
 unsafe extern "C" fn x_check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
@@ -418,9 +477,29 @@ unsafe extern "C" fn x_shm_lock(
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    flushed_then!(file, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, |f, r| f(
-        r, offset, n, flags
-    ))
+    let g = file.cast::<GatherFile>();
+    let flushed = flush_before(file);
+    let unlock = flags & ffi::SQLITE_SHM_UNLOCK != 0;
+    if flushed != ffi::SQLITE_OK && !unlock {
+        return flushed;
+    }
+    let log = (*g).peer;
+    if unlock && offset == WAL_WRITE_LOCK && !(*g).wal && !log.is_null() {
+        // The transaction is over (committed, or rolled back after a failed
+        // write): the next one starts clean.
+        (*log).failed = ffi::SQLITE_OK;
+        (*log).buf.clear();
+    }
+    // An unlock always happens (SQLite does not act on its error).
+    let (real, m) = real(file);
+    let locked = m
+        .xShmLock
+        .map_or(ffi::SQLITE_IOERR_SHMLOCK, |f| f(real, offset, n, flags));
+    if flushed != ffi::SQLITE_OK {
+        flushed
+    } else {
+        locked
+    }
 }
 
 unsafe extern "C" fn x_shm_barrier(file: *mut ffi::sqlite3_file) {
