@@ -246,6 +246,18 @@ unsafe fn real(
     (real, &*(*real).pMethods)
 }
 
+/// Writes `amount` bytes at `offset` through the file's own method.
+unsafe fn write_through(
+    file: *mut ffi::sqlite3_file,
+    data: *const c_void,
+    amount: c_int,
+    offset: i64,
+) -> c_int {
+    let (real, m) = real(file);
+    m.xWrite
+        .map_or(ffi::SQLITE_IOERR_WRITE, |w| w(real, data, amount, offset))
+}
+
 /// Writes what the log file `g` gathered.
 unsafe fn flush(g: *mut GatherFile) -> c_int {
     let gf = &mut *g;
@@ -253,15 +265,11 @@ unsafe fn flush(g: *mut GatherFile) -> c_int {
     if gf.buf.is_empty() {
         return ffi::SQLITE_OK;
     }
-    let (real, m) = real(g.cast());
-    let Some(write) = m.xWrite else {
-        return ffi::SQLITE_IOERR_WRITE;
-    };
     let mut rc = ffi::SQLITE_OK;
     let mut offset = gf.start;
     for piece in gf.buf.chunks(MAX_WRITE) {
-        rc = write(
-            real,
+        rc = write_through(
+            g.cast(),
             piece.as_ptr().cast::<c_void>(),
             piece.len() as c_int,
             offset,
@@ -326,10 +334,7 @@ unsafe extern "C" fn x_write(
 ) -> c_int {
     let g = file.cast::<GatherFile>();
     if !(*g).wal || amount <= 0 {
-        let (real, m) = real(file);
-        return m
-            .xWrite
-            .map_or(ffi::SQLITE_IOERR_WRITE, |w| w(real, data, amount, offset));
+        return write_through(file, data, amount, offset);
     }
     let gf = &mut *g;
     if gf.failed != ffi::SQLITE_OK {
@@ -342,12 +347,8 @@ unsafe extern "C" fn x_write(
         if rc != ffi::SQLITE_OK {
             return rc;
         }
-        let gf = &mut *g;
-        gf.end = offset + i64::from(amount);
-        let (real, m) = real(file);
-        return m
-            .xWrite
-            .map_or(ffi::SQLITE_IOERR_WRITE, |w| w(real, data, amount, offset));
+        (*g).end = offset + i64::from(amount);
+        return write_through(file, data, amount, offset);
     }
     if gf.buf.is_empty() {
         gf.start = offset;
