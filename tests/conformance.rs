@@ -2096,6 +2096,59 @@ mod processes {
         stepwell_tests::store_spec(backend, dir)
     }
 
+    /// A disk that fills in the middle of a transaction: another process's
+    /// commit of 2 MiB fails when its write-ahead-log writes (gathered by
+    /// the store's file layer) meet the file size limit, and its next,
+    /// small commit lands. The database is whole, holds both small commits
+    /// and nothing of the big one, the chain is intact, and the file takes
+    /// new commits after the limit is gone.
+    #[test]
+    fn sqlite_a_commit_that_meets_a_full_disk_fails_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, spec) = (
+            open(Backend::Sqlite, dir.path()),
+            spec_of(Backend::Sqlite, dir.path()),
+        );
+        let r = run("filled", "wf");
+        store.create_if_absent(&r).unwrap();
+        let out = std::process::Command::new(worker())
+            .args([spec.as_str(), "full-disk", "filled", "256"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let big = report["big"].as_str().unwrap();
+        assert!(
+            big.contains("full") || big.contains("I/O"),
+            "the big commit failed for another reason: {big}"
+        );
+        let ledger = store.list_records("filled").unwrap();
+        let texts: Vec<&str> = ledger
+            .iter()
+            .map(|r| r.result.as_ref().unwrap()["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(texts, ["before", "after"], "nothing of the failed commit");
+        assert!(stepwell::store::verify_chain(&ledger).is_ok());
+        assert_eq!(store.load_run("filled").unwrap().unwrap().version, 3);
+        let db = spec.strip_prefix("sqlite:").unwrap();
+        let check = rusqlite::Connection::open(db).unwrap();
+        let integrity: String = check
+            .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(integrity, "ok");
+        // Without the limit, this process commits on the same file.
+        let mut run = store.load_run("filled").unwrap().unwrap();
+        run.version = 4;
+        store
+            .commit(&[], &run, Fence::unleased(3), LeaseAfter::Release)
+            .unwrap();
+        assert_eq!(store.load_run("filled").unwrap().unwrap().version, 4);
+    }
+
     fn race(backend: Backend, mode: &str) -> Vec<serde_json::Value> {
         let dir = tempfile::tempdir().unwrap();
         let (store, spec) = (open(backend, dir.path()), spec_of(backend, dir.path()));

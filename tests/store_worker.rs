@@ -19,6 +19,13 @@
 //!   dedupe keys `k0` .. `k<N-1>` (the same keys in every worker), and
 //!   prints `{"stored": S, "duplicates": D}`.
 //!
+//! - `full-disk` (SQLite only): commits one small record, then, with the
+//!   process's file size limit (`RLIMIT_FSIZE`) set N KiB past the end of
+//!   the database and its write-ahead log, one record of 2 MiB, which must
+//!   fail (the log cannot grow that far: the store's file layer meets the
+//!   limit in the middle of the transaction's gathered log writes), then one
+//!   more small record, which must land (it fits). Prints `{"big": ERROR}`.
+//!
 //! With GO_FILE, it starts only once that file exists (so that several
 //! workers start together). Prints `{"conflicts": C, "busy": B}`: the
 //! commits that lost a race (and changed nothing), and the claims that
@@ -65,6 +72,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         while !std::path::Path::new(go).exists() {
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+    if mode == "full-disk" {
+        let path = args[0]
+            .strip_prefix("sqlite:")
+            .ok_or("full-disk needs sqlite:PATH")?;
+        let big = full_disk(&*store, path, run_id, n)?;
+        println!("{}", json!({ "big": big }));
+        return Ok(());
     }
     if mode == "events" {
         let (mut stored, mut duplicates) = (0u64, 0u64);
@@ -141,4 +156,48 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("{}", json!({ "conflicts": conflicts, "busy": busy }));
     Ok(())
+}
+
+/// One unleased commit of a record to `run_id` (`text` in its result).
+fn commit_one(
+    store: &dyn stepwell::Store,
+    run_id: &str,
+    text: String,
+) -> Result<(), stepwell::store::StoreError> {
+    let mut run = store.load_run(run_id)?.expect("the run exists");
+    let read = run.version;
+    run.version = read + 1;
+    let mut rec = record(&run, read, "full-disk");
+    rec.result = Some(json!({ "text": text }));
+    store.commit(&[rec], &run, Fence::unleased(read), LeaseAfter::Release)
+}
+
+/// The `full-disk` mode: returns the big commit's error.
+fn full_disk(
+    store: &dyn stepwell::Store,
+    path: &str,
+    run_id: &str,
+    kib: u64,
+) -> Result<String, Box<dyn std::error::Error>> {
+    commit_one(store, run_id, "before".into())?;
+    let size = |p: &str| std::fs::metadata(p).map_or(0, |m| m.len());
+    let end = size(path).max(size(&format!("{path}-wal")));
+    // SAFETY: plain libc calls. A write past the limit then fails with
+    // EFBIG instead of the process being killed by SIGXFSZ.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        let limit = libc::rlimit {
+            rlim_cur: end + kib * 1024,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+            return Err("setrlimit failed".into());
+        }
+    }
+    let big = match commit_one(store, run_id, "x".repeat(2 << 20)) {
+        Ok(()) => return Err("a 2 MiB commit landed past the file size limit".into()),
+        Err(e) => e.to_string(),
+    };
+    commit_one(store, run_id, "after".into())?;
+    Ok(big)
 }
