@@ -48,7 +48,10 @@ Install the reference (Python >= 3.10; the parts used here need nothing beyond
 the standard library, sqlite3 included, hence --no-deps):
 
     python3 -m venv .venv-ref && .venv-ref/bin/pip install --no-deps abstractruntime==0.13.0
-    .venv-ref/bin/python scripts/bench-reference.py [--quick]
+    .venv-ref/bin/python scripts/bench-reference.py [--quick] [--only NAME,NAME]
+
+`--only` measures the named figures alone (scripts/bench-compare uses it to
+run the two implementations in turns).
 
 Do not run it from inside the reference's source tree (its `email` package
 would shadow the standard library's).
@@ -301,7 +304,13 @@ def bench_history_window(reads: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 chain repeats, 1 batch of 50 cycles")
+    parser.add_argument("--only", metavar="NAMES",
+                        help="comma-separated figure names: measure only these (and skip the notes' ledger probe)")
     args = parser.parse_args()
+    only = set(args.only.split(",")) if args.only else None
+
+    def want(name: str) -> bool:
+        return only is None or name in only
     chain_len = 1_000
     repeats = 3 if args.quick else 25
     per_batch, batches = (50, 1) if args.quick else (500, 5)
@@ -310,38 +319,49 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="stepwell-bench-reference-") as scratch, \
             contextlib.redirect_stdout(sys.stderr):
         root = Path(scratch)
-        mem = Runtime(run_store=InMemoryRunStore(), ledger_store=InMemoryLedgerStore())
-        figures["chain_steps_per_s_memory"] = round(bench_chain(mem, chain_len, repeats))
+        if want("chain_steps_per_s_memory"):
+            mem = Runtime(run_store=InMemoryRunStore(), ledger_store=InMemoryLedgerStore())
+            figures["chain_steps_per_s_memory"] = round(bench_chain(mem, chain_len, repeats))
 
-        chain_rt = sqlite_runtime(root / "chain.sqlite")
-        figures["chain_steps_per_s_sqlite"] = round(bench_chain(chain_rt, chain_len, repeats))
+        if want("chain_steps_per_s_sqlite"):
+            chain_rt = sqlite_runtime(root / "chain.sqlite")
+            figures["chain_steps_per_s_sqlite"] = round(bench_chain(chain_rt, chain_len, repeats))
 
-        ask_rt = sqlite_runtime(root / "ask.sqlite")
-        figures["ask_resume_cycles_per_s_sqlite"] = round(bench_cycles(ask_rt, per_batch, batches))
+        if want("ask_resume_cycles_per_s_sqlite"):
+            ask_rt = sqlite_runtime(root / "ask.sqlite")
+            figures["ask_resume_cycles_per_s_sqlite"] = round(bench_cycles(ask_rt, per_batch, batches))
 
-        chained_rt = sqlite_runtime(root / "ask-chained.sqlite", chained=True)
-        figures["ask_resume_cycles_per_s_sqlite_chained"] = round(
-            bench_cycles(chained_rt, per_batch, batches))
+        if want("ask_resume_cycles_per_s_sqlite_chained"):
+            chained_rt = sqlite_runtime(root / "ask-chained.sqlite", chained=True)
+            figures["ask_resume_cycles_per_s_sqlite_chained"] = round(
+                bench_cycles(chained_rt, per_batch, batches))
 
         try:
             import abstractcore  # noqa: F401  (the automation layer needs it)
             have_automations = True
         except ImportError:
             have_automations = False
-        if have_automations:
+        if have_automations and want("automation_occurrences_per_s_sqlite"):
             occ = (20, 1) if args.quick else (100, 3)
             figures["automation_occurrences_per_s_sqlite"] = round(
                 bench_automation_occurrences(root, *occ), 1)
+        if have_automations and want("automation_commands_per_s_sqlite"):
             cmds = (40, 1) if args.quick else (200, 3)
             figures["automation_commands_per_s_sqlite"] = round(bench_automation_commands(root, *cmds), 1)
 
-        figures["history_window_us_p50"] = round(bench_history_window(20 if args.quick else 100), 1)
+        if want("history_window_us_p50"):
+            figures["history_window_us_p50"] = round(bench_history_window(20 if args.quick else 100), 1)
 
-        probe = sqlite_runtime(root / "probe.sqlite")
-        chain_ledger = ledger_shape(probe, chain_workflow(chain_len), "chain")
-        ask_ledger = ledger_shape(probe, ask_workflow(), "ask")
+        if only is None:
+            probe = sqlite_runtime(root / "probe.sqlite")
+            chain_ledger = ledger_shape(probe, chain_workflow(chain_len), "chain")
+            ask_ledger = ledger_shape(probe, ask_workflow(), "ask")
 
     figures["reference_version"] = REFERENCE_VERSION
+    if only is not None:
+        json.dump(figures, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
     figures["notes"] = (
         "SQLite = the reference's SqliteRunStore + SqliteLedgerStore (one file, WAL, synchronous=NORMAL). "
         "Nodes are plain in-process Python functions (no sandbox); stepwell's are WASM components. "

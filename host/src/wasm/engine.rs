@@ -400,6 +400,11 @@ fn engine_config(limits: &SandboxLimits, pooling: bool) -> Config {
     let mut wt = Config::new();
     wt.epoch_interruption(true);
     wt.wasm_component_model(true);
+    // `STEPWELL_WASM_PERFMAP=1` writes /tmp/perf-PID.map so that `perf`
+    // names the guests' compiled functions (docs/performance.md).
+    if std::env::var_os("STEPWELL_WASM_PERFMAP").is_some_and(|v| v == "1") {
+        wt.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     if pooling {
         let mut pool = PoolingAllocationConfig::new();
         pool.total_component_instances(POOL_INSTANCES)
