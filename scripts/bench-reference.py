@@ -50,8 +50,8 @@ the standard library, sqlite3 included, hence --no-deps):
     python3 -m venv .venv-ref && .venv-ref/bin/pip install --no-deps abstractruntime==0.13.0
     .venv-ref/bin/python scripts/bench-reference.py [--quick] [--only NAME,NAME]
 
-`--only` measures the named figures alone (scripts/bench-compare uses it to
-run the two implementations in turns).
+`--only` measures the named figures alone, whole names separated by commas
+(scripts/bench-compare uses it to run the two implementations in turns).
 
 Do not run it from inside the reference's source tree (its `email` package
 would shadow the standard library's).
@@ -301,13 +301,31 @@ def bench_history_window(reads: int) -> float:
     return statistics.median(times)
 
 
+# The figures this script measures (what --only accepts).
+FIGURES = (
+    "chain_steps_per_s_memory",
+    "chain_steps_per_s_sqlite",
+    "ask_resume_cycles_per_s_sqlite",
+    "ask_resume_cycles_per_s_sqlite_chained",
+    "automation_occurrences_per_s_sqlite",
+    "automation_commands_per_s_sqlite",
+    "history_window_us_p50",
+)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 chain repeats, 1 batch of 50 cycles")
     parser.add_argument("--only", metavar="NAMES",
-                        help="comma-separated figure names: measure only these (and skip the notes' ledger probe)")
+                        help="comma-separated figure names (whole names, unlike stepwell bench's --only): "
+                             "measure only these (and skip the notes' ledger probe)")
     args = parser.parse_args()
-    only = set(args.only.split(",")) if args.only else None
+    only = None
+    if args.only is not None:
+        only = {name.strip() for name in args.only.split(",")}
+        unknown = sorted(only - set(FIGURES)) if only != {""} else [""]
+        if unknown:
+            parser.error(f"--only: unknown figure {unknown[0]!r}; the figures are {', '.join(FIGURES)}")
 
     def want(name: str) -> bool:
         return only is None or name in only

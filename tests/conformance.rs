@@ -2121,9 +2121,13 @@ mod processes {
             String::from_utf8_lossy(&out.stderr)
         );
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let big = report["big"].as_str().unwrap();
+        let big = &report["big"];
+        let message = big["message"].as_str().unwrap();
+        // SQLite's words for a write the file system refused.
         assert!(
-            big.contains("full") || big.contains("I/O"),
+            big["code"] == "store_io"
+                && (message.ends_with("disk I/O error")
+                    || message.ends_with("database or disk is full")),
             "the big commit failed for another reason: {big}"
         );
         let ledger = store.list_records("filled").unwrap();

@@ -24,7 +24,8 @@
 //!   the database and its write-ahead log, one record of 2 MiB, which must
 //!   fail (the log cannot grow that far: the store's file layer meets the
 //!   limit in the middle of the transaction's gathered log writes), then one
-//!   more small record, which must land (it fits). Prints `{"big": ERROR}`.
+//!   more small record, which must land (it fits). Prints `{"big": {"code",
+//!   "message"}}`, the big commit's error.
 //!
 //! With GO_FILE, it starts only once that file exists (so that several
 //! workers start together). Prints `{"conflicts": C, "busy": B}`: the
@@ -172,31 +173,44 @@ fn commit_one(
     store.commit(&[rec], &run, Fence::unleased(read), LeaseAfter::Release)
 }
 
-/// The `full-disk` mode: returns the big commit's error.
+/// The `full-disk` mode: returns the big commit's error (code and message).
 fn full_disk(
     store: &dyn stepwell::Store,
     path: &str,
     run_id: &str,
     kib: u64,
-) -> Result<String, Box<dyn std::error::Error>> {
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     commit_one(store, run_id, "before".into())?;
     let size = |p: &str| std::fs::metadata(p).map_or(0, |m| m.len());
     let end = size(path).max(size(&format!("{path}-wal")));
-    // SAFETY: plain libc calls. A write past the limit then fails with
-    // EFBIG instead of the process being killed by SIGXFSZ.
+    // SAFETY: plain libc calls on a local struct. A write past the limit
+    // then fails with EFBIG instead of the process being killed by SIGXFSZ.
+    // The hard limit stays as it is (a user may lower the soft one only).
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-        let limit = libc::rlimit {
-            rlim_cur: end + kib * 1024,
-            rlim_max: libc::RLIM_INFINITY,
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
         };
+        if libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) != 0 {
+            return Err(format!("getrlimit: {}", std::io::Error::last_os_error()).into());
+        }
+        let wanted = end + kib * 1024;
+        if limit.rlim_max != libc::RLIM_INFINITY && limit.rlim_max < wanted {
+            return Err(format!(
+                "the hard file size limit {} is below {wanted}",
+                limit.rlim_max
+            )
+            .into());
+        }
+        limit.rlim_cur = wanted;
         if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
-            return Err("setrlimit failed".into());
+            return Err(format!("setrlimit: {}", std::io::Error::last_os_error()).into());
         }
     }
     let big = match commit_one(store, run_id, "x".repeat(2 << 20)) {
         Ok(()) => return Err("a 2 MiB commit landed past the file size limit".into()),
-        Err(e) => e.to_string(),
+        Err(e) => json!({ "code": e.code, "message": e.message }),
     };
     commit_one(store, run_id, "after".into())?;
     Ok(big)
