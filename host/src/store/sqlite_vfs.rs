@@ -253,6 +253,10 @@ unsafe fn write_through(
     amount: c_int,
     offset: i64,
 ) -> c_int {
+    #[cfg(test)]
+    if tests::FAIL_WRITES.with(std::cell::Cell::get) {
+        return ffi::SQLITE_IOERR_WRITE;
+    }
     let (real, m) = real(file);
     m.xWrite
         .map_or(ffi::SQLITE_IOERR_WRITE, |w| w(real, data, amount, offset))
@@ -542,5 +546,131 @@ unsafe extern "C" fn x_unfetch(file: *mut ffi::sqlite3_file, offset: i64, p: *mu
     match m.xUnfetch {
         Some(f) if m.iVersion >= 3 => f(real, offset, p),
         _ => ffi::SQLITE_OK,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::{configure, open_connection};
+    use crate::store::Durability;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Makes this thread's writes through the layer fail (as a full
+        /// disk would), without touching the file.
+        pub(super) static FAIL_WRITES: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// The file object SQLite keeps for `op` (the database file or its log).
+    unsafe fn file_of(conn: &rusqlite::Connection, op: c_int) -> *mut ffi::sqlite3_file {
+        let mut file: *mut ffi::sqlite3_file = ptr::null_mut();
+        let rc = ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            op,
+            ptr::addr_of_mut!(file).cast(),
+        );
+        assert_eq!(rc, ffi::SQLITE_OK);
+        assert!(!file.is_null());
+        assert!(ptr::eq((*file).pMethods, &METHODS), "not the store's layer");
+        file
+    }
+
+    /// A write of gathered bytes that fails where SQLite is not told at
+    /// once (here: the operation that wrote them reports it, but SQLite
+    /// may call another method next) is remembered: every later operation
+    /// on the log reports it, even once the kernel would take the bytes,
+    /// so the transaction cannot commit past bytes that never reached the
+    /// file. The transaction's end (its write lock released) forgets it.
+    #[test]
+    fn a_failed_write_of_gathered_bytes_fails_the_rest_of_its_transaction() {
+        let dir = std::env::temp_dir().join(format!(
+            "stepwell-vfs-remember-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let conn = open_connection(&dir.join("t.sqlite")).unwrap();
+        configure(&conn, Durability::Normal).unwrap();
+        conn.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);")
+            .unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES (2);")
+            .unwrap();
+        unsafe {
+            let log = file_of(&conn, ffi::SQLITE_FCNTL_JOURNAL_POINTER);
+            let db = file_of(&conn, ffi::SQLITE_FCNTL_FILE_POINTER);
+            let g = log.cast::<GatherFile>();
+            assert!((*g).wal && !(*db.cast::<GatherFile>()).wal);
+            let m = &*(*log).pMethods;
+            // Bytes of a frame that does not end the transaction: gathered.
+            let bytes = [7u8; 100];
+            let end = (*g).end;
+            assert_eq!(
+                m.xWrite.unwrap()(log, bytes.as_ptr().cast(), 100, end),
+                ffi::SQLITE_OK
+            );
+            assert_eq!((*g).buf.len(), 100);
+            // Their write fails.
+            let mut size = 0i64;
+            FAIL_WRITES.with(|f| f.set(true));
+            let rc = m.xFileSize.unwrap()(log, &mut size);
+            FAIL_WRITES.with(|f| f.set(false));
+            assert_eq!(rc, ffi::SQLITE_IOERR_WRITE);
+            assert!((*g).buf.is_empty(), "the failed bytes are dropped");
+            // Remembered: the kernel would take writes again, yet every
+            // operation on the log reports the failure.
+            let mut header = [0u8; 32];
+            assert_eq!(
+                m.xRead.unwrap()(log, header.as_mut_ptr().cast(), 32, 0),
+                ffi::SQLITE_IOERR_WRITE
+            );
+            assert_eq!(
+                m.xSync.unwrap()(log, ffi::SQLITE_SYNC_NORMAL),
+                ffi::SQLITE_IOERR_WRITE
+            );
+            assert_eq!(
+                m.xFileSize.unwrap()(log, &mut size),
+                ffi::SQLITE_IOERR_WRITE
+            );
+            assert_eq!(
+                m.xWrite.unwrap()(log, bytes.as_ptr().cast(), 100, end),
+                ffi::SQLITE_IOERR_WRITE
+            );
+            assert!((*g).buf.is_empty(), "nothing gathered after the failure");
+            // The database file's own operations go on: the rollback needs them.
+            let dm = &*(*db).pMethods;
+            assert_eq!(dm.xFileSize.unwrap()(db, &mut size), ffi::SQLITE_OK);
+            // The commit's frames meet the remembered failure: it fails,
+            // and the transaction is rolled back.
+            let err = conn.execute_batch("COMMIT").unwrap_err();
+            assert!(err.to_string().contains("disk I/O error"), "{err}");
+            if !conn.is_autocommit() {
+                conn.execute_batch("ROLLBACK").unwrap();
+            }
+            // The write lock is released: the failure is forgotten.
+            assert_eq!((*g).failed, ffi::SQLITE_OK);
+        }
+        conn.execute_batch("INSERT INTO t VALUES (3);").unwrap();
+        drop(conn);
+        // A fresh connection finds the first and last rows only, and a
+        // whole database.
+        let conn = open_connection(&dir.join("t.sqlite")).unwrap();
+        configure(&conn, Durability::Normal).unwrap();
+        let rows: Vec<i64> = conn
+            .prepare("SELECT x FROM t ORDER BY x")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(rows, vec![1, 3]);
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+        drop(conn);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
