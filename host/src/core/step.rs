@@ -28,6 +28,9 @@ use crate::wasm::{vars_json, GuestError, NodeCall, NodeComponent, NodeSession};
 #[derive(Default)]
 pub(crate) struct Sessions {
     by_component: Vec<NodeSession>,
+    /// The run id's part of the steps' seeds ([`Sessions::seed`]), hashed
+    /// once a tick rather than for every step.
+    seed_prefix: Option<(String, u64)>,
 }
 
 /// How many calls one instance serves before a fresh one is made.
@@ -89,15 +92,33 @@ impl Sessions {
     }
 }
 
-/// The seed of a step's random stream: its run and how many steps the run
-/// took before it (FNV-1a), the same when the step is replayed.
-fn step_seed(run_id: &str, visits: u64) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in run_id.bytes().chain(visits.to_le_bytes()) {
-        h ^= u64::from(b);
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a of `bytes`, continuing from `h`.
+fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
+}
+
+impl Sessions {
+    /// The seed of a step's random stream: FNV-1a of its run id's bytes
+    /// and then of how many steps the run took before it (`visits`, eight
+    /// bytes little-endian), the same when the step is replayed. The run
+    /// id's part is hashed once a tick.
+    fn seed(&mut self, run_id: &str, visits: u64) -> u64 {
+        let prefix = match &self.seed_prefix {
+            Some((id, h)) if id == run_id => *h,
+            _ => {
+                let h = fnv1a(FNV_OFFSET, run_id.as_bytes());
+                self.seed_prefix = Some((run_id.to_string(), h));
+                h
+            }
+        };
+        fnv1a(prefix, &visits.to_le_bytes())
+    }
 }
 
 /// Where a step sends the run.
@@ -715,7 +736,7 @@ impl Runtime {
                     vars_json: &vars,
                     now,
                     attempt: current_attempt(run),
-                    seed: step_seed(&run.run_id, node_visits(run)),
+                    seed: sessions.seed(&run.run_id, node_visits(run)),
                 };
                 sessions
                     .call(self.inner.config.reuse_instances, component, &call)
@@ -952,4 +973,23 @@ fn settle_ahead(
         txn.append_ahead(&records)?;
     }
     Ok(Vec::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sessions;
+
+    /// A replayed step must draw the same random bytes as the first time,
+    /// also after an upgrade: the seeds are pinned (FNV-1a of the run id,
+    /// then of the visit count's eight little-endian bytes).
+    #[test]
+    fn step_seeds_are_pinned_and_follow_the_run() {
+        let mut s = Sessions::default();
+        let run = "01a234fa-21c8-74b6-800c-ab28263f6deb";
+        assert_eq!(s.seed(run, 0), 0xedae_bfc9_033b_81f0);
+        assert_eq!(s.seed(run, 7), 0xc68a_3108_4fc6_88d7);
+        // Another run id is hashed anew, not served from the first's prefix.
+        assert_eq!(s.seed("r", 1), 0x91ce_6778_1fe4_ef54);
+        assert_eq!(s.seed(run, 7), 0xc68a_3108_4fc6_88d7);
+    }
 }
