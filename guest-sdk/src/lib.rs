@@ -217,6 +217,14 @@ impl NodeError {
 
 /// Converts between the WIT types and the SDK types and calls `handler`.
 /// Used by [`export_node!`]; not part of the stable API.
+/// JSON text of `value`, written straight into a string (`Value`'s
+/// `Display` goes through the formatter, token by token, which costs a
+/// node call more than its parsing).
+pub(crate) fn json_text<T: serde::Serialize + ?Sized>(value: &T) -> String {
+    // Serialising a `Value` or a `Map` cannot fail: their keys are strings.
+    serde_json::to_string(value).unwrap_or_else(|_| "null".into())
+}
+
 #[doc(hidden)]
 pub fn __dispatch(
     handler: fn(Input) -> Result<Plan, NodeError>,
@@ -244,14 +252,14 @@ pub fn __dispatch(
     };
     match handler(input) {
         Ok(plan) => Ok(wit::StepPlan {
-            vars: plan.vars.map(|v| Value::Object(v).to_string()),
+            vars: plan.vars.map(|v| json_text(&v)),
             effect: plan.effect.map(|e| wit::Effect {
                 kind: e.kind,
-                payload: e.payload.to_string(),
+                payload: json_text(&e.payload),
                 result_key: e.result_key,
             }),
             next_node: plan.next_node,
-            complete_output: plan.complete_output.map(|v| v.to_string()),
+            complete_output: plan.complete_output.map(|v| json_text(&v)),
         }),
         Err(NodeError::InvalidInput(m)) => Err(wit::NodeError::InvalidInput(m)),
         Err(NodeError::Failed(m)) => Err(wit::NodeError::Failed(m)),

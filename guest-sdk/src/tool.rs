@@ -161,7 +161,7 @@ pub mod glue {
             .map(|s| wit::ToolSpec {
                 name: s.name,
                 description: s.description,
-                parameters: s.parameters.to_string(),
+                parameters: crate::json_text(&s.parameters),
                 effect_class: match s.effect_class {
                     EffectClass::Read => wit::EffectClass::Read,
                     EffectClass::Write => wit::EffectClass::Write,
@@ -194,7 +194,7 @@ pub mod glue {
             arguments,
         };
         match T::invoke(call) {
-            Ok(v) => Ok(v.to_string()),
+            Ok(v) => Ok(crate::json_text(&v)),
             Err(ToolError::InvalidArguments(m)) => Err(wit::ToolError::InvalidArguments(m)),
             Err(ToolError::Failed(m)) => Err(wit::ToolError::Failed(m)),
         }

@@ -308,8 +308,8 @@ pub mod glue {
             id: d.id,
             version: d.version,
             label: d.label,
-            config_schema: d.config_schema.to_string(),
-            event_schema: d.event_schema.to_string(),
+            config_schema: crate::json_text(&d.config_schema),
+            event_schema: crate::json_text(&d.event_schema),
             kind: match d.kind {
                 Kind::Time => wit::SourceKind::Time,
                 Kind::Manual => wit::SourceKind::Manual,
@@ -324,7 +324,7 @@ pub mod glue {
     ) -> Result<String, wit::TriggerError> {
         let config = parse("trigger.config", &config)?;
         T::validate(config, &now)
-            .map(|v| v.to_string())
+            .map(|v| crate::json_text(&v))
             .map_err(to_wit_error)
     }
 
@@ -333,7 +333,7 @@ pub mod glue {
         now: String,
     ) -> Result<String, wit::TriggerError> {
         T::initial_state(&binding(b)?, &now)
-            .map(|v| v.to_string())
+            .map(|v| crate::json_text(&v))
             .map_err(to_wit_error)
     }
 
@@ -378,10 +378,10 @@ pub mod glue {
             admission: admission.map(|a| wit::Admission {
                 event_id: a.event_id,
                 fired_at: a.fired_at,
-                payload: a.payload.to_string(),
-                inputs: a.inputs.map(|i| i.to_string()),
+                payload: crate::json_text(&a.payload),
+                inputs: a.inputs.map(|i| crate::json_text(&i)),
             }),
-            state: state.to_string(),
+            state: crate::json_text(&state),
         })
     }
 
@@ -392,7 +392,7 @@ pub mod glue {
     ) -> Result<String, wit::TriggerError> {
         let state = parse("state", &state)?;
         T::rearm(&binding(b)?, &state, &now)
-            .map(|v| v.to_string())
+            .map(|v| crate::json_text(&v))
             .map_err(to_wit_error)
     }
 
@@ -409,7 +409,7 @@ pub mod glue {
             source_id: e.source_id,
             source_version: e.source_version,
             fired_at: e.fired_at,
-            payload: e.payload.to_string(),
+            payload: crate::json_text(&e.payload),
             binding_id: e.binding_id,
         })
     }
