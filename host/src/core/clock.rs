@@ -63,29 +63,24 @@ pub fn format_time(t: DateTime<Utc>) -> String {
     if !(0..=9999).contains(&year) || t.nanosecond() >= 1_000_000_000 {
         return t.to_rfc3339_opts(SecondsFormat::Micros, true);
     }
-    // Called for every step: written digit by digit, not through a format
-    // string.
-    fn digits(out: &mut String, n: u32, width: u32) {
-        for i in (0..width).rev() {
-            out.push(char::from(b'0' + (n / 10u32.pow(i) % 10) as u8));
+    // Called for every step: the digits are written into a fixed buffer,
+    // not through a format string.
+    fn digits(buf: &mut [u8], mut n: u32) {
+        for b in buf.iter_mut().rev() {
+            *b = b'0' + (n % 10) as u8;
+            n /= 10;
         }
     }
-    let mut out = String::with_capacity(27);
-    digits(&mut out, year as u32, 4);
-    out.push('-');
-    digits(&mut out, t.month(), 2);
-    out.push('-');
-    digits(&mut out, t.day(), 2);
-    out.push('T');
-    digits(&mut out, t.hour(), 2);
-    out.push(':');
-    digits(&mut out, t.minute(), 2);
-    out.push(':');
-    digits(&mut out, t.second(), 2);
-    out.push('.');
-    digits(&mut out, t.nanosecond() / 1_000, 6);
-    out.push('Z');
-    out
+    let mut buf = *b"0000-00-00T00:00:00.000000Z";
+    digits(&mut buf[0..4], year as u32);
+    digits(&mut buf[5..7], t.month());
+    digits(&mut buf[8..10], t.day());
+    digits(&mut buf[11..13], t.hour());
+    digits(&mut buf[14..16], t.minute());
+    digits(&mut buf[17..19], t.second());
+    digits(&mut buf[20..26], t.nanosecond() / 1_000);
+    // Only ASCII digits and separators were written.
+    String::from_utf8_lossy(&buf).into_owned()
 }
 
 /// Parses an RFC 3339 timestamp that carries an explicit offset.

@@ -237,7 +237,13 @@ impl Runtime {
             if top {
                 super::cascade::start();
             }
-            let records = std::mem::take(&mut pending);
+            let mut records = std::mem::take(&mut pending);
+            if records.capacity() == 0 {
+                // Room for the one record most steps write, not the four a
+                // first push makes room for (four records are past the
+                // allocator's fast size classes).
+                records.reserve_exact(1);
+            }
             match panics::catch(|| self.step(txn, &wf, &mut run, records, depth, &mut sessions)) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(e),
