@@ -20,13 +20,18 @@
 //! - before the database file's shared-memory operations (`xShmBarrier` in
 //!   particular, which SQLite calls between the two copies of the index
 //!   header it writes to publish a commit): a safety net should a commit
-//!   frame ever be written in a form the first rule does not recognise. A
+//!   frame ever be written in a form the first rule does not recognise
+//!   (none is known: a test fails any commit frame's page and expects the
+//!   error from the write). A
 //!   failed write there, where SQLite cannot be told, aborts the process
 //!   rather than publish frames that are not in the file (a crash is what
 //!   the store is built to survive);
-//! - a write anywhere else than where the last one ended (a frame whose
-//!   checksum is rewritten, the log started again from its beginning) goes
-//!   straight to the file, after what was gathered;
+//! - a write behind where the last one ended (a frame of the transaction
+//!   written again: a page, a header whose checksum is rewritten) goes
+//!   straight to the file, after what was gathered; a write anywhere else
+//!   (the transaction's first, which may start where another process's
+//!   commit ended, or at the start of a restarted log) starts a new buffer,
+//!   so a commit frame is recognised wherever it starts;
 //! - when the buffer reaches 1 MiB (a transaction of many pages), written
 //!   in pieces of at most 64 KiB (SQLite's Unix file writes less than
 //!   128 KiB per call).
@@ -68,6 +73,17 @@ const WAL_WRITE_LOCK: c_int = 0;
 /// The size of a WAL frame header.
 const FRAME_HEADER: c_int = 24;
 
+/// Where the log ends for a file whose transaction has not written yet:
+/// the first write of every transaction starts a gathering of its own.
+const NO_END: i64 = -1;
+
+/// Whether `bytes`, written alone, are the header of a transaction's
+/// commit frame: bytes 4..8 of a frame header are the database's size in
+/// pages after a commit, zero in every other frame.
+fn is_commit_header(bytes: &[u8]) -> bool {
+    bytes.len() == FRAME_HEADER as usize && bytes[4..8] != [0, 0, 0, 0]
+}
+
 /// One open file: SQLite's own file object follows it in the same memory.
 #[repr(C)]
 struct GatherFile {
@@ -81,9 +97,10 @@ struct GatherFile {
     commit_next: bool,
     /// Where the buffered bytes go in the file.
     start: i64,
-    /// Where the last write to the log ended: a write there is appended to
-    /// the buffer, one anywhere else (a frame rewritten, the log restarted)
-    /// goes straight to the file.
+    /// Where the last write to the log ended ([`NO_END`] before a
+    /// transaction's first): a write there is appended to the buffer, one
+    /// behind it (a frame rewritten) goes straight to the file, one
+    /// anywhere else starts a new buffer.
     end: i64,
     /// The error a write of gathered bytes met, if one did: every later
     /// operation on the log reports it until the transaction's write lock
@@ -225,7 +242,7 @@ unsafe extern "C" fn x_open(
             wal,
             commit_next: false,
             start: 0,
-            end: 0,
+            end: NO_END,
             failed: ffi::SQLITE_OK,
             buf: Vec::new(),
             peer,
@@ -254,7 +271,10 @@ unsafe fn write_through(
     offset: i64,
 ) -> c_int {
     #[cfg(test)]
-    if tests::FAIL_WRITES.with(std::cell::Cell::get) {
+    if tests::FAIL_WRITES_OVER
+        .with(std::cell::Cell::get)
+        .is_some_and(|most| amount as usize > most)
+    {
         return ffi::SQLITE_IOERR_WRITE;
     }
     let (real, m) = real(file);
@@ -344,16 +364,36 @@ unsafe extern "C" fn x_write(
     if gf.failed != ffi::SQLITE_OK {
         return gf.failed;
     }
-    if offset != gf.end {
-        // Not where the last write ended: what is gathered goes first,
-        // then this write, straight to the file (its outcome is its own).
+    if offset < gf.end {
+        // Behind where the last write ended: a frame of this transaction
+        // written again (a page, a header whose checksum is rewritten).
+        // What is gathered goes first, then this write, straight to the
+        // file (its outcome is its own).
         let rc = flush(g);
         if rc != ffi::SQLITE_OK {
             return rc;
         }
-        (*g).end = offset + i64::from(amount);
-        return write_through(file, data, amount, offset);
+        let gf = &mut *g;
+        gf.end = offset + i64::from(amount);
+        let rc = write_through(file, data, amount, offset);
+        // Should it be a commit frame's header, its page (next) is written
+        // before its own write call returns, like any commit frame's.
+        let bytes = std::slice::from_raw_parts(data.cast::<u8>(), amount as usize);
+        gf.commit_next = rc == ffi::SQLITE_OK && is_commit_header(bytes);
+        return rc;
     }
+    if offset != gf.end {
+        // Ahead of where the last write ended, or the transaction's first
+        // write (another process may have written the log since this
+        // connection's last): what is gathered goes first, and a new
+        // gathering starts here, so that a commit frame is recognised
+        // wherever it starts.
+        let rc = flush(g);
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+    }
+    let gf = &mut *g;
     if gf.buf.is_empty() {
         gf.start = offset;
     }
@@ -362,9 +402,7 @@ unsafe extern "C" fn x_write(
     gf.buf.extend_from_slice(bytes);
     count(1, 0);
     if amount == FRAME_HEADER {
-        // Bytes 4..8 of a frame header: the database's size in pages
-        // after a commit, zero in every other frame.
-        gf.commit_next = bytes[4..8] != [0, 0, 0, 0];
+        gf.commit_next = is_commit_header(bytes);
     } else if gf.commit_next {
         return flush(g);
     }
@@ -491,9 +529,12 @@ unsafe extern "C" fn x_shm_lock(
     let log = (*g).peer;
     if unlock && offset == WAL_WRITE_LOCK && !(*g).wal && !log.is_null() {
         // The transaction is over (committed, or rolled back after a failed
-        // write): the next one starts clean.
+        // write): the next one starts clean, and where the log ends is
+        // learnt from its first write (other processes may write first).
         (*log).failed = ffi::SQLITE_OK;
         (*log).buf.clear();
+        (*log).end = NO_END;
+        (*log).commit_next = false;
     }
     // An unlock always happens (SQLite does not act on its error).
     let (real, m) = real(file);
@@ -557,9 +598,34 @@ mod tests {
     use std::cell::Cell;
 
     thread_local! {
-        /// Makes this thread's writes through the layer fail (as a full
-        /// disk would), without touching the file.
-        pub(super) static FAIL_WRITES: Cell<bool> = const { Cell::new(false) };
+        /// Makes this thread's writes through the layer of more than this
+        /// many bytes fail (as a full disk would), without touching the
+        /// file.
+        pub(super) static FAIL_WRITES_OVER: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+
+    fn fail_writes_over(bytes: Option<usize>) {
+        FAIL_WRITES_OVER.with(|f| f.set(bytes));
+    }
+
+    fn rows(conn: &rusqlite::Connection) -> Vec<i64> {
+        conn.prepare("SELECT x FROM t ORDER BY x")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    fn integrity(conn: &rusqlite::Connection) -> String {
+        conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    fn open(path: &std::path::Path) -> rusqlite::Connection {
+        let conn = open_connection(path).unwrap();
+        configure(&conn, Durability::Normal).unwrap();
+        conn
     }
 
     /// The file object SQLite keeps for `op` (the database file or its log).
@@ -585,15 +651,9 @@ mod tests {
     /// file. The transaction's end (its write lock released) forgets it.
     #[test]
     fn a_failed_write_of_gathered_bytes_fails_the_rest_of_its_transaction() {
-        let dir = std::env::temp_dir().join(format!(
-            "stepwell-vfs-remember-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let conn = open_connection(&dir.join("t.sqlite")).unwrap();
-        configure(&conn, Durability::Normal).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.sqlite");
+        let conn = open(&path);
         conn.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);")
             .unwrap();
         conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES (2);")
@@ -614,9 +674,9 @@ mod tests {
             assert_eq!((*g).buf.len(), 100);
             // Their write fails.
             let mut size = 0i64;
-            FAIL_WRITES.with(|f| f.set(true));
+            fail_writes_over(Some(0));
             let rc = m.xFileSize.unwrap()(log, &mut size);
-            FAIL_WRITES.with(|f| f.set(false));
+            fail_writes_over(None);
             assert_eq!(rc, ffi::SQLITE_IOERR_WRITE);
             assert!((*g).buf.is_empty(), "the failed bytes are dropped");
             // Remembered: the kernel would take writes again, yet every
@@ -649,28 +709,52 @@ mod tests {
             if !conn.is_autocommit() {
                 conn.execute_batch("ROLLBACK").unwrap();
             }
-            // The write lock is released: the failure is forgotten.
+            // The write lock is released: the failure is forgotten. (The
+            // log's file object is still SQLite's: a failed commit leaves
+            // the log open.)
             assert_eq!((*g).failed, ffi::SQLITE_OK);
         }
         conn.execute_batch("INSERT INTO t VALUES (3);").unwrap();
         drop(conn);
         // A fresh connection finds the first and last rows only, and a
         // whole database.
-        let conn = open_connection(&dir.join("t.sqlite")).unwrap();
-        configure(&conn, Durability::Normal).unwrap();
-        let rows: Vec<i64> = conn
-            .prepare("SELECT x FROM t ORDER BY x")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
+        let conn = open(&path);
+        assert_eq!(rows(&conn), vec![1, 3]);
+        assert_eq!(integrity(&conn), "ok");
+    }
+
+    /// A transaction's first write to the log does not start where this
+    /// connection's last ended (another connection, or process, committed
+    /// since): its commit frame must still be recognised, so that the
+    /// frame's page is written, or fails, before the write call that
+    /// completes the commit returns. (Written straight, the 24-byte header
+    /// of a one-frame commit got through and its page was left for the
+    /// shared-memory barrier, where a full disk aborted the process.)
+    #[test]
+    fn a_commit_whose_frames_start_where_another_connection_ended_fails_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.sqlite");
+        let a = open(&path);
+        a.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);")
             .unwrap();
-        assert_eq!(rows, vec![1, 3]);
-        let check: String = conn
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(check, "ok");
-        drop(conn);
-        let _ = std::fs::remove_dir_all(&dir);
+        let b = open(&path);
+        assert_eq!(rows(&b), vec![1]);
+        a.execute_batch("INSERT INTO t VALUES (2);").unwrap();
+        // A full disk that still takes a frame's 24-byte header but not
+        // its page: b's one-frame commit fails, with an error, and the
+        // process goes on.
+        fail_writes_over(Some(FRAME_HEADER as usize));
+        let err = b.execute_batch("INSERT INTO t VALUES (3);").unwrap_err();
+        fail_writes_over(None);
+        assert!(err.to_string().contains("disk I/O error"), "{err}");
+        assert!(b.is_autocommit(), "the failed commit was rolled back");
+        // The disk has room again: both connections commit, in turns.
+        b.execute_batch("INSERT INTO t VALUES (4);").unwrap();
+        a.execute_batch("INSERT INTO t VALUES (5);").unwrap();
+        b.execute_batch("INSERT INTO t VALUES (6);").unwrap();
+        drop((a, b));
+        let conn = open(&path);
+        assert_eq!(rows(&conn), vec![1, 2, 4, 5, 6]);
+        assert_eq!(integrity(&conn), "ok");
     }
 }
