@@ -215,8 +215,6 @@ impl NodeError {
     }
 }
 
-/// Converts between the WIT types and the SDK types and calls `handler`.
-/// Used by [`export_node!`]; not part of the stable API.
 /// JSON text of `value`, written straight into a string (`Value`'s
 /// `Display` goes through the formatter, token by token, which costs a
 /// node call more than its parsing).
@@ -225,6 +223,8 @@ pub(crate) fn json_text<T: serde::Serialize + ?Sized>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "null".into())
 }
 
+/// Converts between the WIT types and the SDK types and calls `handler`.
+/// Used by [`export_node!`]; not part of the stable API.
 #[doc(hidden)]
 pub fn __dispatch(
     handler: fn(Input) -> Result<Plan, NodeError>,

@@ -37,7 +37,10 @@ struct Slot {
 
 /// A table keyed by run id. Hashed with foldhash (seeded per process)
 /// rather than SipHash: a step looks a run up three or four times, and
-/// SipHash over a 36-character id was about 3% of an in-memory step.
+/// SipHash over a 36-character id was about 3% of an in-memory step's
+/// instructions. foldhash resists crafted keys less than SipHash; run ids
+/// are made by the host (UUIDs) or checked ids of its callers, and the
+/// seed is random per process.
 type ByRun<V> = HashMap<String, V, foldhash::fast::RandomState>;
 
 #[derive(Debug, Default)]
