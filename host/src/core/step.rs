@@ -41,7 +41,35 @@ const CALLS_PER_SESSION: u32 = 10_000;
 /// kept, and runs nested inside a step keep theirs too.
 const SESSIONS_PER_TICK: usize = 4;
 
+/// FNV-1a's starting state (its 64-bit offset basis).
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a of `bytes`, continuing from `h`.
+fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
 impl Sessions {
+    /// The seed of a step's random stream: FNV-1a of its run id's bytes
+    /// and then of how many steps the run took before it (`visits`, eight
+    /// bytes little-endian), the same when the step is replayed. The run
+    /// id's part is hashed once a tick.
+    fn seed(&mut self, run_id: &str, visits: u64) -> u64 {
+        let prefix = match &self.seed_prefix {
+            Some((id, h)) if id == run_id => *h,
+            _ => {
+                let h = fnv1a(FNV_OFFSET, run_id.as_bytes());
+                self.seed_prefix = Some((run_id.to_string(), h));
+                h
+            }
+        };
+        fnv1a(prefix, &visits.to_le_bytes())
+    }
+
     fn call(
         &mut self,
         reuse: bool,
@@ -89,35 +117,6 @@ impl Sessions {
             }
         }
         out
-    }
-}
-
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// FNV-1a of `bytes`, continuing from `h`.
-fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-impl Sessions {
-    /// The seed of a step's random stream: FNV-1a of its run id's bytes
-    /// and then of how many steps the run took before it (`visits`, eight
-    /// bytes little-endian), the same when the step is replayed. The run
-    /// id's part is hashed once a tick.
-    fn seed(&mut self, run_id: &str, visits: u64) -> u64 {
-        let prefix = match &self.seed_prefix {
-            Some((id, h)) if id == run_id => *h,
-            _ => {
-                let h = fnv1a(FNV_OFFSET, run_id.as_bytes());
-                self.seed_prefix = Some((run_id.to_string(), h));
-                h
-            }
-        };
-        fnv1a(prefix, &visits.to_le_bytes())
     }
 }
 

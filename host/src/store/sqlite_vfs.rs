@@ -628,6 +628,14 @@ mod tests {
         conn
     }
 
+    /// A new database at `path` with a table `t` holding the row 1.
+    fn with_one_row(path: &std::path::Path) -> rusqlite::Connection {
+        let conn = open(path);
+        conn.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);")
+            .unwrap();
+        conn
+    }
+
     /// The file object SQLite keeps for `op` (the database file or its log).
     unsafe fn file_of(conn: &rusqlite::Connection, op: c_int) -> *mut ffi::sqlite3_file {
         let mut file: *mut ffi::sqlite3_file = ptr::null_mut();
@@ -653,9 +661,7 @@ mod tests {
     fn a_failed_write_of_gathered_bytes_fails_the_rest_of_its_transaction() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.sqlite");
-        let conn = open(&path);
-        conn.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);")
-            .unwrap();
+        let conn = with_one_row(&path);
         conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES (2);")
             .unwrap();
         unsafe {
@@ -734,9 +740,7 @@ mod tests {
     fn a_commit_whose_frames_start_where_another_connection_ended_fails_cleanly() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.sqlite");
-        let a = open(&path);
-        a.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);")
-            .unwrap();
+        let a = with_one_row(&path);
         let b = open(&path);
         assert_eq!(rows(&b), vec![1]);
         a.execute_batch("INSERT INTO t VALUES (2);").unwrap();
