@@ -58,9 +58,13 @@ impl Clock for ManualClock {
 /// form (a sign and more digits).
 pub fn format_time(t: DateTime<Utc>) -> String {
     use chrono::{Datelike, Timelike};
-    let year = t.year();
+    // The fields of the UTC date and time, read from the naive value
+    // (`DateTime`'s own accessors apply the offset again for each).
+    let naive = t.naive_utc();
+    let (date, time) = (naive.date(), naive.time());
+    let year = date.year();
     // A leap second (nanoseconds past 1e9) takes chrono's form too.
-    if !(0..=9999).contains(&year) || t.nanosecond() >= 1_000_000_000 {
+    if !(0..=9999).contains(&year) || time.nanosecond() >= 1_000_000_000 {
         return t.to_rfc3339_opts(SecondsFormat::Micros, true);
     }
     // Called for every step: the digits are written into a fixed buffer,
@@ -73,14 +77,14 @@ pub fn format_time(t: DateTime<Utc>) -> String {
     }
     let mut buf = *b"0000-00-00T00:00:00.000000Z";
     digits(&mut buf[0..4], year as u32);
-    digits(&mut buf[5..7], t.month());
-    digits(&mut buf[8..10], t.day());
-    digits(&mut buf[11..13], t.hour());
-    digits(&mut buf[14..16], t.minute());
-    digits(&mut buf[17..19], t.second());
-    digits(&mut buf[20..26], t.nanosecond() / 1_000);
-    // Only ASCII digits and separators were written.
-    String::from_utf8_lossy(&buf).into_owned()
+    digits(&mut buf[5..7], date.month());
+    digits(&mut buf[8..10], date.day());
+    digits(&mut buf[11..13], time.hour());
+    digits(&mut buf[14..16], time.minute());
+    digits(&mut buf[17..19], time.second());
+    digits(&mut buf[20..26], time.nanosecond() / 1_000);
+    // Only ASCII digits and separators were written: valid UTF-8.
+    String::from_utf8(buf.to_vec()).unwrap_or_default()
 }
 
 /// Parses an RFC 3339 timestamp that carries an explicit offset.

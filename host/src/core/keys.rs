@@ -99,6 +99,108 @@ fn runtime_u64(run: &RunState, key: &str) -> Option<u64> {
     run.vars.get("_runtime")?.get(key)?.as_u64()
 }
 
+/// Counter `total` of `vars._runtime` less counter `mark` (0 when either is
+/// missing or the mark is ahead): one lookup of `_runtime` for both.
+fn runtime_since(run: &RunState, total: &str, mark: &str) -> u64 {
+    let Some(rt) = run.vars.get("_runtime") else {
+        return 0;
+    };
+    let read = |key| rt.get(key).and_then(Value::as_u64).unwrap_or(0);
+    read(total).saturating_sub(read(mark))
+}
+
+/// Adds `n` to counter `key` of `vars._runtime` (saturating) and returns
+/// the total; in place when it exists as a number (every step counts, and
+/// this takes two lookups rather than four).
+fn bump_counter(run: &mut RunState, key: &str, n: u64) -> u64 {
+    if let Some(Value::Object(rt)) = run.vars.get_mut("_runtime") {
+        if let Some(v) = rt.get_mut(key) {
+            if let Some(old) = v.as_u64() {
+                let total = old.saturating_add(n);
+                *v = Value::from(total);
+                return total;
+            }
+        }
+    }
+    let map = runtime_vars(run);
+    let total = map
+        .get(key)
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        .saturating_add(n);
+    set_counter(map, key, total);
+    total
+}
+
+/// The counters of `vars._runtime` a node step reads, taken in one pass
+/// over it (each separate lookup costs a search of the vars and one of
+/// `_runtime`, and a step made half a dozen).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepCounters {
+    /// `node_visits`: node steps taken so far.
+    pub node_visits: u64,
+    /// `waited_at_visit`: `node_visits` when the run last waited.
+    pub waited_at_visit: u64,
+    /// `data_bytes`: bytes of data the run's steps wrote.
+    pub data_bytes: u64,
+    /// `data_at_wait`: `data_bytes` when the run last waited.
+    pub data_at_wait: u64,
+    /// The attempt number (`attempt`; 1 when absent).
+    pub attempt: u32,
+    /// Whether `attempt` or `retry_seq` is set (a retry is under way).
+    pub retrying: bool,
+}
+
+impl StepCounters {
+    /// The counters of `run`, as [`node_visits`], [`visits_since_wait`],
+    /// [`data_bytes`], [`data_since_wait`] and [`current_attempt`] read
+    /// them one at a time.
+    pub(crate) fn read(run: &RunState) -> StepCounters {
+        let mut c = StepCounters {
+            node_visits: 0,
+            waited_at_visit: 0,
+            data_bytes: 0,
+            data_at_wait: 0,
+            attempt: 1,
+            retrying: false,
+        };
+        let Some(Value::Object(rt)) = run.vars.get("_runtime") else {
+            return c;
+        };
+        for (key, v) in rt {
+            let n = v.as_u64();
+            match key.as_str() {
+                "node_visits" => c.node_visits = n.unwrap_or(0),
+                "waited_at_visit" => c.waited_at_visit = n.unwrap_or(0),
+                "data_bytes" => c.data_bytes = n.unwrap_or(0),
+                "data_at_wait" => c.data_at_wait = n.unwrap_or(0),
+                "attempt" => {
+                    c.retrying = true;
+                    c.attempt = n.map_or(1, |a| a.clamp(1, u32::MAX as u64) as u32);
+                }
+                "retry_seq" => c.retrying = true,
+                _ => {}
+            }
+        }
+        c
+    }
+
+    /// Node steps since the run last waited ([`visits_since_wait`]).
+    pub(crate) fn visits_since_wait(&self) -> u64 {
+        self.node_visits.saturating_sub(self.waited_at_visit)
+    }
+
+    /// The data the run's budget counts, given its total `data_bytes`: all
+    /// of it, or (`per_wait`) what was written since it last waited.
+    pub(crate) fn data_spent(&self, data_bytes: u64, per_wait: bool) -> u64 {
+        if per_wait {
+            data_bytes.saturating_sub(self.data_at_wait)
+        } else {
+            data_bytes
+        }
+    }
+}
+
 /// The attempt number of the run's current node (`vars._runtime.attempt`).
 pub(crate) fn current_attempt(run: &RunState) -> u32 {
     runtime_u64(run, "attempt").map_or(1, |a| a.clamp(1, u32::MAX as u64) as u32)
@@ -143,7 +245,7 @@ pub(crate) fn node_visits(run: &RunState) -> u64 {
 /// How many node steps the run has taken since it last waited (all of
 /// them if it never did): what `RuntimeConfig::max_node_visits` bounds.
 pub(crate) fn visits_since_wait(run: &RunState) -> u64 {
-    node_visits(run).saturating_sub(runtime_u64(run, "waited_at_visit").unwrap_or(0))
+    runtime_since(run, "node_visits", "waited_at_visit")
 }
 
 /// Notes that the run waits now (`vars._runtime.waited_at_visit`): a run
@@ -161,15 +263,12 @@ pub(crate) fn mark_wait(run: &mut RunState) {
 /// workflow whose steps never fail it (the automation controller, which
 /// lives for as long as its automation).
 pub(crate) fn data_since_wait(run: &RunState) -> u64 {
-    data_bytes(run).saturating_sub(runtime_u64(run, "data_at_wait").unwrap_or(0))
+    runtime_since(run, "data_bytes", "data_at_wait")
 }
 
 /// Counts one more node step.
 pub(crate) fn count_visit(run: &mut RunState) -> u64 {
-    let map = runtime_vars(run);
-    let n = map.get("node_visits").and_then(Value::as_u64).unwrap_or(0) + 1;
-    set_counter(map, "node_visits", n);
-    n
+    bump_counter(run, "node_visits", 1)
 }
 
 /// How deep a JSON value entering a run may nest (start vars, resume
@@ -248,14 +347,7 @@ pub(crate) fn data_bytes(run: &RunState) -> u64 {
 
 /// Counts `n` more bytes of data written by the run; returns the total.
 pub(crate) fn count_data(run: &mut RunState, n: u64) -> u64 {
-    let map = runtime_vars(run);
-    let total = map
-        .get("data_bytes")
-        .and_then(Value::as_u64)
-        .unwrap_or(0)
-        .saturating_add(n);
-    set_counter(map, "data_bytes", total);
-    total
+    bump_counter(run, "data_bytes", n)
 }
 
 /// The key of `vars._runtime` that says how many parents a run has above
@@ -274,13 +366,7 @@ pub(crate) fn children_started(run: &RunState) -> u64 {
 
 /// Counts one more child run started.
 pub(crate) fn count_child(run: &mut RunState) {
-    let map = runtime_vars(run);
-    let n = map
-        .get("children_started")
-        .and_then(Value::as_u64)
-        .unwrap_or(0)
-        + 1;
-    set_counter(map, "children_started", n);
+    bump_counter(run, "children_started", 1);
 }
 
 /// The key of `vars._runtime` that carries how deep in a chain of runs set
@@ -329,6 +415,81 @@ pub(crate) fn identity_mismatch(existing: &RunState, requested: &RunState) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run_with(runtime: Option<Value>) -> RunState {
+        let mut vars = Map::new();
+        vars.insert("i".into(), json!(3));
+        if let Some(rt) = runtime {
+            vars.insert("_runtime".into(), rt);
+        }
+        serde_json::from_value(json!({
+            "version": 1, "run_id": "r", "workflow_id": "w", "status": "running",
+            "current_node": "n", "vars": vars, "waiting": null, "output": null,
+            "error": null, "created_at": "t", "updated_at": "t",
+        }))
+        .unwrap()
+    }
+
+    /// The one-pass read gives what the one-at-a-time readers give, for
+    /// every shape `_runtime` may take.
+    #[test]
+    fn step_counters_read_what_the_single_readers_read() {
+        for rt in [
+            None,
+            Some(json!("not an object")),
+            Some(json!({})),
+            Some(
+                json!({"node_visits": 7, "waited_at_visit": 2, "data_bytes": 900, "data_at_wait": 100}),
+            ),
+            Some(
+                json!({"node_visits": 2, "waited_at_visit": 5, "data_bytes": 1, "data_at_wait": 9}),
+            ),
+            Some(json!({"node_visits": "7", "data_bytes": -1, "attempt": 3, "retry_seq": 4})),
+            Some(json!({"attempt": "x", "effect_seq": 2})),
+            Some(json!({"attempt": 0})),
+            Some(json!({"attempt": 1u64 << 40})),
+            Some(json!({"retry_seq": 1, "node_visits": 1})),
+        ] {
+            let run = run_with(rt.clone());
+            let c = StepCounters::read(&run);
+            assert_eq!(c.node_visits, node_visits(&run), "{rt:?}");
+            assert_eq!(c.visits_since_wait(), visits_since_wait(&run), "{rt:?}");
+            assert_eq!(c.data_bytes, data_bytes(&run), "{rt:?}");
+            assert_eq!(
+                c.data_spent(c.data_bytes, false),
+                data_bytes(&run),
+                "{rt:?}"
+            );
+            assert_eq!(
+                c.data_spent(c.data_bytes, true),
+                data_since_wait(&run),
+                "{rt:?}"
+            );
+            assert_eq!(c.attempt, current_attempt(&run), "{rt:?}");
+            // `retrying` says whether set_attempt(run, 1) has anything to
+            // remove.
+            let mut cleared = run.clone();
+            set_attempt(&mut cleared, 1);
+            assert_eq!(c.retrying, cleared != run, "{rt:?}");
+        }
+    }
+
+    #[test]
+    fn counters_are_bumped_in_place_or_created() {
+        let mut run = run_with(Some(json!({"node_visits": 4})));
+        assert_eq!(count_visit(&mut run), 5);
+        assert_eq!(count_data(&mut run, 10), 10);
+        assert_eq!(count_data(&mut run, u64::MAX), u64::MAX);
+        let mut run = run_with(Some(json!({"node_visits": "x"})));
+        assert_eq!(count_visit(&mut run), 1);
+        let mut run = run_with(Some(json!([1])));
+        assert_eq!(count_visit(&mut run), 1);
+        assert_eq!(run.vars["_runtime"], json!({"node_visits": 1}));
+        let mut run = run_with(None);
+        count_child(&mut run);
+        count_child(&mut run);
+        assert_eq!(children_started(&run), 2);
+    }
 
     #[test]
     fn host_owned_vars_are_recognised_by_their_first_segment() {

@@ -8,7 +8,7 @@ use super::config::RetryPolicy;
 use super::keys::{
     bad_result_key, children_started, count_child, count_data, count_visit, current_attempt,
     data_bytes, data_since_wait, effect_idempotency_key, is_host_owned, mark_wait, next_effect_seq,
-    node_visits, set_attempt, set_retry_seq, terminal_key, too_deep, visits_since_wait,
+    set_attempt, set_retry_seq, terminal_key, too_deep, visits_since_wait, StepCounters,
 };
 use super::model::{
     EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus, WaitReason,
@@ -312,23 +312,27 @@ impl Runtime {
             );
             return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
         };
+        let counters = StepCounters::read(run);
         let limit = self.inner.config.max_node_visits;
-        if visits_since_wait(run) >= limit {
+        if counters.visits_since_wait() >= limit {
             let msg = format!(
                 "limit_exceeded: the run took {limit} node steps without waiting (RuntimeConfig::max_node_visits); a flow that loops must wait somewhere"
             );
             return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
         }
-        if let Some(msg) = self.over_data_budget(run, wf.steps_never_fail) {
+        let per_wait = wf.steps_never_fail;
+        let spent = counters.data_spent(counters.data_bytes, per_wait);
+        if let Some(msg) = self.data_over_budget(spent, per_wait) {
             return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
         }
-        let plan = match self.plan(wf, node, run, &started_at, sessions) {
+        let plan = match self.plan(wf, node, run, &started_at, sessions, &counters) {
             Ok(plan) => plan,
             Err(msg) => return self.fail_step(txn, run, records, Some(node_id), &started_at, msg),
         };
         if plan.output_bytes > 0 {
-            count_data(run, plan.output_bytes as u64);
-            if let Some(msg) = self.over_data_budget(run, wf.steps_never_fail) {
+            let total = count_data(run, plan.output_bytes as u64);
+            let spent = counters.data_spent(total, per_wait);
+            if let Some(msg) = self.data_over_budget(spent, per_wait) {
                 return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
             }
         }
@@ -404,7 +408,8 @@ impl Runtime {
 
         let (Some(effect), Some(handler), Some(class)) = (plan.effect, handler, class) else {
             let (result, key) = match &target {
-                Target::Node(n) => (json!({ "next_node": n }), None),
+                // Built directly: `json!` goes through serde for `n`.
+                Target::Node(n) => (next_node_result(n), None),
                 Target::Complete(out) => {
                     (json!({ "complete_output": out }), Some(terminal_key(run)))
                 }
@@ -416,7 +421,8 @@ impl Runtime {
                 idempotency_key: key,
                 ..self.record(run, Some(node_id), &started_at)
             });
-            go(run, target, None);
+            // The attempt number is cleared only if a retry set one.
+            go_clearing(run, target, None, counters.retrying);
             run.updated_at = started_at;
             return txn.commit(records, run);
         };
@@ -657,11 +663,22 @@ impl Runtime {
     /// its life, or (`per_wait`: a workflow whose steps never fail it, the
     /// automation controller) since it last waited.
     fn over_data_budget(&self, run: &RunState, per_wait: bool) -> Option<String> {
-        let limit = self.inner.config.max_run_data_bytes;
-        let (spent, since) = if per_wait {
-            (data_since_wait(run), " since it last waited")
+        let spent = if per_wait {
+            data_since_wait(run)
         } else {
-            (data_bytes(run), "")
+            data_bytes(run)
+        };
+        self.data_over_budget(spent, per_wait)
+    }
+
+    /// [`Runtime::over_data_budget`] for `spent` bytes counted as it counts
+    /// them.
+    fn data_over_budget(&self, spent: u64, per_wait: bool) -> Option<String> {
+        let limit = self.inner.config.max_run_data_bytes;
+        let since = if per_wait {
+            " since it last waited"
+        } else {
+            ""
         };
         (spent > limit).then(|| {
             format!(
@@ -718,6 +735,7 @@ impl Runtime {
         run: &RunState,
         now: &str,
         sessions: &mut Sessions,
+        counters: &StepCounters,
     ) -> std::result::Result<StepPlan, String> {
         match &node.kind {
             NodeKind::Component {
@@ -740,8 +758,8 @@ impl Runtime {
                     config_json,
                     vars_json: &vars,
                     now,
-                    attempt: current_attempt(run),
-                    seed: sessions.seed(&run.run_id, node_visits(run)),
+                    attempt: counters.attempt,
+                    seed: sessions.seed(&run.run_id, counters.node_visits),
                 };
                 sessions
                     .call(self.inner.config.reuse_instances, component, &call)
@@ -939,12 +957,32 @@ fn held_at_node(msg: String) -> crate::core::Error {
 }
 
 fn go(run: &mut RunState, target: Target, effect_result: Option<Value>) {
-    set_attempt(run, 1);
+    go_clearing(run, target, effect_result, true);
+}
+
+/// [`go`], clearing the attempt number only if `clear_attempt` (when the
+/// caller knows none is set, the search for it is skipped).
+fn go_clearing(
+    run: &mut RunState,
+    target: Target,
+    effect_result: Option<Value>,
+    clear_attempt: bool,
+) {
+    if clear_attempt {
+        set_attempt(run, 1);
+    }
     match target {
         Target::Node(n) => run.current_node = Some(n),
         Target::Complete(out) => complete(run, out),
         Target::End => complete(run, effect_result.unwrap_or(Value::Null)),
     }
+}
+
+/// The result of a step that moves on to node `n`: `{"next_node": n}`.
+fn next_node_result(n: &str) -> Value {
+    let mut result = serde_json::Map::new();
+    result.insert("next_node".into(), Value::String(n.to_string()));
+    Value::Object(result)
 }
 
 /// Takes a vars patch back.

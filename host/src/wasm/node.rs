@@ -256,8 +256,11 @@ fn parse_plan(plan: wit::StepPlan, max_bytes: usize) -> Result<StepPlan, GuestEr
         })
     };
     for (k, v) in vars.iter().flatten() {
-        if let Some(e) = too_deep(&format!("vars.{k}"), v) {
-            return Err(e);
+        // Scalars (most patches) cannot nest: no field name to format.
+        if v.is_object() || v.is_array() {
+            if let Some(e) = too_deep(&format!("vars.{k}"), v) {
+                return Err(e);
+            }
         }
     }
     if let Some(e) = complete_output

@@ -146,17 +146,34 @@ impl HostMonotonicClock for EpochClock {
     }
 }
 
-/// The random stream of a store, reseeded before every call.
+/// The random stream of a store, reseeded before every call. The stream is
+/// made from its seed when the guest first reads it: most calls never do,
+/// and seeding the generator costs more than the rest of preparing a call.
 #[derive(Clone)]
-struct StepRng(Arc<Mutex<rand::rngs::StdRng>>);
+struct StepRng(Arc<Mutex<Stream>>);
+
+/// A seed, and the generator made from it once it is read.
+struct Stream {
+    seed: u64,
+    rng: Option<rand::rngs::StdRng>,
+}
 
 impl StepRng {
     fn new() -> Self {
-        StepRng(Arc::new(Mutex::new(rand::rngs::StdRng::seed_from_u64(0))))
+        StepRng(Arc::new(Mutex::new(Stream { seed: 0, rng: None })))
     }
 
     fn reseed(&self, seed: u64) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = rand::rngs::StdRng::seed_from_u64(seed);
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Stream { seed, rng: None };
+    }
+
+    /// Runs `f` on the stream, started from its seed if it was not yet.
+    fn with<T>(&self, f: impl FnOnce(&mut rand::rngs::StdRng) -> T) -> T {
+        let mut stream = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let seed = stream.seed;
+        f(stream
+            .rng
+            .get_or_insert_with(|| rand::rngs::StdRng::seed_from_u64(seed)))
     }
 }
 
@@ -164,18 +181,15 @@ impl rand::TryRng for StepRng {
     type Error = std::convert::Infallible;
 
     fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
-        Ok(self.0.lock().unwrap_or_else(|e| e.into_inner()).next_u32())
+        Ok(self.with(|rng| rng.next_u32()))
     }
 
     fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
-        Ok(self.0.lock().unwrap_or_else(|e| e.into_inner()).next_u64())
+        Ok(self.with(|rng| rng.next_u64()))
     }
 
     fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .fill_bytes(dst);
+        self.with(|rng| rng.fill_bytes(dst));
         Ok(())
     }
 }
