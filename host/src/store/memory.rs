@@ -128,6 +128,9 @@ enum Ended {
 enum KeptValue {
     Text(Box<str>),
     Value(Box<serde_json::Value>),
+    /// `{"next_node": <this>}`: the result of most node steps, kept as
+    /// its one string (no JSON to write or read).
+    NextNode(Box<str>),
 }
 
 /// Levels of nesting above which a value is kept as it is.
@@ -146,6 +149,21 @@ fn deeper_than(v: &serde_json::Value, limit: usize) -> bool {
 
 impl KeptValue {
     fn keep(v: serde_json::Value) -> KeptValue {
+        let v = match v {
+            serde_json::Value::Object(mut map) if map.len() == 1 => {
+                match map.remove("next_node") {
+                    Some(serde_json::Value::String(node)) => {
+                        return KeptValue::NextNode(node.into_boxed_str())
+                    }
+                    Some(other) => {
+                        map.insert("next_node".into(), other);
+                    }
+                    None => {}
+                }
+                serde_json::Value::Object(map)
+            }
+            v => v,
+        };
         if deeper_than(&v, TEXT_DEPTH) {
             return KeptValue::Value(Box::new(v));
         }
@@ -161,6 +179,11 @@ impl KeptValue {
             // Written by serde_json from a value at most TEXT_DEPTH deep:
             // it reads back.
             KeptValue::Text(t) => serde_json::from_str(t).expect("kept JSON text reads back"),
+            KeptValue::NextNode(n) => {
+                let mut map = serde_json::Map::new();
+                map.insert("next_node".into(), serde_json::Value::String(n.to_string()));
+                serde_json::Value::Object(map)
+            }
         }
     }
 }
@@ -882,6 +905,20 @@ mod tests {
                 Some(json!({"b": 1, "a": {"z": true}})),
             ),
         ];
+        // `next_node` results of other shapes than the one kept compactly.
+        for (n, result) in [
+            (10, json!({"next_node": 5})),
+            (11, json!({"next_node": "n2", "x": 1})),
+            (12, json!({"next_node": {"n": "n2"}})),
+            (13, json!({"next_node": ""})),
+        ] {
+            let mut ledgers = ByRun::default();
+            let r = record(n, Some("2026-11-30T09:00:00.000000Z"), Some(result));
+            append_owned(&mut ledgers, vec![r.clone()]);
+            let back = ledgers.get_mut("run-1").unwrap().read_from("run-1", 0);
+            assert_eq!(back[0].result, r.result);
+            assert!(crate::store::verify_chain(&back).is_ok());
+        }
         let mut ledgers = ByRun::default();
         append_owned(&mut ledgers, records.clone());
         let ledger = ledgers.get_mut("run-1").unwrap();
