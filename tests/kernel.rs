@@ -283,6 +283,80 @@ fn a_wrong_wait_key_is_refused_and_changes_nothing(b: Backend) {
     assert_eq!(h.rt.get_ledger(&id).unwrap(), ledger);
 }
 
+/// A runtime remembers the state a run parked in and resumes from it
+/// without reading the run back; when another runtime (another process)
+/// changed the run in between, the resume is done from the stored state:
+/// the right key succeeds, the old key is refused, nothing is lost.
+fn a_resume_after_another_runtime_moved_the_run_is_done_from_the_store(b: Backend) {
+    let h = Host::new(b);
+    let flow = json!({"workflow_id": "twice", "entry": "a", "nodes": {
+        "a": {"effect": "ask_user", "payload": {"prompt": "first?"}, "result_key": "first", "next": "b"},
+        "b": {"effect": "ask_user", "payload": {"prompt": "second?"}, "result_key": "second", "next": "c"},
+        "c": {"complete": {"first": {"$var": "first.text"}, "second": {"$var": "second.text"}}}}});
+    let wf = h.load_scratch("twice", &[("flow.json", flow)]);
+    let other = h.runtime(None, stepwell::RuntimeConfig::default());
+    other
+        .load_bundle(&h.dir.path().join("twice"))
+        .expect("load in the other runtime");
+
+    // This runtime parks the run on the first question; the other answers
+    // it, and the run parks on the second.
+    let id = start(&h, &wf, json!({}));
+    let first = h.rt.tick(&id).unwrap().waiting.unwrap().wait_key;
+    let moved = other.resume(&id, &first, json!({"text": "one"})).unwrap();
+    assert_eq!(moved.status, RunStatus::Waiting);
+    let second = moved.waiting.unwrap().wait_key;
+    assert_ne!(first, second);
+
+    // The old key: refused (this runtime's memory says the run waits on
+    // it), and nothing changes.
+    let before = (h.rt.get_state(&id).unwrap(), h.rt.get_ledger(&id).unwrap());
+    let err =
+        h.rt.resume(&id, &first, json!({"text": "again"}))
+            .unwrap_err();
+    assert!(matches!(err, Error::StaleResume { .. }), "{err:?}");
+    assert!(err.to_string().contains("wait_key mismatch"), "{err}");
+    assert_eq!(
+        (h.rt.get_state(&id).unwrap(), h.rt.get_ledger(&id).unwrap()),
+        before
+    );
+
+    // Parked by this runtime again, then moved on by the other: the new
+    // key succeeds here.
+    let id = start(&h, &wf, json!({}));
+    let first = h.rt.tick(&id).unwrap().waiting.unwrap().wait_key;
+    let second = other
+        .resume(&id, &first, json!({"text": "one"}))
+        .unwrap()
+        .waiting
+        .unwrap()
+        .wait_key;
+    let done = h.rt.resume(&id, &second, json!({"text": "two"})).unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(done.output, Some(json!({"first": "one", "second": "two"})));
+    let ledger = h.rt.get_ledger(&id).unwrap();
+    assert!(stepwell::store::verify_chain(&ledger).is_ok());
+    let resumes = ledger
+        .iter()
+        .filter(|r| {
+            r.result
+                .as_ref()
+                .is_some_and(|v| v.get("resumed").is_some())
+        })
+        .count();
+    assert_eq!(resumes, 2, "each answer resumed the run once");
+
+    // Parked here, cancelled by the other: the resume finds it not waiting.
+    let id = start(&h, &wf, json!({}));
+    let first = h.rt.tick(&id).unwrap().waiting.unwrap().wait_key;
+    other.cancel_run(&id, Some("changed my mind")).unwrap();
+    let err =
+        h.rt.resume(&id, &first, json!({"text": "late"}))
+            .unwrap_err();
+    assert!(err.to_string().contains("Run is not waiting"), "{err}");
+    assert_eq!(h.rt.get_state(&id).unwrap().status, RunStatus::Cancelled);
+}
+
 fn unknown_runs_are_not_found(b: Backend) {
     let h = Host::new(b);
     h.load("ask-user");
@@ -1128,6 +1202,7 @@ store_tests!(
     host_owned_vars_stay_host_owned,
     a_second_resume_is_stale_and_changes_nothing,
     a_wrong_wait_key_is_refused_and_changes_nothing,
+    a_resume_after_another_runtime_moved_the_run_is_done_from_the_store,
     unknown_runs_are_not_found,
     concurrent_resumes_of_one_wait_succeed_once,
     wait_until_is_resumed_by_the_driver_when_due,

@@ -397,7 +397,7 @@ fn apply_held(
     };
     let wait = rt.config().lease_wait;
     let held = if optimistic {
-        rt.hold_taking(c.automation_id, wait)
+        rt.hold_taking(c.automation_id, wait, None)
     } else {
         rt.claim(c.automation_id, wait)
     };

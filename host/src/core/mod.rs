@@ -13,6 +13,7 @@ pub mod locks;
 pub mod metrics;
 pub mod model;
 pub mod panics;
+mod parked;
 pub mod runtime;
 mod snapshots;
 mod step;

@@ -94,6 +94,17 @@ fn seed_limits(vars: &mut Map<String, Value>, defaults: Value) -> Result<()> {
     Ok(())
 }
 
+/// How a resume holds its run (see [`Runtime::resume_held`]).
+enum Hold {
+    /// Reads the run, takes the lease with the first commit.
+    Taking,
+    /// From a state this runtime remembers committing (`parked`), takes the
+    /// lease with the first commit.
+    Remembered(Box<RunState>),
+    /// Claims the lease first.
+    Claim,
+}
+
 /// What the resume hook of a wait's effect decided.
 enum Hook {
     /// The wait's effect has no hook: the payload is written as it is.
@@ -281,6 +292,7 @@ impl RuntimeBuilder {
                 workflows: RwLock::new(HashMap::new()),
                 locks: RunLocks::default(),
                 keeper,
+                parked: super::parked::Parked::default(),
                 subscribers: parking_lot::Mutex::new(Vec::new()),
                 sealing: self.sealing,
                 last_sweep: parking_lot::Mutex::new(None),
@@ -304,6 +316,8 @@ pub(crate) struct Inner {
     workflows: RwLock<HashMap<String, Arc<Workflow>>>,
     locks: RunLocks,
     keeper: Arc<LeaseKeeper>,
+    /// States of runs this runtime parked a moment ago (see `parked`).
+    pub(crate) parked: super::parked::Parked,
     pub(crate) subscribers: parking_lot::Mutex<Vec<Subscriber>>,
     pub(crate) sealing: Option<crate::triggers::SealingKey>,
     pub(crate) last_sweep: parking_lot::Mutex<Option<chrono::DateTime<chrono::Utc>>>,
@@ -803,10 +817,14 @@ impl Runtime {
             // Nobody to show the records to after: the store may keep them.
             None if !self.has_subscribers() => {
                 self.store().commit_owned(records, run, fence, after)?;
+                self.inner.parked.committed(run, true);
                 super::metrics::commit(count, started.elapsed());
                 return Ok(());
             }
-            None => self.store().commit(&records, run, fence, after)?,
+            None => {
+                self.store().commit(&records, run, fence, after)?;
+                self.inner.parked.committed(run, true);
+            }
             Some(o) => {
                 let now = run.updated_at.clone();
                 let stored_records = o.offload_records(&records, &now)?;
@@ -817,6 +835,9 @@ impl Runtime {
                     fence,
                     after,
                 )?;
+                // A state with values kept as artifacts is not remembered:
+                // the store holds another form of it.
+                self.inner.parked.committed(run, stored_run.is_none());
             }
         }
         super::metrics::commit(count, started.elapsed());
@@ -1005,13 +1026,30 @@ impl Runtime {
         // Optimistic first: the resume's commit takes the lease. If that
         // commit finds the run unchanged but leased by someone else (a
         // driver looking at it), wait for the lease and do it again.
-        let answer =
-            match self.resume_held(run_id, wait_key, payload.clone(), cause, depth, tick, true) {
-                Err(Error::Conflict { .. }) => {
-                    self.resume_held(run_id, wait_key, payload, cause, depth, tick, false)
-                }
+        // Before that, from the state this runtime parked the run in, if
+        // it remembers it (`parked`): whatever goes wrong with that guess
+        // is done again from the stored state.
+        let remembered = match cause {
+            None => self.inner.parked.take(run_id),
+            // An event's delivery decides from the run's ledger and state
+            // whether it was delivered before: it reads both.
+            Some(_) => None,
+        };
+        let held = |payload: Value, hold: Hold| {
+            self.resume_held(run_id, wait_key, payload, cause, depth, tick, hold)
+        };
+        let from_store = || held(payload.clone(), Hold::Taking);
+        let optimistic = match remembered {
+            Some(state) => match held(payload.clone(), Hold::Remembered(Box::new(state))) {
+                Err(Error::Conflict { .. }) => from_store(),
                 other => other,
-            };
+            },
+            None => from_store(),
+        };
+        let answer = match optimistic {
+            Err(Error::Conflict { .. }) => held(payload, Hold::Claim),
+            other => other,
+        };
         if answer.is_ok() {
             super::metrics::resume();
         }
@@ -1019,9 +1057,11 @@ impl Runtime {
     }
 
     /// [`Runtime::resume_at`] with a hold that takes the lease at its first
-    /// commit (`optimistic`) or with the lease claimed first. An optimistic
-    /// hold whose first commit loses to a lease (not to a change) returns
-    /// [`Error::Conflict`].
+    /// commit (optimistic: [`Hold::Taking`], [`Hold::Remembered`]) or with
+    /// the lease claimed first. An optimistic hold whose first commit loses
+    /// to a lease (not to a change) returns [`Error::Conflict`]; so does a
+    /// hold on a remembered state that fails in any way before its first
+    /// commit (the state may have been out of date).
     #[allow(clippy::too_many_arguments)]
     fn resume_held(
         &self,
@@ -1031,8 +1071,24 @@ impl Runtime {
         cause: Option<&str>,
         depth: u32,
         tick: bool,
-        optimistic: bool,
+        hold: Hold,
     ) -> Result<(RunState, bool)> {
+        let optimistic = !matches!(hold, Hold::Claim);
+        let guessed = matches!(hold, Hold::Remembered(_));
+        // An error decided from a remembered state is decided again from
+        // the stored one.
+        let refuse = |e: Error| -> Error {
+            if guessed {
+                Error::Conflict {
+                    run_id: run_id.to_string(),
+                    reason: format!(
+                        "resumed from a remembered state that may be out of date ({e})"
+                    ),
+                }
+            } else {
+                e
+            }
+        };
         let limit = self.inner.config.max_payload_bytes;
         let size = serde_json::to_vec(&payload).map_or(0, |b| b.len());
         if size > limit {
@@ -1047,10 +1103,10 @@ impl Runtime {
             return Err(Error::invalid("payload", why));
         }
         let wait = self.inner.config.lease_wait;
-        let (mut txn, mut run) = if optimistic {
-            self.hold_taking(run_id, wait)?
-        } else {
-            self.claim(run_id, wait)?
+        let (mut txn, mut run) = match hold {
+            Hold::Remembered(state) => self.hold_taking(run_id, wait, Some(*state))?,
+            Hold::Taking => self.hold_taking(run_id, wait, None)?,
+            Hold::Claim => self.claim(run_id, wait)?,
         };
         let read_version = run.version;
         if let Some(cause) = cause {
@@ -1083,29 +1139,32 @@ impl Runtime {
             .as_ref()
             .filter(|_| run.status == RunStatus::Waiting)
         else {
-            return Err(stale(run_id, "Run is not waiting".into()));
+            return Err(refuse(stale(run_id, "Run is not waiting".into())));
         };
         if let Some(key) = wait_key {
             if wait.wait_key != key {
-                return Err(stale(
+                return Err(refuse(stale(
                     run_id,
                     format!(
                         "wait_key mismatch: expected '{}', got '{key}'",
                         wait.wait_key
                     ),
-                ));
+                )));
             }
         }
         if let Some(key) = wait.result_key.as_deref().filter(|k| is_host_owned(k)) {
-            return Err(Error::invalid(
+            return Err(refuse(Error::invalid(
                 "result_key",
                 format!("the wait writes to {key:?}, which is owned by the host"),
-            ));
+            )));
         }
         // Load the workflow first: a resume that cannot continue is refused
         // before anything is written.
-        self.workflow(&run.workflow_id)?;
-        let written = match self.resume_hook(&txn, &run, &payload, optimistic)? {
+        self.workflow(&run.workflow_id).map_err(refuse)?;
+        let written = match self
+            .resume_hook(&txn, &run, &payload, optimistic)
+            .map_err(refuse)?
+        {
             Hook::None => None,
             Hook::Written(v) => v,
             Hook::ClaimFirst => {
@@ -1129,6 +1188,9 @@ impl Runtime {
         };
         match self.run_steps(&mut txn, run, max, vec![record], depth) {
             Ok(state) => Ok((state, true)),
+            // Nothing landed from a remembered state: done again from the
+            // store.
+            Err(e) if guessed && txn.commits == 0 => Err(refuse(e)),
             // Lost before the resume landed: it did not happen. If the run
             // did not change (someone only holds its lease), the caller
             // may wait for the lease and try again.

@@ -305,16 +305,24 @@ impl Runtime {
     /// runs or the world. For a resume, whose first step is usually its
     /// only one: one store write instead of two. Returns the hold and the
     /// run as stored.
+    ///
+    /// From `remembered` (a state of the run this runtime committed) rather
+    /// than the stored state if given: the first commit's fence is its
+    /// version, so if the run changed since, that commit changes nothing.
     pub(crate) fn hold_taking(
         &self,
         run_id: &str,
         wait: Duration,
+        remembered: Option<RunState>,
     ) -> Result<(RunTxn<'_>, RunState)> {
         let guard = self
             .locks()
             .lock(run_id, wait)
             .map_err(|why| lock_refused(run_id, why))?;
-        let run = self.get_state(run_id)?;
+        let run = match remembered {
+            Some(run) => run,
+            None => self.get_state(run_id)?,
+        };
         Ok((
             RunTxn {
                 rt: self,
