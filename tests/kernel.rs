@@ -24,6 +24,18 @@ fn start(h: &Host, wf: &str, v: Value) -> String {
     .expect("start")
 }
 
+/// How many of `records` end a wait with a resume.
+fn resumes(records: &[StepRecord]) -> usize {
+    records
+        .iter()
+        .filter(|r| {
+            r.result
+                .as_ref()
+                .is_some_and(|v| v.get("resumed").is_some())
+        })
+        .count()
+}
+
 fn statuses(records: &[StepRecord]) -> Vec<&'static str> {
     records.iter().map(|r| r.status.as_str()).collect()
 }
@@ -336,15 +348,7 @@ fn a_resume_after_another_runtime_moved_the_run_is_done_from_the_store(b: Backen
     assert_eq!(done.output, Some(json!({"first": "one", "second": "two"})));
     let ledger = h.rt.get_ledger(&id).unwrap();
     assert!(stepwell::store::verify_chain(&ledger).is_ok());
-    let resumes = ledger
-        .iter()
-        .filter(|r| {
-            r.result
-                .as_ref()
-                .is_some_and(|v| v.get("resumed").is_some())
-        })
-        .count();
-    assert_eq!(resumes, 2, "each answer resumed the run once");
+    assert_eq!(resumes(&ledger), 2, "each answer resumed the run once");
 
     // Parked here, cancelled by the other: the resume finds it not waiting.
     let id = start(&h, &wf, json!({}));
@@ -1508,6 +1512,11 @@ mod driver {
 struct SaveFails {
     inner: JsonFileStore,
     fail: std::sync::atomic::AtomicBool,
+    /// How many commits failed so.
+    failed: std::sync::atomic::AtomicUsize,
+    /// Commits land, then fail as if the answer was lost (an unknown
+    /// outcome).
+    land_then_fail: std::sync::atomic::AtomicBool,
 }
 
 impl Store for SaveFails {
@@ -1542,7 +1551,20 @@ impl Store for SaveFails {
         fence: stepwell::Fence<'_>,
         lease: stepwell::LeaseAfter,
     ) -> Result<(), StoreError> {
+        if self
+            .land_then_fail
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            self.inner.commit(records, run, fence, lease)?;
+            self.failed
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Err(StoreError::io(
+                "injected: the commit's outcome is unknown; read the run again",
+            ));
+        }
         if self.fail.load(std::sync::atomic::Ordering::SeqCst) && fence.version > 0 {
+            self.failed
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             // What a commit that dies after its ledger append leaves: the
             // records' lines past the run file's mark.
             let path = self
@@ -1640,17 +1662,60 @@ impl Store for SaveFails {
     }
 }
 
-#[test]
-fn a_crash_between_append_and_save_leaves_the_ledger_ahead_and_replay_converges() {
-    let dir = tempfile::tempdir().unwrap();
+/// A runtime on a [`SaveFails`] store in `dir`, failing nothing yet.
+fn save_fails(dir: &std::path::Path) -> (Arc<SaveFails>, Runtime) {
     let store = Arc::new(SaveFails {
-        inner: JsonFileStore::open(dir.path().join("store")).unwrap(),
+        inner: JsonFileStore::open(dir.join("store")).unwrap(),
         fail: false.into(),
+        failed: 0.into(),
+        land_then_fail: false.into(),
     });
     let rt = Runtime::builder(store.clone())
         .engine(stepwell_tests::engine())
         .build()
         .unwrap();
+    (store, rt)
+}
+
+/// A resume from the state this runtime parked the run in whose commit
+/// lands but whose answer is lost (the store cannot say whether it
+/// landed) returns that error: it is not done again, which would answer
+/// the run's next wait with the same payload.
+#[test]
+fn a_resume_whose_commit_outcome_is_unknown_is_not_done_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, rt) = save_fails(dir.path());
+    let flow = json!({"workflow_id": "loop", "entry": "ask", "nodes": {
+        "ask": {"effect": "ask_user", "payload": {"prompt": "more?", "wait_key": "more"},
+                "result_key": "answer", "next": "ask"}}});
+    let bundle = stepwell_tests::write_bundle(dir.path(), "loop", &[("flow.json", flow)]);
+    let wf = rt.load_bundle(&bundle).unwrap().main_workflow_id;
+    let id = rt.start(&wf, StartOptions::default()).unwrap();
+    assert_eq!(rt.tick(&id).unwrap().status, RunStatus::Waiting);
+    let ledger = rt.get_ledger(&id).unwrap().len();
+
+    store
+        .land_then_fail
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = rt.respond(&id, json!({"text": "once"})).unwrap_err();
+    assert_eq!(err.reason_code(), "store_io", "{err:?}");
+    assert_eq!(store.failed.load(std::sync::atomic::Ordering::SeqCst), 1);
+    store
+        .land_then_fail
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    // The answer landed once: one resume record, the run waits again on
+    // the same key for the next answer.
+    let after = rt.get_ledger(&id).unwrap();
+    assert_eq!(resumes(&after[ledger..]), 1, "{after:?}");
+    let state = rt.get_state(&id).unwrap();
+    assert_eq!(state.status, RunStatus::Waiting);
+    assert_eq!(state.vars["answer"], json!({"text": "once"}));
+}
+
+#[test]
+fn a_crash_between_append_and_save_leaves_the_ledger_ahead_and_replay_converges() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, rt) = save_fails(dir.path());
     let wf = rt
         .load_bundle(&stepwell_tests::example("ask-user"))
         .unwrap()
@@ -1661,6 +1726,9 @@ fn a_crash_between_append_and_save_leaves_the_ledger_ahead_and_replay_converges(
     store.fail.store(true, std::sync::atomic::Ordering::SeqCst);
     let err = rt.resume(&id, &key, json!({"text": "Bob"})).unwrap_err();
     assert_eq!(err.reason_code(), "store_io");
+    // The resume started from the state this runtime parked the run in;
+    // its commit's outcome is unknown to it, so it was not done again.
+    assert_eq!(store.failed.load(std::sync::atomic::Ordering::SeqCst), 1);
     // The torn commit's records are in the file, past the run file's mark:
     // the saved state still waits and the ledger does not show them.
     let state = rt.get_state(&id).unwrap();

@@ -9,8 +9,9 @@
 //! remembered. Nothing the resume decided from the guess (an error, a
 //! refused key) stands either: it is decided again from the store.
 //!
-//! Bounded: at most [`KEEP`] states, each of at most about [`MAX_BYTES`]
-//! of vars and output; a resume takes its run's state out. A parked run
+//! Bounded: at most [`KEEP`] states of runs waiting for an answer (a
+//! person's, an event's, a job's), each of at most about [`MAX_BYTES`] of
+//! vars, output, wait and error; a resume takes its run's state out. A parked run
 //! costs the driver nothing here: only states this runtime just committed
 //! are kept, and the oldest go first.
 
@@ -19,47 +20,78 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
 
-use super::model::{RunState, RunStatus};
+use super::model::{RunState, RunStatus, WaitReason};
 
 /// How many parked states a runtime keeps.
 pub(crate) const KEEP: usize = 16;
 
-/// States whose vars and output take more than about this many bytes (as
-/// JSON) are not kept.
+/// States whose vars, output, wait and error take more than about this
+/// many bytes (as JSON) are not kept.
 pub(crate) const MAX_BYTES: usize = 64 << 10;
 
-/// Whether `run`'s vars and output take at most about `limit` bytes as
-/// JSON (strings, keys and scalars counted; punctuation not): a walk that
-/// stops as soon as the count passes the limit.
+/// Whether `run`'s vars, output, wait and error take at most about `limit`
+/// bytes as JSON (strings, keys and scalars counted; punctuation not): a
+/// walk that stops as soon as the count passes the limit.
 fn small(run: &RunState, limit: usize) -> bool {
     let mut left = limit;
-    let mut stack: Vec<&Value> = run.vars.values().collect();
-    for key in run.vars.keys() {
-        left = match left.checked_sub(key.len()) {
-            Some(l) => l,
-            None => return false,
-        };
+    let mut spend = |n: usize| match left.checked_sub(n) {
+        Some(l) => {
+            left = l;
+            true
+        }
+        None => false,
+    };
+    let mut values: Vec<&Value> = Vec::new();
+    for (key, v) in &run.vars {
+        if !spend(key.len()) {
+            return false;
+        }
+        values.push(v);
     }
-    stack.extend(run.output.as_ref());
-    while let Some(v) = stack.pop() {
+    values.extend(run.output.as_ref());
+    let mut texts: Vec<&str> = run.error.as_deref().into_iter().collect();
+    if let Some(w) = &run.waiting {
+        texts.push(&w.wait_key);
+        texts.extend(w.until.as_deref());
+        texts.extend(w.resume_to_node.as_deref());
+        texts.extend(w.result_key.as_deref());
+        texts.extend(w.prompt.as_deref());
+        texts.extend(w.choices.iter().flatten().map(String::as_str));
+        values.extend(w.details.as_ref());
+    }
+    if !texts.into_iter().all(|t| spend(t.len())) {
+        return false;
+    }
+    while let Some(v) = values.pop() {
         let cost = match v {
             Value::String(s) => s.len(),
             Value::Array(items) => {
-                stack.extend(items);
+                values.extend(items);
                 1
             }
             Value::Object(map) => {
-                stack.extend(map.values());
+                values.extend(map.values());
                 map.keys().map(String::len).sum()
             }
             _ => 8,
         };
-        left = match left.checked_sub(cost) {
-            Some(l) => l,
-            None => return false,
-        };
+        if !spend(cost) {
+            return false;
+        }
     }
     true
+}
+
+/// Whether a resume through the API may follow a wait of this kind soon:
+/// a person's answer, an event or a job's result. A time, a retry's backoff
+/// or a child run is resumed by the driver, later.
+fn answered_soon(run: &RunState) -> bool {
+    run.waiting.as_ref().is_some_and(|w| {
+        matches!(
+            w.reason,
+            WaitReason::User | WaitReason::Event | WaitReason::Job
+        )
+    })
 }
 
 /// The states (see the module docs).
@@ -74,9 +106,12 @@ pub(crate) struct Parked {
 impl Parked {
     /// Notes `run` as just committed at its version, as stored
     /// (`as_stored`: the store holds exactly this state): kept if it waits
-    /// and is small, forgotten otherwise.
+    /// for an answer and is small, forgotten otherwise.
     pub(crate) fn committed(&self, run: &RunState, as_stored: bool) {
-        let keep = as_stored && run.status == RunStatus::Waiting && small(run, MAX_BYTES);
+        let keep = as_stored
+            && run.status == RunStatus::Waiting
+            && answered_soon(run)
+            && small(run, MAX_BYTES);
         if !keep && self.kept.load(Ordering::Relaxed) == 0 {
             return;
         }
@@ -110,10 +145,15 @@ mod tests {
     use serde_json::json;
 
     fn run(id: &str, status: &str, text: usize) -> RunState {
+        waiting(id, status, "user", text, json!(null))
+    }
+
+    fn waiting(id: &str, status: &str, reason: &str, text: usize, details: Value) -> RunState {
         serde_json::from_value(json!({
             "version": 3, "run_id": id, "workflow_id": "w", "status": status,
             "current_node": "n", "vars": {"a": {"b": ["x".repeat(text)]}},
-            "waiting": null, "output": null, "error": null,
+            "waiting": {"reason": reason, "wait_key": "k", "prompt": "?", "details": details},
+            "output": null, "error": null,
             "created_at": "t", "updated_at": "t",
         }))
         .unwrap()
@@ -133,10 +173,23 @@ mod tests {
         // (values kept as artifacts).
         parked.committed(&run("c", "waiting", MAX_BYTES), true);
         assert!(parked.take("c").is_none());
-        parked.committed(&run("c", "waiting", MAX_BYTES - 10), true);
+        parked.committed(&run("c", "waiting", MAX_BYTES - 20), true);
         assert!(parked.take("c").is_some());
         parked.committed(&run("d", "waiting", 10), false);
         assert!(parked.take("d").is_none());
+        // The wait counts: a large `details` (a tool call's arguments) too.
+        let big = json!({"args": ["y".repeat(MAX_BYTES)]});
+        parked.committed(&waiting("e", "waiting", "user", 10, big), true);
+        assert!(parked.take("e").is_none());
+        // Waits the driver resumes later are not kept.
+        for reason in ["until", "subworkflow"] {
+            parked.committed(&waiting("f", "waiting", reason, 10, json!(null)), true);
+            assert!(parked.take("f").is_none(), "{reason}");
+        }
+        for reason in ["user", "event", "job"] {
+            parked.committed(&waiting("g", "waiting", reason, 10, json!(null)), true);
+            assert!(parked.take("g").is_some(), "{reason}");
+        }
         assert_eq!(parked.kept.load(Ordering::Relaxed), 0);
     }
 

@@ -94,6 +94,16 @@ fn seed_limits(vars: &mut Map<String, Value>, defaults: Value) -> Result<()> {
     Ok(())
 }
 
+/// What one attempt at a resume came to (see [`Runtime::resume_held`]).
+enum Attempt {
+    /// Done: the run's state, and whether this resume did it (`false`: the
+    /// event it delivers had resumed the run before).
+    Done(Box<RunState>, bool),
+    /// Nothing written: the remembered state it started from is out of
+    /// date; do it again from the stored state.
+    Stale,
+}
+
 /// How a resume holds its run (see [`Runtime::resume_held`]).
 enum Hold {
     /// Reads the run, takes the lease with the first commit.
@@ -1023,12 +1033,13 @@ impl Runtime {
         depth: u32,
         tick: bool,
     ) -> Result<(RunState, bool)> {
+        let size = self.check_resume_payload(&payload)?;
         // Optimistic first: the resume's commit takes the lease. If that
         // commit finds the run unchanged but leased by someone else (a
         // driver looking at it), wait for the lease and do it again.
         // Before that, from the state this runtime parked the run in, if
-        // it remembers it (`parked`): whatever goes wrong with that guess
-        // is done again from the stored state.
+        // it remembers it (`parked`): if that state turns out to be out of
+        // date, the resume is done again from the stored one.
         let remembered = match cause {
             None => self.inner.parked.take(run_id),
             // An event's delivery decides from the run's ledger and state
@@ -1036,19 +1047,29 @@ impl Runtime {
             Some(_) => None,
         };
         let held = |payload: Value, hold: Hold| {
-            self.resume_held(run_id, wait_key, payload, cause, depth, tick, hold)
+            self.resume_held(run_id, wait_key, payload, size, cause, depth, tick, hold)
         };
-        let from_store = || held(payload.clone(), Hold::Taking);
-        let optimistic = match remembered {
-            Some(state) => match held(payload.clone(), Hold::Remembered(Box::new(state))) {
-                Err(Error::Conflict { .. }) => from_store(),
-                other => other,
-            },
-            None => from_store(),
+        let guessed = match remembered {
+            Some(state) => held(payload.clone(), Hold::Remembered(Box::new(state))),
+            None => Ok(Attempt::Stale),
+        };
+        let optimistic = match guessed {
+            Ok(Attempt::Stale) => held(payload.clone(), Hold::Taking),
+            other => other,
         };
         let answer = match optimistic {
             Err(Error::Conflict { .. }) => held(payload, Hold::Claim),
             other => other,
+        };
+        let answer = match answer {
+            Ok(Attempt::Done(state, resumed)) => Ok((*state, resumed)),
+            // Only a hold on a remembered state says so, and it was
+            // followed by one on the stored state.
+            Ok(Attempt::Stale) => Err(Error::Conflict {
+                run_id: run_id.to_string(),
+                reason: "the run changed while it was resumed".into(),
+            }),
+            Err(e) => Err(e),
         };
         if answer.is_ok() {
             super::metrics::resume();
@@ -1056,41 +1077,11 @@ impl Runtime {
         answer
     }
 
-    /// [`Runtime::resume_at`] with a hold that takes the lease at its first
-    /// commit (optimistic: [`Hold::Taking`], [`Hold::Remembered`]) or with
-    /// the lease claimed first. An optimistic hold whose first commit loses
-    /// to a lease (not to a change) returns [`Error::Conflict`]; so does a
-    /// hold on a remembered state that fails in any way before its first
-    /// commit (the state may have been out of date).
-    #[allow(clippy::too_many_arguments)]
-    fn resume_held(
-        &self,
-        run_id: &str,
-        wait_key: Option<&str>,
-        payload: Value,
-        cause: Option<&str>,
-        depth: u32,
-        tick: bool,
-        hold: Hold,
-    ) -> Result<(RunState, bool)> {
-        let optimistic = !matches!(hold, Hold::Claim);
-        let guessed = matches!(hold, Hold::Remembered(_));
-        // An error decided from a remembered state is decided again from
-        // the stored one.
-        let refuse = |e: Error| -> Error {
-            if guessed {
-                Error::Conflict {
-                    run_id: run_id.to_string(),
-                    reason: format!(
-                        "resumed from a remembered state that may be out of date ({e})"
-                    ),
-                }
-            } else {
-                e
-            }
-        };
+    /// A resume's payload, checked: its size as JSON, if it may enter the
+    /// run.
+    fn check_resume_payload(&self, payload: &Value) -> Result<usize> {
         let limit = self.inner.config.max_payload_bytes;
-        let size = serde_json::to_vec(&payload).map_or(0, |b| b.len());
+        let size = serde_json::to_vec(payload).map_or(0, |b| b.len());
         if size > limit {
             return Err(Error::invalid(
                 "payload",
@@ -1099,9 +1090,36 @@ impl Runtime {
         }
         // Written under the wait's result key (at most 16 parts deep) and
         // recorded in the ledger a few levels down.
-        if let Some(why) = super::keys::too_deep(&payload, super::keys::MAX_RESULT_KEY_PARTS) {
+        if let Some(why) = super::keys::too_deep(payload, super::keys::MAX_RESULT_KEY_PARTS) {
             return Err(Error::invalid("payload", why));
         }
+        Ok(size)
+    }
+
+    /// [`Runtime::resume_at`] with a hold that takes the lease at its first
+    /// commit (optimistic: [`Hold::Taking`], [`Hold::Remembered`]) or with
+    /// the lease claimed first; `size` is the payload's, checked. An
+    /// optimistic hold whose first commit loses to a lease (not to a
+    /// change) returns [`Error::Conflict`]. A hold on a remembered state
+    /// returns [`Attempt::Stale`] if nothing was written and the state
+    /// turned out (or may have turned out) to be out of date: its first
+    /// commit lost to a change or a lease, or it refused the resume on a
+    /// run that has changed since. A store error passes through: a commit
+    /// whose outcome is unknown is never done again.
+    #[allow(clippy::too_many_arguments)]
+    fn resume_held(
+        &self,
+        run_id: &str,
+        wait_key: Option<&str>,
+        payload: Value,
+        size: usize,
+        cause: Option<&str>,
+        depth: u32,
+        tick: bool,
+        hold: Hold,
+    ) -> Result<Attempt> {
+        let optimistic = !matches!(hold, Hold::Claim);
+        let guessed = matches!(hold, Hold::Remembered(_));
         let wait = self.inner.config.lease_wait;
         let (mut txn, mut run) = match hold {
             Hold::Remembered(state) => self.hold_taking(run_id, wait, Some(*state))?,
@@ -1109,6 +1127,18 @@ impl Runtime {
             Hold::Claim => self.claim(run_id, wait)?,
         };
         let read_version = run.version;
+        // A refusal decided from a remembered state stands if the run has
+        // not changed since; else the resume is done from the stored one.
+        let refuse = |e: Error| -> Result<Attempt> {
+            if guessed
+                && !self
+                    .get_state(run_id)
+                    .is_ok_and(|r| r.version == read_version)
+            {
+                return Ok(Attempt::Stale);
+            }
+            Err(e)
+        };
         if let Some(cause) = cause {
             // Checked in the listener's own ledger, under its lease, before
             // anything is resumed: a replayed event does not resume a
@@ -1131,7 +1161,7 @@ impl Runtime {
                     current.is_none() || ended != current.as_deref()
                 });
             if delivered {
-                return Ok((run, false));
+                return Ok(Attempt::Done(Box::new(run), false));
             }
         }
         let Some(wait) = run
@@ -1139,32 +1169,36 @@ impl Runtime {
             .as_ref()
             .filter(|_| run.status == RunStatus::Waiting)
         else {
-            return Err(refuse(stale(run_id, "Run is not waiting".into())));
+            return refuse(stale(run_id, "Run is not waiting".into()));
         };
         if let Some(key) = wait_key {
             if wait.wait_key != key {
-                return Err(refuse(stale(
+                return refuse(stale(
                     run_id,
                     format!(
                         "wait_key mismatch: expected '{}', got '{key}'",
                         wait.wait_key
                     ),
-                )));
+                ));
             }
         }
         if let Some(key) = wait.result_key.as_deref().filter(|k| is_host_owned(k)) {
-            return Err(refuse(Error::invalid(
+            return refuse(Error::invalid(
                 "result_key",
                 format!("the wait writes to {key:?}, which is owned by the host"),
-            )));
+            ));
         }
         // Load the workflow first: a resume that cannot continue is refused
         // before anything is written.
-        self.workflow(&run.workflow_id).map_err(refuse)?;
-        let written = match self
-            .resume_hook(&txn, &run, &payload, optimistic)
-            .map_err(refuse)?
-        {
+        if let Err(e) = self.workflow(&run.workflow_id) {
+            return refuse(e);
+        }
+        let hook = match self.resume_hook(&txn, &run, &payload, optimistic) {
+            Ok(hook) => hook,
+            Err(e @ Error::Store(_)) => return Err(e),
+            Err(e) => return refuse(e),
+        };
+        let written = match hook {
             Hook::None => None,
             Hook::Written(v) => v,
             Hook::ClaimFirst => {
@@ -1187,10 +1221,16 @@ impl Runtime {
             0
         };
         match self.run_steps(&mut txn, run, max, vec![record], depth) {
-            Ok(state) => Ok((state, true)),
-            // Nothing landed from a remembered state: done again from the
-            // store.
-            Err(e) if guessed && txn.commits == 0 => Err(refuse(e)),
+            Ok(state) => Ok(Attempt::Done(Box::new(state), true)),
+            // Nothing landed from a remembered state: lost to a change or
+            // a lease, done again from the store; a store error stands (a
+            // commit whose outcome is unknown is not done again).
+            Err(Error::Conflict { .. }) if guessed && txn.commits == 0 => Ok(Attempt::Stale),
+            Err(e @ Error::Store(_)) if guessed => Err(e),
+            Err(e) if guessed && txn.commits == 0 => {
+                drop(txn);
+                refuse(e)
+            }
             // Lost before the resume landed: it did not happen. If the run
             // did not change (someone only holds its lease), the caller
             // may wait for the lease and try again.
@@ -1205,7 +1245,7 @@ impl Runtime {
             }
             Err(Error::Conflict { .. }) => {
                 drop(txn);
-                Ok((self.get_state(run_id)?, true))
+                Ok(Attempt::Done(Box::new(self.get_state(run_id)?), true))
             }
             Err(e) => Err(e),
         }
