@@ -6,14 +6,16 @@
 //! its version as the write's fence, so if anyone (another process, another
 //! runtime) changed the run since, that commit changes nothing and the
 //! resume starts again from the stored state, as if nothing had been
-//! remembered. Nothing the resume decided from the guess (an error, a
-//! refused key) stands either: it is decided again from the store.
+//! remembered. A refusal decided from the guess (a wrong key, a run not
+//! waiting) stands only if the stored version is still the guess's; a
+//! store error stands as it is (a commit whose outcome is unknown is not
+//! done again). See `Runtime::resume_at`.
 //!
 //! Bounded: at most [`KEEP`] states of runs waiting for an answer (a
 //! person's, an event's, a job's), each of at most about [`MAX_BYTES`] of
-//! vars, output, wait and error; a resume takes its run's state out. A parked run
-//! costs the driver nothing here: only states this runtime just committed
-//! are kept, and the oldest go first.
+//! vars, output, wait and error; a resume takes its run's state out. A
+//! parked run costs the driver nothing here: only states this runtime just
+//! committed are kept, and the oldest go first.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
