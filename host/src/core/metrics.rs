@@ -20,6 +20,8 @@ static COMMIT_HISTOGRAM: [AtomicU64; COMMIT_BUCKETS_US.len() + 1] =
 static RESUMES: AtomicU64 = AtomicU64::new(0);
 static GUEST_CALLS: AtomicU64 = AtomicU64::new(0);
 static GUEST_US: AtomicU64 = AtomicU64::new(0);
+static INSTANCES_MADE: AtomicU64 = AtomicU64::new(0);
+static INSTANCES_AHEAD: AtomicU64 = AtomicU64::new(0);
 
 /// What this process counted since it started.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -39,6 +41,10 @@ pub struct Counters {
     pub guest_calls: u64,
     /// Their total wall time, in microseconds.
     pub guest_us: u64,
+    /// Node instances made when a run needed one (it waited for them).
+    pub instances_made: u64,
+    /// Node instances a run found made ahead (`warm.rs`).
+    pub instances_ahead: u64,
 }
 
 /// Counts one commit of `records` records that took `took`.
@@ -52,6 +58,15 @@ pub(crate) fn commit(records: usize, took: Duration) {
         .position(|b| us <= *b)
         .unwrap_or(COMMIT_BUCKETS_US.len());
     COMMIT_HISTOGRAM[bucket].fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts one node instance a run needed: made ahead, or made then.
+pub(crate) fn instance(ahead: bool) {
+    if ahead {
+        INSTANCES_AHEAD.fetch_add(1, Ordering::Relaxed);
+    } else {
+        INSTANCES_MADE.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Counts one resumed wait.
@@ -81,5 +96,7 @@ pub fn counters() -> Counters {
         resumes: RESUMES.load(Ordering::Relaxed),
         guest_calls: GUEST_CALLS.load(Ordering::Relaxed),
         guest_us: GUEST_US.load(Ordering::Relaxed),
+        instances_made: INSTANCES_MADE.load(Ordering::Relaxed),
+        instances_ahead: INSTANCES_AHEAD.load(Ordering::Relaxed),
     }
 }

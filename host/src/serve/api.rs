@@ -1279,6 +1279,18 @@ fn render_metrics(by_status: &[(&str, usize)], http: &[(RequestKind, RequestCoun
         "Wall time spent in guest node calls.",
         format!("{:.6}", c.guest_us as f64 / 1e6),
     );
+    simple(
+        "stepwell_guest_instances_made_total",
+        "counter",
+        "Node instances made when a run needed one (the run waited for them).",
+        c.instances_made.to_string(),
+    );
+    simple(
+        "stepwell_guest_instances_ahead_total",
+        "counter",
+        "Node instances a run found made ahead, on the engine's worker thread.",
+        c.instances_ahead.to_string(),
+    );
     let _ = writeln!(
         out,
         "# HELP stepwell_store_commit_seconds Store commit latency of run transitions.\n# TYPE stepwell_store_commit_seconds histogram"

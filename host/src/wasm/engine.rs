@@ -85,6 +85,8 @@ struct Shared {
     cache: Option<CompileCache>,
     /// Bytes of linear memory the engine's live guest stores hold.
     live_memory: Arc<std::sync::atomic::AtomicUsize>,
+    /// Makes node instances ahead and drops used ones (`warm.rs`).
+    worker: super::warm::Worker,
     _ticker: Ticker,
 }
 
@@ -165,6 +167,7 @@ impl WasmEngine {
                 tools: Mutex::new(HashMap::new()),
                 cache,
                 live_memory: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+                worker: super::warm::Worker::default(),
                 _ticker: Ticker {
                     stop,
                     handle: Some(handle),
@@ -181,6 +184,11 @@ impl WasmEngine {
     /// The count of memory the engine's live guests hold together.
     pub(crate) fn live_memory(&self) -> Arc<std::sync::atomic::AtomicUsize> {
         self.shared.live_memory.clone()
+    }
+
+    /// The worker that makes node instances ahead and drops used ones.
+    pub(super) fn worker(&self) -> &super::warm::Worker {
+        &self.shared.worker
     }
 
     pub(crate) fn engine(&self) -> &Engine {

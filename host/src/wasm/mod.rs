@@ -16,6 +16,7 @@ mod node;
 mod sandbox;
 mod tool;
 mod trigger;
+mod warm;
 
 use std::fmt;
 use std::path::PathBuf;

@@ -47,13 +47,33 @@ pub struct NodeCall<'a> {
 
 /// A node component, compiled and pre-instantiated: each call instantiates
 /// it afresh in its own sandbox, so no state survives from one call to the
-/// next.
+/// next. Its next instance is made ahead, on the engine's worker thread
+/// (`warm.rs`): a fresh instance, never called before it is used.
 pub struct NodeComponent {
     path: PathBuf,
     digest: String,
     origin: LoadOrigin,
     pre: NodePre<GuestState>,
     engine: WasmEngine,
+    /// The next instance, made ahead (never called).
+    warm: parking_lot::Mutex<Option<Box<NodeInstance>>>,
+    /// Set when an instance made ahead failed or was too large: this
+    /// component's instances are made at the call only.
+    cold: std::sync::atomic::AtomicBool,
+}
+
+/// An instance of a node component in its own store.
+pub(crate) struct NodeInstance {
+    store: wasmtime::Store<GuestState>,
+    stderr: wasmtime_wasi::p2::pipe::MemoryOutputPipe,
+    node: bindings::Node,
+}
+
+impl NodeInstance {
+    /// Bytes of linear memory the instance holds.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.store.data().memory_bytes()
+    }
 }
 
 impl std::fmt::Debug for NodeComponent {
@@ -80,6 +100,8 @@ impl NodeComponent {
             origin,
             pre,
             engine,
+            warm: parking_lot::Mutex::new(None),
+            cold: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -106,19 +128,58 @@ impl NodeComponent {
     }
 
     /// A fresh instance of the component in its own sandbox, for the calls
-    /// of one run's tick.
+    /// of one run's tick: the one made ahead if there is one, else one made
+    /// now. When the session ends, the next one is made ahead.
     pub fn session(self: &Arc<Self>) -> Result<NodeSession, GuestError> {
+        let made = self.warm.lock().take();
+        crate::core::metrics::instance(made.is_some());
+        let instance = match made {
+            Some(instance) => instance,
+            None => self.instantiate()?,
+        };
+        Ok(NodeSession {
+            component: self.clone(),
+            instance: Some(instance),
+            calls: 0,
+        })
+    }
+
+    /// A new instance in a new sandbox.
+    pub(crate) fn instantiate(&self) -> Result<Box<NodeInstance>, GuestError> {
         let (mut store, stderr) = new_store(&self.engine);
         match self.pre.instantiate(&mut store) {
-            Ok(node) => Ok(NodeSession {
-                component: self.clone(),
+            Ok(node) => Ok(Box::new(NodeInstance {
                 store,
                 stderr,
                 node,
-                calls: 0,
-            }),
+            })),
             Err(err) => Err(classify(err, &store, &self.engine.limits(), &stderr)),
         }
+    }
+
+    /// Whether an instance made ahead is waiting.
+    pub(crate) fn has_warm(&self) -> bool {
+        self.warm.lock().is_some()
+    }
+
+    /// Keeps `instance` (never called) for the next session.
+    pub(crate) fn put_warm(&self, instance: Box<NodeInstance>) {
+        *self.warm.lock() = Some(instance);
+    }
+
+    /// Whether this component's instances are made at the call only.
+    pub(crate) fn is_cold(&self) -> bool {
+        self.cold.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Makes this component's instances at the call only from now on.
+    pub(crate) fn make_cold(&self) {
+        self.cold.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Takes the instance made ahead, if any.
+    pub(crate) fn take_warm(&self) -> Option<Box<NodeInstance>> {
+        self.warm.lock().take()
     }
 }
 
@@ -133,10 +194,19 @@ impl NodeComponent {
 /// instance.
 pub struct NodeSession {
     component: Arc<NodeComponent>,
-    store: wasmtime::Store<GuestState>,
-    stderr: wasmtime_wasi::p2::pipe::MemoryOutputPipe,
-    node: bindings::Node,
+    /// Always set until the session is dropped (then it goes to the
+    /// engine's worker to be dropped there).
+    instance: Option<Box<NodeInstance>>,
     calls: u32,
+}
+
+impl Drop for NodeSession {
+    fn drop(&mut self) {
+        if let Some(instance) = self.instance.take() {
+            let next = Arc::downgrade(&self.component);
+            self.component.engine.worker().session_ended(instance, next);
+        }
+    }
 }
 
 impl std::fmt::Debug for NodeSession {
@@ -162,7 +232,15 @@ impl NodeSession {
     /// Calls the node's `handle` and checks what it returns.
     pub fn call(&mut self, call: &NodeCall<'_>) -> Result<StepPlan, GuestError> {
         let engine = &self.component.engine;
-        prepare_call(&mut self.store, engine, call.seed);
+        let NodeInstance {
+            store,
+            stderr,
+            node,
+        } = &mut **self
+            .instance
+            .as_mut()
+            .expect("a session holds its instance until it is dropped");
+        prepare_call(store, engine, call.seed);
         self.calls += 1;
         let input = wit::NodeInput {
             run_id: call.run_id,
@@ -174,13 +252,13 @@ impl NodeSession {
             attempt: call.attempt,
         };
         let started = std::time::Instant::now();
-        let answer = self.node.call_handle(&mut self.store, input);
+        let answer = node.call_handle(&mut *store, input);
         crate::core::metrics::guest_call(started.elapsed());
         match answer {
             Ok(Ok(plan)) => parse_plan(plan, engine.limits().max_output_bytes),
             Ok(Err(wit::NodeError::InvalidInput(m))) => Err(GuestError::InvalidInput(m)),
             Ok(Err(wit::NodeError::Failed(m))) => Err(GuestError::Failed(m)),
-            Err(err) => Err(classify(err, &self.store, &engine.limits(), &self.stderr)),
+            Err(err) => Err(classify(err, store, &engine.limits(), stderr)),
         }
     }
 }

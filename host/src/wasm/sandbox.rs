@@ -56,6 +56,13 @@ pub(crate) struct GuestState {
     rng: StepRng,
 }
 
+impl GuestState {
+    /// Bytes of linear memory the store's instances hold now.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.limiter.memory_total
+    }
+}
+
 impl WasiView for GuestState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView {
