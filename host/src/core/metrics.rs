@@ -41,7 +41,8 @@ pub struct Counters {
     pub guest_calls: u64,
     /// Their total wall time, in microseconds.
     pub guest_us: u64,
-    /// Node instances made when a run needed one (it waited for them).
+    /// Node instances a tick made (or tried to) when it needed one, and
+    /// waited for.
     pub instances_made: u64,
     /// Node instances a run found made ahead (`warm.rs`).
     pub instances_ahead: u64,

@@ -107,7 +107,7 @@ impl Sessions {
         let out = self.by_component[i].call(call);
         if let Err(err) = &out {
             // Whatever went wrong, the next call gets a fresh instance.
-            self.by_component.remove(i);
+            self.by_component.remove(i).discard();
             // What an earlier call left in the instance (a leak that reaches
             // the memory limit, say) must not fail this step: the step is
             // tried once more on a fresh instance, whose answer stands. A

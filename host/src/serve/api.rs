@@ -1282,7 +1282,7 @@ fn render_metrics(by_status: &[(&str, usize)], http: &[(RequestKind, RequestCoun
     simple(
         "stepwell_guest_instances_made_total",
         "counter",
-        "Node instances made when a run needed one (the run waited for them).",
+        "Node instances a tick made (or tried to) when it needed one, and waited for.",
         c.instances_made.to_string(),
     );
     simple(

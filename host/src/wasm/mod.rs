@@ -33,7 +33,8 @@ pub use trigger::TriggerComponent;
 /// The bounds every guest call runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SandboxLimits {
-    /// Wall time one call (instantiation included) may take. Default 2 s.
+    /// Wall time one call may take (making an instance is bounded by the
+    /// same limit, counted on its own). Default 2 s.
     pub time_limit: Duration,
     /// The most linear memory an instance may hold, all its memories
     /// together, in bytes. Default 256 MiB.

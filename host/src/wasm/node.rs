@@ -135,13 +135,34 @@ impl NodeComponent {
         crate::core::metrics::instance(made.is_some());
         let instance = match made {
             Some(instance) => instance,
-            None => self.instantiate()?,
+            None => self.instantiate_now()?,
         };
         Ok(NodeSession {
             component: self.clone(),
             instance: Some(instance),
             calls: 0,
         })
+    }
+
+    /// A session on an instance made now, never one made ahead (what
+    /// `stepwell bench` times as an instantiation).
+    pub fn session_made_now(self: &Arc<Self>) -> Result<NodeSession, GuestError> {
+        Ok(NodeSession {
+            component: self.clone(),
+            instance: Some(self.instantiate_now()?),
+            calls: 0,
+        })
+    }
+
+    /// A new instance, for a call waiting for it: if making it fails (the
+    /// pool of instances or the engine's shared memory budget may be full),
+    /// the instances the worker holds are dropped and it is tried once
+    /// more.
+    fn instantiate_now(&self) -> Result<Box<NodeInstance>, GuestError> {
+        match self.instantiate() {
+            Err(_) if self.engine.worker().release_all() => self.instantiate(),
+            made => made,
+        }
     }
 
     /// A new instance in a new sandbox.
@@ -194,10 +215,19 @@ impl NodeComponent {
 /// instance.
 pub struct NodeSession {
     component: Arc<NodeComponent>,
-    /// Always set until the session is dropped (then it goes to the
-    /// engine's worker to be dropped there).
+    /// Set until the session ends: dropped (the engine's worker drops the
+    /// instance and makes the component's next one) or discarded.
     instance: Option<Box<NodeInstance>>,
     calls: u32,
+}
+
+impl NodeSession {
+    /// Ends the session after a failed call: its instance is dropped here
+    /// and now (its memory and its slot in the pool given back before the
+    /// step is tried again), and nothing is made ahead.
+    pub fn discard(mut self) {
+        drop(self.instance.take());
+    }
 }
 
 impl Drop for NodeSession {

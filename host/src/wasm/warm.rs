@@ -13,21 +13,27 @@
 //! leaves the clean-up behind.
 //!
 //! Bounds: at most [`MAX_WARM`] components of an engine hold a warm
-//! instance (the least recently asked for gives its up first), each at
-//! most one, and only components that were used: each session, when it
-//! ends, asks for the next instance. The worker's queue holds [`QUEUE`]
-//! jobs; when it is full, an instance is dropped where it is and no
-//! instance is made ahead (nothing waits for the worker). Instances count
-//! in the engine's live guest memory
-//! ([`SandboxLimits::total_memory_bytes`](super::SandboxLimits)) until
-//! they are dropped, warm ones too: only instances of at most
-//! [`MAX_WARM_MEMORY`] are dropped on the worker or kept warm, and a
-//! component whose fresh instance fails or is larger is never made ahead
-//! again.
+//! instance (the one whose instance was made least recently gives its up
+//! first), each at most one, and only components that were used: each
+//! session, when it ends, asks for the next instance. The worker's queue
+//! holds [`QUEUE`] jobs; when it is full, an instance is dropped where it
+//! is and none is made ahead (nothing waits for the worker). Instances
+//! count in the engine's live guest memory
+//! ([`SandboxLimits::total_memory_bytes`](super::SandboxLimits)) and in its
+//! pool of instances until they are dropped, warm ones too: only instances
+//! of at most [`MAX_WARM_MEMORY`] are dropped on the worker or kept warm, a
+//! component whose fresh instance is larger or took over [`SLOW_TO_MAKE`]
+//! to make is never made ahead again, and an instantiation at the call that
+//! fails drops every instance the worker holds and tries once more
+//! ([`Worker::release_all`]). An instance whose call failed is dropped
+//! where it is, before the step is tried again. The worker's thread ends
+//! after [`IDLE`] without work.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{OnceLock, Weak};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
 
 use super::node::{NodeComponent, NodeInstance};
 
@@ -44,6 +50,15 @@ const QUEUE: usize = 8;
 /// much of the shared budget by being made ahead.
 pub(crate) const MAX_WARM_MEMORY: usize = 8 << 20;
 
+/// A component whose instance took longer than this to make is not made
+/// ahead again (a guest whose start-up runs long would keep the worker
+/// from the others).
+const SLOW_TO_MAKE: Duration = Duration::from_millis(250);
+
+/// How long the worker waits for a job before its thread ends (the next
+/// job starts another): an idle engine holds no thread for this.
+const IDLE: Duration = Duration::from_secs(2);
+
 /// What the worker does when a session ends: drop its instance, then make
 /// the component's next one (one job, so one wake-up of the worker).
 struct Job {
@@ -52,31 +67,33 @@ struct Job {
     component: Weak<NodeComponent>,
 }
 
-/// The engine's worker thread, started at its first job. It ends when the
-/// engine is dropped (its queue's sender goes with it).
+#[derive(Default)]
+struct State {
+    jobs: VecDeque<Job>,
+    /// The components holding a warm instance, least recently made first.
+    holders: VecDeque<Weak<NodeComponent>>,
+    /// Whether the worker's thread is running.
+    running: bool,
+}
+
+#[derive(Default)]
+struct Queue {
+    state: Mutex<State>,
+    more: Condvar,
+}
+
+/// The engine's worker: a thread started at the first job, which ends
+/// after [`IDLE`] without one.
 #[derive(Default)]
 pub(super) struct Worker {
-    queue: OnceLock<Option<SyncSender<Job>>>,
+    queue: Arc<Queue>,
 }
 
 impl Worker {
-    fn queue(&self) -> Option<&SyncSender<Job>> {
-        self.queue
-            .get_or_init(|| {
-                let (tx, rx) = sync_channel(QUEUE);
-                std::thread::Builder::new()
-                    .name("stepwell-warm".into())
-                    .spawn(move || work(rx))
-                    .ok()
-                    .map(|_| tx)
-            })
-            .as_ref()
-    }
-
     /// A session of `component` ended with `used`: drops it on the worker
     /// (one holding more than [`MAX_WARM_MEMORY`] here) and has the
-    /// component's next instance made ahead. If the worker is busy, drops
-    /// it here and makes nothing ahead.
+    /// component's next instance made ahead. If the queue is full or no
+    /// thread can be started, drops it here and makes nothing ahead.
     pub(super) fn session_ended(&self, used: Box<NodeInstance>, component: Weak<NodeComponent>) {
         let used = if used.memory_bytes() <= MAX_WARM_MEMORY {
             Some(used)
@@ -84,50 +101,113 @@ impl Worker {
             drop(used);
             None
         };
-        let Some(queue) = self.queue() else {
+        let job = Job { used, component };
+        let mut state = self.queue.state.lock();
+        if state.jobs.len() >= QUEUE {
+            drop(state);
+            drop(job);
             return;
-        };
-        match queue.try_send(Job { used, component }) {
-            Ok(()) => {}
-            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => drop(job),
         }
+        state.jobs.push_back(job);
+        if state.running {
+            self.queue.more.notify_one();
+            return;
+        }
+        let queue = self.queue.clone();
+        let started = std::thread::Builder::new()
+            .name("stepwell-warm".into())
+            .spawn(move || work(&queue));
+        match started {
+            Ok(_) => state.running = true,
+            Err(_) => {
+                let job = state.jobs.pop_back();
+                drop(state);
+                drop(job);
+            }
+        }
+    }
+
+    /// Drops every instance the worker holds, made ahead or waiting to be
+    /// dropped: what a failed instantiation does before it tries again
+    /// (the pool or the shared memory budget may be full of them). Whether
+    /// there was any.
+    pub(super) fn release_all(&self) -> bool {
+        let (jobs, holders) = {
+            let mut state = self.queue.state.lock();
+            (
+                std::mem::take(&mut state.jobs),
+                std::mem::take(&mut state.holders),
+            )
+        };
+        let mut any = false;
+        for job in jobs {
+            any |= job.used.is_some();
+        }
+        for holder in holders.iter().filter_map(Weak::upgrade) {
+            any |= holder.take_warm().is_some();
+        }
+        any
     }
 }
 
-fn work(jobs: Receiver<Job>) {
-    // The components holding a warm instance, least recently asked for
-    // first.
-    let mut holders: VecDeque<Weak<NodeComponent>> = VecDeque::new();
-    while let Ok(Job { used, component }) = jobs.recv() {
-        drop(used);
-        let weak = component;
-        holders.retain(|h| h.strong_count() > 0 && !h.ptr_eq(&weak));
-        let Some(component) = weak.upgrade() else {
-            continue;
+fn work(queue: &Queue) {
+    loop {
+        let Job { used, component } = {
+            let mut state = queue.state.lock();
+            loop {
+                if let Some(job) = state.jobs.pop_front() {
+                    break job;
+                }
+                if queue.more.wait_for(&mut state, IDLE).timed_out() && state.jobs.is_empty() {
+                    state.running = false;
+                    return;
+                }
+            }
         };
-        if component.is_cold() {
-            continue;
+        drop(used);
+        make_ahead(queue, component);
+    }
+}
+
+/// Makes `weak`'s next instance, if it has none and may have one.
+fn make_ahead(queue: &Queue, weak: Weak<NodeComponent>) {
+    let Some(component) = weak.upgrade() else {
+        return;
+    };
+    if component.is_cold() {
+        return;
+    }
+    let evicted: Vec<Arc<NodeComponent>> = {
+        let mut state = queue.state.lock();
+        state
+            .holders
+            .retain(|h| h.strong_count() > 0 && !h.ptr_eq(&weak));
+        if component.has_warm() {
+            state.holders.push_back(weak);
+            return;
         }
-        if !component.has_warm() {
-            while holders.len() >= MAX_WARM {
-                if let Some(oldest) = holders.pop_front().and_then(|h| h.upgrade()) {
-                    drop(oldest.take_warm());
-                }
-            }
-            // An instantiation that fails is left to the call, which
-            // instantiates again and reports why; a large fresh instance
-            // is not kept. Either way, none is made ahead again.
-            match component.instantiate() {
-                Ok(instance) if instance.memory_bytes() <= MAX_WARM_MEMORY => {
-                    component.put_warm(instance)
-                }
-                Ok(_) | Err(_) => {
-                    component.make_cold();
-                    continue;
-                }
-            }
+        let mut evicted = Vec::new();
+        while state.holders.len() >= MAX_WARM {
+            evicted.extend(state.holders.pop_front().and_then(|h| h.upgrade()));
         }
-        holders.push_back(weak);
+        evicted
+    };
+    for oldest in evicted {
+        drop(oldest.take_warm());
+    }
+    let started = Instant::now();
+    match component.instantiate() {
+        Ok(instance)
+            if instance.memory_bytes() <= MAX_WARM_MEMORY && started.elapsed() <= SLOW_TO_MAKE =>
+        {
+            component.put_warm(instance);
+            queue.state.lock().holders.push_back(weak);
+        }
+        // Large, or slow to make: made at the call from now on.
+        Ok(_) => component.make_cold(),
+        // Perhaps for a moment (the pool or the shared memory budget is
+        // full): the call makes one, and reports why if it cannot.
+        Err(_) => {}
     }
 }
 
@@ -142,9 +222,13 @@ mod tests {
     use crate::wasm::{EngineConfig, NodeCall, SandboxLimits, WasmEngine};
 
     fn engine() -> WasmEngine {
+        engine_with(SandboxLimits::default())
+    }
+
+    fn engine_with(limits: SandboxLimits) -> WasmEngine {
         WasmEngine::new(EngineConfig {
             cache_dir: None,
-            limits: SandboxLimits::default(),
+            limits,
             digests: None,
         })
         .unwrap()
@@ -274,5 +358,68 @@ mod tests {
         drop(other.session().unwrap());
         wait_for("the other made ahead", || other.has_warm());
         assert!(!c.has_warm());
+    }
+
+    #[test]
+    fn a_call_that_cannot_get_an_instance_takes_back_those_made_ahead() {
+        // The engine's live guests may hold one fresh instance and a half:
+        // with one made ahead for one component, another component's
+        // instance fits only once that one is dropped.
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = {
+            let engine = engine();
+            let c = engine.load_node(&hostile(dir.path(), None)).unwrap();
+            c.instantiate().unwrap().memory_bytes()
+        };
+        let engine = engine_with(SandboxLimits {
+            total_memory_bytes: fresh + fresh / 2,
+            ..SandboxLimits::default()
+        });
+        let first = engine.load_node(&hostile(dir.path(), Some(1))).unwrap();
+        let second = engine.load_node(&hostile(dir.path(), Some(2))).unwrap();
+        drop(first.session().unwrap());
+        wait_for("made ahead", || first.has_warm());
+        // Made at the call: fails for the budget, drops the one made
+        // ahead, and succeeds.
+        let mut s = second.session().unwrap();
+        assert!(!first.has_warm());
+        assert_eq!(call(&mut s, COUNT)["n"], 1);
+        s.discard();
+    }
+
+    #[test]
+    fn a_discarded_session_gives_its_memory_back_at_once() {
+        let engine = engine();
+        let live = engine.live_memory();
+        let dir = tempfile::tempdir().unwrap();
+        let c = engine.load_node(&hostile(dir.path(), None)).unwrap();
+        let mut s = c.session().unwrap();
+        // Under MAX_WARM_MEMORY: a session that ends normally would leave
+        // it to the worker.
+        let leak = format!(r#"{{"mode": "leak", "bytes": {}}}"#, 4 << 20);
+        call(&mut s, &leak);
+        let before = live.load(Ordering::Relaxed);
+        assert!(before > 4 << 20);
+        s.discard();
+        assert!(live.load(Ordering::Relaxed) <= before - (4 << 20));
+        // And nothing is made ahead for it.
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!c.has_warm());
+    }
+
+    #[test]
+    fn the_workers_thread_ends_when_idle_and_starts_again() {
+        let engine = engine();
+        let dir = tempfile::tempdir().unwrap();
+        let c = engine.load_node(&hostile(dir.path(), None)).unwrap();
+        drop(c.session().unwrap());
+        wait_for("made ahead", || c.has_warm());
+        assert!(engine.worker().queue.state.lock().running);
+        wait_for("the thread ended", || {
+            !engine.worker().queue.state.lock().running
+        });
+        // The next job starts a thread again.
+        drop(c.session().unwrap());
+        wait_for("made ahead again", || c.has_warm());
     }
 }
