@@ -2522,6 +2522,44 @@ mod limits {
         }
     }
 
+    fn compiling_a_component_on_its_first_use_does_not_use_up_a_runs_time(b: Backend) {
+        // A driver on a fresh engine (no compiled code, no disk cache)
+        // loads the run's workflow in the pass, compiling its component,
+        // which takes far longer than the 50 ms the run gets: the three
+        // steps are taken in that one pass all the same (without the rule
+        // the pass stops after the first).
+        let h = Host::new(b);
+        let step = json!({"component": component("chain/step.wasm")});
+        let nodes = json!({
+            "a": {"component": step["component"], "next": "b"},
+            "b": {"component": step["component"], "next": "c"},
+            "c": {"component": step["component"], "config": {"last": true}},
+        });
+        let wf = one_flow(&h, "cold", nodes, "a");
+        let id = h.rt.start(&wf, StartOptions::default()).unwrap();
+        let engine = stepwell::WasmEngine::new(stepwell::EngineConfig {
+            cache_dir: None,
+            ..stepwell::EngineConfig::default()
+        })
+        .unwrap();
+        let cold = Runtime::builder(h.store.clone())
+            .engine(engine)
+            .config(RuntimeConfig {
+                drive_time_per_run: std::time::Duration::from_millis(50),
+                ..RuntimeConfig::default()
+            })
+            .build()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let report = cold.drive_once().unwrap();
+        assert_eq!(report.ticked, [id.clone()], "{report:?}");
+        let run = cold.get_state(&id).unwrap();
+        assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+        assert_eq!(run.output, Some(json!({"steps": 3})));
+        // The compilation is what took the time (else this proves nothing).
+        assert!(started.elapsed() > std::time::Duration::from_millis(50));
+    }
+
     /// An effect whose execution panics: a bug in the host, not in a flow.
     struct Explode;
 
@@ -2594,6 +2632,7 @@ mod limits {
         a_self_starting_tree_stops_at_the_nesting_limit_even_across_waits,
         a_run_may_start_only_so_many_children,
         slow_steps_of_one_run_leave_time_for_the_others,
+        compiling_a_component_on_its_first_use_does_not_use_up_a_runs_time,
         a_panic_in_a_step_fails_that_run_and_the_host_goes_on,
     );
 }

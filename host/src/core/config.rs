@@ -42,7 +42,11 @@ pub struct RuntimeConfig {
     pub drive_steps_per_run: u64,
     /// How long one driver pass works on one run (it stops after the step
     /// under way once this passed): with `drive_steps_per_run`, what keeps
-    /// slow steps of one run from holding up every other. Default 1 s.
+    /// slow steps of one run from holding up every other. The time a step
+    /// spends compiling components on their first use (a workflow's, a
+    /// trigger source's, a tool's), or reading them from the cache, is not
+    /// counted: how far a pass gets does not depend on a cold cache.
+    /// Default 1 s.
     pub drive_time_per_run: Duration,
     /// The most runs each part of a driver pass takes on (due waits,
     /// finished children, running runs): a backlog is worked through in

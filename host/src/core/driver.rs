@@ -229,7 +229,7 @@ impl Runtime {
             _ => return Ok(()),
         }
         let budget = self.config().drive_steps_per_run.max(1);
-        txn.deadline = Some(std::time::Instant::now() + self.config().drive_time_per_run);
+        txn.stop_after(self.config().drive_time_per_run);
         match self.run_steps(&mut txn, run, budget, pending, 0) {
             Ok(after) => {
                 match why {
@@ -357,7 +357,7 @@ impl Runtime {
                 self.workflow(&run.workflow_id)?;
                 let record = self.end_wait(&mut run, data, "resumed", None);
                 let budget = self.config().drive_steps_per_run.max(1);
-                txn.deadline = Some(std::time::Instant::now() + self.config().drive_time_per_run);
+                txn.stop_after(self.config().drive_time_per_run);
                 match self.run_steps(&mut txn, run, budget, vec![record], 0) {
                     Err(Error::Conflict { .. }) if txn.commits == 0 => return Ok(false),
                     Err(Error::Conflict { .. }) => {}

@@ -229,7 +229,7 @@ impl Runtime {
         // more step, which refuses), rather than leave that to the next.
         while run.status == RunStatus::Running
             && (steps < max_steps || visits_since_wait(&run) >= limit)
-            && !(steps > 0 && txn.deadline.is_some_and(|d| std::time::Instant::now() >= d))
+            && !(steps > 0 && txn.deadline.is_some_and(|d| d.passed()))
         {
             // Keep the lease through this commit if another step follows.
             txn.keep = steps + 1 < max_steps || visits_since_wait(&run) + 1 >= limit;

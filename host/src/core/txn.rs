@@ -199,8 +199,9 @@ pub(crate) struct RunTxn<'a> {
     /// Commits made through this hold.
     pub commits: u32,
     /// When the steps taken through this hold stop (after the step under
-    /// way), if they do: how the driver gives every run its turn.
-    pub deadline: Option<std::time::Instant>,
+    /// way), if they do: how the driver gives every run its turn. Set with
+    /// [`RunTxn::stop_after`].
+    pub deadline: Option<Deadline>,
     /// Whether a failing step commits nothing and returns the error (the
     /// workflow's `steps_never_fail`), set by the step.
     pub steps_never_fail: bool,
@@ -362,7 +363,33 @@ impl Runtime {
     }
 }
 
+/// When a hold's steps stop: `at`, moved later by the time this thread
+/// spent compiling components since `compiling` (its count then).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    at: Instant,
+    compiling: Duration,
+}
+
+impl Deadline {
+    /// Whether it has passed, not counting the time this thread spent
+    /// compiling components (or reading them from the cache) since it was
+    /// set: how far a pass gets does not depend on a cold cache.
+    pub(crate) fn passed(&self) -> bool {
+        Instant::now() >= self.at + (crate::wasm::time_compiling() - self.compiling)
+    }
+}
+
 impl RunTxn<'_> {
+    /// Stops the steps taken through this hold after the step under way
+    /// once `budget` has passed (time spent compiling not counted).
+    pub(crate) fn stop_after(&mut self, budget: Duration) {
+        self.deadline = Some(Deadline {
+            at: Instant::now() + budget,
+            compiling: crate::wasm::time_compiling(),
+        });
+    }
+
     /// Whether the run exists in the store yet.
     pub fn exists(&self) -> bool {
         self.version > 0

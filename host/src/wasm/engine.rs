@@ -369,7 +369,20 @@ impl WasmEngine {
         self.shared.loaded.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A component compiled, or read from the cache; the time it took is
+    /// added to this thread's [`time_compiling`].
     fn compile_cached(
+        &self,
+        bytes: &[u8],
+        digest: &[u8; 32],
+    ) -> Result<(Component, LoadOrigin), String> {
+        let started = std::time::Instant::now();
+        let out = self.compile_or_read(bytes, digest);
+        COMPILING.set(COMPILING.get() + started.elapsed());
+        out
+    }
+
+    fn compile_or_read(
         &self,
         bytes: &[u8],
         digest: &[u8; 32],
@@ -395,6 +408,16 @@ impl WasmEngine {
         }
         Ok((component, LoadOrigin::Compiled))
     }
+}
+
+thread_local! {
+    static COMPILING: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+}
+
+/// The time this thread has spent compiling components (or reading them
+/// from the cache) so far: a driver's time per run does not count it.
+pub(crate) fn time_compiling() -> Duration {
+    COMPILING.get()
 }
 
 /// How many guest instances may exist at once (each call holds one while it

@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use cache::CompiledDigests;
+pub(crate) use engine::time_compiling;
 pub use engine::{EngineConfig, LoadOrigin, WasmEngine};
 pub(crate) use node::vars_json;
 pub use node::{NodeCall, NodeComponent, NodeSession, HOST_BOOKKEEPING_VARS};
