@@ -2552,7 +2552,7 @@ mod limits {
             .unwrap();
         let started = std::time::Instant::now();
         let report = cold.drive_once().unwrap();
-        assert_eq!(report.ticked, [id.clone()], "{report:?}");
+        assert_eq!(report.ticked, std::slice::from_ref(&id), "{report:?}");
         let run = cold.get_state(&id).unwrap();
         assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
         assert_eq!(run.output, Some(json!({"steps": 3})));
