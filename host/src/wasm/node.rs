@@ -57,8 +57,8 @@ pub struct NodeComponent {
     engine: WasmEngine,
     /// The next instance, made ahead (never called).
     warm: parking_lot::Mutex<Option<Box<NodeInstance>>>,
-    /// Set when an instance made ahead failed or was too large: this
-    /// component's instances are made at the call only.
+    /// Set when a fresh instance made ahead was too large or too slow to
+    /// make: this component's instances are made at the call only.
     cold: std::sync::atomic::AtomicBool,
 }
 
@@ -211,8 +211,8 @@ impl NodeComponent {
 /// later steps of the same run in the same tick, never by another run (a
 /// session is never shared between runs, and ends with the tick). After a
 /// call that fails (a trap, a timeout, the memory limit, a wait, bad
-/// output) the step loop drops the session and the next call gets a fresh
-/// instance.
+/// output) the step loop discards the session ([`NodeSession::discard`])
+/// and the next call gets a fresh instance.
 pub struct NodeSession {
     component: Arc<NodeComponent>,
     /// Set until the session ends: dropped (the engine's worker drops the
