@@ -211,6 +211,17 @@ fn check(kind: Kind, dir: &Path, s: &Scenario, expected: &Value, what: &str) {
     assert_eq!(&got, expected, "{kind:?} {}: {what}", s.name);
 }
 
+/// What one crash point showed.
+#[derive(Default)]
+struct Found {
+    /// The fault fired (the host was aborted there).
+    fired: bool,
+    /// The recovered run asked the model again.
+    asked_twice: bool,
+    /// How many of the tools' writes ran twice.
+    wrote_twice: usize,
+}
+
 fn harness(kind: Kind, s: Scenario) {
     let requests = || s.llm.as_ref().map_or(0, |m| m.count());
     let asked_at_start = requests();
@@ -236,96 +247,120 @@ fn harness(kind: Kind, s: Scenario) {
     if s.tool_log {
         assert_eq!(tool_log(clean.path()), ["one", "two"]);
     }
+    // Each point runs in a folder of its own: two at a time, except where
+    // the scenario counts the requests its one LLM server was sent.
+    let point = |n: usize, phase: &'static str| -> Found {
+        let mut found = Found::default();
+        let dir = tempfile::tempdir().unwrap();
+        let asked_before = requests();
+        let how = run(kind, dir.path(), s.name, Some((n, phase)));
+        match (phase, &how) {
+            ("before" | "after", Ended::Crashed) => {}
+            ("before" | "after", other) => {
+                panic!("{phase} fault at {n} did not fire: {other:?}")
+            }
+            (_, Ended::Done(_)) => panic!("{phase} at {n}: the host ignored the fault"),
+            _ => {}
+        }
+        if how != Ended::Crashed {
+            return found;
+        }
+        found.fired = true;
+        // Now and then the recovery itself crashes, once or twice.
+        if n.is_multiple_of(3) && phase == "after" {
+            for m in 1..=2 {
+                run(kind, dir.path(), s.name, Some((m, "after")));
+            }
+        }
+        let recovered = run(kind, dir.path(), s.name, None);
+        assert!(matches!(recovered, Ended::Done(_)), "recovery completes");
+        let repeated_write = s.tool_log && {
+            let lines = tool_log(dir.path());
+            ["one", "two"]
+                .iter()
+                .any(|l| lines.iter().filter(|x| x == l).count() > 1)
+        };
+        if repeated_write {
+            // The one window: a write ran twice, so its second result
+            // says the file grew twice. The run still ends the same.
+            let got = outcome(kind, dir.path(), s.roots);
+            assert_eq!(got[0]["status"], expected[0]["status"]);
+            assert_eq!(got[0]["output"], expected[0]["output"]);
+        } else {
+            check(
+                kind,
+                dir.path(),
+                &s,
+                &expected,
+                &format!("crash at point {n} ({phase})"),
+            );
+        }
+        if s.llm.is_some() {
+            // The server's own count: once its answer is recorded the
+            // call is never made again; only a crash between the
+            // answer and that record repeats it.
+            let asked = requests() - asked_before;
+            found.asked_twice = asked == 2;
+            let max = if phase == "after" { 1 } else { 2 };
+            assert!(
+                (1..=max).contains(&asked),
+                "{phase} at {n}: the model was asked {asked} times"
+            );
+        }
+        if s.tool_log {
+            // Each approved write ran once, twice only when the crash
+            // fell between its run and the record of its results.
+            let lines = tool_log(dir.path());
+            let max = if phase == "after" { 1 } else { 2 };
+            for line in ["one", "two"] {
+                let count = lines.iter().filter(|l| *l == line).count();
+                assert!((1..=max).contains(&count), "{phase} at {n}: {lines:?}");
+                found.wrote_twice += usize::from(count == 2);
+            }
+        }
+        if external {
+            let keys = side_effects(dir.path());
+            assert!(
+                !keys.is_empty() && keys.iter().all(|k| *k == keys[0]),
+                "{keys:?}"
+            );
+            // Once its outcome is recorded an effect never runs again;
+            // only a crash between the call and that record repeats it
+            // (with the same key).
+            let max = if phase == "after" { 1 } else { 2 };
+            assert!(
+                keys.len() <= max,
+                "{phase} at {n}: the effect ran {} times",
+                keys.len()
+            );
+        }
+        found
+    };
+    let jobs: Vec<(usize, &'static str)> = (1..=points)
+        .flat_map(|n| phases(kind).iter().map(move |p| (n, *p)))
+        .collect();
+    let workers = if s.llm.is_some() { 1 } else { 2 };
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let founds = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(&(n, phase)) = jobs.get(i) else {
+                    break;
+                };
+                let found = point(n, phase);
+                founds.lock().unwrap().push((phase, found));
+            });
+        }
+    });
     let mut wrote_twice = 0;
     let mut fired = std::collections::BTreeMap::<&str, usize>::new();
     let mut asked_twice = 0;
-    for n in 1..=points {
-        for phase in phases(kind) {
-            let dir = tempfile::tempdir().unwrap();
-            let asked_before = requests();
-            let how = run(kind, dir.path(), s.name, Some((n, phase)));
-            match (*phase, &how) {
-                ("before" | "after", Ended::Crashed) => {}
-                ("before" | "after", other) => {
-                    panic!("{phase} fault at {n} did not fire: {other:?}")
-                }
-                (_, Ended::Done(_)) => panic!("{phase} at {n}: the host ignored the fault"),
-                _ => {}
-            }
-            if how == Ended::Crashed {
-                *fired.entry(phase).or_default() += 1;
-            } else {
-                continue;
-            }
-            // Now and then the recovery itself crashes, once or twice.
-            if n % 3 == 0 && *phase == "after" {
-                for m in 1..=2 {
-                    run(kind, dir.path(), s.name, Some((m, "after")));
-                }
-            }
-            let recovered = run(kind, dir.path(), s.name, None);
-            assert!(matches!(recovered, Ended::Done(_)), "recovery completes");
-            let repeated_write = s.tool_log && {
-                let lines = tool_log(dir.path());
-                ["one", "two"]
-                    .iter()
-                    .any(|l| lines.iter().filter(|x| x == l).count() > 1)
-            };
-            if repeated_write {
-                // The one window: a write ran twice, so its second result
-                // says the file grew twice. The run still ends the same.
-                let got = outcome(kind, dir.path(), s.roots);
-                assert_eq!(got[0]["status"], expected[0]["status"]);
-                assert_eq!(got[0]["output"], expected[0]["output"]);
-            } else {
-                check(
-                    kind,
-                    dir.path(),
-                    &s,
-                    &expected,
-                    &format!("crash at point {n} ({phase})"),
-                );
-            }
-            if s.llm.is_some() {
-                // The server's own count: once its answer is recorded the
-                // call is never made again; only a crash between the
-                // answer and that record repeats it.
-                let asked = requests() - asked_before;
-                asked_twice += usize::from(asked == 2);
-                let max = if *phase == "after" { 1 } else { 2 };
-                assert!(
-                    (1..=max).contains(&asked),
-                    "{phase} at {n}: the model was asked {asked} times"
-                );
-            }
-            if s.tool_log {
-                // Each approved write ran once, twice only when the crash
-                // fell between its run and the record of its results.
-                let lines = tool_log(dir.path());
-                let max = if *phase == "after" { 1 } else { 2 };
-                for line in ["one", "two"] {
-                    let count = lines.iter().filter(|l| *l == line).count();
-                    assert!((1..=max).contains(&count), "{phase} at {n}: {lines:?}");
-                    wrote_twice += usize::from(count == 2);
-                }
-            }
-            if external {
-                let keys = side_effects(dir.path());
-                assert!(
-                    !keys.is_empty() && keys.iter().all(|k| *k == keys[0]),
-                    "{keys:?}"
-                );
-                // Once its outcome is recorded an effect never runs again;
-                // only a crash between the call and that record repeats it
-                // (with the same key).
-                let max = if *phase == "after" { 1 } else { 2 };
-                assert!(
-                    keys.len() <= max,
-                    "{phase} at {n}: the effect ran {} times",
-                    keys.len()
-                );
-            }
-        }
+    for (phase, found) in founds.into_inner().unwrap() {
+        *fired.entry(phase).or_default() += usize::from(found.fired);
+        wrote_twice += found.wrote_twice;
+        asked_twice += usize::from(found.asked_twice);
     }
     for phase in phases(kind) {
         assert!(
