@@ -71,10 +71,12 @@ fn compiled_components_are_read_from_the_disk_cache_by_a_second_engine() {
     cached.sort();
     assert_eq!(
         cached.len(),
-        2,
-        "one compiled file and its digest: {cached:?}"
+        3,
+        "its compile lock, one compiled file and its digest: {cached:?}"
     );
+    let lock = cached.remove(0);
     assert!(cached[0].ends_with(".cwasm") && cached[1].ends_with(".cwasm.sha256"));
+    assert_eq!(lock, format!(".{}.lock", cached[0]));
     let second = WasmEngine::new(config).unwrap().load_node(&greet).unwrap();
     assert_eq!(second.origin(), LoadOrigin::DiskCache);
     assert_eq!(first.digest(), second.digest());
@@ -91,6 +93,93 @@ fn compiled_components_are_read_from_the_disk_cache_by_a_second_engine() {
     .load_node(&greet)
     .unwrap();
     assert_eq!(third.origin(), LoadOrigin::Compiled);
+}
+
+/// Two threads that load one component at once on a fresh engine compile
+/// it once: the second waits for the first's compile and takes its code
+/// (with and without a disk cache).
+#[test]
+fn two_threads_loading_one_component_at_once_compile_it_once() {
+    let bytes = std::fs::read(example("chain").join("step.wasm")).unwrap();
+    for cached in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = WasmEngine::new(EngineConfig {
+            cache_dir: cached.then(|| dir.path().join("cache")),
+            limits: SandboxLimits::default(),
+            digests: None,
+        })
+        .unwrap();
+        let go = std::sync::Barrier::new(2);
+        let digests: Vec<String> = std::thread::scope(|s| {
+            let loads: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        go.wait();
+                        let label = std::path::Path::new("step.wasm");
+                        engine
+                            .load_node_bytes(&bytes, label)
+                            .unwrap()
+                            .digest()
+                            .to_string()
+                    })
+                })
+                .collect();
+            loads.into_iter().map(|l| l.join().unwrap()).collect()
+        });
+        assert_eq!(digests[0], digests[1]);
+        assert_eq!(engine.components_compiled(), 1, "cached: {cached}");
+    }
+}
+
+/// Hosts started together on one cache directory compile a component once:
+/// one process compiles it while the others wait for its compile lock, then
+/// read what it wrote.
+#[test]
+fn hosts_started_together_on_one_cache_compile_a_component_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let go = dir.path().join("go");
+    let component = example("chain").join("step.wasm");
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_store-worker"))
+                .arg(&cache)
+                .arg("compile")
+                .arg(&component)
+                .arg("0")
+                .arg(&go)
+                .output_later()
+        })
+        .collect();
+    std::fs::write(&go, b"").unwrap();
+    let mut origins: Vec<String> = workers
+        .into_iter()
+        .map(|w| {
+            let out = w.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        })
+        .collect();
+    origins.sort();
+    assert_eq!(origins, ["Compiled", "DiskCache", "DiskCache"]);
+}
+
+/// Spawning with the output captured.
+trait OutputLater {
+    fn output_later(&mut self) -> std::process::Child;
+}
+
+impl OutputLater for std::process::Command {
+    fn output_later(&mut self) -> std::process::Child {
+        self.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
 }
 
 /// The hello node's greeting for `name`, through `engine` (checks that the

@@ -27,6 +27,10 @@
 //!   more small record, which must land (it fits). Prints `{"big": {"code",
 //!   "message"}}`, the big commit's error.
 //!
+//! - `compile` (STORE is a cache directory, RUN_ID a component file): loads
+//!   the component on a fresh engine caching compiled code there, and
+//!   prints where its code came from (`Compiled` or `DiskCache`).
+//!
 //! With GO_FILE, it starts only once that file exists (so that several
 //! workers start together). Prints `{"conflicts": C, "busy": B}`: the
 //! commits that lost a race (and changed nothing), and the claims that
@@ -67,13 +71,26 @@ fn uuid() -> String {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let store = StoreSpec::parse(&args[0])?.open(None)?;
     let (mode, run_id, n): (&str, &str, u64) = (&args[1], &args[2], args[3].parse()?);
-    if let Some(go) = args.get(4) {
-        while !std::path::Path::new(go).exists() {
-            std::thread::sleep(Duration::from_millis(1));
+    let wait_for_go = || {
+        if let Some(go) = args.get(4) {
+            while !std::path::Path::new(go).exists() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
+    };
+    if mode == "compile" {
+        let engine = stepwell::WasmEngine::new(stepwell::EngineConfig {
+            cache_dir: Some(args[0].clone().into()),
+            ..stepwell::EngineConfig::default()
+        })?;
+        wait_for_go();
+        let node = engine.load_node(std::path::Path::new(run_id))?;
+        println!("{:?}", node.origin());
+        return Ok(());
     }
+    let store = StoreSpec::parse(&args[0])?.open(None)?;
+    wait_for_go();
     if mode == "full-disk" {
         let path = args[0]
             .strip_prefix("sqlite:")

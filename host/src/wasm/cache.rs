@@ -117,6 +117,65 @@ impl CompileCache {
     }
 }
 
+/// Held while one process compiles a component for this cache: the lock
+/// of `.<name>.lock` in the cache directory, released when dropped (or when
+/// the process ends, however it ends).
+pub(crate) struct CompileLock {
+    #[cfg(unix)]
+    _file: std::fs::File,
+}
+
+/// How long a host waits for another process compiling the same component
+/// before it compiles it too.
+const COMPILE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl CompileCache {
+    /// Waits until no other process is compiling `name` for this cache and
+    /// takes its compile lock, so that hosts started together compile a
+    /// component once and the others read it from the cache. `None` (go on
+    /// without it) if the lock file cannot be had, or after
+    /// [`COMPILE_LOCK_WAIT`] (a process stuck while compiling).
+    #[cfg(unix)]
+    pub fn lock_compile(&self, name: &str) -> Option<CompileLock> {
+        use std::os::unix::fs::OpenOptionsExt;
+        check_private_dir(&self.dir).ok()?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(self.dir.join(format!(".{name}.lock")))
+            .ok()?;
+        let fd = std::os::unix::io::AsRawFd::as_raw_fd(&file);
+        let started = std::time::Instant::now();
+        loop {
+            // SAFETY: `fd` is the open descriptor of `file`, which outlives
+            // this call.
+            if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Some(CompileLock { _file: file });
+            }
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EWOULDBLOCK)
+                && err.kind() != std::io::ErrorKind::Interrupted
+            {
+                return None;
+            }
+            if started.elapsed() > COMPILE_LOCK_WAIT {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Without advisory locks, every process compiles for itself.
+    #[cfg(not(unix))]
+    pub fn lock_compile(&self, _name: &str) -> Option<CompileLock> {
+        None
+    }
+}
+
 /// Writes `bytes` to `file` through a temp file unique to this process and
 /// call, synced before the rename that publishes it.
 fn write_synced(file: &Path, bytes: &[u8]) -> std::io::Result<()> {

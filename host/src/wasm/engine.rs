@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -69,6 +69,10 @@ impl Drop for Ticker {
     }
 }
 
+/// The code of a component being compiled, once it is: what a thread
+/// loading the same bytes meanwhile waits for.
+type CompileSlot = Arc<Mutex<Option<Component>>>;
+
 /// A loaded file's size and modification time, and what it loaded as.
 type PathStamp = (u64, std::time::SystemTime, Arc<NodeComponent>);
 
@@ -77,6 +81,12 @@ struct Shared {
     linker: Linker<GuestState>,
     config: EngineConfig,
     loaded: Mutex<HashMap<[u8; 32], Arc<NodeComponent>>>,
+    /// Components being compiled, by the digest of their bytes: a thread
+    /// loading the same bytes meanwhile waits on the slot and takes what it
+    /// holds. A slot leaves the map when its compile ends.
+    compiling: Mutex<HashMap<[u8; 32], CompileSlot>>,
+    /// Components this engine compiled (not read from the cache).
+    compiled: AtomicU64,
     /// Files already loaded, with the size and modification time seen then,
     /// so loading a file again does not re-read and re-hash it.
     by_path: Mutex<HashMap<PathBuf, PathStamp>>,
@@ -162,6 +172,8 @@ impl WasmEngine {
                 linker,
                 config,
                 loaded: Mutex::new(HashMap::new()),
+                compiling: Mutex::new(HashMap::new()),
+                compiled: AtomicU64::new(0),
                 by_path: Mutex::new(HashMap::new()),
                 triggers: Mutex::new(HashMap::new()),
                 tools: Mutex::new(HashMap::new()),
@@ -174,6 +186,14 @@ impl WasmEngine {
                 },
             }),
         })
+    }
+
+    /// How many components this engine has compiled (rather than read from
+    /// its cache or found already loaded): the same bytes loaded by several
+    /// threads at once, or by several processes sharing a cache directory,
+    /// are compiled once.
+    pub fn components_compiled(&self) -> u64 {
+        self.shared.compiled.load(Ordering::Relaxed)
     }
 
     /// The limits every guest call runs under.
@@ -393,20 +413,57 @@ impl WasmEngine {
             engine.precompile_compatibility_hash().hash(&mut h);
             format!("{}-{:016x}.cwasm", hex::encode(digest), h.finish())
         };
-        if let Some(c) = self
+        let read = || {
+            self.shared
+                .cache
+                .as_ref()
+                .and_then(|c| c.load(engine, &name))
+        };
+        if let Some(c) = read() {
+            return Ok((c, LoadOrigin::DiskCache));
+        }
+        // One compile of these bytes at a time: a thread that finds another
+        // compiling them waits for its result; across processes, a host
+        // waits for the one compiling them for the same cache and reads
+        // what it wrote.
+        let slot = self
+            .shared
+            .compiling
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(*digest)
+            .or_default()
+            .clone();
+        let mut done = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = done.as_ref() {
+            return Ok((c.clone(), LoadOrigin::Compiled));
+        }
+        let _lock = self
             .shared
             .cache
             .as_ref()
-            .and_then(|c| c.load(engine, &name))
-        {
-            return Ok((c, LoadOrigin::DiskCache));
+            .and_then(|c| c.lock_compile(&name));
+        let out = match read() {
+            Some(c) => Ok((c, LoadOrigin::DiskCache)),
+            None => Component::from_binary(engine, bytes)
+                .map_err(|e| format!("not a valid WebAssembly component: {e:#}"))
+                .map(|component| {
+                    self.shared.compiled.fetch_add(1, Ordering::Relaxed);
+                    if let Some(cache) = &self.shared.cache {
+                        cache.store(&name, &component);
+                    }
+                    (component, LoadOrigin::Compiled)
+                }),
+        };
+        if let Ok((c, _)) = &out {
+            *done = Some(c.clone());
         }
-        let component = Component::from_binary(engine, bytes)
-            .map_err(|e| format!("not a valid WebAssembly component: {e:#}"))?;
-        if let Some(cache) = &self.shared.cache {
-            cache.store(&name, &component);
-        }
-        Ok((component, LoadOrigin::Compiled))
+        self.shared
+            .compiling
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(digest);
+        out
     }
 }
 
