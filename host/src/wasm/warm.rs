@@ -30,6 +30,7 @@
 //! after [`IDLE`] without work.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -76,10 +77,24 @@ struct State {
     running: bool,
 }
 
-#[derive(Default)]
 struct Queue {
     state: Mutex<State>,
     more: Condvar,
+    /// [`MAX_WARM_MEMORY`] (lowered by tests).
+    max_memory: AtomicUsize,
+    /// [`SLOW_TO_MAKE`] in microseconds (lowered by tests).
+    slow_us: AtomicU64,
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Queue {
+            state: Mutex::default(),
+            more: Condvar::new(),
+            max_memory: AtomicUsize::new(MAX_WARM_MEMORY),
+            slow_us: AtomicU64::new(SLOW_TO_MAKE.as_micros() as u64),
+        }
+    }
 }
 
 /// The engine's worker: a thread started at the first job, which ends
@@ -95,7 +110,7 @@ impl Worker {
     /// component's next instance made ahead. If the queue is full or no
     /// thread can be started, drops it here and makes nothing ahead.
     pub(super) fn session_ended(&self, used: Box<NodeInstance>, component: Weak<NodeComponent>) {
-        let used = if used.memory_bytes() <= MAX_WARM_MEMORY {
+        let used = if used.memory_bytes() <= self.queue.max_memory.load(Ordering::Relaxed) {
             Some(used)
         } else {
             drop(used);
@@ -125,6 +140,16 @@ impl Worker {
                 drop(job);
             }
         }
+    }
+
+    /// Lowers the bounds on a warm instance's memory and on the time to
+    /// make one, for tests of what happens past them.
+    #[cfg(test)]
+    fn set_bounds(&self, max_memory: usize, slow: Duration) {
+        self.queue.max_memory.store(max_memory, Ordering::Relaxed);
+        self.queue
+            .slow_us
+            .store(slow.as_micros() as u64, Ordering::Relaxed);
     }
 
     /// Drops every instance the worker holds, made ahead or waiting to be
@@ -196,10 +221,10 @@ fn make_ahead(queue: &Queue, weak: Weak<NodeComponent>) {
         drop(oldest.take_warm());
     }
     let started = Instant::now();
+    let max_memory = queue.max_memory.load(Ordering::Relaxed);
+    let slow = Duration::from_micros(queue.slow_us.load(Ordering::Relaxed));
     match component.instantiate() {
-        Ok(instance)
-            if instance.memory_bytes() <= MAX_WARM_MEMORY && started.elapsed() <= SLOW_TO_MAKE =>
-        {
+        Ok(instance) if instance.memory_bytes() <= max_memory && started.elapsed() <= slow => {
             component.put_warm(instance);
             queue.state.lock().holders.push_back(weak);
         }
@@ -214,7 +239,6 @@ fn make_ahead(queue: &Queue, weak: Weak<NodeComponent>) {
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
-    use std::sync::atomic::Ordering;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
@@ -405,6 +429,62 @@ mod tests {
         // And nothing is made ahead for it.
         std::thread::sleep(Duration::from_millis(50));
         assert!(!c.has_warm());
+    }
+
+    #[test]
+    fn a_component_whose_fresh_instance_is_large_or_slow_to_make_goes_cold() {
+        // No test guest starts that large or that slow: the bounds are
+        // lowered instead, below what any fresh instance holds (its
+        // memory's first page) and takes.
+        for (max_memory, slow) in [(1, Duration::from_secs(60)), (usize::MAX, Duration::ZERO)] {
+            let engine = engine();
+            engine.worker().set_bounds(max_memory, slow);
+            let dir = tempfile::tempdir().unwrap();
+            let c = engine.load_node(&hostile(dir.path(), None)).unwrap();
+            assert!(!c.is_cold());
+            drop(c.session().unwrap());
+            wait_for("the component went cold", || c.is_cold());
+            assert!(!c.has_warm(), "{max_memory} {slow:?}");
+            // From now on its instances are made at the call, and none ahead.
+            let mut s = c.session().unwrap();
+            assert_eq!(call(&mut s, COUNT)["n"], 1);
+            drop(s);
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!c.has_warm());
+        }
+    }
+
+    #[test]
+    fn with_the_workers_queue_full_a_session_drops_its_instance_where_it_ends() {
+        let engine = engine();
+        let live = engine.live_memory();
+        let dir = tempfile::tempdir().unwrap();
+        let c = engine.load_node(&hostile(dir.path(), None)).unwrap();
+        // A queue full of jobs no thread takes (it is marked running).
+        let queue = engine.worker().queue.clone();
+        {
+            let mut state = queue.state.lock();
+            state.running = true;
+            for _ in 0..QUEUE {
+                state.jobs.push_back(Job {
+                    used: None,
+                    component: Weak::new(),
+                });
+            }
+        }
+        let mut s = c.session().unwrap();
+        let leak = format!(r#"{{"mode": "leak", "bytes": {}}}"#, 4 << 20);
+        call(&mut s, &leak);
+        let before = live.load(Ordering::Relaxed);
+        drop(s);
+        // Dropped here (under MAX_WARM_MEMORY, it would have been queued),
+        // and nothing was queued or made ahead.
+        assert!(live.load(Ordering::Relaxed) <= before - (4 << 20));
+        assert_eq!(queue.state.lock().jobs.len(), QUEUE);
+        assert!(!c.has_warm());
+        let mut state = queue.state.lock();
+        state.jobs.clear();
+        state.running = false;
     }
 
     #[test]
