@@ -13,7 +13,7 @@ fn binary() -> PathBuf {
     let bin = exe.parent().unwrap().parent().unwrap().join("stepwell");
     assert!(
         bin.is_file(),
-        "{} not built: run `cargo build --release -p stepwell` first",
+        "{} not built: run `scripts/setup` (or `cargo build --release`) first",
         bin.display()
     );
     bin
