@@ -24,8 +24,19 @@
 
 use serde_json::{Map, Value};
 
+pub mod small_alloc;
 pub mod tool;
 pub mod trigger;
+
+/// Components (wasm32, one thread) allocate small blocks through
+/// [`small_alloc::SmallAlloc`] unless the `small-alloc` feature is off.
+#[cfg(all(
+    feature = "small-alloc",
+    target_arch = "wasm32",
+    not(target_feature = "atomics")
+))]
+#[global_allocator]
+static GUEST_ALLOC: small_alloc::SmallAlloc = small_alloc::SmallAlloc::new();
 
 /// Bindings generated from `wit/stepwell.wit` (the `node` world). Authors do not
 /// need them directly; [`export_node!`] wires a handler to them.
