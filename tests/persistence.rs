@@ -168,6 +168,34 @@ fn hosts_started_together_on_one_cache_compile_a_component_once() {
     assert_eq!(origins, ["Compiled", "DiskCache", "DiskCache"]);
 }
 
+/// A host whose umask lets its group write new files (002, common for
+/// ordinary users) still writes cache files only it may write, so the next
+/// host loads them rather than refusing them and compiling again.
+#[test]
+fn a_cache_written_under_a_permissive_umask_is_read_by_the_next_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let component = example("chain").join("step.wasm");
+    let origin = || {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"umask 002 && exec "$0" "$1" compile "$2" 0"#)
+            .arg(env!("CARGO_BIN_EXE_store-worker"))
+            .arg(&cache)
+            .arg(&component)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    assert_eq!(origin(), "Compiled");
+    assert_eq!(origin(), "DiskCache");
+}
+
 /// Spawning with the output captured.
 trait OutputLater {
     fn output_later(&mut self) -> std::process::Child;

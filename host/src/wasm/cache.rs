@@ -14,8 +14,12 @@
 //!   store when the host has a SQLite store, else in a `<file>.sha256`
 //!   beside it), and deserializes those very bytes (never the file again);
 //!   a file that does not match is ignored and compiled anew;
-//! - writes through a temp file unique to the process and thread, synced
-//!   before it is renamed into place, and vouches for it only after.
+//! - writes through a temp file unique to the process and thread, created
+//!   `0600` whatever the umask (never through a link, never over a file),
+//!   synced before it is renamed into place, and vouches for it only after;
+//! - compiles a component under an advisory lock of `.<name>.lock` in the
+//!   directory, so that hosts started together compile it once and the
+//!   others read it ([`CompileLock`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -108,6 +112,9 @@ impl CompileCache {
     /// Writes the compiled code of `component` as `name` and vouches for
     /// it. The cache is an optimisation: a failure is not an error.
     pub fn store(&self, name: &str, component: &Component) {
+        if check_private_dir(&self.dir).is_err() {
+            return;
+        }
         let Ok(bytes) = component.serialize() else {
             return;
         };
@@ -119,10 +126,15 @@ impl CompileCache {
 
 /// Held while one process compiles a component for this cache: the lock
 /// of `.<name>.lock` in the cache directory, released when dropped (or when
-/// the process ends, however it ends).
+/// the process ends, however it ends). A host that had to wait for it and
+/// then still finds nothing in the cache (the other host keeps its digests
+/// elsewhere, or failed) lets it go before compiling: hosts that cannot
+/// share what they compile do not compile one after another.
 pub(crate) struct CompileLock {
     #[cfg(unix)]
     _file: std::fs::File,
+    /// Whether another process held it when it was asked for.
+    pub waited: bool,
 }
 
 /// How long a host waits for another process compiling the same component
@@ -150,11 +162,15 @@ impl CompileCache {
             .ok()?;
         let fd = std::os::unix::io::AsRawFd::as_raw_fd(&file);
         let started = std::time::Instant::now();
+        let (mut busy, mut said) = (false, false);
         loop {
             // SAFETY: `fd` is the open descriptor of `file`, which outlives
             // this call.
             if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Some(CompileLock { _file: file });
+                return Some(CompileLock {
+                    _file: file,
+                    waited: busy,
+                });
             }
             let err = std::io::Error::last_os_error();
             if err.raw_os_error() != Some(libc::EWOULDBLOCK)
@@ -162,8 +178,22 @@ impl CompileCache {
             {
                 return None;
             }
-            if started.elapsed() > COMPILE_LOCK_WAIT {
+            busy = true;
+            let waited = started.elapsed();
+            if waited > COMPILE_LOCK_WAIT {
+                tracing::warn!(
+                    component = name,
+                    "another process has been compiling this component for {} s: compiling it here too",
+                    waited.as_secs()
+                );
                 return None;
+            }
+            if !said && waited > std::time::Duration::from_secs(5) {
+                said = true;
+                tracing::info!(
+                    component = name,
+                    "waiting for another process compiling this component for the same cache"
+                );
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
@@ -188,7 +218,7 @@ fn write_synced(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
         SEQ.fetch_add(1, Ordering::Relaxed)
     ));
     let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = create_private_file(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, file)
@@ -197,6 +227,28 @@ fn write_synced(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     written
+}
+
+/// A new file only this user may read or write, whatever the umask (a
+/// group-writable file would never be loaded), never through a link and
+/// never over an existing file.
+#[cfg(unix)]
+fn create_private_file(file: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(file)
+}
+
+#[cfg(not(unix))]
+fn create_private_file(file: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(file)
 }
 
 #[cfg(unix)]

@@ -69,9 +69,9 @@ impl Drop for Ticker {
     }
 }
 
-/// The code of a component being compiled, once it is: what a thread
-/// loading the same bytes meanwhile waits for.
-type CompileSlot = Arc<Mutex<Option<Component>>>;
+/// The code of a component being compiled, once it is, and where it came
+/// from: what a thread loading the same bytes meanwhile waits for.
+type CompileSlot = Arc<Mutex<Option<(Component, LoadOrigin)>>>;
 
 /// A loaded file's size and modification time, and what it loaded as.
 type PathStamp = (u64, std::time::SystemTime, Arc<NodeComponent>);
@@ -81,9 +81,9 @@ struct Shared {
     linker: Linker<GuestState>,
     config: EngineConfig,
     loaded: Mutex<HashMap<[u8; 32], Arc<NodeComponent>>>,
-    /// Components being compiled, by the digest of their bytes: a thread
-    /// loading the same bytes meanwhile waits on the slot and takes what it
-    /// holds. A slot leaves the map when its compile ends.
+    /// Components compiled or read from the cache, by the digest of their
+    /// bytes: a thread loading the same bytes meanwhile waits on the slot
+    /// and takes what it holds. A slot whose compile failed leaves the map.
     compiling: Mutex<HashMap<[u8; 32], CompileSlot>>,
     /// Components this engine compiled (not read from the cache).
     compiled: AtomicU64,
@@ -435,15 +435,20 @@ impl WasmEngine {
             .or_default()
             .clone();
         let mut done = slot.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = done.as_ref() {
-            return Ok((c.clone(), LoadOrigin::Compiled));
+        if let Some((c, origin)) = done.as_ref() {
+            return Ok((c.clone(), *origin));
         }
-        let _lock = self
+        let mut lock = self
             .shared
             .cache
             .as_ref()
             .and_then(|c| c.lock_compile(&name));
-        let out = match read() {
+        let found = read();
+        if found.is_none() && lock.as_ref().is_some_and(|l| l.waited) {
+            // The host it waited for did not leave code this one can use.
+            lock = None;
+        }
+        let out = match found {
             Some(c) => Ok((c, LoadOrigin::DiskCache)),
             None => Component::from_binary(engine, bytes)
                 .map_err(|e| format!("not a valid WebAssembly component: {e:#}"))
@@ -455,14 +460,20 @@ impl WasmEngine {
                     (component, LoadOrigin::Compiled)
                 }),
         };
-        if let Ok((c, _)) = &out {
-            *done = Some(c.clone());
+        drop(lock);
+        match &out {
+            // Kept: a thread loading these bytes later takes the code here
+            // (the engine keeps what it loaded anyway).
+            Ok(found) => *done = Some(found.clone()),
+            // The next try compiles again.
+            Err(_) => {
+                self.shared
+                    .compiling
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(digest);
+            }
         }
-        self.shared
-            .compiling
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(digest);
         out
     }
 }
