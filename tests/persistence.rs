@@ -148,21 +148,16 @@ fn hosts_started_together_on_one_cache_compile_a_component_once() {
                 .arg(&component)
                 .arg("0")
                 .arg(&go)
-                .output_later()
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
         })
         .collect();
     std::fs::write(&go, b"").unwrap();
     let mut origins: Vec<String> = workers
         .into_iter()
-        .map(|w| {
-            let out = w.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8(out.stdout).unwrap().trim().to_string()
-        })
+        .map(|w| printed(w.wait_with_output().unwrap()))
         .collect();
     origins.sort();
     assert_eq!(origins, ["Compiled", "DiskCache", "DiskCache"]);
@@ -185,29 +180,20 @@ fn a_cache_written_under_a_permissive_umask_is_read_by_the_next_host() {
             .arg(&component)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
+        printed(out)
     };
     assert_eq!(origin(), "Compiled");
     assert_eq!(origin(), "DiskCache");
 }
 
-/// Spawning with the output captured.
-trait OutputLater {
-    fn output_later(&mut self) -> std::process::Child;
-}
-
-impl OutputLater for std::process::Command {
-    fn output_later(&mut self) -> std::process::Child {
-        self.stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
+/// What a `store-worker` printed, once it succeeded.
+fn printed(out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// The hello node's greeting for `name`, through `engine` (checks that the

@@ -419,9 +419,6 @@ impl WasmEngine {
                 .as_ref()
                 .and_then(|c| c.load(engine, &name))
         };
-        if let Some(c) = read() {
-            return Ok((c, LoadOrigin::DiskCache));
-        }
         // One compile of these bytes at a time: a thread that finds another
         // compiling them waits for its result; across processes, a host
         // waits for the one compiling them for the same cache and reads
@@ -437,6 +434,10 @@ impl WasmEngine {
         let mut done = slot.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((c, origin)) = done.as_ref() {
             return Ok((c.clone(), *origin));
+        }
+        if let Some(c) = read() {
+            *done = Some((c.clone(), LoadOrigin::DiskCache));
+            return Ok((c, LoadOrigin::DiskCache));
         }
         let mut lock = self
             .shared
