@@ -1229,6 +1229,48 @@ pub fn link(head: &mut Option<String>, record: &mut StepRecord) -> String {
     json
 }
 
+/// `value` as JSON text, written into a buffer of `capacity` bytes first (a
+/// run row or a ledger record would otherwise grow serde_json's 128 bytes
+/// three times or more, a copy each).
+pub(crate) fn json_text<T: Serialize + ?Sized>(
+    value: &T,
+    capacity: usize,
+) -> serde_json::Result<String> {
+    let mut buf = Vec::with_capacity(capacity);
+    serde_json::to_writer(&mut buf, value)?;
+    // serde_json writes UTF-8 only.
+    Ok(String::from_utf8(buf).unwrap_or_default())
+}
+
+/// [`link`] without changing `record`: its JSON as stored after `head`
+/// (the hash of the run's last record), with `head` moved to its hash. A
+/// record that carries no hashes yet (what a commit appends) is serialised
+/// once and not copied; the bytes are those [`link`] stores.
+pub fn link_json(head: &mut Option<String>, record: &StepRecord) -> String {
+    use sha2::{Digest, Sha256};
+    let plain = record.prev_hash.is_none() && record.record_hash.is_none();
+    let hex = |h: &str| h.bytes().all(|b| b.is_ascii_alphanumeric());
+    let mut json = match json_text(record, 1024) {
+        Ok(json) if plain && json.ends_with('}') && head.as_deref().is_none_or(hex) => json,
+        _ => return link(head, &mut record.clone()),
+    };
+    // `prev_hash` and `record_hash` are the last two fields and absent:
+    // the hashed form is the record's with `prev_hash` added at the end.
+    if let Some(prev) = head.as_deref() {
+        json.pop();
+        json.push_str(",\"prev_hash\":\"");
+        json.push_str(prev);
+        json.push_str("\"}");
+    }
+    let hash = to_hex(&Sha256::digest(json.as_bytes()));
+    json.pop();
+    json.push_str(",\"record_hash\":\"");
+    json.push_str(&hash);
+    json.push_str("\"}");
+    *head = Some(hash);
+    json
+}
+
 /// Where a ledger's hash chain breaks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ChainBreak {

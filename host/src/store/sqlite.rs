@@ -21,8 +21,9 @@ use parking_lot::{Condvar, Mutex};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
-    check_next_version, link, wait_due_at, Attribution, Claim, Deferral, Durability, FeedEntry,
-    Fence, LeaseAfter, LeaseRequest, RunIndexQuery, RunIndexRow, RunQuery, Store, StoreError,
+    check_next_version, link_json, wait_due_at, Attribution, Claim, Deferral, Durability,
+    FeedEntry, Fence, LeaseAfter, LeaseRequest, RunIndexQuery, RunIndexRow, RunQuery, Store,
+    StoreError,
 };
 use crate::core::model::{RunState, RunStatus, StepRecord};
 
@@ -281,7 +282,7 @@ impl<'a> RunRow<'a> {
     fn new(run: &'a RunState) -> Result<Self, StoreError> {
         Ok(RunRow {
             run,
-            data: serde_json::to_string(run)
+            data: super::json_text(run, 1024)
                 .map_err(|e| StoreError::io(format!("run {}: cannot encode: {e}", run.run_id)))?,
             due: wait_due_at(run).map(|t| t.timestamp_micros()),
             attribution: Attribution::of(run),
@@ -344,6 +345,55 @@ pub struct SqliteStore {
     path: PathBuf,
     conn: Mutex<Connection>,
     group: CommitQueue,
+    heads: Mutex<LedgerHeads>,
+}
+
+/// The last `(seq, hash)` of the ledgers this store appended to, by run:
+/// an append takes a run's head from here instead of reading the ledger
+/// (a query that was a fifth of a SQLite step's instructions).
+///
+/// A head is a guess, checked by the append itself: records take seqs
+/// one after another and `ledger_run` is unique, so if another writer (a
+/// process, another store on the file) appended after the head kept here,
+/// the record's seq is taken, its insert fails, and the append reads the
+/// real head and links the record again. Heads are kept only once their
+/// transaction committed (`staged` until then; a savepoint rolled back
+/// drops its own), so a head here is never ahead of the file. Bounded:
+/// past [`LedgerHeads::MAX`] runs it starts again empty.
+#[derive(Default)]
+struct LedgerHeads {
+    kept: std::collections::HashMap<String, (i64, String)>,
+    /// What the transaction under way appended, in order.
+    staged: Vec<(String, i64, String)>,
+}
+
+impl LedgerHeads {
+    /// How many runs' heads are kept at most.
+    const MAX: usize = 4096;
+
+    /// The head of `run_id`: what the transaction under way appended last
+    /// to it, else the kept one.
+    fn get(&self, run_id: &str) -> Option<(i64, String)> {
+        match self.staged.iter().rev().find(|(id, _, _)| id == run_id) {
+            Some((_, seq, hash)) => Some((*seq, hash.clone())),
+            None => self.kept.get(run_id).cloned(),
+        }
+    }
+
+    /// Keeps what the committed transaction appended.
+    fn commit(&mut self) {
+        if self.kept.len() + self.staged.len() > Self::MAX {
+            self.kept.clear();
+        }
+        for (id, seq, hash) in self.staged.drain(..) {
+            match self.kept.get_mut(&id) {
+                Some(head) => *head = (seq, hash),
+                None => {
+                    self.kept.insert(id, (seq, hash));
+                }
+            }
+        }
+    }
 }
 
 /// Group commit: the run commits of this process's threads that arrive
@@ -460,6 +510,7 @@ impl SqliteStore {
                         path,
                         conn: Mutex::new(conn),
                         group: CommitQueue::default(),
+                        heads: Mutex::default(),
                     })
                 }
             }
@@ -536,10 +587,12 @@ impl SqliteStore {
         // for every transaction took about 1.5% of an ask/resume cycle's
         // time under `perf`.
         exec_cached(&conn, "BEGIN IMMEDIATE").map_err(|e| self.err(e))?;
+        self.heads.lock().staged.clear();
         let open = OpenTransaction(&conn);
         let out = f(&conn)?;
         exec_cached(&conn, "COMMIT").map_err(|e| self.err(e))?;
         drop(open);
+        self.heads.lock().commit();
         Ok(out)
     }
 
@@ -752,8 +805,10 @@ impl SqliteStore {
     ) -> Result<Result<(), StoreError>, StoreError> {
         let run = |sql: &str| exec_cached(tx, sql).map_err(|e| self.err(e));
         run("SAVEPOINT run_commit")?;
+        let staged = self.heads.lock().staged.len();
         let outcome = f(tx);
         if outcome.is_err() {
+            self.heads.lock().staged.truncate(staged);
             run("ROLLBACK TO run_commit")?;
         }
         run("RELEASE run_commit")?;
@@ -771,7 +826,10 @@ impl SqliteStore {
         fence: &Fence<'_>,
         lease: LeaseAfter,
     ) -> Result<(), StoreError> {
-        let heads = self.append_on(tx, records)?;
+        // A run this commit creates most likely has no records yet (the
+        // guess is checked like a kept head's).
+        let created = (fence.version == 0).then_some(run.run_id.as_str());
+        let heads = self.append_on(tx, records, created)?;
         let seq = match heads.iter().find(|(id, _)| *id == run.run_id) {
             Some((_, seq)) => *seq,
             None => self.last_seq(tx, &run.run_id)?,
@@ -824,16 +882,16 @@ impl SqliteStore {
     }
 
     /// Appends `records`, linking each into its run's chain; returns each
-    /// run's last seq.
+    /// run's last seq. `created`: a run the same transaction creates.
     fn append_on(
         &self,
         conn: &Connection,
         records: &[StepRecord],
+        created: Option<&str>,
     ) -> Result<Vec<(String, i64)>, StoreError> {
-        // Each run's last (seq, hash), read once per run and batch.
-        // Each run's (id, last seq, last hash).
-        let mut heads: Vec<(&str, i64, Option<String>)> = Vec::new();
-        let mut last = conn.prepare_cached(LEDGER_HEAD).map_err(|e| self.err(e))?;
+        // Each run's (id, last seq, last hash, whether that head is a guess
+        // from `self.heads` rather than read from the ledger).
+        let mut heads: Vec<(&str, i64, Option<String>, bool)> = Vec::new();
         let mut insert = conn
             .prepare_cached(
                 "INSERT INTO ledger (run_id, seq, data, hash, idem_key) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -843,32 +901,70 @@ impl SqliteStore {
             let i = match heads.iter().position(|h| h.0 == r.run_id) {
                 Some(i) => i,
                 None => {
-                    let (seq, hash) = last
-                        .query_row([&r.run_id], |row| Ok((row.get(0)?, row.get(1)?)))
-                        .optional()
-                        .map_err(|e| self.err(e))?
-                        .unwrap_or((0, None));
-                    heads.push((&r.run_id, seq, hash));
+                    let kept = self.heads.lock().get(&r.run_id);
+                    heads.push(match kept {
+                        Some((seq, hash)) => (&r.run_id, seq, Some(hash), true),
+                        None if created == Some(r.run_id.as_str()) => (&r.run_id, 0, None, true),
+                        None => {
+                            let (seq, hash) = self.ledger_head(conn, &r.run_id)?;
+                            (&r.run_id, seq, hash, false)
+                        }
+                    });
                     heads.len() - 1
                 }
             };
             let head = &mut heads[i];
-            let mut r = r.clone();
-            let data = link(&mut head.2, &mut r);
+            let mut hash = head.2.clone();
+            let mut data = link_json(&mut hash, r);
+            let mut written =
+                insert.execute(params![r.run_id, head.1 + 1, data, hash, r.idempotency_key]);
+            if head.3 && is_unique_violation(&written) {
+                // Another writer appended after the head kept here: read
+                // the real one and link the record again.
+                self.heads.lock().kept.remove(&r.run_id);
+                let (seq, real) = self.ledger_head(conn, &r.run_id)?;
+                (head.1, head.2, head.3) = (seq, real, false);
+                hash = head.2.clone();
+                data = link_json(&mut hash, r);
+                written =
+                    insert.execute(params![r.run_id, head.1 + 1, data, hash, r.idempotency_key]);
+            }
+            written.map_err(|e| self.err(e))?;
             head.1 += 1;
-            insert
-                .execute(params![r.run_id, head.1, data, head.2, r.idempotency_key])
-                .map_err(|e| self.err(e))?;
+            head.2 = hash;
+            head.3 = false;
         }
         // The records' `id`s (the next after the largest, under the write
         // lock) are the store-wide change feed (`Store::list_feed`), in
         // commit order across processes. Nothing deletes ledger rows: were
         // the newest deleted, their ids would be given again (the table is
         // not AUTOINCREMENT, which would cost a page per commit).
+        let mut kept = self.heads.lock();
         Ok(heads
             .into_iter()
-            .map(|(id, seq, _)| (id.to_string(), seq))
+            .map(|(id, seq, hash, _)| {
+                if let Some(hash) = hash {
+                    kept.staged.push((id.to_string(), seq, hash));
+                }
+                (id.to_string(), seq)
+            })
             .collect())
+    }
+
+    /// The `(seq, hash)` of the run's last ledger record, read from the
+    /// ledger (`(0, None)` for none).
+    fn ledger_head(
+        &self,
+        conn: &Connection,
+        run_id: &str,
+    ) -> Result<(i64, Option<String>), StoreError> {
+        conn.prepare_cached(LEDGER_HEAD)
+            .and_then(|mut st| {
+                st.query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .optional()
+            })
+            .map(|head| head.unwrap_or((0, None)))
+            .map_err(|e| self.err(e))
     }
 
     /// The records `sql` selects (`seq, data`) with `run_id` as `?1` and
@@ -1236,7 +1332,7 @@ impl Store for SqliteStore {
         }
         self.write(|tx| {
             self.check_fence(tx, records, &fence)?;
-            self.append_on(tx, records).map(drop)
+            self.append_on(tx, records, None).map(drop)
         })
     }
 
@@ -1250,7 +1346,7 @@ impl Store for SqliteStore {
                     before.push((id, self.last_seq(tx, id)?));
                 }
             }
-            for (id, seq) in self.append_on(tx, records)? {
+            for (id, seq) in self.append_on(tx, records, None)? {
                 let was = before.iter().find(|(b, _)| *b == id).map_or(0, |b| b.1);
                 tx.execute(
                     "UPDATE runs SET ledger_seq = ?2 WHERE run_id = ?1 AND COALESCE(ledger_seq, 0) = ?3",
@@ -1827,6 +1923,13 @@ impl crate::wasm::CompiledDigests for SqliteStore {
     }
 }
 
+/// Whether a write failed on a unique index (`ledger_run`: the seq is
+/// taken).
+fn is_unique_violation(written: &rusqlite::Result<usize>) -> bool {
+    matches!(written, Err(rusqlite::Error::SqliteFailure(e, _))
+        if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE)
+}
+
 /// Runs a statement without parameters or rows (`BEGIN`, `COMMIT`,
 /// savepoints) from the connection's statement cache.
 fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
@@ -2028,6 +2131,80 @@ mod tests {
             }
             assert!(crate::store::verify_chain(&ledger).is_ok(), "{id}");
         }
+        // The refused commit's ledger head (its record was rolled back with
+        // its savepoint) was not kept: "d"'s next record follows its first.
+        store
+            .commit(
+                &[record("d", 2)],
+                &run("d", 2),
+                Fence::unleased(1),
+                LeaseAfter::Release,
+            )
+            .unwrap();
+        let ledger = store.list_records("d").unwrap();
+        assert_eq!(ledger.len(), 2);
+        crate::store::verify_chain(&ledger).unwrap();
+    }
+
+    /// A store keeps the ledger heads it wrote and links the next record
+    /// after them without reading the ledger; when another writer (here a
+    /// second store on the file, as another process would be) appended
+    /// meanwhile, the record's seq is taken, and the append reads the real
+    /// head and links after it.
+    #[test]
+    fn an_append_after_another_writers_links_after_the_real_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let (a, b) = (
+            SqliteStore::open(&path).unwrap(),
+            SqliteStore::open(&path).unwrap(),
+        );
+        a.append_records(&[record("r", 1)]).unwrap();
+        assert_eq!(a.heads.lock().kept["r"].0, 1, "kept after its commit");
+        b.append_records(&[record("r", 2), record("r", 3)]).unwrap();
+        // `a` still keeps seq 1: its guess is refused by `ledger_run`.
+        a.append_records(&[record("r", 4)]).unwrap();
+        a.append_records(&[record("r", 5)]).unwrap();
+        let ledger = a.list_records("r").unwrap();
+        let steps: Vec<_> = ledger.iter().map(|r| r.step_id.as_str()).collect();
+        assert_eq!(steps, ["r-1", "r-2", "r-3", "r-4", "r-5"]);
+        crate::store::verify_chain(&ledger).unwrap();
+        assert_eq!(a.heads.lock().kept["r"].0, 5);
+        // The stored bytes are `link`'s, with and without a record before.
+        let seqs: Vec<i64> = a
+            .conn
+            .lock()
+            .prepare("SELECT seq FROM ledger WHERE run_id = 'r' ORDER BY id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(seqs, [1, 2, 3, 4, 5]);
+        let mut head = None;
+        for stored in &ledger {
+            let mut plain = stored.clone();
+            (plain.prev_hash, plain.record_hash) = (None, None);
+            let mut again = head.clone();
+            let json = crate::store::link_json(&mut again, &plain);
+            let mut copy = plain.clone();
+            assert_eq!(json, crate::store::link(&mut head, &mut copy));
+            assert_eq!(serde_json::from_str::<StepRecord>(&json).unwrap(), *stored);
+            assert_eq!(again, head);
+        }
+        // A commit that creates a run guesses its ledger empty: records
+        // another writer appended before are found the same way.
+        b.append_records(&[record("n", 1)]).unwrap();
+        a.commit(
+            &[record("n", 2)],
+            &run("n", 1),
+            Fence::unleased(0),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+        let ledger = a.list_records("n").unwrap();
+        assert_eq!(ledger.len(), 2);
+        crate::store::verify_chain(&ledger).unwrap();
     }
 
     /// Each periodic query of the driver reads the index of what is due:
