@@ -366,6 +366,8 @@ impl Runtime {
         }
         count_visit(run);
         // The patch, and how to take it back if the step's effect fails.
+        // Only a step with an effect can fail after the patch: a step
+        // without keeps no undo (a copy of each key).
         let mut undo: Vec<(String, Option<Value>)> = Vec::new();
         if let Some(patch) = plan.vars {
             if let Some(key) = patch.keys().find(|k| is_host_owned(k)) {
@@ -374,7 +376,16 @@ impl Runtime {
                 );
                 return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
             }
+            let keep = plan.effect.is_some();
             for (k, v) in patch {
+                if !keep {
+                    if v.is_null() {
+                        run.vars.remove(&k);
+                    } else {
+                        run.vars.insert(k, v);
+                    }
+                    continue;
+                }
                 let old = if v.is_null() {
                     run.vars.remove(&k)
                 } else {
