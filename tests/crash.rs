@@ -341,17 +341,41 @@ fn harness(kind: Kind, s: Scenario) {
         .collect();
     let workers = if s.llm.is_some() { 1 } else { 2 };
     let next = std::sync::atomic::AtomicUsize::new(0);
+    // A failed point stops the other worker at its next job (a failure at
+    // the first point is reported then, not minutes later), and its panic
+    // names the scenario and the point.
+    let failed = std::sync::atomic::AtomicBool::new(false);
     let founds = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let Some(&(n, phase)) = jobs.get(i) else {
-                    break;
-                };
-                let found = point(n, phase);
-                founds.lock().unwrap().push((phase, found));
-            });
+        for worker in 0..workers {
+            let (jobs, next, failed, founds, point) = (&jobs, &next, &failed, &founds, &point);
+            let name = s.name;
+            std::thread::Builder::new()
+                .name(format!("{kind:?}-{name}-{worker}"))
+                .spawn_scoped(scope, move || loop {
+                    if failed.load(std::sync::atomic::Ordering::SeqCst) {
+                        break;
+                    }
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some(&(n, phase)) = jobs.get(i) else {
+                        break;
+                    };
+                    let tried =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| point(n, phase)));
+                    match tried {
+                        Ok(found) => founds.lock().unwrap().push((phase, found)),
+                        Err(panic) => {
+                            failed.store(true, std::sync::atomic::Ordering::SeqCst);
+                            let msg = panic
+                                .downcast_ref::<String>()
+                                .map(String::as_str)
+                                .or_else(|| panic.downcast_ref::<&str>().copied())
+                                .unwrap_or("(a panic without a message)");
+                            panic!("{kind:?} {name} {phase} at point {n}: {msg}");
+                        }
+                    }
+                })
+                .unwrap();
         }
     });
     let mut wrote_twice = 0;
