@@ -44,7 +44,7 @@ use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, Statement};
 
 use super::{
-    check_next_version, link, wait_due_at, Attribution, Claim, Deferral, FeedEntry, Fence,
+    check_next_version, link_json, wait_due_at, Attribution, Claim, Deferral, FeedEntry, Fence,
     LeaseAfter, LeaseRequest, NextDue, RunIndexQuery, RunIndexRow, RunQuery, Store, StoreError,
 };
 use crate::core::model::{RunState, RunStatus, StepRecord};
@@ -1191,8 +1191,7 @@ impl Chain {
                     chain.runs.len() - 1
                 }
             };
-            let mut r = r.clone();
-            let data = link(&mut chain.run_hashes[i], &mut r);
+            let data = link_json(&mut chain.run_hashes[i], r);
             chain.run_seqs[i] += 1;
             chain.ids.push(r.run_id.clone());
             chain.seqs.push(chain.run_seqs[i]);
