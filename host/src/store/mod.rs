@@ -1249,9 +1249,10 @@ pub(crate) fn json_text<T: Serialize + ?Sized>(
 pub fn link_json(head: &mut Option<String>, record: &StepRecord) -> String {
     use sha2::{Digest, Sha256};
     let plain = record.prev_hash.is_none() && record.record_hash.is_none();
-    let hex = |h: &str| h.bytes().all(|b| b.is_ascii_alphanumeric());
+    // A head JSON writes as it is (a hash is hex); any other goes the long way.
+    let verbatim = |h: &str| h.bytes().all(|b| b.is_ascii_alphanumeric());
     let mut json = match json_text(record, 1024) {
-        Ok(json) if plain && json.ends_with('}') && head.as_deref().is_none_or(hex) => json,
+        Ok(json) if plain && json.ends_with('}') && head.as_deref().is_none_or(verbatim) => json,
         _ => return link(head, &mut record.clone()),
     };
     // `prev_hash` and `record_hash` are the last two fields and absent:

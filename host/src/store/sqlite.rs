@@ -348,48 +348,66 @@ pub struct SqliteStore {
     heads: Mutex<LedgerHeads>,
 }
 
-/// The last `(seq, hash)` of the ledgers this store appended to, by run:
-/// an append takes a run's head from here instead of reading the ledger
-/// (a query that was a fifth of a SQLite step's instructions).
+/// Where the ledgers of the runs this store committed end, by run: a
+/// commit takes its run's last `(seq, hash)` from here instead of reading
+/// the ledger (a query that was a fifth of a SQLite step's instructions).
 ///
-/// A head is a guess, checked by the append itself: records take seqs
-/// one after another and `ledger_run` is unique, so if another writer (a
-/// process, another store on the file) appended after the head kept here,
-/// the record's seq is taken, its insert fails, and the append reads the
-/// real head and links the record again. Heads are kept only once their
+/// An end is kept with the run's version after the commit that wrote it,
+/// and used only by a commit that starts from that version, which the
+/// commit's fence then finds in the file in the same transaction: the
+/// file holds that commit, so its ledger ends there or later (an online
+/// restore or another writer that rolled the run back left an older
+/// version, and the commit reads the real end). Later is caught by the
+/// append: records take seqs one after another and `ledger_run` is unique,
+/// so if another writer appended since (evidence, records ahead), the
+/// record's seq is taken, its insert fails, and the append reads the real
+/// end and links the record again. Ends are kept only once their
 /// transaction committed (`staged` until then; a savepoint rolled back
-/// drops its own), so a head here is never ahead of the file. Bounded:
-/// past [`LedgerHeads::MAX`] runs it starts again empty.
+/// drops its own), appends outside a commit forget the runs they touch,
+/// and a run's end is forgotten when a commit finishes it. Bounded: past
+/// [`LedgerHeads::MAX`] runs it starts again empty.
 #[derive(Default)]
 struct LedgerHeads {
-    kept: std::collections::HashMap<String, (i64, String)>,
-    /// What the transaction under way appended, in order.
-    staged: Vec<(String, i64, String)>,
+    kept: std::collections::HashMap<String, KeptHead>,
+    /// What the transaction under way appended, in order: an end to keep,
+    /// or `None` to forget the run's.
+    staged: Vec<(String, Option<KeptHead>)>,
+}
+
+/// A run's ledger end as its last commit left it.
+struct KeptHead {
+    seq: i64,
+    hash: String,
+    /// The run's version after that commit.
+    version: u64,
 }
 
 impl LedgerHeads {
-    /// How many runs' heads are kept at most.
+    /// How many runs' ends are kept at most.
     const MAX: usize = 4096;
 
-    /// The head of `run_id`: what the transaction under way appended last
-    /// to it, else the kept one.
-    fn get(&self, run_id: &str) -> Option<(i64, String)> {
-        match self.staged.iter().rev().find(|(id, _, _)| id == run_id) {
-            Some((_, seq, hash)) => Some((*seq, hash.clone())),
-            None => self.kept.get(run_id).cloned(),
-        }
+    /// The ledger end of `run_id` for a commit from `version`, if this
+    /// store's last commit of the run left it at that version.
+    fn get(&self, run_id: &str, version: u64) -> Option<(i64, String)> {
+        self.kept
+            .get(run_id)
+            .filter(|k| k.version == version)
+            .map(|k| (k.seq, k.hash.clone()))
     }
 
-    /// Keeps what the committed transaction appended.
+    /// Keeps (or forgets) what the committed transaction appended.
     fn commit(&mut self) {
         if self.kept.len() + self.staged.len() > Self::MAX {
             self.kept.clear();
         }
-        for (id, seq, hash) in self.staged.drain(..) {
-            match self.kept.get_mut(&id) {
-                Some(head) => *head = (seq, hash),
-                None => {
-                    self.kept.insert(id, (seq, hash));
+        for (id, head) in self.staged.drain(..) {
+            match (head, self.kept.get_mut(&id)) {
+                (Some(head), Some(kept)) => *kept = head,
+                (Some(head), None) => {
+                    self.kept.insert(id, head);
+                }
+                (None, _) => {
+                    self.kept.remove(&id);
                 }
             }
         }
@@ -540,6 +558,24 @@ impl SqliteStore {
         }
         if version < SCHEMA_VERSION {
             migrate(&mut conn, version).map_err(err)?;
+        }
+        // Appends count on `ledger_run` being unique: it refuses a record
+        // whose seq another writer took (where a store's kept ledger end
+        // was behind). A database where it is not is refused.
+        let unique: Option<bool> = conn
+            .query_row(
+                "SELECT \"unique\" FROM pragma_index_list('ledger') WHERE name = 'ledger_run'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(err)?;
+        if unique != Some(true) {
+            return Err(SetupError::Other(StoreError::corrupt(format!(
+                "{}: the index ledger_run (ledger, by run_id and seq) is missing or not unique \
+                 (stepwell creates it so: CREATE UNIQUE INDEX ledger_run ON ledger(run_id, seq))",
+                path.display()
+            ))));
         }
         Ok(conn)
     }
@@ -826,14 +862,26 @@ impl SqliteStore {
         fence: &Fence<'_>,
         lease: LeaseAfter,
     ) -> Result<(), StoreError> {
-        // A run this commit creates most likely has no records yet (the
-        // guess is checked like a kept head's).
-        let created = (fence.version == 0).then_some(run.run_id.as_str());
-        let heads = self.append_on(tx, records, created)?;
-        let seq = match heads.iter().find(|(id, _)| *id == run.run_id) {
-            Some((_, seq)) => *seq,
+        let heads = self.append_on(tx, records, Some((&run.run_id, fence.version)))?;
+        let seq = match heads.iter().find(|(id, _, _)| *id == run.run_id) {
+            Some((_, seq, _)) => *seq,
             None => self.last_seq(tx, &run.run_id)?,
         };
+        {
+            // The run's end is kept for its next commit (from the version
+            // this one writes) unless this commit finishes it; the ends of
+            // other runs' records appended with it are forgotten.
+            let mut kept = self.heads.lock();
+            for (id, seq, hash) in heads {
+                let keep = id == run.run_id && !run.status.is_terminal();
+                let head = hash.filter(|_| keep).map(|hash| KeptHead {
+                    seq,
+                    hash,
+                    version: run.version,
+                });
+                kept.staged.push((id, head));
+            }
+        }
         self.save(tx, run, fence, lease, seq)
     }
 
@@ -882,15 +930,18 @@ impl SqliteStore {
     }
 
     /// Appends `records`, linking each into its run's chain; returns each
-    /// run's last seq. `created`: a run the same transaction creates.
+    /// run's `(id, last seq, last hash)`. `commit`: the run a commit saves
+    /// with them and the version it starts from, whose ledger end may be
+    /// taken from `self.heads` (or, for a run the commit creates, taken as
+    /// empty), checked by `ledger_run`.
     fn append_on(
         &self,
         conn: &Connection,
         records: &[StepRecord],
-        created: Option<&str>,
-    ) -> Result<Vec<(String, i64)>, StoreError> {
-        // Each run's (id, last seq, last hash, whether that head is a guess
-        // from `self.heads` rather than read from the ledger).
+        commit: Option<(&str, u64)>,
+    ) -> Result<Vec<(String, i64, Option<String>)>, StoreError> {
+        // Each run's (id, last seq, last hash, whether that end is a guess
+        // rather than read from the ledger).
         let mut heads: Vec<(&str, i64, Option<String>, bool)> = Vec::new();
         let mut insert = conn
             .prepare_cached(
@@ -901,10 +952,17 @@ impl SqliteStore {
             let i = match heads.iter().position(|h| h.0 == r.run_id) {
                 Some(i) => i,
                 None => {
-                    let kept = self.heads.lock().get(&r.run_id);
-                    heads.push(match kept {
-                        Some((seq, hash)) => (&r.run_id, seq, Some(hash), true),
-                        None if created == Some(r.run_id.as_str()) => (&r.run_id, 0, None, true),
+                    let guess = match commit {
+                        Some((id, 0)) if id == r.run_id => Some((0, None)),
+                        Some((id, version)) if id == r.run_id => self
+                            .heads
+                            .lock()
+                            .get(id, version)
+                            .map(|(seq, hash)| (seq, Some(hash))),
+                        _ => None,
+                    };
+                    heads.push(match guess {
+                        Some((seq, hash)) => (&r.run_id, seq, hash, true),
                         None => {
                             let (seq, hash) = self.ledger_head(conn, &r.run_id)?;
                             (&r.run_id, seq, hash, false)
@@ -919,9 +977,8 @@ impl SqliteStore {
             let mut written =
                 insert.execute(params![r.run_id, head.1 + 1, data, hash, r.idempotency_key]);
             if head.3 && is_unique_violation(&written) {
-                // Another writer appended after the head kept here: read
+                // Another writer appended after the end guessed here: read
                 // the real one and link the record again.
-                self.heads.lock().kept.remove(&r.run_id);
                 let (seq, real) = self.ledger_head(conn, &r.run_id)?;
                 (head.1, head.2, head.3) = (seq, real, false);
                 hash = head.2.clone();
@@ -939,16 +996,19 @@ impl SqliteStore {
         // commit order across processes. Nothing deletes ledger rows: were
         // the newest deleted, their ids would be given again (the table is
         // not AUTOINCREMENT, which would cost a page per commit).
-        let mut kept = self.heads.lock();
         Ok(heads
             .into_iter()
-            .map(|(id, seq, hash, _)| {
-                if let Some(hash) = hash {
-                    kept.staged.push((id.to_string(), seq, hash));
-                }
-                (id.to_string(), seq)
-            })
+            .map(|(id, seq, hash, _)| (id.to_string(), seq, hash))
             .collect())
+    }
+
+    /// Forgets the ledger ends of the runs `heads` appended to, once the
+    /// transaction commits (an append outside a commit).
+    fn forget_heads(&self, heads: &[(String, i64, Option<String>)]) {
+        let mut kept = self.heads.lock();
+        for (id, _, _) in heads {
+            kept.staged.push((id.clone(), None));
+        }
     }
 
     /// The `(seq, hash)` of the run's last ledger record, read from the
@@ -1332,7 +1392,9 @@ impl Store for SqliteStore {
         }
         self.write(|tx| {
             self.check_fence(tx, records, &fence)?;
-            self.append_on(tx, records, None).map(drop)
+            let heads = self.append_on(tx, records, None)?;
+            self.forget_heads(&heads);
+            Ok(())
         })
     }
 
@@ -1346,7 +1408,9 @@ impl Store for SqliteStore {
                     before.push((id, self.last_seq(tx, id)?));
                 }
             }
-            for (id, seq) in self.append_on(tx, records, None)? {
+            let heads = self.append_on(tx, records, None)?;
+            self.forget_heads(&heads);
+            for (id, seq, _) in heads {
                 let was = before.iter().find(|(b, _)| *b == id).map_or(0, |b| b.1);
                 tx.execute(
                     "UPDATE runs SET ledger_seq = ?2 WHERE run_id = ?1 AND COALESCE(ledger_seq, 0) = ?3",
@@ -2146,31 +2210,56 @@ mod tests {
         crate::store::verify_chain(&ledger).unwrap();
     }
 
-    /// A store keeps the ledger heads it wrote and links the next record
-    /// after them without reading the ledger; when another writer (here a
-    /// second store on the file, as another process would be) appended
-    /// meanwhile, the record's seq is taken, and the append reads the real
-    /// head and links after it.
+    /// A store keeps where the ledgers of the runs it committed end and
+    /// links a commit's records after that without reading the ledger, only
+    /// for a commit from the version its own last commit wrote. When
+    /// another writer (here a second store on the file, as another process
+    /// would be) appended meanwhile, the record's seq is taken and the
+    /// append reads the real end; when the file went back (an online
+    /// restore), the commit starts from an older version and reads it too.
     #[test]
-    fn an_append_after_another_writers_links_after_the_real_head() {
+    fn a_commit_links_after_the_real_end_of_its_ledger() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db.sqlite");
         let (a, b) = (
             SqliteStore::open(&path).unwrap(),
             SqliteStore::open(&path).unwrap(),
         );
-        a.append_records(&[record("r", 1)]).unwrap();
-        assert_eq!(a.heads.lock().kept["r"].0, 1, "kept after its commit");
+        let commit = |store: &SqliteStore, n: u64, from: u64| {
+            store
+                .commit(
+                    &[record("r", n)],
+                    &run("r", from + 1),
+                    Fence::unleased(from),
+                    LeaseAfter::Release,
+                )
+                .unwrap()
+        };
+        let kept =
+            |store: &SqliteStore| store.heads.lock().kept.get("r").map(|k| (k.seq, k.version));
+        commit(&a, 1, 0);
+        assert_eq!(kept(&a), Some((1, 1)), "kept after its commit");
+        // Evidence from another writer: `a`'s end is behind, and refused.
         b.append_records(&[record("r", 2), record("r", 3)]).unwrap();
-        // `a` still keeps seq 1: its guess is refused by `ledger_run`.
-        a.append_records(&[record("r", 4)]).unwrap();
-        a.append_records(&[record("r", 5)]).unwrap();
+        commit(&a, 4, 1);
+        commit(&a, 5, 2);
+        assert_eq!(kept(&a), Some((5, 3)));
+        // The file goes back to before the last commit (as an online restore
+        // of a backup would take it): the run's next commit starts from
+        // version 2, and links after record 4, not after the kept 5.
+        {
+            let raw = Connection::open(&path).unwrap();
+            raw.execute_batch(
+                "DELETE FROM ledger WHERE run_id = 'r' AND seq = 5;
+                 UPDATE runs SET version = 2, ledger_seq = 4 WHERE run_id = 'r';",
+            )
+            .unwrap();
+        }
+        commit(&a, 6, 2);
         let ledger = a.list_records("r").unwrap();
         let steps: Vec<_> = ledger.iter().map(|r| r.step_id.as_str()).collect();
-        assert_eq!(steps, ["r-1", "r-2", "r-3", "r-4", "r-5"]);
+        assert_eq!(steps, ["r-1", "r-2", "r-3", "r-4", "r-6"]);
         crate::store::verify_chain(&ledger).unwrap();
-        assert_eq!(a.heads.lock().kept["r"].0, 5);
-        // The stored bytes are `link`'s, with and without a record before.
         let seqs: Vec<i64> = a
             .conn
             .lock()
@@ -2181,6 +2270,7 @@ mod tests {
             .collect::<rusqlite::Result<_>>()
             .unwrap();
         assert_eq!(seqs, [1, 2, 3, 4, 5]);
+        // The stored bytes are `link`'s, with and without a record before.
         let mut head = None;
         for stored in &ledger {
             let mut plain = stored.clone();
@@ -2192,7 +2282,29 @@ mod tests {
             assert_eq!(serde_json::from_str::<StepRecord>(&json).unwrap(), *stored);
             assert_eq!(again, head);
         }
-        // A commit that creates a run guesses its ledger empty: records
+        // A commit that finishes the run forgets its end; one that appends
+        // outside a commit forgets what it touched.
+        let mut done = run("r", 4);
+        done.status = RunStatus::Completed;
+        a.commit(
+            &[record("r", 7)],
+            &done,
+            Fence::unleased(3),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+        assert_eq!(kept(&a), None);
+        a.commit(
+            &[record("s", 1)],
+            &run("s", 1),
+            Fence::unleased(0),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+        assert!(a.heads.lock().kept.contains_key("s"));
+        a.append_records(&[record("s", 2)]).unwrap();
+        assert!(!a.heads.lock().kept.contains_key("s"));
+        // A commit that creates a run takes its ledger as empty: records
         // another writer appended before are found the same way.
         b.append_records(&[record("n", 1)]).unwrap();
         a.commit(
@@ -2205,6 +2317,22 @@ mod tests {
         let ledger = a.list_records("n").unwrap();
         assert_eq!(ledger.len(), 2);
         crate::store::verify_chain(&ledger).unwrap();
+    }
+
+    /// A database whose `ledger_run` is not unique (changed by hand) is
+    /// refused at open, with the index named: appends count on it.
+    #[test]
+    fn a_database_whose_ledger_run_is_not_unique_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        drop(SqliteStore::open(&path).unwrap());
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("DROP INDEX ledger_run; CREATE INDEX ledger_run ON ledger(run_id, seq);")
+            .unwrap();
+        let err = SqliteStore::open(&path).unwrap_err();
+        assert_eq!(err.code, "store_corrupt");
+        assert!(err.message.contains("ledger_run"), "{}", err.message);
     }
 
     /// Each periodic query of the driver reads the index of what is due:
