@@ -887,10 +887,7 @@ impl SqliteStore {
 
     /// The seq of the run's last ledger record (0 for none).
     fn last_seq(&self, conn: &Connection, run_id: &str) -> Result<i64, StoreError> {
-        conn.prepare_cached(LEDGER_HEAD)
-            .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
-            .map(|seq| seq.unwrap_or(0))
-            .map_err(|e| self.err(e))
+        self.ledger_head(conn, run_id).map(|(seq, _)| seq)
     }
 
     /// Checks `fence` for each run of `records` (appends ahead).
@@ -2035,6 +2032,16 @@ mod tests {
         .unwrap()
     }
 
+    /// Commits record `n` of run `id` with the run from version `from`.
+    fn commit_step(store: &SqliteStore, id: &str, n: u64, from: u64) -> Result<(), StoreError> {
+        store.commit(
+            &[record(id, n)],
+            &run(id, from + 1),
+            Fence::unleased(from),
+            LeaseAfter::Release,
+        )
+    }
+
     /// A transaction's log writes reach the kernel together (several
     /// frames, two writes each, in one call), and a connection through
     /// SQLite's own VFS reading meanwhile (as the `sqlite3` shell would)
@@ -2197,14 +2204,7 @@ mod tests {
         }
         // The refused commit's ledger head (its record was rolled back with
         // its savepoint) was not kept: "d"'s next record follows its first.
-        store
-            .commit(
-                &[record("d", 2)],
-                &run("d", 2),
-                Fence::unleased(1),
-                LeaseAfter::Release,
-            )
-            .unwrap();
+        commit_step(&store, "d", 2, 1).unwrap();
         let ledger = store.list_records("d").unwrap();
         assert_eq!(ledger.len(), 2);
         crate::store::verify_chain(&ledger).unwrap();
@@ -2225,16 +2225,8 @@ mod tests {
             SqliteStore::open(&path).unwrap(),
             SqliteStore::open(&path).unwrap(),
         );
-        let commit = |store: &SqliteStore, n: u64, from: u64| {
-            store
-                .commit(
-                    &[record("r", n)],
-                    &run("r", from + 1),
-                    Fence::unleased(from),
-                    LeaseAfter::Release,
-                )
-                .unwrap()
-        };
+        let commit =
+            |store: &SqliteStore, n: u64, from: u64| commit_step(store, "r", n, from).unwrap();
         let kept =
             |store: &SqliteStore| store.heads.lock().kept.get("r").map(|k| (k.seq, k.version));
         commit(&a, 1, 0);
@@ -2294,26 +2286,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(kept(&a), None);
-        a.commit(
-            &[record("s", 1)],
-            &run("s", 1),
-            Fence::unleased(0),
-            LeaseAfter::Release,
-        )
-        .unwrap();
+        commit_step(&a, "s", 1, 0).unwrap();
         assert!(a.heads.lock().kept.contains_key("s"));
         a.append_records(&[record("s", 2)]).unwrap();
         assert!(!a.heads.lock().kept.contains_key("s"));
         // A commit that creates a run takes its ledger as empty: records
         // another writer appended before are found the same way.
         b.append_records(&[record("n", 1)]).unwrap();
-        a.commit(
-            &[record("n", 2)],
-            &run("n", 1),
-            Fence::unleased(0),
-            LeaseAfter::Release,
-        )
-        .unwrap();
+        commit_step(&a, "n", 2, 0).unwrap();
         let ledger = a.list_records("n").unwrap();
         assert_eq!(ledger.len(), 2);
         crate::store::verify_chain(&ledger).unwrap();
