@@ -95,6 +95,47 @@ fn limits_are_set_at_start(b: Backend) {
     );
 }
 
+/// Steps without effects, one after another in a tick, whose patches add,
+/// replace and remove vars (also keys the step before did not touch): the
+/// store holds exactly the vars the runtime has after every tick (the
+/// memory store updates only the keys a step names, so a key it missed
+/// would show here), and the output is what the patches made.
+fn patches_of_consecutive_steps_land_whole_in_the_store(b: Backend) {
+    let h = Host::new(b);
+    let hostile = component("runaway/hostile.wasm");
+    let node = |patch: Value, next: &str| json!({"component": hostile, "config": {"mode": "patch", "patch": patch}, "next": next});
+    let wf = h.load_scratch(
+        "patches",
+        &[(
+            "flow.json",
+            json!({"workflow_id": "patches", "entry": "a", "nodes": {
+                "a": node(json!({"x": 1, "y": {"deep": [1, 2]}}), "b"),
+                "b": node(json!({"x": 2, "z": "new"}), "c"),
+                "c": node(json!({"y": null, "keep": "me"}), "d"),
+                "d": node(json!({"x": null, "y": {"deep": [3]}}), "e"),
+                "e": {"component": hostile, "config": {"mode": "echo_vars"}}}}),
+        )],
+    );
+    let id = start(&h, &wf, json!({"keep": "start", "other": 7}));
+    let run = h.rt.tick(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(h.rt.get_state(&id).unwrap().vars, run.vars);
+    let mut out = run.output.unwrap();
+    out.as_object_mut().unwrap().remove("_meta");
+    assert_eq!(
+        out,
+        json!({"keep": "me", "other": 7, "y": {"deep": [3]}, "z": "new"})
+    );
+    // Steps in several ticks: each tick's first step compares all vars.
+    let id = start(&h, &wf, json!({}));
+    let mut run = h.rt.get_state(&id).unwrap();
+    while run.status == RunStatus::Running {
+        run = h.rt.tick_with(&id, 2).unwrap();
+        assert_eq!(h.rt.get_state(&id).unwrap().vars, run.vars);
+    }
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+}
+
 fn host_owned_vars_stay_host_owned(b: Backend) {
     let h = Host::new(b);
     let hostile = component("runaway/hostile.wasm");
@@ -1202,6 +1243,7 @@ fn list_filters_by_status_and_wait_reason(b: Backend) {
 store_tests!(
     hello_completes_with_greeting,
     limits_are_set_at_start,
+    patches_of_consecutive_steps_land_whole_in_the_store,
     ask_user_parks_and_resume_completes,
     host_owned_vars_stay_host_owned,
     a_second_resume_is_stale_and_changes_nothing,

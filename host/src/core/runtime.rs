@@ -820,13 +820,19 @@ impl Runtime {
         run: &RunState,
         fence: Fence<'_>,
         after: LeaseAfter,
+        changed: Option<&[String]>,
     ) -> Result<()> {
         let started = std::time::Instant::now();
         let count = records.len();
         match &self.inner.offloader {
             // Nobody to show the records to after: the store may keep them.
             None if !self.has_subscribers() => {
-                self.store().commit_owned(records, run, fence, after)?;
+                match changed {
+                    Some(keys) => self
+                        .store()
+                        .commit_changed(records, run, fence, after, keys)?,
+                    None => self.store().commit_owned(records, run, fence, after)?,
+                }
                 self.inner.parked.committed(run, true);
                 super::metrics::commit(count, started.elapsed());
                 return Ok(());
@@ -1303,7 +1309,7 @@ impl Runtime {
             }
             run.version = expected + 1;
             let fence = Fence::unleased(expected);
-            match self.store_commit(vec![record], &run, fence, LeaseAfter::Release) {
+            match self.store_commit(vec![record], &run, fence, LeaseAfter::Release, None) {
                 Ok(()) => break run,
                 Err(Error::Store(e)) if e.is_conflict() && attempts < 20 => {
                     attempts += 1;

@@ -31,6 +31,14 @@ pub(crate) struct Sessions {
     /// The run id's part of the steps' seeds ([`Sessions::seed`]), hashed
     /// once a tick rather than for every step.
     seed_prefix: Option<(String, u64)>,
+    /// The top-level vars a step without an effect changed: `_runtime`
+    /// (its counters), then its vars patch's keys.
+    changed: Vec<String>,
+    /// Set when this tick's last step was one without an effect and its
+    /// commit went through: the store then holds the run as that commit
+    /// left it, and the next such step names the vars it changes
+    /// ([`RunTxn::commit_changed`]) rather than the store comparing all.
+    clean: bool,
 }
 
 /// How many calls one instance serves before a fresh one is made.
@@ -293,6 +301,9 @@ impl Runtime {
         sessions: &mut Sessions,
     ) -> Result<()> {
         txn.steps_never_fail = wf.steps_never_fail;
+        // Only a step without an effect that follows another one keeps
+        // this: every other path leaves it unset.
+        let clean = std::mem::take(&mut sessions.clean);
         let now = self.now();
         let started_at = format_time(now);
         let Some(node_id) = run.current_node.clone() else {
@@ -369,6 +380,10 @@ impl Runtime {
         // Only a step with an effect can fail after the patch: a step
         // without keeps no undo (a copy of each key).
         let mut undo: Vec<(String, Option<Value>)> = Vec::new();
+        if sessions.changed.is_empty() {
+            sessions.changed.push("_runtime".into());
+        }
+        sessions.changed.truncate(1);
         if let Some(patch) = plan.vars {
             if let Some(key) = patch.keys().find(|k| is_host_owned(k)) {
                 let msg = format!(
@@ -381,9 +396,12 @@ impl Runtime {
                 if !keep {
                     if v.is_null() {
                         run.vars.remove(&k);
+                    } else if let Some(old) = run.vars.get_mut(&k) {
+                        *old = v;
                     } else {
-                        run.vars.insert(k, v);
+                        run.vars.insert(k.clone(), v);
                     }
+                    sessions.changed.push(k);
                     continue;
                 }
                 let old = if v.is_null() {
@@ -435,7 +453,15 @@ impl Runtime {
             // The attempt number is cleared only if a retry set one.
             go_clearing(run, target, None, counters.retrying);
             run.updated_at = started_at;
-            return txn.commit(records, run);
+            // The store holds the run as this tick's last step left it:
+            // since, only `_runtime` and the patch's keys changed.
+            let done = if clean {
+                txn.commit_changed(records, run, &sessions.changed)
+            } else {
+                txn.commit(records, run)
+            };
+            sessions.clean = done.is_ok();
+            return done;
         };
 
         if let Some(key) = effect.result_key.as_deref().filter(|k| is_host_owned(k)) {
@@ -766,7 +792,7 @@ impl Runtime {
                     run_id: &run.run_id,
                     workflow_id: &wf.workflow_id,
                     node_id: &node.id,
-                    config_json,
+                    config_json: config_json.as_ref(),
                     vars_json: &vars,
                     now,
                     attempt: counters.attempt,

@@ -421,6 +421,27 @@ impl RunTxn<'_> {
     /// writer got there first) is [`Error::Conflict`], and nothing was
     /// written.
     pub fn commit(&mut self, records: Vec<StepRecord>, run: &mut RunState) -> Result<()> {
+        self.commit_with(records, run, None)
+    }
+
+    /// [`RunTxn::commit`] of a run whose vars changed, since this hold's
+    /// last commit, only in the top-level keys `changed`
+    /// ([`crate::store::Store::commit_changed`]).
+    pub(crate) fn commit_changed(
+        &mut self,
+        records: Vec<StepRecord>,
+        run: &mut RunState,
+        changed: &[String],
+    ) -> Result<()> {
+        self.commit_with(records, run, Some(changed))
+    }
+
+    fn commit_with(
+        &mut self,
+        records: Vec<StepRecord>,
+        run: &mut RunState,
+        changed: Option<&[String]>,
+    ) -> Result<()> {
         let keep = self.keep && run.status == RunStatus::Running;
         let keeper = self.rt.keeper();
         let after = if keep {
@@ -429,7 +450,10 @@ impl RunTxn<'_> {
             LeaseAfter::Release
         };
         run.version = self.version + 1;
-        if let Err(e) = self.rt.store_commit(records, run, self.fence(), after) {
+        if let Err(e) = self
+            .rt
+            .store_commit(records, run, self.fence(), after, changed)
+        {
             run.version = self.version;
             return Err(match e {
                 Error::Store(e) => self.conflict(e),

@@ -74,6 +74,7 @@ impl MemoryStore {
         run: &RunState,
         fence: Fence<'_>,
         lease: LeaseAfter,
+        changed: Option<&[String]>,
     ) -> Result<(), StoreError> {
         check_next_version(run, &fence)?;
         let mut t = self.tables.lock();
@@ -86,7 +87,7 @@ impl MemoryStore {
         let committed = t.ledgers.get(&run.run_id).map_or(0, |l| l.len);
         match t.runs.get_mut(&run.run_id) {
             Some(slot) => {
-                update_run(&mut slot.run, run);
+                update_run(&mut slot.run, run, changed);
                 slot.committed = committed;
                 slot.defer = None;
                 slot.defer_reason = None;
@@ -151,14 +152,12 @@ impl KeptValue {
     fn keep(v: serde_json::Value) -> KeptValue {
         let v = match v {
             serde_json::Value::Object(mut map) if map.len() == 1 => {
-                match map.remove("next_node") {
-                    Some(serde_json::Value::String(node)) => {
-                        return KeptValue::NextNode(node.into_boxed_str())
+                // Taken out in place: removing it from the map costs more
+                // than the rest of keeping the record.
+                if let Some((key, serde_json::Value::String(node))) = map.iter_mut().next() {
+                    if key == "next_node" {
+                        return KeptValue::NextNode(std::mem::take(node).into_boxed_str());
                     }
-                    Some(other) => {
-                        map.insert("next_node".into(), other);
-                    }
-                    None => {}
                 }
                 serde_json::Value::Object(map)
             }
@@ -331,7 +330,7 @@ fn append_owned(ledgers: &mut ByRun<Ledger>, records: impl IntoIterator<Item = S
 /// Makes `stored` equal to `run`, reusing what it already holds: a commit
 /// usually changes a few vars of a run, and copying the rest again would
 /// cost most of an in-memory step.
-fn update_run(stored: &mut RunState, run: &RunState) {
+fn update_run(stored: &mut RunState, run: &RunState, changed: Option<&[String]>) {
     // Every field, by name: a field added to RunState must be added here.
     let RunState {
         version,
@@ -354,7 +353,29 @@ fn update_run(stored: &mut RunState, run: &RunState) {
     stored.workflow_id.clone_from(workflow_id);
     stored.status = *status;
     stored.current_node.clone_from(current_node);
-    update_map(&mut stored.vars, vars);
+    match changed {
+        None => update_map(&mut stored.vars, vars),
+        Some(keys) => {
+            for k in keys {
+                match (stored.vars.get_mut(k), vars.get(k)) {
+                    (Some(d), Some(s)) => update_value(d, s),
+                    (None, Some(s)) => {
+                        stored.vars.insert(k.clone(), s.clone());
+                    }
+                    (Some(_), None) => {
+                        stored.vars.remove(k);
+                    }
+                    (None, None) => {}
+                }
+            }
+            // The unit tests check the claim on every such commit.
+            #[cfg(test)]
+            assert_eq!(
+                &stored.vars, vars,
+                "vars changed outside the keys {keys:?} a commit named"
+            );
+        }
+    }
     stored.waiting.clone_from(waiting);
     match (&mut stored.output, output) {
         (Some(d), Some(s)) => update_value(d, s),
@@ -541,7 +562,7 @@ impl Store for MemoryStore {
         fence: Fence<'_>,
         lease: LeaseAfter,
     ) -> Result<(), StoreError> {
-        self.commit_records(records.iter().cloned(), run, fence, lease)
+        self.commit_records(records.iter().cloned(), run, fence, lease, None)
     }
 
     fn commit_owned(
@@ -551,7 +572,21 @@ impl Store for MemoryStore {
         fence: Fence<'_>,
         lease: LeaseAfter,
     ) -> Result<(), StoreError> {
-        self.commit_records(records, run, fence, lease)
+        self.commit_records(records, run, fence, lease, None)
+    }
+
+    /// Updates only the `changed` vars of the stored run: the fence has
+    /// just found it at `fence.version`, the state whose vars differ from
+    /// `run`'s only there.
+    fn commit_changed(
+        &self,
+        records: Vec<StepRecord>,
+        run: &RunState,
+        fence: Fence<'_>,
+        lease: LeaseAfter,
+        changed: &[String],
+    ) -> Result<(), StoreError> {
+        self.commit_records(records, run, fence, lease, Some(changed))
     }
 
     fn append_ahead(&self, records: &[StepRecord], fence: Fence<'_>) -> Result<(), StoreError> {

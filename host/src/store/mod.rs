@@ -666,6 +666,26 @@ pub trait Store: Send + Sync {
         self.commit(&records, run, fence, lease)
     }
 
+    /// [`Store::commit_owned`] of a transition whose vars differ from the
+    /// state the commit of `fence.version` wrote only in the top-level keys
+    /// `changed` (set, replaced or removed); every other field of `run` may
+    /// differ. The step loop vouches for this when the same hold wrote that
+    /// version and only a step without an effect changed the run since, so
+    /// a store that keeps the run as a value (the memory store) updates
+    /// those keys rather than compare all the vars. The default ignores
+    /// `changed`.
+    fn commit_changed(
+        &self,
+        records: Vec<StepRecord>,
+        run: &RunState,
+        fence: Fence<'_>,
+        lease: LeaseAfter,
+        changed: &[String],
+    ) -> Result<(), StoreError> {
+        let _ = changed;
+        self.commit_owned(records, run, fence, lease)
+    }
+
     /// Appends records ahead of the commit that will make their transition
     /// true (an effect on other runs or on the outside world records what it
     /// did as soon as it did it), if `fence` still holds.

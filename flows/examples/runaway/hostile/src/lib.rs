@@ -89,7 +89,8 @@ fn probe(port: Option<u64>) -> String {
 impl stepwell_guest::bindings::Guest for Hostile {
     fn handle(input: NodeInput) -> Result<StepPlan, NodeError> {
         let config: serde_json::Value =
-            serde_json::from_str(&input.config).unwrap_or(serde_json::Value::Null);
+            serde_json::from_str(input.config.as_deref().unwrap_or("null"))
+                .unwrap_or(serde_json::Value::Null);
         let mode = config.get("mode").and_then(|m| m.as_str()).unwrap_or("ok");
         match mode {
             "loop" => {
@@ -225,6 +226,11 @@ impl stepwell_guest::bindings::Guest for Hostile {
                     ..plan()
                 })
             }
+            // `config.patch` as the vars patch, and the node's `next`.
+            "patch" => Ok(StepPlan {
+                vars: config.get("patch").map(|p| p.to_string()),
+                ..plan()
+            }),
             "echo_vars" => Ok(StepPlan {
                 complete_output: Some(input.vars.clone()),
                 ..plan()
