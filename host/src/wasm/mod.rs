@@ -13,6 +13,7 @@
 pub(crate) mod cache;
 mod engine;
 mod node;
+mod patch;
 mod sandbox;
 mod tool;
 mod trigger;

@@ -31,9 +31,10 @@ pub struct NodeCall<'a> {
     pub workflow_id: &'a str,
     /// The node's id.
     pub node_id: &'a str,
-    /// The node's config, as JSON text. (A `String`: the bindings lower
-    /// it into the guest straight from this buffer.)
-    pub config_json: &'a String,
+    /// The node's config, as JSON text; `None` when the node has none.
+    /// (A `String`: the bindings lower it into the guest straight from
+    /// this buffer.)
+    pub config_json: Option<&'a String>,
     /// The run's vars, as JSON text of an object.
     pub vars_json: &'a String,
     /// The current time, RFC 3339 UTC.
@@ -315,16 +316,19 @@ fn parse_plan(plan: wit::StepPlan, max_bytes: usize) -> Result<StepPlan, GuestEr
     }
     let vars = match plan.vars {
         None => None,
-        Some(text) => match parse_json("vars", &text)? {
-            Value::Object(map) => Some(map),
-            other => {
-                return Err(GuestError::BadOutput {
-                    message: format!(
-                        "step-plan.vars that is not a JSON object (got {})",
-                        kind_of(&other)
-                    ),
-                })
-            }
+        Some(text) => match super::patch::flat_object(&text) {
+            Some(map) => Some(map),
+            None => match parse_json("vars", &text)? {
+                Value::Object(map) => Some(map),
+                other => {
+                    return Err(GuestError::BadOutput {
+                        message: format!(
+                            "step-plan.vars that is not a JSON object (got {})",
+                            kind_of(&other)
+                        ),
+                    })
+                }
+            },
         },
     };
     let effect = match plan.effect {

@@ -1,0 +1,212 @@
+//! The vars patch a node returns, read without serde when it has the
+//! shape most patches have: one flat object of plain scalars
+//! (`{"i":5}`, `{"done":true,"name":"Ada"}`).
+//!
+//! serde_json reads such a patch through its generic visitor machinery,
+//! which made reading it a twentieth of a whole in-memory step. The reader
+//! here takes only text it can read exactly as serde_json would, and gives
+//! up on anything else (escapes, floats, nesting, big or negative-zero
+//! numbers, bad syntax): the caller then reads the text with serde_json,
+//! which accepts or refuses it as it always did.
+
+use serde_json::{Map, Value};
+
+/// The digits an integer may have here: 18 fit both `u64` and `i64`.
+const MAX_DIGITS: usize = 18;
+
+/// `text` as a JSON object of plain scalars, or `None` when it is not one
+/// this reader takes (then `serde_json::from_str` decides).
+///
+/// Whatever it returns, `serde_json::from_str::<Value>(text)` returns as
+/// `Value::Object` too (a later key replaces an earlier one of the same
+/// name, as there).
+pub(crate) fn flat_object(text: &str) -> Option<Map<String, Value>> {
+    let b = text.as_bytes();
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(b, i + 1);
+    let mut map = Map::new();
+    if b.get(i) == Some(&b'}') {
+        return at_end(b, i + 1).then_some(map);
+    }
+    loop {
+        let (key, next) = plain_string(text, i)?;
+        i = skip_ws(b, next);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let (value, next) = scalar(text, i)?;
+        map.insert(key.to_string(), value);
+        i = skip_ws(b, next);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return at_end(b, i + 1).then_some(map),
+            _ => return None,
+        }
+    }
+}
+
+/// The index of the first byte at or after `i` that is not JSON
+/// whitespace.
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        i += 1;
+    }
+    i
+}
+
+/// Whether only whitespace follows `i`.
+fn at_end(b: &[u8], i: usize) -> bool {
+    skip_ws(b, i) == b.len()
+}
+
+/// The string that starts at `i` (its opening quote) and the index after
+/// its closing quote, if it has no escape and no control character.
+fn plain_string(text: &str, i: usize) -> Option<(&str, usize)> {
+    let b = text.as_bytes();
+    if b.get(i) != Some(&b'"') {
+        return None;
+    }
+    let mut j = i + 1;
+    loop {
+        match *b.get(j)? {
+            b'"' => return Some((&text[i + 1..j], j + 1)),
+            b'\\' | 0..=0x1f => return None,
+            _ => j += 1,
+        }
+    }
+}
+
+/// The scalar that starts at `i` and the index after it: `true`, `false`,
+/// `null`, a plain string, or an integer of at most 18 digits (not `-0`).
+fn scalar(text: &str, i: usize) -> Option<(Value, usize)> {
+    let b = text.as_bytes();
+    let word = |w: &str, v: Value| b[i..].starts_with(w.as_bytes()).then(|| (v, i + w.len()));
+    match *b.get(i)? {
+        b't' => word("true", Value::Bool(true)),
+        b'f' => word("false", Value::Bool(false)),
+        b'n' => word("null", Value::Null),
+        b'"' => plain_string(text, i).map(|(s, next)| (Value::String(s.to_string()), next)),
+        b'-' | b'0'..=b'9' => integer(b, i),
+        _ => None,
+    }
+}
+
+/// The integer at `i`: `-?(0|[1-9][0-9]*)` followed by neither a fraction
+/// nor an exponent. serde_json reads `-0` as a float: left to it.
+fn integer(b: &[u8], i: usize) -> Option<(Value, usize)> {
+    let negative = b[i] == b'-';
+    let start = i + usize::from(negative);
+    let mut j = start;
+    let mut n: u64 = 0;
+    while let Some(d @ b'0'..=b'9') = b.get(j).copied() {
+        n = n * 10 + u64::from(d - b'0');
+        j += 1;
+    }
+    let digits = j - start;
+    let leading_zero = b.get(start) == Some(&b'0');
+    if digits == 0
+        || digits > MAX_DIGITS
+        || (leading_zero && (digits > 1 || negative))
+        || matches!(b.get(j), Some(b'.' | b'e' | b'E'))
+    {
+        return None;
+    }
+    let value = if negative {
+        // At most 18 digits: no overflow.
+        Value::from(-(n as i64))
+    } else {
+        Value::from(n)
+    };
+    Some((value, j))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What serde_json reads, as an object.
+    fn serde(text: &str) -> Option<Map<String, Value>> {
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(m)) => Some(m),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn reads_plain_patches_as_serde_json_does() {
+        for text in [
+            r#"{"i":5}"#,
+            r#"{}"#,
+            " { } ",
+            r#"{"a":true,"b":false,"c":null,"d":"x y","e":-17,"f":0}"#,
+            "{\n \"i\" : 123456789012345678 ,\t\"j\":\"\"\r}\n",
+            r#"{"a":1,"a":2}"#,
+            r#"{"ünï":"cödé ✓"}"#,
+            r#"{"n":-123456789012345678}"#,
+        ] {
+            let fast = flat_object(text);
+            assert!(fast.is_some(), "not read: {text}");
+            assert_eq!(fast, serde(text), "{text}");
+        }
+    }
+
+    #[test]
+    fn leaves_everything_else_to_serde_json() {
+        for text in [
+            r#"{"a":1.5}"#,
+            r#"{"a":1e3}"#,
+            r#"{"a":-0}"#,
+            r#"{"a":01}"#,
+            r#"{"a":1234567890123456789}"#,
+            r#"{"a":"\n"}"#,
+            r#"{"a\"b":1}"#,
+            "{\"a\":\"\u{1}\"}",
+            r#"{"a":{"b":1}}"#,
+            r#"{"a":[1]}"#,
+            r#"{"a":1,}"#,
+            r#"{"a" 1}"#,
+            r#"{"a":tru}"#,
+            r#"{"a":truex}"#,
+            r#"{"a":1} x"#,
+            r#"{"a":-}"#,
+            r#"[1]"#,
+            "",
+            "{",
+            r#"{"a":1"#,
+            r#"{a:1}"#,
+        ] {
+            assert_eq!(flat_object(text), None, "read: {text}");
+        }
+    }
+
+    #[test]
+    fn never_reads_what_serde_json_reads_otherwise() {
+        // `{` and up to five tokens from a small alphabet (1.9 million
+        // texts): whatever the fast reader takes, serde_json reads the same.
+        let tokens = [
+            "}", ",", ":", " ", "\"k\"", "\"v\"", "1", "-2", "0", "-0", "1.0", "true", "null",
+            "\"\\n\"", "{", "[]", "e5", "x",
+        ];
+        let mut texts = vec!["{".to_string()];
+        let mut level = texts.clone();
+        for _ in 0..5 {
+            level = level
+                .iter()
+                .flat_map(|t| tokens.iter().map(move |tok| format!("{t}{tok}")))
+                .collect();
+            texts.extend(level.iter().cloned());
+        }
+        let mut read = 0;
+        for text in &texts {
+            if let Some(fast) = flat_object(text) {
+                read += 1;
+                assert_eq!(Some(fast), serde(text), "{text}");
+            }
+        }
+        assert!(read > 100, "only {read} texts read");
+    }
+}
