@@ -2,6 +2,13 @@
 
 mod cli;
 
+/// The binary's allocator: mimalloc. A step allocates and frees a few dozen
+/// small values (strings, JSON maps); glibc's malloc took a tenth of an
+/// in-memory step's instructions for them (docs/performance.md). The
+/// library leaves the choice to the application that embeds it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
