@@ -202,13 +202,13 @@ fn greets(engine: &WasmEngine, name: &str) -> String {
     let greet = engine
         .load_node(&example("hello").join("greet.wasm"))
         .unwrap();
-    let (config, vars) = ("null".to_string(), json!({"name": name}).to_string());
+    let vars = json!({"name": name}).to_string();
     let plan = greet
         .call(&stepwell::wasm::NodeCall {
             run_id: "r",
             workflow_id: "hello",
             node_id: "greet",
-            config_json: &config,
+            config_json: None,
             vars_json: &vars,
             now: "2026-11-30T09:00:00.000000Z",
             attempt: 1,

@@ -241,8 +241,11 @@ pub fn __dispatch(
     handler: fn(Input) -> Result<Plan, NodeError>,
     input: wit::NodeInput,
 ) -> Result<wit::StepPlan, wit::NodeError> {
-    let config = serde_json::from_str(&input.config)
-        .map_err(|e| wit::NodeError::InvalidInput(format!("config is not JSON: {e}")))?;
+    let config = match &input.config {
+        None => Value::Null,
+        Some(text) => serde_json::from_str(text)
+            .map_err(|e| wit::NodeError::InvalidInput(format!("config is not JSON: {e}")))?,
+    };
     let vars = match serde_json::from_str(&input.vars) {
         Ok(Value::Object(map)) => map,
         Ok(_) => return Err(wit::NodeError::InvalidInput("vars is not an object".into())),

@@ -234,12 +234,12 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
     //    tick keeps (as the step loop makes it), and a call through a fresh
     //    instance (the first step of a tick).
     let component = engine.load_node(&step)?;
-    let (config_json, vars_json) = ("null".to_string(), "{\"i\":1}".to_string());
+    let vars_json = "{\"i\":1}".to_string();
     let call = NodeCall {
         run_id: "bench",
         workflow_id: "bench",
         node_id: "n0",
-        config_json: &config_json,
+        config_json: None,
         vars_json: &vars_json,
         now: "2026-01-01T00:00:00.000000Z",
         attempt: 1,

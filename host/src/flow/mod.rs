@@ -138,8 +138,9 @@ pub enum NodeKind {
     Component {
         /// The component, compiled and pre-instantiated.
         component: Arc<NodeComponent>,
-        /// The node's static config, as the JSON text passed to the guest.
-        config_json: String,
+        /// The node's static config, as the JSON text passed to the guest;
+        /// `None` when the node has none (absent or `null`).
+        config_json: Option<String>,
         /// Whether the guest also sees the host's bookkeeping vars
         /// (`_runtime`, `_limits`); the flow's `host_vars`.
         host_vars: bool,
@@ -388,10 +389,13 @@ fn build_workflow(
                 ));
             }
             let component = load(component).map_err(|e| err(field("component"), e))?;
-            let config = n.config.clone().unwrap_or(Value::Null);
             NodeKind::Component {
                 component,
-                config_json: config.to_string(),
+                config_json: n
+                    .config
+                    .as_ref()
+                    .filter(|c| !c.is_null())
+                    .map(Value::to_string),
                 host_vars: n.host_vars,
             }
         } else if let Some(kind) = &n.effect {

@@ -283,7 +283,7 @@ mod tests {
                 run_id: "r",
                 workflow_id: "w",
                 node_id: "n",
-                config_json: &config,
+                config_json: Some(&config),
                 vars_json: &vars,
                 now: "2026-12-02T00:00:00Z",
                 attempt: 1,
