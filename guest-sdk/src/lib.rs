@@ -246,14 +246,19 @@ pub fn __dispatch(
         Some(text) => serde_json::from_str(text)
             .map_err(|e| wit::NodeError::InvalidInput(format!("config is not JSON: {e}")))?,
     };
-    let vars = match serde_json::from_str(&input.vars) {
-        Ok(Value::Object(map)) => map,
-        Ok(_) => return Err(wit::NodeError::InvalidInput("vars is not an object".into())),
-        Err(e) => {
-            return Err(wit::NodeError::InvalidInput(format!(
-                "vars is not JSON: {e}"
-            )))
-        }
+    // Flat vars (`{"i":5}`) are read without serde's machinery, the rest
+    // by serde_json (stepwell-flat-json).
+    let vars = match stepwell_flat_json::read_flat_object(&input.vars) {
+        Some(map) => map,
+        None => match serde_json::from_str(&input.vars) {
+            Ok(Value::Object(map)) => map,
+            Ok(_) => return Err(wit::NodeError::InvalidInput("vars is not an object".into())),
+            Err(e) => {
+                return Err(wit::NodeError::InvalidInput(format!(
+                    "vars is not JSON: {e}"
+                )))
+            }
+        },
     };
     let input = Input {
         run_id: input.run_id,

@@ -2,10 +2,13 @@
 
 mod cli;
 
-/// The binary's allocator: mimalloc. A step allocates and frees a few dozen
-/// small values (strings, JSON maps); glibc's malloc took a tenth of an
-/// in-memory step's instructions for them (docs/performance.md). The
-/// library leaves the choice to the application that embeds it.
+/// The binary's allocator: mimalloc (the default feature `mimalloc`;
+/// `--no-default-features` keeps the system's). A step allocates and frees
+/// a few dozen small values (strings, JSON maps); glibc's malloc and free
+/// took a tenth of an in-memory step's instructions for them
+/// (docs/performance.md, "The allocator"). The library leaves the choice
+/// to the application that embeds it.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

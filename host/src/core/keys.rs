@@ -22,6 +22,11 @@ pub const HOST_OWNED_VARS: [&str; 3] = ["_runtime", "_meta", "_limits"];
 /// Whether the var (or dotted path) `key` is host-owned: its first segment
 /// is one of [`HOST_OWNED_VARS`], or it starts with `_runtime`.
 pub fn is_host_owned(key: &str) -> bool {
+    // Every host-owned name starts with `_` (checked for every key of
+    // every patch: most keys stop here).
+    if !key.starts_with('_') {
+        return false;
+    }
     let first = key.split('.').next().unwrap_or(key);
     HOST_OWNED_VARS.contains(&first) || key.starts_with("_runtime")
 }
@@ -505,6 +510,10 @@ mod tests {
         }
         for key in ["meta", "runtime", "x._meta", "_metadata", "limits"] {
             assert!(!is_host_owned(key), "{key}");
+        }
+        // The check starts with a key's `_`: every name must have one.
+        for key in HOST_OWNED_VARS {
+            assert!(is_host_owned(key), "{key}");
         }
     }
 }

@@ -379,7 +379,7 @@ impl WasmEngine {
             .map_err(|e| fail(format!("cannot link the component: {e:#}")))?;
         let pre = typed(pre).map_err(|e| {
             fail(format!(
-                "does not implement the stepwell:flow/{world} world: {e:#}"
+                "does not implement the stepwell:flow/{world} world (this host speaks {CONTRACT}): {e:#}"
             ))
         })?;
         Ok((pre, origin))
@@ -489,6 +489,10 @@ pub(crate) fn time_compiling() -> Duration {
     COMPILING.get()
 }
 
+/// The WIT package this host implements (`wit/stepwell.wit`): a component
+/// built against another version does not load.
+pub const CONTRACT: &str = "stepwell:flow@0.2.0";
+
 /// How many guest instances may exist at once (each call holds one while it
 /// runs): the bound on concurrent guest calls of one engine.
 const POOL_INSTANCES: u32 = 128;
@@ -528,4 +532,19 @@ fn engine_config(limits: &SandboxLimits, pooling: bool) -> Config {
         wt.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     wt
+}
+
+#[cfg(test)]
+mod tests {
+    /// The version the host names in its errors is the one its bindings
+    /// were generated from.
+    #[test]
+    fn the_contract_named_is_the_package_of_the_wit() {
+        let wit = include_str!("../../../wit/stepwell.wit");
+        assert!(
+            wit.contains(&format!("package {};", super::CONTRACT)),
+            "wit/stepwell.wit is not {}",
+            super::CONTRACT
+        );
+    }
 }

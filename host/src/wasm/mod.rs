@@ -13,7 +13,6 @@
 pub(crate) mod cache;
 mod engine;
 mod node;
-mod patch;
 mod sandbox;
 mod tool;
 mod trigger;
@@ -25,7 +24,7 @@ use std::time::Duration;
 
 pub use cache::CompiledDigests;
 pub(crate) use engine::time_compiling;
-pub use engine::{EngineConfig, LoadOrigin, WasmEngine};
+pub use engine::{EngineConfig, LoadOrigin, WasmEngine, CONTRACT};
 pub(crate) use node::vars_json;
 pub use node::{NodeCall, NodeComponent, NodeSession, HOST_BOOKKEEPING_VARS};
 pub use sandbox::Preopen;

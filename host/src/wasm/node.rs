@@ -316,7 +316,7 @@ fn parse_plan(plan: wit::StepPlan, max_bytes: usize) -> Result<StepPlan, GuestEr
     }
     let vars = match plan.vars {
         None => None,
-        Some(text) => match super::patch::flat_object(&text) {
+        Some(text) => match stepwell_flat_json::read_flat_object(&text) {
             Some(map) => Some(map),
             None => match parse_json("vars", &text)? {
                 Value::Object(map) => Some(map),
@@ -421,7 +421,9 @@ pub(crate) fn vars_json(vars: &Map<String, Value>, host_vars: bool) -> String {
             use serde::ser::SerializeMap;
             let mut m = s.serialize_map(None)?;
             for (k, v) in self.0 {
-                if self.1 || !HOST_BOOKKEEPING_VARS.contains(&k.as_str()) {
+                // Both bookkeeping names start with `_`: most keys stop there.
+                let bookkeeping = k.starts_with('_') && HOST_BOOKKEEPING_VARS.contains(&k.as_str());
+                if self.1 || !bookkeeping {
                     m.serialize_entry(k, v)?;
                 }
             }

@@ -1,13 +1,21 @@
-//! The vars patch a node returns, read without serde when it has the
-//! shape most patches have: one flat object of plain scalars
-//! (`{"i":5}`, `{"done":true,"name":"Ada"}`).
+//! A JSON object of plain scalars (`{"i":5}`, `{"done":true,"name":"Ada"}`),
+//! read without serde's visitor machinery, or not at all.
 //!
-//! serde_json reads such a patch through its generic visitor machinery,
-//! which made reading it a twentieth of a whole in-memory step. The reader
-//! here takes only text it can read exactly as serde_json would, and gives
-//! up on anything else (escapes, floats, nesting, big or negative-zero
-//! numbers, bad syntax): the caller then reads the text with serde_json,
-//! which accepts or refuses it as it always did.
+//! serde_json reads such an object through its generic deserializer, which
+//! made reading a node's one-key vars patch a twentieth of a whole
+//! in-memory step of the stepwell host, and reading a step's vars in the
+//! guest SDK as much again. [`read_flat_object`] takes only text it can
+//! read exactly as serde_json would, and gives up on anything else
+//! (escapes, floats, nesting, big or negative-zero numbers, bad syntax):
+//! the caller then reads the text with serde_json, which accepts or refuses
+//! it as it always did.
+//!
+//! ```
+//! use stepwell_flat_json::read_flat_object;
+//! let map = read_flat_object(r#"{"i": 5, "name": "Ada"}"#).unwrap();
+//! assert_eq!(map["i"], 5);
+//! assert!(read_flat_object(r#"{"i": 5.5}"#).is_none()); // serde_json's to read
+//! ```
 
 use serde_json::{Map, Value};
 
@@ -20,7 +28,7 @@ const MAX_DIGITS: usize = 18;
 /// Whatever it returns, `serde_json::from_str::<Value>(text)` returns as
 /// `Value::Object` too (a later key replaces an earlier one of the same
 /// name, as there).
-pub(crate) fn flat_object(text: &str) -> Option<Map<String, Value>> {
+pub fn read_flat_object(text: &str) -> Option<Map<String, Value>> {
     let b = text.as_bytes();
     let mut i = skip_ws(b, 0);
     if b.get(i) != Some(&b'{') {
@@ -33,6 +41,12 @@ pub(crate) fn flat_object(text: &str) -> Option<Map<String, Value>> {
     }
     loop {
         let (key, next) = plain_string(text, i)?;
+        // serde_json with its `raw_value` feature (which a dependency may
+        // turn on) reads an object keyed `$serde_json::private::RawValue`
+        // as the JSON in its string: such keys are left to it.
+        if key.starts_with('$') {
+            return None;
+        }
         i = skip_ws(b, next);
         if b.get(i) != Some(&b':') {
             return None;
@@ -148,7 +162,7 @@ mod tests {
             r#"{"ünï":"cödé ✓"}"#,
             r#"{"n":-123456789012345678}"#,
         ] {
-            let fast = flat_object(text);
+            let fast = read_flat_object(text);
             assert!(fast.is_some(), "not read: {text}");
             assert_eq!(fast, serde(text), "{text}");
         }
@@ -178,8 +192,10 @@ mod tests {
             "{",
             r#"{"a":1"#,
             r#"{a:1}"#,
+            r#"{"$serde_json::private::RawValue":"7"}"#,
+            r#"{"a":1,"$x":2}"#,
         ] {
-            assert_eq!(flat_object(text), None, "read: {text}");
+            assert_eq!(read_flat_object(text), None, "read: {text}");
         }
     }
 
@@ -202,7 +218,7 @@ mod tests {
         }
         let mut read = 0;
         for text in &texts {
-            if let Some(fast) = flat_object(text) {
+            if let Some(fast) = read_flat_object(text) {
                 read += 1;
                 assert_eq!(Some(fast), serde(text), "{text}");
             }
