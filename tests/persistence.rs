@@ -210,7 +210,7 @@ fn greets(engine: &WasmEngine, name: &str) -> String {
             node_id: "greet",
             config_json: None,
             vars_json: &vars,
-            now: "2026-11-30T09:00:00.000000Z",
+            now: chrono::Utc::now(),
             attempt: 1,
             seed: 1,
         })

@@ -67,10 +67,59 @@ pub struct Input {
     pub config: Value,
     /// The run's vars.
     pub vars: Map<String, Value>,
-    /// The current time, RFC 3339 in UTC, chosen by the host.
-    pub now: String,
+    /// The current time, chosen by the host (to the microsecond: the
+    /// `started_at` of the step's ledger record). `now.to_rfc3339()` or
+    /// `now.to_string()` writes it as the ledger does.
+    pub now: Time,
     /// 1 for the first attempt of this step.
     pub attempt: u32,
+}
+
+/// A point in time, UTC: seconds and nanoseconds since the Unix epoch.
+///
+/// ```
+/// let t = stepwell_guest::Time { seconds: 1_796_198_400, nanoseconds: 123_456_000 };
+/// assert_eq!(t.to_rfc3339(), "2026-12-02T08:00:00.123456Z");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Time {
+    /// Whole seconds since 1970-01-01T00:00:00Z.
+    pub seconds: u64,
+    /// Nanoseconds past `seconds` (below 1,000,000,000).
+    pub nanoseconds: u32,
+}
+
+impl Time {
+    /// RFC 3339 in UTC with microseconds (`2026-11-30T08:00:00.123456Z`),
+    /// the form the host writes times in.
+    pub fn to_rfc3339(&self) -> String {
+        // Days since the epoch to a civil date (Howard Hinnant's
+        // `civil_from_days`, for days >= 0).
+        let days = self.seconds / 86_400;
+        let secs = self.seconds % 86_400;
+        let z = days + 719_468;
+        let era = z / 146_097;
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + u64::from(month <= 2);
+        format!(
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+            secs / 3_600,
+            secs / 60 % 60,
+            secs % 60,
+            self.nanoseconds / 1_000
+        )
+    }
+}
+
+impl std::fmt::Display for Time {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_rfc3339())
+    }
 }
 
 impl Input {
@@ -266,7 +315,10 @@ pub fn __dispatch(
         node_id: input.node_id,
         config,
         vars,
-        now: input.now,
+        now: Time {
+            seconds: input.now.seconds,
+            nanoseconds: input.now.nanoseconds,
+        },
         attempt: input.attempt,
     };
     match handler(input) {
@@ -305,4 +357,29 @@ macro_rules! export_node {
 
         $crate::bindings::__export_node_world!(__StepwellNode with_types_in $crate::bindings);
     };
+}
+
+#[cfg(all(test, feature = "connection"))]
+mod tests {
+    use super::Time;
+
+    /// `Time::to_rfc3339` writes what chrono writes, across leap years,
+    /// month ends and centuries.
+    #[test]
+    fn times_are_written_as_chrono_writes_them() {
+        let mut seconds = 0u64;
+        while seconds < 9_000_000_000 {
+            for nanoseconds in [0, 1_000, 999_999_999] {
+                let t = Time {
+                    seconds,
+                    nanoseconds,
+                };
+                let chrono = chrono::DateTime::from_timestamp(seconds as i64, nanoseconds)
+                    .unwrap()
+                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+                assert_eq!(t.to_rfc3339(), chrono, "{seconds}.{nanoseconds}");
+            }
+            seconds += 86_400 * 29 + 3_601;
+        }
+    }
 }

@@ -241,7 +241,7 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         node_id: "n0",
         config_json: None,
         vars_json: &vars_json,
-        now: "2026-01-01T00:00:00.000000Z",
+        now: chrono::Utc::now(),
         attempt: 1,
         seed: 1,
     };

@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
 
 /// A source of the current time.
 pub trait Clock: Send + Sync {
@@ -67,21 +67,37 @@ pub fn format_time(t: DateTime<Utc>) -> String {
     if !(0..=9999).contains(&year) || time.nanosecond() >= 1_000_000_000 {
         return t.to_rfc3339_opts(SecondsFormat::Micros, true);
     }
-    // Called for every step: the digits are written into a fixed buffer,
-    // not through a format string.
+    // Called for every step (and its ledger record): the digits are written
+    // into a fixed buffer, not through a format string, and the part up to
+    // the second is kept for the next call in the same second.
     fn digits(buf: &mut [u8], mut n: u32) {
         for b in buf.iter_mut().rev() {
             *b = b'0' + (n % 10) as u8;
             n /= 10;
         }
     }
+    thread_local! {
+        /// The last second formatted (its date and second of the day) and
+        /// its text up to the `.`.
+        static LAST: std::cell::Cell<(NaiveDate, u32, [u8; 20])> =
+            const { std::cell::Cell::new((NaiveDate::MIN, u32::MAX, [0; 20])) };
+    }
+    let second = time.num_seconds_from_midnight();
     let mut buf = *b"0000-00-00T00:00:00.000000Z";
-    digits(&mut buf[0..4], year as u32);
-    digits(&mut buf[5..7], date.month());
-    digits(&mut buf[8..10], date.day());
-    digits(&mut buf[11..13], time.hour());
-    digits(&mut buf[14..16], time.minute());
-    digits(&mut buf[17..19], time.second());
+    let (last_date, last_second, prefix) = LAST.get();
+    if last_date == date && last_second == second {
+        buf[..20].copy_from_slice(&prefix);
+    } else {
+        digits(&mut buf[0..4], year as u32);
+        digits(&mut buf[5..7], date.month());
+        digits(&mut buf[8..10], date.day());
+        digits(&mut buf[11..13], time.hour());
+        digits(&mut buf[14..16], time.minute());
+        digits(&mut buf[17..19], time.second());
+        let mut prefix = [0; 20];
+        prefix.copy_from_slice(&buf[..20]);
+        LAST.set((date, second, prefix));
+    }
     digits(&mut buf[20..26], time.nanosecond() / 1_000);
     // Only ASCII digits and separators were written: valid UTF-8.
     String::from_utf8(buf.to_vec()).unwrap_or_default()
@@ -108,6 +124,13 @@ mod tests {
                 + chrono::Duration::nanoseconds(999_999_999),
             Utc.with_ymd_and_hms(2024, 2, 29, 12, 34, 56).unwrap()
                 + chrono::Duration::microseconds(123_456),
+            // The same second again (its prefix kept), the same second of
+            // another day, and the next second.
+            Utc.with_ymd_and_hms(2024, 2, 29, 12, 34, 56).unwrap()
+                + chrono::Duration::microseconds(999_999),
+            Utc.with_ymd_and_hms(2024, 3, 1, 12, 34, 56).unwrap(),
+            Utc.with_ymd_and_hms(2024, 3, 1, 12, 34, 57).unwrap()
+                + chrono::Duration::microseconds(5),
         ] {
             assert_eq!(
                 format_time(t),

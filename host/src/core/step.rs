@@ -336,7 +336,7 @@ impl Runtime {
         if let Some(msg) = self.data_over_budget(spent, per_wait) {
             return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
         }
-        let plan = match self.plan(wf, node, run, &started_at, sessions, &counters) {
+        let plan = match self.plan(wf, node, run, now, sessions, &counters) {
             Ok(plan) => plan,
             Err(msg) => return self.fail_step(txn, run, records, Some(node_id), &started_at, msg),
         };
@@ -770,7 +770,7 @@ impl Runtime {
         wf: &Workflow,
         node: &Node,
         run: &RunState,
-        now: &str,
+        now: chrono::DateTime<chrono::Utc>,
         sessions: &mut Sessions,
         counters: &StepCounters,
     ) -> std::result::Result<StepPlan, String> {

@@ -37,8 +37,9 @@ pub struct NodeCall<'a> {
     pub config_json: Option<&'a String>,
     /// The run's vars, as JSON text of an object.
     pub vars_json: &'a String,
-    /// The current time, RFC 3339 UTC.
-    pub now: &'a str,
+    /// The current time (passed to the microsecond, as the ledger writes
+    /// it).
+    pub now: chrono::DateTime<chrono::Utc>,
     /// The attempt number (1 first).
     pub attempt: u32,
     /// Seeds the guest's random stream for this call (the same step gets
@@ -279,7 +280,11 @@ impl NodeSession {
             node_id: call.node_id,
             config: call.config_json,
             vars: call.vars_json,
-            now: call.now,
+            now: wit::Datetime {
+                // A host clock before 1970 is taken as 1970.
+                seconds: u64::try_from(call.now.timestamp()).unwrap_or(0),
+                nanoseconds: call.now.timestamp_subsec_micros() * 1_000,
+            },
             attempt: call.attempt,
         };
         let started = std::time::Instant::now();

@@ -285,7 +285,7 @@ mod tests {
                 node_id: "n",
                 config_json: Some(&config),
                 vars_json: &vars,
-                now: "2026-12-02T00:00:00Z",
+                now: chrono::Utc::now(),
                 attempt: 1,
                 seed: 1,
             })

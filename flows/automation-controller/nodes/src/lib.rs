@@ -30,7 +30,7 @@ use stepwell_automation_core::protocol::{
     COMMIT_EFFECT, DISPATCH_KEY, FACTS_KEY, READ_OCCURRENCE_EFFECT, START_OCCURRENCE_EFFECT,
     TRIGGER_EFFECT,
 };
-use stepwell_automation_core::{parse_timestamp, AutomationError};
+use stepwell_automation_core::AutomationError;
 use stepwell_guest::{export_node, Effect, Input, NodeError, Plan};
 
 fn part<'a>(input: &'a Input, path: &str, what: &str) -> Result<&'a Value, NodeError> {
@@ -116,7 +116,10 @@ fn nodes(input: Input) -> Result<Plan, NodeError> {
         owner: input
             .var_path("_meta.automation_owner")
             .and_then(Value::as_str),
-        now: parse_timestamp(&input.now, "now").map_err(|e| NodeError::invalid(e.to_string()))?,
+        now: i64::try_from(input.now.seconds)
+            .ok()
+            .and_then(|s| chrono::DateTime::from_timestamp(s, input.now.nanoseconds))
+            .ok_or_else(|| NodeError::invalid(format!("now {} is out of range", input.now)))?,
         facts: input.var_path(FACTS_KEY),
         dispatch: input.var_path(DISPATCH_KEY),
     };

@@ -14,8 +14,10 @@ fn steps(input: Input) -> Result<Plan, NodeError> {
                     .filter(|s| *s >= 0.0)
                     .ok_or_else(|| NodeError::invalid("vars.seconds must be a number >= 0"))?,
             };
-            let now = DateTime::parse_from_rfc3339(&input.now)
-                .map_err(|e| NodeError::invalid(format!("now is not RFC 3339: {e}")))?;
+            let now = i64::try_from(input.now.seconds)
+                .ok()
+                .and_then(|s| DateTime::from_timestamp(s, input.now.nanoseconds))
+                .ok_or_else(|| NodeError::invalid(format!("now {} is out of range", input.now)))?;
             let until = now + Duration::milliseconds((seconds * 1000.0) as i64);
             Ok(Plan::follow().with_effect(Effect::wait_until(
                 until.to_rfc3339_opts(SecondsFormat::Micros, true),
