@@ -90,6 +90,20 @@ fn hello_runs_on_the_embedded_default_store() {
     assert_eq!(listed.as_array().unwrap().len(), 1);
 }
 
+/// Guests count time from 1970 (`node-input.now` is a `datetime`): a fixed
+/// clock before it is refused at the door, and nothing is started.
+#[test]
+fn a_clock_fixed_before_1970_is_refused() {
+    let cli = Cli::new();
+    let err = cli.fails(&["--now", "1960-01-01T00:00:00Z", "run", &ex("hello")]);
+    assert!(
+        err.contains("invalid_input: --now: 1960-01-01T00:00:00.000000Z is before 1970"),
+        "{err}"
+    );
+    let out = cli.ok(&["--now", "1970-01-01T00:00:00Z", "run", &ex("hello")]);
+    assert!(out.contains("status completed"), "{out}");
+}
+
 #[test]
 fn output_into_a_closed_pipe_ends_quietly() {
     // `stepwell run ... | head -0`: the reader is gone before the first

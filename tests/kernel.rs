@@ -449,6 +449,29 @@ fn concurrent_resumes_of_one_wait_succeed_once(b: Backend) {
     assert_eq!(greets, 1, "the resumed node ran exactly once");
 }
 
+/// A node's `now` counts from 1970: a step under a clock that reads
+/// earlier fails, naming the clock, rather than pass a wrong time.
+fn a_step_under_a_clock_before_1970_fails(b: Backend) {
+    use chrono::TimeZone;
+    let clock = Arc::new(stepwell::ManualClock::new(
+        chrono::Utc
+            .with_ymd_and_hms(1969, 12, 31, 23, 59, 59)
+            .unwrap(),
+    ));
+    let h = Host::with_clock(b, clock);
+    let wf = h.load("hello");
+    let id = start(&h, &wf, json!({"name": "Ada"}));
+    let run = h.rt.tick(&id).unwrap();
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.error.unwrap();
+    assert!(
+        error.starts_with(
+            "invalid_state: the host's clock reads 1969-12-31T23:59:59.000000Z, before 1970"
+        ),
+        "{error}"
+    );
+}
+
 fn wait_until_is_resumed_by_the_driver_when_due(b: Backend) {
     let clock = manual_clock();
     let h = Host::with_clock(b, clock.clone());
@@ -1244,6 +1267,7 @@ store_tests!(
     hello_completes_with_greeting,
     limits_are_set_at_start,
     patches_of_consecutive_steps_land_whole_in_the_store,
+    a_step_under_a_clock_before_1970_fails,
     ask_user_parks_and_resume_completes,
     host_owned_vars_stay_host_owned,
     a_second_resume_is_stale_and_changes_nothing,

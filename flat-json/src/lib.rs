@@ -117,6 +117,11 @@ fn integer(b: &[u8], i: usize) -> Option<(Value, usize)> {
     let mut j = start;
     let mut n: u64 = 0;
     while let Some(d @ b'0'..=b'9') = b.get(j).copied() {
+        if j - start == MAX_DIGITS {
+            // A 19th digit: more than this reader takes (and `n` would
+            // overflow by the 20th).
+            return None;
+        }
         n = n * 10 + u64::from(d - b'0');
         j += 1;
     }
@@ -176,6 +181,8 @@ mod tests {
             r#"{"a":-0}"#,
             r#"{"a":01}"#,
             r#"{"a":1234567890123456789}"#,
+            r#"{"a":123456789012345678901234567890}"#,
+            r#"{"a":-99999999999999999999999}"#,
             r#"{"a":"\n"}"#,
             r#"{"a\"b":1}"#,
             "{\"a\":\"\u{1}\"}",

@@ -673,10 +673,20 @@ fn execute(cli: Cli) -> Result<(), Error> {
         .now
         .as_deref()
         .map(|t| {
-            stepwell::automation::parse_timestamp(t, "--now").map_err(|e| Error::InvalidInput {
-                field: "--now".into(),
-                message: e.message,
-            })
+            let t = stepwell::automation::parse_timestamp(t, "--now").map_err(|e| {
+                Error::InvalidInput {
+                    field: "--now".into(),
+                    message: e.message,
+                }
+            })?;
+            if t.timestamp() < 0 {
+                // Guests count time from 1970 (wit.md, `node-input.now`).
+                return Err(Error::InvalidInput {
+                    field: "--now".into(),
+                    message: format!("{} is before 1970", stepwell::core::clock::format_time(t)),
+                });
+            }
+            Ok(t)
         })
         .transpose()?;
     // The server's token file, wherever it is, is out of every tool's

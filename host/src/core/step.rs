@@ -780,6 +780,12 @@ impl Runtime {
                 config_json,
                 host_vars,
             } => {
+                if now.timestamp() < 0 {
+                    return Err(format!(
+                        "invalid_state: the host's clock reads {}, before 1970: a node's `now` counts from 1970",
+                        format_time(now)
+                    ));
+                }
                 let vars = vars_json(&run.vars, *host_vars);
                 let limit = self.inner.config.max_state_bytes;
                 if vars.len() > limit {

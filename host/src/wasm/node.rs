@@ -38,7 +38,8 @@ pub struct NodeCall<'a> {
     /// The run's vars, as JSON text of an object.
     pub vars_json: &'a String,
     /// The current time (passed to the microsecond, as the ledger writes
-    /// it).
+    /// it). Not before 1970: the contract's `datetime` counts from then
+    /// (the step loop fails a step whose clock reads earlier).
     pub now: chrono::DateTime<chrono::Utc>,
     /// The attempt number (1 first).
     pub attempt: u32,
@@ -281,9 +282,11 @@ impl NodeSession {
             config: call.config_json,
             vars: call.vars_json,
             now: wit::Datetime {
-                // A host clock before 1970 is taken as 1970.
+                // The step refuses a clock before 1970 (`NodeCall::now`).
                 seconds: u64::try_from(call.now.timestamp()).unwrap_or(0),
-                nanoseconds: call.now.timestamp_subsec_micros() * 1_000,
+                // A leap second (chrono's micros past 999,999) is written
+                // as the end of the second before.
+                nanoseconds: call.now.timestamp_subsec_micros().min(999_999) * 1_000,
             },
             attempt: call.attempt,
         };
