@@ -22,6 +22,28 @@ use serde_json::{Map, Value};
 /// The digits an integer may have here: 18 fit both `u64` and `i64`.
 const MAX_DIGITS: usize = 18;
 
+/// Why [`read_object`] found no object.
+#[derive(Debug)]
+pub enum NotAnObject {
+    /// The text is not JSON.
+    Json(serde_json::Error),
+    /// The text is JSON of another kind: this value.
+    Other(Value),
+}
+
+/// `text` as a JSON object, as `serde_json::from_str` reads it: a flat one
+/// by [`read_flat_object`], any other by serde_json.
+pub fn read_object(text: &str) -> Result<Map<String, Value>, NotAnObject> {
+    if let Some(map) = read_flat_object(text) {
+        return Ok(map);
+    }
+    match serde_json::from_str(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(NotAnObject::Other(other)),
+        Err(e) => Err(NotAnObject::Json(e)),
+    }
+}
+
 /// `text` as a JSON object of plain scalars, or `None` when it is not one
 /// this reader takes (then `serde_json::from_str` decides).
 ///
@@ -171,6 +193,21 @@ mod tests {
             assert!(fast.is_some(), "not read: {text}");
             assert_eq!(fast, serde(text), "{text}");
         }
+    }
+
+    #[test]
+    fn reads_any_object_and_says_why_not() {
+        assert_eq!(
+            read_object(r#"{"i":5}"#).unwrap(),
+            serde(r#"{"i":5}"#).unwrap()
+        );
+        let nested = r#"{"a":{"b":[1.5]}}"#;
+        assert_eq!(read_object(nested).unwrap(), serde(nested).unwrap());
+        assert!(matches!(
+            read_object("[1]"),
+            Err(NotAnObject::Other(Value::Array(_)))
+        ));
+        assert!(matches!(read_object("{"), Err(NotAnObject::Json(_))));
     }
 
     #[test]

@@ -53,6 +53,7 @@ pub mod bindings {
 }
 
 use bindings::stepwell::flow::types as wit;
+use stepwell_flat_json::NotAnObject;
 
 /// What the host passes to a node handler for one step of a run.
 #[derive(Debug, Clone)]
@@ -299,18 +300,10 @@ pub fn __dispatch(
     };
     // Flat vars (`{"i":5}`) are read without serde's machinery, the rest
     // by serde_json (stepwell-flat-json).
-    let vars = match stepwell_flat_json::read_flat_object(&input.vars) {
-        Some(map) => map,
-        None => match serde_json::from_str(&input.vars) {
-            Ok(Value::Object(map)) => map,
-            Ok(_) => return Err(wit::NodeError::InvalidInput("vars is not an object".into())),
-            Err(e) => {
-                return Err(wit::NodeError::InvalidInput(format!(
-                    "vars is not JSON: {e}"
-                )))
-            }
-        },
-    };
+    let vars = stepwell_flat_json::read_object(&input.vars).map_err(|e| match e {
+        NotAnObject::Other(_) => wit::NodeError::InvalidInput("vars is not an object".into()),
+        NotAnObject::Json(e) => wit::NodeError::InvalidInput(format!("vars is not JSON: {e}")),
+    })?;
     let input = Input {
         run_id: input.run_id,
         workflow_id: input.workflow_id,

@@ -25,20 +25,31 @@ use crate::wasm::{vars_json, GuestError, NodeCall, NodeComponent, NodeSession};
 /// steps that call the same component reuse its instance (a call on a
 /// reused instance that fails is tried again on a fresh one, so state left
 /// in an instance can make a step faster, never make it fail).
-#[derive(Default)]
 pub(crate) struct Sessions {
     by_component: Vec<NodeSession>,
     /// The run id's part of the steps' seeds ([`Sessions::seed`]), hashed
     /// once a tick rather than for every step.
     seed_prefix: Option<(String, u64)>,
     /// The top-level vars a step without an effect changed: `_runtime`
-    /// (its counters), then its vars patch's keys.
+    /// (its counters; always first, kept from step to step), then its vars
+    /// patch's keys.
     changed: Vec<String>,
     /// Set when this tick's last step was one without an effect and its
     /// commit went through: the store then holds the run as that commit
     /// left it, and the next such step names the vars it changes
     /// ([`RunTxn::commit_changed`]) rather than the store comparing all.
     clean: bool,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions {
+            by_component: Vec::new(),
+            seed_prefix: None,
+            changed: vec!["_runtime".to_string()],
+            clean: false,
+        }
+    }
 }
 
 /// How many calls one instance serves before a fresh one is made.
@@ -380,9 +391,6 @@ impl Runtime {
         // Only a step with an effect can fail after the patch: a step
         // without keeps no undo (a copy of each key).
         let mut undo: Vec<(String, Option<Value>)> = Vec::new();
-        if sessions.changed.is_empty() {
-            sessions.changed.push("_runtime".into());
-        }
         sessions.changed.truncate(1);
         if let Some(patch) = plan.vars {
             if let Some(key) = patch.keys().find(|k| is_host_owned(k)) {

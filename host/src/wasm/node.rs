@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
+use stepwell_flat_json::NotAnObject;
 
 use super::sandbox::{classify, new_store, prepare_call, GuestState};
 use super::{GuestError, LoadOrigin, WasmEngine};
@@ -324,20 +325,19 @@ fn parse_plan(plan: wit::StepPlan, max_bytes: usize) -> Result<StepPlan, GuestEr
     }
     let vars = match plan.vars {
         None => None,
-        Some(text) => match stepwell_flat_json::read_flat_object(&text) {
-            Some(map) => Some(map),
-            None => match parse_json("vars", &text)? {
-                Value::Object(map) => Some(map),
-                other => {
-                    return Err(GuestError::BadOutput {
-                        message: format!(
+        Some(text) => {
+            Some(
+                stepwell_flat_json::read_object(&text).map_err(|e| GuestError::BadOutput {
+                    message: match e {
+                        NotAnObject::Json(e) => format!("step-plan.vars that is not JSON ({e})"),
+                        NotAnObject::Other(other) => format!(
                             "step-plan.vars that is not a JSON object (got {})",
                             kind_of(&other)
                         ),
-                    })
-                }
-            },
-        },
+                    },
+                })?,
+            )
+        }
     };
     let effect = match plan.effect {
         None => None,
