@@ -46,13 +46,13 @@ pub use crate::core::model::{
     WaitState,
 };
 pub use crate::core::runtime::{Runtime, RuntimeBuilder};
-pub use crate::core::{DriveReport, Error, Result};
+pub use crate::core::{DriveReport, Error, LedgerCheck, LedgerPages, Result, LEDGER_PAGE};
 pub use crate::effects::{
     Delivery, EffectClass, EffectCx, EffectHandler, EffectRegistry, Failure, Outcome, RunPort,
 };
 pub use crate::store::{
-    ArtifactMeta, ArtifactStore, Attribution, Claim, CommandRecord, CommandStore, Durability,
-    FeedEntry, Fence, FileArtifactStore, JsonFileStore, JsonlCommandStore, LeaseAfter,
+    ArtifactMeta, ArtifactStore, Attribution, ChainVerifier, Claim, CommandRecord, CommandStore,
+    Durability, FeedEntry, Fence, FileArtifactStore, JsonFileStore, JsonlCommandStore, LeaseAfter,
     LeaseRequest, MemoryArtifactStore, MemoryCommandStore, MemoryStore, PostgresStore,
     RunIndexQuery, RunIndexRow, RunQuery, SqliteStore, Store, StoreError,
 };

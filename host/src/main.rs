@@ -146,9 +146,14 @@ enum Command {
         /// Only runs of this workflow.
         #[arg(long)]
         workflow: Option<String>,
-        /// At most this many runs.
+        /// At most this many runs (default 100; when more match, a line on
+        /// standard error says how to see the next ones).
         #[arg(long)]
         limit: Option<usize>,
+        /// Only the runs listed after this one (the last run of the page
+        /// before).
+        #[arg(long)]
+        after: Option<String>,
         /// List the quarantined runs (set aside because they cannot be
         /// read or committed) and why, instead.
         #[arg(long)]
@@ -250,6 +255,15 @@ enum Command {
         /// milliseconds (slower, the connection is closed).
         #[arg(long, default_value_t = 15_000)]
         header_timeout_ms: u64,
+        /// How long a client may take to send a request's body, in
+        /// milliseconds (slower, it is answered 408 and the connection
+        /// closed).
+        #[arg(long, default_value_t = 10_000)]
+        body_timeout_ms: u64,
+        /// The bytes that request bodies being read may hold across all
+        /// connections (a request over it is answered 503 at once).
+        #[arg(long, default_value_t = 32 << 20)]
+        max_body_bytes_in_flight: usize,
     },
     /// Measure the host and print the figures (medians). Uses its own scratch
     /// stores and the default guest limits: --db and the --guest-* flags do
@@ -833,74 +847,25 @@ fn execute(cli: Cli) -> Result<(), Error> {
             run_id,
             verify: true,
             ..
-        } => {
-            let count = rt.get_ledger(&run_id)?.len();
-            match rt.verify_ledger(&run_id)? {
-                Ok(head) => {
-                    if cli.json {
-                        println!(
-                            "{}",
-                            serde_json::json!({"ok": true, "records": count, "head": head})
-                        );
-                    } else {
-                        println!(
-                            "ok: {count} records, chain intact (head {})",
-                            head.as_deref().unwrap_or("-")
-                        );
-                    }
-                }
-                Err(b) => {
-                    if cli.json {
-                        println!(
-                            "{}",
-                            serde_json::json!({"ok": false, "records": count, "break": b})
-                        );
-                    } else {
-                        println!(
-                            "broken: record {} of {count} ({}) was {}",
-                            b.index, b.step_id, b.problem
-                        );
-                    }
-                    return Err(Error::Store(stepwell::StoreError::corrupt(format!(
-                        "the ledger of run {run_id} fails verification at record {} ({})",
-                        b.index, b.problem
-                    ))));
-                }
-            }
-        }
+        } => cli::ledger::verify(&rt, &run_id, cli.json)?,
+        Command::Ledger {
+            run_id,
+            follow: false,
+            ..
+        } if cli.json => cli::ledger::print_json_array(&rt, &run_id)?,
         Command::Ledger {
             run_id,
             follow,
             poll_ms,
             ..
-        } => {
-            if cli.json && !follow {
-                let records = rt.get_ledger(&run_id)?;
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&records).unwrap_or_default()
-                );
-                return Ok(());
-            }
-            let mut shown = 0;
-            loop {
-                let records = rt.get_ledger(&run_id)?;
-                for r in &records[shown.min(records.len())..] {
-                    print_record(r, cli.json);
-                }
-                shown = shown.max(records.len());
-                if !follow || rt.get_state(&run_id)?.status.is_terminal() {
-                    // One more look: records of the final commit.
-                    let last = rt.get_ledger(&run_id)?;
-                    for r in &last[shown.min(last.len())..] {
-                        print_record(r, cli.json);
-                    }
-                    break;
-                }
-                std::io::Write::flush(&mut std::io::stdout()).ok();
-                std::thread::sleep(Duration::from_millis(poll_ms));
-            }
-        }
+        } => cli::ledger::print_lines(
+            &rt,
+            &run_id,
+            follow,
+            Duration::from_millis(poll_ms),
+            cli.json,
+            print_record,
+        )?,
         Command::List {
             quarantined: true, ..
         } => {
@@ -925,6 +890,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             wait_reason,
             workflow,
             limit,
+            after,
             quarantined: false,
         } => {
             let query = RunQuery {
@@ -945,10 +911,22 @@ fn execute(cli: Cli) -> Result<(), Error> {
                     })
                     .transpose()?,
                 workflow_id: workflow,
-                limit,
+                // One more than shown: whether there are more.
+                limit: Some(limit.unwrap_or(DEFAULT_LIST_LIMIT).saturating_add(1)),
+                after_run_id: after,
                 ..RunQuery::default()
             };
-            let runs = rt.list_runs(&query)?;
+            let mut runs = rt.list_runs(&query)?;
+            let shown = limit.unwrap_or(DEFAULT_LIST_LIMIT);
+            if runs.len() > shown {
+                runs.truncate(shown);
+                if let Some(last) = runs.last() {
+                    eprintln!(
+                        "more runs: the next with --after {}, or more at once with --limit",
+                        last.run_id
+                    );
+                }
+            }
             if cli.json {
                 println!(
                     "{}",
@@ -1154,6 +1132,8 @@ fn execute(cli: Cli) -> Result<(), Error> {
             max_body_bytes,
             max_connections,
             header_timeout_ms,
+            body_timeout_ms,
+            max_body_bytes_in_flight,
         } => {
             init_logs(&log_format)?;
             // A long-running server handles a closed connection per
@@ -1172,6 +1152,8 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.max_body_bytes = max_body_bytes;
             options.max_connections = max_connections;
             options.header_read_timeout = Duration::from_millis(header_timeout_ms.max(1));
+            options.body_read_timeout = Duration::from_millis(body_timeout_ms.max(1));
+            options.max_body_bytes_in_flight = max_body_bytes_in_flight;
             options.snapshots = Some(std::sync::Arc::from(spec.snapshots()?));
             let server = stepwell::serve::Server::bind(rt, options)?;
             let url = format!("http://{}/", server.local_addr());
@@ -1227,6 +1209,9 @@ fn init_logs(format: &str) -> Result<(), Error> {
         message: e.to_string(),
     })
 }
+
+/// How many runs `stepwell list` shows without `--limit`.
+const DEFAULT_LIST_LIMIT: usize = 100;
 
 /// Whether a run this command executed ended `failed` (the command then
 /// exits 1, having printed the run as usual).

@@ -13,6 +13,7 @@ use stepwell::{
 use tempfile::TempDir;
 
 pub mod llm_mock;
+pub mod served;
 pub mod world;
 
 /// The repository root.

@@ -8,4 +8,5 @@ pub mod bench;
 pub mod bench_http;
 pub mod bench_scale;
 pub mod connections;
+pub mod ledger;
 pub mod sessions;

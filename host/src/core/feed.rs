@@ -3,6 +3,56 @@
 
 use super::model::StepRecord;
 use super::runtime::Runtime;
+use crate::store::{ChainBreak, ChainVerifier};
+
+/// How many records a ledger read takes from the store at a time
+/// ([`Runtime::ledger_pages`], [`Runtime::check_ledger`], the API's
+/// ledger routes): memory held by a read is bounded by a page, whatever
+/// the ledger's length.
+pub const LEDGER_PAGE: u64 = 1000;
+
+/// What [`Runtime::check_ledger`] found.
+#[derive(Debug, Clone)]
+pub struct LedgerCheck {
+    /// How many records the ledger holds.
+    pub records: usize,
+    /// The hash of its newest record (`None` when empty), or the first
+    /// record that was changed, removed or reordered.
+    pub verdict: Result<Option<String>, ChainBreak>,
+}
+
+/// A run's ledger read a page at a time ([`Runtime::ledger_pages`]).
+pub struct LedgerPages<'a> {
+    rt: &'a Runtime,
+    run_id: String,
+    after: u64,
+    done: bool,
+}
+
+impl Iterator for LedgerPages<'_> {
+    type Item = crate::Result<Vec<StepRecord>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let page = self
+            .rt
+            .ledger_range(&self.run_id, self.after, self.after + LEDGER_PAGE);
+        match &page {
+            Ok(records) if records.is_empty() => {
+                self.done = true;
+                return None;
+            }
+            Ok(records) => {
+                self.after += records.len() as u64;
+                self.done = (records.len() as u64) < LEDGER_PAGE;
+            }
+            Err(_) => self.done = true,
+        }
+        Some(page)
+    }
+}
 
 pub(crate) struct Subscriber {
     run_id: Option<String>,
@@ -40,6 +90,47 @@ impl Runtime {
         through: u64,
     ) -> crate::Result<Vec<StepRecord>> {
         self.loaded_records(self.store().list_records_range(run_id, after, through)?)
+    }
+
+    /// The run's ledger records after its first `after`, a page of
+    /// [`LEDGER_PAGE`] records at a time, oldest first, offloaded values
+    /// loaded back: a reader of a ledger of any length holds one page.
+    pub fn ledger_pages(&self, run_id: &str, after: u64) -> LedgerPages<'_> {
+        LedgerPages {
+            rt: self,
+            run_id: run_id.to_string(),
+            after,
+            done: false,
+        }
+    }
+
+    /// Checks the run's ledger hash chain a page at a time (the stored
+    /// records, which the chain covers) and counts its records: memory
+    /// bounded by a page whatever the ledger's length.
+    pub fn check_ledger(&self, run_id: &str) -> crate::Result<LedgerCheck> {
+        self.get_state(run_id)?;
+        let mut verifier = ChainVerifier::default();
+        let mut broken = None;
+        let mut after = 0;
+        loop {
+            let page = self
+                .store()
+                .list_records_range(run_id, after, after + LEDGER_PAGE)?;
+            after += page.len() as u64;
+            if broken.is_none() {
+                broken = verifier.check(&page).err();
+            }
+            if (page.len() as u64) < LEDGER_PAGE {
+                break;
+            }
+        }
+        Ok(LedgerCheck {
+            records: after as usize,
+            verdict: match broken {
+                Some(b) => Err(b),
+                None => Ok(verifier.head().map(str::to_string)),
+            },
+        })
     }
 
     /// Whether anyone follows the records as they are committed.

@@ -21,3 +21,4 @@ mod txn;
 
 pub use driver::{DriveReport, RunError, IDLE_POLL};
 pub use error::{Error, Result};
+pub use feed::{LedgerCheck, LedgerPages, LEDGER_PAGE};

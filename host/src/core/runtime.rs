@@ -306,6 +306,7 @@ impl RuntimeBuilder {
                 subscribers: parking_lot::Mutex::new(Vec::new()),
                 sealing: self.sealing,
                 last_sweep: parking_lot::Mutex::new(None),
+                refusals: Default::default(),
                 bundle_cache: self
                     .bundle_cache
                     .unwrap_or_else(|| std::path::Path::new(".stepwell").join("bundles")),
@@ -331,6 +332,8 @@ pub(crate) struct Inner {
     pub(crate) subscribers: parking_lot::Mutex<Vec<Subscriber>>,
     pub(crate) sealing: Option<crate::triggers::SealingKey>,
     pub(crate) last_sweep: parking_lot::Mutex<Option<chrono::DateTime<chrono::Utc>>>,
+    /// Refused webhook calls not yet written to their connection.
+    pub(crate) refusals: crate::triggers::webhook::RefusalThrottle,
     bundle_cache: std::path::PathBuf,
 }
 
@@ -911,7 +914,9 @@ impl Runtime {
     }
 
     /// The run's ledger, oldest first (offloaded values loaded back; the
-    /// stored form, with references, is what the hash chain covers).
+    /// stored form, with references, is what the hash chain covers). It
+    /// holds the whole ledger in memory: a reader of a ledger that may be
+    /// long reads it a page at a time ([`Runtime::ledger_pages`]).
     pub fn get_ledger(&self, run_id: &str) -> Result<Vec<StepRecord>> {
         if self.store().load_run(run_id)?.is_none() {
             return Err(Error::RunNotFound {
@@ -942,10 +947,7 @@ impl Runtime {
         &self,
         run_id: &str,
     ) -> Result<std::result::Result<Option<String>, crate::store::ChainBreak>> {
-        self.get_state(run_id)?;
-        Ok(crate::store::verify_chain(
-            &self.store().list_records(run_id)?,
-        ))
+        Ok(self.check_ledger(run_id)?.verdict)
     }
 
     /// The runs matching `query`, oldest first (offloaded values loaded back).

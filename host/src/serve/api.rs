@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Bytes;
 use axum::extract::{ConnectInfo, FromRequest, MatchedPath, Path, Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -58,24 +57,15 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 /// A JSON body, parsed strictly: an unknown field or a value of the wrong
 /// type is `400 invalid_input` naming it (`body.vars`), a body over the
-/// limit `413 payload_too_large`.
+/// limit `413 payload_too_large`; read under the server's deadline and
+/// budget for bodies (`408 request_timeout`, `503 server_busy`).
 pub(crate) struct Body<T>(pub T);
 
-impl<St: Send + Sync, T: DeserializeOwned> FromRequest<St> for Body<T> {
+impl<T: DeserializeOwned> FromRequest<Arc<Shared>> for Body<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &St) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
-                    "the request body is over the limit",
-                )
-            } else {
-                ApiError::invalid("body", e.body_text())
-            }
-        })?;
+    async fn from_request(req: Request, state: &Arc<Shared>) -> Result<Self, ApiError> {
+        let bytes = state.bodies.read(req.into_body()).await?;
         let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
             b"{}"
         } else {
@@ -140,7 +130,7 @@ impl HttpCounters {
 
 /// The whole application.
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
-    let limit = shared.max_body_bytes;
+    let limit = shared.bodies.max_body_bytes;
     let open = Router::new()
         .route("/", get(dashboard_index))
         .route("/assets/app.js", get(dashboard_js))
@@ -688,7 +678,11 @@ async fn cancel_run(State(s): S, Path(id): Path<String>, Body(b): Body<Cancel>) 
 #[serde(deny_unknown_fields)]
 struct LedgerQuery {
     after: Option<u64>,
+    limit: Option<u64>,
 }
+
+/// The most records one page of `GET /v1/runs/{id}/ledger` holds.
+const MAX_LEDGER_PAGE: u64 = 10 * crate::LEDGER_PAGE;
 
 /// A ledger record as the API shows it: the record with its `seq`.
 pub(crate) fn record_json(record: &crate::StepRecord, seq: u64) -> Value {
@@ -697,31 +691,75 @@ pub(crate) fn record_json(record: &crate::StepRecord, seq: u64) -> Value {
     v
 }
 
+/// `GET /v1/runs/{id}/ledger?after=&limit=`: a page of the run's records
+/// after seq `after` (default 0), at most `limit` (default
+/// [`crate::LEDGER_PAGE`], at most [`MAX_LEDGER_PAGE`]); a full page
+/// carries a `Link: <...>; rel="next"` header to the next one.
 async fn run_ledger(
     State(s): S,
     Path(id): Path<String>,
     Params(q): Params<LedgerQuery>,
 ) -> ApiResult {
-    blocking(move || {
+    let limit = match q.limit.unwrap_or(crate::LEDGER_PAGE) {
+        0 => return Err(ApiError::invalid("limit", "must be at least 1")),
+        n if n > MAX_LEDGER_PAGE => {
+            return Err(ApiError::invalid(
+                "limit",
+                format!("must be at most {MAX_LEDGER_PAGE}"),
+            ))
+        }
+        n => n,
+    };
+    let after = q.after.unwrap_or(0);
+    let run_id = id.clone();
+    let records = blocking(move || {
         s.rt.get_state(&id)?;
-        let after = q.after.unwrap_or(0);
-        let records = s.rt.ledger_after(&id, after)?;
-        Ok(Value::Array(
-            records
-                .iter()
-                .enumerate()
-                .map(|(i, r)| record_json(r, after + i as u64 + 1))
-                .collect(),
-        ))
+        s.rt.ledger_range(&id, after, after.saturating_add(limit))
     })
-    .await
-    .map(ok)
+    .await?;
+    let full = records.len() as u64 == limit;
+    let page = Value::Array(
+        records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| record_json(r, after + i as u64 + 1))
+            .collect(),
+    );
+    let mut response = ok(page);
+    if full {
+        let next = format!(
+            "</v1/runs/{}/ledger?after={}&limit={limit}>; rel=\"next\"",
+            path_segment(&run_id),
+            after + limit
+        );
+        if let Ok(v) = HeaderValue::from_str(&next) {
+            response.headers_mut().insert(header::LINK, v);
+        }
+    }
+    Ok(response)
 }
 
+/// `text` as one segment of a URL's path: bytes other than letters,
+/// digits and `-._~` percent-encoded.
+fn path_segment(text: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// `GET /v1/runs/{id}/ledger/verify`: the chain checked a page at a time.
 async fn verify_ledger(State(s): S, Path(id): Path<String>) -> ApiResult {
     blocking(move || {
-        let count = s.rt.get_ledger(&id)?.len();
-        Ok(match s.rt.verify_ledger(&id)? {
+        let check = s.rt.check_ledger(&id)?;
+        let count = check.records;
+        Ok(match check.verdict {
             Ok(head) => json!({"ok": true, "records": count, "head": head}),
             Err(b) => json!({"ok": false, "records": count, "break": b}),
         })
@@ -1347,41 +1385,30 @@ async fn receive_webhook(
     body: axum::body::Body,
 ) -> ApiResult {
     use crate::triggers::webhook::MAX_BODY_BYTES;
-    let answer = |r: crate::triggers::Received| {
+    use crate::triggers::Received;
+    let answer = |r: Received| {
         let status = StatusCode::from_u16(r.http_status).unwrap_or(StatusCode::BAD_REQUEST);
         (status, Json(json!(r))).into_response()
     };
-    let declared = headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    let too_large = || crate::triggers::Received {
-        status: "refused",
-        http_status: 413,
-        reason: Some("too_large"),
-        webhook_id: None,
-        event_id: None,
-        seq: None,
-    };
-    // A body over the limit is read on (up to 16 MiB, then dropped) so
-    // that the sender, still sending, gets to read the 413.
-    let mut bytes = Vec::new();
-    let mut seen = 0usize;
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
-        let Ok(chunk) = chunk else {
-            return Err(ApiError::invalid("body", "the body could not be read"));
-        };
-        seen += chunk.len();
-        if seen <= MAX_BODY_BYTES && declared.is_none_or(|n| n <= MAX_BODY_BYTES) {
-            bytes.extend_from_slice(&chunk);
-        } else if seen > 16 * MAX_BODY_BYTES {
-            break;
+    // The connection first: a call to no connection costs no body read.
+    let (rt, id) = (s.rt.clone(), connection_id.clone());
+    if !blocking(move || rt.accepts_webhooks(&id)).await? {
+        return Ok(answer(Received::not_found()));
+    }
+    if axum::body::HttpBody::size_hint(&body).lower() as usize > MAX_BODY_BYTES {
+        // A body declared over the limit is read on (up to 16 MiB, kept
+        // nowhere, until the deadline) so that the sender, still sending,
+        // gets to read the 413.
+        s.bodies.drain(body, 16 * MAX_BODY_BYTES).await;
+        return Ok(answer(Received::too_large()));
+    }
+    let bytes = match s.bodies.read(body).await {
+        Ok(bytes) if bytes.len() <= MAX_BODY_BYTES => bytes,
+        Ok(_) | Err(super::body::BodyRefusal::TooLarge) => {
+            return Ok(answer(Received::too_large()))
         }
-    }
-    if seen > MAX_BODY_BYTES || declared.is_some_and(|n| n > MAX_BODY_BYTES) {
-        return Ok(answer(too_large()));
-    }
+        Err(refusal) => return Err(refusal.into()),
+    };
     let headers: Vec<(String, String)> = headers
         .iter()
         .filter_map(|(k, v)| {

@@ -28,6 +28,7 @@
 
 mod ahp;
 mod api;
+mod body;
 mod error;
 mod openapi;
 mod stream;
@@ -56,6 +57,13 @@ pub struct ServeOptions {
     pub drive_interval: Duration,
     /// The largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// How long a request may take to send its body: a slower sender is
+    /// answered 408 and its connection closed.
+    pub body_read_timeout: Duration,
+    /// The bytes that request bodies being read may hold across all
+    /// connections: a request whose body would go over it is answered 503
+    /// at once (at least `max_body_bytes`).
+    pub max_body_bytes_in_flight: usize,
     /// Where snapshots are kept (`None`: in memory, for this process).
     pub snapshots: Option<Arc<dyn SnapshotStore>>,
     /// Run the driver loop in this process (off: only answer the API, and
@@ -72,13 +80,16 @@ pub struct ServeOptions {
 
 impl ServeOptions {
     /// The defaults: 127.0.0.1:8080, the driver on with a 200 ms pause,
-    /// 1 MiB bodies, streams looking every 250 ms.
+    /// 1 MiB bodies sent within 10 s and 32 MiB of them in flight, streams
+    /// looking every 250 ms.
     pub fn new(token_file: PathBuf) -> Self {
         ServeOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             token_file,
             drive_interval: Duration::from_millis(200),
             max_body_bytes: 1 << 20,
+            body_read_timeout: Duration::from_secs(10),
+            max_body_bytes_in_flight: 32 << 20,
             snapshots: None,
             drive: true,
             poll_interval: Duration::from_millis(250),
@@ -135,7 +146,8 @@ pub(crate) struct Shared {
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
     pub(crate) poll_interval: Duration,
     pub(crate) http: api::HttpCounters,
-    pub(crate) max_body_bytes: usize,
+    /// Request bodies: their limit, deadline and server-wide budget.
+    pub(crate) bodies: body::BodyBudget,
 }
 
 /// A bound server, not yet serving.
@@ -237,7 +249,11 @@ impl Server {
                 shutdown,
                 poll_interval: options.poll_interval,
                 http: api::HttpCounters::default(),
-                max_body_bytes: options.max_body_bytes,
+                bodies: body::BodyBudget::new(
+                    options.max_body_bytes_in_flight,
+                    options.max_body_bytes,
+                    options.body_read_timeout,
+                ),
             }),
             listener,
             drive: options.drive,

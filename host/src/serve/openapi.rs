@@ -50,7 +50,7 @@ const OPS: &[Op] = &[
     op("get", "/v1/runs/{id}", "A run's state", &[], false, 200),
     op("post", "/v1/runs/{id}/resume", "Answer the run's wait (payload; wait_key optional)", &[], true, 200),
     op("post", "/v1/runs/{id}/cancel", "Cancel a run and its unfinished children", &[], true, 200),
-    op("get", "/v1/runs/{id}/ledger", "A run's ledger records, oldest first, each with its seq", &["after"], false, 200),
+    op("get", "/v1/runs/{id}/ledger", "A page of a run's ledger records, oldest first, each with its seq (Link: rel=next on a full page)", &["after", "limit"], false, 200),
     op("get", "/v1/runs/{id}/ledger/verify", "Check the run's ledger hash chain", &[], false, 200),
     op("get", "/v1/runs/{id}/ledger/stream", "Server-Sent Events: record, state, end; resumable (after, Last-Event-ID)", &["after"], false, 200),
     op("post", "/v1/runs/{id}/snapshots", "Take a snapshot of a run", &[], true, 201),

@@ -148,7 +148,8 @@ pub(crate) async fn run_stream(
                 let (s2, id2) = (s.clone(), id.clone());
                 match blocking(move || {
                     let run = s2.rt.get_state(&id2)?;
-                    Ok((run, s2.rt.ledger_after(&id2, sent)?))
+                    let page = s2.rt.ledger_range(&id2, sent, sent + crate::LEDGER_PAGE)?;
+                    Ok((run, page))
                 })
                 .await
                 {
@@ -165,6 +166,10 @@ pub(crate) async fn run_stream(
                 if !send(&s, &tx, e).await {
                     return;
                 }
+            }
+            if records.len() as u64 == crate::LEDGER_PAGE {
+                // A page at a time: the rest before the state.
+                continue;
             }
             if shown.as_ref() != Some(&state_key(&run)) {
                 shown = Some(state_key(&run));

@@ -885,6 +885,17 @@ impl Store for JsonFileStore {
     }
 
     fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.list_records_range(run_id, 0, u64::MAX)
+    }
+
+    /// Reads the ledger file from its start (records before `after` are
+    /// skipped unparsed), so a page costs the read of the lines before it.
+    fn list_records_range(
+        &self,
+        run_id: &str,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<StepRecord>, StoreError> {
         if !safe_id(run_id) {
             return Ok(Vec::new());
         }
@@ -903,6 +914,7 @@ impl Store for JsonFileStore {
         let mut reader = BufReader::new(file.take(end));
         let mut line = String::new();
         let mut n = 0;
+        let mut seq = 0u64;
         loop {
             line.clear();
             let read = reader.read_line(&mut line).map_err(|e| io(&path, e))?;
@@ -913,6 +925,13 @@ impl Store for JsonFileStore {
             n += 1;
             if line.trim().is_empty() {
                 continue;
+            }
+            seq += 1;
+            if seq <= after {
+                continue;
+            }
+            if seq > through {
+                break;
             }
             out.push(
                 serde_json::from_str(&line)

@@ -287,6 +287,12 @@ impl Ledger {
     /// Links the records not linked yet, and returns those from `from` on
     /// (of run `run_id`).
     fn read_from(&mut self, run_id: &str, from: usize) -> Vec<StepRecord> {
+        self.read_range(run_id, from, usize::MAX)
+    }
+
+    /// Links the records not linked yet, and returns those at positions
+    /// `from..to` (of run `run_id`).
+    fn read_range(&mut self, run_id: &str, from: usize, to: usize) -> Vec<StepRecord> {
         let mut head: Option<String> = self
             .linked
             .checked_sub(1)
@@ -298,7 +304,7 @@ impl Ledger {
                 record.record_hash.map(String::into_boxed_str);
         }
         self.linked = self.len;
-        (from..self.len)
+        (from..to.min(self.len))
             .map(|i| {
                 let prev = i
                     .checked_sub(1)
@@ -632,6 +638,25 @@ impl Store for MemoryStore {
             .ledgers
             .get_mut(run_id)
             .map(|l| l.read_from(run_id, 0))
+            .unwrap_or_default())
+    }
+
+    fn list_records_range(
+        &self,
+        run_id: &str,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<StepRecord>, StoreError> {
+        let (from, to) = (
+            usize::try_from(after).unwrap_or(usize::MAX),
+            usize::try_from(through).unwrap_or(usize::MAX),
+        );
+        Ok(self
+            .tables
+            .lock()
+            .ledgers
+            .get_mut(run_id)
+            .map(|l| l.read_range(run_id, from, to))
             .unwrap_or_default())
     }
 

@@ -704,24 +704,28 @@ pub trait Store: Send + Sync {
 
     /// A run's ledger records after the first `after` (seq `after + 1`
     /// onwards), oldest first: what a follower has not seen yet. The
-    /// default reads the whole ledger.
+    /// default reads the range from `after` on.
     fn list_records_after(&self, run_id: &str, after: u64) -> Result<Vec<StepRecord>, StoreError> {
-        let mut records = self.list_records(run_id)?;
-        records.drain(..(after as usize).min(records.len()));
-        Ok(records)
+        self.list_records_range(run_id, after, u64::MAX)
     }
 
     /// A run's ledger records with seqs `after + 1 ..= through`, oldest
-    /// first (what one change-feed entry names). The default reads from
-    /// `after` on.
+    /// first (what one change-feed entry names, a page of a ledger read a
+    /// page at a time). The default reads the whole ledger: a backend
+    /// whose ledgers may be long reads only the range.
     fn list_records_range(
         &self,
         run_id: &str,
         after: u64,
         through: u64,
     ) -> Result<Vec<StepRecord>, StoreError> {
-        let mut records = self.list_records_after(run_id, after)?;
-        records.truncate(through.saturating_sub(after) as usize);
+        let mut records = self.list_records(run_id)?;
+        records.truncate(usize::try_from(through).unwrap_or(usize::MAX));
+        records.drain(
+            ..usize::try_from(after)
+                .unwrap_or(usize::MAX)
+                .min(records.len()),
+        );
         Ok(records)
     }
 
@@ -1308,27 +1312,58 @@ pub struct ChainBreak {
 /// Checks a run's ledger, oldest first. Returns the hash of the last record
 /// (the head), or the first record that was changed, removed or reordered.
 /// Removing the newest records leaves a shorter valid chain: keep the head
-/// somewhere else to detect that.
+/// somewhere else to detect that. A ledger read in pages is checked with a
+/// [`ChainVerifier`] instead, in memory bounded by a page.
 pub fn verify_chain(records: &[StepRecord]) -> Result<Option<String>, ChainBreak> {
-    let mut head: Option<String> = None;
-    for (i, r) in records.iter().enumerate() {
-        let fail = |problem| ChainBreak {
-            index: i + 1,
-            step_id: r.step_id.clone(),
-            problem,
-        };
-        let Some(hash) = &r.record_hash else {
-            return Err(fail("unchained"));
-        };
-        if r.prev_hash != head {
-            return Err(fail("removed or reordered"));
+    let mut verifier = ChainVerifier::default();
+    verifier.check(records)?;
+    Ok(verifier.head)
+}
+
+/// Checks a hash chain a page at a time: the pages, oldest first, go to
+/// [`ChainVerifier::check`] one after another; what it keeps between them
+/// is the last hash and a count.
+#[derive(Debug, Default, Clone)]
+pub struct ChainVerifier {
+    head: Option<String>,
+    checked: usize,
+}
+
+impl ChainVerifier {
+    /// Checks the next records of the chain (they follow those checked
+    /// before). The first bad one stops the check: its position counts from
+    /// the first record of the whole chain.
+    pub fn check(&mut self, records: &[StepRecord]) -> Result<(), ChainBreak> {
+        for r in records {
+            let fail = |problem| ChainBreak {
+                index: self.checked + 1,
+                step_id: r.step_id.clone(),
+                problem,
+            };
+            let Some(hash) = &r.record_hash else {
+                return Err(fail("unchained"));
+            };
+            if r.prev_hash != self.head {
+                return Err(fail("removed or reordered"));
+            }
+            if chain_hash(r.prev_hash.as_deref(), r) != *hash {
+                return Err(fail("changed"));
+            }
+            self.head = Some(hash.clone());
+            self.checked += 1;
         }
-        if chain_hash(r.prev_hash.as_deref(), r) != *hash {
-            return Err(fail("changed"));
-        }
-        head = Some(hash.clone());
+        Ok(())
     }
-    Ok(head)
+
+    /// The hash of the last record checked (`None` before the first).
+    pub fn head(&self) -> Option<&str> {
+        self.head.as_deref()
+    }
+
+    /// How many records were checked and found intact.
+    pub fn checked(&self) -> usize {
+        self.checked
+    }
 }
 
 /// The due time of a run's wait, if it has one that the driver must watch.

@@ -13,6 +13,8 @@
 //! stream with the webhook id as its dedupe key: a replayed id is a
 //! duplicate and never runs anything twice.
 
+use std::collections::HashMap;
+
 use base64::Engine as _;
 use chrono::{DateTime, TimeZone, Utc};
 use hmac::{Hmac, Mac};
@@ -247,6 +249,18 @@ pub struct Received {
 }
 
 impl Received {
+    /// The answer to a call to an unknown, disabled or non-webhook
+    /// connection: 404 `connection_not_found`.
+    pub fn not_found() -> Self {
+        Self::refused(404, "connection_not_found", None)
+    }
+
+    /// The answer to a call whose body is over [`MAX_BODY_BYTES`]: 413
+    /// `too_large`.
+    pub fn too_large() -> Self {
+        Self::refused(413, "too_large", None)
+    }
+
     fn refused(http_status: u16, reason: &'static str, webhook_id: Option<String>) -> Self {
         Received {
             status: "refused",
@@ -283,17 +297,9 @@ impl Runtime {
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<Received> {
-        let not_found = || Received::refused(404, "connection_not_found", None);
-        let c = match self.connection(connection_id) {
-            Ok(c) => c,
-            Err(crate::Error::Automation(e)) if e.reason_code == "connection_not_found" => {
-                return Ok(not_found())
-            }
-            Err(e) => return Err(e),
+        let Some(c) = self.webhook_connection(connection_id)? else {
+            return Ok(Received::not_found());
         };
-        if c.status != "active" || c.source() != WEBHOOK_SOURCE {
-            return Ok(not_found());
-        }
         let now = self.now();
         let out = self.verified_call(&c, headers, body, now)?;
         // A refusal of the caller's call is noted on the connection (the
@@ -305,6 +311,28 @@ impl Runtime {
             self.note_refusal(&c, reason, now);
         }
         Ok(out)
+    }
+
+    /// Whether connection `connection_id` takes webhook calls now (it
+    /// exists, is active and its source is the webhook): a server asks
+    /// before it reads a call's body.
+    pub fn accepts_webhooks(&self, connection_id: &str) -> Result<bool> {
+        Ok(self.webhook_connection(connection_id)?.is_some())
+    }
+
+    /// Connection `connection_id` when it takes webhook calls now.
+    fn webhook_connection(
+        &self,
+        connection_id: &str,
+    ) -> Result<Option<crate::store::ConnectionRecord>> {
+        let c = match self.connection(connection_id) {
+            Ok(c) => c,
+            Err(crate::Error::Automation(e)) if e.reason_code == "connection_not_found" => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        Ok((c.status == "active" && c.source() == WEBHOOK_SOURCE).then_some(c))
     }
 
     fn verified_call(
@@ -383,31 +411,97 @@ impl Runtime {
         })
     }
 
-    /// Records a refused call on the connection (`last_error`), at most once
-    /// a minute for the same reason: a stream of forged calls costs no
-    /// stream of writes.
+    /// Records a refused call on the connection (`last_error`, with how
+    /// many calls were refused since the last write), at most once a minute
+    /// per connection whatever the reason: a stream of forged calls costs
+    /// no stream of writes. The count is kept in memory
+    /// ([`RefusalThrottle`]); the stored `last_error` holds off the other
+    /// processes on the store as well.
     fn note_refusal(&self, c: &crate::store::ConnectionRecord, reason: &str, now: DateTime<Utc>) {
-        let code = format!("webhook_{reason}");
-        let recent = c.last_error.as_ref().is_some_and(|e| {
-            e["code"] == code.as_str()
+        let stored_recently = c.last_error.as_ref().is_some_and(|e| {
+            e["code"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("webhook_"))
                 && e["at"]
                     .as_str()
                     .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
                     .is_some_and(|t| (now - t.with_timezone(&Utc)).num_seconds() < 60)
         });
-        if recent {
+        let Some(count) = self
+            .inner
+            .refusals
+            .note(&c.connection_id, now, stored_recently)
+        else {
             return;
-        }
+        };
         let error = json!({
-            "code": code,
+            "code": format!("webhook_{reason}"),
             "at": format_time(now),
             "cause": format!("A webhook call was refused ({reason})."),
             "fix": "Check the sender's signing secret and clock.",
+            "refused_calls": count,
         });
         let _ = self.store().update_connection(&c.connection_id, &mut |c| {
             c.last_error = Some(error.clone());
             Ok(())
         });
+    }
+}
+
+/// Refused webhook calls counted in memory, per connection, between the
+/// writes that record them (at most one a minute per connection). Holds at
+/// most [`RefusalThrottle::MAX_CONNECTIONS`] connections: past that the
+/// oldest entries are forgotten (a connection forgotten may write once
+/// more, early).
+#[derive(Default)]
+pub(crate) struct RefusalThrottle {
+    by_connection: parking_lot::Mutex<HashMap<String, Refused>>,
+}
+
+/// One connection's refusals since its last write.
+struct Refused {
+    written: DateTime<Utc>,
+    since: u64,
+}
+
+impl RefusalThrottle {
+    /// The most connections counted at once.
+    pub(crate) const MAX_CONNECTIONS: usize = 4096;
+
+    /// Counts a refusal of `connection_id`'s call at `now`. Returns the
+    /// number of refusals to write (this one included) when the connection
+    /// is due a write: none in the last minute by this process, nor (per
+    /// `stored_recently`) by another.
+    fn note(&self, connection_id: &str, now: DateTime<Utc>, stored_recently: bool) -> Option<u64> {
+        let mut map = self.by_connection.lock();
+        if let Some(r) = map.get_mut(connection_id) {
+            r.since += 1;
+            if stored_recently || (now - r.written).num_seconds() < 60 {
+                return None;
+            }
+            let count = r.since;
+            *r = Refused {
+                written: now,
+                since: 0,
+            };
+            return Some(count);
+        }
+        if map.len() >= Self::MAX_CONNECTIONS {
+            let oldest = map
+                .iter()
+                .min_by_key(|(_, r)| r.written)
+                .map(|(id, _)| id.clone());
+            if let Some(id) = oldest {
+                map.remove(&id);
+            }
+        }
+        let (written, since, due) = if stored_recently {
+            (now, 1, None)
+        } else {
+            (now, 0, Some(1))
+        };
+        map.insert(connection_id.to_string(), Refused { written, since });
+        due
     }
 }
 
