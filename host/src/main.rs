@@ -255,6 +255,10 @@ enum Command {
         /// milliseconds (slower, the connection is closed).
         #[arg(long, default_value_t = 15_000)]
         header_timeout_ms: u64,
+        /// How long a write to a client may wait for it to read, in
+        /// milliseconds (longer, the connection is closed).
+        #[arg(long, default_value_t = 15_000)]
+        write_timeout_ms: u64,
         /// How long a client may take to send a request's body, in
         /// milliseconds (slower, it is answered 408 and the connection
         /// closed).
@@ -916,6 +920,10 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 after_run_id: after,
                 ..RunQuery::default()
             };
+            if let Some(after) = &query.after_run_id {
+                // An unknown cursor is an error, not an empty page.
+                rt.get_state(after)?;
+            }
             let mut runs = rt.list_runs(&query)?;
             let shown = limit.unwrap_or(DEFAULT_LIST_LIMIT);
             if runs.len() > shown {
@@ -1134,6 +1142,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             header_timeout_ms,
             body_timeout_ms,
             max_body_bytes_in_flight,
+            write_timeout_ms,
         } => {
             init_logs(&log_format)?;
             // A long-running server handles a closed connection per
@@ -1153,6 +1162,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.max_connections = max_connections;
             options.header_read_timeout = Duration::from_millis(header_timeout_ms.max(1));
             options.body_read_timeout = Duration::from_millis(body_timeout_ms.max(1));
+            options.write_stall_timeout = Duration::from_millis(write_timeout_ms.max(1));
             options.max_body_bytes_in_flight = max_body_bytes_in_flight;
             options.snapshots = Some(std::sync::Arc::from(spec.snapshots()?));
             let server = stepwell::serve::Server::bind(rt, options)?;

@@ -107,27 +107,33 @@ fn slow_uploads_leave_the_server_answering() {
     ]);
     let real = format!("/v1/hooks/{}", webhook_connection(&s));
     let mut sockets: Vec<TcpStream> = Vec::new();
-    for i in 0..128 {
-        let path = if i % 2 == 0 {
-            "/v1/hooks/tc_doesnotexist"
-        } else {
-            real.as_str()
+    for i in 0..192 {
+        // An unknown connection, a real one, and a body over the webhook
+        // limit (read on briefly, by a few at once, kept nowhere).
+        let (path, declared) = match i % 3 {
+            0 => ("/v1/hooks/tc_doesnotexist", 1 << 20),
+            1 => (real.as_str(), 1 << 20),
+            _ => (real.as_str(), 2_000_000),
         };
-        sockets.push(slow_upload(&s, path, None, 1 << 20, 1000));
+        sockets.push(slow_upload(&s, path, None, declared, 1000));
     }
     let started = Instant::now();
     let mut probes = Vec::new();
+    let mut writes = Vec::new();
     while started.elapsed() < Duration::from_secs(5) {
         for socket in &mut sockets {
             let _ = socket.write_all(b" ");
         }
         probes.push(health(&s, Duration::from_secs(2)));
+        // Callers with the token have a budget of their own.
+        writes.push(s.post("/v1/runs", json!({"nope": 1})).0);
         std::thread::sleep(Duration::from_millis(250));
     }
     assert!(
         probes.iter().all(Option::is_some),
         "health went unanswered during the uploads: {probes:?}"
     );
+    assert!(writes.iter().all(|w| *w == 400), "{writes:?}");
     // Every upload was answered or cut off by now (the deadline is 2 s).
     for (i, socket) in sockets.iter_mut().enumerate() {
         let got = answer(socket, Duration::from_secs(5));
@@ -171,6 +177,40 @@ fn slow_bodies_get_408_and_the_budget_503() {
         (400, json!("body.nope")),
         "{v}"
     );
+}
+
+/// Clients that ask and never read the answers (pipelined requests for the
+/// dashboard's script) have their connections closed once a write has
+/// waited `--write-timeout-ms`, rather than holding them for ever.
+#[test]
+fn clients_that_never_read_are_let_go() {
+    let s = Served::start(&["--write-timeout-ms", "1000"]);
+    let request = b"GET /assets/app.js HTTP/1.1\r\nHost: x\r\n\r\n".repeat(200);
+    let mut sockets: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut socket = TcpStream::connect(addr(&s)).unwrap();
+            socket.write_all(&request).unwrap();
+            socket
+        })
+        .collect();
+    // Nothing read for a while: the server's writes wait, then give up.
+    std::thread::sleep(Duration::from_secs(3));
+    for socket in &mut sockets {
+        socket
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut sink = Vec::new();
+        let ended = match socket.read_to_end(&mut sink) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(
+            ended,
+            "the connection is still open after {} bytes",
+            sink.len()
+        );
+    }
+    assert!(health(&s, Duration::from_secs(2)).is_some());
 }
 
 /// Forged webhook calls that alternate their refusal reason write to the
@@ -306,6 +346,23 @@ fn a_long_ledger_is_read_in_pages() {
         text.starts_with(&format!("ok: {total} records, chain intact")),
         "{text}"
     );
+
+    // A record removed by hand from the middle of a page: pages go on
+    // after it by seq, and the check names where the chain breaks.
+    let db = rusqlite::Connection::open(s.db()).unwrap();
+    let removed = db
+        .execute("DELETE FROM ledger WHERE run_id = ?1 AND seq = 1000", [&id])
+        .unwrap();
+    assert_eq!(removed, 1);
+    let out = s.cli(&["ledger", &id, "--verify"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    let broken = format!("broken: record 1000 of {} (", total - 1);
+    assert!(text.starts_with(&broken), "{text}");
+    let verified = s.ok(&format!("{path}/verify"));
+    assert_eq!(verified["ok"], false, "{verified}");
+    let next = s.ok(&format!("{path}?after=999&limit=1"));
+    assert_eq!(next[0]["seq"], 1001, "{next}");
 
     // `list`: 100 runs by default, and a hint on standard error.
     for _ in 0..100 {

@@ -56,11 +56,14 @@ pub fn print_json_array(rt: &Runtime, run_id: &str) -> Result<()> {
     let mut out = std::io::BufWriter::new(out.lock());
     let mut first = true;
     for page in rt.ledger_pages(run_id, 0) {
-        for r in page? {
+        for (_, r) in page? {
             let text = serde_json::to_string_pretty(&r).unwrap_or_default();
             let sep = if first { "[\n" } else { ",\n" };
             first = false;
-            let _ = write!(out, "{sep}  {}", text.replace('\n', "\n  "));
+            if write!(out, "{sep}  {}", text.replace('\n', "\n  ")).is_err() {
+                // The reader went away (a closed pipe): nothing more to do.
+                return Ok(());
+            }
         }
     }
     let _ = writeln!(out, "{}", if first { "[]" } else { "\n]" });
@@ -83,9 +86,9 @@ pub fn print_lines(
     let mut shown = 0u64;
     let show_new = |shown: &mut u64| -> Result<()> {
         for page in rt.ledger_pages(run_id, *shown) {
-            for r in page? {
+            for (seq, r) in page? {
                 print(&r, json);
-                *shown += 1;
+                *shown = seq;
             }
         }
         Ok(())

@@ -21,7 +21,8 @@ pub struct LedgerCheck {
     pub verdict: Result<Option<String>, ChainBreak>,
 }
 
-/// A run's ledger read a page at a time ([`Runtime::ledger_pages`]).
+/// A run's ledger read a page at a time ([`Runtime::ledger_pages`]): each
+/// page holds records with their seqs.
 pub struct LedgerPages<'a> {
     rt: &'a Runtime,
     run_id: String,
@@ -30,7 +31,7 @@ pub struct LedgerPages<'a> {
 }
 
 impl Iterator for LedgerPages<'_> {
-    type Item = crate::Result<Vec<StepRecord>>;
+    type Item = crate::Result<Vec<(u64, StepRecord)>>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.done {
@@ -38,16 +39,18 @@ impl Iterator for LedgerPages<'_> {
         }
         let page = self
             .rt
-            .ledger_range(&self.run_id, self.after, self.after + LEDGER_PAGE);
+            .ledger_page(&self.run_id, self.after, LEDGER_PAGE as usize);
         match &page {
-            Ok(records) if records.is_empty() => {
-                self.done = true;
-                return None;
-            }
-            Ok(records) => {
-                self.after += records.len() as u64;
-                self.done = (records.len() as u64) < LEDGER_PAGE;
-            }
+            Ok(records) => match records.last() {
+                Some((seq, _)) => {
+                    self.after = *seq;
+                    self.done = (records.len() as u64) < LEDGER_PAGE;
+                }
+                None => {
+                    self.done = true;
+                    return None;
+                }
+            },
             Err(_) => self.done = true,
         }
         Some(page)
@@ -92,9 +95,27 @@ impl Runtime {
         self.loaded_records(self.store().list_records_range(run_id, after, through)?)
     }
 
-    /// The run's ledger records after its first `after`, a page of
-    /// [`LEDGER_PAGE`] records at a time, oldest first, offloaded values
-    /// loaded back: a reader of a ledger of any length holds one page.
+    /// Up to `limit` of the run's ledger records whose seq is over
+    /// `after`, oldest first, each with its seq, offloaded values loaded
+    /// back ([`crate::Store::list_records_page`]).
+    pub fn ledger_page(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> crate::Result<Vec<(u64, StepRecord)>> {
+        let page = self.store().list_records_page(run_id, after, limit)?;
+        let (seqs, records): (Vec<u64>, Vec<StepRecord>) = page.into_iter().unzip();
+        Ok(seqs
+            .into_iter()
+            .zip(self.loaded_records(records)?)
+            .collect())
+    }
+
+    /// The run's ledger records whose seq is over `after`, a page of
+    /// [`LEDGER_PAGE`] records at a time, oldest first, each with its seq,
+    /// offloaded values loaded back: a reader of a ledger of any length
+    /// holds one page.
     pub fn ledger_pages(&self, run_id: &str, after: u64) -> LedgerPages<'_> {
         LedgerPages {
             rt: self,
@@ -106,26 +127,30 @@ impl Runtime {
 
     /// Checks the run's ledger hash chain a page at a time (the stored
     /// records, which the chain covers) and counts its records: memory
-    /// bounded by a page whatever the ledger's length.
+    /// bounded by a page whatever the ledger's length. A record removed
+    /// from the middle is found (the next one does not follow the one
+    /// before it), however many seqs are missing.
     pub fn check_ledger(&self, run_id: &str) -> crate::Result<LedgerCheck> {
         self.get_state(run_id)?;
         let mut verifier = ChainVerifier::default();
         let mut broken = None;
-        let mut after = 0;
+        let (mut after, mut records) = (0, 0usize);
         loop {
             let page = self
                 .store()
-                .list_records_range(run_id, after, after + LEDGER_PAGE)?;
-            after += page.len() as u64;
-            if broken.is_none() {
-                broken = verifier.check(&page).err();
-            }
-            if (page.len() as u64) < LEDGER_PAGE {
+                .list_records_page(run_id, after, LEDGER_PAGE as usize)?;
+            let Some((last, _)) = page.last() else {
                 break;
+            };
+            after = *last;
+            records += page.len();
+            if broken.is_none() {
+                let page: Vec<StepRecord> = page.into_iter().map(|(_, r)| r).collect();
+                broken = verifier.check(&page).err();
             }
         }
         Ok(LedgerCheck {
-            records: after as usize,
+            records,
             verdict: match broken {
                 Some(b) => Err(b),
                 None => Ok(verifier.head().map(str::to_string)),

@@ -65,7 +65,8 @@ impl<T: DeserializeOwned> FromRequest<Arc<Shared>> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &Arc<Shared>) -> Result<Self, ApiError> {
-        let bytes = state.bodies.read(req.into_body()).await?;
+        let body = state.bodies.read(req.into_body()).await?;
+        let bytes = &body.bytes;
         let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
             b"{}"
         } else {
@@ -714,25 +715,26 @@ async fn run_ledger(
     let run_id = id.clone();
     let records = blocking(move || {
         s.rt.get_state(&id)?;
-        s.rt.ledger_range(&id, after, after.saturating_add(limit))
+        s.rt.ledger_page(&id, after, limit as usize)
     })
     .await?;
-    let full = records.len() as u64 == limit;
+    let next = records
+        .last()
+        .filter(|_| records.len() as u64 == limit)
+        .map(|(seq, _)| *seq);
     let page = Value::Array(
         records
             .iter()
-            .enumerate()
-            .map(|(i, r)| record_json(r, after + i as u64 + 1))
+            .map(|(seq, r)| record_json(r, *seq))
             .collect(),
     );
     let mut response = ok(page);
-    if full {
-        let next = format!(
-            "</v1/runs/{}/ledger?after={}&limit={limit}>; rel=\"next\"",
+    if let Some(next) = next {
+        let link = format!(
+            "</v1/runs/{}/ledger?after={next}&limit={limit}>; rel=\"next\"",
             path_segment(&run_id),
-            after + limit
         );
-        if let Ok(v) = HeaderValue::from_str(&next) {
+        if let Ok(v) = HeaderValue::from_str(&link) {
             response.headers_mut().insert(header::LINK, v);
         }
     }
@@ -1396,14 +1398,14 @@ async fn receive_webhook(
         return Ok(answer(Received::not_found()));
     }
     if axum::body::HttpBody::size_hint(&body).lower() as usize > MAX_BODY_BYTES {
-        // A body declared over the limit is read on (up to 16 MiB, kept
-        // nowhere, until the deadline) so that the sender, still sending,
-        // gets to read the 413.
-        s.bodies.drain(body, 16 * MAX_BODY_BYTES).await;
+        // A body declared over the limit is read on briefly (kept
+        // nowhere) so that the sender, still sending, gets to read the 413.
+        s.hook_bodies.drain(body, 16 * MAX_BODY_BYTES).await;
         return Ok(answer(Received::too_large()));
     }
-    let bytes = match s.bodies.read(body).await {
-        Ok(bytes) if bytes.len() <= MAX_BODY_BYTES => bytes,
+    // The body keeps its share of the budget until the call is answered.
+    let body = match s.hook_bodies.read(body).await {
+        Ok(body) if body.bytes.len() <= MAX_BODY_BYTES => body,
         Ok(_) | Err(super::body::BodyRefusal::TooLarge) => {
             return Ok(answer(Received::too_large()))
         }
@@ -1417,7 +1419,7 @@ async fn receive_webhook(
         })
         .collect();
     let rt = s.rt.clone();
-    let r = blocking(move || rt.receive_webhook(&connection_id, &headers, &bytes)).await?;
+    let r = blocking(move || rt.receive_webhook(&connection_id, &headers, &body.bytes)).await?;
     if r.status == "appended" {
         s.wake.wake();
     }

@@ -19,9 +19,28 @@ use super::error::ApiError;
 /// semaphore's permits.
 const UNIT: usize = 1024;
 
-/// The bytes that request bodies being read may hold, across the server.
+/// How long an over-large body is read on (and dropped) at most, so that a
+/// sender still sending gets to read its 413.
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// How many over-large bodies are read on at once; past that the answer
+/// goes at once.
+const DRAINS: usize = 16;
+
+/// A body read whole, with its share of the budget: the share is given
+/// back when this is dropped, so a caller that keeps the bytes until its
+/// work on them is done keeps the budget honest.
+pub(crate) struct BodyBytes {
+    /// The body.
+    pub(crate) bytes: Bytes,
+    _share: Option<OwnedSemaphorePermit>,
+}
+
+/// The bytes that request bodies being read may hold, across the server
+/// (or one share of it: the open webhook route has its own).
 pub(crate) struct BodyBudget {
     permits: Arc<Semaphore>,
+    drains: Arc<Semaphore>,
     /// The largest body one request may send, in bytes.
     pub(crate) max_body_bytes: usize,
     /// How long a request may take to send its whole body.
@@ -73,6 +92,7 @@ impl BodyBudget {
         let units = total_bytes.max(max_body_bytes).div_ceil(UNIT);
         BodyBudget {
             permits: Arc::new(Semaphore::new(units.min(Semaphore::MAX_PERMITS))),
+            drains: Arc::new(Semaphore::new(DRAINS)),
             max_body_bytes,
             deadline,
         }
@@ -81,8 +101,8 @@ impl BodyBudget {
     /// Reads `body` whole: refused at once when it declares more than the
     /// limit or the budget cannot hold what it declares (a body of unknown
     /// length is budgeted at the limit), cut off at the limit or the
-    /// deadline. The budget is held until the bytes are returned.
-    pub(crate) async fn read(&self, body: Body) -> Result<Bytes, BodyRefusal> {
+    /// deadline. The bytes keep their share of the budget until dropped.
+    pub(crate) async fn read(&self, body: Body) -> Result<BodyBytes, BodyRefusal> {
         let hint = body.size_hint();
         if hint.lower() as usize > self.max_body_bytes {
             return Err(BodyRefusal::TooLarge);
@@ -92,9 +112,12 @@ impl BodyBudget {
             .map_or(self.max_body_bytes, |n| n as usize)
             .min(self.max_body_bytes);
         if expected == 0 && hint.exact() == Some(0) {
-            return Ok(Bytes::new());
+            return Ok(BodyBytes {
+                bytes: Bytes::new(),
+                _share: None,
+            });
         }
-        let _permit = self.reserve(expected)?;
+        let share = self.reserve(expected)?;
         let deadline = tokio::time::Instant::now() + self.deadline;
         let mut bytes = Vec::with_capacity(expected);
         let mut stream = body.into_data_stream();
@@ -110,13 +133,21 @@ impl BodyBudget {
             }
             bytes.extend_from_slice(&chunk);
         }
-        Ok(Bytes::from(bytes))
+        Ok(BodyBytes {
+            bytes: Bytes::from(bytes),
+            _share: Some(share),
+        })
     }
 
-    /// Reads and drops up to `cap` bytes of `body`, until the deadline: a
-    /// client still sending an over-large body gets to read the answer.
+    /// Reads and drops up to `cap` bytes of `body`, for at most
+    /// [`DRAIN_TIME`] and by at most [`DRAINS`] requests at once: a client
+    /// still sending an over-large body gets to read the answer, and
+    /// senders of over-large bodies hold no connection for long.
     pub(crate) async fn drain(&self, body: Body, cap: usize) {
-        let deadline = tokio::time::Instant::now() + self.deadline;
+        let Ok(_slot) = self.drains.try_acquire() else {
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + self.deadline.min(DRAIN_TIME);
         let mut stream = body.into_data_stream();
         let mut seen = 0usize;
         while seen <= cap {

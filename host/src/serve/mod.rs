@@ -29,6 +29,7 @@
 mod ahp;
 mod api;
 mod body;
+mod conn;
 mod error;
 mod openapi;
 mod stream;
@@ -76,6 +77,10 @@ pub struct ServeOptions {
     /// How long a client may take to send a request's headers (a
     /// connection that sends them slower, or never, is closed).
     pub header_read_timeout: Duration,
+    /// How long a write to a client may wait for it to read (a client
+    /// that reads nothing of an answer or a stream for that long has its
+    /// connection closed).
+    pub write_stall_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -95,6 +100,7 @@ impl ServeOptions {
             poll_interval: Duration::from_millis(250),
             max_connections: 1024,
             header_read_timeout: Duration::from_secs(15),
+            write_stall_timeout: Duration::from_secs(15),
         }
     }
 }
@@ -146,8 +152,13 @@ pub(crate) struct Shared {
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
     pub(crate) poll_interval: Duration,
     pub(crate) http: api::HttpCounters,
-    /// Request bodies: their limit, deadline and server-wide budget.
+    /// Request bodies of the routes behind the token: their limit,
+    /// deadline and budget.
     pub(crate) bodies: body::BodyBudget,
+    /// Request bodies of the open webhook route: a quarter of the budget
+    /// of its own, so that callers without a token cannot take the budget
+    /// of those with one.
+    pub(crate) hook_bodies: body::BodyBudget,
 }
 
 /// A bound server, not yet serving.
@@ -161,8 +172,16 @@ pub struct Server {
     tokio_rt: tokio::runtime::Runtime,
     signals: Signals,
     stop: Arc<tokio::sync::Notify>,
+    limits: ConnectionLimits,
+}
+
+/// What one connection may take: how many are served at once, how long
+/// headers may take to arrive and a write to be read.
+#[derive(Clone, Copy)]
+struct ConnectionLimits {
     max_connections: usize,
     header_read_timeout: Duration,
+    write_stall: Duration,
 }
 
 /// Stops a running [`Server`] as SIGTERM does (for an application that
@@ -254,6 +273,11 @@ impl Server {
                     options.max_body_bytes,
                     options.body_read_timeout,
                 ),
+                hook_bodies: body::BodyBudget::new(
+                    options.max_body_bytes_in_flight / 4,
+                    options.max_body_bytes,
+                    options.body_read_timeout,
+                ),
             }),
             listener,
             drive: options.drive,
@@ -263,8 +287,11 @@ impl Server {
             tokio_rt,
             signals,
             stop: Arc::new(tokio::sync::Notify::new()),
-            max_connections: options.max_connections,
-            header_read_timeout: options.header_read_timeout,
+            limits: ConnectionLimits {
+                max_connections: options.max_connections,
+                header_read_timeout: options.header_read_timeout,
+                write_stall: options.write_stall_timeout,
+            },
         })
     }
 
@@ -354,8 +381,7 @@ impl Server {
         let shutdown_tx = self.shutdown_tx;
         let listener = self.listener;
         let stopping = self.shared.shutdown.clone();
-        let max_connections = self.max_connections;
-        let header_read_timeout = self.header_read_timeout;
+        let limits = self.limits;
         if self.shared.has_feed {
             // The one look at the store for other processes' commits: the
             // feed's newest position, every poll interval.
@@ -386,13 +412,7 @@ impl Server {
                 let _ = shutdown_tx.send(true);
             };
                         let server = async move {
-                                let accepting = accept_loop(
-                    listener,
-                    app,
-                    stopping,
-                    max_connections,
-                    header_read_timeout,
-                );
+                                let accepting = accept_loop(listener, app, stopping, limits);
                 tokio::join!(signal, accepting);
             };
             let mut again = asks;
@@ -463,17 +483,17 @@ async fn stopped(mut stopping: tokio::sync::watch::Receiver<bool>) {
 
 /// Accepts connections until `stopping`, at most `max_connections` at once
 /// (more wait in the listen backlog), and serves each over HTTP/1.1 (with
-/// upgrades, for the WebSocket) with a time limit on reading headers; then
-/// lets the connections finish their requests and waits for them.
+/// upgrades, for the WebSocket) with a time limit on reading headers and on
+/// a write waiting for the client to read; then lets the connections finish
+/// their requests and waits for them.
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     stopping: tokio::sync::watch::Receiver<bool>,
-    max_connections: usize,
-    header_read_timeout: Duration,
+    limits: ConnectionLimits,
 ) {
     use tower::ServiceExt;
-    let permits = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     // Each connection holds a clone of `open`: when all are dropped, the
     // last connection has ended.
     let (open_tx, open) = tokio::sync::watch::channel(());
@@ -513,9 +533,15 @@ async fn accept_loop(
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(header_read_timeout);
+                .header_read_timeout(limits.header_read_timeout);
             let conn = builder
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .serve_connection(
+                    hyper_util::rt::TokioIo::new(conn::WriteDeadline::new(
+                        stream,
+                        limits.write_stall,
+                    )),
+                    service,
+                )
                 .with_upgrades();
             tokio::pin!(conn);
             tokio::select! {

@@ -148,7 +148,7 @@ pub(crate) async fn run_stream(
                 let (s2, id2) = (s.clone(), id.clone());
                 match blocking(move || {
                     let run = s2.rt.get_state(&id2)?;
-                    let page = s2.rt.ledger_range(&id2, sent, sent + crate::LEDGER_PAGE)?;
+                    let page = s2.rt.ledger_page(&id2, sent, crate::LEDGER_PAGE as usize)?;
                     Ok((run, page))
                 })
                 .await
@@ -160,8 +160,8 @@ pub(crate) async fn run_stream(
                     }
                 }
             };
-            for r in &records {
-                sent += 1;
+            for (seq, r) in &records {
+                sent = *seq;
                 let e = event("record", &record_json(r, sent)).id(sent.to_string());
                 if !send(&s, &tx, e).await {
                     return;

@@ -729,6 +729,23 @@ pub trait Store: Send + Sync {
         Ok(records)
     }
 
+    /// Up to `limit` of a run's ledger records whose seq is over `after`,
+    /// oldest first, each with its seq: a page of a ledger read a page at
+    /// a time. A reader that asks again after the last seq it got reads
+    /// every record there is, even where seqs are missing (a record
+    /// removed by hand: the chain check then names it). The default numbers
+    /// the records of [`Store::list_records_range`] by their position.
+    fn list_records_page(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, StepRecord)>, StoreError> {
+        let through = after.saturating_add(limit as u64);
+        let records = self.list_records_range(run_id, after, through)?;
+        Ok((after + 1..).zip(records).collect())
+    }
+
     /// The store-wide change feed: up to `limit` entries after the entry
     /// `after` (0: from the start), in commit order across every process
     /// on the store; each names a run and the seqs of records it gained

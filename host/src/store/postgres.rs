@@ -863,6 +863,17 @@ impl PostgresStore {
         sql: &'static str,
         args: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<StepRecord>, StoreError> {
+        let numbered = self.numbered_records(run_id, sql, args)?;
+        Ok(numbered.into_iter().map(|(_, r)| r).collect())
+    }
+
+    /// The records `sql` selects (`seq, data`), each with its seq.
+    fn numbered_records(
+        &self,
+        run_id: &str,
+        sql: &'static str,
+        args: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<(u64, StepRecord)>, StoreError> {
         let rows = self.read(|c| {
             let mut all: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
             all.extend_from_slice(args);
@@ -871,12 +882,13 @@ impl PostgresStore {
         rows.iter()
             .map(|row| {
                 let (seq, data): (i64, &str) = (row.get(0), row.get(1));
-                serde_json::from_str(data).map_err(|e| {
+                let record = serde_json::from_str(data).map_err(|e| {
                     StoreError::corrupt(format!(
                         "{}: ledger row {seq} of run {run_id}: {e}",
                         self.shown
                     ))
-                })
+                })?;
+                Ok((seq as u64, record))
             })
             .collect()
     }
@@ -1602,6 +1614,19 @@ impl Store for PostgresStore {
             "SELECT seq, data FROM ledger WHERE run_id = $1 AND seq > $2 AND seq <= $3
              ORDER BY seq",
             &[&clamp(after), &clamp(through)],
+        )
+    }
+
+    fn list_records_page(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, StepRecord)>, StoreError> {
+        self.numbered_records(
+            run_id,
+            "SELECT seq, data FROM ledger WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            &[&clamp(after), &clamp(limit as u64)],
         )
     }
 

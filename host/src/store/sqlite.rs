@@ -1032,6 +1032,17 @@ impl SqliteStore {
         sql: &str,
         args: &[&dyn rusqlite::ToSql],
     ) -> Result<Vec<StepRecord>, StoreError> {
+        let numbered = self.numbered_records(run_id, sql, args)?;
+        Ok(numbered.into_iter().map(|(_, r)| r).collect())
+    }
+
+    /// The records `sql` selects (`seq, data`), each with its seq.
+    fn numbered_records(
+        &self,
+        run_id: &str,
+        sql: &str,
+        args: &[&dyn rusqlite::ToSql],
+    ) -> Result<Vec<(u64, StepRecord)>, StoreError> {
         let conn = self.conn.lock();
         let mut st = conn.prepare_cached(sql).map_err(|e| self.err(e))?;
         let mut all: Vec<&dyn rusqlite::ToSql> = vec![&run_id];
@@ -1044,12 +1055,13 @@ impl SqliteStore {
         let mut out = Vec::new();
         for row in rows {
             let (seq, data) = row.map_err(|e| self.err(e))?;
-            out.push(serde_json::from_str(&data).map_err(|e| {
+            let record = serde_json::from_str(&data).map_err(|e| {
                 StoreError::corrupt(format!(
                     "{}: ledger row {seq} of run {run_id}: {e}",
                     self.path.display()
                 ))
-            })?);
+            })?;
+            out.push((seq as u64, record));
         }
         Ok(out)
     }
@@ -1446,6 +1458,20 @@ impl Store for SqliteStore {
             run_id,
             "SELECT seq, data FROM ledger INDEXED BY ledger_run WHERE run_id = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq",
             &[&clamp(after), &clamp(through)],
+        )
+    }
+
+    fn list_records_page(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, StepRecord)>, StoreError> {
+        let clamp = |n: u64| n.min(i64::MAX as u64) as i64;
+        self.numbered_records(
+            run_id,
+            "SELECT seq, data FROM ledger INDEXED BY ledger_run WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+            &[&clamp(after), &clamp(limit as u64)],
         )
     }
 

@@ -290,7 +290,7 @@ impl Runtime {
     /// stream already holds 409 (`duplicate`); else the call is appended
     /// (202) and the automations bound to the connection are woken.
     /// Refusals after the connection was found are recorded on it
-    /// (`last_error`, at most once a minute per reason).
+    /// (`last_error`, at most once a minute per connection).
     pub fn receive_webhook(
         &self,
         connection_id: &str,
