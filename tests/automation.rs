@@ -555,7 +555,10 @@ fn children_of_an_occurrence_are_its_descendants() {
             run.error
         );
         assert_eq!(run.output, Some(json!({"leaf": true})));
-        for id in ["child-1", "leaf-1"] {
+        // Named children live under their parents.
+        let child_1 = stepwell::effects::subworkflow::named_child_id(&run.run_id, "child-1");
+        let leaf_1 = stepwell::effects::subworkflow::named_child_id(&child_1, "leaf-1");
+        for id in [&child_1, &leaf_1] {
             let child = h.rt.get_state(id).unwrap();
             let mut expected = occurrence.clone();
             expected["role"] = json!("descendant");
@@ -591,7 +594,12 @@ fn children_of_an_occurrence_are_its_descendants() {
             "{:?}",
             run.error
         );
-        let leaf = h.rt.get_state("leaf-2").unwrap();
+        let leaf =
+            h.rt.get_state(&stepwell::effects::subworkflow::named_child_id(
+                &run.run_id,
+                "leaf-2",
+            ))
+            .unwrap();
         let meta = leaf.vars["_meta"].as_object().unwrap();
         assert_eq!(
             meta.keys().collect::<Vec<_>>(),

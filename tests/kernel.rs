@@ -5,6 +5,7 @@
 use std::sync::{Arc, Barrier};
 
 use serde_json::{json, Value};
+use stepwell::effects::subworkflow::named_child_id;
 use stepwell::{
     Error, JsonFileStore, RunQuery, RunState, RunStatus, Runtime, StartOptions, StepRecord,
     StepStatus, Store, StoreError, WaitReason,
@@ -738,22 +739,60 @@ fn explicit_child_ids_are_created_once_and_identity_checked(b: Backend) {
     let p1 = start(&h, &wf, json!({"text": "one", "child_run_id": "child-1"}));
     let done = h.rt.tick(&p1).unwrap();
     assert_eq!(done.output, Some(json!({"shouted": "ONE"})));
-    let child = h.rt.get_state("child-1").unwrap();
+    // A named child lives under its parent: its id is derived from the
+    // parent's id and the name.
+    let id1 = named_child_id(&p1, "child-1");
+    assert_eq!(done.vars["child"]["sub_run_id"], json!(id1));
+    let child = h.rt.get_state(&id1).unwrap();
     assert_eq!(child.parent_run_id.as_deref(), Some(p1.as_str()));
+    assert!(matches!(
+        h.rt.get_state("child-1"),
+        Err(Error::RunNotFound { .. })
+    ));
 
-    // Another parent asking for the same child id: a different identity.
+    // Another parent naming a child the same: its own child, under its own
+    // id; the first one is untouched.
     let p2 = start(&h, &wf, json!({"text": "two", "child_run_id": "child-1"}));
-    let failed = h.rt.tick(&p2).unwrap();
-    assert_eq!(failed.status, RunStatus::Failed);
-    let error = failed.error.unwrap();
+    let done2 = h.rt.tick(&p2).unwrap();
+    assert_eq!(done2.output, Some(json!({"shouted": "TWO"})));
+    let id2 = named_child_id(&p2, "child-1");
+    assert_ne!(id1, id2);
     assert_eq!(
-        error,
-        "identity_conflict: run child-1 already exists with a different parent_run_id"
+        h.rt.get_state(&id2).unwrap().parent_run_id.as_deref(),
+        Some(p2.as_str())
     );
     assert_eq!(
-        h.rt.get_state("child-1").unwrap(),
+        h.rt.get_state(&id1).unwrap(),
         child,
         "the existing child is untouched"
+    );
+    // A run started under the id a parent's name gives, with another
+    // identity, is a conflict when the parent names that child.
+    h.rt.start(
+        "subworkflow.child",
+        StartOptions {
+            run_id: Some(named_child_id("p3", "child-1")),
+            ..StartOptions::default()
+        },
+    )
+    .unwrap();
+    let p3 =
+        h.rt.run(
+            &wf,
+            StartOptions {
+                run_id: Some("p3".into()),
+                vars: vars(json!({"text": "three", "child_run_id": "child-1"})),
+                ..StartOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(p3.status, RunStatus::Failed);
+    assert_eq!(
+        p3.error.unwrap(),
+        format!(
+            "identity_conflict: run {} already exists with a different parent_run_id",
+            named_child_id("p3", "child-1")
+        )
     );
 
     // The same identity through the API (the same workflow, parent and
@@ -764,20 +803,20 @@ fn explicit_child_ids_are_created_once_and_identity_checked(b: Backend) {
             "subworkflow.child",
             StartOptions {
                 vars: vars(json!({"text": "one"})),
-                run_id: Some("child-1".into()),
+                run_id: Some(id1.clone()),
                 parent_run_id: Some(p1.clone()),
                 ..StartOptions::default()
             },
         )
         .unwrap();
-    assert_eq!(same, "child-1");
-    assert_eq!(h.rt.get_state("child-1").unwrap(), child);
+    assert_eq!(same, id1);
+    assert_eq!(h.rt.get_state(&id1).unwrap(), child);
     let err =
         h.rt.start(
             "subworkflow.child",
             StartOptions {
                 vars: vars(json!({"text": "other"})),
-                run_id: Some("child-1".into()),
+                run_id: Some(id1.clone()),
                 parent_run_id: Some(p1.clone()),
                 ..StartOptions::default()
             },
@@ -792,7 +831,7 @@ fn explicit_child_ids_are_created_once_and_identity_checked(b: Backend) {
         h.rt.start(
             "subworkflow",
             StartOptions {
-                run_id: Some("child-1".into()),
+                run_id: Some(id1.clone()),
                 parent_run_id: Some(p1.clone()),
                 ..StartOptions::default()
             },
@@ -1031,16 +1070,17 @@ fn a_child_that_ended_before_its_parent_waited_is_read_at_once(b: Backend) {
     // child's outcome instead of waiting for ever.
     let h = Host::new(b);
     let wf = h.load_scratch("async", &async_flows());
+    let kid = named_child_id("dad", "kid");
     h.rt.start(
         "asker",
         StartOptions {
-            run_id: Some("kid".into()),
+            run_id: Some(kid.clone()),
             parent_run_id: Some("dad".into()),
             ..StartOptions::default()
         },
     )
     .unwrap();
-    h.rt.cancel_run("kid", Some("gone")).unwrap();
+    h.rt.cancel_run(&kid, Some("gone")).unwrap();
     let done =
         h.rt.run(
             &wf,

@@ -39,7 +39,7 @@ use super::definition::{trigger_failure, trigger_state_of};
 use super::envelope::occurrence_vars;
 use super::ids::{record_key, wake_wait_key};
 use super::occurrence::trigger_wait;
-use super::outcome::child_view;
+use super::outcome::{occurrence_view, taken_occurrence_id};
 use super::time::{format_timestamp, parse_timestamp};
 use super::AutomationError;
 use crate::core::config::StartOptions;
@@ -436,7 +436,8 @@ impl EffectHandler for ControllerEffect {
                 match run_id {
                     Some(id) if Some(id) == pending => {
                         let child = cx.runs.get_run(id)?;
-                        Ok(Outcome::Completed(facts(cx, json!(child_view(&child)))?))
+                        let view = occurrence_view(&cx.run.run_id, &child);
+                        Ok(Outcome::Completed(facts(cx, json!(view))?))
                     }
                     _ => Err(seam(format!(
                         "{READ_OCCURRENCE_EFFECT} asked for run {run_id:?}, not for the pending occurrence's run {pending:?}"
@@ -738,8 +739,27 @@ fn commit_decisions(cx: &EffectCx<'_>, commit: Commit) -> Result<Outcome> {
     })))
 }
 
+/// A start of the attempt's run `child_id` refused with `conflict`: when
+/// the run under that id is not the controller's own child (another run
+/// took the id), the controller does not wait on it and goes on to read the
+/// attempt, which it sees failed ([`occurrence_view`]); any other conflict
+/// stays an error of the host.
+fn taken_start(cx: &EffectCx<'_>, child_id: &str, conflict: Error) -> Result<Outcome> {
+    let existing = cx.runs.get_run(child_id)?;
+    match taken_occurrence_id(&cx.run.run_id, &existing) {
+        Some(error) => Ok(Outcome::Completed(json!({
+            "sub_run_id": child_id,
+            "status": "failed",
+            "error": error,
+            "taken": true,
+        }))),
+        None => Err(conflict),
+    }
+}
+
 /// Creates the dispatched attempt's run under its deterministic id (if
-/// absent) from the inputs frozen at admission, and waits for it.
+/// absent) from the inputs frozen at admission, and waits for it; an id
+/// another run took is not waited on ([`taken_start`]).
 fn start_occurrence(cx: &EffectCx<'_>, payload: &Map<String, Value>) -> Result<Outcome> {
     let id = cx.run.run_id.clone();
     let pending = state(cx.run)?
@@ -780,7 +800,11 @@ fn start_occurrence(cx: &EffectCx<'_>, payload: &Map<String, Value>) -> Result<O
         parent_run_id: Some(id.clone()),
         runtime,
     };
-    let started = cx.runs.start_run(workflow_id, options)?;
+    let started = match cx.runs.start_run(workflow_id, options) {
+        Ok(started) => started,
+        Err(e @ Error::IdentityConflict { .. }) => return taken_start(cx, &child_id, e),
+        Err(e) => return Err(e),
+    };
     if started != child_id {
         return Err(seam(format!(
             "the occurrence run was created as {started}, not under its id {child_id}"

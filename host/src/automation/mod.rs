@@ -69,7 +69,8 @@ pub use occurrence::{
 };
 pub use outcome::{
     child_view, complete_occurrence, current_occurrence, normalize_occurrence_output,
-    notify_payload, ChildView, Completion, OccurrenceOutcome, NOTIFY_DEFAULT_BODY_MAX,
+    notify_payload, occurrence_view, taken_occurrence_id, ChildView, Completion, OccurrenceOutcome,
+    NOTIFY_DEFAULT_BODY_MAX,
 };
 pub use queries::{
     attention_cursor, attention_page, automation_record, automation_records, automations_cursor,

@@ -18,6 +18,37 @@ pub fn child_view(run: &RunState) -> ChildView {
     )
 }
 
+/// Why run `run`, found under the id of an occurrence of the automation
+/// `controller_id`, is not that occurrence: it was not started by that
+/// controller (its id was taken by another run). `None` when it is the
+/// controller's own child. The controller never waits on, reads the outcome
+/// of, cancels or resumes such a run.
+pub fn taken_occurrence_id(controller_id: &str, run: &RunState) -> Option<String> {
+    if run.parent_run_id.as_deref() == Some(controller_id) {
+        return None;
+    }
+    let started_by = match run.parent_run_id.as_deref() {
+        Some(parent) => format!("a child of run {parent}"),
+        None => "a root run".to_string(),
+    };
+    Some(format!(
+        "identity_conflict: the occurrence's run id {} is taken by another run ({started_by}, workflow {}), not started by automation {controller_id}",
+        run.run_id, run.workflow_id
+    ))
+}
+
+/// What the controller `controller_id` sees of the run under its
+/// occurrence's id: [`child_view`] of its own child; for a run it did not
+/// start ([`taken_occurrence_id`]), a `failed` attempt whose error says so
+/// (so the occurrence fails, or is retried under its next attempt's id,
+/// with that error in its `failure` attention item).
+pub fn occurrence_view(controller_id: &str, run: &RunState) -> ChildView {
+    match taken_occurrence_id(controller_id, run) {
+        None => child_view(run),
+        Some(error) => ChildView::of(&run.run_id, "failed", None, Some(&error)),
+    }
+}
+
 /// The outcome of the ended occurrence root `child`
 /// ([`stepwell_automation_core::normalize_occurrence_output`]).
 pub fn normalize_occurrence_output(child: &RunState) -> OccurrenceOutcome {

@@ -16,6 +16,7 @@ use super::ids::{
     automation_id, automation_session_id, record_key, request_digest, wake_wait_key,
     CONTROLLER_WORKFLOW_ID,
 };
+use super::outcome::taken_occurrence_id;
 use super::queries::{
     attention_page, automations_cursor, find_record, occurrence_page, parse_automations_cursor,
 };
@@ -204,9 +205,8 @@ pub fn create_automation(
     // looked at (its bundle may have moved since).
     let digest = request_digest(request);
     if let Some(existing) = rt.store().load_run(&id)? {
-        if existing.vars["_meta"]["creation_digest"] != json!(digest)
-            || existing.workflow_id != CONTROLLER_WORKFLOW_ID
-        {
+        taken_automation_id(&existing)?;
+        if existing.vars["_meta"]["creation_digest"] != json!(digest) {
             return Err(conflict());
         }
         return Ok(existing_created(&existing));
@@ -281,17 +281,43 @@ pub fn create_automation(
         Err(Error::Conflict { .. }) => {
             drop(txn);
             match rt.store().load_run(&id)? {
-                Some(existing)
-                    if existing.vars["_meta"]["creation_digest"] == json!(digest)
-                        && existing.workflow_id == CONTROLLER_WORKFLOW_ID =>
-                {
-                    Ok(existing_created(&existing))
+                Some(existing) => {
+                    taken_automation_id(&existing)?;
+                    if existing.vars["_meta"]["creation_digest"] == json!(digest) {
+                        Ok(existing_created(&existing))
+                    } else {
+                        Err(conflict())
+                    }
                 }
-                _ => Err(conflict()),
+                None => Err(conflict()),
             }
         }
         Err(e) => Err(e),
     }
+}
+
+/// Refuses run `existing`, found under an automation's id, when it is not
+/// an automation's controller (no controller run is ever a child, and only
+/// a creation makes one): its id was taken by another run, so the
+/// automation cannot be created under it; `identity_conflict` on
+/// `request_id`, saying so (another `request_id`, `tenant` or `user` gives
+/// another id).
+fn taken_automation_id(existing: &RunState) -> Result<()> {
+    if existing.workflow_id == CONTROLLER_WORKFLOW_ID && existing.parent_run_id.is_none() {
+        return Ok(());
+    }
+    let started_by = match existing.parent_run_id.as_deref() {
+        Some(parent) => format!("a child of run {parent}"),
+        None => "a root run".to_string(),
+    };
+    Err(automation_error(
+        "identity_conflict",
+        Some("request_id"),
+        format!(
+            "the automation id {} is taken by a run that is not an automation ({started_by}, workflow {}): choose another request_id",
+            existing.run_id, existing.workflow_id
+        ),
+    ))
 }
 
 /// What a replayed creation answers: the automation as it is now.
@@ -590,9 +616,15 @@ fn follow_up(rt: &Runtime, id: &str, kind: &str, command_id: &str) -> Result<()>
         {
             // The controller hears of its cancelled run as any parent of a
             // run that ended does (the driver resumes it with the run's
-            // outcome), whichever process cancelled it.
+            // outcome), whichever process cancelled it. A run it did not
+            // start (another run took the attempt's id) is left alone: the
+            // controller sees that attempt failed, and stopped.
             let child = p["run_id"].as_str().unwrap_or_default().to_string();
-            cancel_tree(rt, &child)?;
+            match rt.get_state(&child) {
+                Ok(run) if taken_occurrence_id(id, &run).is_none() => cancel_tree(rt, &child)?,
+                Ok(_) | Err(Error::RunNotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
         // A stop that needed a wake had it committed with the command.
         return Ok(());

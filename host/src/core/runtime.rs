@@ -376,7 +376,8 @@ fn defines(dir: &std::path::Path, workflow_id: &str) -> bool {
     })
 }
 
-fn valid_run_id(id: &str) -> bool {
+/// Whether `id` is a valid run id: `[A-Za-z0-9_-]+`, at most 200 characters.
+pub(crate) fn valid_run_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 200
         && id

@@ -14,6 +14,40 @@ use crate::core::{Error, Result};
 /// replayed after a crash asks for the same child and re-attaches to it.
 pub const SUBWORKFLOW_NAMESPACE: uuid::Uuid = uuid::uuid!("6b1f7c0e-2d4a-5c3b-9e8f-1a2b3c4d5e6f");
 
+/// The id of the child a parent starts without naming it, from the
+/// effect's idempotency key (`<parent_run_id>:<effect_seq>`):
+/// `uuid5(SUBWORKFLOW_NAMESPACE, "<effect key>:subworkflow")`.
+pub fn default_child_id(effect_key: &str) -> String {
+    uuid::Uuid::new_v5(
+        &SUBWORKFLOW_NAMESPACE,
+        format!("{effect_key}:subworkflow").as_bytes(),
+    )
+    .to_string()
+}
+
+/// The namespace of the ids of children their parent names (`run_id` in
+/// the payload): see [`named_child_id`].
+pub const NAMED_CHILD_NAMESPACE: uuid::Uuid = uuid::uuid!("14527913-f37c-49fb-88f2-25bcc0b05e07");
+
+/// The id of the child that run `parent_run_id` names `name`:
+/// `uuid5(NAMED_CHILD_NAMESPACE, "<parent_run_id>:<name>")`.
+///
+/// A flow or a guest names its child; the child lives under its parent.
+/// The same name from the same parent is the same child (create-if-absent,
+/// identity-checked, so a replayed step finds it), two parents never share
+/// one, and no name can give an id the host derives for someone else (an
+/// automation, its occurrences, a default child: other namespaces or
+/// names), nor an id chosen at a root start (`--run-id`), which is never a
+/// UUID of this namespace. Run ids hold no `:`, so the name of the UUID
+/// says which parent and which name it was.
+pub fn named_child_id(parent_run_id: &str, name: &str) -> String {
+    uuid::Uuid::new_v5(
+        &NAMED_CHILD_NAMESPACE,
+        format!("{parent_run_id}:{name}").as_bytes(),
+    )
+    .to_string()
+}
+
 /// The wait key of a parent waiting on child `child_run_id`.
 pub fn wait_key(child_run_id: &str) -> String {
     format!("subworkflow:{child_run_id}")
@@ -192,9 +226,10 @@ pub fn ended_child(child: &RunState, policy: OnChildFailure) -> Outcome {
 /// data; `fail` (the default of sync children) fails the parent with
 /// `subworkflow_failed`. A cancelled child always comes back as data.
 ///
-/// `run_id` names the child explicitly (create-if-absent, identity-checked);
-/// by default the id is derived from the parent's id and the effect's
-/// sequence number. `vars` may not set host-owned vars (`_runtime`, `_meta`,
+/// `run_id` names the child: its id is [`named_child_id`] of the parent's id
+/// and that name (create-if-absent, identity-checked), so a guest cannot
+/// take an id it does not own; by default the id is derived from the
+/// parent's id and the effect's sequence number. `vars` may not set host-owned vars (`_runtime`, `_meta`,
 /// `_limits`); the host gives the child its `_meta` ([`descendant_meta`]).
 pub struct StartSubworkflow;
 
@@ -278,12 +313,16 @@ impl EffectHandler for StartSubworkflow {
             )));
         }
         let run_id = match field!(opt_str(k, p, "run_id")) {
-            Some(id) => id.to_string(),
-            None => uuid::Uuid::new_v5(
-                &SUBWORKFLOW_NAMESPACE,
-                format!("{}:subworkflow", effect_idempotency_key(cx.run, cx.seq)).as_bytes(),
-            )
-            .to_string(),
+            // The name is checked as an id would be (the same error as
+            // before names were confined).
+            Some(name) if !crate::core::runtime::valid_run_id(name) => {
+                return Ok(Outcome::Failed(Failure::from_error(&Error::invalid(
+                    "run_id",
+                    format!("{name:?} is not a valid run id ([A-Za-z0-9_-]+, at most 200)"),
+                ))))
+            }
+            Some(name) => named_child_id(&cx.run.run_id, name),
+            None => default_child_id(&effect_idempotency_key(cx.run, cx.seq)),
         };
         let session_id = field!(opt_str(k, p, "session_id"))
             .map(str::to_string)
@@ -382,5 +421,23 @@ pub fn child_wait(
             "async": is_async,
             "on_child_failure": policy.as_str(),
         })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_named_child_lives_under_its_parent() {
+        let id = named_child_id("p1", "child-1");
+        assert_eq!(id, named_child_id("p1", "child-1"), "the same child");
+        assert_ne!(id, named_child_id("p2", "child-1"), "another parent's");
+        // A name never gives the id it spells, nor a default child's id.
+        let other = default_child_id("victim:1");
+        assert_ne!(named_child_id("p1", &other), other);
+        assert_ne!(named_child_id("victim", "1"), other);
+        // The one-colon name is unambiguous: run ids hold no `:`.
+        assert_ne!(named_child_id("a-b", "c"), named_child_id("a", "b-c"));
     }
 }
