@@ -1115,12 +1115,16 @@ fn execute(cli: Cli) -> Result<(), Error> {
                     }
                 }
                 SnapshotCommand::List { run, tag, text } => {
-                    let found = snapshots.search_snapshots(&stepwell::store::SnapshotQuery {
-                        run_id: run,
-                        tag,
-                        text,
-                        limit: None,
-                    })?;
+                    let (found, left_out) =
+                        snapshots.search_snapshots_reporting(&stepwell::store::SnapshotQuery {
+                            run_id: run,
+                            tag,
+                            text,
+                            limit: None,
+                        })?;
+                    for e in left_out {
+                        eprintln!("warning: snapshot left out: {e}");
+                    }
                     if cli.json {
                         println!(
                             "{}",

@@ -333,8 +333,8 @@ pub fn operator_runtime(map: Map<String, Value>) -> crate::Result<Map<String, Va
 /// The secret in file `path`, one line of at least 16 characters (the
 /// server's token, the connections' key): created with 32 random bytes as
 /// 64 hex digits, mode 0600, when missing (another process creating it
-/// first wins); refused when it belongs to another user or others may read
-/// it.
+/// first wins), in a folder created `0700` when missing; refused when it is
+/// a symbolic link, belongs to another user or others may read it.
 pub fn load_or_create_secret_file(path: &std::path::Path) -> crate::Result<String> {
     use crate::Error;
     let field = || path.display().to_string();
@@ -344,8 +344,14 @@ pub fn load_or_create_secret_file(path: &std::path::Path) -> crate::Result<Strin
             {
                 use std::os::unix::fs::MetadataExt;
                 use std::os::unix::fs::PermissionsExt;
-                let meta =
-                    std::fs::metadata(path).map_err(|e| Error::invalid(field(), e.to_string()))?;
+                let meta = std::fs::symlink_metadata(path)
+                    .map_err(|e| Error::invalid(field(), e.to_string()))?;
+                if !meta.is_file() {
+                    return Err(Error::invalid(
+                        field(),
+                        "the secret file is a symbolic link or not a regular file: name the file itself",
+                    ));
+                }
                 // SAFETY: geteuid has no preconditions.
                 let me = unsafe { libc::geteuid() };
                 if meta.uid() != me {
@@ -379,7 +385,8 @@ pub fn load_or_create_secret_file(path: &std::path::Path) -> crate::Result<Strin
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|e| Error::invalid(field(), e.to_string()))?;
+                crate::store::private::create_dir(dir)
+                    .map_err(|e| Error::invalid(field(), e.to_string()))?;
             }
             let bytes: [u8; 32] = rand::random();
             let token = hex::encode(bytes);
