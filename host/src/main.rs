@@ -1257,6 +1257,14 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // A write past the file-size limit (`ulimit -f`) fails with EFBIG and
+    // is reported (`store_io`, naming the file) instead of the process
+    // being killed by SIGXFSZ without a word.
+    #[cfg(unix)]
+    // SAFETY: as above: a disposition set at start, before any thread.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let cli = Cli::parse();
     let json = cli.json;
     match execute(cli) {

@@ -288,3 +288,23 @@ fn foreign_or_open_store_folders_are_refused() {
         assert!(err.contains(why), "{err}");
     }
 }
+
+/// Under `ulimit -f`, a write past the limit is a `store_io` error naming
+/// the file, exit status 1, not a death by SIGXFSZ without a word.
+#[test]
+fn a_file_size_limit_is_an_error_not_a_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("x.sqlite");
+    let hello = example("hello");
+    let hello = hello.to_str().unwrap();
+    let out = stepwell(&db, &["run", hello]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let vars = json!({"name": "x".repeat(120_000)}).to_string();
+    let out = stepwell_sh("ulimit -f 64", &db, &["run", hello, "--vars", &vars]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{:?}: {err}", out.status);
+    assert!(
+        err.contains("error: store_io: ") && err.contains(&db.display().to_string()),
+        "{err}"
+    );
+}
