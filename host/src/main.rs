@@ -385,6 +385,7 @@ fn parse_time_arg(
 }
 
 fn parse_json(field: &str, text: &str) -> Result<Value, Error> {
+    stepwell::core::config::check_exact_integers(field, text)?;
     serde_json::from_str(text).map_err(|e| Error::InvalidInput {
         field: field.into(),
         message: format!("is not JSON: {e}"),
@@ -479,6 +480,7 @@ fn triggers(
 }
 
 fn parse_object(field: &str, text: &str) -> Result<Map<String, Value>, Error> {
+    stepwell::core::config::check_exact_integers(field, text)?;
     match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(Error::InvalidInput {
@@ -814,11 +816,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             payload,
             wait_key,
         } => {
-            let payload: Value =
-                serde_json::from_str(&payload).map_err(|e| Error::InvalidInput {
-                    field: "--payload".into(),
-                    message: format!("is not JSON: {e}"),
-                })?;
+            let payload = parse_json("--payload", &payload)?;
             // Without a key: whatever the run waits on now, checked and
             // resumed in one transaction.
             let state = match wait_key {

@@ -308,3 +308,28 @@ fn a_file_size_limit_is_an_error_not_a_signal() {
         "{err}"
     );
 }
+
+/// An integer no 64-bit integer holds is refused at the door, naming the
+/// field, rather than stored as the nearest float.
+#[test]
+fn integers_beyond_64_bits_are_refused_not_rounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("x.sqlite");
+    let hello = example("hello");
+    let big = "123456789012345678901234567890";
+    let vars = format!(r#"{{"name": "Ada", "ids": [1, {big}]}}"#);
+    let out = stepwell(&db, &["run", hello.to_str().unwrap(), "--vars", &vars]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("invalid_input: --vars.ids[1]") && err.contains(big),
+        "{err}"
+    );
+    // A float written as one stays a float, on purpose.
+    let vars = r#"{"name": "Ada", "f": 1.2345678901234568e29}"#;
+    let run = ok_json(stepwell(
+        &db,
+        &["--json", "run", hello.to_str().unwrap(), "--vars", vars],
+    ));
+    assert_eq!(run["vars"]["f"], json!(1.2345678901234568e29));
+}

@@ -413,3 +413,35 @@ pub fn load_or_create_secret_file(path: &std::path::Path) -> crate::Result<Strin
         Err(e) => Err(Error::invalid(field(), e.to_string())),
     }
 }
+
+/// Refuses JSON text (`field`: where it came from, such as `--vars` or
+/// `body`) holding an integer literal that no 64-bit integer holds: it
+/// would be kept as the nearest float, changed without a word
+/// (`123456789012345678901234567890` as `1.2345678901234568e29`). The
+/// error names the field (`--vars.a.b[1]`) and the literal; write such a
+/// number as a string, or as a float on purpose (`1.0e29`).
+pub fn check_exact_integers(field: &str, text: &str) -> crate::Result<()> {
+    match stepwell_flat_json::find_inexact_integer(text) {
+        None => Ok(()),
+        Some(found) => Err(crate::Error::invalid(
+            inexact_field(field, &found.path),
+            inexact_message(&found.literal),
+        )),
+    }
+}
+
+/// `field.path` (`field` alone for the top value; `field[0]` for an index).
+pub(crate) fn inexact_field(field: &str, path: &str) -> String {
+    match path {
+        "" => field.to_string(),
+        p if p.starts_with('[') => format!("{field}{p}"),
+        p => format!("{field}.{p}"),
+    }
+}
+
+/// Why an integer no 64-bit integer holds is refused.
+pub(crate) fn inexact_message(literal: &str) -> String {
+    format!(
+        "the integer {literal} does not fit in 64 bits and would be changed (stored as the nearest float): write it as a string, or as a float on purpose"
+    )
+}

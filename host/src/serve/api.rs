@@ -56,9 +56,9 @@ pub(crate) async fn blocking<T: Send + 'static>(
     }
 }
 
-/// A JSON body, parsed strictly: an unknown field or a value of the wrong
-/// type is `400 invalid_input` naming it (`body.vars`), a body over the
-/// limit `413 payload_too_large`.
+/// A JSON body, parsed strictly: an unknown field, a value of the wrong
+/// type or an integer no 64-bit integer holds is `400 invalid_input` naming
+/// it (`body.vars`), a body over the limit `413 payload_too_large`.
 pub(crate) struct Body<T>(pub T);
 
 impl<St: Send + Sync, T: DeserializeOwned> FromRequest<St> for Body<T> {
@@ -81,6 +81,15 @@ impl<St: Send + Sync, T: DeserializeOwned> FromRequest<St> for Body<T> {
         } else {
             &bytes
         };
+        if let Some(found) = std::str::from_utf8(bytes)
+            .ok()
+            .and_then(stepwell_flat_json::find_inexact_integer)
+        {
+            return Err(ApiError::invalid(
+                &crate::core::config::inexact_field("body", &found.path),
+                crate::core::config::inexact_message(&found.literal),
+            ));
+        }
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let value: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
             let path = e.path().to_string();
