@@ -165,6 +165,119 @@ fn integer(b: &[u8], i: usize) -> Option<(Value, usize)> {
     Some((value, j))
 }
 
+/// An integer literal of a JSON text that no 64-bit integer holds:
+/// serde_json (without `arbitrary_precision`) would read it as the nearest
+/// `f64` (`123456789012345678901234567890` as `1.2345678901234568e29`),
+/// changing it without a word.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InexactInteger {
+    /// Where it is: object keys and array indices from the top, as
+    /// `a.b[2]` (empty for the top value itself).
+    pub path: String,
+    /// The literal as written.
+    pub literal: String,
+}
+
+/// Where one value of a JSON text is, while [`find_inexact_integer`] walks
+/// it.
+enum Frame {
+    /// In an object: the key of the value being read, if read yet.
+    Object(Option<String>),
+    /// In an array: the index of the value being read.
+    Array(usize),
+}
+
+/// The first integer literal of `text` (one without a fraction or an
+/// exponent: those are floats on purpose) that fits neither `i64` nor
+/// `u64`, if any. Text that is not JSON is walked as far as it goes (the
+/// parser then refuses it anyway). Costs one pass over the bytes, and
+/// nothing more unless 19 digits follow one another somewhere.
+pub fn find_inexact_integer(text: &str) -> Option<InexactInteger> {
+    let b = text.as_bytes();
+    let mut run = 0;
+    if !b.iter().any(|c| {
+        run = if c.is_ascii_digit() { run + 1 } else { 0 };
+        run >= 19
+    }) {
+        return None;
+    }
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                let end = string_end(b, i);
+                if let Some(Frame::Object(key @ None)) = stack.last_mut() {
+                    *key = Some(text.get(i + 1..end - 1).unwrap_or_default().to_string());
+                }
+                i = end;
+                continue;
+            }
+            b'{' => stack.push(Frame::Object(None)),
+            b'[' => stack.push(Frame::Array(0)),
+            b'}' | b']' => {
+                stack.pop();
+            }
+            b',' => match stack.last_mut() {
+                Some(Frame::Array(n)) => *n += 1,
+                Some(Frame::Object(key)) => *key = None,
+                None => {}
+            },
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < b.len() && matches!(b[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                let literal = &text[start..i];
+                let integer = !literal.contains(['.', 'e', 'E']);
+                if integer && literal.parse::<i64>().is_err() && literal.parse::<u64>().is_err() {
+                    return Some(InexactInteger {
+                        path: path_of(&stack),
+                        literal: literal.to_string(),
+                    });
+                }
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Where the string starting at `b[start]` (a `"`) ends: just past its
+/// closing quote (or at the end of the text).
+fn string_end(b: &[u8], start: usize) -> usize {
+    let mut i = start + 1;
+    while i < b.len() {
+        match b[i] {
+            b'\\' => i += 2,
+            b'"' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    b.len()
+}
+
+/// `a.b[2]` for the frames of [`find_inexact_integer`].
+fn path_of(stack: &[Frame]) -> String {
+    let mut path = String::new();
+    for frame in stack {
+        match frame {
+            Frame::Object(Some(key)) => {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(key);
+            }
+            Frame::Object(None) => {}
+            Frame::Array(n) => path.push_str(&format!("[{n}]")),
+        }
+    }
+    path
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,5 +381,27 @@ mod tests {
             }
         }
         assert!(read > 100, "only {read} texts read");
+    }
+    #[test]
+    fn finds_integers_no_64_bits_hold() {
+        let found = |t: &str| find_inexact_integer(t).map(|f| (f.path, f.literal));
+        let big = "123456789012345678901234567890";
+        assert_eq!(
+            found(&format!(r#"{{"a":{{"b":[1,{big}]}}}}"#)),
+            Some(("a.b[1]".into(), big.into()))
+        );
+        assert_eq!(
+            found(r#"{"n":-99999999999999999999}"#),
+            Some(("n".into(), "-99999999999999999999".into()))
+        );
+        assert_eq!(found(big), Some((String::new(), big.into())));
+        for fits in [
+            r#"{"u":18446744073709551615,"i":-9223372036854775808}"#,
+            r#"{"f":123456789012345678901234567890.0,"e":1234567890123456789012e3}"#,
+            r#"{"s":"123456789012345678901234567890","k\"":1}"#,
+            r#"{"123456789012345678901234567890":1}"#,
+        ] {
+            assert_eq!(found(fits), None, "{fits}");
+        }
     }
 }

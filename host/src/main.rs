@@ -403,6 +403,7 @@ fn parse_time_arg(
 }
 
 fn parse_json(field: &str, text: &str) -> Result<Value, Error> {
+    stepwell::core::config::check_exact_integers(field, text)?;
     serde_json::from_str(text).map_err(|e| Error::InvalidInput {
         field: field.into(),
         message: format!("is not JSON: {e}"),
@@ -497,6 +498,7 @@ fn triggers(
 }
 
 fn parse_object(field: &str, text: &str) -> Result<Map<String, Value>, Error> {
+    stepwell::core::config::check_exact_integers(field, text)?;
     match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(Error::InvalidInput {
@@ -832,11 +834,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             payload,
             wait_key,
         } => {
-            let payload: Value =
-                serde_json::from_str(&payload).map_err(|e| Error::InvalidInput {
-                    field: "--payload".into(),
-                    message: format!("is not JSON: {e}"),
-                })?;
+            let payload = parse_json("--payload", &payload)?;
             // Without a key: whatever the run waits on now, checked and
             // resumed in one transaction.
             let state = match wait_key {
@@ -1101,12 +1099,16 @@ fn execute(cli: Cli) -> Result<(), Error> {
                     }
                 }
                 SnapshotCommand::List { run, tag, text } => {
-                    let found = snapshots.search_snapshots(&stepwell::store::SnapshotQuery {
-                        run_id: run,
-                        tag,
-                        text,
-                        limit: None,
-                    })?;
+                    let (found, left_out) =
+                        snapshots.search_snapshots_reporting(&stepwell::store::SnapshotQuery {
+                            run_id: run,
+                            tag,
+                            text,
+                            limit: None,
+                        })?;
+                    for e in left_out {
+                        eprintln!("warning: snapshot left out: {e}");
+                    }
                     if cli.json {
                         println!(
                             "{}",
@@ -1247,6 +1249,14 @@ fn main() -> ExitCode {
     // any thread is spawned.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    // A write past the file-size limit (`ulimit -f`) fails with EFBIG and
+    // is reported (`store_io`, naming the file) instead of the process
+    // being killed by SIGXFSZ without a word.
+    #[cfg(unix)]
+    // SAFETY: as above: a disposition set at start, before any thread.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
     let cli = Cli::parse();
     let json = cli.json;

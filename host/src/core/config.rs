@@ -333,8 +333,8 @@ pub fn operator_runtime(map: Map<String, Value>) -> crate::Result<Map<String, Va
 /// The secret in file `path`, one line of at least 16 characters (the
 /// server's token, the connections' key): created with 32 random bytes as
 /// 64 hex digits, mode 0600, when missing (another process creating it
-/// first wins); refused when it belongs to another user or others may read
-/// it.
+/// first wins), in a folder created `0700` when missing; refused when it is
+/// a symbolic link, belongs to another user or others may read it.
 pub fn load_or_create_secret_file(path: &std::path::Path) -> crate::Result<String> {
     use crate::Error;
     let field = || path.display().to_string();
@@ -344,8 +344,14 @@ pub fn load_or_create_secret_file(path: &std::path::Path) -> crate::Result<Strin
             {
                 use std::os::unix::fs::MetadataExt;
                 use std::os::unix::fs::PermissionsExt;
-                let meta =
-                    std::fs::metadata(path).map_err(|e| Error::invalid(field(), e.to_string()))?;
+                let meta = std::fs::symlink_metadata(path)
+                    .map_err(|e| Error::invalid(field(), e.to_string()))?;
+                if !meta.is_file() {
+                    return Err(Error::invalid(
+                        field(),
+                        "the secret file is a symbolic link or not a regular file: name the file itself",
+                    ));
+                }
                 // SAFETY: geteuid has no preconditions.
                 let me = unsafe { libc::geteuid() };
                 if meta.uid() != me {
@@ -379,7 +385,8 @@ pub fn load_or_create_secret_file(path: &std::path::Path) -> crate::Result<Strin
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|e| Error::invalid(field(), e.to_string()))?;
+                crate::store::private::create_dir(dir)
+                    .map_err(|e| Error::invalid(field(), e.to_string()))?;
             }
             let bytes: [u8; 32] = rand::random();
             let token = hex::encode(bytes);
@@ -405,4 +412,36 @@ pub fn load_or_create_secret_file(path: &std::path::Path) -> crate::Result<Strin
         }
         Err(e) => Err(Error::invalid(field(), e.to_string())),
     }
+}
+
+/// Refuses JSON text (`field`: where it came from, such as `--vars` or
+/// `body`) holding an integer literal that no 64-bit integer holds: it
+/// would be kept as the nearest float, changed without a word
+/// (`123456789012345678901234567890` as `1.2345678901234568e29`). The
+/// error names the field (`--vars.a.b[1]`) and the literal; write such a
+/// number as a string, or as a float on purpose (`1.0e29`).
+pub fn check_exact_integers(field: &str, text: &str) -> crate::Result<()> {
+    match stepwell_flat_json::find_inexact_integer(text) {
+        None => Ok(()),
+        Some(found) => Err(crate::Error::invalid(
+            inexact_field(field, &found.path),
+            inexact_message(&found.literal),
+        )),
+    }
+}
+
+/// `field.path` (`field` alone for the top value; `field[0]` for an index).
+pub(crate) fn inexact_field(field: &str, path: &str) -> String {
+    match path {
+        "" => field.to_string(),
+        p if p.starts_with('[') => format!("{field}{p}"),
+        p => format!("{field}.{p}"),
+    }
+}
+
+/// Why an integer no 64-bit integer holds is refused.
+pub(crate) fn inexact_message(literal: &str) -> String {
+    format!(
+        "the integer {literal} does not fit in 64 bits and would be changed (stored as the nearest float): write it as a string, or as a float on purpose"
+    )
 }

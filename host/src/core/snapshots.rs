@@ -42,6 +42,11 @@ impl Runtime {
     /// under the run's lease, with a `completed` ledger record
     /// `{"restored": {"snapshot_id", "name", "step_id"}}` as evidence. The
     /// host cannot make this safe if the workflow changed since the snapshot.
+    ///
+    /// A snapshot whose state is of another run than it names is refused
+    /// (`store_corrupt`); a file-backed snapshot store reads only snapshots
+    /// it sealed itself ([`crate::store::JsonSnapshotStore`]), so the run's
+    /// host-owned vars never come from a file someone edited.
     pub fn restore_snapshot(
         &self,
         snapshots: &dyn SnapshotStore,
@@ -53,6 +58,13 @@ impl Runtime {
                 format!("no snapshot with id {snapshot_id:?}"),
             )
         })?;
+        if snapshot.run_state.run_id != snapshot.run_id {
+            return Err(crate::store::StoreError::corrupt(format!(
+                "snapshot {snapshot_id}: its state is of run {:?}, not of run {:?}: refusing it",
+                snapshot.run_state.run_id, snapshot.run_id
+            ))
+            .into());
+        }
         let (mut txn, current) = self.claim(&snapshot.run_id, self.config().lease_wait)?;
         let mut run = snapshot.run_state.clone();
         let restores = [Some(&run), Some(&current)]

@@ -55,10 +55,11 @@ pub(crate) async fn blocking<T: Send + 'static>(
     }
 }
 
-/// A JSON body, parsed strictly: an unknown field or a value of the wrong
-/// type is `400 invalid_input` naming it (`body.vars`), a body over the
-/// limit `413 payload_too_large`; read under the server's deadline and
-/// budget for bodies (`408 request_timeout`, `503 server_busy`).
+/// A JSON body, parsed strictly: an unknown field, a value of the wrong
+/// type or an integer no 64-bit integer holds is `400 invalid_input` naming
+/// it (`body.vars`), a body over the limit `413 payload_too_large`; read
+/// under the server's deadline and budget for bodies (`408
+/// request_timeout`, `503 server_busy`).
 pub(crate) struct Body<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<Arc<Shared>> for Body<T> {
@@ -72,6 +73,15 @@ impl<T: DeserializeOwned> FromRequest<Arc<Shared>> for Body<T> {
         } else {
             &bytes
         };
+        if let Some(found) = std::str::from_utf8(bytes)
+            .ok()
+            .and_then(stepwell_flat_json::find_inexact_integer)
+        {
+            return Err(ApiError::invalid(
+                &crate::core::config::inexact_field("body", &found.path),
+                crate::core::config::inexact_message(&found.literal),
+            ));
+        }
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let value: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
             let path = e.path().to_string();

@@ -129,7 +129,11 @@ impl ArtifactStore for MemoryArtifactStore {
 
 /// Artifacts as files: `<dir>/<first two hex digits>/<id>` and `<id>.json`
 /// (the metadata) beside it. Content is written to a temp file and renamed:
-/// a crash never leaves a partial artifact under its id.
+/// a crash never leaves a partial artifact under its id. The folders are
+/// this user's alone (`0700`, refused otherwise, see
+/// [`super::private`]) and the files `0600`; content is checked against
+/// its id when read, so a file changed behind the store is refused
+/// (`store_corrupt`, naming it) rather than returned.
 #[derive(Debug)]
 pub struct FileArtifactStore {
     dir: PathBuf,
@@ -140,10 +144,12 @@ fn io(path: &Path, e: impl std::fmt::Display) -> StoreError {
 }
 
 impl FileArtifactStore {
-    /// Opens (creating if needed) the folder.
+    /// Opens (creating if needed, `0700`) the folder; refuses one that is a
+    /// symbolic link, another user's or writable by others
+    /// (`store_unsafe`).
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
-        fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+        super::private::open_dir(&dir, "the artifacts folder")?;
         Ok(FileArtifactStore { dir })
     }
 
@@ -153,11 +159,7 @@ impl FileArtifactStore {
     }
 
     fn write(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = path.with_extension(format!("tmp-{}-{n}", std::process::id()));
-        fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
-        fs::rename(&tmp, path).map_err(|e| io(path, e))
+        super::private::write_synced(path, bytes).map_err(|e| io(path, e))
     }
 }
 
@@ -171,11 +173,15 @@ impl ArtifactStore for FileArtifactStore {
     ) -> Result<ArtifactMeta, StoreError> {
         let id = artifact_id(content);
         if let Some(meta) = self.meta(&id)? {
-            return Ok(meta);
+            // Kept only if its content is there and is this content: a
+            // missing or changed file is written again.
+            if matches!(self.get(&id), Ok(Some(_))) {
+                return Ok(meta);
+            }
         }
         let path = self.path(&id).expect("a SHA-256 names a file");
         let parent = path.parent().expect("a shard folder");
-        fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+        super::private::open_dir(parent, "the artifacts shard folder")?;
         let meta = ArtifactMeta {
             artifact_id: id,
             content_type: content_type.into(),
@@ -193,11 +199,19 @@ impl ArtifactStore for FileArtifactStore {
         let Some(path) = self.path(artifact_id) else {
             return Ok(None);
         };
-        match fs::read(&path) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io(&path, e)),
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(&path, e)),
+        };
+        let found = self::artifact_id(&bytes);
+        if !found.eq_ignore_ascii_case(artifact_id) {
+            return Err(StoreError::corrupt(format!(
+                "{}: artifact {artifact_id}: the file's content does not match its id (its SHA-256 is {found}): it was changed behind the store; refusing it",
+                path.display()
+            )));
         }
+        Ok(Some(bytes))
     }
 
     fn meta(&self, artifact_id: &str) -> Result<Option<ArtifactMeta>, StoreError> {

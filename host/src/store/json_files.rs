@@ -30,12 +30,15 @@
 //! - Temp files a crash left behind are removed when the store opens.
 //! - `stepwell-store.json` records the format version; a folder written by a
 //!   newer stepwell is refused.
+//! - The folder is this user's alone: created `0700`, refused when it is a
+//!   symbolic link, another user's or writable by others (`store_unsafe`);
+//!   its files are created `0600` ([`super::private`]).
 //!
 //! Listing and the due-wait scan read every run file: this backend is for
 //! small deployments, inspection and tests; use SQLite for volume.
 
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{BufRead, BufReader, ErrorKind, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +53,8 @@ use super::{
     LeaseRequest, RunQuery, Store, StoreError,
 };
 use crate::core::model::{RunState, RunStatus, StepRecord};
+
+use super::private::options as private_file;
 
 /// The format version this build writes.
 pub const FORMAT_VERSION: u64 = 1;
@@ -173,7 +178,7 @@ struct Locked {
 
 impl Locked {
     fn open(path: PathBuf) -> Result<Locked, StoreError> {
-        let file = OpenOptions::new()
+        let file = private_file()
             .read(true)
             .write(true)
             .create(true)
@@ -220,7 +225,7 @@ impl JsonFileStore {
     /// [`JsonFileStore::open`] with a durability setting.
     pub fn open_with(dir: impl AsRef<Path>, durability: Durability) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
-        fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+        super::private::open_dir(&dir, "the JSON store's folder")?;
         let meta = dir.join(META_FILE);
         match fs::read_to_string(&meta) {
             Ok(text) => {
@@ -254,7 +259,12 @@ impl JsonFileStore {
                     std::process::id(),
                     uuid::Uuid::new_v4().simple()
                 ));
-                fs::write(&tmp, text.to_string()).map_err(|e| io(&tmp, e))?;
+                private_file()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp)
+                    .and_then(|mut f| f.write_all(text.to_string().as_bytes()))
+                    .map_err(|e| io(&tmp, e))?;
                 let linked = fs::hard_link(&tmp, &meta);
                 let _ = fs::remove_file(&tmp);
                 match linked {
@@ -361,7 +371,11 @@ impl JsonFileStore {
             std::process::id(),
             uuid::Uuid::new_v4().simple()
         ));
-        let mut f = File::create(&path).map_err(|e| io(&path, e))?;
+        let mut f = private_file()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| io(&path, e))?;
         f.write_all(bytes).map_err(|e| io(&path, e))?;
         self.sync(&f, &path)?;
         Ok(path)
@@ -462,7 +476,7 @@ impl JsonFileStore {
 
     fn journal(&self, run_id: &str) -> Result<(), StoreError> {
         let path = self.dir.join(JOURNAL);
-        let mut f = OpenOptions::new()
+        let mut f = private_file()
             .create(true)
             .append(true)
             .open(&path)
@@ -573,7 +587,7 @@ impl JsonFileStore {
         records: &[StepRecord],
     ) -> Result<LedgerMark, StoreError> {
         let path = self.ledger_path(run_id);
-        let mut f = OpenOptions::new()
+        let mut f = private_file()
             .read(true)
             .append(true)
             .create(true)
@@ -1106,7 +1120,7 @@ impl Store for JsonFileStore {
         })
         .map_err(|e| io(&path, e))?;
         line.push(b'\n');
-        let mut f = fs::OpenOptions::new()
+        let mut f = private_file()
             .create(true)
             .append(true)
             .open(&path)

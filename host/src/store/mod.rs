@@ -16,6 +16,7 @@ mod json_files;
 mod jsonl;
 mod memory;
 mod postgres;
+pub(crate) mod private;
 pub mod snapshots;
 mod sqlite;
 mod sqlite_vfs;
@@ -48,7 +49,8 @@ pub use sqlite::{
 /// version cannot read, or a write whose fence no longer holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreError {
-    /// `store_io`, `store_corrupt`, `store_schema` or `conflict`.
+    /// `store_io`, `store_corrupt`, `store_schema`, `store_unsafe` or
+    /// `conflict`.
     pub code: &'static str,
     /// What happened, naming the file (and line or row) where known.
     pub message: String,
@@ -67,6 +69,16 @@ impl StoreError {
     pub fn corrupt(message: impl Into<String>) -> Self {
         StoreError {
             code: "store_corrupt",
+            message: message.into(),
+        }
+    }
+
+    /// A file or folder of the store that another local user could have
+    /// written or replaced (a symbolic link, another user's, writable by
+    /// others): refused rather than used.
+    pub fn unsafe_path(message: impl Into<String>) -> Self {
+        StoreError {
+            code: "store_unsafe",
             message: message.into(),
         }
     }

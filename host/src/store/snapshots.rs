@@ -73,6 +73,15 @@ pub trait SnapshotStore: Send + Sync {
     fn load_snapshot(&self, snapshot_id: &str) -> Result<Option<Snapshot>, StoreError>;
     /// Snapshots matching `query`, newest first.
     fn search_snapshots(&self, query: &SnapshotQuery) -> Result<Vec<Snapshot>, StoreError>;
+    /// [`SnapshotStore::search_snapshots`], with why each snapshot that
+    /// could not be read was left out (a store of files leaves a bad file
+    /// out rather than fail the whole search; the default has none).
+    fn search_snapshots_reporting(
+        &self,
+        query: &SnapshotQuery,
+    ) -> Result<(Vec<Snapshot>, Vec<StoreError>), StoreError> {
+        Ok((self.search_snapshots(query)?, Vec::new()))
+    }
     /// Deletes a snapshot; whether it existed.
     fn delete_snapshot(&self, snapshot_id: &str) -> Result<bool, StoreError>;
 }
@@ -128,22 +137,55 @@ impl SnapshotStore for MemorySnapshotStore {
     }
 }
 
-/// Snapshots as `snapshot_<id>.json` files in a folder.
-#[derive(Debug)]
+/// Snapshots as `snapshot_<id>.json` files in a folder, each sealed by
+/// this store: a `seal` beside the snapshot's fields, the HMAC-SHA256 of
+/// the snapshot under a key kept in the folder (`seal.key`, `0600`). A
+/// snapshot is read only if its seal is this store's: a file changed by
+/// hand, by another user or copied from another store is refused
+/// (`store_corrupt`, naming it), so a restore never takes a run's
+/// host-owned vars (`_runtime`: its tool scope, its policy) from a file as
+/// it is. The folder is this user's alone (`0700`, refused otherwise) and
+/// the files `0600`.
 pub struct JsonSnapshotStore {
     dir: PathBuf,
+    key: Vec<u8>,
 }
+
+impl std::fmt::Debug for JsonSnapshotStore {
+    /// The folder (never the key).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonSnapshotStore")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The file, in a snapshots folder, that holds the key of its seals.
+pub const SEAL_KEY_FILE: &str = "seal.key";
 
 fn io(path: &Path, e: impl std::fmt::Display) -> StoreError {
     StoreError::io(format!("{}: {e}", path.display()))
 }
 
 impl JsonSnapshotStore {
-    /// Opens (creating if needed) the folder.
+    /// Opens (creating if needed, `0700`) the folder and its seal key;
+    /// refuses a folder that is a symbolic link, another user's or
+    /// writable by others, and a key file others may read
+    /// (`store_unsafe`).
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
-        fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-        Ok(JsonSnapshotStore { dir })
+        super::private::open_dir(&dir, "the snapshots folder")?;
+        let key = crate::core::config::load_or_create_secret_file(&dir.join(SEAL_KEY_FILE))
+            .map_err(|e| match e {
+                crate::Error::InvalidInput { field, message } => {
+                    StoreError::unsafe_path(format!("{field}: {message}"))
+                }
+                other => StoreError::io(other.to_string()),
+            })?;
+        Ok(JsonSnapshotStore {
+            dir,
+            key: key.into_bytes(),
+        })
     }
 
     fn path(&self, id: &str) -> Option<PathBuf> {
@@ -154,54 +196,99 @@ impl JsonSnapshotStore {
         safe.then(|| self.dir.join(format!("snapshot_{id}.json")))
     }
 
-    fn read(path: &Path) -> Result<Option<Snapshot>, StoreError> {
-        match fs::read(path) {
-            Ok(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .map_err(|e| StoreError::corrupt(format!("{}: {e}", path.display()))),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io(path, e)),
-        }
+    /// The seal of `snapshot`: the HMAC-SHA256 of its JSON.
+    fn seal(
+        &self,
+        snapshot: &Snapshot,
+        path: &Path,
+    ) -> Result<hmac::Hmac<sha2::Sha256>, StoreError> {
+        use hmac::Mac;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.key)
+            .expect("HMAC takes a key of any length");
+        mac.update(&serde_json::to_vec(snapshot).map_err(|e| io(path, e))?);
+        Ok(mac)
+    }
+
+    fn read(&self, path: &Path) -> Result<Option<Snapshot>, StoreError> {
+        use hmac::Mac;
+        let bytes = match fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(path, e)),
+        };
+        let corrupt = |what: String| StoreError::corrupt(format!("{}: {what}", path.display()));
+        let mut value: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        let seal = value
+            .as_object_mut()
+            .and_then(|m| m.remove("seal"))
+            .and_then(|s| hex::decode(s.as_str()?).ok())
+            .ok_or_else(|| corrupt("the snapshot has no seal of this store: refusing it".into()))?;
+        let snapshot: Snapshot =
+            serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?;
+        self.seal(&snapshot, path)?.verify_slice(&seal).map_err(|_| {
+            corrupt(format!(
+                "snapshot {}: its seal does not match its content (it was changed, or written by another store): refusing it",
+                snapshot.snapshot_id
+            ))
+        })?;
+        Ok(Some(snapshot))
     }
 }
 
 impl SnapshotStore for JsonSnapshotStore {
     fn save_snapshot(&self, snapshot: &Snapshot) -> Result<(), StoreError> {
+        use hmac::Mac;
         let path = self
             .path(&snapshot.snapshot_id)
             .ok_or_else(|| io(&self.dir, "a snapshot id cannot name a file"))?;
-        let tmp = self.dir.join(format!(".tmp-{}", snapshot.snapshot_id));
-        fs::write(
-            &tmp,
-            serde_json::to_vec_pretty(snapshot).map_err(|e| io(&path, e))?,
-        )
-        .map_err(|e| io(&tmp, e))?;
-        fs::rename(&tmp, &path).map_err(|e| io(&path, e))
+        let seal = hex::encode(self.seal(snapshot, &path)?.finalize().into_bytes());
+        let mut value = serde_json::to_value(snapshot).map_err(|e| io(&path, e))?;
+        if let Some(m) = value.as_object_mut() {
+            m.insert("seal".into(), seal.into());
+        }
+        let bytes = serde_json::to_vec_pretty(&value).map_err(|e| io(&path, e))?;
+        super::private::write_synced(&path, &bytes).map_err(|e| io(&path, e))
     }
 
     fn load_snapshot(&self, snapshot_id: &str) -> Result<Option<Snapshot>, StoreError> {
         match self.path(snapshot_id) {
-            Some(p) => Self::read(&p),
+            Some(p) => self.read(&p),
             None => Ok(None),
         }
     }
 
+    /// Snapshots matching `query`, newest first; a file that cannot be read
+    /// or whose seal does not hold is left out (with a warning naming it),
+    /// so one bad file does not hide the others.
     fn search_snapshots(&self, query: &SnapshotQuery) -> Result<Vec<Snapshot>, StoreError> {
-        let mut found = Vec::new();
+        let (found, left_out) = self.search_snapshots_reporting(query)?;
+        for e in left_out {
+            tracing::warn!("snapshot left out of the listing: {e}");
+        }
+        Ok(found)
+    }
+
+    fn search_snapshots_reporting(
+        &self,
+        query: &SnapshotQuery,
+    ) -> Result<(Vec<Snapshot>, Vec<StoreError>), StoreError> {
+        let (mut found, mut left_out) = (Vec::new(), Vec::new());
         for entry in fs::read_dir(&self.dir)
             .map_err(|e| io(&self.dir, e))?
             .flatten()
         {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with("snapshot_") && name.ends_with(".json") {
-                if let Some(s) = Self::read(&entry.path())? {
-                    if query.matches(&s) {
-                        found.push(s);
-                    }
-                }
+            if !(name.starts_with("snapshot_") && name.ends_with(".json")) {
+                continue;
+            }
+            match self.read(&entry.path()) {
+                Ok(Some(s)) if query.matches(&s) => found.push(s),
+                Ok(_) => {}
+                Err(e) => left_out.push(e),
             }
         }
-        Ok(newest_first(found, query))
+        Ok((newest_first(found, query), left_out))
     }
 
     fn delete_snapshot(&self, snapshot_id: &str) -> Result<bool, StoreError> {

@@ -499,7 +499,11 @@ fn db_err(path: &Path, e: impl std::fmt::Display) -> StoreError {
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path`, and its parent
     /// directory, with [`Durability::Normal`]. Refuses a database written by
-    /// a newer schema; migrates an older one.
+    /// a newer schema; migrates an older one. The file is created `0600`
+    /// (its `-wal` and `-shm` take its mode) and the folder `0700`; a
+    /// database file that is a link, another user's or writable by others,
+    /// or a folder that is neither this user's nor root's, or that others
+    /// may write without its sticky bit, is refused (`store_unsafe`).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_with(path, Durability::Normal)
     }
@@ -507,9 +511,14 @@ impl SqliteStore {
     /// [`SqliteStore::open`] with a durability setting.
     pub fn open_with(path: impl AsRef<Path>, durability: Durability) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| db_err(dir, e))?;
-        }
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        super::private::create_dir(dir).map_err(|e| db_err(dir, e))?;
+        super::private::check_parent(dir)
+            .map_err(|why| super::private::refused(dir, "the database's folder", &why))?;
+        super::private::prepare_db_file(&path)?;
         // Several processes may open (and create, and migrate) one file at
         // the same moment: switching to WAL and the first schema need locks
         // that SQLite's busy handler does not always wait for, so the whole

@@ -21,10 +21,10 @@
 //!   directory, so that hosts started together compile it once and the
 //!   others read it ([`CompileLock`]).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use crate::store::private::{self, read_file as read_private_file, write_synced};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
@@ -76,7 +76,7 @@ impl CompileCache {
     /// one this user does not own or others may write. `digests` keeps the
     /// digests (`None`: beside the files).
     pub fn open(dir: &Path, digests: Option<Arc<dyn CompiledDigests>>) -> Result<Self, String> {
-        create_private_dir(dir).map_err(|e| format!("cannot create the cache directory: {e}"))?;
+        private::create_dir(dir).map_err(|e| format!("cannot create the cache directory: {e}"))?;
         check_private_dir(dir)?;
         let digests = digests.unwrap_or_else(|| {
             Arc::new(SidecarDigests {
@@ -206,123 +206,18 @@ impl CompileCache {
     }
 }
 
-/// Writes `bytes` to `file` through a temp file unique to this process and
-/// call, synced before the rename that publishes it.
-fn write_synced(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let dir = file.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.{}-{}.tmp",
-        file.file_name().and_then(|n| n.to_str()).unwrap_or("c"),
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let written = (|| {
-        let mut f = create_private_file(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, file)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
-}
-
-/// A new file only this user may read or write, whatever the umask (a
-/// group-writable file would never be loaded), never through a link and
-/// never over an existing file.
-#[cfg(unix)]
-fn create_private_file(file: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(file)
-}
-
-#[cfg(not(unix))]
-fn create_private_file(file: &Path) -> std::io::Result<std::fs::File> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(file)
-}
-
-#[cfg(unix)]
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-}
-
-#[cfg(not(unix))]
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)
-}
-
-/// The bytes of `file` if it is a regular file (not a symbolic link) this
-/// user owns and nobody else may write, read through the one descriptor
-/// that was checked.
-#[cfg(unix)]
-fn read_private_file(file: &Path) -> Option<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(file)
-        .ok()?;
-    let meta = f.metadata().ok()?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if !meta.is_file() || meta.uid() != me || meta.mode() & 0o022 != 0 {
-        return None;
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    f.read_to_end(&mut bytes).ok()?;
-    Some(bytes)
-}
-
-#[cfg(not(unix))]
-fn read_private_file(file: &Path) -> Option<Vec<u8>> {
-    std::fs::read(file).ok()
-}
-
 /// Refuses a cache directory that is a symbolic link, that another user
 /// owns or that others may write.
-#[cfg(unix)]
 pub(crate) fn check_private_dir(dir: &Path) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("cannot read: {e}"))?;
-    if meta.file_type().is_symlink() {
-        return Err(
-            "the cache directory is a symbolic link: refusing to load compiled code through it (name the directory itself)"
-                .into(),
-        );
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me {
-        return Err(format!(
-            "the cache directory belongs to user {}, not to this user ({me}): refusing to load compiled code from it",
-            meta.uid()
-        ));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "the cache directory is writable by others (mode {:o}): refusing to load compiled code from it (chmod go-w, or remove it)",
-            meta.mode() & 0o7777
-        ));
-    }
-    Ok(())
-}
-
-#[cfg(not(unix))]
-pub(crate) fn check_private_dir(_: &Path) -> Result<(), String> {
-    Ok(())
+    use crate::store::private::NotPrivate;
+    private::check_dir(dir).map_err(|why| match &why {
+        NotPrivate::Link => format!(
+            "the cache directory {why}: refusing to load compiled code through it (name the directory itself)"
+        ),
+        NotPrivate::Writable { .. } => format!(
+            "the cache directory {why}: refusing to load compiled code from it (chmod go-w, or remove it)"
+        ),
+        NotPrivate::Unreadable(e) => format!("cannot read: {e}"),
+        _ => format!("the cache directory {why}: refusing to load compiled code from it"),
+    })
 }

@@ -304,9 +304,25 @@ impl NodeSession {
 }
 
 fn parse_json(field: &str, text: &str) -> Result<Value, GuestError> {
+    refuse_inexact(field, text)?;
     serde_json::from_str(text).map_err(|e| GuestError::BadOutput {
         message: format!("step-plan.{field} that is not JSON ({e})"),
     })
+}
+
+/// Refuses a step plan's JSON `field` holding an integer no 64-bit integer
+/// holds (it would be changed into a float without a word).
+fn refuse_inexact(field: &str, text: &str) -> Result<(), GuestError> {
+    match stepwell_flat_json::find_inexact_integer(text) {
+        None => Ok(()),
+        Some(found) => Err(GuestError::BadOutput {
+            message: format!(
+                "{}: {}",
+                crate::core::config::inexact_field(&format!("step-plan.{field}"), &found.path),
+                crate::core::config::inexact_message(&found.literal)
+            ),
+        }),
+    }
 }
 
 fn parse_plan(plan: wit::StepPlan, max_bytes: usize) -> Result<StepPlan, GuestError> {
@@ -326,6 +342,7 @@ fn parse_plan(plan: wit::StepPlan, max_bytes: usize) -> Result<StepPlan, GuestEr
     let vars = match plan.vars {
         None => None,
         Some(text) => {
+            refuse_inexact("vars", &text)?;
             Some(
                 stepwell_flat_json::read_object(&text).map_err(|e| GuestError::BadOutput {
                     message: match e {
