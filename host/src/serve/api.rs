@@ -67,11 +67,10 @@ impl<T: DeserializeOwned> FromRequest<Arc<Shared>> for Body<T> {
 
     async fn from_request(req: Request, state: &Arc<Shared>) -> Result<Self, ApiError> {
         let body = state.bodies.read(req.into_body()).await?;
-        let bytes = &body.bytes;
-        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        let bytes: &[u8] = if body.bytes.iter().all(u8::is_ascii_whitespace) {
             b"{}"
         } else {
-            &bytes
+            &body.bytes
         };
         if let Some(found) = std::str::from_utf8(bytes)
             .ok()
