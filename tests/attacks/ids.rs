@@ -422,3 +422,62 @@ fn stop_current_never_cancels_a_run_the_controller_did_not_start() {
         .unwrap()
         .is_empty());
 }
+
+/// A guest cannot plant a child in a session the host keeps (a
+/// discussion's, whose id it can compute, or an automation's): the step
+/// fails with `invalid_effect` naming `session_id`, and no run joins the
+/// session. A child in a session of its own naming is fine.
+#[test]
+fn a_guest_cannot_plant_runs_in_the_host_s_sessions() {
+    let sh = Shell::new();
+    let hostile = component("runaway/hostile.wasm");
+    // Each case its own workflow ids: a store keeps one bundle per id.
+    let node = |name: &str, session: &str| {
+        json!({"component": hostile, "config": {"mode": "effect", "patch": {},
+               "effect": {"kind": "start_subworkflow",
+                          "payload": {"workflow_id": format!("{name}.child"), "session_id": session, "async": true},
+                          "result_key": "r"}}})
+    };
+    let child = |name: &str| {
+        json!({"workflow_id": format!("{name}.child"), "entry": "w",
+               "nodes": {"w": {"effect": "ask_user", "payload": {"prompt": "planted"}}}})
+    };
+    for (name, session, planted) in [
+        (
+            "disc",
+            "discussion-session:0b8a3f7e-6a0a-5d6b-9a43-1f5c3b1e2d4c",
+            false,
+        ),
+        (
+            "auto",
+            "automation:0b8a3f7e-6a0a-5d6b-9a43-1f5c3b1e2d4c",
+            false,
+        ),
+        ("own", "my-own-session", true),
+    ] {
+        let flow = json!({"workflow_id": name, "entry": "g", "nodes": {"g": node(name, session)}});
+        let bundle = write_bundle(
+            sh.dir.path(),
+            name,
+            &[("flow.json", flow), ("child.flow.json", child(name))],
+        );
+        let out = sh.run(&["--json", "run", bundle.to_str().unwrap()]);
+        let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let joined = sh.runtime().list_runs(&RunQuery::default()).unwrap();
+        let in_session = joined
+            .iter()
+            .filter(|r| r.session_id.as_deref() == Some(session))
+            .count();
+        if planted {
+            assert_eq!(in_session, 1, "{run}");
+        } else {
+            assert_eq!(run["status"], "failed", "{run}");
+            let error = run["error"].as_str().unwrap_or_default();
+            assert!(
+                error.starts_with("invalid_effect") && error.contains("session_id"),
+                "{error}"
+            );
+            assert_eq!(in_session, 0, "{session}: {joined:?}");
+        }
+    }
+}

@@ -454,8 +454,11 @@ pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Dis
     let planted = if root_exists {
         Vec::new()
     } else {
+        // Only a root run steers a session's anchoring (a child is no
+        // turn of it).
         rt.store().list_run_index(&crate::store::RunIndexQuery {
             session_id: Some(session_id.clone()),
+            root_only: true,
             limit: Some(1),
             ..Default::default()
         })?

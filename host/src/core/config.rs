@@ -284,6 +284,8 @@ pub fn check_caller_run(
             ));
         }
     }
+    // A discussion's session a caller may name: that is how its later
+    // turns join it.
     if let Some(s) = session.filter(|s| s.starts_with("automation:")) {
         return Err(crate::Error::invalid(
             session_field,
@@ -291,6 +293,14 @@ pub fn check_caller_run(
         ));
     }
     Ok(())
+}
+
+/// Whether `session` is one the host names and keeps: an automation's
+/// (`automation:<id>`) or a discussion's (`discussion-session:<run id>`).
+/// A guest naming one other than its own run's could plant a run in it
+/// (its id can be computed) and block or steer its turns.
+pub fn is_host_session(session: &str) -> bool {
+    session.starts_with("automation:") || session.starts_with("discussion-session:")
 }
 
 /// Checks an operator's `_runtime` policy for a new run: only

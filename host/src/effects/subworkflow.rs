@@ -324,7 +324,17 @@ impl EffectHandler for StartSubworkflow {
             Some(name) => named_child_id(&cx.run.run_id, name),
             None => default_child_id(&effect_idempotency_key(cx.run, cx.seq)),
         };
-        let session_id = field!(opt_str(k, p, "session_id"))
+        let named_session = field!(opt_str(k, p, "session_id"));
+        if let Some(s) = named_session.filter(|s| {
+            crate::core::config::is_host_session(s) && Some(*s) != cx.run.session_id.as_deref()
+        }) {
+            return Ok(Outcome::invalid(
+                k,
+                "session_id",
+                &format!("{s} is a session the host keeps (an automation's or a discussion's): only its own runs join it"),
+            ));
+        }
+        let session_id = named_session
             .map(str::to_string)
             .or_else(|| cx.run.session_id.clone());
         // A sync child runs inside this step, unless the step has set off

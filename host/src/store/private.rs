@@ -114,6 +114,16 @@ pub(crate) fn check_dir(_: &Path) -> Result<(), NotPrivate> {
 #[cfg(unix)]
 pub(crate) fn check_parent(dir: &Path) -> Result<(), NotPrivate> {
     use std::os::unix::fs::MetadataExt;
+    // A link to the folder is followed only when this user (or root) made
+    // it: another user's link in a shared folder would choose where the
+    // store lands.
+    let link = std::fs::symlink_metadata(dir).map_err(|e| NotPrivate::Unreadable(e.to_string()))?;
+    if link.file_type().is_symlink() && link.uid() != me() && link.uid() != 0 {
+        return Err(NotPrivate::Owner {
+            owner: link.uid(),
+            me: me(),
+        });
+    }
     let meta = std::fs::metadata(dir).map_err(|e| NotPrivate::Unreadable(e.to_string()))?;
     if meta.uid() != me() && meta.uid() != 0 {
         return Err(NotPrivate::Owner {

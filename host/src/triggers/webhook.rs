@@ -511,6 +511,36 @@ mod tests {
 
     const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
+    #[test]
+    fn refusals_are_written_once_a_minute_per_connection_and_counted() {
+        let t = RefusalThrottle::default();
+        let at = |s: i64| Utc.timestamp_opt(1_700_000_000 + s, 0).unwrap();
+        // The first refusal is written; the next ones in the minute are
+        // counted, whatever their reason; the first after it writes them.
+        assert_eq!(t.note("tc_a", at(0), false), Some(1));
+        assert_eq!(t.note("tc_a", at(1), false), None);
+        assert_eq!(t.note("tc_a", at(59), false), None);
+        assert_eq!(t.note("tc_a", at(60), false), Some(3));
+        // Another connection has its own minute.
+        assert_eq!(t.note("tc_b", at(61), false), Some(1));
+        // Another process wrote recently: this one holds off and counts.
+        assert_eq!(t.note("tc_c", at(0), true), None);
+        assert_eq!(t.note("tc_c", at(61), false), Some(2));
+    }
+
+    #[test]
+    fn the_throttle_holds_a_bounded_number_of_connections() {
+        let t = RefusalThrottle::default();
+        let now = Utc.timestamp_opt(1_700_000_000, 0).unwrap();
+        for i in 0..RefusalThrottle::MAX_CONNECTIONS + 100 {
+            t.note(&format!("tc_{i}"), now, false);
+        }
+        assert_eq!(
+            t.by_connection.lock().len(),
+            RefusalThrottle::MAX_CONNECTIONS
+        );
+    }
+
     fn headers(id: &str, ts: i64, sig: &str) -> Vec<(String, String)> {
         vec![
             ("Webhook-Id".into(), id.into()),
