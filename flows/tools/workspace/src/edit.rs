@@ -376,19 +376,10 @@ fn no_match_diagnostics(content: &str, pattern: &str) -> String {
     format!("\n{}", out.join("\n"))
 }
 
-/// The JSON parse error of `text` (`line L column C: message`), if any.
+/// The JSON parse error of `text` (`line L column C: message`, in Python
+/// `json`'s words and places), if any.
 fn json_error_detail(text: &str) -> Option<String> {
-    let err = serde_json::from_str::<serde_json::Value>(text).err()?;
-    let full = err.to_string();
-    let message = match full.rfind(" at line ") {
-        Some(i) => &full[..i],
-        None => full.as_str(),
-    };
-    Some(format!(
-        "line {} column {}: {message}",
-        err.line(),
-        err.column()
-    ))
+    crate::pyjson::error_detail(text)
 }
 
 /// The file being edited, as read.
@@ -828,7 +819,10 @@ fn replace_mode(doc: &Doc, path: &Path, req: &EditRequest, replacement: &str) ->
             .build()
         {
             Ok(re) => re,
-            Err(e) => return format!("❌ Invalid regex pattern '{pattern}': {e}"),
+            Err(e) => {
+                let why = crate::reerror::reason(&pattern, &e);
+                return format!("❌ Invalid regex pattern '{pattern}': {why}");
+            }
         };
         let starts: Vec<usize> = re.find_iter(&search_content).map(|m| m.start()).collect();
         if starts.is_empty() {

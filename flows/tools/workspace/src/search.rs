@@ -579,7 +579,10 @@ fn search_files(req: &SearchRequest) -> String {
         .build()
     {
         Ok(re) => re,
-        Err(e) => return format!("Error: Invalid regex pattern '{}': {e}", req.pattern),
+        Err(e) => {
+            let why = crate::reerror::reason(&req.pattern, &e);
+            return format!("Error: Invalid regex pattern '{}': {why}", req.pattern);
+        }
     };
 
     let root = PathBuf::from(&req.path);
