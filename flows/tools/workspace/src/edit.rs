@@ -3,6 +3,7 @@
 //! numbered diff with a post-edit excerpt (reference: abstractcore
 //! `edit_file` and its helpers, common_tools.py 11605-11870, 12442-13418).
 
+use std::cell::RefCell;
 use std::fs;
 use std::io::ErrorKind;
 use std::path::Path;
@@ -395,6 +396,9 @@ struct Doc {
     /// A `.json` file that parsed before the edit (so the edit must keep it
     /// parsing).
     json_guard: bool,
+    /// The text the lint notice is about once an edit is rendered (the
+    /// edited text, written or previewed); else the current text.
+    linted: RefCell<Option<String>>,
 }
 
 impl Doc {
@@ -457,6 +461,7 @@ impl Doc {
         preview_only: bool,
         write_error_prefix: &str,
     ) -> String {
+        self.linted.replace(Some(updated.to_string()));
         if preview_only {
             return rendered.replacen("Edited ", "Preview ", 1);
         }
@@ -525,11 +530,15 @@ fn edit_file(req: &EditRequest) -> String {
         crlf: crlf_count > bare_lf_count,
         crlf_count,
         bare_lf_count,
+        linted: RefCell::new(None),
     };
-    match &req.replacement {
+    let result = match &req.replacement {
         None => diff_mode(&doc, path, req),
         Some(replacement) => replace_mode(&doc, path, req, replacement),
-    }
+    };
+    // Every answer about a file that was read carries its lint notice.
+    let linted = doc.linted.take().unwrap_or_else(|| doc.content.clone());
+    crate::lint::with_notice(path, result, &linted)
 }
 
 /// Unified diff mode: applies the diff in `req.pattern`.

@@ -15,6 +15,7 @@ mod args;
 mod difflib;
 mod edit;
 mod glob;
+mod lint;
 mod list;
 mod patch;
 mod pyjson;

@@ -140,7 +140,12 @@ fn write_file(req: &WriteRequest) -> String {
         return failure_text(&e, &shown, path);
     }
     match fs::metadata(path) {
-        Ok(m) => success_text(&shown, &req.content, append, m.len()),
+        Ok(m) => {
+            let done = success_text(&shown, &req.content, append, m.len());
+            // The whole file as written (an unreadable one gets no notice).
+            let on_disk = fs::read_to_string(path).unwrap_or_default();
+            crate::lint::with_notice(path, done, &on_disk)
+        }
         Err(e) => failure_text(&e, &shown, path),
     }
 }
