@@ -482,6 +482,11 @@ fn edit_file(req: &EditRequest) -> String {
         String::new()
     };
     let path = Path::new(raw_path);
+    if crate::ignore::refuses_write(path) {
+        return format!(
+            "❌ Refused: Path '{shown}' is ignored by .abstractignore policy{input_line}"
+        );
+    }
     let meta = match fs::metadata(path) {
         Ok(m) => m,
         Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {

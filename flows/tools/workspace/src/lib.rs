@@ -15,6 +15,7 @@ mod args;
 mod difflib;
 mod edit;
 mod glob;
+mod ignore;
 mod lint;
 mod list;
 mod patch;
@@ -22,6 +23,8 @@ mod pyjson;
 mod pyre;
 mod read;
 mod reerror;
+#[cfg(test)]
+mod reference_texts;
 mod search;
 mod text;
 mod walk;

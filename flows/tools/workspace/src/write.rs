@@ -60,6 +60,12 @@ pub fn run(args: &Args) -> Result<String, ToolError> {
         mode: args.string_or("mode", "w")?,
         create_dirs: args.bool_or("create_dirs", true)?,
     };
+    if crate::ignore::refuses_write(Path::new(&req.file_path)) {
+        let shown = display_path(&req.file_path);
+        return Ok(format!(
+            "❌ Refused: Path '{shown}' is ignored by .abstractignore policy"
+        ));
+    }
     // A FIFO or a device would block the call (or do worse): only regular
     // files, or new ones, are written.
     if let Ok(meta) = fs::metadata(&req.file_path) {
