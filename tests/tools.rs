@@ -1160,3 +1160,57 @@ fn a_link_planted_on_the_root_after_start_is_refused() {
     assert!(e.contains("now resolves to"), "{e}");
     assert!(!outside.join("x.txt").exists());
 }
+
+/// #43: through the sandbox, the built-in tools obey `.abstractignore` and
+/// give the reference's texts for a refused read, a lint notice and an
+/// invalid regex (the texts abstractcore 2.30.0 gave for the same calls).
+#[test]
+fn ignore_files_lint_notices_and_error_texts_match_the_reference() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    std::fs::write(ws.join(".abstractignore"), "*.key\n").unwrap();
+    std::fs::write(ws.join("api.key"), "alpha secret\n").unwrap();
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            call("list_files", json!({"recursive": true})),
+            call("search_files", json!({"pattern": "alpha", "output_mode": "files_with_matches"})),
+            call("read_file", json!({"file_path": "api.key"})),
+            call("write_file", json!({"file_path": "bad.js", "content": "function f() {\n  return 1;\n"})),
+            call("search_files", json!({"pattern": "(abc"})),
+        ]}),
+        ws_vars(&ws),
+        json!({"tool_policy": {"auto_approve_tools": ["list_files", "search_files", "read_file", "write_file"]}}),
+    );
+    let r = results(&run);
+    let text = |i: usize| {
+        let v = &r[i];
+        v["output"]
+            .as_str()
+            .or(v["error"].as_str())
+            .unwrap()
+            .replace(ws.to_str().unwrap(), "<ws>")
+    };
+    assert_eq!(
+        text(0),
+        "Entries in '<ws>' matching '*' (hidden entries excluded):\n  a.txt (11 bytes)"
+    );
+    assert_eq!(
+        text(1),
+        "Files matching pattern 'alpha' under '<ws>' (1 file(s)):\n<ws>/a.txt"
+    );
+    // A failed call's `error` is the tool's text without its `Error: `.
+    assert_eq!(r[2]["success"], false);
+    assert_eq!(
+        text(2),
+        "File '<ws>/api.key' is ignored by .abstractignore policy"
+    );
+    assert_eq!(
+        text(3),
+        "✅ Successfully written to '<ws>/bad.js' (27 bytes, 2 lines)\n\nNotice: lint (javascript) delimiter issues:\n  - unclosed_delimiter: opened '{' at 1:14 (reached EOF)"
+    );
+    assert_eq!(
+        text(4),
+        "Invalid regex pattern '(abc': missing ), unterminated subpattern at position 0"
+    );
+}

@@ -3,6 +3,7 @@
 //! numbered diff with a post-edit excerpt (reference: abstractcore
 //! `edit_file` and its helpers, common_tools.py 11605-11870, 12442-13418).
 
+use std::cell::RefCell;
 use std::fs;
 use std::io::ErrorKind;
 use std::path::Path;
@@ -376,19 +377,10 @@ fn no_match_diagnostics(content: &str, pattern: &str) -> String {
     format!("\n{}", out.join("\n"))
 }
 
-/// The JSON parse error of `text` (`line L column C: message`), if any.
+/// The JSON parse error of `text` (`line L column C: message`, in Python
+/// `json`'s words and places), if any.
 fn json_error_detail(text: &str) -> Option<String> {
-    let err = serde_json::from_str::<serde_json::Value>(text).err()?;
-    let full = err.to_string();
-    let message = match full.rfind(" at line ") {
-        Some(i) => &full[..i],
-        None => full.as_str(),
-    };
-    Some(format!(
-        "line {} column {}: {message}",
-        err.line(),
-        err.column()
-    ))
+    crate::pyjson::error_detail(text)
 }
 
 /// The file being edited, as read.
@@ -404,6 +396,9 @@ struct Doc {
     /// A `.json` file that parsed before the edit (so the edit must keep it
     /// parsing).
     json_guard: bool,
+    /// The text the lint notice is about once an edit is rendered (the
+    /// edited text, written or previewed); else the current text.
+    linted: RefCell<Option<String>>,
 }
 
 impl Doc {
@@ -466,6 +461,7 @@ impl Doc {
         preview_only: bool,
         write_error_prefix: &str,
     ) -> String {
+        self.linted.replace(Some(updated.to_string()));
         if preview_only {
             return rendered.replacen("Edited ", "Preview ", 1);
         }
@@ -486,6 +482,11 @@ fn edit_file(req: &EditRequest) -> String {
         String::new()
     };
     let path = Path::new(raw_path);
+    if crate::ignore::refuses_write(path) {
+        return format!(
+            "❌ Refused: Path '{shown}' is ignored by .abstractignore policy{input_line}"
+        );
+    }
     let meta = match fs::metadata(path) {
         Ok(m) => m,
         Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
@@ -534,11 +535,15 @@ fn edit_file(req: &EditRequest) -> String {
         crlf: crlf_count > bare_lf_count,
         crlf_count,
         bare_lf_count,
+        linted: RefCell::new(None),
     };
-    match &req.replacement {
+    let result = match &req.replacement {
         None => diff_mode(&doc, path, req),
         Some(replacement) => replace_mode(&doc, path, req, replacement),
-    }
+    };
+    // Every answer about a file that was read carries its lint notice.
+    let linted = doc.linted.take().unwrap_or_else(|| doc.content.clone());
+    crate::lint::with_notice(path, result, &linted)
 }
 
 /// Unified diff mode: applies the diff in `req.pattern`.
@@ -828,7 +833,10 @@ fn replace_mode(doc: &Doc, path: &Path, req: &EditRequest, replacement: &str) ->
             .build()
         {
             Ok(re) => re,
-            Err(e) => return format!("❌ Invalid regex pattern '{pattern}': {e}"),
+            Err(e) => {
+                let why = crate::reerror::reason(&pattern, &e);
+                return format!("❌ Invalid regex pattern '{pattern}': {why}");
+            }
         };
         let starts: Vec<usize> = re.find_iter(&search_content).map(|m| m.start()).collect();
         if starts.is_empty() {

@@ -121,12 +121,25 @@ fn build_set(pat: &[char], i: usize, j: usize) -> CharSet {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Glob {
     tokens: Vec<Token>,
+    /// Names are lowercased before matching (`fnmatch`), or not
+    /// (`fnmatchcase`).
+    fold: bool,
 }
 
 impl Glob {
     /// Compiles `pattern` (lowercased first).
     pub fn new(pattern: &str) -> Glob {
-        let pat: Vec<char> = pattern.to_lowercase().chars().collect();
+        Glob::compile(&pattern.to_lowercase(), true)
+    }
+
+    /// Compiles `pattern` to match case-sensitively (`fnmatch.fnmatchcase`).
+    pub fn case_sensitive(pattern: &str) -> Glob {
+        Glob::compile(pattern, false)
+    }
+
+    /// Compiles `pattern` as given; `fold` lowercases the names matched.
+    fn compile(pattern: &str, fold: bool) -> Glob {
+        let pat: Vec<char> = pattern.chars().collect();
         let mut tokens = Vec::new();
         let mut i = 0;
         while i < pat.len() {
@@ -160,12 +173,17 @@ impl Glob {
                 c => tokens.push(Token::Char(c)),
             }
         }
-        Glob { tokens }
+        Glob { tokens, fold }
     }
 
-    /// Whether `name` (lowercased first) matches the whole pattern.
+    /// Whether `name` (lowercased first, unless case-sensitive) matches
+    /// the whole pattern.
     pub fn matches(&self, name: &str) -> bool {
-        let text: Vec<char> = name.to_lowercase().chars().collect();
+        let text: Vec<char> = if self.fold {
+            name.to_lowercase().chars().collect()
+        } else {
+            name.chars().collect()
+        };
         let one = |tok: &Token, c: char| match tok {
             Token::Star => false,
             Token::Any => true,

@@ -15,10 +15,16 @@ mod args;
 mod difflib;
 mod edit;
 mod glob;
+mod ignore;
+mod lint;
 mod list;
 mod patch;
+mod pyjson;
 mod pyre;
 mod read;
+mod reerror;
+#[cfg(test)]
+mod reference_texts;
 mod search;
 mod text;
 mod walk;

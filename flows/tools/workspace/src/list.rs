@@ -14,6 +14,7 @@ use stepwell_guest::tool::{EffectClass, ToolError, ToolSpec};
 
 use crate::args::Args;
 use crate::glob::{split_patterns, GlobSet};
+use crate::ignore::Policy;
 use crate::text::{display_path, io_error_text, json_dumps, py_list_repr, thousands};
 use crate::walk::{
     is_default_ignored_dir, read_entries, relative_display, Budget, Walker, MAX_WALK_ENTRIES,
@@ -204,6 +205,10 @@ fn probe_entries(dir: &Path, include_hidden: bool) -> (bool, bool) {
 fn list_files(req: &ListRequest) -> String {
     let shown_dir = display_path(&req.directory_path);
     let directory = PathBuf::from(&req.directory_path);
+    let policy = Policy::for_path(&directory);
+    if policy.is_ignored(&directory, true) {
+        return format!("Error: Directory '{shown_dir}' is ignored by .abstractignore policy");
+    }
     let meta = match fs::metadata(&directory) {
         Ok(m) => m,
         Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
@@ -251,7 +256,7 @@ fn list_files(req: &ListRequest) -> String {
                     hidden_match_seen |= globs.matches(&d.name);
                     continue;
                 }
-                if !is_default_ignored_dir(&d.name) {
+                if !is_default_ignored_dir(&d.name) && !policy.is_ignored(&d.path, true) {
                     kept.push(d);
                 }
             }
@@ -265,7 +270,10 @@ fn list_files(req: &ListRequest) -> String {
                     hidden_match_seen |= globs.matches(&f.name);
                     continue;
                 }
-                if globs.matches(&f.name) && !collector.offer(&f.path, false, &f.name) {
+                if !globs.matches(&f.name) || policy.is_ignored(&f.path, false) {
+                    continue;
+                }
+                if !collector.offer(&f.path, false, &f.name) {
                     break 'walk;
                 }
             }
@@ -280,7 +288,10 @@ fn list_files(req: &ListRequest) -> String {
                 hidden_match_seen |= globs.matches(&e.name);
                 continue;
             }
-            if !globs.matches(&e.name) || (e.is_dir && is_default_ignored_dir(&e.name)) {
+            if !globs.matches(&e.name)
+                || (e.is_dir && is_default_ignored_dir(&e.name))
+                || policy.is_ignored(&e.path, e.is_dir)
+            {
                 continue;
             }
             if !collector.offer(&e.path, e.is_dir, &e.name) {

@@ -10,6 +10,7 @@ use serde_json::json;
 use stepwell_guest::tool::{EffectClass, ToolError, ToolSpec};
 
 use crate::args::Args;
+use crate::ignore::Policy;
 use crate::text::{display_path, io_error_text, thousands, LineReader, RawLine, MAX_READ_BYTES};
 
 /// The most lines one call returns.
@@ -319,6 +320,9 @@ fn io_failure_text(e: &io::Error, shown: &str) -> String {
 fn read_file(req: &ReadRequest) -> String {
     let shown = display_path(&req.file_path);
     let path = Path::new(&req.file_path);
+    if Policy::for_path(path).is_ignored(path, false) {
+        return format!("Error: File '{shown}' is ignored by .abstractignore policy");
+    }
     match fs::metadata(path) {
         Ok(m) if m.is_file() => {}
         Ok(_) => return format!("Error: '{shown}' is not a file"),

@@ -14,6 +14,7 @@ use stepwell_guest::tool::{EffectClass, ToolError, ToolSpec};
 
 use crate::args::Args;
 use crate::glob::GlobSet;
+use crate::ignore::Policy;
 use crate::text::{
     char_index, decode_ignore, display_path, io_error_text, json_dumps, looks_binary,
     normalize_newlines, py_repr, py_rstrip, thousands, LineReader, MAX_READ_BYTES,
@@ -275,6 +276,8 @@ struct Candidates {
     /// `None` when the file pattern is `*`.
     file_globs: Option<GlobSet>,
     ignore_set: HashSet<String>,
+    /// The `.abstractignore` policy of the searched path.
+    policy: Policy,
 }
 
 impl Candidates {
@@ -305,6 +308,7 @@ impl Iterator for Candidates {
                     (self.include_hidden || !d.name.starts_with('.'))
                         && !self.ignore_set.contains(&d.name)
                         && !is_default_ignored_dir(&d.name)
+                        && !self.policy.is_ignored(&d.path, true)
                 })
                 .collect();
             for f in listing.files {
@@ -316,6 +320,9 @@ impl Iterator for Candidates {
                     .as_ref()
                     .is_some_and(|g| !g.matches(&f.name))
                 {
+                    continue;
+                }
+                if self.policy.is_ignored(&f.path, false) {
                     continue;
                 }
                 if f.is_file && !f.is_symlink {
@@ -572,6 +579,11 @@ fn search_files(req: &SearchRequest) -> String {
         }
     };
     let shown_root = display_path(&req.path);
+    let root = PathBuf::from(&req.path);
+    let policy = Policy::for_path(&root);
+    if policy.is_ignored(&root, root.is_dir()) {
+        return format!("Error: Path '{shown_root}' is ignored by .abstractignore policy");
+    }
     let re = match RegexBuilder::new(&req.pattern)
         .case_insensitive(!req.case_sensitive)
         .multi_line(req.multiline)
@@ -579,10 +591,12 @@ fn search_files(req: &SearchRequest) -> String {
         .build()
     {
         Ok(re) => re,
-        Err(e) => return format!("Error: Invalid regex pattern '{}': {e}", req.pattern),
+        Err(e) => {
+            let why = crate::reerror::reason(&req.pattern, &e);
+            return format!("Error: Invalid regex pattern '{}': {why}", req.pattern);
+        }
     };
 
-    let root = PathBuf::from(&req.path);
     let meta = std::fs::metadata(&root).ok();
     let mut ignore_set: HashSet<String> = DEFAULT_IGNORES.iter().map(|s| s.to_string()).collect();
     ignore_set.extend(req.ignore_dirs.iter().cloned());
@@ -593,6 +607,7 @@ fn search_files(req: &SearchRequest) -> String {
         include_hidden: req.include_hidden,
         file_globs: (req.file_pattern != "*").then(|| GlobSet::new(&req.file_pattern)),
         ignore_set,
+        policy,
     };
     match &meta {
         Some(m) if m.is_file() => candidates.single = Some(root.clone()),

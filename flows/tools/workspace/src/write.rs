@@ -60,6 +60,12 @@ pub fn run(args: &Args) -> Result<String, ToolError> {
         mode: args.string_or("mode", "w")?,
         create_dirs: args.bool_or("create_dirs", true)?,
     };
+    if crate::ignore::refuses_write(Path::new(&req.file_path)) {
+        let shown = display_path(&req.file_path);
+        return Ok(format!(
+            "❌ Refused: Path '{shown}' is ignored by .abstractignore policy"
+        ));
+    }
     // A FIFO or a device would block the call (or do worse): only regular
     // files, or new ones, are written.
     if let Ok(meta) = fs::metadata(&req.file_path) {
@@ -140,7 +146,12 @@ fn write_file(req: &WriteRequest) -> String {
         return failure_text(&e, &shown, path);
     }
     match fs::metadata(path) {
-        Ok(m) => success_text(&shown, &req.content, append, m.len()),
+        Ok(m) => {
+            let done = success_text(&shown, &req.content, append, m.len());
+            // The whole file as written (an unreadable one gets no notice).
+            let on_disk = fs::read_to_string(path).unwrap_or_default();
+            crate::lint::with_notice(path, done, &on_disk)
+        }
         Err(e) => failure_text(&e, &shown, path),
     }
 }
