@@ -332,4 +332,27 @@ fn integers_beyond_64_bits_are_refused_not_rounded() {
         &["--json", "run", hello.to_str().unwrap(), "--vars", vars],
     ));
     assert_eq!(run["vars"]["f"], json!(1.2345678901234568e29));
+    // A literal in a flow file is refused at load, naming file and field.
+    let flow = json!({"workflow_id": "big", "entry": "a",
+                      "nodes": {"a": {"complete": {"n": 1}}}})
+    .to_string()
+    .replace("\"n\":1", &format!("\"n\":{big}"));
+    let bundle = dir.path().join("big");
+    std::fs::create_dir_all(&bundle).unwrap();
+    std::fs::write(bundle.join("flow.json"), flow).unwrap();
+    let out = stepwell(&db, &["run", bundle.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert!(
+        !out.status.success() && err.contains("invalid_definition") && err.contains(big),
+        "{err}"
+    );
+    assert!(err.contains("nodes.a.complete.n"), "{err}");
+    // So is one in an automation request given to the CLI.
+    let request = format!(r#"{{"request_id": "big", "input_data": {{"n": {big}}}}}"#);
+    let out = stepwell(&db, &["automations", "create", "--request", &request]);
+    let err = stderr(&out);
+    assert!(
+        err.contains("invalid_input: --request.input_data.n") && err.contains(big),
+        "{err}"
+    );
 }

@@ -132,6 +132,7 @@ fn json_arg(field: &str, text: &str) -> Result<Value, Error> {
         })?,
         None => text.to_string(),
     };
+    stepwell::core::config::check_exact_integers(field, &text)?;
     serde_json::from_str(&text).map_err(|e| Error::InvalidInput {
         field: field.into(),
         message: format!("not valid JSON: {e}"),

@@ -81,6 +81,7 @@ pub enum ConnectionCommand {
 }
 
 fn parse(field: &str, text: &str) -> Result<Value, Error> {
+    stepwell::core::config::check_exact_integers(field, text)?;
     serde_json::from_str(text).map_err(|e| Error::InvalidInput {
         field: field.into(),
         message: format!("is not JSON: {e}"),

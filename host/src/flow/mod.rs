@@ -259,6 +259,10 @@ pub fn load_flow_file(
     }
     let text = std::fs::read_to_string(path)
         .map_err(|e| FlowError::new(path, "", format!("cannot read the file: {e}")))?;
+    if let Some(found) = stepwell_flat_json::find_inexact_integer(&text) {
+        let message = crate::core::config::inexact_message(&found.literal);
+        return Err(FlowError::new(path, found.path, message));
+    }
     let doc: FlowDoc = {
         let mut de = serde_json::Deserializer::from_str(&text);
         serde_path_to_error::deserialize(&mut de).map_err(|e| {
