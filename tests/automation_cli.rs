@@ -2,64 +2,21 @@
 //! `stepwell drive --until-idle` with a fixed clock (`--now`), and commands
 //! from many OS processes at once beside a driver, on one SQLite file.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use stepwell::host::{open_runtime, HostOptions, StoreSpec};
 use stepwell::{RunStatus, StepRecord};
-use stepwell_tests::{repo, stepwell_binary, wait_for};
+use stepwell_tests::shell::Shell;
+use stepwell_tests::{repo, wait_for};
 
 const ID: &str = "34f631d4-0bf3-5fea-a282-70c1b1d5b24b";
 
-struct Shell {
-    dir: tempfile::TempDir,
-}
-
-impl Shell {
-    fn new() -> Shell {
-        Shell {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    fn db(&self) -> PathBuf {
-        self.dir.path().join("db.sqlite")
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(stepwell_binary());
-        c.arg("--db")
-            .arg(self.db())
-            .args(args)
-            .current_dir(repo())
-            .env_remove("STEPWELL_DB")
-            .env_remove("STEPWELL_STORE")
-            .env_remove("STEPWELL_TRIGGER_DIR");
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().unwrap()
-    }
-
-    /// Runs and parses the JSON it prints; panics unless it exits 0.
-    fn json(&self, args: &[&str]) -> Value {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "{args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    fn ledger(&self, id: &str) -> Vec<StepRecord> {
-        let rt = open_runtime(&StoreSpec::Sqlite(self.db()), &HostOptions::default()).unwrap();
-        rt.get_ledger(id).unwrap()
-    }
+/// The run's ledger, read as another process reads it.
+fn ledger(sh: &Shell, id: &str) -> Vec<StepRecord> {
+    sh.runtime().get_ledger(id).unwrap()
 }
 
 fn memory_watch(workspace: &Path) -> String {
@@ -146,7 +103,7 @@ fn a_new_user_runs_an_automation_from_the_shell() {
             "2fe4b30e-c19c-5afa-b5e5-e8d9d05cbd12",
         ]
     );
-    let coalesced: Vec<Value> = names(&sh.ledger(ID))
+    let coalesced: Vec<Value> = names(&ledger(&sh, ID))
         .into_iter()
         .filter(|(n, _)| n == "automation.coalesced")
         .map(|(_, p)| p)

@@ -7,86 +7,36 @@
 //! did not start.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 use stepwell::automation::{automation_id, occurrence_run_id, OccurrenceKind};
 use stepwell::effects::subworkflow::{default_child_id, named_child_id};
-use stepwell::host::{open_runtime, HostOptions, StoreSpec};
-use stepwell::{ManualClock, RunQuery, RunStatus, Runtime, RuntimeConfig, StartOptions};
+use stepwell::{ManualClock, RunQuery, RunStatus, RuntimeConfig, StartOptions};
+use stepwell_tests::shell::{output_text, Shell};
 use stepwell_tests::world::{at_time, World, T0};
-use stepwell_tests::{component, repo, stepwell_binary, write_bundle, Backend, Host};
+use stepwell_tests::{component, repo, write_bundle, Backend, Host};
 
 /// A store driven by the `stepwell` binary, one process per command.
-struct Shell {
-    dir: tempfile::TempDir,
+/// `drive --until-idle` at `now`; asserts it met no error.
+fn drive(sh: &Shell, now: &str) {
+    let report = sh.json(&["--json", "--now", now, "drive", "--until-idle"]);
+    assert_eq!(report["errors"], json!([]), "drive at {now}: {report}");
 }
 
-impl Shell {
-    fn new() -> Shell {
-        Shell {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    fn db(&self) -> PathBuf {
-        self.dir.path().join("db.sqlite")
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(stepwell_binary())
-            .arg("--db")
-            .arg(self.db())
-            .args(args)
-            .current_dir(repo())
-            .env_remove("STEPWELL_DB")
-            .env_remove("STEPWELL_STORE")
-            .env_remove("STEPWELL_TRIGGER_DIR")
-            .output()
-            .unwrap()
-    }
-
-    /// Runs with `--json` and parses what it prints; panics unless it
-    /// exits 0.
-    fn json(&self, args: &[&str]) -> Value {
-        let out = self.run(&[&["--json"], args].concat());
-        assert!(out.status.success(), "{args:?}: {}", text(&out));
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    /// `drive --until-idle` at `now`; asserts it met no error.
-    fn drive(&self, now: &str) {
-        let report = self.json(&["--now", now, "drive", "--until-idle"]);
-        assert_eq!(report["errors"], json!([]), "drive at {now}: {report}");
-    }
-
-    /// Creates the automation of `request` at `now`.
-    fn create(&self, request: &Value, now: &str) -> Output {
-        let request = request.to_string();
-        self.run(&[
-            "--json",
-            "--now",
-            now,
-            "automations",
-            "create",
-            "--request",
-            &request,
-        ])
-    }
-
-    /// The store, as another process opens it.
-    fn runtime(&self) -> Runtime {
-        open_runtime(&StoreSpec::Sqlite(self.db()), &HostOptions::default()).unwrap()
-    }
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+/// Creates the automation of `request` at `now`.
+fn create(sh: &Shell, request: &Value, now: &str) -> Output {
+    let request = request.to_string();
+    sh.run(&[
+        "--json",
+        "--now",
+        now,
+        "automations",
+        "create",
+        "--request",
+        &request,
+    ])
 }
 
 const T1: &str = "2026-01-01T00:00:00Z";
@@ -170,9 +120,15 @@ fn a_guest_cannot_take_ids_the_host_derives_for_others() {
     targets.push(victim_child.clone());
     let bundle = squatter_bundle(sh.dir.path(), &targets);
 
-    let attacker = sh.json(&["run", bundle.to_str().unwrap(), "--run-id", "attacker"]);
+    let attacker = sh.json(&[
+        "--json",
+        "run",
+        bundle.to_str().unwrap(),
+        "--run-id",
+        "attacker",
+    ]);
     assert_eq!(attacker["status"], "completed", "{attacker}");
-    sh.drive(T1);
+    drive(&sh, T1);
     let rt = sh.runtime();
     for (k, id) in targets.iter().enumerate() {
         let confined = named_child_id("attacker", id);
@@ -187,31 +143,38 @@ fn a_guest_cannot_take_ids_the_host_derives_for_others() {
         assert!(
             !sh.run(&["status", id]).status.success(),
             "{id} was taken: {}",
-            text(&sh.run(&["status", id]))
+            output_text(&sh.run(&["status", id]))
         );
         println!("asked for {id} -> child {confined} (parent attacker)");
     }
 
     // The automations created afterwards work.
     let ws = sh.dir.path().join("ws");
-    let out = sh.create(&hourly_echo("nightly", &ws, None), T1);
-    assert!(out.status.success(), "{}", text(&out));
+    let out = create(&sh, &hourly_echo("nightly", &ws, None), T1);
+    assert!(out.status.success(), "{}", output_text(&out));
     let created: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         created,
         json!({"automation_id": nightly, "revision": 1, "created": true})
     );
-    let out = sh.create(&hourly_echo("nightly2", &ws, None), T1);
-    assert!(out.status.success(), "{}", text(&out));
+    let out = create(&sh, &hourly_echo("nightly2", &ws, None), T1);
+    assert!(out.status.success(), "{}", output_text(&out));
     for now in [T1, "2026-01-01T01:00:00Z", "2026-01-01T02:00:00Z"] {
-        sh.drive(now);
+        drive(&sh, now);
     }
     for (id, count) in [(&nightly, 3), (&nightly2, 3)] {
-        let shown = sh.json(&["--now", "2026-01-01T02:00:00Z", "automations", "show", id]);
+        let shown = sh.json(&[
+            "--json",
+            "--now",
+            "2026-01-01T02:00:00Z",
+            "automations",
+            "show",
+            id,
+        ]);
         assert_eq!(shown["status"], "active", "{shown}");
         assert_eq!(shown["current_occurrence"], Value::Null, "{shown}");
         assert_eq!(shown["state"]["scheduled_count"], count, "{shown}");
-        let page = sh.json(&["automations", "occurrences", id]);
+        let page = sh.json(&["--json", "automations", "occurrences", id]);
         let items = page["items"].as_array().unwrap();
         assert_eq!(items.len(), count as usize, "{page}");
         for item in items {
@@ -235,6 +198,7 @@ fn a_guest_cannot_take_ids_the_host_derives_for_others() {
     // The other run's default subworkflow completes.
     let example = repo().join("flows/examples/subworkflow");
     let victim = sh.json(&[
+        "--json",
         "run",
         example.to_str().unwrap(),
         "--run-id",
@@ -259,11 +223,15 @@ fn an_automation_id_taken_by_another_run_is_named_as_such() {
     let sh = Shell::new();
     let id = automation_id("local", "local", "taken");
     let ask = repo().join("flows/examples/ask-user");
-    let squatter = sh.json(&["run", ask.to_str().unwrap(), "--run-id", &id]);
+    let squatter = sh.json(&["--json", "run", ask.to_str().unwrap(), "--run-id", &id]);
     assert_eq!(squatter["status"], "waiting");
-    let out = sh.create(&hourly_echo("taken", &sh.dir.path().join("ws"), None), T1);
+    let out = create(
+        &sh,
+        &hourly_echo("taken", &sh.dir.path().join("ws"), None),
+        T1,
+    );
     assert!(!out.status.success());
-    let said = text(&out);
+    let said = output_text(&out);
     assert!(said.contains("identity_conflict"), "{said}");
     assert!(said.contains("request_id"), "{said}");
     assert!(
@@ -273,14 +241,15 @@ fn an_automation_id_taken_by_another_run_is_named_as_such() {
         "{said}"
     );
     println!("create 'taken': {}", said.trim());
-    let after = sh.json(&["status", &id]);
+    let after = sh.json(&["--json", "status", &id]);
     assert_eq!(after["status"], "waiting", "{after}");
     // Another request id gives another automation.
-    let out = sh.create(
+    let out = create(
+        &sh,
         &hourly_echo("not-taken", &sh.dir.path().join("ws"), None),
         T1,
     );
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", output_text(&out));
 }
 
 /// Occurrence ids taken by runs a caller of the API started under them:
@@ -297,7 +266,7 @@ fn a_taken_occurrence_id_fails_that_attempt_and_never_wedges_the_automation() {
     let ask = repo().join("flows/examples/ask-user");
     let taken = [scheduled(&once, 1, 1), scheduled(&retried, 1, 1)];
     for id in &taken {
-        let squatter = sh.json(&["run", ask.to_str().unwrap(), "--run-id", id]);
+        let squatter = sh.json(&["--json", "run", ask.to_str().unwrap(), "--run-id", id]);
         assert_eq!(squatter["status"], "waiting");
     }
     let no_retry = json!({"retry": {"max_attempts": 1}});
@@ -306,14 +275,14 @@ fn a_taken_occurrence_id_fails_that_attempt_and_never_wedges_the_automation() {
         hourly_echo("once", &ws, Some(no_retry)),
         hourly_echo("retried", &ws, Some(retry)),
     ] {
-        let out = sh.create(&r, T1);
-        assert!(out.status.success(), "{}", text(&out));
+        let out = create(&sh, &r, T1);
+        assert!(out.status.success(), "{}", output_text(&out));
     }
     for now in [T1, "2026-01-01T00:02:00Z", "2026-01-01T01:00:00Z"] {
-        sh.drive(now);
+        drive(&sh, now);
     }
 
-    let page = sh.json(&["automations", "occurrences", &once]);
+    let page = sh.json(&["--json", "automations", "occurrences", &once]);
     let statuses: Vec<(i64, &str)> = page["items"]
         .as_array()
         .unwrap()
@@ -321,7 +290,7 @@ fn a_taken_occurrence_id_fails_that_attempt_and_never_wedges_the_automation() {
         .map(|i| (i["index"].as_i64().unwrap(), i["status"].as_str().unwrap()))
         .collect();
     assert_eq!(statuses, [(2, "completed"), (1, "failed")], "{page}");
-    let attention = sh.json(&["automations", "attention", &once]);
+    let attention = sh.json(&["--json", "automations", "attention", &once]);
     let failure = &attention["items"][0];
     assert_eq!(failure["kind"], "failure", "{attention}");
     assert_eq!(failure["run_id"], json!(taken[0]), "{attention}");
@@ -335,7 +304,7 @@ fn a_taken_occurrence_id_fails_that_attempt_and_never_wedges_the_automation() {
     );
     println!("'once' attention: {body}");
 
-    let page = sh.json(&["automations", "occurrences", &retried]);
+    let page = sh.json(&["--json", "automations", "occurrences", &retried]);
     let first = page["items"]
         .as_array()
         .unwrap()

@@ -863,8 +863,7 @@ impl PostgresStore {
         sql: &'static str,
         args: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<StepRecord>, StoreError> {
-        let numbered = self.numbered_records(run_id, sql, args)?;
-        Ok(numbered.into_iter().map(|(_, r)| r).collect())
+        self.read_records(run_id, sql, args, |_, r| r)
     }
 
     /// The records `sql` selects (`seq, data`), each with its seq.
@@ -874,6 +873,17 @@ impl PostgresStore {
         sql: &'static str,
         args: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<(u64, StepRecord)>, StoreError> {
+        self.read_records(run_id, sql, args, |seq, r| (seq, r))
+    }
+
+    /// The records `sql` selects (`seq, data`), each as `keep` makes it.
+    fn read_records<T>(
+        &self,
+        run_id: &str,
+        sql: &'static str,
+        args: &[&(dyn ToSql + Sync)],
+        keep: impl Fn(u64, StepRecord) -> T,
+    ) -> Result<Vec<T>, StoreError> {
         let rows = self.read(|c| {
             let mut all: Vec<&(dyn ToSql + Sync)> = vec![&run_id];
             all.extend_from_slice(args);
@@ -888,7 +898,7 @@ impl PostgresStore {
                         self.shown
                     ))
                 })?;
-                Ok((seq as u64, record))
+                Ok(keep(seq as u64, record))
             })
             .collect()
     }

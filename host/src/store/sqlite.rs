@@ -1041,8 +1041,7 @@ impl SqliteStore {
         sql: &str,
         args: &[&dyn rusqlite::ToSql],
     ) -> Result<Vec<StepRecord>, StoreError> {
-        let numbered = self.numbered_records(run_id, sql, args)?;
-        Ok(numbered.into_iter().map(|(_, r)| r).collect())
+        self.read_records(run_id, sql, args, |_, r| r)
     }
 
     /// The records `sql` selects (`seq, data`), each with its seq.
@@ -1052,6 +1051,17 @@ impl SqliteStore {
         sql: &str,
         args: &[&dyn rusqlite::ToSql],
     ) -> Result<Vec<(u64, StepRecord)>, StoreError> {
+        self.read_records(run_id, sql, args, |seq, r| (seq, r))
+    }
+
+    /// The records `sql` selects (`seq, data`), each as `keep` makes it.
+    fn read_records<T>(
+        &self,
+        run_id: &str,
+        sql: &str,
+        args: &[&dyn rusqlite::ToSql],
+        keep: impl Fn(u64, StepRecord) -> T,
+    ) -> Result<Vec<T>, StoreError> {
         let conn = self.conn.lock();
         let mut st = conn.prepare_cached(sql).map_err(|e| self.err(e))?;
         let mut all: Vec<&dyn rusqlite::ToSql> = vec![&run_id];
@@ -1070,7 +1080,7 @@ impl SqliteStore {
                     self.path.display()
                 ))
             })?;
-            out.push((seq as u64, record));
+            out.push(keep(seq as u64, record));
         }
         Ok(out)
     }
