@@ -15,19 +15,31 @@ use stepwell_tests::{repo, vars, write_bundle};
 /// `batch`, writing its result to `out`.
 fn runtime() -> (Runtime, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let tools = dir.path().join("tool-dir");
+    let rt = runtime_at(dir.path(), &dir.path().join("db.sqlite"));
+    (rt, dir)
+}
+
+/// [`runtime`] with its store at `db` and its tool folder and bundle in
+/// `dir`; the store's files are protected from tools as the binary does.
+fn runtime_at(dir: &Path, db: &Path) -> Runtime {
+    let tools = dir.join("tool-dir");
     std::fs::create_dir_all(&tools).unwrap();
     let hostile = repo().join("flows/tools/testing/hostile.wasm");
     assert!(hostile.is_file(), "run scripts/build-guests first");
     std::fs::copy(&hostile, tools.join("hostile.wasm")).unwrap();
-    let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
+    let store = Arc::new(stepwell::SqliteStore::open(db).unwrap());
+    let config = stepwell::RuntimeConfig {
+        tool_deny_paths: stepwell::host::StoreSpec::Sqlite(db.to_path_buf()).protected_paths(),
+        ..Default::default()
+    };
     let rt = Runtime::builder(store)
         .engine(stepwell_tests::engine())
+        .config(config)
         .tool_dir(&tools)
         .build()
         .unwrap();
     let bundle = write_bundle(
-        dir.path(),
+        dir,
         "tools",
         &[
             (
@@ -47,7 +59,7 @@ fn runtime() -> (Runtime, tempfile::TempDir) {
         ],
     );
     rt.load_bundle(&bundle).unwrap();
-    (rt, dir)
+    rt
 }
 
 /// Starts a run of `tools` with `batch`, the run's vars `extra` and the
@@ -918,6 +930,85 @@ fn exclusions_hold_in_walks_and_through_dangling_links() {
     let e = r[2]["error"].as_str().unwrap();
     assert!(e.contains("read-only mount"), "{e}");
     assert!(!ws.join("ro/new.txt").exists());
+}
+
+/// `all_except_ignored` reaches every file but the host's own: the plain
+/// files beside the store are read (once they "did not exist": their folder
+/// was split around the store), while the store itself is refused to the
+/// built-ins by the host's checks and to a hostile tool by the sandbox,
+/// whatever it tries (a link to it, a hard link, a rename of its folder).
+#[test]
+fn beside_the_store_everything_is_reachable_but_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().canonicalize().unwrap();
+    let proj = base.join("proj");
+    std::fs::create_dir_all(&proj).unwrap();
+    let db = proj.join("store.sqlite");
+    let rt = runtime_at(&base, &db);
+    let notes = proj.join("notes.txt");
+    std::fs::write(&notes, "beside the store\n").unwrap();
+    let ws = base.join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::os::unix::fs::symlink(&db, ws.join("link")).unwrap();
+    let text = |p: &Path| p.to_str().unwrap().to_string();
+    let names = ["read_file", "list_files", "hostile_store"];
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            call("read_file", json!({"file_path": text(&notes)})),
+            call("read_file", json!({"file_path": text(&db)})),
+            call("list_files", json!({"directory_path": text(&proj)})),
+            call("hostile_store", json!({"store": text(&db), "link": text(&ws.join("link")),
+                                         "beside": text(&notes)})),
+        ]}),
+        json!({"workspace_root": text(&ws), "workspace_access_mode": "all_except_ignored"}),
+        json!({"tool_policy": {"auto_approve_tools": names}}),
+    );
+    let r = results(&run);
+    assert_eq!(r[0]["success"], true, "{}", r[0]);
+    assert!(
+        r[0]["output"]
+            .as_str()
+            .unwrap()
+            .contains("beside the store"),
+        "{}",
+        r[0]
+    );
+    let e = r[1]["error"].as_str().unwrap_or_default();
+    assert!(
+        e.starts_with("Path is not accessible (protected by the host)"),
+        "{}",
+        r[1]
+    );
+    let listed = r[2]["output"].as_str().unwrap();
+    assert!(
+        listed.contains("notes.txt") && !listed.contains("store.sqlite"),
+        "{listed}"
+    );
+    let attempts = r[3]["output"]["attempts"]
+        .as_array()
+        .expect("an attempts report");
+    assert_eq!(attempts.len(), 9, "{}", r[3]);
+    for a in attempts {
+        let through = a["ok"] == true;
+        assert_eq!(through, a["op"] == "read-beside", "{a}");
+        if !through {
+            assert!(
+                a["error"].as_str().unwrap().contains("ermission denied"),
+                "{a}"
+            );
+        }
+    }
+    for gone in ["stolen", "renamed"] {
+        assert!(!proj.join(gone).exists(), "{gone} was made");
+    }
+    assert!(!base.join("proj.moved").exists());
+    assert!(std::fs::metadata(&db).unwrap().len() > 0);
+    // The store is whole: the run that ran the calls reads back.
+    assert_eq!(
+        rt.get_state(&run.run_id).unwrap().status,
+        RunStatus::Completed
+    );
 }
 
 /// #33: with an artifact store, an `execute_command` stdout over the inline

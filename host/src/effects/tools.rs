@@ -124,7 +124,7 @@ impl ToolCalls {
         let Some(component) = entry.component() else {
             return failed(c, format!("Tool '{}' not found", c.name));
         };
-        let preopens = scope.map(|s| s.preopens(p.class)).unwrap_or_default();
+        let reach = scope.map(|s| s.reach(p.class)).unwrap_or_default();
         let mut arguments = c.arguments.clone();
         if entry.origin == crate::tools::Origin::Builtin {
             // The built-ins hide what the scope excludes inside the
@@ -139,7 +139,7 @@ impl ToolCalls {
             &c.call_id,
             &c.name,
             &Value::Object(arguments),
-            &preopens,
+            &reach,
             timeout,
         ) {
             Ok(Ok(output)) => from_output(c, output),

@@ -14,7 +14,7 @@ use std::path::{Component, Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use super::ToolClass;
-use crate::wasm::Preopen;
+use crate::wasm::{Preopen, Reach, RefusedPaths};
 
 /// The top-level vars the host freezes into `_runtime.workspace` at start
 /// (the reference's camelCase aliases are read too).
@@ -851,7 +851,9 @@ impl WorkspaceScope {
     /// paths writable except read-only mounts (read-only) and the writable
     /// exceptions inside them; `all_except_ignored` preopens `/`. Other
     /// classes get no directory. Paths that do not exist, or lie under a
-    /// host deny prefix, are not preopened.
+    /// host deny prefix or the host's store, are not preopened; the
+    /// [`refused_paths`](Self::refused_paths) inside a preopened directory
+    /// are refused by the sandbox.
     pub fn preopens(&self, class: ToolClass) -> Vec<Preopen> {
         let may_write = class == ToolClass::Write && !self.read_only;
         if !matches!(class, ToolClass::Read | ToolClass::Write) {
@@ -887,60 +889,49 @@ impl WorkspaceScope {
             }
         }
         let mut out: Vec<Preopen> = Vec::new();
-        for (dir, writable) in dirs {
-            for piece in self.around_denied(&dir, 0) {
-                let guest = piece.to_string_lossy().into_owned();
-                match out.iter_mut().find(|p| p.guest == guest) {
-                    // The same directory twice: read-only wins.
-                    Some(p) => p.writable &= writable,
-                    None => out.push(Preopen {
-                        host: piece,
-                        guest,
-                        writable,
-                    }),
-                }
+        for (dir, writable) in dirs.into_iter().filter(|(d, _)| self.may_preopen(d)) {
+            let guest = dir.to_string_lossy().into_owned();
+            match out.iter_mut().find(|p| p.guest == guest) {
+                // The same directory twice: read-only wins.
+                Some(p) => p.writable &= writable,
+                None => out.push(Preopen {
+                    host: dir,
+                    guest,
+                    writable,
+                }),
             }
         }
         out
     }
 
-    /// `dir` as directories that can be preopened without reaching
-    /// `/proc`, `/sys` or `/dev`: itself when none lies inside it; else its
-    /// entries, denied ones left out, split the same way (a directory that
-    /// does not exist, or is itself denied, gives nothing).
-    fn around_denied(&self, dir: &Path, depth: usize) -> Vec<PathBuf> {
-        if !dir.is_dir()
-            || self.builtin_denied(dir)
-            || self.protected.iter().any(|p| under_or_equal(dir, p))
-            || depth > 32
-        {
-            return Vec::new();
+    /// What a tool of `class` may reach: its [`preopens`](Self::preopens),
+    /// less the [`refused_paths`](Self::refused_paths) inside them.
+    pub fn reach(&self, class: ToolClass) -> Reach {
+        Reach {
+            preopens: self.preopens(class),
+            refused: self.refused_paths(),
         }
-        // The system's own (/proc, /sys, /dev) are carved out of whatever
-        // would hold them (a scope reaching `/`); other denied paths inside
-        // a preopened directory are left to the host's checks and the
-        // built-ins' exclusions, so the directory itself stays usable.
-        let carved = ALWAYS_DENIED
-            .iter()
-            .map(PathBuf::from)
-            .chain(self.protected.iter().cloned())
-            .any(|d| is_under(&d, dir));
-        if !carved {
-            return vec![dir.to_path_buf()];
-        }
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        for e in entries.flatten() {
-            let p = e.path();
-            // Links are left out: their target is preopened only if the
-            // scope reaches it by itself.
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                out.extend(self.around_denied(&p, depth + 1));
-            }
-        }
-        out
+    }
+
+    /// What no tool may reach even inside a preopened directory: the
+    /// system's own (`/proc`, `/sys`, `/dev`) and the host's store. The
+    /// sandbox refuses them call by call, so the rest of a directory that
+    /// holds them stays reachable.
+    pub fn refused_paths(&self) -> RefusedPaths {
+        RefusedPaths::new(
+            ALWAYS_DENIED
+                .iter()
+                .map(PathBuf::from)
+                .chain(self.protected.iter().cloned()),
+        )
+    }
+
+    /// Whether `dir` can be preopened: it is a directory, and neither lies
+    /// under a host deny prefix nor under the host's store.
+    fn may_preopen(&self, dir: &Path) -> bool {
+        dir.is_dir()
+            && !self.builtin_denied(dir)
+            && !self.protected.iter().any(|p| under_or_equal(dir, p))
     }
 
     /// The scope in words, for the model (the reference's
@@ -1041,20 +1032,16 @@ mod tests {
     }
 
     #[test]
-    fn the_system_directories_are_carved_out_of_slash() {
+    fn the_system_directories_are_refused_inside_slash() {
         let s = scope(json!({"workspace_root": "/", "workspace_read_only": true}));
-        let hosts: Vec<PathBuf> = s
-            .preopens(ToolClass::Read)
-            .into_iter()
-            .map(|p| p.host)
-            .collect();
-        assert!(!hosts.is_empty());
-        for h in &hosts {
-            for d in ALWAYS_DENIED {
-                assert!(!Path::new(d).starts_with(h), "{h:?} holds {d}");
-                assert!(!h.starts_with(d), "{h:?} is under {d}");
-            }
+        let reach = s.reach(ToolClass::Read);
+        let hosts: Vec<PathBuf> = reach.preopens.iter().map(|p| p.host.clone()).collect();
+        assert_eq!(hosts, [PathBuf::from("/")]);
+        for d in ALWAYS_DENIED {
+            assert!(reach.refused.holds(Path::new(d)), "{d} is reachable");
+            assert!(reach.refused.holds(&Path::new(d).join("self/environ")));
         }
+        assert!(!reach.refused.holds(Path::new("/etc/hostname")));
     }
 
     #[test]
@@ -1084,13 +1071,19 @@ mod tests {
             "host_protected": [ws.join(".stepwell/stepwell.sqlite").to_str().unwrap()]}})))
         .unwrap_err();
         assert!(e.starts_with("the workspace holds the host's store"), "{e}");
-        // Elsewhere, the store is carved out of what reaches it.
+        // Elsewhere, the store is refused inside what reaches it, and the
+        // files beside it stay reachable.
+        let store = ws.join("store.sqlite");
         let s = WorkspaceScope::from_runtime(Some(&json!({"workspace": {
             "workspace_root": ws.join("ws").to_str().unwrap(),
-            "host_protected": ["/nonexistent-sw/store.sqlite"]}})))
+            "workspace_access_mode": "all_except_ignored",
+            "host_protected": [store.to_str().unwrap()]}})))
         .unwrap()
         .unwrap();
-        assert!(!s.preopens(ToolClass::Read).is_empty());
+        let reach = s.reach(ToolClass::Read);
+        assert!(reach.preopens.iter().any(|p| p.host == Path::new("/")));
+        assert!(reach.refused.holds(&store));
+        assert!(!reach.refused.holds(&ws.join("notes.txt")));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 
 pub(crate) mod cache;
 mod engine;
+mod fsguard;
 mod node;
 mod sandbox;
 mod tool;
@@ -25,9 +26,10 @@ use std::time::Duration;
 pub use cache::CompiledDigests;
 pub(crate) use engine::time_compiling;
 pub use engine::{EngineConfig, LoadOrigin, WasmEngine, CONTRACT};
+pub use fsguard::RefusedPaths;
 pub(crate) use node::vars_json;
 pub use node::{NodeCall, NodeComponent, NodeSession, HOST_BOOKKEEPING_VARS};
-pub use sandbox::Preopen;
+pub use sandbox::{Preopen, Reach};
 pub use tool::{ToolComponent, ToolFault};
 pub use trigger::TriggerComponent;
 

@@ -34,6 +34,7 @@ use wasmtime_wasi::{
 };
 use wasmtime_wasi_io::poll::DynPollable;
 
+use super::fsguard::{Guarded, GuardedFs, RefusedPaths};
 use super::{GuestError, SandboxLimits, WasmEngine};
 
 /// What a guest may copy to the host in one call beyond
@@ -54,9 +55,23 @@ pub(crate) struct GuestState {
     table: ResourceTable,
     limiter: Limiter,
     rng: StepRng,
+    /// Paths the guest may not reach inside its preopened directories.
+    refused: RefusedPaths,
 }
 
 impl GuestState {
+    /// The guest's view of `wasi:filesystem/types`: the preopens, less the
+    /// refused paths.
+    fn guarded_fs(&mut self) -> Guarded<'_> {
+        Guarded {
+            fs: wasmtime_wasi::filesystem::WasiFilesystemCtxView {
+                ctx: self.wasi.filesystem(),
+                table: &mut self.table,
+            },
+            refused: &self.refused,
+        }
+    }
+
     /// Bytes of linear memory the store's instances hold now.
     pub(crate) fn memory_bytes(&self) -> usize {
         self.limiter.memory_total
@@ -213,11 +228,21 @@ pub struct Preopen {
     pub writable: bool,
 }
 
+/// What a guest call may reach of the host's files: its preopened
+/// directories, less the refused paths inside them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reach {
+    /// The directories, each under the path the guest names it by.
+    pub preopens: Vec<Preopen>,
+    /// What stays out of reach inside them (the host's store, `/proc`).
+    pub refused: RefusedPaths,
+}
+
 fn sandbox(
     limits: &SandboxLimits,
     stderr: MemoryOutputPipe,
     live: Arc<AtomicUsize>,
-    preopens: &[Preopen],
+    reach: &Reach,
 ) -> wasmtime::Result<GuestState> {
     let rng = StepRng::new();
     let mut builder = WasiCtxBuilder::new();
@@ -225,7 +250,7 @@ fn sandbox(
     // synchronous, and the epoch deadline still stops the guest between
     // them.
     builder.allow_blocking_current_thread(true);
-    for p in preopens {
+    for p in &reach.preopens {
         let perms = if p.writable {
             wasmtime_wasi::FsPerms::ReadWrite
         } else {
@@ -256,20 +281,21 @@ fn sandbox(
             exceeded: None,
         },
         rng,
+        refused: reach.refused.clone(),
     })
 }
 
 /// A store for guest calls: the sandbox, its limiter and its deadline.
 pub(crate) fn new_store(engine: &WasmEngine) -> (Store<GuestState>, MemoryOutputPipe) {
-    new_store_with(engine, &[], engine.deadline_ticks())
+    new_store_with(engine, &Reach::default(), engine.deadline_ticks())
         .expect("a sandbox without preopened directories always builds")
 }
 
-/// A store for one guest call that reaches `preopens`, with a deadline of
-/// `ticks` epoch ticks. Fails if a directory cannot be opened.
+/// A store for one guest call that reaches what `reach` gives, with a
+/// deadline of `ticks` epoch ticks. Fails if a directory cannot be opened.
 pub(crate) fn new_store_with(
     engine: &WasmEngine,
-    preopens: &[Preopen],
+    reach: &Reach,
     ticks: u64,
 ) -> wasmtime::Result<(Store<GuestState>, MemoryOutputPipe)> {
     let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
@@ -279,7 +305,7 @@ pub(crate) fn new_store_with(
             &engine.limits(),
             stderr.clone(),
             engine.live_memory(),
-            preopens,
+            reach,
         )?,
     );
     store.limiter(|s| &mut s.limiter);
@@ -458,10 +484,7 @@ pub(crate) fn link_wasi(linker: &mut Linker<GuestState>) -> wasmtime::Result<()>
     cli::terminal_stdout::add_to_linker::<GuestState, WasiCli>(l, GuestState::cli)?;
     cli::terminal_stderr::add_to_linker::<GuestState, WasiCli>(l, GuestState::cli)?;
     filesystem::preopens::add_to_linker::<GuestState, WasiFilesystem>(l, GuestState::filesystem)?;
-    sync::filesystem::types::add_to_linker::<GuestState, WasiFilesystem>(
-        l,
-        GuestState::filesystem,
-    )?;
+    sync::filesystem::types::add_to_linker::<GuestState, GuardedFs>(l, GuestState::guarded_fs)?;
     Ok(())
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::sandbox::{classify, new_store, new_store_with, GuestState, Preopen};
+use super::sandbox::{classify, new_store, new_store_with, GuestState, Reach};
 use super::{GuestError, LoadOrigin, WasmEngine};
 use crate::tools::{ToolClass, ToolSpec};
 
@@ -123,7 +123,7 @@ impl ToolComponent {
     }
 
     /// Runs one call of tool `name` in a fresh instance that reaches only
-    /// `preopens`, stopped after `timeout` (a real stop: the instance is
+    /// what `reach` gives, stopped after `timeout` (a real stop: the instance is
     /// interrupted and dropped). `Err` is the sandbox's verdict (timeout,
     /// memory, trap); `Ok(Err)` the tool's own refusal or failure.
     pub fn invoke(
@@ -131,13 +131,13 @@ impl ToolComponent {
         call_id: &str,
         name: &str,
         arguments: &Value,
-        preopens: &[Preopen],
+        reach: &Reach,
         timeout: Duration,
     ) -> Result<Result<Value, ToolFault>, GuestError> {
         let mut limits = self.engine.limits();
         limits.time_limit = timeout;
         let (mut store, stderr) =
-            new_store_with(&self.engine, preopens, super::engine::ticks_for(timeout)).map_err(
+            new_store_with(&self.engine, reach, super::engine::ticks_for(timeout)).map_err(
                 |e| GuestError::Trap {
                     message: format!("cannot open the tool's directories: {e:#}"),
                 },
