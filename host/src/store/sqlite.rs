@@ -1250,7 +1250,7 @@ const STATEMENT_CACHE: usize = 128;
 
 /// Sets a connection up as the store's are: a 10 s busy timeout, WAL,
 /// `synchronous` by `durability`, a checkpoint every 16,384 pages (64 MiB)
-/// of WAL instead of every 1,000, a 256 MiB memory map. (`stepwell bench`
+/// of WAL instead of every 1,000, a 32 MiB memory map. (`stepwell bench`
 /// measures the raw commit ceiling with the same settings.)
 pub fn configure(conn: &Connection, durability: Durability) -> rusqlite::Result<()> {
     conn.busy_timeout(Duration::from_secs(10))?;
@@ -1261,7 +1261,7 @@ pub fn configure(conn: &Connection, durability: Durability) -> rusqlite::Result<
     };
     conn.pragma_update(None, "synchronous", sync)?;
     conn.pragma_update(None, "wal_autocheckpoint", 16384)?;
-    conn.pragma_update(None, "mmap_size", 256i64 << 20)
+    conn.pragma_update(None, "mmap_size", 32i64 << 20)
 }
 
 impl Store for SqliteStore {
