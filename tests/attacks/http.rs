@@ -35,19 +35,14 @@ fn slow_upload(
     socket
 }
 
-/// The status line the server answered on `socket` within `limit`, or
-/// `None` when it answered nothing (the connection still open).
+/// The start of what the server answered on `socket` within `limit` (its
+/// status line and headers), or `None` when it answered nothing (the
+/// connection still open).
 fn answer(socket: &mut TcpStream, limit: Duration) -> Option<String> {
     socket.set_read_timeout(Some(limit)).unwrap();
-    let mut buf = [0u8; 256];
+    let mut buf = [0u8; 1024];
     match socket.read(&mut buf) {
-        Ok(n) => Some(
-            String::from_utf8_lossy(&buf[..n])
-                .lines()
-                .next()
-                .unwrap_or("")
-                .to_string(),
-        ),
+        Ok(n) => Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
         Err(e)
             if matches!(
                 e.kind(),
@@ -165,6 +160,10 @@ fn slow_bodies_get_408_and_the_budget_503() {
     assert!(
         busy.starts_with("HTTP/1.1 503"),
         "over the budget: {busy:?}"
+    );
+    assert!(
+        busy.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"),
+        "a busy server says when to come back: {busy:?}"
     );
     for socket in &mut held {
         let got = answer(socket, Duration::from_secs(10)).unwrap_or_default();

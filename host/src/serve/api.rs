@@ -703,8 +703,9 @@ pub(crate) fn record_json(record: &crate::StepRecord, seq: u64) -> Value {
 
 /// `GET /v1/runs/{id}/ledger?after=&limit=`: a page of the run's records
 /// after seq `after` (default 0), at most `limit` (default
-/// [`crate::LEDGER_PAGE`], at most [`MAX_LEDGER_PAGE`]); a full page
-/// carries a `Link: <...>; rel="next"` header to the next one.
+/// [`crate::LEDGER_PAGE`], at most [`MAX_LEDGER_PAGE`]), and no more than
+/// about [`LEDGER_PAGE_BYTES`] of JSON; a full page, or one cut short by
+/// its size, carries a `Link: <...>; rel="next"` header to the next one.
 async fn run_ledger(
     State(s): S,
     Path(id): Path<String>,
@@ -722,22 +723,21 @@ async fn run_ledger(
     };
     let after = q.after.unwrap_or(0);
     let run_id = id.clone();
-    let records = blocking(move || {
+    let (body, next) = blocking(move || {
         s.rt.get_state(&id)?;
-        s.rt.ledger_page(&id, after, limit as usize)
+        let records = s.rt.ledger_page(&id, after, limit as usize)?;
+        let items = records.iter().map(|(seq, r)| (*seq, record_json(r, *seq)));
+        Ok(json_page(items, limit as usize, LEDGER_PAGE_BYTES))
     })
     .await?;
-    let next = records
-        .last()
-        .filter(|_| records.len() as u64 == limit)
-        .map(|(seq, _)| *seq);
-    let page = Value::Array(
-        records
-            .iter()
-            .map(|(seq, r)| record_json(r, *seq))
-            .collect(),
-    );
-    let mut response = ok(page);
+    let mut response = (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response();
     if let Some(next) = next {
         let link = format!(
             "</v1/runs/{}/ledger?after={next}&limit={limit}>; rel=\"next\"",
@@ -748,6 +748,36 @@ async fn run_ledger(
         }
     }
     Ok(response)
+}
+
+/// The most bytes of JSON a ledger page is built to (about): the records
+/// past it are left to the next page (a page holds at least one record).
+const LEDGER_PAGE_BYTES: usize = 4 << 20;
+
+/// A page of `items` (seq and JSON, read with `limit`) as a JSON array,
+/// cut after the item that takes it past `max_bytes`, and the seq the next
+/// page starts after: given when the page was cut or is full.
+fn json_page(
+    items: impl ExactSizeIterator<Item = (u64, Value)>,
+    limit: usize,
+    max_bytes: usize,
+) -> (String, Option<u64>) {
+    let count = items.len();
+    let mut body = String::from("[");
+    let mut last = None;
+    for (i, (seq, v)) in items.enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&v.to_string());
+        last = Some(seq);
+        if body.len() >= max_bytes && i + 1 < count {
+            body.push(']');
+            return (body, last);
+        }
+    }
+    body.push(']');
+    (body, last.filter(|_| count == limit))
 }
 
 /// `text` as one segment of a URL's path: bytes other than letters,
@@ -1529,4 +1559,35 @@ async fn connections_events(
     })
     .await
     .map(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_page;
+    use serde_json::{json, Value};
+
+    fn items(n: usize) -> impl ExactSizeIterator<Item = (u64, Value)> {
+        (1..n + 1).map(|i| (i as u64, json!({"seq": i, "pad": "x".repeat(90)})))
+    }
+
+    #[test]
+    fn a_ledger_page_ends_at_its_limit_or_its_size() {
+        // Under the size: the whole page; a link only when it is full.
+        let (body, next) = json_page(items(3), 3, 1 << 20);
+        assert_eq!(serde_json::from_str::<Vec<Value>>(&body).unwrap().len(), 3);
+        assert_eq!(next, Some(3));
+        let (_, next) = json_page(items(2), 3, 1 << 20);
+        assert_eq!(next, None, "a short page is the last");
+        let (body, next) = json_page(items(0), 3, 1 << 20);
+        assert_eq!((body.as_str(), next), ("[]", None));
+        // Over the size: cut after the record that passes it, with a link.
+        let (body, next) = json_page(items(10), 10, 250);
+        let page: Vec<Value> = serde_json::from_str(&body).unwrap();
+        assert_eq!(page.len(), 3, "{body}");
+        assert_eq!(next, Some(3));
+        // One record larger than the size still makes a page.
+        let (body, next) = json_page(items(1), 5, 10);
+        assert_eq!(serde_json::from_str::<Vec<Value>>(&body).unwrap().len(), 1);
+        assert_eq!(next, None);
+    }
 }

@@ -136,6 +136,15 @@ impl From<Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(json!({ "error": self.detail }))).into_response()
+        let mut response =
+            (self.status, axum::Json(json!({ "error": self.detail }))).into_response();
+        // A busy server says when to try again.
+        if self.detail["code"] == "server_busy" {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }
