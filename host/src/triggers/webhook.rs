@@ -164,8 +164,9 @@ pub fn verify(
 
 /// The event `data` of a call's body: `{webhook_id, content_type, body}`
 /// (JSON, any value; an empty body is `null`) or `{webhook_id,
-/// content_type, body_text}` (UTF-8 text); `None` for a body that is
-/// neither (not UTF-8, or declared JSON and not JSON).
+/// content_type, body_text}` (UTF-8 text, and JSON holding an integer
+/// beyond 64 bits, kept exactly as text); `None` for a body that is neither
+/// (not UTF-8, or declared JSON and not JSON).
 pub fn event_data(
     webhook_id: &str,
     body: &[u8],
@@ -181,7 +182,10 @@ pub fn event_data(
     let text = std::str::from_utf8(body).ok()?;
     let mut out = Map::new();
     out.insert("webhook_id".into(), json!(webhook_id));
-    if ctype.is_empty() || ctype == "application/json" || ctype.ends_with("+json") {
+    let json_declared = ctype.is_empty() || ctype == "application/json" || ctype.ends_with("+json");
+    // JSON holding an integer beyond 64 bits is kept as its text, exactly,
+    // rather than parsed with the integer rounded to a float.
+    if json_declared && stepwell_flat_json::find_inexact_integer(text).is_none() {
         let parsed = if text.trim().is_empty() {
             Ok(Value::Null)
         } else {
@@ -647,6 +651,17 @@ mod tests {
         let id: String = "é".repeat(256);
         let sig = sign(SECRET, &id, 1_700_000_000, body).unwrap();
         assert!(verify(SECRET, &headers(&id, 1_700_000_000, &sig), body, now, 300).is_ok());
+    }
+
+    #[test]
+    fn json_with_a_huge_integer_is_kept_as_text() {
+        let text = r#"{"id":123456789012345678901234567890}"#;
+        let d = event_data("i", text.as_bytes(), Some("application/json")).unwrap();
+        assert_eq!(d["body_text"], text);
+        assert_eq!(d["content_type"], "application/json");
+        assert!(d.get("body").is_none());
+        let d = event_data("i", br#"{"id":9223372036854775807}"#, None).unwrap();
+        assert_eq!(d["body"]["id"], json!(9223372036854775807i64));
     }
 
     #[test]
