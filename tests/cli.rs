@@ -90,6 +90,43 @@ fn hello_runs_on_the_embedded_default_store() {
     assert_eq!(listed.as_array().unwrap().len(), 1);
 }
 
+/// The memory store keeps nothing beside a database: its compiled
+/// components go to the user's cache folder (`$XDG_CACHE_HOME/stepwell`,
+/// else `~/.cache/stepwell`), and the working directory stays as it was.
+#[test]
+fn a_memory_store_writes_nothing_in_the_working_directory() {
+    let cli = Cli::new();
+    let home = tempfile::tempdir().unwrap();
+    let run = |env: (&str, &Path)| {
+        let out = cli
+            .cmd(&[
+                "--store",
+                "memory",
+                "run",
+                &ex("hello"),
+                "--vars",
+                r#"{"name": "M"}"#,
+            ])
+            .env_remove("XDG_CACHE_HOME")
+            .env(env.0, env.1)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            text.contains(r#"output: {"message":"Hello, M!"}"#),
+            "{text}"
+        );
+    };
+    let xdg = home.path().join("xdg");
+    run(("XDG_CACHE_HOME", &xdg));
+    let cached = |dir: &Path| std::fs::read_dir(dir).map_or(0, |d| d.count());
+    assert!(cached(&xdg.join("stepwell/cache")) > 0, "nothing cached");
+    run(("HOME", home.path()));
+    assert!(cached(&home.path().join(".cache/stepwell/cache")) > 0);
+    let left: Vec<_> = std::fs::read_dir(cli.cwd.path()).unwrap().collect();
+    assert!(left.is_empty(), "the working directory got {left:?}");
+}
+
 /// Guests count time from 1970 (`node-input.now` is a `datetime`): a fixed
 /// clock before it is refused at the door, and nothing is started.
 #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 use stepwell::effects::llm::LlmCall;
-use stepwell::llm::{Provider, Providers};
+use stepwell::llm::{Provider, Providers, Settings};
 use stepwell::{Clock, ManualClock, RunStatus, Runtime, RuntimeConfig};
 use stepwell_tests::llm_mock::{completion, LlmMock, Reply};
 use stepwell_tests::{vars, write_bundle};
@@ -18,11 +18,14 @@ fn runtime(
     key_env: &str,
     config: RuntimeConfig,
 ) -> (Runtime, Arc<ManualClock>, tempfile::TempDir) {
+    // The keys come from this test process's environment, as the binary's
+    // do from its own.
     let providers = Providers::only(Provider {
         api_key_env: Some(key_env.into()),
         timeout_s: Some(1.0),
         ..Provider::new("mock", &mock.base_url, Some("mock-model"))
-    });
+    })
+    .with_keys(Settings::new(|name| std::env::var(name).ok()));
     let clock = stepwell_tests::manual_clock();
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());

@@ -275,7 +275,7 @@ fn a_sqlite_host_keeps_the_cache_digests_in_its_store() {
     use stepwell::host::{open_runtime, HostOptions, StoreSpec};
     let dir = tempfile::tempdir().unwrap();
     let spec = StoreSpec::Sqlite(dir.path().join("stepwell.sqlite"));
-    let cache = spec.cache_dir();
+    let cache = spec.cache_dir(None).unwrap();
     let rt = open_runtime(&spec, &HostOptions::default()).unwrap();
     assert_eq!(greets(rt.engine(), "Ann"), "Hello, Ann!");
     assert!(

@@ -29,7 +29,7 @@ fn runtime_at(dir: &Path, db: &Path) -> Runtime {
     std::fs::copy(&hostile, tools.join("hostile.wasm")).unwrap();
     let store = Arc::new(stepwell::SqliteStore::open(db).unwrap());
     let config = stepwell::RuntimeConfig {
-        tool_deny_paths: stepwell::host::StoreSpec::Sqlite(db.to_path_buf()).protected_paths(),
+        tool_deny_paths: stepwell::host::StoreSpec::Sqlite(db.to_path_buf()).protected_paths(None),
         ..Default::default()
     };
     let rt = Runtime::builder(store)
@@ -708,6 +708,32 @@ fn the_agent_reads_writes_after_approval_and_answers() {
     );
     let asked = second.iter().find(|m| m["role"] == "assistant").unwrap();
     assert_eq!(asked["tool_calls"][0]["id"], "call_1");
+}
+
+/// The library reads no environment: `STEPWELL_ENABLE_EXEC=1` and
+/// `STEPWELL_TOOL_DIR` in an embedding application's environment change
+/// nothing (only the `stepwell` binary maps them onto the builder).
+#[test]
+fn the_environment_does_not_turn_exec_on_in_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = dir.path().join("tool-dir");
+    std::fs::create_dir_all(&tools).unwrap();
+    std::fs::copy(
+        repo().join("flows/tools/testing/hostile.wasm"),
+        tools.join("hostile.wasm"),
+    )
+    .unwrap();
+    // Nothing else in this process reads these (the library never does).
+    std::env::set_var("STEPWELL_ENABLE_EXEC", "1");
+    std::env::set_var("STEPWELL_TOOL_DIR", &tools);
+    let rt = Runtime::builder(Arc::new(stepwell::MemoryStore::new()))
+        .engine(stepwell_tests::engine())
+        .build()
+        .unwrap();
+    let table = rt.tools().unwrap();
+    assert!(table.get("execute_command").is_none());
+    assert!(table.get("hostile_env").is_none());
+    assert!(table.get("read_file").is_some());
 }
 
 /// `execute_command` is off by default, always asks (even when a run

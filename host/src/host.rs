@@ -111,16 +111,21 @@ impl StoreSpec {
 
     /// What no tool may reach: the store's files and the folders beside
     /// them (artifacts, snapshots, compiled components, the server's
-    /// token), absolute.
-    pub fn protected_paths(&self) -> Vec<PathBuf> {
+    /// token), absolute; for a memory or PostgreSQL store, its caches under
+    /// `cache_home` and its files under `.stepwell`.
+    pub fn protected_paths(&self, cache_home: Option<&Path>) -> Vec<PathBuf> {
         let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
         match self {
-            StoreSpec::Memory | StoreSpec::Postgres(_) => vec![
-                absolute(self.cache_dir()),
-                absolute(self.bundle_cache_dir()),
-                absolute(self.token_file()),
-                absolute(self.connection_key_file()),
-            ],
+            StoreSpec::Memory | StoreSpec::Postgres(_) => [
+                self.cache_dir(cache_home),
+                self.bundle_cache_dir(cache_home),
+                Some(self.token_file()),
+                Some(self.connection_key_file()),
+            ]
+            .into_iter()
+            .flatten()
+            .map(absolute)
+            .collect(),
             StoreSpec::Sqlite(path) => {
                 let dir = path
                     .parent()
@@ -168,38 +173,52 @@ impl StoreSpec {
     }
 
     /// The key file that seals trigger connections' secrets:
-    /// `connections.key` beside the database or inside a JSON store folder.
+    /// `connections.key` beside the database, inside a JSON store folder,
+    /// or under `.stepwell` for the memory and PostgreSQL stores.
     pub fn connection_key_file(&self) -> PathBuf {
-        self.cache_dir()
-            .with_file_name(crate::triggers::connections::KEY_FILE)
+        self.state_dir()
+            .join(crate::triggers::connections::KEY_FILE)
     }
 
     /// Where `stepwell serve` keeps its bearer token unless told otherwise:
     /// `serve-token` beside the database, inside a JSON store folder, or
-    /// under `.stepwell` for the memory store.
+    /// under `.stepwell` for the memory and PostgreSQL stores.
     pub fn token_file(&self) -> PathBuf {
-        self.cache_dir().with_file_name("serve-token")
+        self.state_dir().join("serve-token")
     }
 
-    /// Where the bundles a store keeps (PostgreSQL) are written to be
-    /// loaded: `bundles/` beside [`StoreSpec::cache_dir`].
-    pub fn bundle_cache_dir(&self) -> PathBuf {
-        self.cache_dir().with_file_name("bundles")
-    }
-
-    /// Where compiled components are cached for this store: `cache/` beside
-    /// the database, `cache/` inside a JSON store folder, or
-    /// `.stepwell/cache` for the memory and PostgreSQL stores (each host
-    /// compiles for itself).
-    pub fn cache_dir(&self) -> PathBuf {
+    /// The folder of the store's own files: the database's folder, the JSON
+    /// store folder, or `.stepwell` (in the working directory) for the
+    /// memory and PostgreSQL stores.
+    fn state_dir(&self) -> PathBuf {
         match self {
-            StoreSpec::Memory | StoreSpec::Postgres(_) => Path::new(".stepwell").join("cache"),
+            StoreSpec::Memory | StoreSpec::Postgres(_) => PathBuf::from(".stepwell"),
             StoreSpec::Sqlite(path) => path
                 .parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."))
-                .join("cache"),
-            StoreSpec::Json(dir) => dir.join("cache"),
+                .to_path_buf(),
+            StoreSpec::Json(dir) => dir.clone(),
+        }
+    }
+
+    /// Where the bundles a store keeps (PostgreSQL) are written to be
+    /// loaded: `bundles/` beside [`StoreSpec::cache_dir`].
+    pub fn bundle_cache_dir(&self, cache_home: Option<&Path>) -> Option<PathBuf> {
+        self.cache_dir(cache_home)
+            .map(|c| c.with_file_name("bundles"))
+    }
+
+    /// Where compiled components are cached for this store: `cache/` beside
+    /// the database or inside a JSON store folder; for the memory and
+    /// PostgreSQL stores `cache/` under `cache_home` (the binary passes the
+    /// user's cache folder, `$XDG_CACHE_HOME/stepwell` or
+    /// `~/.cache/stepwell`), and without one nowhere: components are
+    /// compiled in memory, nothing is written where it was not asked for.
+    pub fn cache_dir(&self, cache_home: Option<&Path>) -> Option<PathBuf> {
+        match self {
+            StoreSpec::Memory | StoreSpec::Postgres(_) => cache_home.map(|h| h.join("cache")),
+            StoreSpec::Sqlite(_) | StoreSpec::Json(_) => Some(self.state_dir().join("cache")),
         }
     }
 }
@@ -268,12 +287,20 @@ pub struct HostOptions {
     /// The runtime's clock (`None`: the system clock); a fixed clock
     /// makes a command act at a chosen time (`stepwell --now`).
     pub clock: Option<Arc<dyn crate::Clock>>,
-    /// The folder of third-party tool components (`None`: the
-    /// `STEPWELL_TOOL_DIR` environment variable, else none).
+    /// The folder of third-party tool components, if any.
     pub tool_dir: Option<std::path::PathBuf>,
-    /// Offer the host tool `execute_command` (`None`: the
-    /// `STEPWELL_ENABLE_EXEC` environment variable decides).
-    pub enable_exec: Option<bool>,
+    /// The folder of plugin trigger sources, if any.
+    pub trigger_dir: Option<std::path::PathBuf>,
+    /// Offer the host tool `execute_command` (off by default).
+    pub enable_exec: bool,
+    /// Where a memory or PostgreSQL store's compiled components and bundles
+    /// are cached (`None`: components are compiled in memory, and bundles
+    /// the store keeps cannot be loaded). The binary passes the user's
+    /// cache folder.
+    pub cache_home: Option<std::path::PathBuf>,
+    /// Effect handlers to register over the built-in ones (the binary's
+    /// `llm_call`, configured from its environment).
+    pub effects: Vec<Arc<dyn crate::effects::EffectHandler>>,
 }
 
 impl std::fmt::Debug for HostOptions {
@@ -284,7 +311,13 @@ impl std::fmt::Debug for HostOptions {
             .field("config", &self.config)
             .field("clock", &self.clock.as_ref().map(|c| c.now()))
             .field("tool_dir", &self.tool_dir)
+            .field("trigger_dir", &self.trigger_dir)
             .field("enable_exec", &self.enable_exec)
+            .field("cache_home", &self.cache_home)
+            .field(
+                "effects",
+                &self.effects.iter().map(|e| e.kind()).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -318,27 +351,36 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
         }
         other => (other.open(options.durability)?, None, spec.artifacts()?),
     };
+    let cache_home = options.cache_home.as_deref();
     let engine = WasmEngine::new(EngineConfig {
-        cache_dir: Some(spec.cache_dir()),
+        cache_dir: spec.cache_dir(cache_home),
         limits: options.limits,
         digests,
     })?;
     let mut config = options.config.clone();
-    config.tool_deny_paths.extend(spec.protected_paths());
+    config
+        .tool_deny_paths
+        .extend(spec.protected_paths(cache_home));
     let mut builder = Runtime::builder(store)
         .engine(engine)
         .config(config)
-        .artifacts(artifacts, DEFAULT_OFFLOAD_BYTES)
-        .bundle_cache(spec.bundle_cache_dir());
+        .artifacts(artifacts, DEFAULT_OFFLOAD_BYTES);
+    if let Some(dir) = spec.bundle_cache_dir(cache_home) {
+        builder = builder.bundle_cache(dir);
+    }
+    if let Some(dir) = &options.trigger_dir {
+        builder = builder.trigger_dir(dir.clone());
+    }
+    for handler in &options.effects {
+        builder = builder.effect(handler.clone());
+    }
     if let Some(clock) = &options.clock {
         builder = builder.clock(clock.clone());
     }
     if let Some(dir) = &options.tool_dir {
         builder = builder.tool_dir(dir.clone());
     }
-    if let Some(on) = options.enable_exec {
-        builder = builder.enable_exec(on);
-    }
+    builder = builder.enable_exec(options.enable_exec);
     builder = builder.sealing_key(match spec {
         StoreSpec::Memory => crate::triggers::SealingKey::random(),
         _ => crate::triggers::SealingKey::File(spec.connection_key_file()),

@@ -411,7 +411,7 @@ fn parse_json(field: &str, text: &str) -> Result<Value, Error> {
 }
 
 fn triggers(
-    spec: &StoreSpec,
+    cache_dir: Option<PathBuf>,
     limits: SandboxLimits,
     dir: Option<PathBuf>,
     command: TriggerCommand,
@@ -419,7 +419,7 @@ fn triggers(
     json: bool,
 ) -> Result<(), Error> {
     let engine = stepwell::WasmEngine::new(stepwell::EngineConfig {
-        cache_dir: Some(spec.cache_dir()),
+        cache_dir,
         limits,
         digests: None,
     })?;
@@ -732,14 +732,18 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 as std::sync::Arc<dyn stepwell::Clock>
         }),
         tool_dir: cli.tool_dir.clone(),
-        enable_exec: cli.enable_exec.then_some(true),
+        trigger_dir: cli::environment::trigger_dir(),
+        enable_exec: cli.enable_exec || cli::environment::exec_enabled(),
+        cache_home: cli::environment::cache_home(),
+        effects: vec![cli::environment::llm_call()],
     };
     if let Command::Triggers {
         trigger_dir,
         command,
     } = cli.command
     {
-        return triggers(&spec, limits, trigger_dir, command, cli.now, cli.json);
+        let cache = spec.cache_dir(options.cache_home.as_deref());
+        return triggers(cache, limits, trigger_dir, command, cli.now, cli.json);
     }
     if let Command::Db {
         command: DbCommand::Migrate,
@@ -1167,6 +1171,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.write_stall_timeout = Duration::from_millis(write_timeout_ms.max(1));
             options.max_body_bytes_in_flight = max_body_bytes_in_flight;
             options.snapshots = Some(std::sync::Arc::from(spec.snapshots()?));
+            options.dashboard_dir = cli::environment::dashboard_dir();
             let server = stepwell::serve::Server::bind(rt, options)?;
             let url = format!("http://{}/", server.local_addr());
             if !server.local_addr().ip().is_loopback() {
@@ -1259,6 +1264,7 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
     let cli = Cli::parse();
+    cli::environment::apply_profiling();
     let json = cli.json;
     match execute(cli) {
         Ok(()) if RUN_FAILED.load(std::sync::atomic::Ordering::Relaxed) => ExitCode::FAILURE,

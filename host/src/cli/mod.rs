@@ -8,5 +8,6 @@ pub mod bench;
 pub mod bench_http;
 pub mod bench_scale;
 pub mod connections;
+pub mod environment;
 pub mod ledger;
 pub mod sessions;

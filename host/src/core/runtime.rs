@@ -135,7 +135,7 @@ pub struct RuntimeBuilder {
     effects: EffectRegistry,
     trigger_dir: Option<std::path::PathBuf>,
     tool_dir: Option<std::path::PathBuf>,
-    enable_exec: Option<bool>,
+    enable_exec: bool,
     sealing: Option<crate::triggers::SealingKey>,
     bundle_cache: Option<std::path::PathBuf>,
 }
@@ -152,15 +152,16 @@ impl RuntimeBuilder {
 
     /// Offers the host tool `execute_command` (a shell command run with the
     /// host's rights, always after a person's approval; docs/tools.md).
-    /// Default: the `STEPWELL_ENABLE_EXEC` environment variable is `1`.
+    /// Default: off (the binary's `--enable-exec` or `STEPWELL_ENABLE_EXEC=1`
+    /// turn it on).
     pub fn enable_exec(mut self, on: bool) -> Self {
-        self.enable_exec = Some(on);
+        self.enable_exec = on;
         self
     }
 
     /// The folder of third-party tool components (`*.wasm`) `tool_calls`
-    /// may run, beside the built-in workspace tools (default: the
-    /// `STEPWELL_TOOL_DIR` environment variable, else none).
+    /// may run, beside the built-in workspace tools (default: none; the
+    /// binary's `--tool-dir` or `STEPWELL_TOOL_DIR`).
     pub fn tool_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.tool_dir = Some(dir.into());
         self
@@ -168,7 +169,7 @@ impl RuntimeBuilder {
 
     /// Where bundles a store keeps (PostgreSQL: see
     /// [`crate::flow::archive`]) are written to be loaded, one folder per
-    /// digest (default: `.stepwell/bundles` in the working directory;
+    /// digest (default: none, and such a bundle cannot be loaded;
     /// [`crate::open_runtime`] uses `bundles/` beside the compiled-component
     /// cache).
     pub fn bundle_cache(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
@@ -177,8 +178,8 @@ impl RuntimeBuilder {
     }
 
     /// The folder of plugin trigger sources (`*.wasm`) automations may
-    /// bind, beside the built-in `schedule@1` and `manual@1` (default: the
-    /// `STEPWELL_TRIGGER_DIR` environment variable, else none).
+    /// bind, beside the built-in `schedule@1` and `manual@1` (default: none;
+    /// the binary's `STEPWELL_TRIGGER_DIR`).
     pub fn trigger_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.trigger_dir = Some(dir.into());
         self
@@ -243,27 +244,15 @@ impl RuntimeBuilder {
             Some(e) => e,
             None => WasmEngine::new(Default::default())?,
         };
-        let trigger_dir = self.trigger_dir.or_else(|| {
-            std::env::var_os(crate::triggers::PLUGIN_DIR_ENV)
-                .filter(|d| !d.is_empty())
-                .map(Into::into)
-        });
+        // Only what the builder was told: the library reads no environment.
         let triggers = Arc::new(crate::automation::TriggerCatalog::new(
             engine.clone(),
-            trigger_dir,
+            self.trigger_dir,
         ));
-        let tool_dir = self.tool_dir.or_else(|| {
-            std::env::var_os(crate::tools::TOOL_DIR_ENV)
-                .filter(|d| !d.is_empty())
-                .map(Into::into)
-        });
-        let exec = self.enable_exec.unwrap_or_else(|| {
-            std::env::var(crate::tools::exec::ENABLE_EXEC_ENV).is_ok_and(|v| v.trim() == "1")
-        });
         let tools = Arc::new(crate::tools::ToolCatalog::new(
             engine.clone(),
-            tool_dir,
-            exec,
+            self.tool_dir,
+            self.enable_exec,
         ));
         let mut effects = self.effects;
         if effects.get("tool_calls").is_none() {
@@ -307,9 +296,7 @@ impl RuntimeBuilder {
                 sealing: self.sealing,
                 last_sweep: parking_lot::Mutex::new(None),
                 refusals: Default::default(),
-                bundle_cache: self
-                    .bundle_cache
-                    .unwrap_or_else(|| std::path::Path::new(".stepwell").join("bundles")),
+                bundle_cache: self.bundle_cache,
             }),
         })
     }
@@ -334,7 +321,7 @@ pub(crate) struct Inner {
     pub(crate) last_sweep: parking_lot::Mutex<Option<chrono::DateTime<chrono::Utc>>>,
     /// Refused webhook calls not yet written to their connection.
     pub(crate) refusals: crate::triggers::webhook::RefusalThrottle,
-    bundle_cache: std::path::PathBuf,
+    bundle_cache: Option<std::path::PathBuf>,
 }
 
 impl Drop for Inner {
@@ -397,7 +384,7 @@ impl Runtime {
             effects: EffectRegistry::builtin(),
             trigger_dir: None,
             tool_dir: None,
-            enable_exec: None,
+            enable_exec: false,
             sealing: None,
             bundle_cache: None,
         }
@@ -548,8 +535,9 @@ impl Runtime {
                 return Ok(false);
             };
             // Written here before (and unchanged): not fetched again.
-            if let Some(dir) = flow::archive::BundleFiles::cached(&self.inner.bundle_cache, &digest)
-            {
+            let cached = (self.inner.bundle_cache.as_deref())
+                .and_then(|c| flow::archive::BundleFiles::cached(c, &digest));
+            if let Some(dir) = cached {
                 self.register_stored(workflow_id, &digest, &dir)?;
                 return Ok(true);
             }
@@ -585,12 +573,18 @@ impl Runtime {
                 files.digest
             )));
         }
-        let dir = files.materialise(&self.inner.bundle_cache).map_err(|e| {
+        let Some(cache) = self.inner.bundle_cache.as_deref() else {
+            return Err(Error::invalid(
+                "bundle_cache",
+                format!("the store keeps the bundle of workflow {workflow_id:?}, and this runtime has no folder to write it into (RuntimeBuilder::bundle_cache)"),
+            ));
+        };
+        let dir = files.materialise(cache).map_err(|e| {
             Error::invalid(
                 "bundle_cache",
                 format!(
                     "cannot write the bundle of workflow {workflow_id:?} into {}: {e}",
-                    self.inner.bundle_cache.display()
+                    cache.display()
                 ),
             )
         })?;

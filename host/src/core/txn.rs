@@ -98,10 +98,23 @@ fn this_context() -> String {
 fn this_host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(system_hostname)
         .map(|h| h.trim().replace(':', "_"))
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "host".into())
+}
+
+/// The host name the system gives (where `/proc` is not there).
+fn system_hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at
+    // most that many bytes and the result is read up to its first NUL.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
 /// The leases a runtime holds, renewed by a background thread every third

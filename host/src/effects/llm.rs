@@ -5,8 +5,9 @@
 //! step's commit, and a step replayed after a crash reuses it, so a paid
 //! call is never made twice once its answer is recorded. Secrets in the
 //! payload (`params.api_key` and the like) are recorded as `[redacted]`
-//! and never sent in the body; the provider's key comes from its
-//! environment variable at each call.
+//! and never sent in the body; the provider's key is looked up by name at
+//! each call (in the settings the embedder gave; the `stepwell` binary's
+//! are its environment).
 
 use serde_json::{json, Map, Value};
 
@@ -16,11 +17,11 @@ use crate::core::Result;
 use crate::llm::{
     attempted_budget, chat_request, finish_is_truncation, normalize_response, output_budget,
     parse_json_text, positive, redact, requested_schema, schema_mismatch, shown_url,
-    truncation_message, Providers,
+    truncation_message, Providers, Settings,
 };
 
-/// The environment variable naming a providers file (JSON, see
-/// `docs/llm.md`).
+/// The environment variable the `stepwell` binary reads for a providers
+/// file (JSON, see `docs/llm.md`).
 pub const LLM_CONFIG_ENV: &str = "STEPWELL_LLM_CONFIG";
 
 /// The `llm_call` handler over a set of providers.
@@ -37,13 +38,14 @@ impl LlmCall {
         }
     }
 
-    /// The providers of the environment: the file `STEPWELL_LLM_CONFIG`
-    /// names over the built-in profiles, or the built-in profiles alone. A
-    /// file that cannot be read fails every call with why.
-    pub fn from_env() -> Self {
-        let providers = match std::env::var_os(LLM_CONFIG_ENV).filter(|p| !p.is_empty()) {
-            Some(path) => Providers::load(std::path::Path::new(&path)),
-            None => Ok(Providers::from_env()),
+    /// The providers `settings` configure: the providers file `file`
+    /// (the binary's `STEPWELL_LLM_CONFIG`) over the built-in profiles, or
+    /// the built-in profiles alone. A file that cannot be read fails every
+    /// call with why.
+    pub fn configured(file: Option<&std::path::Path>, settings: &Settings) -> Self {
+        let providers = match file {
+            Some(path) => Providers::load(path, settings),
+            None => Ok(Providers::from_settings(settings)),
         };
         LlmCall { providers }
     }

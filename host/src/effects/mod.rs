@@ -441,7 +441,13 @@ impl EffectRegistry {
         r.register(Arc::new(events::EmitEvent));
         r.register(Arc::new(subworkflow::StartSubworkflow));
         r.register(Arc::new(vars_query::VarsQuery));
-        r.register(Arc::new(llm::LlmCall::from_env()));
+        // The built-in profiles with no settings: no default provider and
+        // no keys until the embedder configures them (the binary registers
+        // its own from the environment).
+        r.register(Arc::new(llm::LlmCall::configured(
+            None,
+            &crate::llm::Settings::default(),
+        )));
         r
     }
 

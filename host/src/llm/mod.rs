@@ -16,4 +16,4 @@ pub use chat::{
     parse_json_text, positive, redact, requested_schema, schema_mismatch, truncation_message,
     ChatRequest, REDACTED,
 };
-pub use providers::{shown_url, LlmError, Provider, Providers, DEFAULT_TIMEOUT_S};
+pub use providers::{shown_url, LlmError, Provider, Providers, Settings, DEFAULT_TIMEOUT_S};

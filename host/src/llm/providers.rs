@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -101,11 +102,66 @@ impl LlmError {
     }
 }
 
+/// Where settings and API keys come from: the value of a name, if it has
+/// one. The library reads no environment: the `stepwell` binary passes
+/// its process environment, an embedder passes what it chooses.
+///
+/// ```
+/// use std::sync::Arc;
+/// use stepwell::effects::llm::LlmCall;
+/// use stepwell::llm::{Providers, Settings};
+///
+/// let settings = Settings::new(|name| match name {
+///     "STEPWELL_LLM_PROVIDER" => Some("ollama".into()),
+///     _ => None,
+/// });
+/// let providers = Providers::from_settings(&settings);
+/// assert_eq!(providers.default_name(), Some("ollama"));
+/// // Without settings: the built-in profiles, no default, no keys.
+/// assert_eq!(Providers::from_settings(&Settings::default()).default_name(), None);
+/// let rt = stepwell::Runtime::builder(Arc::new(stepwell::MemoryStore::new()))
+///     .effect(Arc::new(LlmCall::configured(None, &settings)))
+///     .build()?;
+/// # drop(rt);
+/// # Ok::<(), stepwell::Error>(())
+/// ```
+#[derive(Clone, Default)]
+pub struct Settings(Option<Arc<Lookup>>);
+
+/// A settings lookup: the value of a name.
+type Lookup = dyn Fn(&str) -> Option<String> + Send + Sync;
+
+impl Settings {
+    /// Settings read from `lookup` (called again at each LLM call for the
+    /// API keys, so a key is never stored).
+    pub fn new(lookup: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
+        Settings(Some(Arc::new(lookup)))
+    }
+
+    /// The value of `name`, unless it is blank.
+    pub fn get(&self, name: &str) -> Option<String> {
+        let lookup = self.0.as_ref()?;
+        lookup(name).filter(|v| !v.trim().is_empty())
+    }
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Settings(..)"
+        } else {
+            "Settings(none)"
+        })
+    }
+}
+
 /// The providers a host may call, and its default.
 #[derive(Debug, Clone, Default)]
 pub struct Providers {
     profiles: Vec<Provider>,
     default: Option<String>,
+    /// Where the API keys the profiles name are read, at each call.
+    keys: Settings,
 }
 
 /// The HTTP agent every call shares (its connection pool); each request
@@ -126,12 +182,9 @@ fn agent() -> ureq::Agent {
         .clone()
 }
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
 impl Providers {
-    /// The built-in profiles, with the environment's overrides:
+    /// The built-in profiles, with the overrides `settings` holds (the
+    /// `stepwell` binary's are its environment variables):
     ///
     /// - `openai`: `OPENAI_BASE_URL` (else `https://api.openai.com/v1`),
     ///   key `OPENAI_API_KEY`, model `OPENAI_MODEL`;
@@ -144,7 +197,8 @@ impl Providers {
     /// The default is `STEPWELL_LLM_PROVIDER`, else `openai` when
     /// `OPENAI_BASE_URL` or `OPENAI_API_KEY` is set; `STEPWELL_LLM_MODEL`
     /// sets the default profile's model.
-    pub fn from_env() -> Self {
+    pub fn from_settings(settings: &Settings) -> Self {
+        let env = |name: &str| settings.get(name);
         let ollama = env("OLLAMA_BASE_URL")
             .map(|u| format!("{}/v1", u.trim_end_matches('/').trim_end_matches("/v1")))
             .unwrap_or_else(|| "http://localhost:11434/v1".into());
@@ -175,23 +229,28 @@ impl Providers {
             (env("OPENAI_BASE_URL").is_some() || env("OPENAI_API_KEY").is_some())
                 .then(|| "openai".to_string())
         });
-        let mut p = Providers { profiles, default };
+        let mut p = Providers {
+            profiles,
+            default,
+            keys: settings.clone(),
+        };
         if let Some(model) = env("STEPWELL_LLM_MODEL") {
             p.set_default_model(&model);
         }
         p
     }
 
-    /// The built-in profiles ([`Providers::from_env`]) with the profiles of
-    /// the JSON file at `path` over them (a profile of the same name
-    /// replaces the built-in one; the file's `default` wins over the
-    /// environment's, but `STEPWELL_LLM_PROVIDER` wins over both).
-    pub fn load(path: &Path) -> Result<Self, String> {
+    /// The built-in profiles ([`Providers::from_settings`]) with the
+    /// profiles of the JSON file at `path` over them (a profile of the same
+    /// name replaces the built-in one; the file's `default` wins over the
+    /// settings', but `STEPWELL_LLM_PROVIDER` wins over both).
+    pub fn load(path: &Path, settings: &Settings) -> Result<Self, String> {
+        let env = |name: &str| settings.get(name);
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
         let file: ProvidersFile =
             serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut p = Providers::from_env();
+        let mut p = Providers::from_settings(settings);
         for profile in file.providers {
             p = p.with(profile);
         }
@@ -210,6 +269,13 @@ impl Providers {
     pub fn only(profile: Provider) -> Self {
         let name = profile.name.clone();
         Providers::default().with(profile).with_default(&name)
+    }
+
+    /// These providers with their API keys read from `keys` (at each
+    /// call; without, no profile has a key).
+    pub fn with_keys(mut self, keys: Settings) -> Self {
+        self.keys = keys;
+        self
     }
 
     /// These providers with `profile` added (replacing one of its name).
@@ -286,7 +352,10 @@ impl Providers {
         for (k, v) in &provider.headers {
             request = request.header(k, v);
         }
-        let key = provider.api_key_env.as_deref().and_then(env);
+        let key = provider
+            .api_key_env
+            .as_deref()
+            .and_then(|name| self.keys.get(name));
         if let Some(key) = key.filter(|k| k != "EMPTY") {
             request = request.header("Authorization", &format!("Bearer {key}"));
         }

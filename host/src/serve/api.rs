@@ -339,12 +339,13 @@ fn run_json(run: &RunState) -> Value {
 // ---------------------------------------------------------------- static
 
 /// The dashboard's file `name`: embedded in the binary, or read from the
-/// folder `STEPWELL_DASHBOARD_DIR` names at each request (for working on
-/// the dashboard without rebuilding).
-fn dashboard_file(name: &str, embedded: &'static str) -> String {
-    match std::env::var_os("STEPWELL_DASHBOARD_DIR") {
-        Some(dir) => std::fs::read_to_string(std::path::Path::new(&dir).join(name))
-            .unwrap_or_else(|_| embedded.to_string()),
+/// server's dashboard folder at each request (for working on the dashboard
+/// without rebuilding; the binary's `STEPWELL_DASHBOARD_DIR`).
+fn dashboard_file(s: &Shared, name: &str, embedded: &'static str) -> String {
+    match &s.dashboard_dir {
+        Some(dir) => {
+            std::fs::read_to_string(dir.join(name)).unwrap_or_else(|_| embedded.to_string())
+        }
         None => embedded.to_string(),
     }
 }
@@ -364,24 +365,24 @@ fn asset(content_type: &'static str, body: String) -> Response {
         .into_response()
 }
 
-async fn dashboard_index() -> Response {
+async fn dashboard_index(State(s): S) -> Response {
     asset(
         "text/html; charset=utf-8",
-        dashboard_file("index.html", include_str!("dashboard/index.html")),
+        dashboard_file(&s, "index.html", include_str!("dashboard/index.html")),
     )
 }
 
-async fn dashboard_js() -> Response {
+async fn dashboard_js(State(s): S) -> Response {
     asset(
         "text/javascript; charset=utf-8",
-        dashboard_file("app.js", include_str!("dashboard/app.js")),
+        dashboard_file(&s, "app.js", include_str!("dashboard/app.js")),
     )
 }
 
-async fn dashboard_css() -> Response {
+async fn dashboard_css(State(s): S) -> Response {
     asset(
         "text/css; charset=utf-8",
-        dashboard_file("app.css", include_str!("dashboard/app.css")),
+        dashboard_file(&s, "app.css", include_str!("dashboard/app.css")),
     )
 }
 

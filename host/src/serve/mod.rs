@@ -81,6 +81,10 @@ pub struct ServeOptions {
     /// that reads nothing of an answer or a stream for that long has its
     /// connection closed).
     pub write_stall_timeout: Duration,
+    /// A folder whose `index.html`, `app.js` and `app.css` replace the
+    /// embedded dashboard's, read at each request (for working on the
+    /// dashboard without rebuilding). Default: none.
+    pub dashboard_dir: Option<PathBuf>,
 }
 
 impl ServeOptions {
@@ -101,6 +105,7 @@ impl ServeOptions {
             max_connections: 1024,
             header_read_timeout: Duration::from_secs(15),
             write_stall_timeout: Duration::from_secs(15),
+            dashboard_dir: None,
         }
     }
 }
@@ -151,6 +156,9 @@ pub(crate) struct Shared {
     /// Set when the server is shutting down: streams end.
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
     pub(crate) poll_interval: Duration,
+    /// Where the dashboard's files are read at each request, if not the
+    /// embedded ones.
+    pub(crate) dashboard_dir: Option<PathBuf>,
     pub(crate) http: api::HttpCounters,
     /// Request bodies of the routes behind the token: their limit,
     /// deadline and budget.
@@ -267,6 +275,7 @@ impl Server {
                 has_feed,
                 shutdown,
                 poll_interval: options.poll_interval,
+                dashboard_dir: options.dashboard_dir.clone(),
                 http: api::HttpCounters::default(),
                 bodies: body::BodyBudget::new(
                     options.max_body_bytes_in_flight,

@@ -500,13 +500,22 @@ const POOL_INSTANCES: u32 = 128;
 /// Bytes of each memory and table kept resident between calls.
 const KEEP_RESIDENT: usize = 2 << 20;
 
+/// Whether engines made from now on write a perf map ([`write_perf_map`]).
+static PERF_MAP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes the engines this process creates from now on write
+/// `/tmp/perf-PID.map`, so that `perf` names the guests' compiled functions
+/// (docs/performance.md). One map per process, so a process-wide switch
+/// (the binary turns it on for `STEPWELL_WASM_PERFMAP=1`).
+pub fn write_perf_map() {
+    PERF_MAP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn engine_config(limits: &SandboxLimits, pooling: bool) -> Config {
     let mut wt = Config::new();
     wt.epoch_interruption(true);
     wt.wasm_component_model(true);
-    // `STEPWELL_WASM_PERFMAP=1` writes /tmp/perf-PID.map so that `perf`
-    // names the guests' compiled functions (docs/performance.md).
-    if std::env::var_os("STEPWELL_WASM_PERFMAP").is_some_and(|v| v == "1") {
+    if PERF_MAP.load(std::sync::atomic::Ordering::Relaxed) {
         wt.profiler(wasmtime::ProfilingStrategy::PerfMap);
     }
     if pooling {
