@@ -1331,3 +1331,163 @@ fn ignore_files_lint_notices_and_error_texts_match_the_reference() {
         "Invalid regex pattern '(abc': missing ), unterminated subpattern at position 0"
     );
 }
+
+/// Runs `ops` through `hostile_fsguard` (raw `wasi:filesystem` calls) in
+/// an `all_except_ignored` scope rooted at `ws`; each op's report.
+fn raw_calls(rt: &Runtime, ws: &Path, ops: Vec<Value>) -> Vec<Value> {
+    let run = start(
+        rt,
+        json!({"tool_calls": [call("hostile_fsguard", json!({"ops": ops}))]}),
+        json!({"workspace_root": ws.to_str().unwrap(), "workspace_access_mode": "all_except_ignored"}),
+        json!({"tool_policy": {"auto_approve_tools": ["hostile_fsguard"]}}),
+    );
+    let r = results(&run);
+    r[0]["output"]["results"]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| panic!("{}", r[0]))
+}
+
+/// A store in `proj/` beside a workspace `ws/`, with an artifact and a
+/// token file: (the temporary folder, its path, proj, ws, the runtime).
+fn store_beside_workspace() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf, Runtime) {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().canonicalize().unwrap();
+    let proj = base.join("proj");
+    std::fs::create_dir_all(proj.join("artifacts")).unwrap();
+    std::fs::write(proj.join("artifacts/a1"), "ARTIFACT").unwrap();
+    std::fs::write(proj.join("serve-token"), "SECRET-TOKEN").unwrap();
+    let rt = runtime_at(&base, &proj.join("store.sqlite"));
+    let ws = base.join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    (dir, base, proj, ws, rt)
+}
+
+/// A component making raw calls cannot truncate or create the store's
+/// files through a link it made (the link's target is checked, and a file
+/// is truncated only once it is known not to be refused).
+#[test]
+fn raw_calls_cannot_truncate_the_store_through_a_link() {
+    let (_dir, _, proj, ws, rt) = store_beside_workspace();
+    let p = |s: &str| ws.join(s).to_str().unwrap().to_string();
+    let r = raw_calls(
+        &rt,
+        &ws,
+        vec![
+            json!({"op": "symlink", "target": "../proj/serve-token", "path": p("tlink")}),
+            json!({"op": "read", "path": p("tlink")}),
+            json!({"op": "open_trunc", "path": p("tlink"), "create": false}),
+            json!({"op": "open_trunc", "path": p("tlink"), "create": true}),
+            json!({"op": "symlink", "target": "../proj/cache", "path": p("clink")}),
+            json!({"op": "open_trunc", "path": p("clink"), "create": true}),
+            json!({"op": "open_trunc", "path": p("mine.txt"), "create": true}),
+        ],
+    );
+    let oks: Vec<bool> = r.iter().map(|x| x["ok"] == true).collect();
+    assert_eq!(
+        oks,
+        [true, false, false, false, true, false, true],
+        "{r:#?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(proj.join("serve-token")).unwrap(),
+        "SECRET-TOKEN"
+    );
+    assert!(!proj.join("cache").exists(), "a file squats cache/");
+    assert!(ws.join("mine.txt").is_file());
+}
+
+/// A path too long for the system to resolve (two links into folders 4 KiB
+/// deep, then `../` back out) is refused, not checked as written only: the
+/// store cannot be hard-linked, read, overwritten or moved that way (before,
+/// every one of these got through).
+#[test]
+fn raw_calls_through_a_path_too_deep_to_resolve_are_refused() {
+    let (_dir, _, proj, ws, rt) = store_beside_workspace();
+    let seg = "a".repeat(255);
+    let w = ws.to_str().unwrap().to_string();
+    let mut ops = Vec::new();
+    let mut path = w.clone();
+    for _ in 0..8 {
+        path = format!("{path}/{seg}");
+        ops.push(json!({"op": "mkdir", "path": path}));
+    }
+    let eight = [seg.as_str(); 8].join("/");
+    ops.push(json!({"op": "symlink", "target": eight, "path": format!("{w}/S1")}));
+    let mut path = format!("{w}/S1");
+    for _ in 0..9 {
+        path = format!("{path}/{seg}");
+        ops.push(json!({"op": "mkdir", "path": path}));
+    }
+    let nine = [seg.as_str(); 9].join("/");
+    ops.push(json!({"op": "symlink", "target": nine, "path": format!("{w}/S1/S2")}));
+    let made = ops.len();
+    let via = |x: &str| format!("{w}/S1/S2/{}proj/{x}", "../".repeat(18));
+    ops.extend([
+        json!({"op": "stat", "path": via("store.sqlite")}),
+        json!({"op": "read", "path": via("store.sqlite")}),
+        json!({"op": "link", "old": via("store.sqlite"), "new": format!("{w}/stolen.sqlite")}),
+        json!({"op": "link", "old": via("serve-token"), "new": format!("{w}/tok")}),
+        json!({"op": "rename", "old": via("artifacts"), "new": format!("{w}/moved")}),
+        json!({"op": "open_trunc", "path": via("serve-token")}),
+    ]);
+    let r = raw_calls(&rt, &ws, ops);
+    // The first folders are made; the deepest are already refused (their
+    // folder cannot be resolved), and so is everything after.
+    for x in &r[..8] {
+        assert_eq!(x["ok"], true, "setting up: {x}");
+    }
+    assert!(r[8..made].iter().any(|x| x["ok"] == false), "{r:#?}");
+    for x in &r[made..] {
+        assert_eq!(x["ok"], false, "got through: {x}");
+    }
+    assert!(!ws.join("stolen.sqlite").exists() && !ws.join("tok").exists());
+    assert!(proj.join("artifacts/a1").is_file());
+    assert_eq!(
+        std::fs::read_to_string(proj.join("serve-token")).unwrap(),
+        "SECRET-TOKEN"
+    );
+}
+
+/// A store named through a link or a `..` is refused where it really is;
+/// a listing of its folder still works, and the metadata hash of a refused
+/// file tells nothing of it (made from the name: the same for one that
+/// does not exist).
+#[test]
+fn the_store_is_refused_wherever_it_was_named_from() {
+    for variant in ["alias", "dotdot"] {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        let real = base.join("real");
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::create_dir_all(base.join("other")).unwrap();
+        std::os::unix::fs::symlink("real", base.join("alias")).unwrap();
+        let db = match variant {
+            "alias" => base.join("alias/store.sqlite"),
+            _ => base.join("other/../real/store.sqlite"),
+        };
+        let rt = runtime_at(&base, &db);
+        let ws = base.join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(real.join("notes.txt"), "n").unwrap();
+        let at = |name: &str| real.join(name).to_str().unwrap().to_string();
+        let r = raw_calls(
+            &rt,
+            &ws,
+            vec![
+                json!({"op": "read", "path": at("store.sqlite")}),
+                json!({"op": "read", "path": db.to_str().unwrap()}),
+                json!({"op": "read", "path": at("notes.txt")}),
+                json!({"op": "list", "path": real.to_str().unwrap()}),
+                json!({"op": "hash", "path": at("artifacts/x")}),
+                json!({"op": "hash", "path": "/proc/self/environ"}),
+            ],
+        );
+        let oks: Vec<bool> = r.iter().map(|x| x["ok"] == true).collect();
+        assert_eq!(
+            oks,
+            [false, false, true, true, true, true],
+            "{variant}: {r:#?}"
+        );
+    }
+}

@@ -540,9 +540,19 @@ impl WorkspaceScope {
         }
         // The host's store must not lie where tools can write: a root (or
         // a reachable allowed path) holding it is refused.
+        // Each as named and with its links resolved (a store named through
+        // a link or a `..` is refused where it really is, too).
         let protected: Vec<PathBuf> = path_list(frozen.get("host_protected"))
             .into_iter()
             .map(PathBuf::from)
+            .flat_map(|p| {
+                let real = resolve_lenient(&p);
+                if real == p {
+                    vec![p]
+                } else {
+                    vec![p, real]
+                }
+            })
             .collect();
         for p in &protected {
             let reached = under_or_equal(p, &root)

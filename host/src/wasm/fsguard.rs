@@ -17,9 +17,16 @@
 //! be moved away from under the host. A descriptor `open-at` returns is
 //! checked again by what the system says it is (`/proc/self/fd`), so a link
 //! swapped in between the check and the open is caught too. A refusal is
-//! `access` (EACCES). Calls on a descriptor already open are passed on, and
-//! so is `metadata-hash-at` (an opaque identity a directory listing asks of
-//! every entry).
+//! `access` (EACCES). A path whose links cannot be resolved (a loop, a path
+//! longer than the system resolves) is refused too. A file opened to be
+//! truncated is truncated only once it is known not to be refused. Calls on
+//! a descriptor already open are passed on; `metadata-hash-at` (asked of
+//! every entry of a listing) answers a refused path with a hash made from
+//! its name. Where `/proc/self/fd` is missing, every path is refused.
+//!
+//! What this does not stop: another process swapping a link on the way
+//! between the check and the call (the opened file is checked again, but a
+//! file created there stays, empty).
 
 use std::os::fd::AsRawFd;
 use std::path::{Component, Path, PathBuf};
@@ -66,7 +73,11 @@ impl RefusedPaths {
 enum Use {
     /// Opens or inspects it, following a last link or not.
     Reach { follow: bool },
-    /// Creates, moves or removes it.
+    /// Opens it to create it (following a last link or not: the file is
+    /// created where the link leads).
+    Create { follow: bool },
+    /// Moves, removes or creates the name itself (a last link is not
+    /// followed).
     Change,
 }
 
@@ -103,18 +114,59 @@ fn fold(path: &Path) -> PathBuf {
     out
 }
 
-/// `path` with its links resolved, as far as it exists: the whole of it
-/// when `follow` and it exists, else its folder resolved and its last
-/// component as it is.
-fn resolved(path: &Path, follow: bool) -> Option<PathBuf> {
-    if follow {
-        if let Ok(p) = std::fs::canonicalize(path) {
-            return Some(p);
+/// How many links one path may pass through (as Linux allows).
+const MAX_LINKS: usize = 40;
+
+/// Where `path` leads with its links resolved: its folder resolved, then
+/// (when `follow`) its last component's links followed one by one, so that
+/// a link to a file that does not exist yet leads to where it would be
+/// created. `Ok(None)`: a folder on the way does not exist (the call fails
+/// on its own). `Err`: where it leads cannot be told (a path too long for
+/// the system to resolve, a loop, an unreadable link): refused.
+fn leads_to(path: &Path, follow: bool) -> Result<Option<PathBuf>, ()> {
+    let mut path = path.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            // The root, or a path that ends in `..`: resolved whole.
+            return match std::fs::canonicalize(&path) {
+                Ok(p) => Ok(Some(p)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(_) => Err(()),
+            };
+        };
+        let here = match std::fs::canonicalize(parent) {
+            Ok(dir) => dir.join(name),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(_) => return Err(()),
+        };
+        if !follow {
+            return Ok(Some(here));
+        }
+        match std::fs::symlink_metadata(&here) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&here).map_err(drop)?;
+                // A relative target is read from the link's folder; an
+                // absolute one replaces the path.
+                path = here.parent().map_or(target.clone(), |d| d.join(&target));
+            }
+            Ok(_) => return Ok(Some(here)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Some(here)),
+            Err(_) => return Err(()),
         }
     }
-    match (path.parent(), path.file_name()) {
-        (Some(parent), Some(name)) => Some(std::fs::canonicalize(parent).ok()?.join(name)),
-        _ => std::fs::canonicalize(path).ok(),
+    Err(())
+}
+
+/// A metadata hash made from `name` alone.
+fn made_up_hash(name: &str) -> fs::MetadataHashValue {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    let lower = h.finish();
+    "refused".hash(&mut h);
+    fs::MetadataHashValue {
+        lower,
+        upper: h.finish(),
     }
 }
 
@@ -147,12 +199,18 @@ impl Guarded<'_> {
             return Ok(());
         };
         let named = dir.join(path);
-        let follow = matches!(how, Use::Reach { follow: true });
-        let places = [Some(fold(&named)), resolved(&named, follow)];
-        let refused = places.iter().flatten().any(|p| match how {
-            Use::Reach { .. } => self.refused.holds(p),
-            Use::Change => self.refused.touches(p),
-        });
+        let follow = match how {
+            Use::Reach { follow } | Use::Create { follow } => follow,
+            Use::Change => false,
+        };
+        let real = leads_to(&named, follow).map_err(|()| refusal())?;
+        let refused = [Some(fold(&named)), real]
+            .iter()
+            .flatten()
+            .any(|p| match how {
+                Use::Reach { .. } => self.refused.holds(p),
+                Use::Create { .. } | Use::Change => self.refused.touches(p),
+            });
         if refused {
             return Err(refusal());
         }
@@ -237,10 +295,23 @@ impl fs::HostDescriptor for Guarded<'_> {
         fn append_via_stream(&mut self, fd: Fd) -> FsResult<Resource<streams::OutputStream>>;
         fn is_same_object(&mut self, a: Fd, b: Fd) -> wasmtime::Result<bool>;
         fn metadata_hash(&mut self, fd: Fd) -> FsResult<fs::MetadataHashValue>;
-        // An opaque identity, nothing of the content: a listing asks it of
-        // every entry (wasi-libc's `readdir` fills `d_ino` with it), so a
-        // folder that holds a refused path still lists.
-        fn metadata_hash_at(&mut self, fd: Fd, flags: fs::PathFlags, path: String) -> FsResult<fs::MetadataHashValue>;
+    }
+
+    /// An identity, nothing of the content, but a listing asks it of every
+    /// entry (wasi-libc's `readdir` fills `d_ino` with it): a refused path
+    /// gets one made from its name, so a folder that holds one still lists
+    /// and nothing is learnt of the refused file.
+    fn metadata_hash_at(
+        &mut self,
+        fd: Fd,
+        flags: fs::PathFlags,
+        path: String,
+    ) -> FsResult<fs::MetadataHashValue> {
+        let follow = flags.contains(fs::PathFlags::SYMLINK_FOLLOW);
+        if self.check(&fd, &path, Use::Reach { follow }).is_err() {
+            return Ok(made_up_hash(&path));
+        }
+        fs::HostDescriptor::metadata_hash_at(&mut self.fs, fd, flags, path)
     }
 
     changes_one_path!(create_directory_at, remove_directory_at, unlink_file_at);
@@ -292,13 +363,33 @@ impl fs::HostDescriptor for Guarded<'_> {
     ) -> FsResult<Fd> {
         let follow = flags.contains(fs::PathFlags::SYMLINK_FOLLOW);
         let how = if oflags.contains(fs::OpenFlags::CREATE) {
-            Use::Change
+            Use::Create { follow }
         } else {
             Use::Reach { follow }
         };
         self.check(&fd, &path, how)?;
-        let opened = fs::HostDescriptor::open_at(&mut self.fs, fd, flags, path, oflags, dflags)?;
-        self.check_opened(opened)
+        if self.refused.is_empty() || !oflags.contains(fs::OpenFlags::TRUNCATE) {
+            let opened =
+                fs::HostDescriptor::open_at(&mut self.fs, fd, flags, path, oflags, dflags)?;
+            return self.check_opened(opened);
+        }
+        // Truncated only once the opened file is known not to be refused
+        // (a link swapped in after the check cannot make it truncate one).
+        let opened = fs::HostDescriptor::open_at(
+            &mut self.fs,
+            fd,
+            flags,
+            path,
+            oflags & !fs::OpenFlags::TRUNCATE,
+            dflags,
+        )?;
+        let opened = self.check_opened(opened)?;
+        let checked = Resource::<fs::Descriptor>::new_borrow(opened.rep());
+        if let Err(e) = fs::HostDescriptor::set_size(&mut self.fs, checked, 0) {
+            fs::HostDescriptor::drop(&mut self.fs, opened).map_err(FsError::trap)?;
+            return Err(e);
+        }
+        Ok(opened)
     }
 
     fn readlink_at(&mut self, fd: Fd, path: String) -> FsResult<String> {
@@ -358,18 +449,24 @@ mod tests {
     }
 
     #[test]
-    fn links_are_resolved_where_they_exist() {
+    fn links_are_followed_to_where_they_lead() {
         let tmp = tempfile::tempdir().unwrap();
         let base = tmp.path().canonicalize().unwrap();
+        std::fs::create_dir(base.join("d")).unwrap();
         std::fs::write(base.join("store"), "s").unwrap();
         std::os::unix::fs::symlink(base.join("store"), base.join("link")).unwrap();
-        assert_eq!(resolved(&base.join("link"), true), Some(base.join("store")));
-        assert_eq!(resolved(&base.join("link"), false), Some(base.join("link")));
-        assert_eq!(
-            resolved(&base.join("missing/x"), true),
-            None,
-            "a folder that does not exist resolves to nothing"
-        );
-        assert_eq!(resolved(&base.join("new"), true), Some(base.join("new")));
+        // A link to a file not there yet leads to where it would be made.
+        std::os::unix::fs::symlink("../fresh", base.join("d/dangling")).unwrap();
+        let to = |p: &str, follow| leads_to(&base.join(p), follow);
+        assert_eq!(to("link", true), Ok(Some(base.join("store"))));
+        assert_eq!(to("link", false), Ok(Some(base.join("link"))));
+        assert_eq!(to("d/dangling", true), Ok(Some(base.join("fresh"))));
+        assert_eq!(to("missing/x", true), Ok(None));
+        assert_eq!(to("new", true), Ok(Some(base.join("new"))));
+        assert_eq!(to("d/..", true), Ok(Some(base.clone())));
+        // A loop is refused (a path whose folder is too deep to resolve
+        // too: tests/tools.rs makes one through links).
+        std::os::unix::fs::symlink("loop", base.join("loop")).unwrap();
+        assert_eq!(to("loop", true), Err(()));
     }
 }

@@ -170,6 +170,138 @@ fn store(call: &ToolCall) -> Result<Value, ToolError> {
     Ok(report(attempts))
 }
 
+/// `hostile_fsguard`: runs `ops` (an array of `{op, path | old, new,
+/// target, text, follow, create}`) as raw `wasi:filesystem` calls relative
+/// to the `/` preopen (so it needs a scope reaching `/`), in order, each
+/// reported as `{op, ok, out | error}`. The ops: `symlink`, `mkdir`,
+/// `open_trunc` (open with TRUNCATE, and CREATE unless `create` is false),
+/// `read` (the first 24 bytes), `write`, `stat`, `hash` (metadata hash),
+/// `link`, `rename`, `unlink`, `rmdir`, `readlink`, `list`. `follow`
+/// (default true) follows a last symlink. Every call is one a hostile
+/// component can make without the standard library's help.
+fn fsguard(call: &ToolCall) -> Result<Value, ToolError> {
+    use wasip2::filesystem::preopens::get_directories;
+    use wasip2::filesystem::types::{DescriptorFlags as DF, OpenFlags as OF, PathFlags as PF};
+    let ops = call
+        .arguments
+        .get("ops")
+        .and_then(Value::as_array)
+        .cloned()
+        .ok_or_else(|| ToolError::invalid("ops"))?;
+    let dirs = get_directories();
+    let root = &dirs
+        .iter()
+        .find(|(_, n)| n == "/")
+        .ok_or_else(|| ToolError::failed("no / preopen"))?
+        .0;
+    let rel = |o: &Value, k: &str| -> String {
+        o.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .trim_start_matches('/')
+            .to_string()
+    };
+    let mut out = Vec::new();
+    for o in &ops {
+        let op = o["op"].as_str().unwrap_or("");
+        let follow = if o["follow"].as_bool().unwrap_or(true) {
+            PF::SYMLINK_FOLLOW
+        } else {
+            PF::empty()
+        };
+        let res: Result<Value, String> = (|| {
+            let e = |e: wasip2::filesystem::types::ErrorCode| format!("{e:?}");
+            Ok(match op {
+                "symlink" => {
+                    root.symlink_at(o["target"].as_str().unwrap_or(""), &rel(o, "path"))
+                        .map_err(e)?;
+                    json!(null)
+                }
+                "mkdir" => {
+                    root.create_directory_at(&rel(o, "path")).map_err(e)?;
+                    json!(null)
+                }
+                "open_trunc" => {
+                    let f = root
+                        .open_at(
+                            follow,
+                            &rel(o, "path"),
+                            if o["create"].as_bool().unwrap_or(true) {
+                                OF::CREATE | OF::TRUNCATE
+                            } else {
+                                OF::TRUNCATE
+                            },
+                            DF::WRITE,
+                        )
+                        .map_err(e)?;
+                    drop(f);
+                    json!("opened")
+                }
+                "read" => {
+                    let f = root
+                        .open_at(follow, &rel(o, "path"), OF::empty(), DF::READ)
+                        .map_err(e)?;
+                    let (bytes, _) = f.read(64, 0).map_err(e)?;
+                    json!(String::from_utf8_lossy(&bytes[..bytes.len().min(24)]))
+                }
+                "write" => {
+                    let f = root
+                        .open_at(follow, &rel(o, "path"), OF::empty(), DF::WRITE)
+                        .map_err(e)?;
+                    let n = f
+                        .write(o["text"].as_str().unwrap_or("pwned").as_bytes(), 0)
+                        .map_err(e)?;
+                    json!(n)
+                }
+                "stat" => {
+                    let s = root.stat_at(follow, &rel(o, "path")).map_err(e)?;
+                    json!({"size": s.size, "type": format!("{:?}", s.type_)})
+                }
+                "hash" => {
+                    let h = root.metadata_hash_at(follow, &rel(o, "path")).map_err(e)?;
+                    json!(format!("{:x}", h.lower))
+                }
+                "link" => {
+                    root.link_at(PF::empty(), &rel(o, "old"), root, &rel(o, "new"))
+                        .map_err(e)?;
+                    json!(null)
+                }
+                "rename" => {
+                    root.rename_at(&rel(o, "old"), root, &rel(o, "new"))
+                        .map_err(e)?;
+                    json!(null)
+                }
+                "unlink" => {
+                    root.unlink_file_at(&rel(o, "path")).map_err(e)?;
+                    json!(null)
+                }
+                "rmdir" => {
+                    root.remove_directory_at(&rel(o, "path")).map_err(e)?;
+                    json!(null)
+                }
+                "readlink" => json!(root.readlink_at(&rel(o, "path")).map_err(e)?),
+                "list" => {
+                    let d = root
+                        .open_at(follow, &rel(o, "path"), OF::DIRECTORY, DF::READ)
+                        .map_err(e)?;
+                    let s = d.read_directory().map_err(e)?;
+                    let mut names = Vec::new();
+                    while let Some(ent) = s.read_directory_entry().map_err(e)? {
+                        names.push(ent.name);
+                    }
+                    json!(names)
+                }
+                other => return Err(format!("unknown op {other}")),
+            })
+        })();
+        out.push(match res {
+            Ok(v) => json!({"op": op, "ok": true, "out": v}),
+            Err(err) => json!({"op": op, "ok": false, "error": err}),
+        });
+    }
+    Ok(json!({"success": true, "results": out}))
+}
+
 /// `hostile_socket`: connects to `127.0.0.1:<port>` (`connect`) and binds a
 /// listener on `127.0.0.1:0` (`bind`). Returns an attempts report whose
 /// `path`s are the socket addresses.
@@ -308,6 +440,13 @@ impl Toolbox for Hostile {
                 }),
             ),
             ToolSpec::new(
+                "hostile_fsguard",
+                "Test-only hostile tool: runs raw wasi:filesystem calls (link, rename, \
+                 open with truncate, ...) relative to the / preopen.",
+                EffectClass::Write,
+                json!({"type": "object", "properties": {"ops": {"type": "array"}}, "required": ["ops"]}),
+            ),
+            ToolSpec::new(
                 "hostile_socket",
                 "Test-only hostile tool: tries to connect to a local TCP port and to bind \
                  a TCP listener.",
@@ -351,6 +490,7 @@ impl Toolbox for Hostile {
             "hostile_write_outside" => write_outside(&call),
             "hostile_write_mount" => write_mount(&call),
             "hostile_store" => store(&call),
+            "hostile_fsguard" => fsguard(&call),
             "hostile_socket" => socket(&call),
             "hostile_spin" => spin(),
             "hostile_alloc" => alloc(),
