@@ -378,8 +378,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rt = Runtime::builder(store.clone())
         .engine(engine)
         .config(config)
-        // Where bundles PostgreSQL keeps are written to be loaded.
-        .bundle_cache(root.join("bundles"))
         .clock(clock.clone())
         .effect(Arc::new(SideEffect {
             log: root.join("side-effects.log"),

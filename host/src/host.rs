@@ -295,8 +295,8 @@ pub struct HostOptions {
     pub enable_exec: bool,
     /// Where a memory or PostgreSQL store's compiled components and bundles
     /// are cached (`None`: components are compiled in memory, and bundles
-    /// the store keeps cannot be loaded). The binary passes the user's
-    /// cache folder.
+    /// the store keeps are written into a temporary folder of the
+    /// runtime's own). The binary passes the user's cache folder.
     pub cache_home: Option<std::path::PathBuf>,
     /// Effect handlers to register over the built-in ones (the binary's
     /// `llm_call`, configured from its environment).

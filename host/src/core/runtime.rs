@@ -140,6 +140,39 @@ pub struct RuntimeBuilder {
     bundle_cache: Option<std::path::PathBuf>,
 }
 
+/// Where bundles a store keeps are written to be loaded: the folder the
+/// builder was given, or one of the runtime's own in the system's
+/// temporary folder (made when first needed, 0700, removed with the
+/// runtime): never the working directory.
+enum BundleCache {
+    Given(std::path::PathBuf),
+    Scratch(std::path::PathBuf),
+}
+
+impl BundleCache {
+    fn scratch() -> Self {
+        BundleCache::Scratch(std::env::temp_dir().join(format!(
+            "stepwell-bundles-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        )))
+    }
+
+    fn dir(&self) -> &std::path::Path {
+        match self {
+            BundleCache::Given(d) | BundleCache::Scratch(d) => d,
+        }
+    }
+}
+
+impl Drop for BundleCache {
+    fn drop(&mut self) {
+        if let BundleCache::Scratch(dir) = self {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 impl RuntimeBuilder {
     /// The key that seals trigger connections' secrets (a webhook's signing
     /// secret). Default: none, and creating a connection with a secret is
@@ -169,9 +202,9 @@ impl RuntimeBuilder {
 
     /// Where bundles a store keeps (PostgreSQL: see
     /// [`crate::flow::archive`]) are written to be loaded, one folder per
-    /// digest (default: none, and such a bundle cannot be loaded;
-    /// [`crate::open_runtime`] uses `bundles/` beside the compiled-component
-    /// cache).
+    /// digest (default: a folder of the runtime's own in the system's
+    /// temporary folder, removed with the runtime; [`crate::open_runtime`]
+    /// uses `bundles/` beside the compiled-component cache).
     pub fn bundle_cache(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.bundle_cache = Some(dir.into());
         self
@@ -296,7 +329,10 @@ impl RuntimeBuilder {
                 sealing: self.sealing,
                 last_sweep: parking_lot::Mutex::new(None),
                 refusals: Default::default(),
-                bundle_cache: self.bundle_cache,
+                bundle_cache: match self.bundle_cache {
+                    Some(dir) => BundleCache::Given(dir),
+                    None => BundleCache::scratch(),
+                },
             }),
         })
     }
@@ -321,7 +357,7 @@ pub(crate) struct Inner {
     pub(crate) last_sweep: parking_lot::Mutex<Option<chrono::DateTime<chrono::Utc>>>,
     /// Refused webhook calls not yet written to their connection.
     pub(crate) refusals: crate::triggers::webhook::RefusalThrottle,
-    bundle_cache: Option<std::path::PathBuf>,
+    bundle_cache: BundleCache,
 }
 
 impl Drop for Inner {
@@ -535,8 +571,7 @@ impl Runtime {
                 return Ok(false);
             };
             // Written here before (and unchanged): not fetched again.
-            let cached = (self.inner.bundle_cache.as_deref())
-                .and_then(|c| flow::archive::BundleFiles::cached(c, &digest));
+            let cached = flow::archive::BundleFiles::cached(self.inner.bundle_cache.dir(), &digest);
             if let Some(dir) = cached {
                 self.register_stored(workflow_id, &digest, &dir)?;
                 return Ok(true);
@@ -573,12 +608,7 @@ impl Runtime {
                 files.digest
             )));
         }
-        let Some(cache) = self.inner.bundle_cache.as_deref() else {
-            return Err(Error::invalid(
-                "bundle_cache",
-                format!("the store keeps the bundle of workflow {workflow_id:?}, and this runtime has no folder to write it into (RuntimeBuilder::bundle_cache)"),
-            ));
-        };
+        let cache = self.inner.bundle_cache.dir();
         let dir = files.materialise(cache).map_err(|e| {
             Error::invalid(
                 "bundle_cache",
