@@ -3,7 +3,6 @@
 //! the API returns.
 
 pub(crate) mod cascade;
-pub mod clock;
 pub mod config;
 mod driver;
 mod error;
@@ -11,13 +10,18 @@ mod feed;
 pub mod keys;
 pub mod locks;
 pub mod metrics;
-pub mod model;
 pub mod panics;
 mod parked;
 pub mod runtime;
 mod snapshots;
 mod step;
 mod txn;
+
+/// The clock a host reads time from (the `stepwell-model` crate's).
+pub use stepwell_model::clock;
+/// A run's state, its ledger records, waits, plans: the `stepwell-model`
+/// crate's, which every layer shares.
+pub use stepwell_model::model;
 
 pub use driver::{DriveReport, RunError, IDLE_POLL};
 pub use error::{Error, Result};

@@ -261,7 +261,7 @@ pub struct StepRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prev_hash: Option<String>,
     /// SHA-256 (hex) of this record with `prev_hash` set and `record_hash`
-    /// empty: the tamper-evident chain ([`crate::store::verify_chain`]). Set
+    /// empty: the tamper-evident chain (`stepwell::store::verify_chain`). Set
     /// by the store when it appends the record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record_hash: Option<String>,
