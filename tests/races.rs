@@ -48,6 +48,8 @@ impl Db {
             })
             .args(args)
             .current_dir(self.dir.path())
+            // Caches of the test's own, not the user's.
+            .env("XDG_CACHE_HOME", self.dir.path().join(".cache"))
             .env_remove("STEPWELL_DB")
             .env_remove("STEPWELL_STORE");
         c
@@ -65,10 +67,11 @@ impl Db {
         self.cmd(args).output().unwrap()
     }
 
-    /// [`Db::cmd`] run from `cwd` instead (another host: its own caches).
+    /// [`Db::cmd`] run from `cwd` instead, with its caches in
+    /// `cwd/.cache/stepwell` (another host: its own caches).
     fn cmd_in(&self, cwd: &Path, args: &[&str]) -> Command {
         let mut c = self.cmd(args);
-        c.current_dir(cwd);
+        c.current_dir(cwd).env("XDG_CACHE_HOME", cwd.join(".cache"));
         c
     }
 
@@ -768,7 +771,7 @@ fn a_host_without_the_bundle_directory_runs_the_files_the_database_keeps() {
         )
         .unwrap()
         .get(0);
-    let cached = host_b.path().join(".stepwell/bundles").join(&digest);
+    let cached = host_b.path().join(".cache/stepwell/bundles").join(&digest);
     assert_eq!(
         std::fs::read(cached.join("greet.wasm")).unwrap(),
         std::fs::read(example("ask-user").join("greet.wasm")).unwrap()
@@ -796,7 +799,7 @@ fn a_host_without_the_bundle_directory_runs_the_files_the_database_keeps() {
     assert_eq!(rt.get_state(&ids[1]).unwrap().status, RunStatus::Waiting);
     assert!(!host_c
         .path()
-        .join(".stepwell/bundles")
+        .join(".cache/stepwell/bundles")
         .join(&digest)
         .exists());
 }
