@@ -47,6 +47,26 @@
 //! kernel has not seen yet belongs to a transaction that has not committed:
 //! a process that dies with a full buffer loses only that transaction, as it
 //! would have without the buffer.
+//!
+//! # Safety
+//!
+//! The unsafe code here relies on SQLite's VFS contract (sqlite3.h, "OS
+//! Interface Object") and on how the store uses its connections:
+//!
+//! - SQLite allocates `szOsFile` bytes for each file (this VFS asks for a
+//!   [`GatherFile`] and the Unix VFS's own file object after it, at
+//!   [`REAL_OFFSET`]) and passes them to `x_open` to set up; every other
+//!   method is called with a file `x_open` set up, until `x_close` returns.
+//! - SQLite calls one file's methods from one thread at a time: a
+//!   connection is used by one thread at a time (the store holds it behind
+//!   a mutex), and a log and its database file belong to one connection, so
+//!   `peer` is read and written by that thread only; `x_close` of either
+//!   clears the other's.
+//! - The pointers passed with a call (`data` of `amount` bytes, `out`,
+//!   `size`) are valid for that call.
+//! - [`REAL_VFS`] is set before this VFS is registered, to the default VFS,
+//!   which lives as long as the process.
+#![deny(unsafe_op_in_unsafe_fn)]
 
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
@@ -201,114 +221,144 @@ unsafe extern "C" fn x_open(
     flags: c_int,
     out_flags: *mut c_int,
 ) -> c_int {
-    let real_vfs = REAL_VFS.load(Ordering::Acquire);
-    let Some(open) = (*real_vfs).xOpen else {
-        return ffi::SQLITE_CANTOPEN;
-    };
-    let real = file
-        .cast::<u8>()
-        .add(REAL_OFFSET)
-        .cast::<ffi::sqlite3_file>();
-    let rc = open(real_vfs, name, real, flags, out_flags);
-    if rc != ffi::SQLITE_OK || (*real).pMethods.is_null() {
-        if !(*real).pMethods.is_null() {
-            if let Some(close) = (*(*real).pMethods).xClose {
-                close(real);
+    // SAFETY: SQLite passes `file`, a block of this VFS's `szOsFile` bytes, for `x_open`
+    // to set up: the Unix VFS opens its file at `REAL_OFFSET` in it, and a `GatherFile`
+    // is written at its start; `REAL_VFS` was set before the VFS was registered; `name`
+    // and `out_flags` are as SQLite passes them to the Unix VFS (module docs, "Safety").
+    unsafe {
+        let real_vfs = REAL_VFS.load(Ordering::Acquire);
+        let Some(open) = (*real_vfs).xOpen else {
+            return ffi::SQLITE_CANTOPEN;
+        };
+        let real = file
+            .cast::<u8>()
+            .add(REAL_OFFSET)
+            .cast::<ffi::sqlite3_file>();
+        let rc = open(real_vfs, name, real, flags, out_flags);
+        if rc != ffi::SQLITE_OK || (*real).pMethods.is_null() {
+            if !(*real).pMethods.is_null() {
+                if let Some(close) = (*(*real).pMethods).xClose {
+                    close(real);
+                }
+            }
+            (*file).pMethods = ptr::null();
+            return if rc == ffi::SQLITE_OK {
+                ffi::SQLITE_CANTOPEN
+            } else {
+                rc
+            };
+        }
+        let wal = flags & ffi::SQLITE_OPEN_WAL != 0;
+        let mut peer = ptr::null_mut();
+        if wal && !name.is_null() {
+            // The database file this log belongs to (SQLite keeps it just
+            // before the log's name): if it is one of ours, it learns of its log.
+            let db = ffi::sqlite3_database_file_object(name);
+            if !db.is_null() && ptr::eq((*db).pMethods, &METHODS) {
+                peer = db.cast::<GatherFile>();
             }
         }
-        (*file).pMethods = ptr::null();
-        return if rc == ffi::SQLITE_OK {
-            ffi::SQLITE_CANTOPEN
-        } else {
-            rc
-        };
-    }
-    let wal = flags & ffi::SQLITE_OPEN_WAL != 0;
-    let mut peer = ptr::null_mut();
-    if wal && !name.is_null() {
-        // The database file this log belongs to (SQLite keeps it just
-        // before the log's name): if it is one of ours, it learns of its log.
-        let db = ffi::sqlite3_database_file_object(name);
-        if !db.is_null() && ptr::eq((*db).pMethods, &METHODS) {
-            peer = db.cast::<GatherFile>();
+        let g = file.cast::<GatherFile>();
+        ptr::write(
+            g,
+            GatherFile {
+                base: ffi::sqlite3_file { pMethods: &METHODS },
+                real,
+                wal,
+                commit_next: false,
+                start: 0,
+                end: NO_END,
+                failed: ffi::SQLITE_OK,
+                buf: Vec::new(),
+                peer,
+            },
+        );
+        if !peer.is_null() {
+            (*peer).peer = g;
         }
+        ffi::SQLITE_OK
     }
-    let g = file.cast::<GatherFile>();
-    ptr::write(
-        g,
-        GatherFile {
-            base: ffi::sqlite3_file { pMethods: &METHODS },
-            real,
-            wal,
-            commit_next: false,
-            start: 0,
-            end: NO_END,
-            failed: ffi::SQLITE_OK,
-            buf: Vec::new(),
-            peer,
-        },
-    );
-    if !peer.is_null() {
-        (*peer).peer = g;
-    }
-    ffi::SQLITE_OK
 }
 
 /// The file's own methods (the Unix VFS's).
+///
+/// # Safety
+/// `file` must be one of this VFS's files, set up by `x_open` and not
+/// yet closed.
 unsafe fn real(
     file: *mut ffi::sqlite3_file,
 ) -> (*mut ffi::sqlite3_file, &'static ffi::sqlite3_io_methods) {
-    let g = file.cast::<GatherFile>();
-    let real = (*g).real;
-    (real, &*(*real).pMethods)
+    // SAFETY: as this function's contract says, `file` is a set-up file: its `GatherFile`
+    // names the Unix VFS's open file, whose methods live as long as the process.
+    unsafe {
+        let g = file.cast::<GatherFile>();
+        let real = (*g).real;
+        (real, &*(*real).pMethods)
+    }
 }
 
 /// Writes `amount` bytes at `offset` through the file's own method.
+///
+/// # Safety
+/// `file` must be a set-up file of this VFS and `data` valid for `amount`
+/// bytes.
 unsafe fn write_through(
     file: *mut ffi::sqlite3_file,
     data: *const c_void,
     amount: c_int,
     offset: i64,
 ) -> c_int {
-    #[cfg(test)]
-    if tests::FAIL_WRITES_OVER
-        .with(std::cell::Cell::get)
-        .is_some_and(|most| amount as usize > most)
-    {
-        return ffi::SQLITE_IOERR_WRITE;
+    // SAFETY: `file` is a set-up file and `data` holds `amount` bytes (this function's
+    // contract).
+    unsafe {
+        #[cfg(test)]
+        if tests::FAIL_WRITES_OVER
+            .with(std::cell::Cell::get)
+            .is_some_and(|most| amount as usize > most)
+        {
+            return ffi::SQLITE_IOERR_WRITE;
+        }
+        let (real, m) = real(file);
+        m.xWrite
+            .map_or(ffi::SQLITE_IOERR_WRITE, |w| w(real, data, amount, offset))
     }
-    let (real, m) = real(file);
-    m.xWrite
-        .map_or(ffi::SQLITE_IOERR_WRITE, |w| w(real, data, amount, offset))
 }
 
 /// Writes what the log file `g` gathered.
+///
+/// # Safety
+/// `g` must be a set-up log file of this VFS, not used by another thread
+/// meanwhile.
 unsafe fn flush(g: *mut GatherFile) -> c_int {
-    let gf = &mut *g;
-    gf.commit_next = false;
-    if gf.buf.is_empty() {
-        return ffi::SQLITE_OK;
-    }
-    let mut rc = ffi::SQLITE_OK;
-    let mut offset = gf.start;
-    for piece in gf.buf.chunks(MAX_WRITE) {
-        rc = write_through(
-            g.cast(),
-            piece.as_ptr().cast::<c_void>(),
-            piece.len() as c_int,
-            offset,
-        );
-        count(0, 1);
-        if rc != ffi::SQLITE_OK {
-            break;
+    // SAFETY: `g` is a set-up log file used by this thread alone (this function's
+    // contract); its buffer is written through its own Unix file.
+    unsafe {
+        let gf = &mut *g;
+        gf.commit_next = false;
+        if gf.buf.is_empty() {
+            return ffi::SQLITE_OK;
         }
-        offset += piece.len() as i64;
+        let mut rc = ffi::SQLITE_OK;
+        let mut offset = gf.start;
+        for piece in gf.buf.chunks(MAX_WRITE) {
+            rc = write_through(
+                g.cast(),
+                piece.as_ptr().cast::<c_void>(),
+                piece.len() as c_int,
+                offset,
+            );
+            count(0, 1);
+            if rc != ffi::SQLITE_OK {
+                break;
+            }
+            offset += piece.len() as i64;
+        }
+        gf.buf.clear();
+        if rc != ffi::SQLITE_OK {
+            gf.failed = rc;
+        }
+        rc
     }
-    gf.buf.clear();
-    if rc != ffi::SQLITE_OK {
-        gf.failed = rc;
-    }
-    rc
 }
 
 /// Writes what the log file gathered before an operation on it, or on its
@@ -318,35 +368,48 @@ unsafe fn flush(g: *mut GatherFile) -> c_int {
 /// reported again. On the database file nothing is then pending (a failed
 /// write drops what was gathered), and its operations go on: the rollback
 /// needs them.
+///
+/// # Safety
+/// `file` must be a set-up file of this VFS, not used by another thread
+/// meanwhile.
 unsafe fn flush_before(file: *mut ffi::sqlite3_file) -> c_int {
-    let g = file.cast::<GatherFile>();
-    if (*g).wal {
-        if (*g).failed != ffi::SQLITE_OK {
-            return (*g).failed;
+    // SAFETY: `file` is a set-up file used by this thread alone, and so is its `peer`
+    // while it is not null (x_close clears it).
+    unsafe {
+        let g = file.cast::<GatherFile>();
+        if (*g).wal {
+            if (*g).failed != ffi::SQLITE_OK {
+                return (*g).failed;
+            }
+            return flush(g);
         }
-        return flush(g);
+        let log = (*g).peer;
+        if log.is_null() || (*log).failed != ffi::SQLITE_OK {
+            return ffi::SQLITE_OK;
+        }
+        flush(log)
     }
-    let log = (*g).peer;
-    if log.is_null() || (*log).failed != ffi::SQLITE_OK {
-        return ffi::SQLITE_OK;
-    }
-    flush(log)
 }
 
 unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
-    let g = file.cast::<GatherFile>();
-    let flushed = if (*g).wal { flush(g) } else { ffi::SQLITE_OK };
-    let peer = (*g).peer;
-    if !peer.is_null() {
-        (*peer).peer = ptr::null_mut();
-    }
-    let (real, m) = real(file);
-    let closed = m.xClose.map_or(ffi::SQLITE_OK, |close| close(real));
-    ptr::drop_in_place(ptr::addr_of_mut!((*g).buf));
-    if flushed != ffi::SQLITE_OK {
-        flushed
-    } else {
-        closed
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        let g = file.cast::<GatherFile>();
+        let flushed = if (*g).wal { flush(g) } else { ffi::SQLITE_OK };
+        let peer = (*g).peer;
+        if !peer.is_null() {
+            (*peer).peer = ptr::null_mut();
+        }
+        let (real, m) = real(file);
+        let closed = m.xClose.map_or(ffi::SQLITE_OK, |close| close(real));
+        ptr::drop_in_place(ptr::addr_of_mut!((*g).buf));
+        if flushed != ffi::SQLITE_OK {
+            flushed
+        } else {
+            closed
+        }
     }
 }
 
@@ -356,60 +419,65 @@ unsafe extern "C" fn x_write(
     amount: c_int,
     offset: i64,
 ) -> c_int {
-    let g = file.cast::<GatherFile>();
-    if !(*g).wal || amount <= 0 {
-        return write_through(file, data, amount, offset);
-    }
-    let gf = &mut *g;
-    if gf.failed != ffi::SQLITE_OK {
-        return gf.failed;
-    }
-    if offset < gf.end {
-        // Behind where the last write ended: a frame of this transaction
-        // written again (a page, a header whose checksum is rewritten).
-        // What is gathered goes first, then this write, straight to the
-        // file (its outcome is its own).
-        let rc = flush(g);
-        if rc != ffi::SQLITE_OK {
-            return rc;
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        let g = file.cast::<GatherFile>();
+        if !(*g).wal || amount <= 0 {
+            return write_through(file, data, amount, offset);
         }
         let gf = &mut *g;
-        gf.end = offset + i64::from(amount);
-        let rc = write_through(file, data, amount, offset);
-        // Should it be a commit frame's header, its page (next) is written
-        // before its own write call returns, like any commit frame's.
-        let bytes = std::slice::from_raw_parts(data.cast::<u8>(), amount as usize);
-        gf.commit_next = rc == ffi::SQLITE_OK && is_commit_header(bytes);
-        return rc;
-    }
-    if offset != gf.end {
-        // Ahead of where the last write ended, or the transaction's first
-        // write (another process may have written the log since this
-        // connection's last): what is gathered goes first, and a new
-        // gathering starts here, so that a commit frame is recognised
-        // wherever it starts.
-        let rc = flush(g);
-        if rc != ffi::SQLITE_OK {
+        if gf.failed != ffi::SQLITE_OK {
+            return gf.failed;
+        }
+        if offset < gf.end {
+            // Behind where the last write ended: a frame of this transaction
+            // written again (a page, a header whose checksum is rewritten).
+            // What is gathered goes first, then this write, straight to the
+            // file (its outcome is its own).
+            let rc = flush(g);
+            if rc != ffi::SQLITE_OK {
+                return rc;
+            }
+            let gf = &mut *g;
+            gf.end = offset + i64::from(amount);
+            let rc = write_through(file, data, amount, offset);
+            // Should it be a commit frame's header, its page (next) is written
+            // before its own write call returns, like any commit frame's.
+            let bytes = std::slice::from_raw_parts(data.cast::<u8>(), amount as usize);
+            gf.commit_next = rc == ffi::SQLITE_OK && is_commit_header(bytes);
             return rc;
         }
+        if offset != gf.end {
+            // Ahead of where the last write ended, or the transaction's first
+            // write (another process may have written the log since this
+            // connection's last): what is gathered goes first, and a new
+            // gathering starts here, so that a commit frame is recognised
+            // wherever it starts.
+            let rc = flush(g);
+            if rc != ffi::SQLITE_OK {
+                return rc;
+            }
+        }
+        let gf = &mut *g;
+        if gf.buf.is_empty() {
+            gf.start = offset;
+        }
+        gf.end = offset + i64::from(amount);
+        let bytes = std::slice::from_raw_parts(data.cast::<u8>(), amount as usize);
+        gf.buf.extend_from_slice(bytes);
+        count(1, 0);
+        if amount == FRAME_HEADER {
+            gf.commit_next = is_commit_header(bytes);
+        } else if gf.commit_next {
+            return flush(g);
+        }
+        if gf.buf.len() >= MAX_GATHERED {
+            return flush(g);
+        }
+        ffi::SQLITE_OK
     }
-    let gf = &mut *g;
-    if gf.buf.is_empty() {
-        gf.start = offset;
-    }
-    gf.end = offset + i64::from(amount);
-    let bytes = std::slice::from_raw_parts(data.cast::<u8>(), amount as usize);
-    gf.buf.extend_from_slice(bytes);
-    count(1, 0);
-    if amount == FRAME_HEADER {
-        gf.commit_next = is_commit_header(bytes);
-    } else if gf.commit_next {
-        return flush(g);
-    }
-    if gf.buf.len() >= MAX_GATHERED {
-        return flush(g);
-    }
-    ffi::SQLITE_OK
 }
 
 unsafe extern "C" fn x_read(
@@ -418,13 +486,18 @@ unsafe extern "C" fn x_read(
     amount: c_int,
     offset: i64,
 ) -> c_int {
-    let rc = flush_before(file);
-    if rc != ffi::SQLITE_OK {
-        return rc;
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        let rc = flush_before(file);
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        let (real, m) = real(file);
+        m.xRead
+            .map_or(ffi::SQLITE_IOERR_READ, |r| r(real, data, amount, offset))
     }
-    let (real, m) = real(file);
-    m.xRead
-        .map_or(ffi::SQLITE_IOERR_READ, |r| r(real, data, amount, offset))
 }
 
 /// Delegates a method that returns a code, after writing what was gathered.
@@ -443,43 +516,67 @@ macro_rules! flushed_then {
 }
 
 unsafe extern "C" fn x_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
-    flushed_then!(file, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, |f, r| f(
-        r, size
-    ))
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        flushed_then!(file, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, |f, r| f(
+            r, size
+        ))
+    }
 }
 
 unsafe extern "C" fn x_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
-    flushed_then!(file, xSync, ffi::SQLITE_IOERR_FSYNC, |f, r| f(r, flags))
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe { flushed_then!(file, xSync, ffi::SQLITE_IOERR_FSYNC, |f, r| f(r, flags)) }
 }
 
 unsafe extern "C" fn x_file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
-    flushed_then!(file, xFileSize, ffi::SQLITE_IOERR_FSTAT, |f, r| f(r, size))
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe { flushed_then!(file, xFileSize, ffi::SQLITE_IOERR_FSTAT, |f, r| f(r, size)) }
 }
 
 unsafe extern "C" fn x_lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    flushed_then!(file, xLock, ffi::SQLITE_IOERR_LOCK, |f, r| f(r, level))
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe { flushed_then!(file, xLock, ffi::SQLITE_IOERR_LOCK, |f, r| f(r, level)) }
 }
 
 unsafe extern "C" fn x_unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    // Always unlocked (SQLite does not act on an unlock's error), whatever
-    // writing what was gathered said.
-    let flushed = flush_before(file);
-    let (real, m) = real(file);
-    let unlocked = m.xUnlock.map_or(ffi::SQLITE_OK, |f| f(real, level));
-    if flushed != ffi::SQLITE_OK {
-        flushed
-    } else {
-        unlocked
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        // Always unlocked (SQLite does not act on an unlock's error), whatever
+        // writing what was gathered said.
+        let flushed = flush_before(file);
+        let (real, m) = real(file);
+        let unlocked = m.xUnlock.map_or(ffi::SQLITE_OK, |f| f(real, level));
+        if flushed != ffi::SQLITE_OK {
+            flushed
+        } else {
+            unlocked
+        }
     }
 }
 
 unsafe extern "C" fn x_check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
-    flushed_then!(
-        file,
-        xCheckReservedLock,
-        ffi::SQLITE_IOERR_CHECKRESERVEDLOCK,
-        |f, r| f(r, out)
-    )
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        flushed_then!(
+            file,
+            xCheckReservedLock,
+            ffi::SQLITE_IOERR_CHECKRESERVEDLOCK,
+            |f, r| f(r, out)
+        )
+    }
 }
 
 unsafe extern "C" fn x_file_control(
@@ -487,19 +584,34 @@ unsafe extern "C" fn x_file_control(
     op: c_int,
     arg: *mut c_void,
 ) -> c_int {
-    flushed_then!(file, xFileControl, ffi::SQLITE_NOTFOUND, |f, r| f(
-        r, op, arg
-    ))
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        flushed_then!(file, xFileControl, ffi::SQLITE_NOTFOUND, |f, r| f(
+            r, op, arg
+        ))
+    }
 }
 
 unsafe extern "C" fn x_sector_size(file: *mut ffi::sqlite3_file) -> c_int {
-    let (real, m) = real(file);
-    m.xSectorSize.map_or(4096, |f| f(real))
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        let (real, m) = real(file);
+        m.xSectorSize.map_or(4096, |f| f(real))
+    }
 }
 
 unsafe extern "C" fn x_device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
-    let (real, m) = real(file);
-    m.xDeviceCharacteristics.map_or(0, |f| f(real))
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        let (real, m) = real(file);
+        m.xDeviceCharacteristics.map_or(0, |f| f(real))
+    }
 }
 
 unsafe extern "C" fn x_shm_map(
@@ -509,9 +621,14 @@ unsafe extern "C" fn x_shm_map(
     extend: c_int,
     out: *mut *mut c_void,
 ) -> c_int {
-    flushed_then!(file, xShmMap, ffi::SQLITE_IOERR_SHMMAP, |f, r| f(
-        r, page, size, extend, out
-    ))
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        flushed_then!(file, xShmMap, ffi::SQLITE_IOERR_SHMMAP, |f, r| f(
+            r, page, size, extend, out
+        ))
+    }
 }
 
 unsafe extern "C" fn x_shm_lock(
@@ -520,50 +637,63 @@ unsafe extern "C" fn x_shm_lock(
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    let g = file.cast::<GatherFile>();
-    let flushed = flush_before(file);
-    let unlock = flags & ffi::SQLITE_SHM_UNLOCK != 0;
-    if flushed != ffi::SQLITE_OK && !unlock {
-        return flushed;
-    }
-    let log = (*g).peer;
-    if unlock && offset == WAL_WRITE_LOCK && !(*g).wal && !log.is_null() {
-        // The transaction is over (committed, or rolled back after a failed
-        // write): the next one starts clean, and where the log ends is
-        // learnt from its first write (other processes may write first).
-        (*log).failed = ffi::SQLITE_OK;
-        (*log).buf.clear();
-        (*log).end = NO_END;
-        (*log).commit_next = false;
-    }
-    // An unlock always happens (SQLite does not act on its error).
-    let (real, m) = real(file);
-    let locked = m
-        .xShmLock
-        .map_or(ffi::SQLITE_IOERR_SHMLOCK, |f| f(real, offset, n, flags));
-    if flushed != ffi::SQLITE_OK {
-        flushed
-    } else {
-        locked
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        let g = file.cast::<GatherFile>();
+        let flushed = flush_before(file);
+        let unlock = flags & ffi::SQLITE_SHM_UNLOCK != 0;
+        if flushed != ffi::SQLITE_OK && !unlock {
+            return flushed;
+        }
+        let log = (*g).peer;
+        if unlock && offset == WAL_WRITE_LOCK && !(*g).wal && !log.is_null() {
+            // The transaction is over (committed, or rolled back after a failed
+            // write): the next one starts clean, and where the log ends is
+            // learnt from its first write (other processes may write first).
+            (*log).failed = ffi::SQLITE_OK;
+            (*log).buf.clear();
+            (*log).end = NO_END;
+            (*log).commit_next = false;
+        }
+        // An unlock always happens (SQLite does not act on its error).
+        let (real, m) = real(file);
+        let locked = m
+            .xShmLock
+            .map_or(ffi::SQLITE_IOERR_SHMLOCK, |f| f(real, offset, n, flags));
+        if flushed != ffi::SQLITE_OK {
+            flushed
+        } else {
+            locked
+        }
     }
 }
 
 unsafe extern "C" fn x_shm_barrier(file: *mut ffi::sqlite3_file) {
-    if flush_before(file) != ffi::SQLITE_OK {
-        // SQLite is publishing a commit whose frames could not be written,
-        // and this call cannot say so: stop here rather than let readers
-        // take what is in the file for the commit.
-        eprintln!("stepwell: a write to the SQLite write-ahead log failed while a commit was published; stopping");
-        std::process::abort();
-    }
-    let (real, m) = real(file);
-    if let Some(f) = m.xShmBarrier {
-        f(real);
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        if flush_before(file) != ffi::SQLITE_OK {
+            // SQLite is publishing a commit whose frames could not be written,
+            // and this call cannot say so: stop here rather than let readers
+            // take what is in the file for the commit.
+            eprintln!("stepwell: a write to the SQLite write-ahead log failed while a commit was published; stopping");
+            std::process::abort();
+        }
+        let (real, m) = real(file);
+        if let Some(f) = m.xShmBarrier {
+            f(real);
+        }
     }
 }
 
 unsafe extern "C" fn x_shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
-    flushed_then!(file, xShmUnmap, ffi::SQLITE_OK, |f, r| f(r, delete))
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe { flushed_then!(file, xShmUnmap, ffi::SQLITE_OK, |f, r| f(r, delete)) }
 }
 
 unsafe extern "C" fn x_fetch(
@@ -572,21 +702,31 @@ unsafe extern "C" fn x_fetch(
     amount: c_int,
     out: *mut *mut c_void,
 ) -> c_int {
-    let (real, m) = real(file);
-    match m.xFetch {
-        Some(f) if m.iVersion >= 3 => f(real, offset, amount, out),
-        _ => {
-            *out = ptr::null_mut();
-            ffi::SQLITE_OK
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        let (real, m) = real(file);
+        match m.xFetch {
+            Some(f) if m.iVersion >= 3 => f(real, offset, amount, out),
+            _ => {
+                *out = ptr::null_mut();
+                ffi::SQLITE_OK
+            }
         }
     }
 }
 
 unsafe extern "C" fn x_unfetch(file: *mut ffi::sqlite3_file, offset: i64, p: *mut c_void) -> c_int {
-    let (real, m) = real(file);
-    match m.xUnfetch {
-        Some(f) if m.iVersion >= 3 => f(real, offset, p),
-        _ => ffi::SQLITE_OK,
+    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
+    // used by one thread at a time; the pointers SQLite passes with it are valid as its
+    // VFS contract says (module docs, "Safety").
+    unsafe {
+        let (real, m) = real(file);
+        match m.xUnfetch {
+            Some(f) if m.iVersion >= 3 => f(real, offset, p),
+            _ => ffi::SQLITE_OK,
+        }
     }
 }
 
@@ -638,17 +778,21 @@ mod tests {
 
     /// The file object SQLite keeps for `op` (the database file or its log).
     unsafe fn file_of(conn: &rusqlite::Connection, op: c_int) -> *mut ffi::sqlite3_file {
-        let mut file: *mut ffi::sqlite3_file = ptr::null_mut();
-        let rc = ffi::sqlite3_file_control(
-            conn.handle(),
-            c"main".as_ptr(),
-            op,
-            ptr::addr_of_mut!(file).cast(),
-        );
-        assert_eq!(rc, ffi::SQLITE_OK);
-        assert!(!file.is_null());
-        assert!(ptr::eq((*file).pMethods, &METHODS), "not the store's layer");
-        file
+        // SAFETY: the handle is the connection's own and the file-control call only reads
+        // its file pointer into `p`.
+        unsafe {
+            let mut file: *mut ffi::sqlite3_file = ptr::null_mut();
+            let rc = ffi::sqlite3_file_control(
+                conn.handle(),
+                c"main".as_ptr(),
+                op,
+                ptr::addr_of_mut!(file).cast(),
+            );
+            assert_eq!(rc, ffi::SQLITE_OK);
+            assert!(!file.is_null());
+            assert!(ptr::eq((*file).pMethods, &METHODS), "not the store's layer");
+            file
+        }
     }
 
     /// A write of gathered bytes that fails where SQLite is not told at
@@ -664,6 +808,9 @@ mod tests {
         let conn = with_one_row(&path);
         conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES (2);")
             .unwrap();
+        // SAFETY: the files are the connection's own, set up by `x_open`
+        // and open while `conn` is; this thread alone uses the connection,
+        // and the buffers passed live across each call.
         unsafe {
             let log = file_of(&conn, ffi::SQLITE_FCNTL_JOURNAL_POINTER);
             let db = file_of(&conn, ffi::SQLITE_FCNTL_FILE_POINTER);
