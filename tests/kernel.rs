@@ -1950,6 +1950,40 @@ mod run_api {
     }
 }
 
+/// Each runtime counts its own commits and resumes (two in one process
+/// used to share process-wide counters), unless given the same metrics;
+/// guest calls are counted by the engine they share.
+#[test]
+fn runtimes_count_apart_unless_they_share_metrics() {
+    let engine = stepwell::WasmEngine::new(stepwell::EngineConfig::default()).unwrap();
+    let build = |metrics: Option<Arc<stepwell::core::metrics::Metrics>>| {
+        let mut b = stepwell::Runtime::builder(Arc::new(stepwell::MemoryStore::new()))
+            .engine(engine.clone());
+        if let Some(m) = metrics {
+            b = b.metrics(m);
+        }
+        let rt = b.build().unwrap();
+        rt.load_bundle(&example("ask-user")).unwrap();
+        rt
+    };
+    let (a, b) = (build(None), build(None));
+    let parked = a.run("ask-user", StartOptions::default()).unwrap();
+    let key = parked.waiting.unwrap().wait_key;
+    a.resume(&parked.run_id, &key, json!({"text": "Bob"}))
+        .unwrap();
+    let (ca, cb) = (a.counters(), b.counters());
+    assert!(ca.commits >= 2 && ca.records >= 4, "{ca:?}");
+    assert_eq!(ca.resumes, 1);
+    assert_eq!((cb.commits, cb.records, cb.resumes), (0, 0, 0), "{cb:?}");
+    assert!(ca.guest_calls > 0);
+    assert_eq!(cb.guest_calls, ca.guest_calls, "the engine's own");
+    let shared = Arc::new(stepwell::core::metrics::Metrics::default());
+    let (c, d) = (build(Some(shared.clone())), build(Some(shared)));
+    c.run("ask-user", StartOptions::default()).unwrap();
+    assert_eq!(c.counters().commits, d.counters().commits);
+    assert!(d.counters().commits > 0);
+}
+
 fn subscribers_see_records_as_they_are_committed(b: Backend) {
     let h = Host::new(b);
     let wf = h.load("ask-user");

@@ -1,10 +1,16 @@
-//! Process-wide counters an operator scrapes (`GET /metrics` of
-//! `stepwell serve`): steps committed, resumes, guest time, store commit
-//! latency. Each is a relaxed atomic: counting costs a few nanoseconds on
-//! the step loop and takes no lock.
+//! Counters an operator scrapes (`GET /metrics` of `stepwell serve`):
+//! steps committed, resumes, store commit latency (a [`Runtime`]'s own,
+//! [`Metrics`]) and guest calls (its engine's, [`GuestCounts`]). Each is a
+//! relaxed atomic: counting costs a few nanoseconds on the step loop and
+//! takes no lock. Two runtimes in one process count apart, unless they are
+//! given the same [`Metrics`] (`RuntimeBuilder::metrics`) or engine.
+//!
+//! [`Runtime`]: crate::Runtime
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+pub use crate::wasm::GuestCounts;
 
 /// The upper bounds (microseconds) of the commit-latency histogram's
 /// buckets; the last bucket is everything above.
@@ -12,21 +18,20 @@ pub const COMMIT_BUCKETS_US: [u64; 10] = [
     100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000, 1_000_000,
 ];
 
-static RECORDS: AtomicU64 = AtomicU64::new(0);
-static COMMITS: AtomicU64 = AtomicU64::new(0);
-static COMMIT_US: AtomicU64 = AtomicU64::new(0);
-static COMMIT_HISTOGRAM: [AtomicU64; COMMIT_BUCKETS_US.len() + 1] =
-    [const { AtomicU64::new(0) }; COMMIT_BUCKETS_US.len() + 1];
-static RESUMES: AtomicU64 = AtomicU64::new(0);
-static GUEST_CALLS: AtomicU64 = AtomicU64::new(0);
-static GUEST_US: AtomicU64 = AtomicU64::new(0);
-static INSTANCES_MADE: AtomicU64 = AtomicU64::new(0);
-static INSTANCES_AHEAD: AtomicU64 = AtomicU64::new(0);
+/// What a runtime counts of its commits and resumes.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    records: AtomicU64,
+    commits: AtomicU64,
+    commit_us: AtomicU64,
+    commit_histogram: [AtomicU64; COMMIT_BUCKETS_US.len() + 1],
+    resumes: AtomicU64,
+}
 
-/// What this process counted since it started.
+/// What a runtime and its engine counted since they were made.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// Ledger records this process committed.
+    /// Ledger records committed.
     pub records: u64,
     /// Store commits of run transitions.
     pub commits: u64,
@@ -35,9 +40,9 @@ pub struct Counters {
     /// How many commits took at most each bound of [`COMMIT_BUCKETS_US`]
     /// (not cumulative), and above the last one.
     pub commit_buckets: Vec<u64>,
-    /// Waits resumed by this process.
+    /// Waits resumed.
     pub resumes: u64,
-    /// Node calls into guest components.
+    /// Node calls into guest components (the engine's).
     pub guest_calls: u64,
     /// Their total wall time, in microseconds.
     pub guest_us: u64,
@@ -48,56 +53,41 @@ pub struct Counters {
     pub instances_ahead: u64,
 }
 
-/// Counts one commit of `records` records that took `took`.
-pub(crate) fn commit(records: usize, took: Duration) {
-    let us = took.as_micros().min(u64::MAX as u128) as u64;
-    RECORDS.fetch_add(records as u64, Ordering::Relaxed);
-    COMMITS.fetch_add(1, Ordering::Relaxed);
-    COMMIT_US.fetch_add(us, Ordering::Relaxed);
-    let bucket = COMMIT_BUCKETS_US
-        .iter()
-        .position(|b| us <= *b)
-        .unwrap_or(COMMIT_BUCKETS_US.len());
-    COMMIT_HISTOGRAM[bucket].fetch_add(1, Ordering::Relaxed);
-}
-
-/// Counts one node instance a run needed: made ahead, or made then.
-pub(crate) fn instance(ahead: bool) {
-    if ahead {
-        INSTANCES_AHEAD.fetch_add(1, Ordering::Relaxed);
-    } else {
-        INSTANCES_MADE.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Counts one resumed wait.
-pub(crate) fn resume() {
-    RESUMES.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Counts one guest call that took `took`.
-pub(crate) fn guest_call(took: Duration) {
-    GUEST_CALLS.fetch_add(1, Ordering::Relaxed);
-    GUEST_US.fetch_add(
-        took.as_micros().min(u64::MAX as u128) as u64,
-        Ordering::Relaxed,
-    );
-}
-
-/// The counters now.
-pub fn counters() -> Counters {
-    Counters {
-        records: RECORDS.load(Ordering::Relaxed),
-        commits: COMMITS.load(Ordering::Relaxed),
-        commit_us: COMMIT_US.load(Ordering::Relaxed),
-        commit_buckets: COMMIT_HISTOGRAM
+impl Metrics {
+    /// Counts one commit of `records` records that took `took`.
+    pub(crate) fn commit(&self, records: usize, took: Duration) {
+        let us = took.as_micros().min(u64::MAX as u128) as u64;
+        self.records.fetch_add(records as u64, Ordering::Relaxed);
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.commit_us.fetch_add(us, Ordering::Relaxed);
+        let bucket = COMMIT_BUCKETS_US
             .iter()
-            .map(|b| b.load(Ordering::Relaxed))
-            .collect(),
-        resumes: RESUMES.load(Ordering::Relaxed),
-        guest_calls: GUEST_CALLS.load(Ordering::Relaxed),
-        guest_us: GUEST_US.load(Ordering::Relaxed),
-        instances_made: INSTANCES_MADE.load(Ordering::Relaxed),
-        instances_ahead: INSTANCES_AHEAD.load(Ordering::Relaxed),
+            .position(|b| us <= *b)
+            .unwrap_or(COMMIT_BUCKETS_US.len());
+        self.commit_histogram[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one resumed wait.
+    pub(crate) fn resume(&self) {
+        self.resumes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// These counters now, with the guest counts `guests`.
+    pub fn counters(&self, guests: GuestCounts) -> Counters {
+        Counters {
+            records: self.records.load(Ordering::Relaxed),
+            commits: self.commits.load(Ordering::Relaxed),
+            commit_us: self.commit_us.load(Ordering::Relaxed),
+            commit_buckets: self
+                .commit_histogram
+                .iter()
+                .map(|b| b.load(Ordering::Relaxed))
+                .collect(),
+            resumes: self.resumes.load(Ordering::Relaxed),
+            guest_calls: guests.calls,
+            guest_us: guests.us,
+            instances_made: guests.instances_made,
+            instances_ahead: guests.instances_ahead,
+        }
     }
 }

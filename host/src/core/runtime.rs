@@ -138,6 +138,7 @@ pub struct RuntimeBuilder {
     enable_exec: bool,
     sealing: Option<crate::triggers::SealingKey>,
     bundle_cache: Option<std::path::PathBuf>,
+    metrics: Option<Arc<super::metrics::Metrics>>,
 }
 
 /// Where bundles a store keeps are written to be loaded: the folder the
@@ -215,6 +216,13 @@ impl RuntimeBuilder {
     /// the binary's `STEPWELL_TRIGGER_DIR`).
     pub fn trigger_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.trigger_dir = Some(dir.into());
+        self
+    }
+
+    /// Counts this runtime's commits and resumes into `metrics` (default:
+    /// counters of its own; give two runtimes the same to count together).
+    pub fn metrics(mut self, metrics: Arc<super::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
         self
     }
 
@@ -329,6 +337,7 @@ impl RuntimeBuilder {
                 sealing: self.sealing,
                 last_sweep: parking_lot::Mutex::new(None),
                 refusals: Default::default(),
+                metrics: self.metrics.unwrap_or_default(),
                 bundle_cache: match self.bundle_cache {
                     Some(dir) => BundleCache::Given(dir),
                     None => BundleCache::scratch(),
@@ -358,6 +367,7 @@ pub(crate) struct Inner {
     /// Refused webhook calls not yet written to their connection.
     pub(crate) refusals: crate::triggers::webhook::RefusalThrottle,
     bundle_cache: BundleCache,
+    metrics: Arc<super::metrics::Metrics>,
 }
 
 impl Drop for Inner {
@@ -423,7 +433,16 @@ impl Runtime {
             enable_exec: false,
             sealing: None,
             bundle_cache: None,
+            metrics: None,
         }
+    }
+
+    /// What this runtime (its commits and resumes) and its engine (its
+    /// guest calls) counted so far (`GET /metrics`).
+    pub fn counters(&self) -> super::metrics::Counters {
+        self.inner
+            .metrics
+            .counters(self.inner.engine.guest_counts())
     }
 
     /// The artifact store large values go to, if the runtime has one.
@@ -862,7 +881,7 @@ impl Runtime {
                     None => self.store().commit_owned(records, run, fence, after)?,
                 }
                 self.inner.parked.committed(run, true);
-                super::metrics::commit(count, started.elapsed());
+                self.inner.metrics.commit(count, started.elapsed());
                 return Ok(());
             }
             None => {
@@ -884,7 +903,7 @@ impl Runtime {
                 self.inner.parked.committed(run, stored_run.is_none());
             }
         }
-        super::metrics::commit(count, started.elapsed());
+        self.inner.metrics.commit(count, started.elapsed());
         self.publish(&records);
         Ok(())
     }
@@ -1105,7 +1124,7 @@ impl Runtime {
             Err(e) => Err(e),
         };
         if answer.is_ok() {
-            super::metrics::resume();
+            self.inner.metrics.resume();
         }
         answer
     }

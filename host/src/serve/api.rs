@@ -1303,7 +1303,7 @@ async fn metrics(State(s): S) -> ApiResult {
                     .len();
             by_status.push((status.as_str(), n));
         }
-        Ok(render_metrics(&by_status, &http))
+        Ok(render_metrics(&s.rt.counters(), &by_status, &http))
     })
     .await?;
     Ok((
@@ -1316,9 +1316,12 @@ async fn metrics(State(s): S) -> ApiResult {
         .into_response())
 }
 
-fn render_metrics(by_status: &[(&str, usize)], http: &[(RequestKind, RequestCount)]) -> String {
+fn render_metrics(
+    c: &crate::core::metrics::Counters,
+    by_status: &[(&str, usize)],
+    http: &[(RequestKind, RequestCount)],
+) -> String {
     use std::fmt::Write;
-    let c = crate::core::metrics::counters();
     let mut out = String::new();
     let mut family = |name: &str, kind: &str, help: &str| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");

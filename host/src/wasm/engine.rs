@@ -87,6 +87,8 @@ struct Shared {
     compiling: Mutex<HashMap<[u8; 32], CompileSlot>>,
     /// Components this engine compiled (not read from the cache).
     compiled: AtomicU64,
+    /// What its node calls counted.
+    guests: GuestMetrics,
     /// Files already loaded, with the size and modification time seen then,
     /// so loading a file again does not re-read and re-hash it.
     by_path: Mutex<HashMap<PathBuf, PathStamp>>,
@@ -98,6 +100,47 @@ struct Shared {
     /// Makes node instances ahead and drops used ones (`warm.rs`).
     worker: super::warm::Worker,
     _ticker: Ticker,
+}
+
+/// What an engine's node calls counted (relaxed atomics).
+#[derive(Debug, Default)]
+pub(crate) struct GuestMetrics {
+    calls: AtomicU64,
+    us: AtomicU64,
+    instances_made: AtomicU64,
+    instances_ahead: AtomicU64,
+}
+
+impl GuestMetrics {
+    /// Counts one guest call that took `took`.
+    pub(crate) fn call(&self, took: std::time::Duration) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let us = took.as_micros().min(u64::MAX as u128) as u64;
+        self.us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    /// Counts one node instance a run needed: made ahead, or made then.
+    pub(crate) fn instance(&self, ahead: bool) {
+        let counter = if ahead {
+            &self.instances_ahead
+        } else {
+            &self.instances_made
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What an engine's node calls counted since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuestCounts {
+    /// Node calls into guest components.
+    pub calls: u64,
+    /// Their total wall time, in microseconds.
+    pub us: u64,
+    /// Node instances made when a run needed one (it waited for them).
+    pub instances_made: u64,
+    /// Node instances a run found made ahead.
+    pub instances_ahead: u64,
 }
 
 /// Compiles, caches, pre-instantiates and calls WebAssembly components.
@@ -174,6 +217,7 @@ impl WasmEngine {
                 loaded: Mutex::new(HashMap::new()),
                 compiling: Mutex::new(HashMap::new()),
                 compiled: AtomicU64::new(0),
+                guests: GuestMetrics::default(),
                 by_path: Mutex::new(HashMap::new()),
                 triggers: Mutex::new(HashMap::new()),
                 tools: Mutex::new(HashMap::new()),
@@ -199,6 +243,22 @@ impl WasmEngine {
     /// The limits every guest call runs under.
     pub fn limits(&self) -> SandboxLimits {
         self.shared.config.limits
+    }
+
+    /// What this engine's node calls counted so far.
+    pub fn guest_counts(&self) -> GuestCounts {
+        let g = &self.shared.guests;
+        GuestCounts {
+            calls: g.calls.load(Ordering::Relaxed),
+            us: g.us.load(Ordering::Relaxed),
+            instances_made: g.instances_made.load(Ordering::Relaxed),
+            instances_ahead: g.instances_ahead.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Where this engine's node calls are counted.
+    pub(crate) fn guest_metrics(&self) -> &GuestMetrics {
+        &self.shared.guests
     }
 
     /// The count of memory the engine's live guests hold together.

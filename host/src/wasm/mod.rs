@@ -25,7 +25,7 @@ use std::time::Duration;
 
 pub use cache::CompiledDigests;
 pub(crate) use engine::time_compiling;
-pub use engine::{write_perf_map, EngineConfig, LoadOrigin, WasmEngine, CONTRACT};
+pub use engine::{write_perf_map, EngineConfig, GuestCounts, LoadOrigin, WasmEngine, CONTRACT};
 pub use fsguard::RefusedPaths;
 pub(crate) use node::vars_json;
 pub use node::{NodeCall, NodeComponent, NodeSession, HOST_BOOKKEEPING_VARS};

@@ -136,7 +136,7 @@ impl NodeComponent {
     /// now. When the session ends, the next one is made ahead.
     pub fn session(self: &Arc<Self>) -> Result<NodeSession, GuestError> {
         let made = self.warm.lock().take();
-        crate::core::metrics::instance(made.is_some());
+        self.engine.guest_metrics().instance(made.is_some());
         let instance = match made {
             Some(instance) => instance,
             None => self.instantiate_now()?,
@@ -293,7 +293,7 @@ impl NodeSession {
         };
         let started = std::time::Instant::now();
         let answer = node.call_handle(&mut *store, input);
-        crate::core::metrics::guest_call(started.elapsed());
+        engine.guest_metrics().call(started.elapsed());
         match answer {
             Ok(Ok(plan)) => parse_plan(plan, engine.limits().max_output_bytes),
             Ok(Err(wit::NodeError::InvalidInput(m))) => Err(GuestError::InvalidInput(m)),
