@@ -1963,7 +1963,8 @@ fn runtimes_count_apart_unless_they_share_metrics() {
             b = b.metrics(m);
         }
         let rt = b.build().unwrap();
-        rt.load_bundle(&example("ask-user")).unwrap();
+        rt.load_bundle(&stepwell_tests::example("ask-user"))
+            .unwrap();
         rt
     };
     let (a, b) = (build(None), build(None));

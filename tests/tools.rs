@@ -1491,3 +1491,96 @@ fn the_store_is_refused_wherever_it_was_named_from() {
         );
     }
 }
+
+/// A refused file is known by its identity too (a hard link to it made
+/// before, under a name of the workspace), a trailing `/` follows a link
+/// to a refused folder, and names made, moved and removed in folders of the
+/// workspace still work (they are made inside the folder, opened first).
+#[test]
+fn the_store_is_known_by_identity_and_work_beside_it_goes_on() {
+    let (_dir, _, proj, ws, rt) = store_beside_workspace();
+    std::fs::hard_link(proj.join("serve-token"), ws.join("hard")).unwrap();
+    std::fs::create_dir_all(ws.join("sub/inner")).unwrap();
+    std::fs::write(ws.join("sub/inner/f.txt"), "f").unwrap();
+    let p = |s: &str| ws.join(s).to_str().unwrap().to_string();
+    let r = raw_calls(
+        &rt,
+        &ws,
+        vec![
+            json!({"op": "read", "path": p("hard")}),
+            json!({"op": "symlink", "target": "../proj/artifacts", "path": p("al")}),
+            json!({"op": "stat", "path": format!("{}/", p("al")), "follow": false}),
+            json!({"op": "stat", "path": format!("{}/.", p("al")), "follow": false}),
+            json!({"op": "mkdir", "path": p("sub/inner/new")}),
+            json!({"op": "rename", "old": p("sub/inner/f.txt"), "new": p("sub/g.txt")}),
+            json!({"op": "link", "old": p("sub/g.txt"), "new": p("sub/inner/h.txt")}),
+            json!({"op": "unlink", "path": p("sub/inner/h.txt")}),
+            json!({"op": "rmdir", "path": p("sub/inner/new")}),
+            json!({"op": "symlink", "target": "g.txt", "path": p("sub/l")}),
+            json!({"op": "open_trunc", "path": p("sub/g.txt"), "create": false}),
+            json!({"op": "read", "path": p("sub/l")}),
+        ],
+    );
+    let oks: Vec<bool> = r.iter().map(|x| x["ok"] == true).collect();
+    let expected = [
+        false, true, false, false, true, true, true, true, true, true, true, true,
+    ];
+    assert_eq!(oks, expected, "{r:#?}");
+    assert!(ws.join("sub/g.txt").is_file() && !ws.join("sub/inner/f.txt").exists());
+    assert_eq!(std::fs::read_to_string(ws.join("sub/g.txt")).unwrap(), "");
+    assert_eq!(
+        std::fs::read_to_string(proj.join("serve-token")).unwrap(),
+        "SECRET-TOKEN"
+    );
+}
+
+/// Two runs racing: one swaps a link `d` between a decoy folder and the
+/// store's folder while the other hard-links `d/store.sqlite` over and
+/// over. A link is made inside the folder the check saw (opened first), so
+/// none of them is the store (before, about one in seven was).
+#[test]
+fn a_link_swapped_by_another_run_does_not_reach_the_store() {
+    use std::os::unix::fs::MetadataExt;
+    let (_dir, _, proj, ws, rt) = store_beside_workspace();
+    std::fs::create_dir_all(ws.join("decoy")).unwrap();
+    std::fs::write(ws.join("decoy/store.sqlite"), "decoy").unwrap();
+    std::os::unix::fs::symlink("decoy", ws.join("d")).unwrap();
+    let p = |s: &str| ws.join(s).to_str().unwrap().to_string();
+    let swaps: Vec<Value> = (0..150)
+        .flat_map(|_| {
+            [
+                json!({"op": "symlink", "target": "decoy", "path": p(".swap")}),
+                json!({"op": "rename", "old": p(".swap"), "new": p("d")}),
+                json!({"op": "symlink", "target": "../proj", "path": p(".swap")}),
+                json!({"op": "rename", "old": p(".swap"), "new": p("d")}),
+            ]
+        })
+        .collect();
+    let links: Vec<Value> = (0..300)
+        .map(|i| json!({"op": "link", "old": p("d/store.sqlite"), "new": p(&format!("s{i}"))}))
+        .collect();
+    let store = std::fs::metadata(proj.join("store.sqlite")).unwrap().ino();
+    let mut overlapped = 0;
+    for _ in 0..3 {
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let swapper = {
+            let (rt, ws, swaps, barrier) = (rt.clone(), ws.clone(), swaps.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                raw_calls(&rt, &ws, swaps)
+            })
+        };
+        barrier.wait();
+        let made = raw_calls(&rt, &ws, links.clone());
+        swapper.join().unwrap();
+        let oks = made.iter().filter(|x| x["ok"] == true).count();
+        overlapped += usize::from(oks > 0 && oks < made.len());
+        for i in 0..300 {
+            if let Ok(m) = std::fs::metadata(ws.join(format!("s{i}"))) {
+                assert_ne!(m.ino(), store, "s{i} is a hard link to the store");
+                std::fs::remove_file(ws.join(format!("s{i}"))).unwrap();
+            }
+        }
+    }
+    eprintln!("rounds where the swaps overlapped the links: {overlapped} of 3");
+}

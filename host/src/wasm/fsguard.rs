@@ -24,9 +24,13 @@
 //! every entry of a listing) answers a refused path with a hash made from
 //! its name. Where `/proc/self/fd` is missing, every path is refused.
 //!
-//! What this does not stop: another process swapping a link on the way
-//! between the check and the call (the opened file is checked again, but a
-//! file created there stays, empty).
+//! A call that creates, moves or removes a name acts inside the name's
+//! folder, opened and checked first, with the one name: a link swapped on
+//! the way after the check (by another guest racing this one) cannot send
+//! it elsewhere. An opened file is also refused when it is a refused file
+//! by another name (a hard link: same device and inode). What this does not
+//! stop: such a race can make an `open-at` with CREATE leave a new empty
+//! file under a refused folder (it is refused once opened).
 
 use std::os::fd::AsRawFd;
 use std::path::{Component, Path, PathBuf};
@@ -39,32 +43,52 @@ use wasmtime_wasi::p2::bindings::sync::io::streams;
 use wasmtime_wasi::p2::{FsError, FsResult};
 
 /// Paths a guest may not open, inspect, change or move, though they may
-/// lie inside a directory it was given (absolute host paths).
+/// lie inside a directory it was given (absolute host paths), and the
+/// identities (device and inode) of those that exist, so a file opened by
+/// another name (a hard link) is known too.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RefusedPaths(Vec<PathBuf>);
+pub struct RefusedPaths {
+    paths: Vec<PathBuf>,
+    ids: Vec<(u64, u64)>,
+}
 
 impl RefusedPaths {
     /// The refused paths `paths` (each with everything under it).
     pub fn new(paths: impl IntoIterator<Item = PathBuf>) -> Self {
-        RefusedPaths(paths.into_iter().collect())
+        use std::os::unix::fs::MetadataExt;
+        let paths: Vec<PathBuf> = paths.into_iter().collect();
+        let ids = paths
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| (m.dev(), m.ino()))
+            .collect();
+        RefusedPaths { paths, ids }
     }
 
     /// Whether nothing is refused.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.paths.is_empty()
     }
 
     /// Whether `path` is a refused path or lies under one.
     pub fn holds(&self, path: &Path) -> bool {
-        self.0.iter().any(|r| path.starts_with(r))
+        self.paths.iter().any(|r| path.starts_with(r))
     }
 
     /// Whether `path` is refused or holds a refused path (moving or
     /// removing it would move or remove that path).
     pub fn touches(&self, path: &Path) -> bool {
-        self.0
+        self.paths
             .iter()
             .any(|r| path.starts_with(r) || r.starts_with(path))
+    }
+
+    /// Whether the open file `file` is a refused one, by its identity.
+    fn is(&self, file: &std::fs::File) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        // A file whose identity cannot be read is taken for a refused one.
+        file.metadata()
+            .map_or(true, |m| self.ids.contains(&(m.dev(), m.ino())))
     }
 }
 
@@ -199,8 +223,11 @@ impl Guarded<'_> {
             return Ok(());
         };
         let named = dir.join(path);
+        // A path that ends in `/` (or `/.`) names where its last link
+        // leads, whatever the call says.
+        let dir_named = path.ends_with('/') || path.ends_with("/.");
         let follow = match how {
-            Use::Reach { follow } | Use::Create { follow } => follow,
+            Use::Reach { follow } | Use::Create { follow } => follow || dir_named,
             Use::Change => false,
         };
         let real = leads_to(&named, follow).map_err(|()| refusal())?;
@@ -218,21 +245,116 @@ impl Guarded<'_> {
     }
 
     /// Closes the new descriptor `fd` and refuses if the system says it is
-    /// a refused path.
+    /// a refused path, or it is a refused file by another name.
     fn check_opened(&mut self, fd: Resource<fs::Descriptor>) -> FsResult<Resource<fs::Descriptor>> {
         if self.refused.is_empty() {
             return Ok(fd);
         }
-        let raw = match self.fs.table.get(&fd)? {
-            Descriptor::File(f) => f.file.as_raw_fd(),
-            Descriptor::Dir(d) => d.dir.as_raw_fd(),
+        let file = match self.fs.table.get(&fd)? {
+            Descriptor::File(f) => f.file.clone(),
+            Descriptor::Dir(d) => d.dir.clone(),
         };
-        match open_path(raw) {
-            Some(p) if !self.refused.holds(&p) => Ok(fd),
+        match open_path(file.as_raw_fd()) {
+            Some(p) if !self.refused.holds(&p) && !self.refused.is(&file) => Ok(fd),
             _ => {
                 fs::HostDescriptor::drop(&mut self.fs, fd).map_err(FsError::trap)?;
                 Err(refusal())
             }
+        }
+    }
+}
+
+/// Where a call that creates, moves or removes a name acts: a directory
+/// (the call's own, or the name's folder opened and checked) and the one
+/// name in it, so a link swapped on the way after the check cannot send it
+/// elsewhere.
+struct Place {
+    dir: Fd,
+    name: String,
+    /// Whether `dir` was opened here (and is closed after the call).
+    opened: bool,
+}
+
+impl Place {
+    /// A borrow of the directory, for one call.
+    fn dir(&self) -> Fd {
+        Resource::new_borrow(self.dir.rep())
+    }
+}
+
+impl Guarded<'_> {
+    /// Checks `path` as a [`Use::Change`] and opens its folder: the place
+    /// to act in. The folder must not be refused (by where the system says
+    /// it is), nor may the name in it be or hold a refused path.
+    fn place(&mut self, fd: &Fd, path: &str) -> FsResult<Place> {
+        self.check(fd, path, Use::Change)?;
+        let base = Resource::new_borrow(fd.rep());
+        let trimmed = path.trim_end_matches('/');
+        let (folder, name) = match trimmed.rsplit_once('/') {
+            Some((folder, name)) => (folder, name),
+            None => ("", trimmed),
+        };
+        // A path that names a folder itself (`.`, `x/..`: a `mkdir` of an
+        // existing one) is made as it is, checked as a change above.
+        if self.refused.is_empty() || matches!(name, "" | "." | "..") {
+            return Ok(Place {
+                dir: base,
+                name: path.to_string(),
+                opened: false,
+            });
+        }
+        let (dir, opened) = if folder.is_empty() {
+            (base, false)
+        } else {
+            let flags =
+                fs::HostDescriptor::get_flags(&mut self.fs, Resource::new_borrow(fd.rep()))?;
+            let dir = fs::HostDescriptor::open_at(
+                &mut self.fs,
+                base,
+                fs::PathFlags::SYMLINK_FOLLOW,
+                folder.to_string(),
+                fs::OpenFlags::DIRECTORY,
+                flags & (fs::DescriptorFlags::READ | fs::DescriptorFlags::MUTATE_DIRECTORY),
+            )?;
+            (self.check_opened(dir)?, true)
+        };
+        let place = Place {
+            dir,
+            name: name.to_string(),
+            opened,
+        };
+        let real = match self.dir_of(&place.dir()) {
+            Ok(Some(d)) => Some(d.join(name)),
+            Ok(None) => None,
+            Err(e) => return Err(self.leave(place, e)),
+        };
+        if real.is_some_and(|p| self.refused.touches(&p)) {
+            return Err(self.leave(place, refusal()));
+        }
+        Ok(place)
+    }
+
+    /// Closes the place's folder if it was opened here; `err` passed on.
+    fn leave(&mut self, place: Place, err: FsError) -> FsError {
+        if place.opened {
+            if let Err(e) = fs::HostDescriptor::drop(&mut self.fs, place.dir) {
+                return FsError::trap(e);
+            }
+        }
+        err
+    }
+
+    /// Closes the place's folder if it was opened here, and returns what
+    /// the call in it answered.
+    fn done<T>(&mut self, place: Place, answer: FsResult<T>) -> FsResult<T> {
+        match answer {
+            Ok(v) => {
+                if place.opened {
+                    fs::HostDescriptor::drop(&mut self.fs, place.dir).map_err(FsError::trap)?;
+                }
+                Ok(v)
+            }
+            Err(e) => Err(self.leave(place, e)),
         }
     }
 }
@@ -262,13 +384,14 @@ macro_rules! passed_on {
 }
 
 /// Methods that create or remove the one path they name: checked as a
-/// [`Use::Change`], then passed on.
+/// [`Use::Change`], then made in the checked folder ([`Guarded::place`]).
 macro_rules! changes_one_path {
     ($( $name:ident ),*) => {
         $(
             fn $name(&mut self, fd: Fd, path: String) -> FsResult<()> {
-                self.check(&fd, &path, Use::Change)?;
-                fs::HostDescriptor::$name(&mut self.fs, fd, path)
+                let at = self.place(&fd, &path)?;
+                let answer = fs::HostDescriptor::$name(&mut self.fs, at.dir(), at.name.clone());
+                self.done(at, answer)
             }
         )*
     };
@@ -348,9 +471,21 @@ impl fs::HostDescriptor for Guarded<'_> {
         new_fd: Fd,
         new_path: String,
     ) -> FsResult<()> {
-        self.check(&fd, &old_path, Use::Change)?;
-        self.check(&new_fd, &new_path, Use::Change)?;
-        fs::HostDescriptor::link_at(&mut self.fs, fd, old_flags, old_path, new_fd, new_path)
+        let from = self.place(&fd, &old_path)?;
+        let to = match self.place(&new_fd, &new_path) {
+            Ok(to) => to,
+            Err(e) => return Err(self.leave(from, e)),
+        };
+        let answer = fs::HostDescriptor::link_at(
+            &mut self.fs,
+            from.dir(),
+            old_flags,
+            from.name.clone(),
+            to.dir(),
+            to.name.clone(),
+        );
+        let answer = self.done(to, answer);
+        self.done(from, answer)
     }
 
     fn open_at(
@@ -375,13 +510,18 @@ impl fs::HostDescriptor for Guarded<'_> {
         }
         // Truncated only once the opened file is known not to be refused
         // (a link swapped in after the check cannot make it truncate one).
+        // As wasmtime does for a truncation: no directory, and opened to
+        // write.
+        if oflags.contains(fs::OpenFlags::DIRECTORY) {
+            return Err(FsError::from(ErrorCode::Invalid));
+        }
         let opened = fs::HostDescriptor::open_at(
             &mut self.fs,
             fd,
             flags,
             path,
             oflags & !fs::OpenFlags::TRUNCATE,
-            dflags,
+            dflags | fs::DescriptorFlags::WRITE,
         )?;
         let opened = self.check_opened(opened)?;
         let checked = Resource::<fs::Descriptor>::new_borrow(opened.rep());
@@ -404,16 +544,29 @@ impl fs::HostDescriptor for Guarded<'_> {
         new_fd: Fd,
         new_path: String,
     ) -> FsResult<()> {
-        self.check(&fd, &old_path, Use::Change)?;
-        self.check(&new_fd, &new_path, Use::Change)?;
-        fs::HostDescriptor::rename_at(&mut self.fs, fd, old_path, new_fd, new_path)
+        let from = self.place(&fd, &old_path)?;
+        let to = match self.place(&new_fd, &new_path) {
+            Ok(to) => to,
+            Err(e) => return Err(self.leave(from, e)),
+        };
+        let answer = fs::HostDescriptor::rename_at(
+            &mut self.fs,
+            from.dir(),
+            from.name.clone(),
+            to.dir(),
+            to.name.clone(),
+        );
+        let answer = self.done(to, answer);
+        self.done(from, answer)
     }
 
     fn symlink_at(&mut self, fd: Fd, target: String, path: String) -> FsResult<()> {
         // The link's text is not checked: what it names is, when it is
         // followed.
-        self.check(&fd, &path, Use::Change)?;
-        fs::HostDescriptor::symlink_at(&mut self.fs, fd, target, path)
+        let at = self.place(&fd, &path)?;
+        let answer =
+            fs::HostDescriptor::symlink_at(&mut self.fs, at.dir(), target, at.name.clone());
+        self.done(at, answer)
     }
 }
 
