@@ -7,3 +7,4 @@
 mod files;
 mod http;
 mod ids;
+mod parsers;
