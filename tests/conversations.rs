@@ -187,9 +187,9 @@ fn strict() -> HistoryOptions {
 }
 
 fn reason(e: Error) -> (String, Option<String>, String) {
-    match e {
-        Error::Automation(a) => (a.reason_code, a.field, a.message),
-        other => panic!("not an automation error: {other}"),
+    match e.extension::<stepwell::automation::AutomationError>() {
+        Some(a) => (a.reason_code.clone(), a.field.clone(), a.message.clone()),
+        None => panic!("not an automation error: {e}"),
     }
 }
 

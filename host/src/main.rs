@@ -1271,13 +1271,14 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if json {
-                let detail = match &e {
-                    Error::Trigger(t) => t.to_json(),
-                    Error::Automation(a) => {
+                let detail = match (&e, e.extension::<stepwell::automation::AutomationError>()) {
+                    // An automation's own code, not the API's family of it.
+                    (_, Some(a)) => {
                         let mut d = a.to_json();
                         d["code"] = serde_json::json!(a.reason_code);
                         d
                     }
+                    (Error::Extension(x), None) => x.to_json(),
                     _ => serde_json::json!({ "code": e.reason_code(), "message": e.to_string() }),
                 };
                 eprintln!("{}", serde_json::json!({ "error": detail }));

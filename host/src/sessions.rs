@@ -67,7 +67,7 @@ const FIRST_TURN_FETCH: usize = 32;
 const ALL: usize = 1_000_000;
 
 fn error(reason: &str, field: Option<&str>, message: impl Into<String>) -> Error {
-    Error::Automation(AutomationError::new(reason, field, message))
+    Error::from(AutomationError::new(reason, field, message))
 }
 
 /// Options of [`select_session_turns`].
@@ -702,9 +702,13 @@ pub fn session_chat_messages(
         if rows.as_ref().is_none_or(|(read, _)| *read < index_limit) {
             match turn_rows(port, sid, &turns_options) {
                 Ok(r) => rows = Some((index_limit, r)),
-                Err(Error::Automation(e)) if e.reason_code == "occurrence_not_found" => {
+                Err(e)
+                    if e.extension::<AutomationError>()
+                        .is_some_and(|a| a.reason_code == "occurrence_not_found") =>
+                {
                     if options.strict {
-                        return Err(history_error(e.message));
+                        let message = e.extension::<AutomationError>().map(|a| a.message.clone());
+                        return Err(history_error(message.unwrap_or_default()));
                     }
                     return Ok(ReplayedHistory {
                         messages: Vec::new(),
@@ -870,8 +874,10 @@ pub fn discussion_seed_messages(
     let root = match discussion_root(port, sid) {
         Ok(Some(root)) => root,
         Ok(None) => return Ok(Vec::new()),
-        Err(Error::Automation(e)) => return fail(e.message),
-        Err(e) => return Err(e),
+        Err(e) => match e.extension::<AutomationError>() {
+            Some(a) => return fail(a.message.clone()),
+            None => return Err(e),
+        },
     };
     let seed = &root.vars["_meta"]["discussion"]["seed_messages"];
     let well_formed = seed.as_array().is_some_and(|s| {

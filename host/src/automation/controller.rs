@@ -87,7 +87,7 @@ impl TriggerCatalog {
                     .map_err(|e| e.to_string())
             })
             .clone()
-            .map_err(|e| Error::Automation(AutomationError::new("trigger_registry_error", None, e)))
+            .map_err(|e| Error::from(AutomationError::new("trigger_registry_error", None, e)))
     }
 }
 
@@ -131,7 +131,7 @@ struct ControllerEffect {
 }
 
 fn seam(message: impl Into<String>) -> Error {
-    Error::Automation(AutomationError::new("controller_seam", None, message))
+    Error::from(AutomationError::new("controller_seam", None, message))
 }
 
 /// The object at `<top>.automation` of the controller's vars.
@@ -557,7 +557,7 @@ impl ControllerEffect {
                 })
                 .collect(),
             Err(e) if grants => {
-                return Err(Error::Automation(AutomationError::new(
+                return Err(Error::from(AutomationError::new(
                     "tool_executor_missing",
                     None,
                     format!("the host's tools could not be loaded for the occurrence's grant: {e}"),

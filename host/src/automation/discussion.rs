@@ -83,7 +83,7 @@ impl Discussion {
 }
 
 fn refused(reason: &str, field: &str, message: impl Into<String>) -> Error {
-    Error::Automation(AutomationError::new(reason, Some(field), message))
+    Error::from(AutomationError::new(reason, Some(field), message))
 }
 
 /// `path` without `.` segments, doubled or trailing separators, and with

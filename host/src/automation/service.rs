@@ -43,7 +43,7 @@ pub struct Created {
 }
 
 fn automation_error(reason_code: &str, field: Option<&str>, message: impl Into<String>) -> Error {
-    Error::Automation(AutomationError::new(reason_code, field, message))
+    Error::from(AutomationError::new(reason_code, field, message))
 }
 
 fn owner_of(request: &Value, principal: Option<&str>) -> String {
@@ -490,8 +490,10 @@ fn apply_held(
             let rebound = match delta.get("definition").filter(|d| d["trigger"] != *trigger) {
                 Some(d) => match bound_connection(rt, &triggers, &d["trigger"]) {
                     Ok(()) => None,
-                    Err(Error::Automation(e)) => Some(e),
-                    Err(e) => return Err(e),
+                    Err(e) => match e.extension::<super::AutomationError>() {
+                        Some(a) => Some(a.clone()),
+                        None => return Err(e),
+                    },
                 },
                 None => None,
             };
@@ -506,7 +508,10 @@ fn apply_held(
                 ),
                 Some(definition) => match resolve_target(rt, definition) {
                     Ok(()) => ("applied", delta, None),
-                    Err(Error::Automation(e)) => ("rejected", json!({}), Some(e.to_json())),
+                    Err(e) if e.extension::<super::AutomationError>().is_some() => {
+                        let detail = e.extension::<super::AutomationError>().map(|a| a.to_json());
+                        ("rejected", json!({}), detail)
+                    }
                     Err(Error::Flow(e)) => (
                         "rejected",
                         json!({}),
@@ -676,7 +681,7 @@ fn bound_connection(
     triggers: &crate::triggers::TriggerRegistry,
     trigger: &Value,
 ) -> Result<()> {
-    crate::triggers::check_binding(rt.store(), triggers, trigger).map_err(Error::Automation)
+    crate::triggers::check_binding(rt.store(), triggers, trigger).map_err(Error::from)
 }
 
 /// Cancels `root` and every unfinished run below it.

@@ -72,12 +72,25 @@ pub enum Error {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
-    /// A trigger source refused a call, failed, or cannot be found.
-    #[error(transparent)]
-    Trigger(#[from] crate::triggers::TriggerError),
-    /// An automation failure (a definition, a command, the controller).
-    #[error(transparent)]
-    Automation(#[from] crate::automation::AutomationError),
+    /// An error of a feature built on the kernel (a trigger source's
+    /// refusal, an automation's failure, ...), with its own reason code
+    /// and detail: the kernel knows no feature's error type.
+    #[error("{0}")]
+    Extension(Box<dyn ExtensionError>),
+}
+
+/// An error of a feature built on the kernel, carried by
+/// [`Error::Extension`]: its stable reason code and its detail as the API
+/// shows it. The feature that made it finds it again with
+/// [`Error::extension`].
+pub trait ExtensionError: std::error::Error + Send + Sync + 'static {
+    /// The stable reason code (`trigger_not_found`, `not_found`, ...).
+    fn reason_code(&self) -> &'static str;
+    /// The error as the API shows it: `code`, `message` and fields of its
+    /// own.
+    fn to_json(&self) -> serde_json::Value;
+    /// Itself, for [`Error::extension`].
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 impl Error {
@@ -94,8 +107,15 @@ impl Error {
             Error::InvalidInput { .. } => "invalid_input",
             Error::Wasm(_) => "component_load_failed",
             Error::Store(e) => e.reason_code(),
-            Error::Trigger(e) => e.reason_code(),
-            Error::Automation(e) => crate::automation::static_reason_code(&e.reason_code),
+            Error::Extension(e) => e.reason_code(),
+        }
+    }
+
+    /// The feature error of type `T` this is, if it is one.
+    pub fn extension<T: 'static>(&self) -> Option<&T> {
+        match self {
+            Error::Extension(e) => e.as_any().downcast_ref(),
+            _ => None,
         }
     }
 

@@ -24,5 +24,5 @@ pub use stepwell_model::clock;
 pub use stepwell_model::model;
 
 pub use driver::{DriveReport, RunError, IDLE_POLL};
-pub use error::{Error, Result};
+pub use error::{Error, ExtensionError, Result};
 pub use feed::{LedgerCheck, LedgerPages, LEDGER_PAGE};

@@ -65,7 +65,7 @@ struct Gathered {
 /// index, from its controller's ledger.
 pub fn project_occurrences(rt: &Runtime, automation_id: &str) -> Result<BTreeMap<i64, Value>> {
     let not_found = || {
-        Error::Automation(crate::automation::AutomationError::new(
+        Error::from(crate::automation::AutomationError::new(
             "automation_not_found",
             None,
             format!("no automation with id {automation_id:?}"),
@@ -338,7 +338,7 @@ fn project_one(rt: &Runtime, uri: &str) -> Result<Value> {
     project_occurrences(rt, &aid)?
         .remove(&index)
         .ok_or_else(|| {
-            Error::Automation(crate::automation::AutomationError::new(
+            Error::from(crate::automation::AutomationError::new(
                 "occurrence_not_found",
                 Some("resource"),
                 format!("automation {aid} has no occurrence {index}"),

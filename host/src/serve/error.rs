@@ -85,8 +85,7 @@ impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         let code = e.reason_code();
         let mut detail = match &e {
-            Error::Trigger(t) => t.to_json(),
-            Error::Automation(a) => a.to_json(),
+            Error::Extension(x) => x.to_json(),
             _ => json!({}),
         };
         detail["code"] = json!(code);

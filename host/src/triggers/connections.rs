@@ -141,7 +141,7 @@ impl SealingKey {
 }
 
 fn sealing(message: impl Into<String>) -> Error {
-    Error::Automation(AutomationError::new(
+    Error::from(AutomationError::new(
         "connection_secret_unavailable",
         None,
         message,
@@ -153,7 +153,7 @@ fn sealing(message: impl Into<String>) -> Error {
 /// `connection_source_mismatch`, `connection_disabled`,
 /// `invalid_connection`).
 pub fn connection_error(code: &str, field: Option<&str>, message: impl Into<String>) -> Error {
-    Error::Automation(AutomationError::new(code, field, message))
+    Error::from(AutomationError::new(code, field, message))
 }
 
 fn not_found(id: &str) -> Error {

@@ -266,3 +266,23 @@ pub fn connection_id_ok(id: &str) -> bool {
         && b.iter()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-'))
 }
+
+impl crate::core::ExtensionError for TriggerError {
+    fn reason_code(&self) -> &'static str {
+        TriggerError::reason_code(self)
+    }
+
+    fn to_json(&self) -> Value {
+        TriggerError::to_json(self)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl From<TriggerError> for crate::core::Error {
+    fn from(e: TriggerError) -> Self {
+        crate::core::Error::Extension(Box::new(e))
+    }
+}

@@ -331,7 +331,10 @@ impl Runtime {
     ) -> Result<Option<crate::store::ConnectionRecord>> {
         let c = match self.connection(connection_id) {
             Ok(c) => c,
-            Err(crate::Error::Automation(e)) if e.reason_code == "connection_not_found" => {
+            Err(e)
+                if e.extension::<crate::automation::AutomationError>()
+                    .is_some_and(|a| a.reason_code == "connection_not_found") =>
+            {
                 return Ok(None)
             }
             Err(e) => return Err(e),
