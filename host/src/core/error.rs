@@ -49,6 +49,14 @@ pub enum Error {
         /// The first identity field that differs (`workflow_id`, `session_id`, ...).
         field: String,
     },
+    /// A step failed in a run whose workflow's steps never fail it (the
+    /// automation controller's): nothing was committed, the run stays at
+    /// its node, and the driver tries it again.
+    #[error("controller_seam: the step failed and the run is left at its node to be tried again: {message}")]
+    StepHeld {
+        /// Why the step failed.
+        message: String,
+    },
     /// A flow document is invalid.
     #[error(transparent)]
     Flow(#[from] crate::flow::FlowError),
@@ -102,6 +110,7 @@ impl Error {
             Error::Conflict { .. } => "conflict",
             Error::Quarantined { .. } => "quarantined",
             Error::IdentityConflict { .. } => "identity_conflict",
+            Error::StepHeld { .. } => "controller_seam",
             Error::Flow(_) => "invalid_definition",
             Error::UnknownWorkflow { .. } => "unknown_workflow",
             Error::InvalidInput { .. } => "invalid_input",

@@ -1000,11 +1000,7 @@ fn park(
 /// fail it (the automation controller): nothing was committed, the run
 /// stays at its node, and the driver tries it again.
 fn held_at_node(msg: String) -> crate::core::Error {
-    crate::core::Error::from(crate::automation::AutomationError::new(
-        "controller_seam",
-        None,
-        format!("the step failed and the run is left at its node to be tried again: {msg}"),
-    ))
+    crate::core::Error::StepHeld { message: msg }
 }
 
 fn go(run: &mut RunState, target: Target, effect_result: Option<Value>) {

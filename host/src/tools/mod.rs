@@ -34,61 +34,9 @@ static BUILTINS: [(&str, &[u8]); 1] = [(
     include_bytes!(env!("STEPWELL_BUILTIN_TOOLS_WORKSPACE")),
 )];
 
-/// What a tool does to the world: decides its sandbox, whether a
-/// read-only workspace refuses it, and whether it asks for approval by
-/// default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ToolClass {
-    /// Only reads: read-only directories.
-    Read,
-    /// Changes files: the writable roots read-write.
-    Write,
-    /// Runs commands or code.
-    Exec,
-    /// Hands work to another agent or run.
-    Delegate,
-    /// Sends messages.
-    Comms,
-    /// Writes the agent's memory.
-    MemoryWrite,
-}
-
-impl ToolClass {
-    /// `read`, `write`, `exec`, `delegate`, `comms` or `memory_write`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ToolClass::Read => "read",
-            ToolClass::Write => "write",
-            ToolClass::Exec => "exec",
-            ToolClass::Delegate => "delegate",
-            ToolClass::Comms => "comms",
-            ToolClass::MemoryWrite => "memory_write",
-        }
-    }
-}
-
-/// One tool as a model sees it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ToolSpec {
-    /// The name a model calls it by.
-    pub name: String,
-    /// What it does.
-    pub description: String,
-    /// A JSON Schema (an object schema) of its arguments.
-    pub parameters: Value,
-    /// What it does to the world.
-    pub class: ToolClass,
-}
-
-impl ToolSpec {
-    /// The spec in the OpenAI `tools` form `llm_call` sends:
-    /// `{"type": "function", "function": {name, description, parameters}}`.
-    pub fn openai(&self) -> Value {
-        serde_json::json!({"type": "function", "function": {
-            "name": self.name, "description": self.description, "parameters": self.parameters}})
-    }
-}
+// A tool's class and spec are what its component's contract says of it:
+// they live with the sandbox that loads tools (`wasm`), named here too.
+pub use crate::wasm::{ToolClass, ToolSpec};
 
 /// Where a tool comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,7 +30,7 @@ pub use fsguard::RefusedPaths;
 pub(crate) use node::vars_json;
 pub use node::{NodeCall, NodeComponent, NodeSession, HOST_BOOKKEEPING_VARS};
 pub use sandbox::{Preopen, Reach};
-pub use tool::{ToolComponent, ToolFault};
+pub use tool::{ToolClass, ToolComponent, ToolFault, ToolSpec};
 pub use trigger::TriggerComponent;
 
 /// The bounds every guest call runs under.

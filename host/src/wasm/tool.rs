@@ -5,11 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::Serialize;
 use serde_json::Value;
 
 use super::sandbox::{classify, new_store, new_store_with, GuestState, Reach};
 use super::{GuestError, LoadOrigin, WasmEngine};
-use crate::tools::{ToolClass, ToolSpec};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -162,5 +162,61 @@ impl ToolComponent {
             Err(wit::ToolError::InvalidArguments(m)) => Err(ToolFault::InvalidArguments(m)),
             Err(wit::ToolError::Failed(m)) => Err(ToolFault::Failed(m)),
         })
+    }
+}
+
+/// What a tool does to the world: decides its sandbox, whether a
+/// read-only workspace refuses it, and whether it asks for approval by
+/// default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolClass {
+    /// Only reads: read-only directories.
+    Read,
+    /// Changes files: the writable roots read-write.
+    Write,
+    /// Runs commands or code.
+    Exec,
+    /// Hands work to another agent or run.
+    Delegate,
+    /// Sends messages.
+    Comms,
+    /// Writes the agent's memory.
+    MemoryWrite,
+}
+
+impl ToolClass {
+    /// `read`, `write`, `exec`, `delegate`, `comms` or `memory_write`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolClass::Read => "read",
+            ToolClass::Write => "write",
+            ToolClass::Exec => "exec",
+            ToolClass::Delegate => "delegate",
+            ToolClass::Comms => "comms",
+            ToolClass::MemoryWrite => "memory_write",
+        }
+    }
+}
+
+/// One tool as a model sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolSpec {
+    /// The name a model calls it by.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// A JSON Schema (an object schema) of its arguments.
+    pub parameters: Value,
+    /// What it does to the world.
+    pub class: ToolClass,
+}
+
+impl ToolSpec {
+    /// The spec in the OpenAI `tools` form `llm_call` sends:
+    /// `{"type": "function", "function": {name, description, parameters}}`.
+    pub fn openai(&self) -> Value {
+        serde_json::json!({"type": "function", "function": {
+            "name": self.name, "description": self.description, "parameters": self.parameters}})
     }
 }
