@@ -31,7 +31,10 @@ pub(crate) use node::vars_json;
 pub use node::{NodeCall, NodeComponent, NodeSession, HOST_BOOKKEEPING_VARS};
 pub use sandbox::{Preopen, Reach};
 pub use tool::{ToolClass, ToolComponent, ToolFault, ToolSpec};
-pub use trigger::TriggerComponent;
+pub use trigger::{
+    Admission, AdmitResult, Binding, Descriptor, Envelope, SourceKind, TriggerComponent,
+    TriggerError, Wait,
+};
 
 /// The bounds every guest call runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
