@@ -26,6 +26,10 @@
 //! # Ok(()) }
 //! ```
 
+// Every public item says what it is; every unsafe operation sits in a
+// block that says why it holds, also inside an `unsafe fn`.
+#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+
 pub mod automation;
 pub mod core;
 pub mod effects;

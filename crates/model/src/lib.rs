@@ -9,6 +9,8 @@
 //! crate re-exports both modules as `stepwell::core::model` and
 //! `stepwell::core::clock` (docs/architecture.md).
 
+#![deny(missing_docs)]
+
 pub mod clock;
 pub mod model;
 
