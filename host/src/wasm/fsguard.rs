@@ -334,6 +334,27 @@ impl Guarded<'_> {
         Ok(place)
     }
 
+    /// The places of a call that names two paths (a rename, a link).
+    fn two_places(
+        &mut self,
+        fd: &Fd,
+        from: &str,
+        to_fd: &Fd,
+        to: &str,
+    ) -> FsResult<(Place, Place)> {
+        let from = self.place(fd, from)?;
+        match self.place(to_fd, to) {
+            Ok(to) => Ok((from, to)),
+            Err(e) => Err(self.leave(from, e)),
+        }
+    }
+
+    /// [`Guarded::done`] for both places of a two-path call.
+    fn both_done<T>(&mut self, from: Place, to: Place, answer: FsResult<T>) -> FsResult<T> {
+        let answer = self.done(to, answer);
+        self.done(from, answer)
+    }
+
     /// Closes the place's folder if it was opened here; `err` passed on.
     fn leave(&mut self, place: Place, err: FsError) -> FsError {
         if place.opened {
@@ -471,11 +492,7 @@ impl fs::HostDescriptor for Guarded<'_> {
         new_fd: Fd,
         new_path: String,
     ) -> FsResult<()> {
-        let from = self.place(&fd, &old_path)?;
-        let to = match self.place(&new_fd, &new_path) {
-            Ok(to) => to,
-            Err(e) => return Err(self.leave(from, e)),
-        };
+        let (from, to) = self.two_places(&fd, &old_path, &new_fd, &new_path)?;
         let answer = fs::HostDescriptor::link_at(
             &mut self.fs,
             from.dir(),
@@ -484,8 +501,7 @@ impl fs::HostDescriptor for Guarded<'_> {
             to.dir(),
             to.name.clone(),
         );
-        let answer = self.done(to, answer);
-        self.done(from, answer)
+        self.both_done(from, to, answer)
     }
 
     fn open_at(
@@ -544,11 +560,7 @@ impl fs::HostDescriptor for Guarded<'_> {
         new_fd: Fd,
         new_path: String,
     ) -> FsResult<()> {
-        let from = self.place(&fd, &old_path)?;
-        let to = match self.place(&new_fd, &new_path) {
-            Ok(to) => to,
-            Err(e) => return Err(self.leave(from, e)),
-        };
+        let (from, to) = self.two_places(&fd, &old_path, &new_fd, &new_path)?;
         let answer = fs::HostDescriptor::rename_at(
             &mut self.fs,
             from.dir(),
@@ -556,8 +568,7 @@ impl fs::HostDescriptor for Guarded<'_> {
             to.dir(),
             to.name.clone(),
         );
-        let answer = self.done(to, answer);
-        self.done(from, answer)
+        self.both_done(from, to, answer)
     }
 
     fn symlink_at(&mut self, fd: Fd, target: String, path: String) -> FsResult<()> {
