@@ -768,7 +768,7 @@ fn the_openapi_document_matches_the_routes() {
         }
     }
     // Every route the router declares is documented.
-    let source = std::fs::read_to_string(repo().join("host/src/serve/api.rs")).unwrap();
+    let source = std::fs::read_to_string(repo().join("crates/serve/src/api.rs")).unwrap();
     let route = regex_lite_routes(&source);
     assert!(route.len() > 25, "{route:?}");
     for (method, path) in route {

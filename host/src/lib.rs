@@ -36,7 +36,6 @@ pub mod effects;
 pub mod flow;
 pub mod host;
 pub mod llm;
-pub mod serve;
 pub mod sessions;
 pub mod store;
 pub mod tools;

@@ -441,7 +441,7 @@ pub fn check_exact_integers(field: &str, text: &str) -> crate::Result<()> {
 }
 
 /// `field.path` (`field` alone for the top value; `field[0]` for an index).
-pub(crate) fn inexact_field(field: &str, path: &str) -> String {
+pub fn inexact_field(field: &str, path: &str) -> String {
     match path {
         "" => field.to_string(),
         p if p.starts_with('[') => format!("{field}{p}"),
@@ -450,7 +450,7 @@ pub(crate) fn inexact_field(field: &str, path: &str) -> String {
 }
 
 /// Why an integer no 64-bit integer holds is refused.
-pub(crate) fn inexact_message(literal: &str) -> String {
+pub fn inexact_message(literal: &str) -> String {
     format!(
         "the integer {literal} does not fit in 64 bits and would be changed (stored as the nearest float): write it as a string, or as a float on purpose"
     )

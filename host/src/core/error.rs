@@ -128,7 +128,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+    /// An [`Error::InvalidInput`] naming the `field` that was refused and why.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         Error::InvalidInput {
             field: field.into(),
             message: message.into(),

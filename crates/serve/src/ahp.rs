@@ -21,9 +21,9 @@ use serde_json::{json, Map, Value};
 use super::api::blocking;
 use super::error::ApiError;
 use super::Shared;
-use crate::automation::automation_records;
-use crate::core::{Error, Result};
-use crate::Runtime;
+use stepwell::automation::automation_records;
+use stepwell::core::{Error, Result};
+use stepwell::Runtime;
 
 /// The AHP version this host speaks.
 pub const AHP_PROTOCOL_VERSION: u64 = 1;
@@ -65,14 +65,14 @@ struct Gathered {
 /// index, from its controller's ledger.
 pub fn project_occurrences(rt: &Runtime, automation_id: &str) -> Result<BTreeMap<i64, Value>> {
     let not_found = || {
-        Error::from(crate::automation::AutomationError::new(
+        Error::from(stepwell::automation::AutomationError::new(
             "automation_not_found",
             None,
             format!("no automation with id {automation_id:?}"),
         ))
     };
     let controller = rt.load_run_opt(automation_id)?.ok_or_else(not_found)?;
-    if controller.workflow_id != crate::automation::CONTROLLER_WORKFLOW_ID {
+    if controller.workflow_id != stepwell::automation::CONTROLLER_WORKFLOW_ID {
         return Err(not_found());
     }
     let records = rt.get_ledger(automation_id)?;
@@ -338,7 +338,7 @@ fn project_one(rt: &Runtime, uri: &str) -> Result<Value> {
     project_occurrences(rt, &aid)?
         .remove(&index)
         .ok_or_else(|| {
-            Error::from(crate::automation::AutomationError::new(
+            Error::from(stepwell::automation::AutomationError::new(
                 "occurrence_not_found",
                 Some("resource"),
                 format!("automation {aid} has no occurrence {index}"),

@@ -1160,7 +1160,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
                 libc::signal(libc::SIGPIPE, libc::SIG_IGN);
             }
             let token_file = serve_token.clone().unwrap_or_else(|| spec.token_file());
-            let mut options = stepwell::serve::ServeOptions::new(token_file.clone());
+            let mut options = stepwell_serve::ServeOptions::new(token_file.clone());
             options.listen = listen;
             options.drive_interval = Duration::from_millis(interval_ms.max(1));
             options.drive = !no_drive;
@@ -1172,7 +1172,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
             options.max_body_bytes_in_flight = max_body_bytes_in_flight;
             options.snapshots = Some(std::sync::Arc::from(spec.snapshots()?));
             options.dashboard_dir = cli::environment::dashboard_dir();
-            let server = stepwell::serve::Server::bind(rt, options)?;
+            let server = stepwell_serve::Server::bind(rt, options)?;
             let url = format!("http://{}/", server.local_addr());
             if !server.local_addr().ip().is_loopback() {
                 eprintln!(

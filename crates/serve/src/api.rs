@@ -18,12 +18,12 @@ use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::Shared;
-use crate::automation::{
+use stepwell::automation::{
     apply_automation_command, create_automation, list_attention, list_automations,
     list_occurrences, pending_waits, show_automation, start_discussion, Command, DiscussionRequest,
 };
-use crate::core::Error;
-use crate::{RunQuery, RunState, RunStatus, StartOptions, WaitReason};
+use stepwell::core::Error;
+use stepwell::{RunQuery, RunState, RunStatus, StartOptions, WaitReason};
 
 type S = State<Arc<Shared>>;
 type ApiResult<T = Response> = Result<T, ApiError>;
@@ -77,8 +77,8 @@ impl<T: DeserializeOwned> FromRequest<Arc<Shared>> for Body<T> {
             .and_then(stepwell_flat_json::find_inexact_integer)
         {
             return Err(ApiError::invalid(
-                &crate::core::config::inexact_field("body", &found.path),
-                crate::core::config::inexact_message(&found.literal),
+                &stepwell::core::config::inexact_field("body", &found.path),
+                stepwell::core::config::inexact_message(&found.literal),
             ));
         }
         let de = &mut serde_json::Deserializer::from_slice(bytes);
@@ -585,14 +585,14 @@ struct StartRun {
 }
 
 async fn start_run(State(s): S, Body(b): Body<StartRun>) -> ApiResult {
-    crate::core::config::check_caller_run(
+    stepwell::core::config::check_caller_run(
         &b.vars,
         b.session_id.as_deref(),
         "body.vars",
         "body.session_id",
     )?;
     let runtime = match b.runtime {
-        Some(r) => crate::core::config::operator_runtime(r)?,
+        Some(r) => stepwell::core::config::operator_runtime(r)?,
         None => Map::new(),
     };
     let (existed, state) = blocking(move || {
@@ -693,10 +693,10 @@ struct LedgerQuery {
 }
 
 /// The most records one page of `GET /v1/runs/{id}/ledger` holds.
-const MAX_LEDGER_PAGE: u64 = 10 * crate::LEDGER_PAGE;
+const MAX_LEDGER_PAGE: u64 = 10 * stepwell::LEDGER_PAGE;
 
 /// A ledger record as the API shows it: the record with its `seq`.
-pub(crate) fn record_json(record: &crate::StepRecord, seq: u64) -> Value {
+pub(crate) fn record_json(record: &stepwell::StepRecord, seq: u64) -> Value {
     let mut v = serde_json::to_value(record).unwrap_or(Value::Null);
     v["seq"] = json!(seq);
     v
@@ -704,7 +704,7 @@ pub(crate) fn record_json(record: &crate::StepRecord, seq: u64) -> Value {
 
 /// `GET /v1/runs/{id}/ledger?after=&limit=`: a page of the run's records
 /// after seq `after` (default 0), at most `limit` (default
-/// [`crate::LEDGER_PAGE`], at most [`MAX_LEDGER_PAGE`]), and no more than
+/// [`stepwell::LEDGER_PAGE`], at most [`MAX_LEDGER_PAGE`]), and no more than
 /// about [`LEDGER_PAGE_BYTES`] of JSON; a full page, or one cut short by
 /// its size, carries a `Link: <...>; rel="next"` header to the next one.
 async fn run_ledger(
@@ -712,7 +712,7 @@ async fn run_ledger(
     Path(id): Path<String>,
     Params(q): Params<LedgerQuery>,
 ) -> ApiResult {
-    let limit = match q.limit.unwrap_or(crate::LEDGER_PAGE) {
+    let limit = match q.limit.unwrap_or(stepwell::LEDGER_PAGE) {
         0 => return Err(ApiError::invalid("limit", "must be at least 1")),
         n if n > MAX_LEDGER_PAGE => {
             return Err(ApiError::invalid(
@@ -848,12 +848,14 @@ struct SnapshotSearch {
 async fn list_snapshots(State(s): S, Params(q): Params<SnapshotSearch>) -> ApiResult {
     let limit = page_limit(q.limit)?;
     blocking(move || {
-        let found = s.snapshots.search_snapshots(&crate::store::SnapshotQuery {
-            run_id: q.run_id,
-            tag: q.tag,
-            text: q.text,
-            limit: Some(limit),
-        })?;
+        let found = s
+            .snapshots
+            .search_snapshots(&stepwell::store::SnapshotQuery {
+                run_id: q.run_id,
+                tag: q.tag,
+                text: q.text,
+                limit: Some(limit),
+            })?;
         Ok(json!({"items": found}))
     })
     .await
@@ -901,10 +903,10 @@ async fn session_turns(
     Params(q): Params<TurnsQuery>,
 ) -> ApiResult {
     blocking(move || {
-        let turns = crate::sessions::select_session_turns(
+        let turns = stepwell::sessions::select_session_turns(
             &s.rt,
             &id,
-            &crate::sessions::TurnsOptions {
+            &stepwell::sessions::TurnsOptions {
                 automation_id: q.automation_id,
                 through_occurrence: q.through_occurrence,
                 limit: q.limit.unwrap_or(50),
@@ -913,7 +915,7 @@ async fn session_turns(
         )?;
         let items: Vec<Value> = turns
             .iter()
-            .map(|t| crate::sessions::Turn::of(t).to_json())
+            .map(|t| stepwell::sessions::Turn::of(t).to_json())
             .collect();
         Ok(json!({"items": items}))
     })
@@ -935,7 +937,7 @@ async fn session_history(
     Params(q): Params<HistoryQuery>,
 ) -> ApiResult {
     blocking(move || {
-        let mut options = crate::sessions::HistoryOptions {
+        let mut options = stepwell::sessions::HistoryOptions {
             automation_id: q.automation_id,
             through_occurrence: q.through_occurrence,
             ..Default::default()
@@ -943,7 +945,7 @@ async fn session_history(
         if let Some(m) = q.max_tokens {
             options.max_tokens = m;
         }
-        let h = crate::sessions::session_chat_messages(&s.rt, &id, &options)?;
+        let h = stepwell::sessions::session_chat_messages(&s.rt, &id, &options)?;
         Ok(json!({"messages": h.messages, "report": h.report.to_json()}))
     })
     .await
@@ -967,7 +969,7 @@ async fn automations_list(State(s): S, Params(q): Params<AutomationsQuery>) -> A
     for status in q
         .status
         .as_deref()
-        .map(crate::store::filter_values)
+        .map(stepwell::store::filter_values)
         .unwrap_or_default()
     {
         if !AUTOMATION_STATUSES.contains(&status.as_str()) {
@@ -1238,7 +1240,7 @@ async fn triggers_preview(
     blocking(move || {
         let from = match &b.from {
             Some(t) => {
-                crate::core::clock::parse_time(t).map_err(|m| Error::invalid("body.from", m))?
+                stepwell::core::clock::parse_time(t).map_err(|m| Error::invalid("body.from", m))?
             }
             None => s.rt.now(),
         };
@@ -1296,7 +1298,7 @@ async fn metrics(State(s): S) -> ApiResult {
         ] {
             let n =
                 s.rt.store()
-                    .list_run_index(&crate::RunIndexQuery {
+                    .list_run_index(&stepwell::RunIndexQuery {
                         status: Some(status),
                         ..Default::default()
                     })?
@@ -1317,7 +1319,7 @@ async fn metrics(State(s): S) -> ApiResult {
 }
 
 fn render_metrics(
-    c: &crate::core::metrics::Counters,
+    c: &stepwell::core::metrics::Counters,
     by_status: &[(&str, usize)],
     http: &[(RequestKind, RequestCount)],
 ) -> String {
@@ -1379,7 +1381,10 @@ fn render_metrics(
         "# HELP stepwell_store_commit_seconds Store commit latency of run transitions.\n# TYPE stepwell_store_commit_seconds histogram"
     );
     let mut cumulative = 0;
-    for (i, bound) in crate::core::metrics::COMMIT_BUCKETS_US.iter().enumerate() {
+    for (i, bound) in stepwell::core::metrics::COMMIT_BUCKETS_US
+        .iter()
+        .enumerate()
+    {
         cumulative += c.commit_buckets[i];
         let _ = writeln!(
             out,
@@ -1419,7 +1424,7 @@ fn render_metrics(
 }
 
 /// `POST /v1/hooks/{connection_id}`: one Standard Webhooks call
-/// ([`crate::Runtime::receive_webhook`]): 202 appended, 409 duplicate, 401
+/// ([`stepwell::Runtime::receive_webhook`]): 202 appended, 409 duplicate, 401
 /// bad or stale signature, 404 unknown or disabled connection, 413 body
 /// over 1 MiB, 415 neither JSON nor UTF-8 text. An appended call wakes the
 /// driver at once.
@@ -1429,8 +1434,8 @@ async fn receive_webhook(
     headers: axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> ApiResult {
-    use crate::triggers::webhook::MAX_BODY_BYTES;
-    use crate::triggers::Received;
+    use stepwell::triggers::webhook::MAX_BODY_BYTES;
+    use stepwell::triggers::Received;
     let answer = |r: Received| {
         let status = StatusCode::from_u16(r.http_status).unwrap_or(StatusCode::BAD_REQUEST);
         (status, Json(json!(r))).into_response()
@@ -1499,7 +1504,7 @@ async fn connections_create(State(s): S, Body(b): Body<NewConnection>) -> ApiRes
 }
 
 async fn connections_show(State(s): S, Path(id): Path<String>) -> ApiResult {
-    blocking(move || Ok(crate::triggers::connection_view(&s.rt.connection(&id)?)))
+    blocking(move || Ok(stepwell::triggers::connection_view(&s.rt.connection(&id)?)))
         .await
         .map(ok)
 }

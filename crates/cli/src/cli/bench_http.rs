@@ -13,10 +13,10 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
-use stepwell::serve::{ServeOptions, Server};
 use stepwell::store::SqliteStore;
 use stepwell::wasm::WasmEngine;
 use stepwell::{Error, Result, RunQuery, RunStatus, Runtime};
+use stepwell_serve::{ServeOptions, Server};
 
 /// How big the load is.
 #[derive(Debug, Clone)]

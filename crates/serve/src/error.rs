@@ -4,7 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use crate::core::Error;
+use stepwell::core::Error;
 
 /// An error answer: `{"error": {"code", "message", "field"?, ...}}` with a
 /// status that fits the code.

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::api::{blocking, record_json, run_summary, Params};
 use super::error::ApiError;
 use super::Shared;
-use crate::RunState;
+use stepwell::RunState;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -148,7 +148,9 @@ pub(crate) async fn run_stream(
                 let (s2, id2) = (s.clone(), id.clone());
                 match blocking(move || {
                     let run = s2.rt.get_state(&id2)?;
-                    let page = s2.rt.ledger_page(&id2, sent, crate::LEDGER_PAGE as usize)?;
+                    let page = s2
+                        .rt
+                        .ledger_page(&id2, sent, stepwell::LEDGER_PAGE as usize)?;
                     Ok((run, page))
                 })
                 .await
@@ -167,7 +169,7 @@ pub(crate) async fn run_stream(
                     return;
                 }
             }
-            if records.len() as u64 == crate::LEDGER_PAGE {
+            if records.len() as u64 == stepwell::LEDGER_PAGE {
                 // A page at a time: the rest before the state.
                 continue;
             }
@@ -285,7 +287,7 @@ async fn follow_feed(s: Arc<Shared>, mut after: u64, tx: mpsc::Sender<Event>) {
 
 async fn follow_process(s: Arc<Shared>, tx: mpsc::Sender<Event>) {
     let feed = s.rt.subscribe_ledger(None);
-    let (atx, mut arx) = mpsc::channel::<crate::StepRecord>(1024);
+    let (atx, mut arx) = mpsc::channel::<stepwell::StepRecord>(1024);
     // The bridge from the runtime's subscription ends with the stream
     // (it looks every second whether anyone still listens).
     std::thread::spawn(move || loop {

@@ -1,3 +1,5 @@
+#![deny(missing_docs)]
+
 //! `stepwell serve`: one process that drives the store (due waits,
 //! children, automations: the loop of `stepwell drive`) and answers an HTTP
 //! API over it, with live streams (Server-Sent Events), the Agent Host
@@ -13,7 +15,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use stepwell::serve::{Server, ServeOptions};
+//! use stepwell_serve::{Server, ServeOptions};
 //! use stepwell::{Runtime, SqliteStore};
 //!
 //! # fn main() -> Result<(), stepwell::Error> {
@@ -40,9 +42,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::core::{Error, Result};
-use crate::store::SnapshotStore;
-use crate::Runtime;
+use stepwell::core::{Error, Result};
+use stepwell::store::SnapshotStore;
+use stepwell::Runtime;
 
 pub use ahp::{project_occurrences, AHP_PROTOCOL_VERSION};
 pub use error::ApiError;
@@ -114,7 +116,7 @@ impl ServeOptions {
 /// (64 hex digits, mode 0600) when it does not exist. A token file that
 /// others can read, or that holds fewer than 16 characters, is refused.
 pub fn load_or_create_token(path: &Path) -> Result<String> {
-    crate::core::config::load_or_create_secret_file(path)
+    stepwell::core::config::load_or_create_secret_file(path)
 }
 
 /// Wakes the driver before its pause ends (a run was started or resumed,
@@ -149,7 +151,7 @@ pub(crate) struct Shared {
     /// Bumped after every commit of this process, and (on a store that
     /// keeps a change feed) whenever the feed moves: streams look again.
     pub(crate) commits: tokio::sync::watch::Receiver<u64>,
-    /// The store keeps a change feed ([`crate::Store::feed_head`]): one
+    /// The store keeps a change feed ([`stepwell::Store::feed_head`]): one
     /// watcher per server sees every process's commits, and the streams
     /// need no timers of their own.
     pub(crate) has_feed: bool,
@@ -264,7 +266,7 @@ impl Server {
         let has_feed = rt.store().feed_head()?.is_some();
         let snapshots = options
             .snapshots
-            .unwrap_or_else(|| Arc::new(crate::store::MemorySnapshotStore::new()));
+            .unwrap_or_else(|| Arc::new(stepwell::store::MemorySnapshotStore::new()));
         Ok(Server {
             shared: Arc::new(Shared {
                 rt,
@@ -380,7 +382,7 @@ impl Server {
             Some(
                 std::thread::Builder::new()
                     .name("stepwell-feeds".into())
-                    .spawn(move || crate::triggers::run_feed_poller(rt, stop))
+                    .spawn(move || stepwell::triggers::run_feed_poller(rt, stop))
                     .map_err(|e| Error::invalid("serve", e.to_string()))?,
             )
         } else {
@@ -572,7 +574,7 @@ async fn accept_loop(
 /// `stop`.
 fn drive_loop(rt: &Runtime, stop: &AtomicBool, wake: &Wake, interval: Duration) {
     while !stop.load(Ordering::SeqCst) {
-        if let Err(e) = crate::triggers::sweep_once(rt) {
+        if let Err(e) = stepwell::triggers::sweep_once(rt) {
             tracing::error!(error = %e, "the sweep of event-bound automations failed");
         }
         match rt.drive_once() {
