@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use stepwell::tools::ToolsExt;
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -125,10 +126,12 @@ fn automation_records(rt: &Runtime, id: &str) -> Vec<Value> {
 /// Another runtime on `h`'s store that also loads the plugin trigger
 /// sources of `flows/triggers/plugins` (`cron@1`).
 fn plugin_runtime(h: &Host, clock: &Arc<ManualClock>) -> Runtime {
-    stepwell::Runtime::builder(h.store.clone())
+    stepwell::builder(h.store.clone())
         .engine(h.rt.engine().clone())
         .clock(clock.clone() as Arc<dyn stepwell::Clock>)
-        .trigger_dir(repo().join("flows/triggers/plugins"))
+        .plugin(Arc::new(
+            stepwell::triggers::Triggers::new().dir(repo().join("flows/triggers/plugins")),
+        ))
         .build()
         .unwrap()
 }
@@ -843,7 +846,7 @@ fn a_schema_4_database_gets_the_key_index() {
     }
     let clock = Arc::new(ManualClock::new(at(T0)));
     let store: Arc<dyn stepwell::Store> = Arc::new(stepwell::SqliteStore::open(&db).unwrap());
-    let rt = stepwell::Runtime::builder(store)
+    let rt = stepwell::builder(store)
         .engine(stepwell_tests::engine())
         .clock(clock as Arc<dyn stepwell::Clock>)
         .build()

@@ -14,6 +14,7 @@ use stepwell::automation::{
 use stepwell::sessions::{
     select_session_turns, session_chat_messages, HistoryOptions, TurnsOptions,
 };
+use stepwell::tools::ToolsExt;
 use stepwell::{Error, RunState, RunStatus, Runtime, StartOptions};
 use stepwell_tests::world::{at_time, NowUtc, World};
 use stepwell_tests::{Backend, Host};
@@ -1298,10 +1299,12 @@ fn tool_world() -> ToolWorld {
     std::fs::copy(&outbox, tools.join("outbox.wasm")).unwrap();
     let store: std::sync::Arc<dyn stepwell::Store> =
         std::sync::Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
-    let rt = Runtime::builder(store.clone())
+    let rt = stepwell::builder(store.clone())
         .engine(stepwell_tests::engine())
         .clock(clock.clone() as std::sync::Arc<dyn stepwell::Clock>)
-        .tool_dir(&tools)
+        .plugin(std::sync::Arc::new(
+            stepwell::tools::Tools::new().dir(&tools),
+        ))
         .build()
         .unwrap();
     let reply_to = json!({"$var": "inbound.reply_to"});
@@ -1738,13 +1741,13 @@ fn a_discussion_agent_reads_the_mount_and_cannot_change_it() {
     });
     let store: std::sync::Arc<dyn stepwell::Store> =
         std::sync::Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
-    let rt = Runtime::builder(store.clone())
+    let rt = stepwell::builder(store.clone())
         .engine(stepwell_tests::engine())
         .clock(clock.clone() as std::sync::Arc<dyn stepwell::Clock>)
-        .tool_dir(&tools)
-        .effect(std::sync::Arc::new(stepwell::effects::llm::LlmCall::new(
-            providers,
-        )))
+        .plugin(std::sync::Arc::new(
+            stepwell::tools::Tools::new().dir(&tools),
+        ))
+        .effect(std::sync::Arc::new(stepwell::llm::LlmCall::new(providers)))
         .build()
         .unwrap();
     let w = World {

@@ -240,14 +240,14 @@ impl EffectHandler for SideEffect {
 
 /// `llm_call` against the loopback server the harness names in
 /// `STEPWELL_CRASH_LLM_URL` (the `llm` scenario).
-fn llm_call() -> stepwell::effects::llm::LlmCall {
+fn llm_call() -> stepwell::llm::LlmCall {
     let url =
         std::env::var("STEPWELL_CRASH_LLM_URL").unwrap_or_else(|_| "http://127.0.0.1:9/v1".into());
     let provider = stepwell::llm::Provider {
         timeout_s: Some(10.0),
         ..stepwell::llm::Provider::new("mock", &url, Some("mock-model"))
     };
-    stepwell::effects::llm::LlmCall::new(stepwell::llm::Providers::only(provider))
+    stepwell::llm::LlmCall::new(stepwell::llm::Providers::only(provider))
 }
 
 fn start(rt: &Runtime, wf: &str, id: &str, vars: Value) -> Result<(), Error> {
@@ -375,7 +375,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             clock.set(to);
         }
     };
-    let rt = Runtime::builder(store.clone())
+    let rt = stepwell::builder(store.clone())
         .engine(engine)
         .config(config)
         .clock(clock.clone())

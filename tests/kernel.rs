@@ -1776,7 +1776,7 @@ fn save_fails(dir: &std::path::Path) -> (Arc<SaveFails>, Runtime) {
         failed: 0.into(),
         land_then_fail: false.into(),
     });
-    let rt = Runtime::builder(store.clone())
+    let rt = stepwell::builder(store.clone())
         .engine(stepwell_tests::engine())
         .build()
         .unwrap();
@@ -1957,8 +1957,8 @@ mod run_api {
 fn runtimes_count_apart_unless_they_share_metrics() {
     let engine = stepwell::WasmEngine::new(stepwell::EngineConfig::default()).unwrap();
     let build = |metrics: Option<Arc<stepwell::core::metrics::Metrics>>| {
-        let mut b = stepwell::Runtime::builder(Arc::new(stepwell::MemoryStore::new()))
-            .engine(engine.clone());
+        let mut b =
+            stepwell::builder(Arc::new(stepwell::MemoryStore::new())).engine(engine.clone());
         if let Some(m) = metrics {
             b = b.metrics(m);
         }
@@ -2086,7 +2086,7 @@ mod snapshots_on_stores {
 fn large_values_are_offloaded_to_artifacts_and_loaded_back(b: Backend) {
     let base = Host::new(b);
     let artifacts = Arc::new(stepwell::MemoryArtifactStore::new());
-    let rt = Runtime::builder(base.store.clone())
+    let rt = stepwell::builder(base.store.clone())
         .engine(stepwell_tests::engine())
         .artifacts(artifacts.clone(), 200)
         .build()
@@ -2209,7 +2209,7 @@ fn a_failed_effect_is_retried_with_backoff_then_fails_the_run(b: Backend) {
     config.retries.insert("flaky_call".into(), policy);
     config.retries.insert("ask_user".into(), policy);
     let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let rt = Runtime::builder(base.store.clone())
+    let rt = stepwell::builder(base.store.clone())
         .engine(stepwell_tests::engine())
         .clock(clock.clone())
         .config(config)
@@ -2380,7 +2380,7 @@ fn ping_pong_events_resume_each_run_once(b: Backend) {
 
 fn values_that_look_like_references_are_kept_as_they_are(b: Backend) {
     let base = Host::new(b);
-    let rt = Runtime::builder(base.store.clone())
+    let rt = stepwell::builder(base.store.clone())
         .engine(stepwell_tests::engine())
         .artifacts(Arc::new(stepwell::MemoryArtifactStore::new()), 10)
         .build()
@@ -2683,7 +2683,7 @@ mod limits {
             ..stepwell::EngineConfig::default()
         })
         .unwrap();
-        let cold = Runtime::builder(h.store.clone())
+        let cold = stepwell::builder(h.store.clone())
             .engine(engine)
             .config(RuntimeConfig {
                 drive_time_per_run: std::time::Duration::from_millis(50),
@@ -2723,7 +2723,7 @@ mod limits {
 
     fn a_panic_in_a_step_fails_that_run_and_the_host_goes_on(b: Backend) {
         let h = Host::new(b);
-        let rt = Runtime::builder(h.store.clone())
+        let rt = stepwell::builder(h.store.clone())
             .engine(h.rt.engine().clone())
             .effect(std::sync::Arc::new(Explode))
             .build()

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use stepwell::effects::llm::LlmCall;
+use stepwell::llm::LlmCall;
 use stepwell::llm::{Provider, Providers, Settings};
 use stepwell::{Clock, ManualClock, RunStatus, Runtime, RuntimeConfig};
 use stepwell_tests::llm_mock::{completion, LlmMock, Reply};
@@ -29,7 +29,7 @@ fn runtime(
     let clock = stepwell_tests::manual_clock();
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
-    let rt = Runtime::builder(store)
+    let rt = stepwell::builder(store)
         .engine(stepwell_tests::engine())
         .clock(clock.clone() as Arc<dyn Clock>)
         .config(config)

@@ -19,7 +19,7 @@ fn runtime_on(path: &std::path::Path, cache: &std::path::Path) -> Runtime {
         digests: None,
     })
     .unwrap();
-    Runtime::builder(store).engine(engine).build().unwrap()
+    stepwell::builder(store).engine(engine).build().unwrap()
 }
 
 #[test]
@@ -467,7 +467,7 @@ fn a_version_6_database_gets_the_change_feed() {
     let db = dir.path().join("six.sqlite");
     let id = {
         let store = Arc::new(SqliteStore::open(&db).unwrap());
-        let rt = stepwell::Runtime::builder(store)
+        let rt = stepwell::builder(store)
             .engine(stepwell_tests::engine())
             .build()
             .unwrap();
@@ -482,7 +482,7 @@ fn a_version_6_database_gets_the_change_feed() {
         conn.execute_batch("PRAGMA user_version = 6;").unwrap();
     }
     let store = Arc::new(SqliteStore::open(&db).unwrap());
-    let rt = stepwell::Runtime::builder(store.clone())
+    let rt = stepwell::builder(store.clone())
         .engine(stepwell_tests::engine())
         .build()
         .unwrap();
@@ -516,7 +516,7 @@ fn a_version_9_database_keeps_its_feed_order() {
     let db = dir.path().join("nine.sqlite");
     let (a, b, before) = {
         let store = Arc::new(SqliteStore::open(&db).unwrap());
-        let rt = stepwell::Runtime::builder(store.clone())
+        let rt = stepwell::builder(store.clone())
             .engine(stepwell_tests::engine())
             .build()
             .unwrap();
@@ -578,7 +578,7 @@ fn a_version_9_database_keeps_its_feed_order() {
         .unwrap();
     assert_eq!(viewed, 6);
     // And the runs go on: b is resumed and fed after everything before.
-    let rt = stepwell::Runtime::builder(store.clone())
+    let rt = stepwell::builder(store.clone())
         .engine(stepwell_tests::engine())
         .build()
         .unwrap();

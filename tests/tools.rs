@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use stepwell::tools::ToolsExt;
 
 use serde_json::{json, Map, Value};
 use stepwell::{ArtifactStore, RunState, RunStatus, Runtime, StartOptions, WaitReason};
@@ -32,10 +33,12 @@ fn runtime_at(dir: &Path, db: &Path) -> Runtime {
         tool_deny_paths: stepwell::host::StoreSpec::Sqlite(db.to_path_buf()).protected_paths(None),
         ..Default::default()
     };
-    let rt = Runtime::builder(store)
+    let rt = stepwell::builder(store)
         .engine(stepwell_tests::engine())
         .config(config)
-        .tool_dir(&tools)
+        .plugin(std::sync::Arc::new(
+            stepwell::tools::Tools::new().dir(&tools),
+        ))
         .build()
         .unwrap();
     let bundle = write_bundle(
@@ -626,9 +629,9 @@ fn agent_runtime(
         ..stepwell::llm::Provider::new("mock", &mock.base_url, Some("mock-model"))
     });
     let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
-    let rt = Runtime::builder(store)
+    let rt = stepwell::builder(store)
         .engine(stepwell_tests::engine())
-        .effect(Arc::new(stepwell::effects::llm::LlmCall::new(providers)))
+        .effect(Arc::new(stepwell::llm::LlmCall::new(providers)))
         .build()
         .unwrap();
     let agent = repo().join("flows/agent");
@@ -726,7 +729,7 @@ fn the_environment_does_not_turn_exec_on_in_the_library() {
     // Nothing else in this process reads these (the library never does).
     std::env::set_var("STEPWELL_ENABLE_EXEC", "1");
     std::env::set_var("STEPWELL_TOOL_DIR", &tools);
-    let rt = Runtime::builder(Arc::new(stepwell::MemoryStore::new()))
+    let rt = stepwell::builder(Arc::new(stepwell::MemoryStore::new()))
         .engine(stepwell_tests::engine())
         .build()
         .unwrap();
@@ -752,9 +755,11 @@ fn execute_command_is_opt_in_always_asked_and_refused_read_only() {
     );
 
     let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("exec.sqlite")).unwrap());
-    let rt = Runtime::builder(store)
+    let rt = stepwell::builder(store)
         .engine(stepwell_tests::engine())
-        .enable_exec(true)
+        .plugin(std::sync::Arc::new(
+            stepwell::tools::Tools::new().enable_exec(true),
+        ))
         .build()
         .unwrap();
     rt.load_bundle(&dir.path().join("tools")).unwrap();
@@ -1050,10 +1055,12 @@ fn large_outputs_become_attachments_read_back_in_excerpts() {
     std::fs::write(ws.join("big.txt"), &big).unwrap();
     let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
     let artifacts = Arc::new(stepwell::MemoryArtifactStore::new());
-    let rt = Runtime::builder(store)
+    let rt = stepwell::builder(store)
         .engine(stepwell_tests::engine())
         .artifacts(artifacts.clone(), 1 << 20)
-        .enable_exec(true)
+        .plugin(std::sync::Arc::new(
+            stepwell::tools::Tools::new().enable_exec(true),
+        ))
         .build()
         .unwrap();
     let (_, bundle_dir) = runtime();

@@ -20,7 +20,7 @@ fn open(db: &std::path::Path) -> Result<Runtime, stepwell::Error> {
         cache_dir: Some(db.with_file_name("cache")),
         ..EngineConfig::default()
     })?;
-    Runtime::builder(store).engine(engine).build()
+    stepwell::builder(store).engine(engine).build()
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

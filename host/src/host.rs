@@ -361,15 +361,25 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     config
         .tool_deny_paths
         .extend(spec.protected_paths(cache_home));
-    let mut builder = Runtime::builder(store)
+    let mut tools = crate::tools::Tools::new().enable_exec(options.enable_exec);
+    if let Some(dir) = &options.tool_dir {
+        tools = tools.dir(dir.clone());
+    }
+    let mut triggers = crate::triggers::Triggers::new().sealing_key(match spec {
+        StoreSpec::Memory => crate::triggers::SealingKey::random(),
+        _ => crate::triggers::SealingKey::File(spec.connection_key_file()),
+    });
+    if let Some(dir) = &options.trigger_dir {
+        triggers = triggers.dir(dir.clone());
+    }
+    let mut builder = crate::builder(store)
+        .plugin(Arc::new(tools))
+        .plugin(Arc::new(triggers))
         .engine(engine)
         .config(config)
         .artifacts(artifacts, DEFAULT_OFFLOAD_BYTES);
     if let Some(dir) = spec.bundle_cache_dir(cache_home) {
         builder = builder.bundle_cache(dir);
-    }
-    if let Some(dir) = &options.trigger_dir {
-        builder = builder.trigger_dir(dir.clone());
     }
     for handler in &options.effects {
         builder = builder.effect(handler.clone());
@@ -377,14 +387,6 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     if let Some(clock) = &options.clock {
         builder = builder.clock(clock.clone());
     }
-    if let Some(dir) = &options.tool_dir {
-        builder = builder.tool_dir(dir.clone());
-    }
-    builder = builder.enable_exec(options.enable_exec);
-    builder = builder.sealing_key(match spec {
-        StoreSpec::Memory => crate::triggers::SealingKey::random(),
-        _ => crate::triggers::SealingKey::File(spec.connection_key_file()),
-    });
     builder.build()
 }
 

@@ -60,3 +60,29 @@ pub use crate::store::{
     RunIndexQuery, RunIndexRow, RunQuery, SqliteStore, Store, StoreError,
 };
 pub use crate::wasm::{EngineConfig, GuestError, SandboxLimits, WasmEngine};
+
+/// A builder of a runtime over `store` with every feature this library
+/// has, each as a kernel plugin ([`core::plugin`]) with its defaults: LLM
+/// calls (no provider configured), the built-in workspace tools
+/// (`execute_command` off), the built-in trigger sources (no sealing key)
+/// and automations. Give the builder a plugin of the same name to configure
+/// one (`.plugin(Arc::new(Tools::new().dir(..)))`);
+/// [`Runtime::builder`] is the bare kernel.
+///
+/// ```
+/// use std::sync::Arc;
+/// use stepwell::MemoryStore;
+///
+/// # fn main() -> stepwell::Result<()> {
+/// let rt = stepwell::builder(Arc::new(MemoryStore::new())).build()?;
+/// assert_eq!(rt.plugins(), ["llm", "tools", "triggers", "automations"]);
+/// # Ok(()) }
+/// ```
+pub fn builder(store: std::sync::Arc<dyn Store>) -> RuntimeBuilder {
+    use std::sync::Arc;
+    Runtime::builder(store)
+        .plugin(Arc::new(llm::Llm::default()))
+        .plugin(Arc::new(tools::Tools::new()))
+        .plugin(Arc::new(triggers::Triggers::new()))
+        .plugin(Arc::new(automation::Automations))
+}

@@ -30,7 +30,7 @@
 //! use stepwell::sessions::{select_session_turns, session_chat_messages, HistoryOptions, TurnsOptions};
 //! use stepwell::{MemoryStore, Runtime};
 //!
-//! let rt = Runtime::builder(Arc::new(MemoryStore::new())).build()?;
+//! let rt = stepwell::builder(Arc::new(MemoryStore::new())).build()?;
 //! // A session nobody has talked in has no turns and no history.
 //! let turns = select_session_turns(&rt, "chat-1", &TurnsOptions::default())?;
 //! assert!(turns.is_empty());

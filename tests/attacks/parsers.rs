@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use proptest::prelude::*;
 use serde_json::{Map, Value};
-use stepwell::{RunStatus, Runtime, StartOptions, StepRecord};
+use stepwell::{RunStatus, StartOptions, StepRecord};
 use stepwell_flat_json::{find_inexact_integer, read_flat_object};
 
 fn config() -> ProptestConfig {
@@ -76,7 +76,7 @@ fn integers() -> impl Strategy<Value = Vec<String>> {
 fn ledger() -> &'static Vec<StepRecord> {
     static LEDGER: OnceLock<Vec<StepRecord>> = OnceLock::new();
     LEDGER.get_or_init(|| {
-        let rt = Runtime::builder(Arc::new(stepwell::MemoryStore::new()))
+        let rt = stepwell::builder(Arc::new(stepwell::MemoryStore::new()))
             .engine(stepwell_tests::engine())
             .build()
             .unwrap();

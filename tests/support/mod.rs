@@ -212,7 +212,7 @@ impl Host {
         clock: Option<Arc<ManualClock>>,
         config: stepwell::RuntimeConfig,
     ) -> Runtime {
-        let mut b = Runtime::builder(self.store.clone())
+        let mut b = stepwell::builder(self.store.clone())
             .engine(self.rt.engine().clone())
             .config(config);
         if let Some(c) = clock {
@@ -224,7 +224,7 @@ impl Host {
     fn build(backend: Backend, clock: Option<Arc<ManualClock>>, engine: WasmEngine) -> Host {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = open_store(backend, dir.path());
-        let mut b = Runtime::builder(store.clone()).engine(engine);
+        let mut b = stepwell::builder(store.clone()).engine(engine);
         if let Some(c) = clock {
             b = b.clock(c as Arc<dyn Clock>);
         }

@@ -1057,7 +1057,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
         Command::Tools {
             command: ToolCommand::List,
         } => {
-            let table = rt.tools()?;
+            let table = stepwell::tools::ToolsExt::tools(&rt)?;
             if cli.json {
                 println!(
                     "{}",

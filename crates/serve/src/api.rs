@@ -23,6 +23,8 @@ use stepwell::automation::{
     list_occurrences, pending_waits, show_automation, start_discussion, Command, DiscussionRequest,
 };
 use stepwell::core::Error;
+use stepwell::tools::ToolsExt;
+use stepwell::triggers::TriggersExt;
 use stepwell::{RunQuery, RunState, RunStatus, StartOptions, WaitReason};
 
 type S = State<Arc<Shared>>;

@@ -20,7 +20,7 @@
 //!
 //! # fn main() -> Result<(), stepwell::Error> {
 //! let store = Arc::new(SqliteStore::open(".stepwell/stepwell.sqlite")?);
-//! let runtime = Runtime::builder(store).build()?;
+//! let runtime = stepwell::builder(store).build()?;
 //! let options = ServeOptions::new(".stepwell/serve-token".into());
 //! let server = Server::bind(runtime, options)?;
 //! println!("listening on http://{}/", server.local_addr());

@@ -35,6 +35,7 @@ mod definition;
 mod discussion;
 mod occurrence;
 mod outcome;
+mod plugin;
 mod queries;
 mod service;
 mod view;
@@ -72,6 +73,7 @@ pub use outcome::{
     notify_payload, occurrence_view, taken_occurrence_id, ChildView, Completion, OccurrenceOutcome,
     NOTIFY_DEFAULT_BODY_MAX,
 };
+pub use plugin::Automations;
 pub use queries::{
     attention_cursor, attention_page, automation_record, automation_records, automations_cursor,
     find_record, occurrence_cursor, occurrence_page, parse_attention_cursor,

@@ -4,6 +4,7 @@
 //! commands, controller ticks and other processes on the same store never
 //! clobber one another.
 
+use crate::triggers::TriggersExt;
 use std::path::Path;
 
 use chrono::{DateTime, Utc};

@@ -12,6 +12,7 @@ pub mod locks;
 pub mod metrics;
 pub mod panics;
 mod parked;
+pub mod plugin;
 pub mod runtime;
 mod snapshots;
 mod step;

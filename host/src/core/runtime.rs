@@ -26,6 +26,7 @@ use super::keys::{
 };
 use super::locks::RunLocks;
 use super::model::{RunState, RunStatus, StepRecord, StepStatus, WaitReason};
+use super::plugin::{Extensions, Install, Plugin, Plugins, RunStart};
 use super::txn::LeaseKeeper;
 use super::{Error, Result};
 use crate::effects::{EffectHandler, EffectRegistry};
@@ -133,10 +134,7 @@ pub struct RuntimeBuilder {
     config: RuntimeConfig,
     offloader: Option<crate::store::artifacts::Offloader>,
     effects: EffectRegistry,
-    trigger_dir: Option<std::path::PathBuf>,
-    tool_dir: Option<std::path::PathBuf>,
-    enable_exec: bool,
-    sealing: Option<crate::triggers::SealingKey>,
+    plugins: Plugins,
     bundle_cache: Option<std::path::PathBuf>,
     metrics: Option<Arc<super::metrics::Metrics>>,
 }
@@ -175,32 +173,6 @@ impl Drop for BundleCache {
 }
 
 impl RuntimeBuilder {
-    /// The key that seals trigger connections' secrets (a webhook's signing
-    /// secret). Default: none, and creating a connection with a secret is
-    /// refused; [`crate::open_runtime`] uses `connections.key` beside the
-    /// database.
-    pub fn sealing_key(mut self, key: crate::triggers::SealingKey) -> Self {
-        self.sealing = Some(key);
-        self
-    }
-
-    /// Offers the host tool `execute_command` (a shell command run with the
-    /// host's rights, always after a person's approval; docs/tools.md).
-    /// Default: off (the binary's `--enable-exec` or `STEPWELL_ENABLE_EXEC=1`
-    /// turn it on).
-    pub fn enable_exec(mut self, on: bool) -> Self {
-        self.enable_exec = on;
-        self
-    }
-
-    /// The folder of third-party tool components (`*.wasm`) `tool_calls`
-    /// may run, beside the built-in workspace tools (default: none; the
-    /// binary's `--tool-dir` or `STEPWELL_TOOL_DIR`).
-    pub fn tool_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
-        self.tool_dir = Some(dir.into());
-        self
-    }
-
     /// Where bundles a store keeps (PostgreSQL: see
     /// [`crate::flow::archive`]) are written to be loaded, one folder per
     /// digest (default: a folder of the runtime's own in the system's
@@ -211,11 +183,10 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The folder of plugin trigger sources (`*.wasm`) automations may
-    /// bind, beside the built-in `schedule@1` and `manual@1` (default: none;
-    /// the binary's `STEPWELL_TRIGGER_DIR`).
-    pub fn trigger_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
-        self.trigger_dir = Some(dir.into());
+    /// Adds a feature ([`super::plugin`]): its effects, its state and its
+    /// hooks. A plugin of the same name as one given before replaces it.
+    pub fn plugin(mut self, plugin: Arc<dyn Plugin>) -> Self {
+        self.plugins.add(plugin);
         self
     }
 
@@ -285,34 +256,16 @@ impl RuntimeBuilder {
             Some(e) => e,
             None => WasmEngine::new(Default::default())?,
         };
-        // Only what the builder was told: the library reads no environment.
-        let triggers = Arc::new(crate::automation::TriggerCatalog::new(
-            engine.clone(),
-            self.trigger_dir,
-        ));
-        let tools = Arc::new(crate::tools::ToolCatalog::new(
-            engine.clone(),
-            self.tool_dir,
-            self.enable_exec,
-        ));
         let mut effects = self.effects;
-        if effects.get("tool_calls").is_none() {
-            effects.register(Arc::new(crate::effects::tools::ToolCalls::new(
-                tools.clone(),
-            )));
-        }
-        if effects.get("tool_specs").is_none() {
-            effects.register(Arc::new(crate::effects::tools::ToolSpecs::new(
-                tools.clone(),
-            )));
-        }
-        // The controller's own effects: an application cannot replace them.
-        for handler in crate::automation::controller_effects(
-            triggers.clone(),
-            tools.clone(),
-            self.store.clone(),
-        ) {
-            effects.register(handler);
+        let mut extensions = Extensions::default();
+        for plugin in self.plugins.iter() {
+            plugin.install(&mut Install {
+                engine: &engine,
+                store: &self.store,
+                config: &self.config,
+                effects: &mut effects,
+                extensions: &mut extensions,
+            })?;
         }
         let keeper = LeaseKeeper::start(
             super::txn::new_holder_id(),
@@ -327,16 +280,13 @@ impl RuntimeBuilder {
                 config: self.config,
                 offloader: self.offloader,
                 effects,
-                triggers,
-                tools,
+                plugins: self.plugins,
+                extensions,
                 workflows: RwLock::new(HashMap::new()),
                 locks: RunLocks::default(),
                 keeper,
                 parked: super::parked::Parked::default(),
                 subscribers: parking_lot::Mutex::new(Vec::new()),
-                sealing: self.sealing,
-                last_sweep: parking_lot::Mutex::new(None),
-                refusals: Default::default(),
                 metrics: self.metrics.unwrap_or_default(),
                 bundle_cache: match self.bundle_cache {
                     Some(dir) => BundleCache::Given(dir),
@@ -354,18 +304,14 @@ pub(crate) struct Inner {
     pub(crate) config: RuntimeConfig,
     offloader: Option<crate::store::artifacts::Offloader>,
     pub(crate) effects: EffectRegistry,
-    triggers: Arc<crate::automation::TriggerCatalog>,
-    tools: Arc<crate::tools::ToolCatalog>,
+    plugins: Plugins,
+    extensions: Extensions,
     workflows: RwLock<HashMap<String, Arc<Workflow>>>,
     locks: RunLocks,
     keeper: Arc<LeaseKeeper>,
     /// States of runs this runtime parked a moment ago (see `parked`).
     pub(crate) parked: super::parked::Parked,
     pub(crate) subscribers: parking_lot::Mutex<Vec<Subscriber>>,
-    pub(crate) sealing: Option<crate::triggers::SealingKey>,
-    pub(crate) last_sweep: parking_lot::Mutex<Option<chrono::DateTime<chrono::Utc>>>,
-    /// Refused webhook calls not yet written to their connection.
-    pub(crate) refusals: crate::triggers::webhook::RefusalThrottle,
     bundle_cache: BundleCache,
     metrics: Arc<super::metrics::Metrics>,
 }
@@ -428,10 +374,7 @@ impl Runtime {
             config: RuntimeConfig::default(),
             offloader: None,
             effects: EffectRegistry::builtin(),
-            trigger_dir: None,
-            tool_dir: None,
-            enable_exec: false,
-            sealing: None,
+            plugins: Plugins::default(),
             bundle_cache: None,
             metrics: None,
         }
@@ -450,22 +393,15 @@ impl Runtime {
         self.inner.offloader.as_ref().map(|o| o.store.as_ref())
     }
 
-    /// The tools `tool_calls` runs (the built-in workspace tools and the
-    /// tool folder's), loaded on first use.
-    pub fn tools(&self) -> Result<Arc<crate::tools::ToolTable>> {
-        self.inner
-            .tools
-            .table()
-            .map_err(|message| Error::InvalidInput {
-                field: "tool_dir".into(),
-                message,
-            })
+    /// The state of type `T` a plugin keeps in this runtime
+    /// ([`super::plugin::Install::set_extension`]).
+    pub fn extension<T: std::any::Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.inner.extensions.get()
     }
 
-    /// The trigger sources automations bind (the built-in ones and the
-    /// plugin folder's), loaded on first use.
-    pub fn triggers(&self) -> Result<Arc<crate::triggers::TriggerRegistry>> {
-        self.inner.triggers.registry()
+    /// The names of this runtime's plugins, in the order they installed.
+    pub fn plugins(&self) -> Vec<&'static str> {
+        self.inner.plugins.names()
     }
 
     /// The store.
@@ -537,19 +473,14 @@ impl Runtime {
                 }
             }
         }
-        if let Some(wf) = bundle
-            .workflows
-            .iter()
-            .find(|w| w.workflow_id == crate::automation::CONTROLLER_WORKFLOW_ID)
-        {
-            return Err(Error::Flow(flow::FlowError {
-                path: wf.source.clone(),
-                field: "workflow_id".into(),
-                message: format!(
-                    "{:?} is reserved for the automation controller the host embeds",
-                    wf.workflow_id
-                ),
-            }));
+        for wf in &bundle.workflows {
+            if let Some(reserved) = self.inner.plugins.reserved(&wf.workflow_id) {
+                return Err(Error::Flow(flow::FlowError {
+                    path: wf.source.clone(),
+                    field: "workflow_id".into(),
+                    message: reserved.define,
+                }));
+            }
         }
         if self.store().keeps_bundle_files() {
             let files = flow::archive::BundleFiles::collect(&bundle)?;
@@ -676,13 +607,12 @@ impl Runtime {
         if let Some(wf) = self.inner.workflows.read().get(workflow_id) {
             return Ok(wf.clone());
         }
-        if workflow_id == crate::automation::CONTROLLER_WORKFLOW_ID {
-            let wf = Arc::new(crate::automation::controller_workflow(
-                &self.inner.engine,
-                &self.inner.effects.kinds(),
-            )?);
-            self.register(wf.clone());
-            return Ok(wf);
+        for plugin in self.inner.plugins.iter() {
+            if let Some(wf) = plugin.embedded_workflow(self, workflow_id) {
+                let wf = Arc::new(wf?);
+                self.register(wf.clone());
+                return Ok(wf);
+            }
         }
         // The files the store keeps (PostgreSQL), else the recorded path.
         let loaded = if self.store().keeps_bundle_files() && self.load_stored_bundle(workflow_id)? {
@@ -707,7 +637,7 @@ impl Runtime {
     /// and returns its id. `vars._limits` is filled in when absent. Does not
     /// execute anything: call [`Runtime::tick`] (or let the driver).
     pub fn start(&self, workflow_id: &str, options: StartOptions) -> Result<String> {
-        refuse_controller(workflow_id)?;
+        self.refuse_reserved(workflow_id)?;
         let explicit = options.run_id.is_some();
         let run = self.new_run(workflow_id, options)?;
         let stored = match &self.inner.offloader {
@@ -741,7 +671,7 @@ impl Runtime {
     /// its id, loses nothing. With an explicit id it is `start` (create if
     /// absent, identity-checked) followed by `tick`.
     pub fn run(&self, workflow_id: &str, options: StartOptions) -> Result<RunState> {
-        refuse_controller(workflow_id)?;
+        self.refuse_reserved(workflow_id)?;
         if options.run_id.is_some() || self.inner.config.max_steps_per_tick == 0 {
             let id = self.start(workflow_id, options)?;
             return self.tick(&id);
@@ -755,6 +685,15 @@ impl Runtime {
             Vec::new(),
             0,
         )
+    }
+
+    /// Refuses to start a run of a workflow a plugin reserved (its runs
+    /// are the plugin's to create).
+    fn refuse_reserved(&self, workflow_id: &str) -> Result<()> {
+        match self.inner.plugins.reserved(workflow_id) {
+            Some(reserved) => Err(Error::invalid("workflow_id", reserved.start)),
+            None => Ok(()),
+        }
     }
 
     /// A new run of `workflow_id` (not stored).
@@ -793,48 +732,20 @@ impl Runtime {
             );
         }
         let mut runtime = options.runtime;
-        // A root run in a discussion's session is anchored to the
-        // discussion's root (its provenance and workspace policy).
-        if let (Some(session), None) = (&options.session_id, &options.parent_run_id) {
-            crate::sessions::anchor_discussion(
-                self,
-                session,
-                explicit.then_some(run_id.as_str()),
-                &mut vars,
-                &mut runtime,
-            )?;
+        let mut start = RunStart {
+            workflow_id: &wf.workflow_id,
+            run_id: &run_id,
+            explicit_id: explicit,
+            session_id: options.session_id.as_deref(),
+            parent_run_id: options.parent_run_id.as_deref(),
+            vars: &mut vars,
+            runtime: &mut runtime,
+        };
+        for plugin in self.inner.plugins.iter() {
+            plugin.prepare_run(self, &mut start)?;
         }
-        // The workspace scope is frozen now, from the run's own vars over
-        // what a parent handed down: tools read only this snapshot, so no
-        // guest can widen its scope later.
-        match crate::tools::scope::freeze(&vars, runtime.get("workspace"))
-            .map_err(|(field, why)| Error::invalid(field, why))?
-        {
-            Some(mut frozen) => {
-                // The host's own protected paths (its store) join the deny
-                // prefixes of every scope.
-                let deny = &self.inner.config.tool_deny_paths;
-                if !deny.is_empty() && frozen.get("workspace_root").is_some() {
-                    let mut list = crate::tools::scope::path_list(
-                        frozen.get("workspace_builtin_deny_prefixes"),
-                    );
-                    for p in deny {
-                        let p = p.to_string_lossy().into_owned();
-                        if !list.contains(&p) {
-                            list.push(p);
-                        }
-                    }
-                    frozen["workspace_builtin_deny_prefixes"] = json!(list);
-                    frozen["host_protected"] = json!(deny
-                        .iter()
-                        .map(|p| p.to_string_lossy().into_owned())
-                        .collect::<Vec<_>>());
-                }
-                runtime.insert("workspace".into(), frozen);
-            }
-            None => {
-                runtime.remove("workspace");
-            }
+        for plugin in self.inner.plugins.iter() {
+            plugin.seal_run(self, &mut start)?;
         }
         if !runtime.is_empty() {
             vars.insert("_runtime".into(), Value::Object(runtime));
@@ -1659,26 +1570,13 @@ fn seed_creation_digest(
         "parent_run_id": parent_run_id.filter(|s| !s.is_empty()),
         "vars": Value::Object(vars.clone()),
     });
-    let digest = crate::automation::request_digest(&request);
+    let digest = stepwell_automation_core::ids::request_digest(&request);
     let mut meta = match vars.remove("_meta") {
         Some(Value::Object(m)) => m,
         _ => Map::new(),
     };
     meta.insert("creation_digest".into(), Value::String(digest));
     vars.insert("_meta".into(), Value::Object(meta));
-}
-
-/// Runs of the automation controller are created with their automation
-/// (`automation::create_automation`), never started on their own: without
-/// an automation's state they could only be held at their first node.
-fn refuse_controller(workflow_id: &str) -> Result<()> {
-    if workflow_id == crate::automation::CONTROLLER_WORKFLOW_ID {
-        return Err(Error::invalid(
-            "workflow_id",
-            format!("{workflow_id} is the automation controller: its runs are created with their automation (stepwell automations create)"),
-        ));
-    }
-    Ok(())
 }
 
 /// What the drive loop and the effects reach other runs through.

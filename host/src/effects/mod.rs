@@ -19,9 +19,7 @@
 //! whether a retry could help).
 
 pub mod events;
-pub mod llm;
 pub mod subworkflow;
-pub mod tools;
 pub mod vars_query;
 pub mod waits;
 
@@ -429,7 +427,8 @@ impl Default for EffectRegistry {
 }
 
 impl EffectRegistry {
-    /// The built-in effects.
+    /// The kernel's own effects: waits, events, subworkflows and vars
+    /// queries (features add theirs through plugins).
     pub fn builtin() -> Self {
         let mut r = EffectRegistry {
             handlers: BTreeMap::new(),
@@ -441,13 +440,6 @@ impl EffectRegistry {
         r.register(Arc::new(events::EmitEvent));
         r.register(Arc::new(subworkflow::StartSubworkflow));
         r.register(Arc::new(vars_query::VarsQuery));
-        // The built-in profiles with no settings: no default provider and
-        // no keys until the embedder configures them (the binary registers
-        // its own from the environment).
-        r.register(Arc::new(llm::LlmCall::configured(
-            None,
-            &crate::llm::Settings::default(),
-        )));
         r
     }
 

@@ -9,7 +9,12 @@
 //! guide.
 
 mod chat;
+pub mod effect;
+mod plugin;
 mod providers;
+
+pub use effect::{LlmCall, LLM_CONFIG_ENV};
+pub use plugin::Llm;
 
 pub use chat::{
     attempted_budget, chat_request, finish_is_truncation, normalize_response, output_budget,

@@ -108,7 +108,7 @@ impl LlmError {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use stepwell::effects::llm::LlmCall;
+/// use stepwell::llm::LlmCall;
 /// use stepwell::llm::{Providers, Settings};
 ///
 /// let settings = Settings::new(|name| match name {
@@ -119,7 +119,7 @@ impl LlmError {
 /// assert_eq!(providers.default_name(), Some("ollama"));
 /// // Without settings: the built-in profiles, no default, no keys.
 /// assert_eq!(Providers::from_settings(&Settings::default()).default_name(), None);
-/// let rt = stepwell::Runtime::builder(Arc::new(stepwell::MemoryStore::new()))
+/// let rt = stepwell::builder(Arc::new(stepwell::MemoryStore::new()))
 ///     .effect(Arc::new(LlmCall::configured(None, &settings)))
 ///     .build()?;
 /// # drop(rt);

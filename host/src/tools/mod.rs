@@ -10,12 +10,16 @@
 //! ([`scope`]) grants the tool's [`ToolClass`], preopened read-only unless
 //! the tool writes and the scope lets it. The rest of the pipeline (the
 //! ceiling of allowed tools, approvals, per-call results) is in [`calls`];
-//! the effect itself in [`crate::effects::tools`].
+//! the effect itself in [`effect`], the plugin that adds it in [`Tools`].
 
 pub mod attach;
 pub mod calls;
+pub mod effect;
 pub mod exec;
+mod plugin;
 pub mod scope;
+
+pub use plugin::{Tools, ToolsExt};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

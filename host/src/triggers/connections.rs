@@ -17,6 +17,7 @@
 //! connection's id: the store holds only the sealed text, and no response,
 //! ledger or log holds the secret, which is shown once, when it is created.
 
+use crate::triggers::TriggersExt;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -364,9 +365,11 @@ fn check_label(label: Option<&str>, default: &str) -> Result<String> {
 }
 
 impl Runtime {
-    fn sealing_key(&self) -> Result<&SealingKey> {
-        self.inner.sealing.as_ref().ok_or_else(|| {
-            sealing("this runtime has no sealing key for connection secrets (RuntimeBuilder::sealing_key)")
+    fn sealing_key(&self) -> Result<SealingKey> {
+        super::trigger_state(self)?.sealing.clone().ok_or_else(|| {
+            sealing(
+                "this runtime has no sealing key for connection secrets (Triggers::sealing_key)",
+            )
         })
     }
 
@@ -887,7 +890,10 @@ pub fn run_feed_poller(rt: Runtime, stop: Arc<AtomicBool>) {
 impl Runtime {
     /// Whether the periodic sweep is due (and, if so, that it runs now).
     fn sweep_due(&self, now: DateTime<Utc>) -> bool {
-        let mut last = self.inner.last_sweep.lock();
+        let Ok(state) = super::trigger_state(self) else {
+            return false;
+        };
+        let mut last = state.last_sweep.lock();
         if last.is_some_and(|t| (now - t).num_seconds() < SWEEP_INTERVAL_SECS) {
             return false;
         }

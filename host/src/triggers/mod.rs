@@ -7,6 +7,7 @@
 
 pub mod connections;
 pub mod feed;
+mod plugin;
 mod registry;
 pub mod webhook;
 
@@ -16,6 +17,8 @@ pub use connections::{
     check_binding, connection_view, feed_once, run_feed_poller, sweep_once, Created, FeedReport,
     SealingKey,
 };
+pub(crate) use plugin::trigger_state;
+pub use plugin::{TriggerState, Triggers, TriggersExt};
 pub use registry::{Fire, Origin, Preview, SourceEntry, TriggerRegistry, PLUGIN_DIR_ENV};
 pub use webhook::Received;
 

@@ -434,11 +434,10 @@ impl Runtime {
                     .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
                     .is_some_and(|t| (now - t.with_timezone(&Utc)).num_seconds() < 60)
         });
-        let Some(count) = self
-            .inner
-            .refusals
-            .note(&c.connection_id, now, stored_recently)
-        else {
+        let Ok(state) = super::trigger_state(self) else {
+            return;
+        };
+        let Some(count) = state.refusals.note(&c.connection_id, now, stored_recently) else {
             return;
         };
         let error = json!({

@@ -205,7 +205,7 @@ fn instantiate_call_drop(
 }
 
 fn runtime(store: Arc<dyn Store>, engine: &WasmEngine) -> Result<Runtime> {
-    Runtime::builder(store).engine(engine.clone()).build()
+    stepwell::builder(store).engine(engine.clone()).build()
 }
 
 /// Runs every benchmark and returns the figures as one JSON object.
@@ -606,14 +606,14 @@ fn instant_llm_server() -> Result<String> {
 /// to a loopback server that answers at once, the recorded outcome, the
 /// commit), memory store, warm: median, in microseconds.
 fn llm_call_overhead(options: &BenchOptions, engine: &WasmEngine, dir: &Path) -> Result<f64> {
-    use stepwell::effects::llm::LlmCall;
+    use stepwell::llm::LlmCall;
     use stepwell::llm::{Provider, Providers};
     let url = instant_llm_server()?;
     let provider = Provider {
         timeout_s: Some(10.0),
         ..Provider::new("bench", &url, Some("bench"))
     };
-    let rt = Runtime::builder(Arc::new(MemoryStore::new()))
+    let rt = stepwell::builder(Arc::new(MemoryStore::new()))
         .engine(engine.clone())
         .effect(Arc::new(LlmCall::new(Providers::only(provider))))
         .build()?;
@@ -647,7 +647,7 @@ fn llm_call_overhead(options: &BenchOptions, engine: &WasmEngine, dir: &Path) ->
 /// fresh sandboxed instance with the workspace preopened, the recorded
 /// outcome, the commit), memory store, warm: median, in microseconds.
 fn tool_call(options: &BenchOptions, engine: &WasmEngine, dir: &Path) -> Result<f64> {
-    let rt = Runtime::builder(Arc::new(MemoryStore::new()))
+    let rt = stepwell::builder(Arc::new(MemoryStore::new()))
         .engine(engine.clone())
         .build()?;
     let ws = dir.join("ws");
@@ -699,7 +699,7 @@ fn tool_call(options: &BenchOptions, engine: &WasmEngine, dir: &Path) -> Result<
 fn history_window(options: &BenchOptions, engine: &WasmEngine) -> Result<f64> {
     use stepwell::sessions::{session_chat_messages, HistoryOptions};
     let store = Arc::new(MemoryStore::new());
-    let rt = Runtime::builder(store.clone())
+    let rt = stepwell::builder(store.clone())
         .engine(engine.clone())
         .build()?;
     let answer = "The figure held steady at forty-one percent. ".repeat(9);
@@ -971,7 +971,7 @@ fn automation_world(
     let clock = Arc::new(stepwell::ManualClock::new(
         AUTOMATION_T0.parse().expect("a valid time"),
     ));
-    let rt = Runtime::builder(Arc::new(SqliteStore::open(db)?))
+    let rt = stepwell::builder(Arc::new(SqliteStore::open(db)?))
         .engine(engine.clone())
         .clock(clock.clone())
         .build()?;

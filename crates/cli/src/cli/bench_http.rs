@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 use stepwell::store::SqliteStore;
 use stepwell::wasm::WasmEngine;
-use stepwell::{Error, Result, RunQuery, RunStatus, Runtime};
+use stepwell::{Error, Result, RunQuery, RunStatus};
 use stepwell_serve::{ServeOptions, Server};
 
 /// How big the load is.
@@ -67,7 +67,7 @@ pub fn http_load(
 ) -> Result<Map<String, Value>> {
     std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
     let store = Arc::new(SqliteStore::open(dir.join("http.sqlite"))?);
-    let rt = Runtime::builder(store).engine(engine.clone()).build()?;
+    let rt = stepwell::builder(store).engine(engine.clone()).build()?;
     let bundle = flows_dir
         .join("examples/ask-user")
         .canonicalize()
@@ -346,9 +346,12 @@ pub fn webhook_load(
 ) -> Result<Map<String, Value>> {
     std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
     let store = Arc::new(SqliteStore::open(dir.join("hooks.sqlite"))?);
-    let rt = Runtime::builder(store)
+    let rt = stepwell::builder(store)
         .engine(engine.clone())
-        .sealing_key(stepwell::triggers::SealingKey::random())
+        .plugin(std::sync::Arc::new(
+            stepwell::triggers::Triggers::new()
+                .sealing_key(stepwell::triggers::SealingKey::random()),
+        ))
         .build()?;
     let created = rt.create_connection("webhook.received@1", Some("bench"), &json!({}))?;
     let secret = created.secret.clone().unwrap_or_default();

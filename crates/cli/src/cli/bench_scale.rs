@@ -60,7 +60,7 @@ fn t0() -> DateTime<Utc> {
 /// driver as `stepwell drive` sets it up (a worker per core, at most 4).
 fn world(db: &Path) -> Result<(Runtime, Arc<ManualClock>)> {
     let clock = Arc::new(ManualClock::new(t0()));
-    let rt = Runtime::builder(Arc::new(SqliteStore::open(db)?))
+    let rt = stepwell::builder(Arc::new(SqliteStore::open(db)?))
         .config(stepwell::RuntimeConfig {
             drive_workers: stepwell::RuntimeConfig::host_drive_workers(),
             ..Default::default()

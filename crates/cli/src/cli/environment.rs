@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use stepwell::effects::llm::{LlmCall, LLM_CONFIG_ENV};
 use stepwell::effects::EffectHandler;
 use stepwell::llm::Settings;
+use stepwell::llm::{LlmCall, LLM_CONFIG_ENV};
 
 /// `name`'s value, unless unset or blank.
 fn var(name: &str) -> Option<String> {

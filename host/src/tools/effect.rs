@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use super::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
 use crate::core::model::{WaitReason, WaitState};
 use crate::core::{Error, Result};
+use crate::effects::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
 use crate::tools::calls::{
     call_json, canonical_arguments, effect_digest, failed, from_output, merge, normalize,
     resolve_ceiling, ApprovalPolicy, Call,

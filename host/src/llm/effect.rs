@@ -11,9 +11,9 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
 use crate::core::model::RunState;
 use crate::core::Result;
+use crate::effects::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
 use crate::llm::{
     attempted_budget, chat_request, finish_is_truncation, normalize_response, output_budget,
     parse_json_text, positive, redact, requested_schema, schema_mismatch, shown_url,

@@ -1,0 +1,235 @@
+//! How a feature plugs into the kernel. The kernel (the runtime, the step
+//! machine, the store, the sandbox) knows no feature built on it: tools,
+//! LLM calls, trigger sources and automations each come as a [`Plugin`]
+//! the builder is given ([`crate::RuntimeBuilder::plugin`]).
+//!
+//! A plugin may, when the runtime is built, add effect kinds and keep state
+//! of its own (an [extension](Install::extension) any code holding the
+//! runtime can read back by type, [`crate::Runtime::extension`]); it may
+//! reserve workflow ids and embed their workflows; and it may adjust the
+//! vars of every new run before the run exists, in two phases: first every
+//! plugin's [`Plugin::prepare_run`] (values brought from elsewhere, such as
+//! a discussion's workspace), then every plugin's [`Plugin::seal_run`]
+//! (snapshots derived from the final values, such as the frozen workspace
+//! scope).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use stepwell::core::plugin::{Install, Plugin, RunStart};
+//! use stepwell::{MemoryStore, Runtime};
+//!
+//! /// Stamps every new run with the team that owns this host.
+//! struct Team(&'static str);
+//!
+//! impl Plugin for Team {
+//!     fn name(&self) -> &'static str {
+//!         "team"
+//!     }
+//!     fn install(&self, cx: &mut Install<'_>) -> stepwell::Result<()> {
+//!         cx.set_extension(Arc::new(self.0.to_string()));
+//!         Ok(())
+//!     }
+//!     fn prepare_run(&self, _rt: &Runtime, run: &mut RunStart<'_>) -> stepwell::Result<()> {
+//!         run.vars.insert("team".into(), self.0.into());
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # fn main() -> stepwell::Result<()> {
+//! let rt = Runtime::builder(Arc::new(MemoryStore::new()))
+//!     .plugin(Arc::new(Team("payments")))
+//!     .build()?;
+//! assert_eq!(rt.extension::<String>().as_deref().map(String::as_str), Some("payments"));
+//! # Ok(()) }
+//! ```
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::config::RuntimeConfig;
+use super::runtime::Runtime;
+use super::Result;
+use crate::effects::{EffectHandler, EffectRegistry};
+use crate::flow::Workflow;
+use crate::store::Store;
+use crate::wasm::WasmEngine;
+
+/// A feature built on the kernel. Every method but [`Plugin::name`] has a
+/// default that does nothing.
+pub trait Plugin: Send + Sync + 'static {
+    /// The plugin's name: a builder keeps one plugin per name (a second
+    /// one of the same name replaces the first, in its place).
+    fn name(&self) -> &'static str;
+
+    /// Adds the plugin's effects and state when the runtime is built.
+    /// Plugins install in the order the builder was given them, so one may
+    /// read the extensions of those before it.
+    fn install(&self, cx: &mut Install<'_>) -> Result<()> {
+        let _ = cx;
+        Ok(())
+    }
+
+    /// Why `workflow_id` is the plugin's own, if it is: a bundle may not
+    /// define it and a caller may not start its runs (the plugin creates
+    /// them itself).
+    fn reserves(&self, workflow_id: &str) -> Option<Reserved> {
+        let _ = workflow_id;
+        None
+    }
+
+    /// The workflow `workflow_id` the plugin embeds, if it is one of its
+    /// own (loaded once, then registered).
+    fn embedded_workflow(&self, rt: &Runtime, workflow_id: &str) -> Option<Result<Workflow>> {
+        let _ = (rt, workflow_id);
+        None
+    }
+
+    /// First phase of a new run's start: may change its vars and its
+    /// `_runtime` from elsewhere. Nothing is stored yet.
+    fn prepare_run(&self, rt: &Runtime, run: &mut RunStart<'_>) -> Result<()> {
+        let _ = (rt, run);
+        Ok(())
+    }
+
+    /// Second phase, after every plugin's [`Plugin::prepare_run`]: derives
+    /// what the run keeps from its final vars.
+    fn seal_run(&self, rt: &Runtime, run: &mut RunStart<'_>) -> Result<()> {
+        let _ = (rt, run);
+        Ok(())
+    }
+}
+
+/// Why a workflow id is a plugin's own (the refusals' texts).
+#[derive(Debug, Clone)]
+pub struct Reserved {
+    /// Why a bundle may not define it.
+    pub define: String,
+    /// Why a caller may not start its runs.
+    pub start: String,
+}
+
+/// A new run as the plugins see it before it is created.
+#[derive(Debug)]
+pub struct RunStart<'a> {
+    /// The workflow it runs.
+    pub workflow_id: &'a str,
+    /// Its id.
+    pub run_id: &'a str,
+    /// Whether the caller chose the id (a start that may be repeated).
+    pub explicit_id: bool,
+    /// Its session, if any.
+    pub session_id: Option<&'a str>,
+    /// The run that started it, if any.
+    pub parent_run_id: Option<&'a str>,
+    /// Its vars as the caller gave them (without `_runtime` and `_limits`).
+    pub vars: &'a mut Map<String, Value>,
+    /// What the host keeps in `vars._runtime` (written after the hooks).
+    pub runtime: &'a mut Map<String, Value>,
+}
+
+/// State plugins keep in a runtime, one value per type.
+#[derive(Default, Clone)]
+pub struct Extensions {
+    values: HashMap<TypeId, Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Extensions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extensions")
+            .field("count", &self.values.len())
+            .finish()
+    }
+}
+
+impl Extensions {
+    /// The value of type `T`, if one was set.
+    pub fn get<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        let value = self.values.get(&TypeId::of::<T>())?.clone();
+        value.downcast::<T>().ok()
+    }
+
+    /// Sets (or replaces) the value of type `T`.
+    pub fn set<T: Any + Send + Sync>(&mut self, value: Arc<T>) {
+        self.values.insert(TypeId::of::<T>(), value);
+    }
+}
+
+/// What a plugin reaches while the runtime is built.
+pub struct Install<'a> {
+    pub(crate) engine: &'a WasmEngine,
+    pub(crate) store: &'a Arc<dyn Store>,
+    pub(crate) config: &'a RuntimeConfig,
+    pub(crate) effects: &'a mut EffectRegistry,
+    pub(crate) extensions: &'a mut Extensions,
+}
+
+impl Install<'_> {
+    /// The runtime's wasm engine.
+    pub fn engine(&self) -> &WasmEngine {
+        self.engine
+    }
+
+    /// The runtime's store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        self.store
+    }
+
+    /// The runtime's configuration.
+    pub fn config(&self) -> &RuntimeConfig {
+        self.config
+    }
+
+    /// Adds (or replaces) an effect kind.
+    pub fn effect(&mut self, handler: Arc<dyn EffectHandler>) {
+        self.effects.register(handler);
+    }
+
+    /// Adds an effect kind unless the application gave one of that kind
+    /// to the builder ([`crate::RuntimeBuilder::effect`]).
+    pub fn default_effect(&mut self, handler: Arc<dyn EffectHandler>) {
+        if self.effects.get(handler.kind()).is_none() {
+            self.effects.register(handler);
+        }
+    }
+
+    /// The extension of type `T` a plugin before this one set.
+    pub fn extension<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.extensions.get()
+    }
+
+    /// Keeps `value` in the runtime ([`crate::Runtime::extension`]).
+    pub fn set_extension<T: Any + Send + Sync>(&mut self, value: Arc<T>) {
+        self.extensions.set(value);
+    }
+}
+
+/// The plugins of a runtime, in the order they were given.
+#[derive(Default, Clone)]
+pub(crate) struct Plugins(Vec<Arc<dyn Plugin>>);
+
+impl Plugins {
+    /// Adds `plugin`, replacing (in its place) one of the same name.
+    pub(crate) fn add(&mut self, plugin: Arc<dyn Plugin>) {
+        match self.0.iter_mut().find(|p| p.name() == plugin.name()) {
+            Some(slot) => *slot = plugin,
+            None => self.0.push(plugin),
+        }
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<dyn Plugin>> {
+        self.0.iter()
+    }
+
+    /// Why `workflow_id` is reserved by a plugin, if it is.
+    pub(crate) fn reserved(&self, workflow_id: &str) -> Option<Reserved> {
+        self.0.iter().find_map(|p| p.reserves(workflow_id))
+    }
+
+    /// The names, in order.
+    pub(crate) fn names(&self) -> Vec<&'static str> {
+        self.0.iter().map(|p| p.name()).collect()
+    }
+}

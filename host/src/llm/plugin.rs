@@ -1,0 +1,55 @@
+//! The LLM feature as a kernel plugin: the `llm_call` effect.
+
+use std::sync::Arc;
+
+use super::{LlmCall, Settings};
+use crate::core::plugin::{Install, Plugin};
+use crate::core::Result;
+
+/// The LLM plugin: adds `llm_call` over the providers it was given (unless
+/// the application gave the builder an `llm_call` of its own).
+///
+/// ```
+/// use std::sync::Arc;
+/// use stepwell::llm::{Llm, LlmCall, Providers};
+/// use stepwell::{MemoryStore, Runtime};
+///
+/// # fn main() -> stepwell::Result<()> {
+/// let rt = stepwell::builder(Arc::new(MemoryStore::new()))
+///     .plugin(Arc::new(Llm::new(LlmCall::new(Providers::default()))))
+///     .build()?;
+/// assert!(rt.effects().get("llm_call").is_some());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Llm {
+    call: Arc<LlmCall>,
+}
+
+impl Llm {
+    /// `llm_call` as `call` executes it.
+    pub fn new(call: LlmCall) -> Self {
+        Llm {
+            call: Arc::new(call),
+        }
+    }
+}
+
+impl Default for Llm {
+    /// The built-in profiles with no settings: no default provider and no
+    /// keys until the application configures them.
+    fn default() -> Self {
+        Llm::new(LlmCall::configured(None, &Settings::default()))
+    }
+}
+
+impl Plugin for Llm {
+    fn name(&self) -> &'static str {
+        "llm"
+    }
+
+    fn install(&self, cx: &mut Install<'_>) -> Result<()> {
+        cx.default_effect(self.call.clone());
+        Ok(())
+    }
+}
