@@ -646,3 +646,97 @@ fn snapshots_are_created_listed_and_restored() {
     assert_eq!(done["output"], json!({"greeting": "Hello, Eve!"}));
     assert!(cli.ok(&["ledger", &id, "--verify"]).starts_with("ok: "));
 }
+
+/// The packages `cargo tree` lists for a workspace package's normal
+/// dependencies (names only, each once).
+fn dependency_names(package: &str) -> Vec<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "tree",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--offline",
+            "-p",
+        ])
+        .arg(package)
+        .current_dir(stepwell_tests::repo())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut names: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// An application that embeds only the step loop on SQLite
+/// (`examples/embed-sqlite`: `default-features = false, features =
+/// ["sqlite"]`) carries no server, database client, HTTP client or CLI
+/// parser, and its program parks a run in one runtime and resumes it in
+/// another. (tokio stays: wasmtime-wasi, the sandbox's WASI, needs it.)
+#[test]
+fn an_embedder_of_the_kernel_on_sqlite_takes_no_feature_it_did_not_ask_for() {
+    let names = dependency_names("stepwell-embed-sqlite");
+    assert!(names.iter().any(|n| n == "rusqlite"), "{names:?}");
+    assert!(names.iter().any(|n| n == "wasmtime"), "{names:?}");
+    for unwanted in [
+        "hyper",
+        "axum",
+        "tower",
+        "postgres",
+        "tokio-postgres",
+        "ureq",
+        "rustls",
+        "ring",
+        "feed-rs",
+        "clap",
+        "tracing-subscriber",
+        "regex",
+        "chacha20poly1305",
+        "mimalloc",
+        "stepwell-serve",
+    ] {
+        assert!(
+            !names.iter().any(|n| n == unwanted),
+            "{unwanted} is in the embedder's tree"
+        );
+    }
+    // The whole binary has them (the check above can fail).
+    let full = dependency_names("stepwell-cli");
+    for wanted in ["axum", "postgres", "ureq", "clap", "feed-rs"] {
+        assert!(
+            full.iter().any(|n| n == wanted),
+            "{wanted} not in the CLI's tree"
+        );
+    }
+    assert!(
+        names.len() < full.len(),
+        "{} vs {}",
+        names.len(),
+        full.len()
+    );
+
+    let exe = binary().with_file_name("embed-sqlite");
+    assert!(exe.is_file(), "{} not built", exe.display());
+    let out = Command::new(&exe).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("asks: What is your name?"), "{text}");
+    assert!(text.contains("completed"), "{text}");
+    assert!(text.contains("Hello, Bob"), "{text}");
+}

@@ -6,7 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::core::{Error, Result};
-use crate::store::{Durability, JsonFileStore, MemoryStore, PostgresStore, SqliteStore, Store};
+#[cfg(feature = "postgres")]
+use crate::store::PostgresStore;
+#[cfg(feature = "sqlite")]
+use crate::store::SqliteStore;
+use crate::store::{Durability, JsonFileStore, MemoryStore, Store};
 use crate::wasm::{EngineConfig, SandboxLimits, WasmEngine};
 use crate::Runtime;
 
@@ -16,6 +20,19 @@ pub const DEFAULT_DB: &str = ".stepwell/stepwell.sqlite";
 /// Values larger than this (as JSON) are kept as artifacts by the CLI's
 /// runtime.
 pub const DEFAULT_OFFLOAD_BYTES: usize = 256 << 10;
+
+/// The key file that seals trigger connections' secrets, beside a store's
+/// files ([`StoreSpec::connection_key_file`]).
+pub const CONNECTION_KEY_FILE: &str = "connections.key";
+
+/// Refuses a store this build of the library was compiled without.
+#[allow(dead_code)] // with every store feature on
+fn not_built(store: &str, feature: &str) -> Error {
+    Error::invalid(
+        "--store",
+        format!("this build of stepwell has no {store} store (the library's `{feature}` feature)"),
+    )
+}
 
 /// The environment variable that overrides [`DEFAULT_DB`].
 pub const DB_ENV: &str = "STEPWELL_DB";
@@ -65,11 +82,18 @@ impl StoreSpec {
                 self.open(durability)?;
                 None
             }
+            #[cfg(feature = "sqlite")]
             StoreSpec::Sqlite(_) => {
                 self.open(durability)?;
                 Some(crate::store::SQLITE_SCHEMA_VERSION)
             }
+            #[cfg(feature = "postgres")]
             StoreSpec::Postgres(url) => Some(PostgresStore::open(url)?.schema_version()?),
+            #[cfg(not(all(feature = "sqlite", feature = "postgres")))]
+            other => {
+                other.open(durability)?;
+                None
+            }
         })
     }
 
@@ -78,15 +102,21 @@ impl StoreSpec {
     pub fn open(&self, durability: Option<Durability>) -> Result<Arc<dyn Store>> {
         Ok(match self {
             StoreSpec::Memory => Arc::new(MemoryStore::new()),
+            #[cfg(feature = "sqlite")]
             StoreSpec::Sqlite(path) => Arc::new(SqliteStore::open_with(
                 path,
                 durability.unwrap_or(Durability::Normal),
             )?),
+            #[cfg(not(feature = "sqlite"))]
+            StoreSpec::Sqlite(_) => return Err(not_built("SQLite", "sqlite")),
             StoreSpec::Json(dir) => Arc::new(JsonFileStore::open_with(
                 dir,
                 durability.unwrap_or(Durability::Full),
             )?),
+            #[cfg(feature = "postgres")]
             StoreSpec::Postgres(url) => Arc::new(PostgresStore::open(url)?),
+            #[cfg(not(feature = "postgres"))]
+            StoreSpec::Postgres(_) => return Err(not_built("PostgreSQL", "postgres")),
         })
     }
 
@@ -105,7 +135,10 @@ impl StoreSpec {
             StoreSpec::Json(dir) => Arc::new(crate::store::FileArtifactStore::open(
                 dir.join("artifacts"),
             )?),
+            #[cfg(feature = "postgres")]
             StoreSpec::Postgres(url) => Arc::new(PostgresStore::open(url)?),
+            #[cfg(not(feature = "postgres"))]
+            StoreSpec::Postgres(_) => return Err(not_built("PostgreSQL", "postgres")),
         })
     }
 
@@ -137,7 +170,7 @@ impl StoreSpec {
                     "snapshots",
                     "cache",
                     "serve-token",
-                    crate::triggers::connections::KEY_FILE,
+                    CONNECTION_KEY_FILE,
                 ]
                 .iter()
                 .map(|d| dir.join(d))
@@ -168,7 +201,10 @@ impl StoreSpec {
             StoreSpec::Json(dir) => Box::new(crate::store::JsonSnapshotStore::open(
                 dir.join("snapshots"),
             )?),
+            #[cfg(feature = "postgres")]
             StoreSpec::Postgres(url) => Box::new(PostgresStore::open(url)?),
+            #[cfg(not(feature = "postgres"))]
+            StoreSpec::Postgres(_) => return Err(not_built("PostgreSQL", "postgres")),
         })
     }
 
@@ -176,8 +212,7 @@ impl StoreSpec {
     /// `connections.key` beside the database, inside a JSON store folder,
     /// or under `.stepwell` for the memory and PostgreSQL stores.
     pub fn connection_key_file(&self) -> PathBuf {
-        self.state_dir()
-            .join(crate::triggers::connections::KEY_FILE)
+        self.state_dir().join(CONNECTION_KEY_FILE)
     }
 
     /// Where `stepwell serve` keeps its bearer token unless told otherwise:
@@ -287,11 +322,14 @@ pub struct HostOptions {
     /// The runtime's clock (`None`: the system clock); a fixed clock
     /// makes a command act at a chosen time (`stepwell --now`).
     pub clock: Option<Arc<dyn crate::Clock>>,
-    /// The folder of third-party tool components, if any.
+    /// The folder of third-party tool components, if any (the `tools`
+    /// feature).
     pub tool_dir: Option<std::path::PathBuf>,
-    /// The folder of plugin trigger sources, if any.
+    /// The folder of plugin trigger sources, if any (the `automation`
+    /// feature).
     pub trigger_dir: Option<std::path::PathBuf>,
-    /// Offer the host tool `execute_command` (off by default).
+    /// Offer the host tool `execute_command` (off by default; the `tools`
+    /// feature).
     pub enable_exec: bool,
     /// Where a memory or PostgreSQL store's compiled components and bundles
     /// are cached (`None`: components are compiled in memory, and bundles
@@ -338,6 +376,7 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     // beside it (the cache loads only files they vouch for).
     // PostgreSQL keeps them, and the artifacts, in the database itself.
     let (store, digests, artifacts): Backing = match spec {
+        #[cfg(feature = "sqlite")]
         StoreSpec::Sqlite(path) => {
             let db = Arc::new(SqliteStore::open_with(
                 path,
@@ -345,6 +384,7 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
             )?);
             (db.clone(), Some(db), spec.artifacts()?)
         }
+        #[cfg(feature = "postgres")]
         StoreSpec::Postgres(url) => {
             let db = Arc::new(PostgresStore::open(url)?);
             (db.clone(), Some(db.clone()), db)
@@ -361,20 +401,7 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     config
         .tool_deny_paths
         .extend(spec.protected_paths(cache_home));
-    let mut tools = crate::tools::Tools::new().enable_exec(options.enable_exec);
-    if let Some(dir) = &options.tool_dir {
-        tools = tools.dir(dir.clone());
-    }
-    let mut triggers = crate::triggers::Triggers::new().sealing_key(match spec {
-        StoreSpec::Memory => crate::triggers::SealingKey::random(),
-        _ => crate::triggers::SealingKey::File(spec.connection_key_file()),
-    });
-    if let Some(dir) = &options.trigger_dir {
-        triggers = triggers.dir(dir.clone());
-    }
     let mut builder = crate::builder(store)
-        .plugin(Arc::new(tools))
-        .plugin(Arc::new(triggers))
         .engine(engine)
         .config(config)
         .artifacts(artifacts, DEFAULT_OFFLOAD_BYTES);
@@ -386,6 +413,25 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     }
     if let Some(clock) = &options.clock {
         builder = builder.clock(clock.clone());
+    }
+    #[cfg(feature = "tools")]
+    {
+        let mut tools = crate::tools::Tools::new().enable_exec(options.enable_exec);
+        if let Some(dir) = &options.tool_dir {
+            tools = tools.dir(dir.clone());
+        }
+        builder = builder.plugin(Arc::new(tools));
+    }
+    #[cfg(feature = "automation")]
+    {
+        let mut triggers = crate::triggers::Triggers::new().sealing_key(match spec {
+            StoreSpec::Memory => crate::triggers::SealingKey::random(),
+            _ => crate::triggers::SealingKey::File(spec.connection_key_file()),
+        });
+        if let Some(dir) = &options.trigger_dir {
+            triggers = triggers.dir(dir.clone());
+        }
+        builder = builder.plugin(Arc::new(triggers));
     }
     builder.build()
 }

@@ -30,15 +30,20 @@
 // block that says why it holds, also inside an `unsafe fn`.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
+#[cfg(feature = "automation")]
 pub mod automation;
 pub mod core;
 pub mod effects;
 pub mod flow;
 pub mod host;
+#[cfg(feature = "llm")]
 pub mod llm;
+#[cfg(feature = "automation")]
 pub mod sessions;
 pub mod store;
+#[cfg(feature = "tools")]
 pub mod tools;
+#[cfg(feature = "automation")]
 pub mod triggers;
 pub mod wasm;
 
@@ -53,19 +58,24 @@ pub use crate::core::{DriveReport, Error, LedgerCheck, LedgerPages, Result, LEDG
 pub use crate::effects::{
     Delivery, EffectClass, EffectCx, EffectHandler, EffectRegistry, Failure, Outcome, RunPort,
 };
+#[cfg(feature = "postgres")]
+pub use crate::store::PostgresStore;
+#[cfg(feature = "sqlite")]
+pub use crate::store::SqliteStore;
 pub use crate::store::{
     ArtifactMeta, ArtifactStore, Attribution, ChainVerifier, Claim, CommandRecord, CommandStore,
     Durability, FeedEntry, Fence, FileArtifactStore, JsonFileStore, JsonlCommandStore, LeaseAfter,
-    LeaseRequest, MemoryArtifactStore, MemoryCommandStore, MemoryStore, PostgresStore,
-    RunIndexQuery, RunIndexRow, RunQuery, SqliteStore, Store, StoreError,
+    LeaseRequest, MemoryArtifactStore, MemoryCommandStore, MemoryStore, RunIndexQuery, RunIndexRow,
+    RunQuery, Store, StoreError,
 };
 pub use crate::wasm::{EngineConfig, GuestError, SandboxLimits, WasmEngine};
 
-/// A builder of a runtime over `store` with every feature this library
-/// has, each as a kernel plugin ([`core::plugin`]) with its defaults: LLM
-/// calls (no provider configured), the built-in workspace tools
-/// (`execute_command` off), the built-in trigger sources (no sealing key)
-/// and automations. Give the builder a plugin of the same name to configure
+/// A builder of a runtime over `store` with every feature this build of
+/// the library has (its cargo features), each as a kernel plugin
+/// ([`core::plugin`]) with its defaults: LLM calls (`llm`: no provider
+/// configured), the built-in workspace tools (`tools`: `execute_command`
+/// off), the built-in trigger sources (no sealing key) and automations
+/// (`automation`). Give the builder a plugin of the same name to configure
 /// one (`.plugin(Arc::new(Tools::new().dir(..)))`);
 /// [`Runtime::builder`] is the bare kernel.
 ///
@@ -75,14 +85,26 @@ pub use crate::wasm::{EngineConfig, GuestError, SandboxLimits, WasmEngine};
 ///
 /// # fn main() -> stepwell::Result<()> {
 /// let rt = stepwell::builder(Arc::new(MemoryStore::new())).build()?;
+/// # #[cfg(feature = "full")]
 /// assert_eq!(rt.plugins(), ["llm", "tools", "triggers", "automations"]);
 /// # Ok(()) }
 /// ```
 pub fn builder(store: std::sync::Arc<dyn Store>) -> RuntimeBuilder {
-    use std::sync::Arc;
-    Runtime::builder(store)
-        .plugin(Arc::new(llm::Llm::default()))
-        .plugin(Arc::new(tools::Tools::new()))
-        .plugin(Arc::new(triggers::Triggers::new()))
-        .plugin(Arc::new(automation::Automations))
+    #[allow(unused_mut)]
+    let mut builder = Runtime::builder(store);
+    #[cfg(feature = "llm")]
+    {
+        builder = builder.plugin(std::sync::Arc::new(llm::Llm::default()));
+    }
+    #[cfg(feature = "tools")]
+    {
+        builder = builder.plugin(std::sync::Arc::new(tools::Tools::new()));
+    }
+    #[cfg(feature = "automation")]
+    {
+        builder = builder
+            .plugin(std::sync::Arc::new(triggers::Triggers::new()))
+            .plugin(std::sync::Arc::new(automation::Automations));
+    }
+    builder
 }

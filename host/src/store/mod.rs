@@ -15,10 +15,13 @@ pub mod inbox;
 mod json_files;
 mod jsonl;
 mod memory;
+#[cfg(feature = "postgres")]
 mod postgres;
 pub(crate) mod private;
 pub mod snapshots;
+#[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "sqlite")]
 mod sqlite_vfs;
 
 use std::fmt;
@@ -36,10 +39,12 @@ pub use commands::{
 pub use inbox::{connection_stream, ConnectionRecord, EventAppend, InboxEvent};
 pub use json_files::JsonFileStore;
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION};
 pub use snapshots::{
     JsonSnapshotStore, MemorySnapshotStore, Snapshot, SnapshotQuery, SnapshotStore,
 };
+#[cfg(feature = "sqlite")]
 pub use sqlite::{
     configure as configure_sqlite, open_connection as open_sqlite_connection, SqliteStore,
     SCHEMA_VERSION as SQLITE_SCHEMA_VERSION,
@@ -1114,6 +1119,7 @@ pub struct NextDue {
 /// SQLite and PostgreSQL stores build [`RunQuery`] and [`RunIndexQuery`]
 /// statements alike, each with its own marks (`?1`, `$1`) and the column
 /// that gives creation order (`rowid`, `ord`).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SqlDialect {
     /// The mark of the n-th parameter (from 1).
@@ -1122,6 +1128,7 @@ pub(crate) struct SqlDialect {
     pub order: &'static str,
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl SqlDialect {
     /// `SELECT run_id, data, version FROM runs ...` for `query`, and its
     /// arguments (quarantined runs left out).

@@ -112,6 +112,7 @@ pub(crate) fn check_dir(_: &Path) -> Result<(), NotPrivate> {
 /// belongs to neither this user nor root, or others may write it and it is
 /// not sticky.
 #[cfg(unix)]
+#[cfg(feature = "sqlite")]
 pub(crate) fn check_parent(dir: &Path) -> Result<(), NotPrivate> {
     use std::os::unix::fs::MetadataExt;
     // A link to the folder is followed only when this user (or root) made
@@ -140,6 +141,7 @@ pub(crate) fn check_parent(dir: &Path) -> Result<(), NotPrivate> {
 }
 
 #[cfg(not(unix))]
+#[cfg(feature = "sqlite")]
 pub(crate) fn check_parent(_: &Path) -> Result<(), NotPrivate> {
     Ok(())
 }
@@ -254,6 +256,7 @@ pub(crate) fn read_file(file: &Path) -> Option<Vec<u8>> {
 /// file's mode); it and those of its companions that exist refused when
 /// they are links, not regular files, another user's or writable by
 /// others, and made `0600` when others may read them.
+#[cfg(feature = "sqlite")]
 pub(crate) fn prepare_db_file(db: &Path) -> Result<(), StoreError> {
     let io = |p: &Path, e: std::io::Error| StoreError::io(format!("{}: {e}", p.display()));
     match options().write(true).create_new(true).open(db) {

@@ -1,10 +1,13 @@
 //! Embedding stepwell: a run that waits for a person, parked by one runtime
 //! and resumed by another over the same SQLite file (a restart in between).
+//! The application takes only the kernel and the SQLite store
+//! (`default-features = false, features = ["sqlite"]`).
 //!
-//! Build the guest components first (`scripts/build-guests`), then:
+//! Build the guest components first (`scripts/build-guests`), then, from
+//! the repository root:
 //!
 //! ```sh
-//! cargo run --release -p stepwell --example embed
+//! cargo build --release && target/release/embed-sqlite
 //! ```
 
 use std::sync::Arc;
@@ -24,7 +27,7 @@ fn open(db: &std::path::Path) -> Result<Runtime, stepwell::Error> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let dir = std::env::temp_dir().join(format!("stepwell-embed-{}", std::process::id()));
     let db = dir.join("stepwell.sqlite");
 
