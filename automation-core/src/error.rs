@@ -79,3 +79,20 @@ pub fn static_reason_code(code: &str) -> &'static str {
         .copied()
         .unwrap_or("automation_error")
 }
+
+/// An automation's failure as a runtime error: its reason code is one of
+/// the codes the API knows ([`crate::static_reason_code`]); its detail
+/// names its own code.
+impl stepwell_model::ExtensionError for AutomationError {
+    fn reason_code(&self) -> &'static str {
+        crate::static_reason_code(&self.reason_code)
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        AutomationError::to_json(self)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

@@ -32,43 +32,35 @@
 
 #[cfg(feature = "automation")]
 pub mod automation;
-pub mod core;
-pub mod effects;
-pub mod flow;
 pub mod host;
 #[cfg(feature = "llm")]
 pub mod llm;
 #[cfg(feature = "automation")]
 pub mod sessions;
-pub mod store;
 #[cfg(feature = "tools")]
 pub mod tools;
 #[cfg(feature = "automation")]
 pub mod triggers;
-pub mod wasm;
 
-pub use crate::core::clock::{Clock, ManualClock, SystemClock};
-pub use crate::core::config::{RetryPolicy, RuntimeConfig, StartOptions, MIN_LEASE_TTL};
-pub use crate::core::model::{
-    EffectRecord, EffectRequest, RunState, RunStatus, StepPlan, StepRecord, StepStatus, WaitReason,
-    WaitState,
-};
-pub use crate::core::runtime::{Runtime, RuntimeBuilder};
-pub use crate::core::{DriveReport, Error, LedgerCheck, LedgerPages, Result, LEDGER_PAGE};
-pub use crate::effects::{
-    Delivery, EffectClass, EffectCx, EffectHandler, EffectRegistry, Failure, Outcome, RunPort,
-};
+// The kernel (crates/runtime), under the paths it always had here.
+pub use stepwell_runtime::{core, effects, flow, store, wasm};
+
 #[cfg(feature = "postgres")]
-pub use crate::store::PostgresStore;
+pub use stepwell_runtime::PostgresStore;
 #[cfg(feature = "sqlite")]
-pub use crate::store::SqliteStore;
-pub use crate::store::{
-    ArtifactMeta, ArtifactStore, Attribution, ChainVerifier, Claim, CommandRecord, CommandStore,
-    Durability, FeedEntry, Fence, FileArtifactStore, JsonFileStore, JsonlCommandStore, LeaseAfter,
-    LeaseRequest, MemoryArtifactStore, MemoryCommandStore, MemoryStore, RunIndexQuery, RunIndexRow,
-    RunQuery, Store, StoreError,
+pub use stepwell_runtime::SqliteStore;
+pub use stepwell_runtime::{
+    ArtifactMeta, ArtifactStore, Attribution, ChainVerifier, Claim, Clock, CommandRecord,
+    CommandStore, DriveReport, Durability, EffectClass, EffectCx, EffectHandler, EffectRecord,
+    EffectRegistry, EffectRequest, EngineConfig, Error, FeedEntry, Fence, FileArtifactStore,
+    GuestError, JsonFileStore, JsonlCommandStore, LeaseAfter, LeaseRequest, LedgerCheck,
+    LedgerPages, ManualClock, MemoryArtifactStore, MemoryCommandStore, MemoryStore, Outcome,
+    Result, RetryPolicy, RunIndexQuery, RunIndexRow, RunPort, RunQuery, RunState, RunStatus,
+    Runtime, RuntimeBuilder, RuntimeConfig, SandboxLimits, StartOptions, StepPlan, StepRecord,
+    StepStatus, Store, StoreError, SystemClock, WaitReason, WaitState, WasmEngine, LEDGER_PAGE,
+    MIN_LEASE_TTL,
 };
-pub use crate::wasm::{EngineConfig, GuestError, SandboxLimits, WasmEngine};
+pub use stepwell_runtime::{Delivery, Failure};
 
 /// A builder of a runtime over `store` with every feature this build of
 /// the library has (its cargo features), each as a kernel plugin

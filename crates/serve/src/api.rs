@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
+use stepwell::triggers::{Connections as _, Webhooks as _};
 
 use axum::extract::{ConnectInfo, FromRequest, MatchedPath, Path, Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};

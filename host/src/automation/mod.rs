@@ -124,30 +124,3 @@ pub(crate) fn controller_workflow(
     wf.steps_never_fail = true;
     Ok(wf)
 }
-
-/// An automation's failure as a runtime error: its reason code is one of
-/// the codes the API knows ([`static_reason_code`]); its detail names its
-/// own code.
-#[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-struct Failure(AutomationError);
-
-impl crate::core::ExtensionError for Failure {
-    fn reason_code(&self) -> &'static str {
-        static_reason_code(&self.0.reason_code)
-    }
-
-    fn to_json(&self) -> serde_json::Value {
-        self.0.to_json()
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        &self.0
-    }
-}
-
-impl From<AutomationError> for crate::core::Error {
-    fn from(e: AutomationError) -> Self {
-        crate::core::Error::Extension(Box::new(Failure(e)))
-    }
-}

@@ -41,7 +41,7 @@ use crate::Runtime;
 use stepwell_automation_core::time::format_timestamp as format_time;
 
 /// The key file's name beside the database.
-pub const KEY_FILE: &str = "connections.key";
+pub const KEY_FILE: &str = crate::host::CONNECTION_KEY_FILE;
 /// `webhook.received@1`.
 pub const WEBHOOK_SOURCE: &str = "webhook.received@1";
 /// `feed.item@1`.
@@ -364,20 +364,53 @@ fn check_label(label: Option<&str>, default: &str) -> Result<String> {
     Ok(label)
 }
 
-impl Runtime {
-    fn sealing_key(&self) -> Result<SealingKey> {
-        super::trigger_state(self)?.sealing.clone().ok_or_else(|| {
-            sealing(
-                "this runtime has no sealing key for connection secrets (Triggers::sealing_key)",
-            )
-        })
-    }
-
+/// Event connections of a runtime (the triggers feature): create, list, disable, rotate, send to and read them.
+pub trait Connections {
     /// Creates a connection of event source `source` (`id@version`) with
     /// `config`. A webhook connection gets a signing secret (`config.secret`
     /// when given, else a new one), sealed; the answer is the only one that
     /// shows it.
-    pub fn create_connection(
+    fn create_connection(
+        &self,
+        source: &str,
+        label: Option<&str>,
+        config: &Value,
+    ) -> Result<Created>;
+
+    /// Every connection, oldest first, as [`connection_view`] shows it.
+    fn list_connections(&self) -> Result<Vec<Value>>;
+
+    /// The stored connection `id` (`connection_not_found` when unknown).
+    fn connection(&self, id: &str) -> Result<ConnectionRecord>;
+
+    /// Sets connection `id`'s status: `active` or `disabled` (a disabled
+    /// connection accepts no webhook call and is not polled; automations
+    /// cannot be bound to it).
+    fn set_connection_status(&self, id: &str, status: &str) -> Result<Value>;
+
+    /// A new signing secret for webhook connection `id` (the old one stops
+    /// working at once); the answer is the only one that shows it.
+    fn rotate_connection_secret(&self, id: &str) -> Result<Created>;
+
+    /// Appends `data` to connection `id`'s stream as a test or plugin event
+    /// (subject `subject`, default `test`): what `stepwell connections
+    /// send` and `POST /v1/connections/{id}/events` do. Bound automations
+    /// admit it like any other event.
+    fn send_connection_event(&self, id: &str, data: Value, subject: Option<&str>) -> Result<Value>;
+
+    /// The events of connection `id`'s stream after `after`, at most
+    /// `limit`.
+    fn connection_events(&self, id: &str, after: u64, limit: usize) -> Result<Vec<InboxEvent>>;
+
+    /// Wakes the idle automations bound to connection `id` (every
+    /// connection when `None`) that have events to admit: each controller
+    /// parked on its wake wait whose source finds pending records is
+    /// resumed (the driver then runs it). Returns the woken automations.
+    fn wake_consumers(&self, connection_id: Option<&str>) -> Result<Vec<String>>;
+}
+
+impl Connections for Runtime {
+    fn create_connection(
         &self,
         source: &str,
         label: Option<&str>,
@@ -433,8 +466,7 @@ impl Runtime {
         Ok(created(&record, secret))
     }
 
-    /// Every connection, oldest first, as [`connection_view`] shows it.
-    pub fn list_connections(&self) -> Result<Vec<Value>> {
+    fn list_connections(&self) -> Result<Vec<Value>> {
         Ok(self
             .store()
             .list_connections()?
@@ -443,8 +475,7 @@ impl Runtime {
             .collect())
     }
 
-    /// The stored connection `id` (`connection_not_found` when unknown).
-    pub fn connection(&self, id: &str) -> Result<ConnectionRecord> {
+    fn connection(&self, id: &str) -> Result<ConnectionRecord> {
         let found = if super::connection_id_ok(id) {
             self.store().get_connection(id)?
         } else {
@@ -453,10 +484,7 @@ impl Runtime {
         found.ok_or_else(|| not_found(id))
     }
 
-    /// Sets connection `id`'s status: `active` or `disabled` (a disabled
-    /// connection accepts no webhook call and is not polled; automations
-    /// cannot be bound to it).
-    pub fn set_connection_status(&self, id: &str, status: &str) -> Result<Value> {
+    fn set_connection_status(&self, id: &str, status: &str) -> Result<Value> {
         if !matches!(status, "active" | "disabled") {
             return Err(invalid("status", "must be active or disabled"));
         }
@@ -469,9 +497,7 @@ impl Runtime {
         Ok(connection_view(&updated))
     }
 
-    /// A new signing secret for webhook connection `id` (the old one stops
-    /// working at once); the answer is the only one that shows it.
-    pub fn rotate_connection_secret(&self, id: &str) -> Result<Created> {
+    fn rotate_connection_secret(&self, id: &str) -> Result<Created> {
         let c = self.connection(id)?;
         if c.sealed_secret.is_none() {
             return Err(invalid(
@@ -490,17 +516,132 @@ impl Runtime {
         Ok(created(&updated, Some(secret)))
     }
 
+    fn send_connection_event(&self, id: &str, data: Value, subject: Option<&str>) -> Result<Value> {
+        let c = self.connection(id)?;
+        if c.status != "active" {
+            return Err(connection_error(
+                "connection_disabled",
+                Some("connection_id"),
+                format!("connection {id} is disabled"),
+            ));
+        }
+        let eid = format!("test:{}", uuid::Uuid::new_v4().simple());
+        let (appended, event_id) = self.append_connection_event(
+            &c,
+            ConnectionEvent {
+                id: eid.clone(),
+                data,
+                time: None,
+                subject: Some(subject.unwrap_or("test").to_string()),
+                dedupe_key: eid,
+                trusted: false,
+            },
+        )?;
+        Ok(json!({"status": "appended", "event_id": event_id, "seq": appended.seq}))
+    }
+
+    fn connection_events(&self, id: &str, after: u64, limit: usize) -> Result<Vec<InboxEvent>> {
+        let c = self.connection(id)?;
+        Ok(self.store().events_after(&c.stream(), after, limit)?)
+    }
+
+    fn wake_consumers(&self, connection_id: Option<&str>) -> Result<Vec<String>> {
+        let registry = self.triggers()?;
+        // Read again as it is now: still idle at its wake wait (neither
+        // paused nor archived), bound to this connection, on an event source.
+        let wanted = |run: &crate::RunState| {
+            let bound =
+                crate::store::wakes_on(run).is_some_and(|c| connection_id.is_none_or(|id| c == id));
+            let source = super::trigger_source(&run.vars["_meta"]["automation"]["trigger"]);
+            bound
+                && run.workflow_id == crate::automation::CONTROLLER_WORKFLOW_ID
+                && registry.kind(&source) == Some(SourceKind::Event)
+        };
+        let mut woken = Vec::new();
+        // Only the controllers bound to the connection are read (an index
+        // on SQLite), not every waiting run.
+        for id in self.store().list_consumers(connection_id)? {
+            let run = match self.get_state(&id) {
+                Ok(run) => run,
+                Err(Error::RunNotFound { .. }) => continue,
+                // Left to the driver, which sets it aside.
+                Err(e) if e.reason_code() == "store_corrupt" => continue,
+                Err(e) => return Err(e),
+            };
+            if !wanted(&run) {
+                continue;
+            }
+            let wake = stepwell_automation_core::ids::wake_wait_key(&run.run_id);
+            let definition = &run.vars["_meta"]["automation"];
+            let state = &run.vars["_runtime"]["automation"];
+            let pending =
+                crate::automation::source_events(self.store(), &registry, definition, state)?;
+            if pending.is_empty() {
+                continue;
+            }
+            match self.resume_at(
+                &run.run_id,
+                Some(&wake),
+                json!({"wake": "connection_event"}),
+                None,
+                0,
+                false,
+            ) {
+                Ok(_) => woken.push(run.run_id.clone()),
+                Err(Error::StaleResume { .. } | Error::Conflict { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(woken)
+    }
+}
+
+/// What the rest of this feature reaches of a runtime beside [`Connections`].
+pub(crate) trait ConnectionsInner {
+    fn sealing_key(&self) -> Result<SealingKey>;
+
     /// The secret of connection `c`, opened.
-    pub(crate) fn connection_secret(&self, c: &ConnectionRecord) -> Result<Option<String>> {
+    fn connection_secret(&self, c: &ConnectionRecord) -> Result<Option<String>>;
+
+    /// Changes connection `id` atomically (`connection_not_found` when
+    /// unknown).
+    fn update_connection(
+        &self,
+        id: &str,
+        change: &mut dyn FnMut(&mut ConnectionRecord) -> std::result::Result<(), StoreError>,
+    ) -> Result<ConnectionRecord>;
+
+    /// Appends one event to connection `c`'s stream (CloudEvents 1.0
+    /// attributes, `data` as given), deduplicated on `dedupe_key`, records
+    /// `last_event_at`, and wakes the automations bound to it. Returns the
+    /// append and the event's id.
+    fn append_connection_event(
+        &self,
+        c: &ConnectionRecord,
+        event: ConnectionEvent,
+    ) -> Result<(crate::store::EventAppend, String)>;
+
+    /// Whether the periodic sweep is due (and, if so, that it runs now).
+    fn sweep_due(&self, now: DateTime<Utc>) -> bool;
+}
+
+impl ConnectionsInner for Runtime {
+    fn sealing_key(&self) -> Result<SealingKey> {
+        super::trigger_state(self)?.sealing.clone().ok_or_else(|| {
+            sealing(
+                "this runtime has no sealing key for connection secrets (Triggers::sealing_key)",
+            )
+        })
+    }
+
+    fn connection_secret(&self, c: &ConnectionRecord) -> Result<Option<String>> {
         match &c.sealed_secret {
             None => Ok(None),
             Some(sealed) => self.sealing_key()?.open(&c.connection_id, sealed).map(Some),
         }
     }
 
-    /// Changes connection `id` atomically (`connection_not_found` when
-    /// unknown).
-    pub(crate) fn update_connection(
+    fn update_connection(
         &self,
         id: &str,
         change: &mut dyn FnMut(&mut ConnectionRecord) -> std::result::Result<(), StoreError>,
@@ -513,11 +654,7 @@ impl Runtime {
             .ok_or_else(|| not_found(id))
     }
 
-    /// Appends one event to connection `c`'s stream (CloudEvents 1.0
-    /// attributes, `data` as given), deduplicated on `dedupe_key`, records
-    /// `last_event_at`, and wakes the automations bound to it. Returns the
-    /// append and the event's id.
-    pub(crate) fn append_connection_event(
+    fn append_connection_event(
         &self,
         c: &ConnectionRecord,
         event: ConnectionEvent,
@@ -566,98 +703,16 @@ impl Runtime {
         Ok((appended, event_id))
     }
 
-    /// Appends `data` to connection `id`'s stream as a test or plugin event
-    /// (subject `subject`, default `test`): what `stepwell connections
-    /// send` and `POST /v1/connections/{id}/events` do. Bound automations
-    /// admit it like any other event.
-    pub fn send_connection_event(
-        &self,
-        id: &str,
-        data: Value,
-        subject: Option<&str>,
-    ) -> Result<Value> {
-        let c = self.connection(id)?;
-        if c.status != "active" {
-            return Err(connection_error(
-                "connection_disabled",
-                Some("connection_id"),
-                format!("connection {id} is disabled"),
-            ));
-        }
-        let eid = format!("test:{}", uuid::Uuid::new_v4().simple());
-        let (appended, event_id) = self.append_connection_event(
-            &c,
-            ConnectionEvent {
-                id: eid.clone(),
-                data,
-                time: None,
-                subject: Some(subject.unwrap_or("test").to_string()),
-                dedupe_key: eid,
-                trusted: false,
-            },
-        )?;
-        Ok(json!({"status": "appended", "event_id": event_id, "seq": appended.seq}))
-    }
-
-    /// The events of connection `id`'s stream after `after`, at most
-    /// `limit`.
-    pub fn connection_events(&self, id: &str, after: u64, limit: usize) -> Result<Vec<InboxEvent>> {
-        let c = self.connection(id)?;
-        Ok(self.store().events_after(&c.stream(), after, limit)?)
-    }
-
-    /// Wakes the idle automations bound to connection `id` (every
-    /// connection when `None`) that have events to admit: each controller
-    /// parked on its wake wait whose source finds pending records is
-    /// resumed (the driver then runs it). Returns the woken automations.
-    pub fn wake_consumers(&self, connection_id: Option<&str>) -> Result<Vec<String>> {
-        let registry = self.triggers()?;
-        // Read again as it is now: still idle at its wake wait (neither
-        // paused nor archived), bound to this connection, on an event source.
-        let wanted = |run: &crate::RunState| {
-            let bound =
-                crate::store::wakes_on(run).is_some_and(|c| connection_id.is_none_or(|id| c == id));
-            let source = super::trigger_source(&run.vars["_meta"]["automation"]["trigger"]);
-            bound
-                && run.workflow_id == crate::automation::CONTROLLER_WORKFLOW_ID
-                && registry.kind(&source) == Some(SourceKind::Event)
+    fn sweep_due(&self, now: DateTime<Utc>) -> bool {
+        let Ok(state) = super::trigger_state(self) else {
+            return false;
         };
-        let mut woken = Vec::new();
-        // Only the controllers bound to the connection are read (an index
-        // on SQLite), not every waiting run.
-        for id in self.store().list_consumers(connection_id)? {
-            let run = match self.get_state(&id) {
-                Ok(run) => run,
-                Err(Error::RunNotFound { .. }) => continue,
-                // Left to the driver, which sets it aside.
-                Err(e) if e.reason_code() == "store_corrupt" => continue,
-                Err(e) => return Err(e),
-            };
-            if !wanted(&run) {
-                continue;
-            }
-            let wake = stepwell_automation_core::ids::wake_wait_key(&run.run_id);
-            let definition = &run.vars["_meta"]["automation"];
-            let state = &run.vars["_runtime"]["automation"];
-            let pending =
-                crate::automation::source_events(self.store(), &registry, definition, state)?;
-            if pending.is_empty() {
-                continue;
-            }
-            match self.resume_at(
-                &run.run_id,
-                Some(&wake),
-                json!({"wake": "connection_event"}),
-                None,
-                0,
-                false,
-            ) {
-                Ok(_) => woken.push(run.run_id.clone()),
-                Err(Error::StaleResume { .. } | Error::Conflict { .. }) => {}
-                Err(e) => return Err(e),
-            }
+        let mut last = state.last_sweep.lock();
+        if last.is_some_and(|t| (now - t).num_seconds() < SWEEP_INTERVAL_SECS) {
+            return false;
         }
-        Ok(woken)
+        *last = Some(now);
+        true
     }
 }
 
@@ -884,20 +939,5 @@ pub fn run_feed_poller(rt: Runtime, stop: Arc<AtomicBool>) {
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-    }
-}
-
-impl Runtime {
-    /// Whether the periodic sweep is due (and, if so, that it runs now).
-    fn sweep_due(&self, now: DateTime<Utc>) -> bool {
-        let Ok(state) = super::trigger_state(self) else {
-            return false;
-        };
-        let mut last = state.last_sweep.lock();
-        if last.is_some_and(|t| (now - t).num_seconds() < SWEEP_INTERVAL_SECS) {
-            return false;
-        }
-        *last = Some(now);
-        true
     }
 }

@@ -8,6 +8,7 @@
 //! already holds is history. A failure is recorded on the connection
 //! (`last_error`) and the next poll waits a capped back-off (up to 6 h).
 
+use super::connections::{Connections, ConnectionsInner};
 use std::io::Read;
 use std::time::Duration;
 

@@ -11,16 +11,14 @@ mod plugin;
 mod registry;
 pub mod webhook;
 
-use serde_json::Value;
-
 pub use connections::{
-    check_binding, connection_view, feed_once, run_feed_poller, sweep_once, Created, FeedReport,
-    SealingKey,
+    check_binding, connection_view, feed_once, run_feed_poller, sweep_once, Connections, Created,
+    FeedReport, SealingKey,
 };
 pub(crate) use plugin::trigger_state;
 pub use plugin::{TriggerState, Triggers, TriggersExt};
 pub use registry::{Fire, Origin, Preview, SourceEntry, TriggerRegistry, PLUGIN_DIR_ENV};
-pub use webhook::Received;
+pub use webhook::{Received, Webhooks};
 
 // What a trigger source's contract says (its descriptor, bindings,
 // admissions, envelopes, refusals) lives with the sandbox that loads the
@@ -48,24 +46,4 @@ pub fn connection_id_ok(id: &str) -> bool {
         && b[0].is_ascii_alphanumeric()
         && b.iter()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-'))
-}
-
-impl crate::core::ExtensionError for TriggerError {
-    fn reason_code(&self) -> &'static str {
-        TriggerError::reason_code(self)
-    }
-
-    fn to_json(&self) -> Value {
-        TriggerError::to_json(self)
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
-impl From<TriggerError> for crate::core::Error {
-    fn from(e: TriggerError) -> Self {
-        crate::core::Error::Extension(Box::new(e))
-    }
 }

@@ -13,6 +13,7 @@
 //! stream with the webhook id as its dedupe key: a replayed id is a
 //! duplicate and never runs anything twice.
 
+use super::connections::{Connections, ConnectionsInner};
 use std::collections::HashMap;
 
 use base64::Engine as _;
@@ -286,7 +287,8 @@ fn refusal_name(r: Refusal) -> &'static str {
     }
 }
 
-impl Runtime {
+/// Webhook calls a runtime receives for its connections (the triggers feature).
+pub trait Webhooks {
     /// Receives one webhook call to connection `connection_id`: an unknown,
     /// disabled or non-webhook connection is 404 (`connection_not_found`),
     /// a body over [`MAX_BODY_BYTES`] 413, a bad or stale signature 401, a
@@ -295,7 +297,21 @@ impl Runtime {
     /// (202) and the automations bound to the connection are woken.
     /// Refusals after the connection was found are recorded on it
     /// (`last_error`, at most once a minute per connection).
-    pub fn receive_webhook(
+    fn receive_webhook(
+        &self,
+        connection_id: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<Received>;
+
+    /// Whether connection `connection_id` takes webhook calls now (it
+    /// exists, is active and its source is the webhook): a server asks
+    /// before it reads a call's body.
+    fn accepts_webhooks(&self, connection_id: &str) -> Result<bool>;
+}
+
+impl Webhooks for Runtime {
+    fn receive_webhook(
         &self,
         connection_id: &str,
         headers: &[(String, String)],
@@ -317,14 +333,37 @@ impl Runtime {
         Ok(out)
     }
 
-    /// Whether connection `connection_id` takes webhook calls now (it
-    /// exists, is active and its source is the webhook): a server asks
-    /// before it reads a call's body.
-    pub fn accepts_webhooks(&self, connection_id: &str) -> Result<bool> {
+    fn accepts_webhooks(&self, connection_id: &str) -> Result<bool> {
         Ok(self.webhook_connection(connection_id)?.is_some())
     }
+}
 
+/// What the rest of this feature reaches of a runtime beside [`Webhooks`].
+pub(crate) trait WebhooksInner {
     /// Connection `connection_id` when it takes webhook calls now.
+    fn webhook_connection(
+        &self,
+        connection_id: &str,
+    ) -> Result<Option<crate::store::ConnectionRecord>>;
+
+    fn verified_call(
+        &self,
+        c: &crate::store::ConnectionRecord,
+        headers: &[(String, String)],
+        body: &[u8],
+        now: DateTime<Utc>,
+    ) -> Result<Received>;
+
+    /// Records a refused call on the connection (`last_error`, with how
+    /// many calls were refused since the last write), at most once a minute
+    /// per connection whatever the reason: a stream of forged calls costs
+    /// no stream of writes. The count is kept in memory
+    /// ([`RefusalThrottle`]); the stored `last_error` holds off the other
+    /// processes on the store as well.
+    fn note_refusal(&self, c: &crate::store::ConnectionRecord, reason: &str, now: DateTime<Utc>);
+}
+
+impl WebhooksInner for Runtime {
     fn webhook_connection(
         &self,
         connection_id: &str,
@@ -418,12 +457,6 @@ impl Runtime {
         })
     }
 
-    /// Records a refused call on the connection (`last_error`, with how
-    /// many calls were refused since the last write), at most once a minute
-    /// per connection whatever the reason: a stream of forged calls costs
-    /// no stream of writes. The count is kept in memory
-    /// ([`RefusalThrottle`]); the stored `last_error` holds off the other
-    /// processes on the store as well.
     fn note_refusal(&self, c: &crate::store::ConnectionRecord, reason: &str, now: DateTime<Utc>) {
         let stored_recently = c.last_error.as_ref().is_some_and(|e| {
             e["code"]

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
+use stepwell::triggers::Connections as _;
 
 use serde_json::{json, Map, Value};
 use stepwell::store::SqliteStore;

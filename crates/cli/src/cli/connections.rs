@@ -4,6 +4,7 @@
 
 use clap::Subcommand;
 use serde_json::{json, Value};
+use stepwell::triggers::Connections as _;
 use stepwell::{Error, Runtime};
 
 /// The `connections` subcommands.

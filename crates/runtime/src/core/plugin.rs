@@ -15,8 +15,8 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use stepwell::core::plugin::{Install, Plugin, RunStart};
-//! use stepwell::{MemoryStore, Runtime};
+//! use stepwell_runtime::core::plugin::{Install, Plugin, RunStart};
+//! use stepwell_runtime::{MemoryStore, Runtime};
 //!
 //! /// Stamps every new run with the team that owns this host.
 //! struct Team(&'static str);
@@ -25,17 +25,17 @@
 //!     fn name(&self) -> &'static str {
 //!         "team"
 //!     }
-//!     fn install(&self, cx: &mut Install<'_>) -> stepwell::Result<()> {
+//!     fn install(&self, cx: &mut Install<'_>) -> stepwell_runtime::Result<()> {
 //!         cx.set_extension(Arc::new(self.0.to_string()));
 //!         Ok(())
 //!     }
-//!     fn prepare_run(&self, _rt: &Runtime, run: &mut RunStart<'_>) -> stepwell::Result<()> {
+//!     fn prepare_run(&self, _rt: &Runtime, run: &mut RunStart<'_>) -> stepwell_runtime::Result<()> {
 //!         run.vars.insert("team".into(), self.0.into());
 //!         Ok(())
 //!     }
 //! }
 //!
-//! # fn main() -> stepwell::Result<()> {
+//! # fn main() -> stepwell_runtime::Result<()> {
 //! let rt = Runtime::builder(Arc::new(MemoryStore::new()))
 //!     .plugin(Arc::new(Team("payments")))
 //!     .build()?;

@@ -50,6 +50,46 @@ pub use sqlite::{
     SCHEMA_VERSION as SQLITE_SCHEMA_VERSION,
 };
 
+/// `url` without its password (for messages): the password of a URL's
+/// user part (which ends at its last `@`) and any `password=` parameter
+/// (of a URL's query or a libpq key/value string) become `***`; text that
+/// has an `@` but no `://` (a mistyped URL) shows only its scheme.
+pub fn redact_url(url: &str) -> String {
+    let shown = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let rest = match rest.rfind('@') {
+                Some(at) if rest[..at].contains(':') => {
+                    let name = rest[..at].split(':').next().unwrap_or_default();
+                    format!("{name}:***@{}", &rest[at + 1..])
+                }
+                _ => rest.to_string(),
+            };
+            format!("{scheme}://{rest}")
+        }
+        None if url.contains('@') => {
+            let scheme = url.split(':').next().unwrap_or_default();
+            return format!("{scheme}:***");
+        }
+        None => url.to_string(),
+    };
+    // `password=...` up to the next `&` or space (or quoted).
+    let mut out = String::with_capacity(shown.len());
+    let mut rest = shown.as_str();
+    while let Some(at) = rest.to_ascii_lowercase().find("password=") {
+        let (before, after) = rest.split_at(at + "password=".len());
+        out.push_str(before);
+        out.push_str("***");
+        let end = if let Some(quoted) = after.strip_prefix('\'') {
+            quoted.find('\'').map_or(after.len(), |q| q + 2)
+        } else {
+            after.find(['&', ' ']).unwrap_or(after.len())
+        };
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The store failed: an I/O or database error, corrupt data, a schema this
 /// version cannot read, or a write whose fence no longer holds.
 #[derive(Debug, Clone, PartialEq, Eq)]

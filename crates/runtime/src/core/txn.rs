@@ -195,7 +195,7 @@ impl LeaseKeeper {
 }
 
 /// One runtime's hold on one run. Dropping it gives the lease up.
-pub(crate) struct RunTxn<'a> {
+pub struct RunTxn<'a> {
     rt: &'a Runtime,
     run_id: String,
     /// The version the store holds as far as this hold knows (0: the run
@@ -214,10 +214,10 @@ pub(crate) struct RunTxn<'a> {
     /// When the steps taken through this hold stop (after the step under
     /// way), if they do: how the driver gives every run its turn. Set with
     /// [`RunTxn::stop_after`].
-    pub deadline: Option<Deadline>,
+    pub(crate) deadline: Option<Deadline>,
     /// Whether a failing step commits nothing and returns the error (the
     /// workflow's `steps_never_fail`), set by the step.
-    pub steps_never_fail: bool,
+    pub(crate) steps_never_fail: bool,
     _guard: RunLockGuard<'a>,
 }
 
@@ -239,7 +239,7 @@ impl Runtime {
     /// lease, waiting at most `wait` while another thread or process holds
     /// either. Returns the hold and the run as stored (offloaded values
     /// loaded back).
-    pub(crate) fn claim(&self, run_id: &str, wait: Duration) -> Result<(RunTxn<'_>, RunState)> {
+    pub fn claim(&self, run_id: &str, wait: Duration) -> Result<(RunTxn<'_>, RunState)> {
         let deadline = Instant::now() + wait;
         let guard = self
             .locks()
@@ -323,7 +323,7 @@ impl Runtime {
     /// From `remembered` (a state of the run this runtime committed) rather
     /// than the stored state if given: the first commit's fence is its
     /// version, so if the run changed since, that commit changes nothing.
-    pub(crate) fn hold_taking(
+    pub fn hold_taking(
         &self,
         run_id: &str,
         wait: Duration,
@@ -356,7 +356,7 @@ impl Runtime {
 
     /// A hold on a run that does not exist yet: its first commit creates
     /// it (and takes the lease if the run goes on).
-    pub(crate) fn hold_new(&self, run_id: &str) -> Result<RunTxn<'_>> {
+    pub fn hold_new(&self, run_id: &str) -> Result<RunTxn<'_>> {
         let guard = self
             .locks()
             .lock(run_id, Duration::ZERO)

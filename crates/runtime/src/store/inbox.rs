@@ -10,7 +10,7 @@
 //!
 //! A **connection** is one user's instance of an event source (this webhook
 //! endpoint, this feed): its config, its status, its sealed secret (never
-//! stored in clear: see `crate::triggers::connections`), and the feeder's
+//! stored in clear: see the triggers feature's connections), and the feeder's
 //! bookkeeping.
 
 use serde::{Deserialize, Serialize};

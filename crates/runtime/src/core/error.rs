@@ -88,17 +88,14 @@ pub enum Error {
 }
 
 /// An error of a feature built on the kernel, carried by
-/// [`Error::Extension`]: its stable reason code and its detail as the API
-/// shows it. The feature that made it finds it again with
-/// [`Error::extension`].
-pub trait ExtensionError: std::error::Error + Send + Sync + 'static {
-    /// The stable reason code (`trigger_not_found`, `not_found`, ...).
-    fn reason_code(&self) -> &'static str;
-    /// The error as the API shows it: `code`, `message` and fields of its
-    /// own.
-    fn to_json(&self) -> serde_json::Value;
-    /// Itself, for [`Error::extension`].
-    fn as_any(&self) -> &dyn std::any::Any;
+/// [`Error::Extension`] (the model crate's trait, so a feature's own
+/// crates can implement it without the kernel).
+pub use stepwell_model::ExtensionError;
+
+impl<E: ExtensionError> From<E> for Error {
+    fn from(e: E) -> Self {
+        Error::Extension(Box::new(e))
+    }
 }
 
 impl Error {

@@ -517,7 +517,7 @@ impl PostgresStore {
     /// or any libpq key/value string), creates or migrates its schema, and
     /// refuses a database written by a newer stepwell.
     pub fn open(url: &str) -> Result<Self, StoreError> {
-        let shown = crate::host::redact_url(url);
+        let shown = super::redact_url(url);
         let mut config: postgres::Config = url.parse().map_err(|e| StoreError {
             code: "store_io",
             message: format!("{shown}: not a PostgreSQL connection string: {e}"),

@@ -697,7 +697,7 @@ impl Runtime {
     }
 
     /// A new run of `workflow_id` (not stored).
-    pub(crate) fn new_run(&self, workflow_id: &str, options: StartOptions) -> Result<RunState> {
+    pub fn new_run(&self, workflow_id: &str, options: StartOptions) -> Result<RunState> {
         let wf = self.workflow(workflow_id)?;
         if let Some(id) = &options.run_id {
             if !valid_run_id(id) {
@@ -987,7 +987,7 @@ impl Runtime {
     /// deep inside other runs' steps this runs, `tick` whether the steps the
     /// resume leads to run now. Returns the state, and `false` if `cause`
     /// had already resumed this run (nothing was done).
-    pub(crate) fn resume_at(
+    pub fn resume_at(
         &self,
         run_id: &str,
         wait_key: Option<&str>,
@@ -1325,7 +1325,7 @@ impl Runtime {
 
     /// Ends `run`'s wait with `payload` (in memory) and returns the ledger
     /// record of it.
-    pub(crate) fn end_wait(
+    pub fn end_wait(
         &self,
         run: &mut RunState,
         payload: Value,

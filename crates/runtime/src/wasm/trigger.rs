@@ -12,7 +12,7 @@ use super::{GuestError, LoadOrigin, WasmEngine};
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../../wit",
         world: "trigger-source",
     });
 }
@@ -478,5 +478,19 @@ impl TriggerError {
             v["field"] = Value::String(field.clone());
         }
         v
+    }
+}
+
+impl stepwell_model::ExtensionError for TriggerError {
+    fn reason_code(&self) -> &'static str {
+        TriggerError::reason_code(self)
+    }
+
+    fn to_json(&self) -> Value {
+        TriggerError::to_json(self)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

@@ -262,7 +262,7 @@ mod tests {
     /// custom section (`copy`), under `dir`.
     fn hostile(dir: &std::path::Path, copy: Option<u8>) -> PathBuf {
         let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../flows/examples/runaway/hostile.wasm");
+            .join("../../flows/examples/runaway/hostile.wasm");
         let Some(copy) = copy else {
             return built;
         };

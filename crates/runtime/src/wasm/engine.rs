@@ -609,7 +609,7 @@ mod tests {
     /// were generated from.
     #[test]
     fn the_contract_named_is_the_package_of_the_wit() {
-        let wit = include_str!("../../../wit/stepwell.wit");
+        let wit = include_str!("../../../../wit/stepwell.wit");
         assert!(
             wit.contains(&format!("package {};", super::CONTRACT)),
             "wit/stepwell.wit is not {}",

@@ -27,3 +27,4 @@ pub use stepwell_model::model;
 pub use driver::{DriveReport, RunError, IDLE_POLL};
 pub use error::{Error, ExtensionError, Result};
 pub use feed::{LedgerCheck, LedgerPages, LEDGER_PAGE};
+pub use txn::RunTxn;

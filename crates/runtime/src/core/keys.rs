@@ -357,7 +357,7 @@ pub(crate) fn count_data(run: &mut RunState, n: u64) -> u64 {
 
 /// The key of `vars._runtime` that says how many parents a run has above
 /// it (set when a child is started; 0 for a run started from outside).
-pub(crate) const LINEAGE: &str = "lineage";
+pub const LINEAGE: &str = "lineage";
 
 /// How many parents the run has above it.
 pub(crate) fn lineage(run: &RunState) -> u32 {
@@ -378,7 +378,7 @@ pub(crate) fn count_child(run: &mut RunState) {
 /// off by one another a run was resumed or started, when it was left to
 /// the driver rather than executed inline (see
 /// [`crate::RuntimeConfig::max_cascade_runs`]).
-pub(crate) const CASCADE_DEPTH: &str = "cascade_depth";
+pub const CASCADE_DEPTH: &str = "cascade_depth";
 
 /// Notes that the run was resumed or started `depth` levels deep in a
 /// chain and left to the driver.
