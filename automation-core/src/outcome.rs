@@ -96,18 +96,7 @@ impl OccurrenceOutcome {
     }
 }
 
-/// Python's truth value of a JSON value (`None`, an absent value, is
-/// false).
-pub fn truthy(v: Option<&Value>) -> bool {
-    match v {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-        Some(Value::Bool(true)) => true,
-        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
-        Some(Value::String(s)) => !s.is_empty(),
-        Some(Value::Array(a)) => !a.is_empty(),
-        Some(Value::Object(o)) => !o.is_empty(),
-    }
-}
+pub use stepwell_model::json::truthy;
 
 /// Python's `repr` of a string (what `str()` of a container shows).
 pub fn py_repr_str(s: &str, out: &mut String) {

@@ -14,6 +14,7 @@
 
 pub mod clock;
 pub mod error;
+pub mod json;
 pub mod model;
 
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -1570,7 +1570,7 @@ fn seed_creation_digest(
         "parent_run_id": parent_run_id.filter(|s| !s.is_empty()),
         "vars": Value::Object(vars.clone()),
     });
-    let digest = stepwell_automation_core::ids::request_digest(&request);
+    let digest = stepwell_model::json::request_digest(&request);
     let mut meta = match vars.remove("_meta") {
         Some(Value::Object(m)) => m,
         _ => Map::new(),

@@ -672,9 +672,7 @@ impl Runtime {
                     },
                     _ => failure,
                 };
-                let absorb = stepwell_automation_core::outcome::truthy(
-                    effect.payload.get("_absorb_failure"),
-                );
+                let absorb = stepwell_model::json::truthy(effect.payload.get("_absorb_failure"));
                 match target {
                     // Opted in, with a node to go on to: the final failure
                     // is the effect's result, and the run goes on.
