@@ -5,6 +5,9 @@
 //! scenario (tests/fixtures/automation-ledgers.json), every automation
 //! record, every view and every query page must be the reference's.
 
+#[path = "plugin_invariants.rs"]
+mod plugin_invariants;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use stepwell::tools::ToolsExt;

@@ -29,7 +29,7 @@ pub const CONNECTION_KEY_FILE: &str = "connections.key";
 #[allow(dead_code)] // with every store feature on
 fn not_built(store: &str, feature: &str) -> Error {
     Error::invalid(
-        "--store",
+        "store",
         format!("this build of stepwell has no {store} store (the library's `{feature}` feature)"),
     )
 }
@@ -376,6 +376,20 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     }
     if let Some(clock) = &options.clock {
         builder = builder.clock(clock.clone());
+    }
+    #[cfg(not(feature = "tools"))]
+    if options.tool_dir.is_some() || options.enable_exec {
+        return Err(Error::invalid(
+            "tool_dir",
+            "this build of stepwell has no tools (the library's `tools` feature)",
+        ));
+    }
+    #[cfg(not(feature = "automation"))]
+    if options.trigger_dir.is_some() {
+        return Err(Error::invalid(
+            "trigger_dir",
+            "this build of stepwell has no trigger sources (the library's `automation` feature)",
+        ));
     }
     #[cfg(feature = "tools")]
     {

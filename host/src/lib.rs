@@ -12,11 +12,13 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use stepwell::{Runtime, StartOptions, SqliteStore};
+//! use stepwell::{SqliteStore, StartOptions};
 //!
 //! # fn main() -> Result<(), stepwell::Error> {
 //! let store = Arc::new(SqliteStore::open(".stepwell/stepwell.sqlite")?);
-//! let runtime = Runtime::builder(store).build()?;
+//! // The kernel and every feature this build has (`Runtime::builder` is
+//! // the bare kernel).
+//! let runtime = stepwell::builder(store).build()?;
 //! let bundle = runtime.load_bundle("flows/examples/hello".as_ref())?;
 //! let mut options = StartOptions::default();
 //! options.vars.insert("name".into(), "Alice".into());

@@ -50,9 +50,9 @@ impl Plugin for Automations {
         let tools = cx
             .extension::<ToolCatalog>()
             .ok_or_else(|| needs("tools"))?;
-        // The controller's own effects: an application cannot replace them.
+        // The controller's own effects: nothing may replace them.
         for handler in controller_effects(triggers.catalog.clone(), tools, cx.store().clone()) {
-            cx.effect(handler);
+            cx.sealed_effect(handler)?;
         }
         Ok(())
     }

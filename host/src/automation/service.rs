@@ -575,7 +575,7 @@ fn apply_held(
     let parked = run.status == RunStatus::Waiting
         && run.waiting.as_ref().is_some_and(|w| w.wait_key == wake);
     if status == "applied" && !special && parked {
-        records.push(rt.end_wait(&mut run, json!({"wake": kind}), "resumed", Some(&cause)));
+        records.push(rt.end_wait(&mut run, json!({"wake": kind}), "resumed", Some(&cause))?);
     }
     txn.commit(records, &mut run)?;
     drop(txn);

@@ -355,7 +355,7 @@ impl Runtime {
             }
             Outcome::Completed(data) => {
                 self.workflow(&run.workflow_id)?;
-                let record = self.end_wait(&mut run, data, "resumed", None);
+                let record = self.end_wait(&mut run, data, "resumed", None)?;
                 let budget = self.config().drive_steps_per_run.max(1);
                 txn.stop_after(self.config().drive_time_per_run);
                 match self.run_steps(&mut txn, run, budget, vec![record], 0) {

@@ -164,6 +164,8 @@ pub struct Install<'a> {
     pub(crate) config: &'a RuntimeConfig,
     pub(crate) effects: &'a mut EffectRegistry,
     pub(crate) extensions: &'a mut Extensions,
+    /// Effect kinds a plugin sealed: nothing registers them again.
+    pub(crate) sealed: &'a mut std::collections::BTreeSet<String>,
 }
 
 impl Install<'_> {
@@ -182,17 +184,39 @@ impl Install<'_> {
         self.config
     }
 
-    /// Adds (or replaces) an effect kind.
-    pub fn effect(&mut self, handler: Arc<dyn EffectHandler>) {
+    /// Adds (or replaces) an effect kind; one a plugin before sealed
+    /// ([`Install::sealed_effect`]) is refused.
+    pub fn effect(&mut self, handler: Arc<dyn EffectHandler>) -> Result<()> {
+        if self.sealed.contains(handler.kind()) {
+            return Err(super::Error::invalid(
+                "plugins",
+                format!(
+                    "the effect kind {:?} is sealed by the plugin that owns it: nothing may replace it",
+                    handler.kind()
+                ),
+            ));
+        }
         self.effects.register(handler);
+        Ok(())
     }
 
-    /// Adds an effect kind unless the application gave one of that kind
-    /// to the builder ([`crate::RuntimeBuilder::effect`]).
+    /// Adds an effect kind unless one of that kind is there already (the
+    /// application's, given to the builder with
+    /// [`crate::RuntimeBuilder::effect`], or a plugin's before this one).
     pub fn default_effect(&mut self, handler: Arc<dyn EffectHandler>) {
         if self.effects.get(handler.kind()).is_none() {
             self.effects.register(handler);
         }
+    }
+
+    /// Adds an effect kind that nothing may replace: not the application's
+    /// of that kind (this one wins over it), nor a later plugin's
+    /// ([`Install::effect`] refuses it). For effects whose code the
+    /// plugin's own workflows trust (the automation controller's).
+    pub fn sealed_effect(&mut self, handler: Arc<dyn EffectHandler>) -> Result<()> {
+        self.effect(handler.clone())?;
+        self.sealed.insert(handler.kind().to_string());
+        Ok(())
     }
 
     /// The extension of type `T` a plugin before this one set.

@@ -258,6 +258,7 @@ impl RuntimeBuilder {
         };
         let mut effects = self.effects;
         let mut extensions = Extensions::default();
+        let mut sealed = std::collections::BTreeSet::new();
         for plugin in self.plugins.iter() {
             plugin.install(&mut Install {
                 engine: &engine,
@@ -265,6 +266,7 @@ impl RuntimeBuilder {
                 config: &self.config,
                 effects: &mut effects,
                 extensions: &mut extensions,
+                sealed: &mut sealed,
             })?;
         }
         let keeper = LeaseKeeper::start(
@@ -283,6 +285,7 @@ impl RuntimeBuilder {
                 plugins: self.plugins,
                 extensions,
                 workflows: RwLock::new(HashMap::new()),
+                embedded: RwLock::new(HashMap::new()),
                 locks: RunLocks::default(),
                 keeper,
                 parked: super::parked::Parked::default(),
@@ -307,6 +310,8 @@ pub(crate) struct Inner {
     plugins: Plugins,
     extensions: Extensions,
     workflows: RwLock<HashMap<String, Arc<Workflow>>>,
+    /// The workflows plugins embed, by their reserved ids.
+    embedded: RwLock<HashMap<String, Arc<Workflow>>>,
     locks: RunLocks,
     keeper: Arc<LeaseKeeper>,
     /// States of runs this runtime parked a moment ago (see `parked`).
@@ -593,7 +598,30 @@ impl Runtime {
         Ok(())
     }
 
-    /// Registers an already loaded workflow.
+    /// The workflow a plugin embeds under the reserved id `workflow_id`
+    /// (loaded once, then kept apart from the registered ones, so no
+    /// bundle, however it was recorded, stands in for it).
+    fn embedded_workflow(&self, workflow_id: &str) -> Result<Arc<Workflow>> {
+        if let Some(wf) = self.inner.embedded.read().get(workflow_id) {
+            return Ok(wf.clone());
+        }
+        for plugin in self.inner.plugins.iter() {
+            if let Some(wf) = plugin.embedded_workflow(self, workflow_id) {
+                let wf = Arc::new(wf?);
+                self.inner
+                    .embedded
+                    .write()
+                    .insert(workflow_id.to_string(), wf.clone());
+                return Ok(wf);
+            }
+        }
+        Err(Error::UnknownWorkflow {
+            workflow_id: workflow_id.to_string(),
+        })
+    }
+
+    /// Registers an already loaded workflow (one of a reserved id is never
+    /// used: that id is its plugin's).
     pub fn register(&self, workflow: Arc<Workflow>) {
         self.inner
             .workflows
@@ -601,18 +629,15 @@ impl Runtime {
             .insert(workflow.workflow_id.clone(), workflow);
     }
 
-    /// The workflow `workflow_id`: registered, or loaded from the bundle the
-    /// store recorded for it.
+    /// The workflow `workflow_id`: a plugin's own (a reserved id, never
+    /// another bundle's), registered, or loaded from the bundle the store
+    /// recorded for it.
     pub fn workflow(&self, workflow_id: &str) -> Result<Arc<Workflow>> {
+        if self.inner.plugins.reserved(workflow_id).is_some() {
+            return self.embedded_workflow(workflow_id);
+        }
         if let Some(wf) = self.inner.workflows.read().get(workflow_id) {
             return Ok(wf.clone());
-        }
-        for plugin in self.inner.plugins.iter() {
-            if let Some(wf) = plugin.embedded_workflow(self, workflow_id) {
-                let wf = Arc::new(wf?);
-                self.register(wf.clone());
-                return Ok(wf);
-            }
         }
         // The files the store keeps (PostgreSQL), else the recorded path.
         let loaded = if self.store().keeps_bundle_files() && self.load_stored_bundle(workflow_id)? {
@@ -696,7 +721,10 @@ impl Runtime {
         }
     }
 
-    /// A new run of `workflow_id` (not stored).
+    /// A new run of `workflow_id` (not stored). Unlike [`Runtime::start`],
+    /// it does not refuse a workflow a plugin reserved: it is how that
+    /// plugin creates its runs.
+    #[doc(hidden)] // for features built on the kernel; not a stable API
     pub fn new_run(&self, workflow_id: &str, options: StartOptions) -> Result<RunState> {
         let wf = self.workflow(workflow_id)?;
         if let Some(id) = &options.run_id {
@@ -987,6 +1015,7 @@ impl Runtime {
     /// deep inside other runs' steps this runs, `tick` whether the steps the
     /// resume leads to run now. Returns the state, and `false` if `cause`
     /// had already resumed this run (nothing was done).
+    #[doc(hidden)] // for features built on the kernel; not a stable API
     pub fn resume_at(
         &self,
         run_id: &str,
@@ -1320,19 +1349,26 @@ impl Runtime {
             WaitReason::Event => json!({ "timed_out": true }),
             _ => return Ok(None),
         };
-        Ok(Some(self.end_wait(run, payload, "due", None)))
+        Ok(Some(self.end_wait(run, payload, "due", None)?))
     }
 
     /// Ends `run`'s wait with `payload` (in memory) and returns the ledger
-    /// record of it.
+    /// record of it; a run that does not wait is an error.
+    #[doc(hidden)] // for features built on the kernel; not a stable API
     pub fn end_wait(
         &self,
         run: &mut RunState,
         payload: Value,
         how: &str,
         cause: Option<&str>,
-    ) -> StepRecord {
-        self.end_wait_with(run, payload, None, how, cause)
+    ) -> Result<StepRecord> {
+        if run.waiting.is_none() {
+            return Err(Error::invalid(
+                "run",
+                format!("run {} is not waiting: it has no wait to end", run.run_id),
+            ));
+        }
+        Ok(self.end_wait_with(run, payload, None, how, cause))
     }
 
     /// [`Runtime::end_wait`] writing `written` (what the wait's effect made

@@ -194,7 +194,10 @@ impl LeaseKeeper {
     }
 }
 
-/// One runtime's hold on one run. Dropping it gives the lease up.
+/// One runtime's hold on one run. Dropping it gives the lease up. It
+/// commits only its own run (and that run's records): the lock and the
+/// fence it holds are that run's.
+#[doc(hidden)] // for features built on the kernel; not a stable API
 pub struct RunTxn<'a> {
     rt: &'a Runtime,
     run_id: String,
@@ -239,6 +242,7 @@ impl Runtime {
     /// lease, waiting at most `wait` while another thread or process holds
     /// either. Returns the hold and the run as stored (offloaded values
     /// loaded back).
+    #[doc(hidden)] // for features built on the kernel; not a stable API
     pub fn claim(&self, run_id: &str, wait: Duration) -> Result<(RunTxn<'_>, RunState)> {
         let deadline = Instant::now() + wait;
         let guard = self
@@ -323,6 +327,7 @@ impl Runtime {
     /// From `remembered` (a state of the run this runtime committed) rather
     /// than the stored state if given: the first commit's fence is its
     /// version, so if the run changed since, that commit changes nothing.
+    #[doc(hidden)] // for features built on the kernel; not a stable API
     pub fn hold_taking(
         &self,
         run_id: &str,
@@ -334,6 +339,15 @@ impl Runtime {
             .lock(run_id, wait)
             .map_err(|why| lock_refused(run_id, why))?;
         let run = match remembered {
+            Some(run) if run.run_id != run_id => {
+                return Err(Error::invalid(
+                    "run_id",
+                    format!(
+                        "a hold on run {run_id} cannot start from run {}",
+                        run.run_id
+                    ),
+                ))
+            }
             Some(run) => run,
             None => self.get_state(run_id)?,
         };
@@ -356,6 +370,7 @@ impl Runtime {
 
     /// A hold on a run that does not exist yet: its first commit creates
     /// it (and takes the lease if the run goes on).
+    #[doc(hidden)] // for features built on the kernel; not a stable API
     pub fn hold_new(&self, run_id: &str) -> Result<RunTxn<'_>> {
         let guard = self
             .locks()
@@ -455,6 +470,16 @@ impl RunTxn<'_> {
         run: &mut RunState,
         changed: Option<&[String]>,
     ) -> Result<()> {
+        // A hold commits its own run: the lock and the fence are that run's.
+        if run.run_id != self.run_id || records.iter().any(|r| r.run_id != self.run_id) {
+            return Err(Error::invalid(
+                "run_id",
+                format!(
+                    "a hold on run {} cannot commit run {}",
+                    self.run_id, run.run_id
+                ),
+            ));
+        }
         let keep = self.keep && run.status == RunStatus::Running;
         let keeper = self.rt.keeper();
         let after = if keep {
@@ -490,6 +515,15 @@ impl RunTxn<'_> {
     pub fn append_ahead(&self, records: &[StepRecord]) -> Result<()> {
         if records.is_empty() {
             return Ok(());
+        }
+        if let Some(r) = records.iter().find(|r| r.run_id != self.run_id) {
+            return Err(Error::invalid(
+                "run_id",
+                format!(
+                    "a hold on run {} cannot append to run {}",
+                    self.run_id, r.run_id
+                ),
+            ));
         }
         self.rt
             .store_append_ahead(records, self.fence())
