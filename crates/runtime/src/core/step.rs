@@ -1,7 +1,9 @@
 //! The step machine: one node visit of a run, from the node's plan to the
 //! commit of its transition, and the loop that steps a held run.
 
-use serde_json::{json, Value};
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
 
 use super::clock::format_time;
 use super::config::RetryPolicy;
@@ -17,7 +19,7 @@ use super::model::{
 use super::runtime::Runtime;
 use super::txn::RunTxn;
 use super::{panics, Result};
-use crate::effects::{EffectClass, EffectCx, Failure, Outcome, Then};
+use crate::effects::{EffectClass, EffectCx, EffectHandler, Failure, HostChange, Outcome, Then};
 use crate::flow::{template, Node, NodeKind, Workflow};
 use crate::wasm::{vars_json, GuestError, NodeCall, NodeComponent, NodeSession};
 
@@ -137,6 +139,61 @@ impl Sessions {
         }
         out
     }
+}
+
+/// A step whose node is found and whose plan is ready ([`Runtime::ready`]).
+struct Ready<'w> {
+    node_id: String,
+    node: &'w Node,
+    counters: StepCounters,
+    plan: StepPlan,
+    /// The handler of the plan's effect, if it asks for one.
+    handler: Option<Arc<dyn EffectHandler>>,
+}
+
+/// What an effect's execution is told ([`Runtime::execute`]).
+struct Call<'k> {
+    seq: u64,
+    key: &'k str,
+    now: chrono::DateTime<chrono::Utc>,
+    attempt: u32,
+    depth: u32,
+    /// Whether its records go ahead of the commit (not a pure effect).
+    ahead: bool,
+}
+
+/// An effect a step runs, with what settling its outcome needs.
+struct EffectStep<'w> {
+    wf: &'w Workflow,
+    node: &'w Node,
+    node_id: String,
+    effect: EffectRequest,
+    handler: Arc<dyn EffectHandler>,
+    class: EffectClass,
+    target: Target,
+    seq: u64,
+    attempt: u32,
+}
+
+/// An effect's step once the effect ran: what recording its end needs.
+struct Ran {
+    /// The effect's `started` record, the base of its outcome's.
+    base: StepRecord,
+    ended_at: String,
+    /// How to take the step's vars patch back.
+    undo: Vec<(String, Option<Value>)>,
+    /// Whether the effect's records were appended ahead of the commit.
+    ahead: bool,
+    /// Whether its outcome was read back from them.
+    replayed: bool,
+}
+
+/// Where a retried effect runs again ([`Runtime::retry_later`]).
+struct Retry<'p> {
+    node_id: &'p str,
+    seq: u64,
+    attempt: u32,
+    policy: &'p RetryPolicy,
 }
 
 /// Where a step sends the run.
@@ -317,64 +374,21 @@ impl Runtime {
         let clean = std::mem::take(&mut sessions.clean);
         let now = self.now();
         let started_at = format_time(now);
-        let Some(node_id) = run.current_node.clone() else {
-            return self.fail_step(
-                txn,
-                run,
-                records,
-                None,
-                &started_at,
-                "invalid_state: a running run has no current node".into(),
-            );
-        };
-        let Some(node) = wf.nodes.get(&node_id) else {
-            let msg = format!(
-                "unknown_node: workflow {} has no node {node_id:?}",
-                wf.workflow_id
-            );
-            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
-        };
-        let counters = StepCounters::read(run);
-        let limit = self.inner.config.max_node_visits;
-        if counters.visits_since_wait() >= limit {
-            let msg = format!(
-                "limit_exceeded: the run took {limit} node steps without waiting (RuntimeConfig::max_node_visits); a flow that loops must wait somewhere"
-            );
-            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
-        }
-        let per_wait = wf.steps_never_fail;
-        let spent = counters.data_spent(counters.data_bytes, per_wait);
-        if let Some(msg) = self.data_over_budget(spent, per_wait) {
-            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
-        }
-        let plan = match self.plan(wf, node, run, now, sessions, &counters) {
-            Ok(plan) => plan,
-            Err(msg) => return self.fail_step(txn, run, records, Some(node_id), &started_at, msg),
-        };
-        if plan.output_bytes > 0 {
-            let total = count_data(run, plan.output_bytes as u64);
-            let spent = counters.data_spent(total, per_wait);
-            if let Some(msg) = self.data_over_budget(spent, per_wait) {
-                return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+        let Ready {
+            node_id,
+            node,
+            counters,
+            plan,
+            handler,
+        } = match self.ready(wf, run, now, sessions) {
+            Ok(ready) => ready,
+            Err((node_id, msg)) => {
+                return self.fail_step(txn, run, records, node_id, &started_at, msg)
             }
-        }
-        let handler = match &plan.effect {
-            None => None,
-            Some(effect) => match self.inner.effects.get(&effect.kind) {
-                Some(h) => Some(h.clone()),
-                None => {
-                    let msg = format!(
-                        "unsupported_feature: node {node_id} asked for the unknown effect {:?} (known: {})",
-                        effect.kind,
-                        self.inner.effects.kinds().join(", ")
-                    );
-                    return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
-                }
-            },
         };
-        let class = handler.as_ref().map(|h| h.class());
-        let first = handler.as_ref().is_some_and(|h| h.commits_first());
-        if first && (!records.is_empty() || !txn.exists()) {
+        if handler.as_ref().is_some_and(|h| h.commits_first())
+            && (!records.is_empty() || !txn.exists())
+        {
             // Make the pending resume (or the run itself) true before other
             // runs or the world are touched: from here on the store shows
             // this run running, so no event can resume it a second time
@@ -387,63 +401,24 @@ impl Runtime {
             txn.keep = keep;
         }
         count_visit(run);
-        // The patch, and how to take it back if the step's effect fails.
-        // Only a step with an effect can fail after the patch: a step
-        // without keeps no undo (a copy of each key).
-        let mut undo: Vec<(String, Option<Value>)> = Vec::new();
         sessions.changed.truncate(1);
-        if let Some(patch) = plan.vars {
-            if let Some(key) = patch.keys().find(|k| is_host_owned(k)) {
-                let msg = format!(
-                    "guest_bad_output: node {node_id} tried to set the host-owned var {key:?}"
-                );
-                return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
-            }
-            let keep = plan.effect.is_some();
-            for (k, v) in patch {
-                if !keep {
-                    if v.is_null() {
-                        run.vars.remove(&k);
-                    } else if let Some(old) = run.vars.get_mut(&k) {
-                        *old = v;
-                    } else {
-                        run.vars.insert(k.clone(), v);
-                    }
-                    sessions.changed.push(k);
-                    continue;
-                }
-                let old = if v.is_null() {
-                    run.vars.remove(&k)
-                } else {
-                    run.vars.insert(k.clone(), v)
-                };
-                undo.push((k, old));
-            }
-        }
-        let target = if let Some(out) = plan.complete_output {
-            Target::Complete(out)
-        } else if let Some(next) = &plan.next_node {
-            let resolved = node.resolve_route(next);
-            if !wf.nodes.contains_key(resolved) {
-                let msg = format!(
-                    "guest_bad_output: node {node_id} routed to {next:?}, which is neither a route label nor a node of workflow {}",
-                    wf.workflow_id
-                );
-                return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
-            }
-            Target::Node(resolved.to_string())
-        } else if let Some(next) = &node.next {
-            Target::Node(next.clone())
-        } else if plan.effect.is_some() {
-            Target::End
-        } else {
-            let msg = format!(
-                "guest_bad_output: node {node_id} chose no next node, did not complete the run, and has no `next` route"
-            );
-            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+        let StepPlan {
+            vars,
+            effect,
+            next_node,
+            complete_output,
+            ..
+        } = plan;
+        let patched = apply_patch(run, vars, effect.is_some(), &node_id, &mut sessions.changed);
+        let target = patched.and_then(|undo| {
+            let route = (complete_output, next_node.as_deref(), effect.is_some());
+            step_target(wf, node, &node_id, route).map(|t| (undo, t))
+        });
+        let (undo, target) = match target {
+            Ok(found) => found,
+            Err(msg) => return self.fail_step(txn, run, records, Some(node_id), &started_at, msg),
         };
-
-        let (Some(effect), Some(handler), Some(class)) = (plan.effect, handler, class) else {
+        let (Some(effect), Some(handler)) = (effect, handler) else {
             let (result, key) = match &target {
                 // Built directly: `json!` goes through serde for `n`.
                 Target::Node(n) => (next_node_result(n), None),
@@ -471,25 +446,7 @@ impl Runtime {
             sessions.clean = done.is_ok();
             return done;
         };
-
-        if let Some(key) = effect.result_key.as_deref().filter(|k| is_host_owned(k)) {
-            let msg = format!(
-                "guest_bad_output: node {node_id} asked for an effect result in the host-owned var {key:?}"
-            );
-            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
-        }
-        if let Some(why) = effect.result_key.as_deref().and_then(bad_result_key) {
-            let msg = format!(
-                "guest_bad_output: node {node_id} of workflow {} asked for a result key that {why}",
-                wf.workflow_id
-            );
-            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
-        }
-        let max_children = self.inner.config.max_children_per_run;
-        if handler.starts_runs() && children_started(run) >= max_children {
-            let msg = format!(
-                "limit_exceeded: node {node_id}: the run has started {max_children} child runs (RuntimeConfig::max_children_per_run)"
-            );
+        if let Some(msg) = self.refused_request(wf, run, &node_id, &effect, &*handler) {
             return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
         }
         let seq = next_effect_seq(run);
@@ -508,197 +465,328 @@ impl Runtime {
             attempt,
             ..self.record(run, Some(node_id.clone()), &started_at)
         };
+        let class = handler.class();
         let ahead = class != EffectClass::Pure && effect.payload.is_object();
-        let (outcome, replayed) = {
-            let cx = EffectCx {
-                run,
-                seq,
-                key: &key,
-                now,
-                attempt,
-                depth,
-                max_depth: self.inner.config.max_nesting,
-                emit_scopes: &self.inner.config.emit_scopes,
-                max_cascade: self.inner.config.max_cascade_runs,
-                runs: self,
-                artifacts: self.artifact_store(),
-            };
-            match effect.payload.as_object() {
-                None => (
-                    Outcome::invalid(&effect.kind, "", "must be a JSON object"),
-                    false,
-                ),
-                Some(payload) if !ahead => (handler.execute(&cx, payload, None)?, false),
-                Some(payload) => {
-                    // Recorded ahead of the commit, reused on replay: an
-                    // effect on other runs or the world never runs twice.
-                    let recorded: Vec<StepRecord> = if txn.exists() {
-                        self.list_ahead(&run.run_id)?
-                            .into_iter()
-                            .filter(|r| r.idempotency_key.as_deref() == Some(key.as_str()))
-                            .collect()
-                    } else {
-                        Vec::new()
-                    };
-                    match recorded_outcome(&recorded, attempt) {
-                        Some(outcome) => (outcome, true),
-                        None => {
-                            let started = recorded
-                                .iter()
-                                .find(|r| r.attempt == attempt && r.status == StepStatus::Started);
-                            let prepared = match started {
-                                Some(r) => r.result.clone(),
-                                None => {
-                                    let prepared = handler.prepare(&cx, payload)?;
-                                    let mut record = base.clone();
-                                    record.result = prepared.clone();
-                                    txn.append_ahead(&[record])?;
-                                    prepared
-                                }
-                            };
-                            (handler.execute(&cx, payload, prepared.as_ref())?, false)
-                        }
-                    }
-                }
-            }
+        let call = Call {
+            seq,
+            key: &key,
+            now,
+            attempt,
+            depth,
+            ahead,
         };
+        let (outcome, replayed) = self.execute(txn, run, &effect, &*handler, &base, call)?;
         if !ahead {
             records.push(base.clone());
         }
         if handler.starts_runs() && !matches!(outcome, Outcome::Failed(_)) {
             count_child(run);
         }
-        let ended_at = format_time(self.now());
+        let ran = Ran {
+            base,
+            ended_at: format_time(self.now()),
+            undo,
+            ahead,
+            replayed,
+        };
+        let step = EffectStep {
+            wf,
+            node,
+            node_id,
+            effect,
+            handler,
+            class,
+            target,
+            seq,
+            attempt,
+        };
+        self.settle(txn, run, records, step, outcome, ran)
+    }
+
+    /// The step's node, its counters, its plan and its effect's handler;
+    /// or why the run fails at this node (and which node, if it has one).
+    fn ready<'w>(
+        &self,
+        wf: &'w Workflow,
+        run: &mut RunState,
+        now: chrono::DateTime<chrono::Utc>,
+        sessions: &mut Sessions,
+    ) -> std::result::Result<Ready<'w>, (Option<String>, String)> {
+        let Some(node_id) = run.current_node.clone() else {
+            let msg = "invalid_state: a running run has no current node";
+            return Err((None, msg.into()));
+        };
+        let Some(node) = wf.nodes.get(&node_id) else {
+            let msg = format!(
+                "unknown_node: workflow {} has no node {node_id:?}",
+                wf.workflow_id
+            );
+            return Err((Some(node_id), msg));
+        };
+        let at_node = |msg: String| (Some(node_id.clone()), msg);
+        let counters = StepCounters::read(run);
+        let limit = self.inner.config.max_node_visits;
+        if counters.visits_since_wait() >= limit {
+            return Err(at_node(format!(
+                "limit_exceeded: the run took {limit} node steps without waiting (RuntimeConfig::max_node_visits); a flow that loops must wait somewhere"
+            )));
+        }
+        let per_wait = wf.steps_never_fail;
+        let spent = counters.data_spent(counters.data_bytes, per_wait);
+        if let Some(msg) = self.data_over_budget(spent, per_wait) {
+            return Err(at_node(msg));
+        }
+        let plan = self
+            .plan(wf, node, run, now, sessions, &counters)
+            .map_err(at_node)?;
+        if plan.output_bytes > 0 {
+            let total = count_data(run, plan.output_bytes as u64);
+            let spent = counters.data_spent(total, per_wait);
+            if let Some(msg) = self.data_over_budget(spent, per_wait) {
+                return Err(at_node(msg));
+            }
+        }
+        let handler = match &plan.effect {
+            None => None,
+            Some(effect) => match self.inner.effects.get(&effect.kind) {
+                Some(h) => Some(h.clone()),
+                None => {
+                    return Err(at_node(format!(
+                        "unsupported_feature: node {node_id} asked for the unknown effect {:?} (known: {})",
+                        effect.kind,
+                        self.inner.effects.kinds().join(", ")
+                    )))
+                }
+            },
+        };
+        Ok(Ready {
+            node_id,
+            node,
+            counters,
+            plan,
+            handler,
+        })
+    }
+
+    /// Why the effect a node asked for is refused before it runs, if it
+    /// is: a result key the host owns or that cannot be written, or a
+    /// child run past the run's limit.
+    fn refused_request(
+        &self,
+        wf: &Workflow,
+        run: &RunState,
+        node_id: &str,
+        effect: &EffectRequest,
+        handler: &dyn EffectHandler,
+    ) -> Option<String> {
+        if let Some(key) = effect.result_key.as_deref().filter(|k| is_host_owned(k)) {
+            return Some(format!(
+                "guest_bad_output: node {node_id} asked for an effect result in the host-owned var {key:?}"
+            ));
+        }
+        if let Some(why) = effect.result_key.as_deref().and_then(bad_result_key) {
+            return Some(format!(
+                "guest_bad_output: node {node_id} of workflow {} asked for a result key that {why}",
+                wf.workflow_id
+            ));
+        }
+        let max_children = self.inner.config.max_children_per_run;
+        (handler.starts_runs() && children_started(run) >= max_children).then(|| {
+            format!(
+                "limit_exceeded: node {node_id}: the run has started {max_children} child runs (RuntimeConfig::max_children_per_run)"
+            )
+        })
+    }
+
+    /// Runs the effect, or reads its outcome back from the records
+    /// appended ahead of an earlier try of this step: an effect on other
+    /// runs or the world never runs twice. Returns the outcome and whether
+    /// it was read back.
+    fn execute(
+        &self,
+        txn: &mut RunTxn<'_>,
+        run: &RunState,
+        effect: &EffectRequest,
+        handler: &dyn EffectHandler,
+        base: &StepRecord,
+        call: Call<'_>,
+    ) -> Result<(Outcome, bool)> {
+        let cx = EffectCx {
+            run,
+            seq: call.seq,
+            key: call.key,
+            now: call.now,
+            attempt: call.attempt,
+            depth: call.depth,
+            max_depth: self.inner.config.max_nesting,
+            emit_scopes: &self.inner.config.emit_scopes,
+            max_cascade: self.inner.config.max_cascade_runs,
+            runs: self,
+            artifacts: self.artifact_store(),
+        };
+        let Some(payload) = effect.payload.as_object() else {
+            let outcome = Outcome::invalid(&effect.kind, "", "must be a JSON object");
+            return Ok((outcome, false));
+        };
+        if !call.ahead {
+            return Ok((handler.execute(&cx, payload, None)?, false));
+        }
+        // Recorded ahead of the commit, reused on replay.
+        let recorded: Vec<StepRecord> = if txn.exists() {
+            self.list_ahead(&run.run_id)?
+                .into_iter()
+                .filter(|r| r.idempotency_key.as_deref() == Some(call.key))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if let Some(outcome) = recorded_outcome(&recorded, call.attempt) {
+            return Ok((outcome, true));
+        }
+        let started = recorded
+            .iter()
+            .find(|r| r.attempt == call.attempt && r.status == StepStatus::Started);
+        let prepared = match started {
+            Some(r) => r.result.clone(),
+            None => {
+                let prepared = handler.prepare(&cx, payload)?;
+                let mut record = base.clone();
+                record.result = prepared.clone();
+                txn.append_ahead(&[record])?;
+                prepared
+            }
+        };
+        Ok((handler.execute(&cx, payload, prepared.as_ref())?, false))
+    }
+
+    /// Records the outcome of the effect `step` ran and commits the run's
+    /// transition: on, parked, retried later, or failed.
+    fn settle(
+        &self,
+        txn: &mut RunTxn<'_>,
+        run: &mut RunState,
+        mut records: Vec<StepRecord>,
+        step: EffectStep<'_>,
+        outcome: Outcome,
+        ran: Ran,
+    ) -> Result<()> {
         match outcome {
             Outcome::Completed(result) => {
-                if let Some(failure) = self.check_result(run, &effect, &result, wf.steps_never_fail)
-                {
-                    return self.fail_effect(
-                        txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
-                    );
+                let per_wait = step.wf.steps_never_fail;
+                if let Some(failure) = self.check_result(run, &step.effect, &result, per_wait) {
+                    return self.fail_effect(txn, run, records, ran, failure);
                 }
-                if let Some(payload) = effect.payload.as_object() {
-                    handler.after_completed(run, payload, &result);
+                if let Some(payload) = step.effect.payload.as_object() {
+                    step.handler.after_completed(run, payload, &result);
                 }
-                let kept = if class == EffectClass::Pure {
-                    handler.recorded_result(&result)
+                let kept = if step.class == EffectClass::Pure {
+                    step.handler.recorded_result(&result)
                 } else {
                     None
                 };
-                complete_effect(run, &mut records, &base, &ended_at, target, result);
+                complete_effect(
+                    run,
+                    &mut records,
+                    &ran.base,
+                    &ran.ended_at,
+                    step.target,
+                    result,
+                );
                 if let (Some(kept), Some(record)) = (kept, records.last_mut()) {
                     record.result = Some(kept);
                 }
             }
             Outcome::Waiting(mut wait) => {
-                wait.resume_to_node = match target {
+                wait.resume_to_node = match step.target {
                     Target::Node(n) => Some(n),
                     Target::End => None,
                     Target::Complete(_) => {
                         let failure = Failure::permanent(
                             "guest_bad_output",
                             format!(
-                                "node {node_id} both completes the run and waits ({})",
-                                effect.kind
+                                "node {} both completes the run and waits ({})",
+                                step.node_id, step.effect.kind
                             ),
                         );
-                        return self.fail_effect(
-                            txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
-                        );
+                        return self.fail_effect(txn, run, records, ran, failure);
                     }
                 };
-                park(run, &mut records, &base, &ended_at, *wait);
+                park(run, &mut records, &ran.base, &ran.ended_at, *wait);
             }
             Outcome::HostChange(change) => {
-                let change = *change;
-                let refuse = |why: String| Failure::permanent("invalid_effect", why);
-                let route = match change.route.as_deref() {
-                    None => None,
-                    Some(label) => {
-                        let resolved = node.resolve_route(label);
-                        if !wf.nodes.contains_key(resolved) {
-                            let failure = refuse(format!(
-                                "effect {} routed node {node_id} to {label:?}, which is neither a route label nor a node of workflow {}",
-                                effect.kind, wf.workflow_id
-                            ));
-                            return self.fail_effect(
-                                txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
-                            );
-                        }
-                        Some(Target::Node(resolved.to_string()))
-                    }
-                };
-                if !handler.owns_host_state() {
-                    let failure = refuse(format!(
-                        "effect {} may not change its run's host state",
-                        effect.kind
-                    ));
-                    return self.fail_effect(
-                        txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
-                    );
-                }
-                for (path, value) in change.assign {
-                    template::assign(&mut run.vars, &path, value);
-                }
-                records.extend(change.records);
-                let target = route.unwrap_or(target);
-                match change.then {
-                    Then::Continue(result) => {
-                        complete_effect(run, &mut records, &base, &ended_at, target, result);
-                    }
-                    Then::Wait(mut wait) => {
-                        wait.resume_to_node = match target {
-                            Target::Node(n) => Some(n),
-                            _ => None,
-                        };
-                        park(run, &mut records, &base, &ended_at, *wait);
-                    }
+                if let Err(failure) = host_change(run, &mut records, step, *change, &ran) {
+                    return self.fail_effect(txn, run, records, ran, failure);
                 }
             }
             Outcome::Failed(failure) => {
-                let policy = self.inner.config.retries.get(&effect.kind).copied();
-                if let Some(policy) =
-                    policy.filter(|p| failure.retryable && attempt < p.max_attempts)
-                {
-                    return self.retry_later(
-                        txn, run, records, &base, &ended_at, failure, &node_id, seq, attempt,
-                        &policy, undo, ahead, replayed,
-                    );
-                }
-                let failure = match policy {
-                    Some(_) if failure.retryable => Failure {
-                        message: format!("{} (after {attempt} attempts)", failure.message),
-                        ..failure
-                    },
-                    _ => failure,
-                };
-                let absorb = stepwell_model::json::truthy(effect.payload.get("_absorb_failure"));
-                match target {
-                    // Opted in, with a node to go on to: the final failure
-                    // is the effect's result, and the run goes on.
-                    Target::Node(_) if absorb => {
-                        let absorbed =
-                            json!({"ok": false, "absorbed_failure": failure.to_string()});
-                        records.push(StepRecord {
-                            error: Some(failure.to_string()),
-                            result: Some(absorbed.clone()),
-                            ..outcome_record(&base, StepStatus::Failed, &ended_at)
-                        });
-                        if let Some(key) = effect.result_key.as_deref() {
-                            template::assign(&mut run.vars, key, absorbed.clone());
-                        }
-                        go(run, target, Some(absorbed));
-                    }
-                    _ => {
-                        return self.fail_effect(
-                            txn, run, records, &base, &ended_at, failure, undo, ahead, replayed,
-                        );
-                    }
-                }
+                return self.effect_failed(txn, run, records, step, failure, ran);
             }
         }
-        records = settle_ahead(txn, records, ahead, replayed)?;
-        run.updated_at = ended_at;
+        self.commit_effect(txn, run, records, ran)
+    }
+
+    /// The effect `step` ran failed: it is tried again later (its kind's
+    /// retry policy, for a retryable failure), its failure is its result
+    /// (`_absorb_failure`, with a node to go on to), or the run fails.
+    fn effect_failed(
+        &self,
+        txn: &mut RunTxn<'_>,
+        run: &mut RunState,
+        mut records: Vec<StepRecord>,
+        step: EffectStep<'_>,
+        failure: Failure,
+        ran: Ran,
+    ) -> Result<()> {
+        let attempt = step.attempt;
+        let policy = self.inner.config.retries.get(&step.effect.kind).copied();
+        if let Some(policy) = policy.filter(|p| failure.retryable && attempt < p.max_attempts) {
+            let retry = Retry {
+                node_id: &step.node_id,
+                seq: step.seq,
+                attempt,
+                policy: &policy,
+            };
+            return self.retry_later(txn, run, records, ran, failure, retry);
+        }
+        let failure = match policy {
+            Some(_) if failure.retryable => Failure {
+                message: format!("{} (after {attempt} attempts)", failure.message),
+                ..failure
+            },
+            _ => failure,
+        };
+        let absorb = stepwell_model::json::truthy(step.effect.payload.get("_absorb_failure"));
+        match step.target {
+            // Opted in, with a node to go on to: the final failure is the
+            // effect's result, and the run goes on.
+            target @ Target::Node(_) if absorb => {
+                let absorbed = json!({"ok": false, "absorbed_failure": failure.to_string()});
+                records.push(StepRecord {
+                    error: Some(failure.to_string()),
+                    result: Some(absorbed.clone()),
+                    ..outcome_record(&ran.base, StepStatus::Failed, &ran.ended_at)
+                });
+                if let Some(key) = step.effect.result_key.as_deref() {
+                    template::assign(&mut run.vars, key, absorbed.clone());
+                }
+                go(run, target, Some(absorbed));
+                self.commit_effect(txn, run, records, ran)
+            }
+            _ => self.fail_effect(txn, run, records, ran, failure),
+        }
+    }
+
+    /// Commits an effect's step: its records appended ahead are settled
+    /// and the run saved with the rest.
+    fn commit_effect(
+        &self,
+        txn: &mut RunTxn<'_>,
+        run: &mut RunState,
+        records: Vec<StepRecord>,
+        ran: Ran,
+    ) -> Result<()> {
+        let records = settle_ahead(txn, records, ran.ahead, ran.replayed)?;
+        run.updated_at = ran.ended_at;
         txn.commit(records, run)
     }
 
@@ -837,23 +925,29 @@ impl Runtime {
     /// has passed; the node then runs again with the next attempt number and
     /// the same effect (same idempotency key). The attempt's vars patch is
     /// taken back.
-    #[allow(clippy::too_many_arguments)]
     fn retry_later(
         &self,
         txn: &mut RunTxn<'_>,
         run: &mut RunState,
         mut records: Vec<StepRecord>,
-        base: &StepRecord,
-        ended_at: &str,
+        ran: Ran,
         failure: Failure,
-        node_id: &str,
-        seq: u64,
-        attempt: u32,
-        policy: &RetryPolicy,
-        undo: Vec<(String, Option<Value>)>,
-        ahead: bool,
-        replayed: bool,
+        retry: Retry<'_>,
     ) -> Result<()> {
+        let Retry {
+            node_id,
+            seq,
+            attempt,
+            policy,
+        } = retry;
+        let Ran {
+            base,
+            ended_at,
+            undo,
+            ahead,
+            replayed,
+        } = ran;
+        let (base, ended_at) = (&base, ended_at.as_str());
         undo_patch(run, undo);
         let wait = chrono::Duration::from_std(policy.backoff(attempt))
             .unwrap_or(chrono::Duration::days(365));
@@ -924,19 +1018,22 @@ impl Runtime {
 
     /// Fails the run because its effect failed; the step's vars patch is
     /// taken back.
-    #[allow(clippy::too_many_arguments)]
     fn fail_effect(
         &self,
         txn: &mut RunTxn<'_>,
         run: &mut RunState,
         mut records: Vec<StepRecord>,
-        base: &StepRecord,
-        ended_at: &str,
+        ran: Ran,
         failure: Failure,
-        undo: Vec<(String, Option<Value>)>,
-        ahead: bool,
-        replayed: bool,
     ) -> Result<()> {
+        let Ran {
+            base,
+            ended_at,
+            undo,
+            ahead,
+            replayed,
+        } = ran;
+        let (base, ended_at) = (&base, ended_at.as_str());
         undo_patch(run, undo);
         let msg = failure.to_string();
         if txn.steps_never_fail {
@@ -952,6 +1049,133 @@ impl Runtime {
         fail(run, msg, ended_at);
         txn.commit(records, run)
     }
+}
+
+/// Applies a node's vars patch (a null removes the key) and returns how to
+/// take it back: for a step with an effect, which can fail after the
+/// patch, a copy of each key; for one without, nothing, and the keys
+/// changed are noted in `changed` instead. A patch of a host-owned var is
+/// refused (the run fails at the node).
+fn apply_patch(
+    run: &mut RunState,
+    patch: Option<Map<String, Value>>,
+    with_effect: bool,
+    node_id: &str,
+    changed: &mut Vec<String>,
+) -> std::result::Result<Vec<(String, Option<Value>)>, String> {
+    let mut undo = Vec::new();
+    let Some(patch) = patch else {
+        return Ok(undo);
+    };
+    if let Some(key) = patch.keys().find(|k| is_host_owned(k)) {
+        return Err(format!(
+            "guest_bad_output: node {node_id} tried to set the host-owned var {key:?}"
+        ));
+    }
+    for (k, v) in patch {
+        if !with_effect {
+            if v.is_null() {
+                run.vars.remove(&k);
+            } else if let Some(old) = run.vars.get_mut(&k) {
+                *old = v;
+            } else {
+                run.vars.insert(k.clone(), v);
+            }
+            changed.push(k);
+            continue;
+        }
+        let old = if v.is_null() {
+            run.vars.remove(&k)
+        } else {
+            run.vars.insert(k.clone(), v)
+        };
+        undo.push((k, old));
+    }
+    Ok(undo)
+}
+
+/// Where a step sends the run: the plan's output completes it, its next
+/// node (a route label or a node) or the node's `next` route is where it
+/// goes, and an effect with none ends it. `route` is the plan's
+/// `(complete_output, next_node, has an effect)`.
+fn step_target(
+    wf: &Workflow,
+    node: &Node,
+    node_id: &str,
+    route: (Option<Value>, Option<&str>, bool),
+) -> std::result::Result<Target, String> {
+    let (complete_output, next_node, has_effect) = route;
+    if let Some(out) = complete_output {
+        return Ok(Target::Complete(out));
+    }
+    if let Some(next) = next_node {
+        let resolved = node.resolve_route(next);
+        if !wf.nodes.contains_key(resolved) {
+            return Err(format!(
+                "guest_bad_output: node {node_id} routed to {next:?}, which is neither a route label nor a node of workflow {}",
+                wf.workflow_id
+            ));
+        }
+        return Ok(Target::Node(resolved.to_string()));
+    }
+    match &node.next {
+        Some(next) => Ok(Target::Node(next.clone())),
+        None if has_effect => Ok(Target::End),
+        None => Err(format!(
+            "guest_bad_output: node {node_id} chose no next node, did not complete the run, and has no `next` route"
+        )),
+    }
+}
+
+/// An effect that changes its own run's host state ([`Outcome::HostChange`]):
+/// its assignments and records are applied, and the run goes on (to the
+/// change's route, if it names one) or waits. Refused for an effect that
+/// does not own host state, or a route that names no node.
+fn host_change(
+    run: &mut RunState,
+    records: &mut Vec<StepRecord>,
+    step: EffectStep<'_>,
+    change: HostChange,
+    ran: &Ran,
+) -> std::result::Result<(), Failure> {
+    let refuse = |why: String| Failure::permanent("invalid_effect", why);
+    let kind = &step.effect.kind;
+    let route = match change.route.as_deref() {
+        None => None,
+        Some(label) => {
+            let resolved = step.node.resolve_route(label);
+            if !step.wf.nodes.contains_key(resolved) {
+                return Err(refuse(format!(
+                    "effect {kind} routed node {} to {label:?}, which is neither a route label nor a node of workflow {}",
+                    step.node_id, step.wf.workflow_id
+                )));
+            }
+            Some(Target::Node(resolved.to_string()))
+        }
+    };
+    if !step.handler.owns_host_state() {
+        return Err(refuse(format!(
+            "effect {kind} may not change its run's host state"
+        )));
+    }
+    for (path, value) in change.assign {
+        template::assign(&mut run.vars, &path, value);
+    }
+    records.extend(change.records);
+    let target = route.unwrap_or(step.target);
+    match change.then {
+        Then::Continue(result) => {
+            complete_effect(run, records, &ran.base, &ran.ended_at, target, result);
+        }
+        Then::Wait(mut wait) => {
+            wait.resume_to_node = match target {
+                Target::Node(n) => Some(n),
+                _ => None,
+            };
+            park(run, records, &ran.base, &ran.ended_at, *wait);
+        }
+    }
+    Ok(())
 }
 
 /// The end of an effect that completed with `result`: written to the
