@@ -105,6 +105,20 @@ enum Attempt {
     Stale,
 }
 
+/// What one resume asks ([`Runtime::resume_at`]), for each of its holds.
+#[derive(Clone, Copy)]
+struct Resume<'a> {
+    run_id: &'a str,
+    wait_key: Option<&'a str>,
+    /// The payload's size as JSON, checked.
+    size: usize,
+    /// The event that caused it, if one did.
+    cause: Option<&'a str>,
+    depth: u32,
+    /// Whether the run is ticked on after the resume.
+    tick: bool,
+}
+
 /// How a resume holds its run (see [`Runtime::resume_held`]).
 enum Hold {
     /// Reads the run, takes the lease with the first commit.
@@ -1038,9 +1052,15 @@ impl Runtime {
             // whether it was delivered before: it reads both.
             Some(_) => None,
         };
-        let held = |payload: Value, hold: Hold| {
-            self.resume_held(run_id, wait_key, payload, size, cause, depth, tick, hold)
+        let resume = Resume {
+            run_id,
+            wait_key,
+            size,
+            cause,
+            depth,
+            tick,
         };
+        let held = |payload: Value, hold: Hold| self.resume_held(resume, payload, hold);
         let guessed = match remembered {
             Some(state) => held(payload.clone(), Hold::Remembered(Box::new(state))),
             None => Ok(Attempt::Stale),
@@ -1098,18 +1118,15 @@ impl Runtime {
     /// commit lost to a change or a lease, or it refused the resume on a
     /// run that has changed since. A store error passes through: a commit
     /// whose outcome is unknown is never done again.
-    #[allow(clippy::too_many_arguments)]
-    fn resume_held(
-        &self,
-        run_id: &str,
-        wait_key: Option<&str>,
-        payload: Value,
-        size: usize,
-        cause: Option<&str>,
-        depth: u32,
-        tick: bool,
-        hold: Hold,
-    ) -> Result<Attempt> {
+    fn resume_held(&self, resume: Resume<'_>, payload: Value, hold: Hold) -> Result<Attempt> {
+        let Resume {
+            run_id,
+            wait_key,
+            size,
+            cause,
+            depth,
+            tick,
+        } = resume;
         let optimistic = !matches!(hold, Hold::Claim);
         let guessed = matches!(hold, Hold::Remembered(_));
         let wait = self.inner.config.lease_wait;
