@@ -647,6 +647,11 @@ impl Runtime {
     /// another bundle's), registered, or loaded from the bundle the store
     /// recorded for it.
     pub fn workflow(&self, workflow_id: &str) -> Result<Arc<Workflow>> {
+        // Only reserved ids are embedded: once loaded, the plugins (and
+        // the texts of their refusals) are not asked again.
+        if let Some(wf) = self.inner.embedded.read().get(workflow_id) {
+            return Ok(wf.clone());
+        }
         if self.inner.plugins.reserved(workflow_id).is_some() {
             return self.embedded_workflow(workflow_id);
         }
