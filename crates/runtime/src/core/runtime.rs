@@ -103,6 +103,11 @@ enum Attempt {
     /// Nothing written: the remembered state it started from is out of
     /// date; do it again from the stored state.
     Stale,
+    /// Nothing written: do it again under the run's lease, claimed first.
+    /// The wait's effect runs external work when it is resumed (its hook
+    /// asked for the lease), or the optimistic commit lost to another
+    /// holder's lease on an unchanged run.
+    ClaimFirst,
 }
 
 /// What one resume asks ([`Runtime::resume_at`]), for each of its holds.
@@ -1075,11 +1080,17 @@ impl Runtime {
             other => other,
         };
         let answer = match optimistic {
-            Err(Error::Conflict { .. }) => held(payload, Hold::Claim),
+            // A lease another holder had when the hold began.
+            Ok(Attempt::ClaimFirst) | Err(Error::Conflict { .. }) => held(payload, Hold::Claim),
             other => other,
         };
         let answer = match answer {
             Ok(Attempt::Done(state, resumed)) => Ok((*state, resumed)),
+            // A hold that claimed the lease first has it.
+            Ok(Attempt::ClaimFirst) => Err(Error::Conflict {
+                run_id: run_id.to_string(),
+                reason: "the run's lease was lost while it was resumed".into(),
+            }),
             // Only a hold on a remembered state says so, and it was
             // followed by one on the stored state.
             Ok(Attempt::Stale) => Err(Error::Conflict {
@@ -1117,7 +1128,8 @@ impl Runtime {
     /// commit (optimistic: [`Hold::Taking`], [`Hold::Remembered`]) or with
     /// the lease claimed first; `size` is the payload's, checked. An
     /// optimistic hold whose first commit loses to a lease (not to a
-    /// change) returns [`Error::Conflict`]. A hold on a remembered state
+    /// change), or whose wait's effect asks for the lease, returns
+    /// [`Attempt::ClaimFirst`]. A hold on a remembered state
     /// returns [`Attempt::Stale`] if nothing was written and the state
     /// turned out (or may have turned out) to be out of date: its first
     /// commit lost to a change or a lease, or it refused the resume on a
@@ -1215,12 +1227,7 @@ impl Runtime {
         let written = match hook {
             Hook::None => None,
             Hook::Written(v) => v,
-            Hook::ClaimFirst => {
-                return Err(Error::Conflict {
-                    run_id: run_id.to_string(),
-                    reason: "the resume runs its effect's work: it takes the lease first".into(),
-                })
-            }
+            Hook::ClaimFirst => return Ok(Attempt::ClaimFirst),
         };
         let record = self.end_wait_with(&mut run, payload, written, "resumed", cause);
         super::keys::count_data(&mut run, size as u64);
@@ -1248,11 +1255,11 @@ impl Runtime {
             // Lost before the resume landed: it did not happen. If the run
             // did not change (someone only holds its lease), the caller
             // may wait for the lease and try again.
-            Err(e @ Error::Conflict { .. }) if txn.commits == 0 => {
+            Err(Error::Conflict { .. }) if txn.commits == 0 => {
                 drop(txn);
                 let now = self.get_state(run_id)?;
                 if optimistic && now.version == read_version {
-                    Err(e)
+                    Ok(Attempt::ClaimFirst)
                 } else {
                     Err(stale(run_id, "Run is not waiting".into()))
                 }
