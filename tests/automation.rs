@@ -573,7 +573,7 @@ fn children_of_an_occurrence_are_its_descendants() {
                 .as_str()
                 .unwrap()
                 .starts_with("sha256:"));
-            let row = RunIndexRow::of(&child);
+            let row = RunIndexRow::of(&child, &stepwell::automation::AutomationIndex);
             assert_eq!(row.role.as_deref(), Some("descendant"), "{id}");
             assert_eq!(row.automation_id.as_deref(), Some(ID));
             assert_eq!(row.occurrence_index, Some(3));
@@ -606,7 +606,10 @@ fn children_of_an_occurrence_are_its_descendants() {
             ["creation_digest"],
             "{meta:?}"
         );
-        assert_eq!(RunIndexRow::of(&leaf).role, None);
+        assert_eq!(
+            RunIndexRow::of(&leaf, &stepwell::automation::AutomationIndex).role,
+            None
+        );
     }
 }
 

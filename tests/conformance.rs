@@ -741,6 +741,9 @@ fn controller(id: &str, connection: &str, paused: bool) -> RunState {
 
 fn consumers_are_the_controllers_an_event_would_wake(b: Backend) {
     let f = fixture(b);
+    f.store
+        .set_indexer(Arc::new(stepwell::automation::AutomationIndex))
+        .unwrap();
     let mut busy = controller("busy", "c1", false);
     busy.status = RunStatus::Running;
     busy.waiting = None;
@@ -1666,6 +1669,19 @@ fn the_run_index_carries_attribution_and_filters(b: Backend) {
     for r in runs {
         f.store.create_if_absent(&r).unwrap();
     }
+    // Without an indexer the store indexes the workspace root only; the
+    // automations' indexer, once installed, attributes the rows written
+    // before it too.
+    let plain = f.store.list_run_index(&Default::default()).unwrap();
+    assert!(plain
+        .iter()
+        .all(|r| r.role.is_none() && r.session_kind.is_none()));
+    assert!(plain
+        .iter()
+        .any(|r| r.workspace_root.as_deref() == Some("/work/x")));
+    f.store
+        .set_indexer(Arc::new(stepwell::automation::AutomationIndex))
+        .unwrap();
     let q = |q: stepwell::RunIndexQuery| -> Vec<String> {
         f.store
             .list_run_index(&q)

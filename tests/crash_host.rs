@@ -86,6 +86,15 @@ impl FaultStore {
 }
 
 impl Store for FaultStore {
+    fn indexer(&self) -> std::sync::Arc<dyn stepwell::store::RunIndexer> {
+        self.inner.indexer()
+    }
+    fn set_indexer(
+        &self,
+        indexer: std::sync::Arc<dyn stepwell::store::RunIndexer>,
+    ) -> Result<(), StoreError> {
+        self.inner.set_indexer(indexer)
+    }
     fn load_run(&self, id: &str) -> Result<Option<RunState>, StoreError> {
         self.inner.load_run(id)
     }

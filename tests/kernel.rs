@@ -1626,6 +1626,15 @@ struct SaveFails {
 }
 
 impl Store for SaveFails {
+    fn indexer(&self) -> std::sync::Arc<dyn stepwell::store::RunIndexer> {
+        self.inner.indexer()
+    }
+    fn set_indexer(
+        &self,
+        indexer: std::sync::Arc<dyn stepwell::store::RunIndexer>,
+    ) -> Result<(), StoreError> {
+        self.inner.set_indexer(indexer)
+    }
     fn load_run(&self, id: &str) -> Result<Option<RunState>, StoreError> {
         self.inner.load_run(id)
     }

@@ -33,6 +33,7 @@ mod controller;
 mod decision;
 mod definition;
 mod discussion;
+mod index;
 mod occurrence;
 mod outcome;
 mod plugin;
@@ -64,6 +65,7 @@ pub use definition::{
 pub use discussion::{
     automation_timeline_messages, start_discussion, Discussion, DiscussionRequest,
 };
+pub use index::{wakes_on, AutomationIndex};
 pub use occurrence::{
     definition_ends, plan_dispatch, plan_outcome, plan_wait, plan_wait_locally, trigger_wait,
     wait_after_prepare, wake_payload, WaitPlan,

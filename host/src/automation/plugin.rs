@@ -54,7 +54,7 @@ impl Plugin for Automations {
         for handler in controller_effects(triggers.catalog.clone(), tools, cx.store().clone()) {
             cx.sealed_effect(handler)?;
         }
-        Ok(())
+        cx.index_runs(std::sync::Arc::new(super::AutomationIndex))
     }
 
     fn reserves(&self, workflow_id: &str) -> Option<Reserved> {

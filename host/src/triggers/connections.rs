@@ -550,8 +550,8 @@ impl Connections for Runtime {
         // Read again as it is now: still idle at its wake wait (neither
         // paused nor archived), bound to this connection, on an event source.
         let wanted = |run: &crate::RunState| {
-            let bound =
-                crate::store::wakes_on(run).is_some_and(|c| connection_id.is_none_or(|id| c == id));
+            let bound = crate::automation::wakes_on(run)
+                .is_some_and(|c| connection_id.is_none_or(|id| c == id));
             let source = super::trigger_source(&run.vars["_meta"]["automation"]["trigger"]);
             bound
                 && run.workflow_id == crate::automation::CONTROLLER_WORKFLOW_ID

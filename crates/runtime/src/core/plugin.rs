@@ -224,6 +224,14 @@ impl Install<'_> {
         self.extensions.get()
     }
 
+    /// Gives the store `indexer` for the run index's attribution columns
+    /// ([`crate::store::index`]): the store uses it from now on, and
+    /// indexes the rows no indexer attributed. The feature that gives the
+    /// columns their meaning installs one; a later one replaces it.
+    pub fn index_runs(&mut self, indexer: Arc<dyn crate::store::RunIndexer>) -> Result<()> {
+        Ok(self.store.set_indexer(indexer)?)
+    }
+
     /// Keeps `value` in the runtime ([`crate::Runtime::extension`]).
     pub fn set_extension<T: Any + Send + Sync>(&mut self, value: Arc<T>) {
         self.extensions.set(value);

@@ -146,6 +146,7 @@ pub struct JsonFileStore {
     write: Mutex<()>,
     tmp_seq: AtomicU64,
     crash_points: Option<CrashPoints>,
+    indexer: super::index::IndexerSlot,
 }
 
 impl std::fmt::Debug for JsonFileStore {
@@ -281,6 +282,7 @@ impl JsonFileStore {
             write: Mutex::new(()),
             tmp_seq: AtomicU64::new(0),
             crash_points: None,
+            indexer: Default::default(),
         };
         // Temp files of writers that died (a live writer's are its own).
         for entry in fs::read_dir(&store.dir)
@@ -709,6 +711,19 @@ fn process_alive(pid: u32) -> bool {
 }
 
 impl Store for JsonFileStore {
+    fn indexer(&self) -> std::sync::Arc<dyn super::RunIndexer> {
+        self.indexer.get()
+    }
+
+    /// Attribution is computed when listed: nothing to index again.
+    fn set_indexer(
+        &self,
+        indexer: std::sync::Arc<dyn super::RunIndexer>,
+    ) -> Result<(), StoreError> {
+        self.indexer.set(indexer);
+        Ok(())
+    }
+
     fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError> {
         if !safe_id(run_id) {
             return Ok(None);

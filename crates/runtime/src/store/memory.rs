@@ -59,6 +59,7 @@ pub struct MemoryStore {
     bundles: Mutex<HashMap<String, PathBuf>>,
     inbox: Mutex<HashMap<String, Vec<super::InboxEvent>>>,
     connections: Mutex<Vec<super::ConnectionRecord>>,
+    indexer: super::index::IndexerSlot,
 }
 
 impl MemoryStore {
@@ -491,6 +492,19 @@ impl Tables {
 }
 
 impl Store for MemoryStore {
+    fn indexer(&self) -> std::sync::Arc<dyn super::RunIndexer> {
+        self.indexer.get()
+    }
+
+    /// Attribution is computed when listed: nothing to index again.
+    fn set_indexer(
+        &self,
+        indexer: std::sync::Arc<dyn super::RunIndexer>,
+    ) -> Result<(), StoreError> {
+        self.indexer.set(indexer);
+        Ok(())
+    }
+
     fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError> {
         Ok(self.tables.lock().runs.get(run_id).map(|s| s.run.clone()))
     }
@@ -681,6 +695,7 @@ impl Store for MemoryStore {
         &self,
         query: &super::RunIndexQuery,
     ) -> Result<Vec<super::RunIndexRow>, StoreError> {
+        let indexer = self.indexer.get();
         let t = self.tables.lock();
         let mut found: Vec<(u64, super::RunIndexRow)> = t
             .runs
@@ -697,7 +712,7 @@ impl Store for MemoryStore {
                         .is_none_or(|id| s.run.session_id.as_ref() == Some(id))
                     && t.quarantine_reason(&s.run.run_id).is_none()
             })
-            .map(|s| (s.seq, super::RunIndexRow::of(&s.run)))
+            .map(|s| (s.seq, super::RunIndexRow::of(&s.run, indexer.as_ref())))
             .filter(|(_, row)| query.matches(row))
             .collect();
         found.sort_by_key(|(seq, _)| *seq);

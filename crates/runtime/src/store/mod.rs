@@ -12,6 +12,7 @@
 pub mod artifacts;
 pub mod commands;
 pub mod inbox;
+pub mod index;
 mod json_files;
 mod jsonl;
 mod memory;
@@ -26,6 +27,7 @@ mod sqlite_vfs;
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -37,6 +39,7 @@ pub use commands::{
     AppendResult, CommandRecord, CommandStore, JsonlCommandStore, MemoryCommandStore,
 };
 pub use inbox::{connection_stream, ConnectionRecord, EventAppend, InboxEvent};
+pub use index::{Attribution, PlainIndex, RunIndexer};
 pub use json_files::JsonFileStore;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -404,7 +407,8 @@ pub struct RunIndexRow {
     pub created_at: String,
     /// When it was last saved.
     pub updated_at: String,
-    /// The automation the run belongs to (see [`Attribution`]).
+    /// The automation the run belongs to (see [`Attribution`]; the
+    /// columns from here on are the store's [`RunIndexer`]'s).
     pub automation_id: Option<String>,
     /// `controller`, `occurrence`, `descendant`, `discussion` or
     /// `legacy_schedule`; `None` for a plain run.
@@ -419,140 +423,10 @@ pub struct RunIndexRow {
     pub workspace_root: Option<String>,
 }
 
-/// A run's attribution, derived from its inline `vars._meta` by the rule of
-/// the reference runtime (seed 003 "Run attribution"), first match wins:
-///
-/// | `_meta` has | automation_id | role | occurrence_index | session_kind |
-/// |---|---|---|---|---|
-/// | `automation` (object) | the run's own id | `controller` | - | `automation` |
-/// | `occurrence` (object) | its `automation_id` | its `role` if `occurrence` or `descendant`, else `occurrence` | its `occurrence_index` (integers only) | its `session_kind` if `automation`, `occurrence` or `chat`, else `occurrence` |
-/// | `discussion` (object) | its `automation_id` | `discussion` | its `occurrence_index` | `discussion` |
-/// | `schedule.kind == "scheduled_run"` | - | `legacy_schedule` | - | `automation` |
-/// | otherwise | - | - | - | `chat` |
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Attribution {
-    /// See [`RunIndexRow::automation_id`].
-    pub automation_id: Option<String>,
-    /// See [`RunIndexRow::role`].
-    pub role: Option<String>,
-    /// See [`RunIndexRow::occurrence_index`].
-    pub occurrence_index: Option<i64>,
-    /// See [`RunIndexRow::session_kind`].
-    pub session_kind: Option<String>,
-    /// See [`RunIndexRow::workspace_root`].
-    pub workspace_root: Option<String>,
-}
-
-impl Attribution {
-    /// The attribution of `run`.
-    pub fn of(run: &RunState) -> Self {
-        use serde_json::Value;
-        // A string (stripped, non-empty) or an integer, as text; booleans
-        // and other values are not ids.
-        let text = |v: Option<&Value>| -> Option<String> {
-            match v? {
-                Value::String(s) => Some(s.trim().to_string()).filter(|s| !s.is_empty()),
-                Value::Number(n) if n.is_i64() || n.is_u64() => Some(n.to_string()),
-                _ => None,
-            }
-        };
-        let index = |v: Option<&Value>| v.and_then(Value::as_i64);
-        let one_of = |v: Option<&Value>, allowed: &[&str], default: &str| -> Option<String> {
-            Some(
-                v.and_then(Value::as_str)
-                    .filter(|s| allowed.contains(s))
-                    .unwrap_or(default)
-                    .to_string(),
-            )
-        };
-        let workspace_root = run
-            .vars
-            .get("workspace_root")
-            .and_then(Value::as_str)
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty());
-        let meta = run.vars.get("_meta").and_then(Value::as_object);
-        let section = |name: &str| meta.and_then(|m| m.get(name)).and_then(Value::as_object);
-        let mut a = if section("automation").is_some() {
-            Attribution {
-                automation_id: Some(run.run_id.clone()),
-                role: Some("controller".into()),
-                session_kind: Some("automation".into()),
-                ..Attribution::default()
-            }
-        } else if let Some(o) = section("occurrence") {
-            Attribution {
-                automation_id: text(o.get("automation_id")),
-                role: one_of(o.get("role"), &["occurrence", "descendant"], "occurrence"),
-                occurrence_index: index(o.get("occurrence_index")),
-                session_kind: one_of(
-                    o.get("session_kind"),
-                    &["automation", "occurrence", "chat"],
-                    "occurrence",
-                ),
-                ..Attribution::default()
-            }
-        } else if let Some(d) = section("discussion") {
-            Attribution {
-                automation_id: text(d.get("automation_id")),
-                role: Some("discussion".into()),
-                occurrence_index: index(d.get("occurrence_index")),
-                session_kind: Some("discussion".into()),
-                ..Attribution::default()
-            }
-        } else if section("schedule")
-            .and_then(|s| s.get("kind"))
-            .and_then(Value::as_str)
-            == Some("scheduled_run")
-        {
-            Attribution {
-                role: Some("legacy_schedule".into()),
-                session_kind: Some("automation".into()),
-                ..Attribution::default()
-            }
-        } else {
-            Attribution {
-                session_kind: Some("chat".into()),
-                ..Attribution::default()
-            }
-        };
-        a.workspace_root = workspace_root;
-        a
-    }
-}
-
-/// The trigger connection whose events would wake `run` now: set for an
-/// automation controller bound to a connection (an event source) that
-/// waits idle at its wake wait, neither paused nor archived
-/// ([`Store::list_consumers`]). A busy, paused or archived controller is
-/// not woken by an event, so a store need not list it.
-pub fn wakes_on(run: &RunState) -> Option<String> {
-    use serde_json::Value;
-    let waiting = run
-        .waiting
-        .as_ref()
-        .filter(|_| run.status == RunStatus::Waiting)?;
-    if waiting.wait_key != stepwell_automation_core::ids::wake_wait_key(&run.run_id) {
-        return None;
-    }
-    let definition = run.vars.get("_meta")?.get("automation")?;
-    let state = run.vars.get("_runtime").and_then(|r| r.get("automation"));
-    let paused = state.and_then(|s| s.get("paused")) == Some(&Value::Bool(true));
-    let archived = definition.get("archived_at").is_some_and(|a| !a.is_null());
-    if paused || archived {
-        return None;
-    }
-    let id = definition
-        .get("trigger")?
-        .get("config")?
-        .get("connection_id")?;
-    Some(id.as_str()?.trim().to_string()).filter(|s| !s.is_empty())
-}
-
 impl RunIndexRow {
-    /// The index row of `run`.
-    pub fn of(run: &RunState) -> Self {
-        let a = Attribution::of(run);
+    /// The index row of `run`, its attribution by `indexer`.
+    pub fn of(run: &RunState, indexer: &dyn RunIndexer) -> Self {
+        let a = indexer.index(run);
         RunIndexRow {
             run_id: run.run_id.clone(),
             workflow_id: run.workflow_id.clone(),
@@ -966,18 +840,43 @@ pub trait Store: Send + Sync {
     /// Quarantined runs and why, in the order they were set aside.
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError>;
 
-    /// Ids of the automation controllers an event of the trigger
-    /// connection `connection_id` (of any connection with `None`) would
-    /// wake now ([`wakes_on`]), oldest first. The default reads every
+    /// The indexer that fills the run index's attribution columns
+    /// ([`index`]). The default is [`PlainIndex`], for a store that cannot
+    /// be given another.
+    fn indexer(&self) -> Arc<dyn RunIndexer> {
+        Arc::new(PlainIndex)
+    }
+
+    /// Fills the run index with `indexer` from now on, and indexes again
+    /// the rows no indexer attributed (no session kind). The runtime's
+    /// builder calls it with the indexer of its features. The default
+    /// refuses: a store that keeps no indexer cannot answer a feature's
+    /// listings.
+    fn set_indexer(&self, indexer: Arc<dyn RunIndexer>) -> Result<(), StoreError> {
+        let _ = indexer;
+        Err(StoreError::io(
+            "this store keeps no run indexer (implement Store::indexer and Store::set_indexer)",
+        ))
+    }
+
+    /// Ids of the runs an event of the trigger connection `connection_id`
+    /// (of any connection with `None`) would wake now
+    /// ([`Attribution::wakes_on`]), oldest first. The default reads every
     /// waiting run; SQLite answers from an index of them.
     fn list_consumers(&self, connection_id: Option<&str>) -> Result<Vec<String>, StoreError> {
+        let indexer = self.indexer();
         Ok(self
             .list_runs(&RunQuery {
                 status: Some(RunStatus::Waiting),
                 ..RunQuery::default()
             })?
             .into_iter()
-            .filter(|run| wakes_on(run).is_some_and(|c| connection_id.is_none_or(|id| c == id)))
+            .filter(|run| {
+                indexer
+                    .index(run)
+                    .wakes_on
+                    .is_some_and(|c| connection_id.is_none_or(|id| c == id))
+            })
             .map(|run| run.run_id)
             .collect())
     }
@@ -997,6 +896,7 @@ pub trait Store: Send + Sync {
     /// run through [`Store::list_runs`]; SQLite answers from indexed
     /// columns without reading any run's vars.
     fn list_run_index(&self, query: &RunIndexQuery) -> Result<Vec<RunIndexRow>, StoreError> {
+        let indexer = self.indexer();
         let mut rows: Vec<RunIndexRow> = self
             .list_runs(&RunQuery {
                 status: query.status,
@@ -1004,7 +904,7 @@ pub trait Store: Send + Sync {
                 ..RunQuery::default()
             })?
             .iter()
-            .map(RunIndexRow::of)
+            .map(|run| RunIndexRow::of(run, indexer.as_ref()))
             .filter(|row| query.matches(row))
             .collect();
         if !query.oldest_first {

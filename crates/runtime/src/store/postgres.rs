@@ -45,7 +45,8 @@ use postgres::{Client, NoTls, Row, Statement};
 
 use super::{
     check_next_version, link_json, wait_due_at, Attribution, Claim, Deferral, FeedEntry, Fence,
-    LeaseAfter, LeaseRequest, NextDue, RunIndexQuery, RunIndexRow, RunQuery, Store, StoreError,
+    LeaseAfter, LeaseRequest, NextDue, RunIndexQuery, RunIndexRow, RunIndexer, RunQuery, Store,
+    StoreError,
 };
 use crate::core::model::{RunState, RunStatus, StepRecord};
 use crate::flow::archive::{BundleFile, BundleFiles};
@@ -53,7 +54,7 @@ use crate::flow::archive::{BundleFile, BundleFiles};
 /// The schema version this build writes. A database at a higher version
 /// was written by a newer stepwell and is refused; an older one is migrated
 /// when opened.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Each migration brings the schema from its index to the next version.
 const MIGRATIONS: &[&str] = &[
@@ -178,6 +179,11 @@ CREATE TABLE bundle_files (
     content BYTEA NOT NULL,
     PRIMARY KEY (digest, path)
 );
+",
+    // 2 -> 3: the rows no indexer attributed, which an installed indexer
+    // fills (`Store::set_indexer`).
+    "
+CREATE INDEX IF NOT EXISTS runs_unindexed ON runs (ord) WHERE session_kind IS NULL;
 ",
 ];
 
@@ -502,6 +508,7 @@ pub struct PostgresStore {
     listener: Mutex<Option<Client>>,
     /// The channel of this store's signals (`stepwell_<schema>`).
     channel: String,
+    indexer: super::index::IndexerSlot,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -545,6 +552,7 @@ impl PostgresStore {
             idle: Mutex::new(Vec::new()),
             listener: Mutex::new(None),
             channel,
+            indexer: Default::default(),
         };
         // A server that is restarting (or not up yet, as when hosts and
         // database start together) is waited for, up to CONNECT_PATIENCE.
@@ -990,7 +998,7 @@ impl PostgresStore {
             (LeaseAfter::Renew(until), Some(h)) => (Some(h), Some(until.timestamp_micros())),
             _ => (None, None),
         };
-        let row = RunRow::new(run, lease, Some(seq))?;
+        let row = RunRow::new(run, self.indexer.get().as_ref(), lease, Some(seq))?;
         let mut values = row.values();
         let n = if fence.version == 0 {
             values.extend(chain.params());
@@ -1313,7 +1321,6 @@ struct RunRow<'a> {
     due: Option<i64>,
     version: i64,
     attribution: Attribution,
-    wakes_on: Option<String>,
     lease_holder: Option<&'a str>,
     lease_until_us: Option<i64>,
     ledger_seq: Option<i64>,
@@ -1323,6 +1330,7 @@ impl<'a> RunRow<'a> {
     /// The row of `run` with its lease and where its ledger ends.
     fn new(
         run: &'a RunState,
+        indexer: &dyn RunIndexer,
         lease: (Option<&'a str>, Option<i64>),
         ledger_seq: Option<i64>,
     ) -> Result<Self, StoreError> {
@@ -1336,8 +1344,7 @@ impl<'a> RunRow<'a> {
                 .map_err(|e| StoreError::io(format!("run {}: cannot encode: {e}", run.run_id)))?,
             due: wait_due_at(run).map(|t| t.timestamp_micros()),
             version: run.version as i64,
-            attribution: Attribution::of(run),
-            wakes_on: super::wakes_on(run),
+            attribution: indexer.index(run),
             lease_holder: lease.0,
             lease_until_us: lease.1,
             ledger_seq,
@@ -1368,10 +1375,50 @@ impl<'a> RunRow<'a> {
             &self.lease_holder,
             &self.lease_until_us,
             &self.ledger_seq,
-            &self.wakes_on,
+            &a.wakes_on,
         ]
     }
 }
+
+/// Fills the attribution columns of up to [`REINDEX_BATCH`] rows no
+/// indexer attributed (no session kind) after position `after`, where
+/// `indexer` attributes them; a row that does not decode is left as it
+/// is. The last position read, if there may be more.
+fn reindex(c: &mut Conn, indexer: &dyn RunIndexer, after: i64) -> Result<Option<i64>, TxError> {
+    let rows = c.query(
+        "SELECT ord, run_id, version, data FROM runs
+         WHERE session_kind IS NULL AND ord > $1 ORDER BY ord LIMIT $2",
+        &[&after, &(REINDEX_BATCH as i64)],
+    )?;
+    for row in &rows {
+        let Ok(run) = serde_json::from_str::<RunState>(row.get(3)) else {
+            continue;
+        };
+        let a = indexer.index(&run);
+        if a.session_kind.is_some() {
+            let (id, version): (&str, i64) = (row.get(1), row.get(2));
+            c.execute(
+                "UPDATE runs SET automation_id = $2, role = $3, occurrence_index = $4,
+                    session_kind = $5, workspace_root = $6, wakes_on = $7
+                 WHERE run_id = $1 AND version = $8",
+                &[
+                    &id,
+                    &a.automation_id,
+                    &a.role,
+                    &a.occurrence_index,
+                    &a.session_kind,
+                    &a.workspace_root,
+                    &a.wakes_on,
+                    &version,
+                ],
+            )?;
+        }
+    }
+    Ok((rows.len() == REINDEX_BATCH).then(|| rows.last().map_or(after, |r| r.get(0))))
+}
+
+/// How many rows [`reindex`] reads per transaction.
+const REINDEX_BATCH: usize = 256;
 
 /// A `u64` position as a PostgreSQL `BIGINT`.
 fn clamp(n: u64) -> i64 {
@@ -1379,6 +1426,19 @@ fn clamp(n: u64) -> i64 {
 }
 
 impl Store for PostgresStore {
+    fn indexer(&self) -> std::sync::Arc<dyn RunIndexer> {
+        self.indexer.get()
+    }
+
+    fn set_indexer(&self, indexer: std::sync::Arc<dyn RunIndexer>) -> Result<(), StoreError> {
+        self.indexer.set(indexer.clone());
+        let mut after = 0;
+        while let Some(last) = self.write(|c| reindex(c, indexer.as_ref(), after))? {
+            after = last;
+        }
+        Ok(())
+    }
+
     fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError> {
         let row = self.read(|c| {
             Ok(c.query_opt(
@@ -1391,7 +1451,7 @@ impl Store for PostgresStore {
     }
 
     fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
-        let row = RunRow::new(run, (None, None), None)?;
+        let row = RunRow::new(run, self.indexer.get().as_ref(), (None, None), None)?;
         self.write(|c| {
             let mut keys = marker_keys(run);
             keys.push(LockKey::ledger(&run.run_id));

@@ -22,15 +22,15 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
     check_next_version, link_json, wait_due_at, Attribution, Claim, Deferral, Durability,
-    FeedEntry, Fence, LeaseAfter, LeaseRequest, RunIndexQuery, RunIndexRow, RunQuery, Store,
-    StoreError,
+    FeedEntry, Fence, LeaseAfter, LeaseRequest, RunIndexQuery, RunIndexRow, RunIndexer, RunQuery,
+    Store, StoreError,
 };
 use crate::core::model::{RunState, RunStatus, StepRecord};
 
 /// The schema version this build writes. A database with a higher
 /// `user_version` was written by a newer stepwell and is refused; an older
 /// one is migrated when opened.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -126,12 +126,12 @@ CREATE INDEX IF NOT EXISTS runs_child_ended ON runs(child_ended_us)
     WHERE child_ended_us IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runs_orphan ON runs(orphan_us) WHERE orphan_us IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runs_consumer ON runs(wakes_on) WHERE wakes_on IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_unindexed ON runs(session_kind) WHERE session_kind IS NULL;
 ";
 
 /// The driver's markers of existing rows, set when a database older than
 /// schema 9 is migrated: parents waiting on a child that has ended, and
 /// unfinished children of cancelled parents (see [`SqliteStore::mark`]).
-/// (`wakes_on` is set from each waiting controller's data.)
 const MARK_EXISTING: &str = "
 UPDATE runs SET child_ended_us = 0
  WHERE status = 'waiting' AND wait_reason = 'subworkflow' AND wait_key LIKE 'subworkflow:%'
@@ -275,18 +275,16 @@ struct RunRow<'a> {
     data: String,
     due: Option<i64>,
     attribution: Attribution,
-    wakes_on: Option<String>,
 }
 
 impl<'a> RunRow<'a> {
-    fn new(run: &'a RunState) -> Result<Self, StoreError> {
+    fn new(run: &'a RunState, indexer: &dyn RunIndexer) -> Result<Self, StoreError> {
         Ok(RunRow {
             run,
             data: super::json_text(run, 1024)
                 .map_err(|e| StoreError::io(format!("run {}: cannot encode: {e}", run.run_id)))?,
             due: wait_due_at(run).map(|t| t.timestamp_micros()),
-            attribution: Attribution::of(run),
-            wakes_on: super::wakes_on(run),
+            attribution: indexer.index(run),
         })
     }
 
@@ -324,7 +322,7 @@ impl<'a> RunRow<'a> {
             &fence.holder,
             &take,
             &ledger_seq,
-            &self.wakes_on,
+            &a.wakes_on,
         ];
         let mut st = conn.prepare_cached(sql)?;
         // Each statement uses the columns up to its highest parameter.
@@ -346,6 +344,7 @@ pub struct SqliteStore {
     conn: Mutex<Connection>,
     group: CommitQueue,
     heads: Mutex<LedgerHeads>,
+    indexer: super::index::IndexerSlot,
 }
 
 /// Where the ledgers of the runs this store committed end, by run: a
@@ -538,6 +537,7 @@ impl SqliteStore {
                         conn: Mutex::new(conn),
                         group: CommitQueue::default(),
                         heads: Mutex::default(),
+                        indexer: Default::default(),
                     })
                 }
             }
@@ -675,7 +675,7 @@ impl SqliteStore {
         lease: LeaseAfter,
         ledger_seq: i64,
     ) -> Result<(), StoreError> {
-        let row = RunRow::new(run)?;
+        let row = RunRow::new(run, self.indexer.get().as_ref())?;
         let lease = match (lease, fence.holder) {
             (LeaseAfter::Renew(until), Some(h)) => (Some(h), Some(until.timestamp_micros())),
             _ => (None, None),
@@ -1098,8 +1098,8 @@ impl SqliteStore {
 
 /// Brings a database of schema `from` to [`SCHEMA_VERSION`] in one
 /// transaction: tables, added columns, their values for existing rows
-/// (attribution and times from each run's data, idempotency keys from each
-/// ledger record), indexes.
+/// (times from each run's data, idempotency keys from each ledger record),
+/// indexes. Attribution is the indexer's ([`reindex`]).
 fn migrate(conn: &mut Connection, from: i64) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute_batch(SCHEMA)?;
@@ -1119,30 +1119,20 @@ fn migrate(conn: &mut Connection, from: i64) -> rusqlite::Result<()> {
              WHERE idem_key IS NULL AND json_valid(data);
              UPDATE runs SET ledger_seq = (SELECT MAX(seq) FROM ledger WHERE ledger.run_id = runs.run_id);",
         )?;
+        // The attribution columns are left empty: the runtime's indexer
+        // fills rows without a session kind when it is installed
+        // (`Store::set_indexer`).
         let rows: Vec<(String, String)> = tx
             .prepare("SELECT run_id, data FROM runs")?
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?;
-        let mut update = tx.prepare(
-            "UPDATE runs SET automation_id = ?2, role = ?3, occurrence_index = ?4,
-                session_kind = ?5, workspace_root = ?6, created_at = ?7, updated_at = ?8
-             WHERE run_id = ?1",
-        )?;
+        let mut update =
+            tx.prepare("UPDATE runs SET created_at = ?2, updated_at = ?3 WHERE run_id = ?1")?;
         for (id, data) in rows {
             // A row that does not decode keeps empty columns; its claim
             // reports it (and the driver quarantines it).
             if let Ok(run) = serde_json::from_str::<RunState>(&data) {
-                let a = Attribution::of(&run);
-                update.execute(params![
-                    id,
-                    a.automation_id,
-                    a.role,
-                    a.occurrence_index,
-                    a.session_kind,
-                    a.workspace_root,
-                    run.created_at,
-                    run.updated_at
-                ])?;
+                update.execute(params![id, run.created_at, run.updated_at])?;
             }
         }
     }
@@ -1152,32 +1142,68 @@ fn migrate(conn: &mut Connection, from: i64) -> rusqlite::Result<()> {
     tx.execute_batch(INDEXES)?;
     if from > 0 && from < 9 {
         tx.execute_batch(MARK_EXISTING)?;
-        // The controllers an event would wake: read from each waiting
-        // controller's state. A row whose data does not decode (not even as
-        // text) is left without: its claim reports it, and the driver
-        // quarantines it.
-        let mut select = tx.prepare(
-            "SELECT run_id, data FROM runs WHERE role = 'controller' AND status = 'waiting'",
+        // The controllers an event would wake: indexed again (`wakes_on`)
+        // when the runtime's indexer is installed.
+        tx.execute_batch(
+            "UPDATE runs SET session_kind = NULL WHERE role = 'controller' AND status = 'waiting'",
         )?;
-        let rows: Vec<(String, Option<RunState>)> = select
-            .query_map([], |r| {
-                let run = r
-                    .get_ref(1)?
-                    .as_bytes()
-                    .ok()
-                    .and_then(|data| serde_json::from_slice::<RunState>(data).ok());
-                Ok((r.get(0)?, run))
-            })?
-            .collect::<rusqlite::Result<_>>()?;
-        let mut update = tx.prepare("UPDATE runs SET wakes_on = ?2 WHERE run_id = ?1")?;
-        for (id, run) in rows {
-            if let Some(run) = run {
-                update.execute(params![id, super::wakes_on(&run)])?;
-            }
-        }
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()
+}
+
+/// How many rows [`reindex`] reads per transaction.
+const REINDEX_BATCH: usize = 256;
+
+/// Fills the attribution columns of up to `limit` rows no indexer
+/// attributed (no session kind) after row `after`, where `indexer`
+/// attributes them; a row that does not decode is left as it is (its
+/// claim reports it). The last row read, if there may be more.
+fn reindex(
+    tx: &Connection,
+    indexer: &dyn RunIndexer,
+    after: i64,
+    limit: usize,
+) -> rusqlite::Result<Option<i64>> {
+    // A row whose data is not even text is read as no run.
+    let rows: Vec<(i64, String, i64, Option<RunState>)> = tx
+        .prepare_cached(
+            "SELECT rowid, run_id, version, data FROM runs
+             WHERE session_kind IS NULL AND rowid > ?1 ORDER BY rowid LIMIT ?2",
+        )?
+        .query_map(params![after, limit as i64], |r| {
+            let run = r
+                .get_ref(3)?
+                .as_bytes()
+                .ok()
+                .and_then(|data| serde_json::from_slice::<RunState>(data).ok());
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, run))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut update = tx.prepare_cached(
+        "UPDATE runs SET automation_id = ?2, role = ?3, occurrence_index = ?4, session_kind = ?5,
+            workspace_root = ?6, wakes_on = ?7
+         WHERE run_id = ?1 AND version = ?8",
+    )?;
+    for (_, id, version, run) in &rows {
+        let Some(run) = run else {
+            continue;
+        };
+        let a = indexer.index(run);
+        if a.session_kind.is_some() {
+            update.execute(params![
+                id,
+                a.automation_id,
+                a.role,
+                a.occurrence_index,
+                a.session_kind,
+                a.workspace_root,
+                a.wakes_on,
+                version
+            ])?;
+        }
+    }
+    Ok((rows.len() == limit).then(|| rows.last().map_or(after, |r| r.0)))
 }
 
 /// Schema 10: the ledger becomes a table of `id`s in commit order (what
@@ -1265,6 +1291,24 @@ pub fn configure(conn: &Connection, durability: Durability) -> rusqlite::Result<
 }
 
 impl Store for SqliteStore {
+    fn indexer(&self) -> std::sync::Arc<dyn RunIndexer> {
+        self.indexer.get()
+    }
+
+    fn set_indexer(&self, indexer: std::sync::Arc<dyn RunIndexer>) -> Result<(), StoreError> {
+        self.indexer.set(indexer.clone());
+        let mut after = 0;
+        loop {
+            let pending = self.write(|tx| {
+                reindex(tx, indexer.as_ref(), after, REINDEX_BATCH).map_err(|e| self.err(e))
+            })?;
+            match pending {
+                Some(last) => after = last,
+                None => return Ok(()),
+            }
+        }
+    }
+
     fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError> {
         let conn = self.conn.lock();
         let row: Option<(String, i64)> = conn
@@ -1279,7 +1323,7 @@ impl Store for SqliteStore {
 
     fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
         self.write(|tx| {
-            let row = RunRow::new(run)?;
+            let row = RunRow::new(run, self.indexer.get().as_ref())?;
             let created = row
                 .execute(tx, INSERT_RUN, (None, None), &Fence::unleased(0), None)
                 .map_err(|e| self.err(e))?;
