@@ -740,14 +740,15 @@ fn the_environment_does_not_turn_exec_on_in_the_library() {
 }
 
 /// `execute_command` is off by default, always asks (even when a run
-/// policy auto-approves it), runs in the workspace root, and is refused in
-/// a read-only workspace.
+/// policy auto-approves it), runs in the workspace root with the
+/// environment the application gave and nothing of the host process's,
+/// and is refused in a read-only workspace.
 #[test]
 fn execute_command_is_opt_in_always_asked_and_refused_read_only() {
     let (rt, dir) = runtime();
     let ws = workspace(&dir);
     let batch = json!({"tool_calls": [call("execute_command",
-        json!({"command": "echo made > made.txt; echo done"}))]});
+        json!({"command": "echo made > made.txt; echo \"done $MARK ${HOME:-none}\""}))]});
     let off = start(&rt, batch.clone(), ws_vars(&ws), json!({}));
     assert_eq!(
         results(&off)[0]["error"],
@@ -758,10 +759,16 @@ fn execute_command_is_opt_in_always_asked_and_refused_read_only() {
     let rt = stepwell::builder(store)
         .engine(stepwell_tests::engine())
         .plugin(std::sync::Arc::new(
-            stepwell::tools::Tools::new().enable_exec(true),
+            stepwell::tools::Tools::new()
+                .enable_exec(true)
+                .exec_env(stepwell::tools::exec::ExecEnv::default().var("MARK", "given")),
         ))
         .build()
         .unwrap();
+    assert!(
+        std::env::var_os("HOME").is_some(),
+        "the test process has a HOME"
+    );
     rt.load_bundle(&dir.path().join("tools")).unwrap();
     let run = start(
         &rt,
@@ -774,7 +781,7 @@ fn execute_command_is_opt_in_always_asked_and_refused_read_only() {
     let done = rt.respond(&run.run_id, json!({"approved": true})).unwrap();
     let r = results(&done);
     assert_eq!(r[0]["success"], true, "{r:?}");
-    assert_eq!(r[0]["output"]["stdout"], "done\n");
+    assert_eq!(r[0]["output"]["stdout"], "done given none\n");
     assert_eq!(r[0]["output"]["working_directory"], ws.to_str().unwrap());
     assert_eq!(
         std::fs::read_to_string(ws.join("made.txt")).unwrap(),

@@ -294,6 +294,10 @@ pub struct HostOptions {
     /// Offer the host tool `execute_command` (off by default; the `tools`
     /// feature).
     pub enable_exec: bool,
+    /// The whole environment `execute_command` gives a command (the
+    /// library reads none of its own process's; the binary passes its
+    /// `PATH`, `HOME`, `LANG`, `LC_ALL` and `TMPDIR`).
+    pub exec_env: Vec<(String, std::ffi::OsString)>,
     /// Where a memory or PostgreSQL store's compiled components and bundles
     /// are cached (`None`: components are compiled in memory, and bundles
     /// the store keeps are written into a temporary folder of the
@@ -314,6 +318,7 @@ impl std::fmt::Debug for HostOptions {
             .field("tool_dir", &self.tool_dir)
             .field("trigger_dir", &self.trigger_dir)
             .field("enable_exec", &self.enable_exec)
+            .field("exec_env", &self.exec_env)
             .field("cache_home", &self.cache_home)
             .field(
                 "effects",
@@ -393,7 +398,13 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     }
     #[cfg(feature = "tools")]
     {
-        let mut tools = crate::tools::Tools::new().enable_exec(options.enable_exec);
+        let env = (options.exec_env.iter())
+            .fold(crate::tools::exec::ExecEnv::default(), |env, (k, v)| {
+                env.var(k.clone(), v.clone())
+            });
+        let mut tools = crate::tools::Tools::new()
+            .enable_exec(options.enable_exec)
+            .exec_env(env);
         if let Some(dir) = &options.tool_dir {
             tools = tools.dir(dir.clone());
         }

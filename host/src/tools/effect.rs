@@ -117,7 +117,7 @@ impl ToolCalls {
                 "open_attachment" => {
                     crate::tools::attach::open(b.artifacts, b.run_id, &c.arguments)
                 }
-                _ => crate::tools::exec::run(&c.arguments, timeout),
+                _ => crate::tools::exec::run(&c.arguments, timeout, self.catalog.exec_env()),
             };
             return from_output(c, output);
         }

@@ -26,9 +26,37 @@ const KEEP_BYTES: usize = 256 << 10;
 /// The environment variable that enables the tool.
 pub const ENABLE_EXEC_ENV: &str = "STEPWELL_ENABLE_EXEC";
 
-/// The environment variables a command gets from the host (nothing else:
-/// keys such as `OPENAI_API_KEY` never reach it).
-const PASSED_ENV: [&str; 5] = ["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"];
+/// The environment variables the binary passes from its own environment
+/// to a command ([`ExecEnv`]; nothing else: keys such as `OPENAI_API_KEY`
+/// never reach it).
+pub const PASSED_ENV: [&str; 5] = ["PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"];
+
+/// The whole environment a command of `execute_command` gets: the library
+/// reads none of its own process's, the application gives it (the binary
+/// gives its [`PASSED_ENV`]). Empty by default.
+///
+/// ```
+/// use stepwell::tools::exec::ExecEnv;
+/// let env = ExecEnv::default().var("PATH", "/usr/bin:/bin").var("LANG", "C.UTF-8");
+/// assert_eq!(env.vars().len(), 2);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecEnv(Vec<(String, std::ffi::OsString)>);
+
+impl ExecEnv {
+    /// This environment with `name` set to `value` (replacing it).
+    pub fn var(mut self, name: impl Into<String>, value: impl Into<std::ffi::OsString>) -> Self {
+        let name = name.into();
+        self.0.retain(|(k, _)| *k != name);
+        self.0.push((name, value.into()));
+        self
+    }
+
+    /// Its variables, in the order they were set.
+    pub fn vars(&self) -> &[(String, std::ffi::OsString)] {
+        &self.0
+    }
+}
 
 /// The tool's spec.
 pub fn spec() -> ToolSpec {
@@ -188,9 +216,9 @@ fn head(s: &str, limit: usize) -> (String, bool) {
 
 /// Runs one `execute_command` call (arguments already rewritten by the
 /// scope: `working_directory` absolute), bounded by `limit` (the run's
-/// tool timeout) and the call's own `timeout`. The answer is the
-/// reference's result object.
-pub fn run(args: &Map<String, Value>, limit: Duration) -> Value {
+/// tool timeout) and the call's own `timeout`, with the environment `env`
+/// and nothing else. The answer is the reference's result object.
+pub fn run(args: &Map<String, Value>, limit: Duration, env: &ExecEnv) -> Value {
     let command = args
         .get("command")
         .and_then(Value::as_str)
@@ -225,11 +253,7 @@ pub fn run(args: &Map<String, Value>, limit: Duration) -> Value {
     let capture = boolish(args.get("capture_output"), true);
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(&command).env_clear();
-    for k in PASSED_ENV {
-        if let Some(v) = std::env::var_os(k) {
-            cmd.env(k, v);
-        }
-    }
+    cmd.envs(env.vars().iter().map(|(k, v)| (k, v)));
     if !wd.is_empty() {
         cmd.current_dir(&wd);
     }
@@ -376,6 +400,7 @@ mod tests {
                          "working_directory": tmp.path().to_str().unwrap()}),
             ),
             Duration::from_secs(10),
+            &ExecEnv::default(),
         );
         assert_eq!(r["success"], false);
         assert_eq!(r["return_code"], 3);
@@ -396,6 +421,7 @@ mod tests {
         let r = run(
             &args(json!({"command": "sleep 30 & sleep 30", "timeout": 0.3})),
             Duration::from_secs(10),
+            &ExecEnv::default(),
         );
         assert!(started.elapsed() < Duration::from_secs(10));
         assert_eq!(r["success"], false);
@@ -411,6 +437,7 @@ mod tests {
         let r = run(
             &args(json!({"command": "sleep 20 & echo started", "timeout": 10})),
             Duration::from_secs(30),
+            &ExecEnv::default(),
         );
         assert!(started.elapsed() < Duration::from_secs(5), "{r}");
         assert_eq!(r["success"], true);
@@ -423,6 +450,7 @@ mod tests {
         let r = run(
             &args(json!({"command": "setsid sleep 8 & echo started", "timeout": 20})),
             Duration::from_secs(30),
+            &ExecEnv::default(),
         );
         assert!(started.elapsed() < Duration::from_secs(5), "{r}");
         assert_eq!(r["stdout"], "started\n");
@@ -433,6 +461,7 @@ mod tests {
         let r = run(
             &args(json!({"command": "rm -rf /tmp/x"})),
             Duration::from_secs(5),
+            &ExecEnv::default(),
         );
         assert_eq!(r["success"], false);
         assert!(r["error"]

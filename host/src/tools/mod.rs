@@ -273,6 +273,7 @@ pub struct ToolCatalog {
     engine: WasmEngine,
     dir: Option<PathBuf>,
     exec: bool,
+    exec_env: exec::ExecEnv,
     table: OnceLock<Result<Arc<ToolTable>, String>>,
 }
 
@@ -284,8 +285,20 @@ impl ToolCatalog {
             engine,
             dir,
             exec,
+            exec_env: exec::ExecEnv::default(),
             table: OnceLock::new(),
         }
+    }
+
+    /// This catalog, its `execute_command` giving commands `env`.
+    pub fn with_exec_env(mut self, env: exec::ExecEnv) -> Self {
+        self.exec_env = env;
+        self
+    }
+
+    /// The environment `execute_command` gives a command.
+    pub fn exec_env(&self) -> &exec::ExecEnv {
+        &self.exec_env
     }
 
     /// The table (loaded now if it was not).

@@ -33,6 +33,7 @@ use crate::Runtime;
 pub struct Tools {
     dir: Option<PathBuf>,
     enable_exec: bool,
+    exec_env: super::exec::ExecEnv,
 }
 
 impl Tools {
@@ -57,6 +58,14 @@ impl Tools {
         self.enable_exec = on;
         self
     }
+
+    /// The environment `execute_command` gives a command, all of it
+    /// (default: empty; the binary gives its own `PATH`, `HOME`, `LANG`,
+    /// `LC_ALL` and `TMPDIR`, [`super::exec::PASSED_ENV`]).
+    pub fn exec_env(mut self, env: super::exec::ExecEnv) -> Self {
+        self.exec_env = env;
+        self
+    }
 }
 
 impl Plugin for Tools {
@@ -65,11 +74,10 @@ impl Plugin for Tools {
     }
 
     fn install(&self, cx: &mut Install<'_>) -> Result<()> {
-        let catalog = Arc::new(ToolCatalog::new(
-            cx.engine().clone(),
-            self.dir.clone(),
-            self.enable_exec,
-        ));
+        let catalog = Arc::new(
+            ToolCatalog::new(cx.engine().clone(), self.dir.clone(), self.enable_exec)
+                .with_exec_env(self.exec_env.clone()),
+        );
         cx.default_effect(Arc::new(ToolCalls::new(catalog.clone())));
         cx.default_effect(Arc::new(ToolSpecs::new(catalog.clone())));
         cx.set_extension(catalog);

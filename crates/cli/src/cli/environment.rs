@@ -19,6 +19,15 @@ pub fn exec_enabled() -> bool {
     var(stepwell::tools::exec::ENABLE_EXEC_ENV).is_some_and(|v| v.trim() == "1")
 }
 
+/// What a command of `execute_command` gets of this process's
+/// environment: its `PATH`, `HOME`, `LANG`, `LC_ALL` and `TMPDIR`.
+pub fn exec_env() -> Vec<(String, std::ffi::OsString)> {
+    stepwell::tools::exec::PASSED_ENV
+        .iter()
+        .filter_map(|k| Some((k.to_string(), std::env::var_os(k)?)))
+        .collect()
+}
+
 /// The folder of plugin trigger sources `STEPWELL_TRIGGER_DIR` names.
 pub fn trigger_dir() -> Option<PathBuf> {
     var(stepwell::triggers::PLUGIN_DIR_ENV).map(PathBuf::from)

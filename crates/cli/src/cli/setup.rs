@@ -104,6 +104,7 @@ pub(crate) fn host(cli: &Cli) -> Result<Host, Error> {
         tool_dir: cli.tool_dir.clone(),
         trigger_dir: super::environment::trigger_dir(),
         enable_exec: cli.enable_exec || super::environment::exec_enabled(),
+        exec_env: super::environment::exec_env(),
         cache_home: super::environment::cache_home(),
         effects: vec![super::environment::llm_call()],
     };
