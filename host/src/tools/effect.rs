@@ -531,6 +531,19 @@ impl EffectHandler for ToolCalls {
         })))
     }
 
+    /// The waits it parks a run on: an approval, or calls handed out
+    /// (`passthrough`, `delegated`), recognised by their details.
+    fn owns_wait(&self, wait: &WaitState) -> bool {
+        let Some(d) = wait.details.as_ref() else {
+            return false;
+        };
+        let mode = d.get("mode").and_then(Value::as_str);
+        matches!(
+            mode,
+            Some("approval_required" | "passthrough" | "delegated")
+        ) && d.get("tool_calls").is_some_and(Value::is_array)
+    }
+
     fn check_resume(&self, wait: &WaitState, payload: &Value) -> Result<()> {
         let details = wait.details.as_ref().unwrap_or(&Value::Null);
         let is_results = payload.get("mode").is_some() && payload.get("results").is_some();

@@ -1461,7 +1461,7 @@ impl Runtime {
     }
 
     /// Runs the resume hook of the effect that started the run's wait, if
-    /// that effect has one ([`crate::effects::waits_on_resume`], checked
+    /// that effect has one ([`crate::effects::EffectHandler::owns_wait`], checked
     /// against the ledger so a look-alike wait of another effect gets
     /// nothing). An external effect's work runs under the run's lease
     /// ([`Hook::ClaimFirst`] when the hold has none yet) and its answer is
@@ -1477,9 +1477,7 @@ impl Runtime {
         let Some(wait) = run.waiting.clone() else {
             return Ok(Hook::None);
         };
-        let Some(handler) =
-            crate::effects::waits_on_resume(&wait).and_then(|k| self.inner.effects.get(k).cloned())
-        else {
+        let Some(handler) = self.inner.effects.owner_of(&wait).cloned() else {
             return Ok(Hook::None);
         };
         let Some(key) = effect_key(run) else {

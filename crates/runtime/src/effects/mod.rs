@@ -359,10 +359,19 @@ pub trait EffectHandler: Send + Sync {
         Ok(None)
     }
 
+    /// Whether `wait` is one this effect parks runs on and has resume hooks
+    /// for ([`EffectHandler::check_resume`], [`EffectHandler::on_resume`]).
+    /// The runtime asks its effects when a wait is resumed, then checks in
+    /// the ledger that this effect really started the wait. Default: none.
+    fn owns_wait(&self, wait: &WaitState) -> bool {
+        let _ = wait;
+        false
+    }
+
     /// For a wait this effect parked its run on: refuses a resume payload
     /// the effect cannot take (an [`Error::InvalidInput`] naming the
     /// field), before anything is recorded. Only asked of waits
-    /// [`waits_on_resume`] recognises.
+    /// [`EffectHandler::owns_wait`] claims.
     ///
     /// [`Error::InvalidInput`]: crate::Error::InvalidInput
     fn check_resume(&self, wait: &WaitState, payload: &Value) -> Result<()> {
@@ -394,18 +403,6 @@ pub trait EffectHandler: Send + Sync {
         payload: &Map<String, Value>,
         prepared: Option<&Value>,
     ) -> Result<Outcome>;
-}
-
-/// The effect kind whose resume hooks ([`EffectHandler::on_resume`]) a
-/// wait needs, if any: the waits `tool_calls` parks a run on (an approval,
-/// or calls handed out), recognised by their details. The runtime then
-/// checks in the ledger that this effect really started the wait.
-pub fn waits_on_resume(wait: &WaitState) -> Option<&'static str> {
-    let d = wait.details.as_ref()?;
-    let mode = d.get("mode")?.as_str()?;
-    (matches!(mode, "approval_required" | "passthrough" | "delegated")
-        && d.get("tool_calls").is_some_and(Value::is_array))
-    .then_some("tool_calls")
 }
 
 /// The effect kinds a runtime executes.
@@ -446,6 +443,12 @@ impl EffectRegistry {
     /// Adds (or replaces) the handler of `handler.kind()`.
     pub fn register(&mut self, handler: Arc<dyn EffectHandler>) {
         self.handlers.insert(handler.kind().to_string(), handler);
+    }
+
+    /// The effect that owns `wait` ([`EffectHandler::owns_wait`]), if one
+    /// does.
+    pub fn owner_of(&self, wait: &WaitState) -> Option<&Arc<dyn EffectHandler>> {
+        self.handlers.values().find(|h| h.owns_wait(wait))
     }
 
     /// The handler of `kind`.
