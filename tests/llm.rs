@@ -66,9 +66,17 @@ fn ask(rt: &Runtime, payload: Value) -> stepwell::RunState {
     .unwrap()
 }
 
+/// `llm_call` tried once: an empty `retries` would take the Llm plugin's
+/// default (three attempts).
 fn no_retries() -> RuntimeConfig {
+    let once = stepwell::RetryPolicy {
+        max_attempts: 1,
+        initial_backoff: std::time::Duration::from_secs(1),
+        factor: 2.0,
+        max_backoff: std::time::Duration::from_secs(1),
+    };
     RuntimeConfig {
-        retries: Default::default(),
+        retries: [("llm_call".to_string(), once)].into(),
         ..Default::default()
     }
 }

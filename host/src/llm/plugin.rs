@@ -50,6 +50,18 @@ impl Plugin for Llm {
 
     fn install(&self, cx: &mut Install<'_>) -> Result<()> {
         cx.default_effect(self.call.clone());
+        // A model call has no side effect: tried three times, 1 s then 2 s
+        // apart (the reference's factories; a tool call is never retried
+        // by default).
+        cx.default_retry(
+            "llm_call",
+            crate::RetryPolicy {
+                max_attempts: 3,
+                initial_backoff: std::time::Duration::from_secs(1),
+                factor: 2.0,
+                max_backoff: std::time::Duration::from_secs(30),
+            },
+        );
         Ok(())
     }
 }

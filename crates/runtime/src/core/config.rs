@@ -111,8 +111,10 @@ pub struct RuntimeConfig {
     pub warn_tokens_pct: u64,
     /// Retry policies for failed effects, by effect kind. An effect without
     /// one fails its run at the first failure; a failure that says it is not
-    /// retryable fails it whatever the policy. Default: `llm_call` three
-    /// attempts (backoff 1 s, doubling, at most 30 s).
+    /// retryable fails it whatever the policy. A kind left out takes the
+    /// default of the plugin that adds it ([`crate::core::plugin::Install::default_retry`]:
+    /// `llm_call`, three attempts, backoff 1 s, doubling, at most 30 s);
+    /// `max_attempts: 1` turns retries off. Default: empty.
     pub retries: HashMap<String, RetryPolicy>,
 }
 
@@ -184,18 +186,7 @@ impl Default for RuntimeConfig {
             max_history_messages: -1,
             warn_iterations_pct: 80,
             warn_tokens_pct: 80,
-            // A model call has no side effect: tried three times, 1 s then
-            // 2 s apart (the reference's factories; a tool call is never
-            // retried by default).
-            retries: HashMap::from([(
-                "llm_call".to_string(),
-                RetryPolicy {
-                    max_attempts: 3,
-                    initial_backoff: Duration::from_secs(1),
-                    factor: 2.0,
-                    max_backoff: Duration::from_secs(30),
-                },
-            )]),
+            retries: HashMap::new(),
         }
     }
 }

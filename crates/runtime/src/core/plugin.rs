@@ -166,6 +166,9 @@ pub struct Install<'a> {
     pub(crate) extensions: &'a mut Extensions,
     /// Effect kinds a plugin sealed: nothing registers them again.
     pub(crate) sealed: &'a mut std::collections::BTreeSet<String>,
+    /// Retry policies of the plugins' effects, for kinds the
+    /// configuration leaves out.
+    pub(crate) retries: &'a mut std::collections::HashMap<String, crate::RetryPolicy>,
 }
 
 impl Install<'_> {
@@ -230,6 +233,12 @@ impl Install<'_> {
     /// columns their meaning installs one; a later one replaces it.
     pub fn index_runs(&mut self, indexer: Arc<dyn crate::store::RunIndexer>) -> Result<()> {
         Ok(self.store.set_indexer(indexer)?)
+    }
+
+    /// The retry policy of the effect `kind` when the runtime's
+    /// configuration has none for it ([`crate::RuntimeConfig::retries`]).
+    pub fn default_retry(&mut self, kind: &str, policy: crate::RetryPolicy) {
+        self.retries.insert(kind.to_string(), policy);
     }
 
     /// Keeps `value` in the runtime ([`crate::Runtime::extension`]).

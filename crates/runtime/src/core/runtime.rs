@@ -278,6 +278,7 @@ impl RuntimeBuilder {
         let mut effects = self.effects;
         let mut extensions = Extensions::default();
         let mut sealed = std::collections::BTreeSet::new();
+        let mut retries = HashMap::new();
         for plugin in self.plugins.iter() {
             plugin.install(&mut Install {
                 engine: &engine,
@@ -286,11 +287,16 @@ impl RuntimeBuilder {
                 effects: &mut effects,
                 extensions: &mut extensions,
                 sealed: &mut sealed,
+                retries: &mut retries,
             })?;
+        }
+        let mut config = self.config;
+        for (kind, policy) in retries {
+            config.retries.entry(kind).or_insert(policy);
         }
         let keeper = LeaseKeeper::start(
             super::txn::new_holder_id(),
-            self.config.lease_ttl,
+            config.lease_ttl,
             self.store.clone(),
         );
         Ok(Runtime {
@@ -298,7 +304,7 @@ impl RuntimeBuilder {
                 store: self.store,
                 engine,
                 clock: self.clock,
-                config: self.config,
+                config,
                 offloader: self.offloader,
                 effects,
                 plugins: self.plugins,
