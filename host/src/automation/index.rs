@@ -26,7 +26,7 @@ use crate::store::{index::workspace_root, Attribution, RunIndexer};
 /// use stepwell::store::RunIndexer;
 /// # use stepwell::{RunState, RunStatus};
 /// # let mut run: RunState = serde_json::from_value(serde_json::json!({
-/// #     "run_id": "r1", "workflow_id": "wf", "status": "running",
+/// #     "run_id": "r1", "workflow_id": "wf", "status": "running", "vars": {},
 /// #     "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"})).unwrap();
 /// run.vars.insert("_meta".into(), serde_json::json!({"discussion": {"automation_id": "a1"}}));
 /// let row = AutomationIndex.index(&run);
