@@ -145,6 +145,64 @@ pub fn truthy(v: Option<&Value>) -> bool {
     }
 }
 
+/// How deep a JSON value entering a run may nest (start vars, resume
+/// payloads, guest output, effect results, with the path they are written
+/// at): the stores read back up to 128 levels, and a run's state wraps its
+/// values in a few more.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// How deep `value` nests (a scalar is 1 deep), counted without recursion
+/// and without looking further than `limit + 1` levels.
+pub fn json_depth(value: &Value, limit: usize) -> usize {
+    let mut deepest = 0;
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 1)];
+    while let Some((v, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        if d > limit {
+            return d;
+        }
+        match v {
+            Value::Object(m) => stack.extend(m.values().map(|c| (c, d + 1))),
+            Value::Array(a) => stack.extend(a.iter().map(|c| (c, d + 1))),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// Why `value` may not enter a run (written `extra` levels deep), if it
+/// may not: it nests deeper than [`MAX_JSON_DEPTH`].
+pub fn too_deep(value: &Value, extra: usize) -> Option<String> {
+    let limit = MAX_JSON_DEPTH.saturating_sub(extra);
+    let depth = json_depth(value, limit);
+    (depth > limit).then(|| {
+        format!(
+            "nests more than {limit} levels deep{} (the limit is {MAX_JSON_DEPTH})",
+            if extra > 0 {
+                " where it is written"
+            } else {
+                ""
+            }
+        )
+    })
+}
+
+/// `field.path` (`field` alone for the top value; `field[0]` for an index).
+pub fn inexact_field(field: &str, path: &str) -> String {
+    match path {
+        "" => field.to_string(),
+        p if p.starts_with('[') => format!("{field}{p}"),
+        p => format!("{field}.{p}"),
+    }
+}
+
+/// Why an integer no 64-bit integer holds is refused.
+pub fn inexact_message(literal: &str) -> String {
+    format!(
+        "the integer {literal} does not fit in 64 bits and would be changed (stored as the nearest float): write it as a string, or as a float on purpose"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

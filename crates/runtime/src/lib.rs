@@ -31,8 +31,8 @@
 pub mod core;
 pub mod effects;
 pub mod flow;
-pub mod store;
-pub mod wasm;
+pub use stepwell_store as store;
+pub use stepwell_wasm as wasm;
 
 pub use crate::core::clock::{Clock, ManualClock, SystemClock};
 pub use crate::core::config::{RetryPolicy, RuntimeConfig, StartOptions, MIN_LEASE_TTL};

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::core::model::RunState;
+use stepwell_model::model::RunState;
 
 /// The index columns of one run that an indexer fills.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -52,7 +52,7 @@ use super::{
     check_next_version, link, wait_due_at, Claim, Deferral, Durability, Fence, LeaseAfter,
     LeaseRequest, RunQuery, Store, StoreError,
 };
-use crate::core::model::{RunState, RunStatus, StepRecord};
+use stepwell_model::model::{RunState, RunStatus, StepRecord};
 
 use super::private::options as private_file;
 

@@ -8,8 +8,17 @@
 //! [`Store::commit`] gives a backend one place to make a step's ledger records
 //! and its run save atomic, fenced by the version its writer read and the
 //! lease it holds.
+//!
+//! This crate is the stores alone: it depends on the run model
+//! (`stepwell-model`) and nothing of the runtime; `stepwell-runtime`
+//! re-exports it as `stepwell_runtime::store` (and `stepwell::store`).
+
+// Every public item says what it is; every unsafe operation sits in a
+// block that says why it holds, also inside an `unsafe fn`.
+#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
 pub mod artifacts;
+pub mod bundles;
 pub mod commands;
 pub mod inbox;
 pub mod index;
@@ -18,7 +27,8 @@ mod jsonl;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
-pub(crate) mod private;
+#[doc(hidden)] // the file-privacy checks the sandbox and the host share
+pub mod private;
 pub mod snapshots;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -32,7 +42,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::core::model::{RunState, RunStatus, StepRecord, WaitReason};
+use stepwell_model::model::{RunState, RunStatus, StepRecord, WaitReason};
 
 pub use artifacts::{ArtifactMeta, ArtifactStore, FileArtifactStore, MemoryArtifactStore};
 pub use commands::{
@@ -52,6 +62,18 @@ pub use sqlite::{
     configure as configure_sqlite, open_connection as open_sqlite_connection, SqliteStore,
     SCHEMA_VERSION as SQLITE_SCHEMA_VERSION,
 };
+
+/// Where the digests of compiled files are kept: the host loads a cached
+/// file only if the SHA-256 of its bytes is the one recorded here when the
+/// file was written. Keep it somewhere at least as well guarded as the cache
+/// (the run store is: `SqliteStore` implements this).
+pub trait CompiledDigests: Send + Sync + std::fmt::Debug {
+    /// The digest recorded for the compiled file `name`, if any.
+    fn vouched(&self, name: &str) -> Option<[u8; 32]>;
+    /// Records `digest` for the compiled file `name` (a failure only costs
+    /// a compilation later).
+    fn vouch(&self, name: &str, digest: &[u8; 32]);
+}
 
 /// `url` without its password (for messages): the password of a URL's
 /// user part (which ends at its last `@`) and any `password=` parameter
@@ -160,6 +182,22 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
+/// So the runtime's error converts it like any error below it (into its
+/// `Store` variant).
+impl stepwell_model::ExtensionError for StoreError {
+    fn reason_code(&self) -> &'static str {
+        self.code
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"code": self.code, "message": self.message})
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 /// A request for a run's lease: whoever executes a run's steps holds it, so
 /// no other process (or runtime) executes them at the same time.
 #[derive(Debug, Clone, Copy)]
@@ -195,7 +233,7 @@ impl LeaseRequest<'_> {
             .is_none_or(|until| self.blocked_by(holder, until))
             .then(|| Claim::Busy {
                 holder: Some(holder.to_string()),
-                until: until.map(crate::core::clock::format_time),
+                until: until.map(stepwell_model::clock::format_time),
             })
     }
 }
@@ -923,7 +961,7 @@ pub trait Store: Send + Sync {
 
     /// Whether the store keeps bundles' files, not only their paths (a
     /// store several machines share: every host then runs the files the
-    /// store keeps; see [`crate::flow::archive`]). The default: `false`.
+    /// store keeps; see [`crate::bundles`]). The default: `false`.
     fn keeps_bundle_files(&self) -> bool {
         false
     }
@@ -936,7 +974,7 @@ pub trait Store: Send + Sync {
         &self,
         workflow_ids: &[String],
         dir: &std::path::Path,
-        files: &crate::flow::archive::BundleFiles,
+        files: &crate::bundles::BundleFiles,
     ) -> Result<(), StoreError> {
         let _ = files;
         for id in workflow_ids {
@@ -954,10 +992,7 @@ pub trait Store: Send + Sync {
 
     /// The files kept under `digest`, in path order (none: no such
     /// digest). The caller checks them against it.
-    fn bundle_files(
-        &self,
-        digest: &str,
-    ) -> Result<Vec<crate::flow::archive::BundleFile>, StoreError> {
+    fn bundle_files(&self, digest: &str) -> Result<Vec<crate::bundles::BundleFile>, StoreError> {
         let _ = digest;
         Ok(Vec::new())
     }
@@ -1343,7 +1378,7 @@ impl ChainVerifier {
 }
 
 /// The due time of a run's wait, if it has one that the driver must watch.
-pub(crate) fn wait_due_at(run: &RunState) -> Option<DateTime<Utc>> {
+pub fn wait_due_at(run: &RunState) -> Option<DateTime<Utc>> {
     let w = run.waiting.as_ref()?;
     if run.status != RunStatus::Waiting {
         return None;
@@ -1352,7 +1387,7 @@ pub(crate) fn wait_due_at(run: &RunState) -> Option<DateTime<Utc>> {
         WaitReason::Until | WaitReason::Event => w
             .until
             .as_deref()
-            .and_then(|u| crate::core::clock::parse_time(u).ok()),
+            .and_then(|u| stepwell_model::clock::parse_time(u).ok()),
         _ => None,
     }
 }

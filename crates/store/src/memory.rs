@@ -18,8 +18,8 @@ use super::{
     check_next_version, link, wait_due_at, Claim, Deferral, Fence, LeaseAfter, LeaseRequest,
     RunQuery, Store, StoreError,
 };
-use crate::core::clock::format_time;
-use crate::core::model::{EffectRecord, RunState, RunStatus, StepRecord, StepStatus};
+use stepwell_model::clock::format_time;
+use stepwell_model::model::{EffectRecord, RunState, RunStatus, StepRecord, StepStatus};
 
 /// One stored run: creation order, state, lease.
 #[derive(Debug)]
@@ -921,8 +921,8 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::model::EffectRecord;
     use serde_json::json;
+    use stepwell_model::model::EffectRecord;
 
     fn record(n: u32, ended: Option<&str>, result: Option<serde_json::Value>) -> StepRecord {
         StepRecord {
@@ -986,7 +986,7 @@ mod tests {
             append_owned(&mut ledgers, vec![r.clone()]);
             let back = ledgers.get_mut("run-1").unwrap().read_from("run-1", 0);
             assert_eq!(back[0].result, r.result);
-            assert!(crate::store::verify_chain(&back).is_ok());
+            assert!(crate::verify_chain(&back).is_ok());
         }
         let mut ledgers = ByRun::default();
         append_owned(&mut ledgers, records.clone());
@@ -1002,7 +1002,7 @@ mod tests {
         assert!(back.iter().all(|r| r.record_hash.is_some()));
         assert_eq!(back[0].prev_hash, None);
         assert_eq!(back[3].prev_hash, back[2].record_hash);
-        assert!(crate::store::verify_chain(&back).is_ok());
+        assert!(crate::verify_chain(&back).is_ok());
         // Records added after a read link on to the chain.
         append_owned(&mut ledgers, vec![record(7, None, None)]);
         let ledger = ledgers.get_mut("run-1").unwrap();
@@ -1010,7 +1010,7 @@ mod tests {
         assert_eq!(tail.len(), 2);
         assert_eq!(tail[0], back[4]);
         assert_eq!(tail[1].prev_hash, back[4].record_hash);
-        assert!(crate::store::verify_chain(&ledger.read_from("run-1", 0)).is_ok());
+        assert!(crate::verify_chain(&ledger.read_from("run-1", 0)).is_ok());
         // Results nested deeper than serde_json reads back from text.
         let deep = |levels: usize| (0..levels).fold(json!(1), |v, _| json!([v]));
         append_owned(
@@ -1024,7 +1024,7 @@ mod tests {
         let all = ledger.read_from("run-1", 0);
         assert_eq!(all[6].result, Some(deep(130)));
         assert_eq!(all[7].result, Some(deep(100)));
-        assert!(crate::store::verify_chain(&all).is_ok());
+        assert!(crate::verify_chain(&all).is_ok());
     }
 
     /// Every in-memory step keeps one of these: it stays well below a

@@ -48,8 +48,8 @@ use super::{
     LeaseAfter, LeaseRequest, NextDue, RunIndexQuery, RunIndexRow, RunIndexer, RunQuery, Store,
     StoreError,
 };
-use crate::core::model::{RunState, RunStatus, StepRecord};
-use crate::flow::archive::{BundleFile, BundleFiles};
+use crate::bundles::{BundleFile, BundleFiles};
+use stepwell_model::model::{RunState, RunStatus, StepRecord};
 
 /// The schema version this build writes. A database at a higher version
 /// was written by a newer stepwell and is refused; an older one is migrated
@@ -2244,7 +2244,7 @@ impl super::CommandStore for PostgresStore {
 /// The digests of compiled components the engine cached on this host: a
 /// cached file is loaded only if its digest is one the database recorded
 /// (every host compiles for itself; a digest names a file's content).
-impl crate::wasm::CompiledDigests for PostgresStore {
+impl crate::CompiledDigests for PostgresStore {
     fn vouched(&self, name: &str) -> Option<[u8; 32]> {
         let text: String = self
             .read(|c| {

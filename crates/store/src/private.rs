@@ -24,7 +24,7 @@ use super::StoreError;
 
 /// Why a file or folder is not private to this user.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum NotPrivate {
+pub enum NotPrivate {
     /// It could not be examined.
     Unreadable(String),
     /// It is a symbolic link.
@@ -98,13 +98,13 @@ fn judge(meta: &std::fs::Metadata, dir: bool) -> Result<(), NotPrivate> {
 /// Refuses a folder that is a symbolic link, that another user owns or that
 /// others may write.
 #[cfg(unix)]
-pub(crate) fn check_dir(dir: &Path) -> Result<(), NotPrivate> {
+pub fn check_dir(dir: &Path) -> Result<(), NotPrivate> {
     let meta = std::fs::symlink_metadata(dir).map_err(|e| NotPrivate::Unreadable(e.to_string()))?;
     judge(&meta, true)
 }
 
 #[cfg(not(unix))]
-pub(crate) fn check_dir(_: &Path) -> Result<(), NotPrivate> {
+pub fn check_dir(_: &Path) -> Result<(), NotPrivate> {
     Ok(())
 }
 
@@ -113,7 +113,7 @@ pub(crate) fn check_dir(_: &Path) -> Result<(), NotPrivate> {
 /// not sticky.
 #[cfg(unix)]
 #[cfg(feature = "sqlite")]
-pub(crate) fn check_parent(dir: &Path) -> Result<(), NotPrivate> {
+pub fn check_parent(dir: &Path) -> Result<(), NotPrivate> {
     use std::os::unix::fs::MetadataExt;
     // A link to the folder is followed only when this user (or root) made
     // it: another user's link in a shared folder would choose where the
@@ -142,13 +142,13 @@ pub(crate) fn check_parent(dir: &Path) -> Result<(), NotPrivate> {
 
 #[cfg(not(unix))]
 #[cfg(feature = "sqlite")]
-pub(crate) fn check_parent(_: &Path) -> Result<(), NotPrivate> {
+pub fn check_parent(_: &Path) -> Result<(), NotPrivate> {
     Ok(())
 }
 
 /// Creates `dir` and the folders above it that are missing, each `0700`.
 #[cfg(unix)]
-pub(crate) fn create_dir(dir: &Path) -> std::io::Result<()> {
+pub fn create_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -157,12 +157,12 @@ pub(crate) fn create_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 #[cfg(not(unix))]
-pub(crate) fn create_dir(dir: &Path) -> std::io::Result<()> {
+pub fn create_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)
 }
 
 /// `store_unsafe`, naming `path` and why.
-pub(crate) fn refused(path: &Path, what: &str, why: &NotPrivate) -> StoreError {
+pub fn refused(path: &Path, what: &str, why: &NotPrivate) -> StoreError {
     StoreError::unsafe_path(format!(
         "{}: {what} {why}: refusing to use it (it must be this user's, writable by nobody else, and not a link)",
         path.display()
@@ -172,7 +172,7 @@ pub(crate) fn refused(path: &Path, what: &str, why: &NotPrivate) -> StoreError {
 /// Creates (`0700`) and checks ([`check_dir`]) a folder the store keeps its
 /// own files in; `what` names it in the error. One that others may read or
 /// enter (made by an older stepwell) is made `0700`.
-pub(crate) fn open_dir(dir: &Path, what: &str) -> Result<(), StoreError> {
+pub fn open_dir(dir: &Path, what: &str) -> Result<(), StoreError> {
     let io = |e: std::io::Error| StoreError::io(format!("{}: {e}", dir.display()));
     create_dir(dir).map_err(io)?;
     check_dir(dir).map_err(|why| refused(dir, what, &why))?;
@@ -192,7 +192,7 @@ pub(crate) fn open_dir(dir: &Path, what: &str) -> Result<(), StoreError> {
 
 /// Options that create a file `0600` whatever the umask, never through a
 /// link (the caller adds how it opens it).
-pub(crate) fn options() -> std::fs::OpenOptions {
+pub fn options() -> std::fs::OpenOptions {
     let mut options = std::fs::OpenOptions::new();
     #[cfg(unix)]
     {
@@ -205,13 +205,13 @@ pub(crate) fn options() -> std::fs::OpenOptions {
 }
 
 /// A new file only this user may read or write, never over an existing one.
-pub(crate) fn create_file(file: &Path) -> std::io::Result<std::fs::File> {
+pub fn create_file(file: &Path) -> std::io::Result<std::fs::File> {
     options().write(true).create_new(true).open(file)
 }
 
 /// Writes `bytes` to `file` through a temp file (`0600`) unique to this
 /// process and call, synced before the rename that publishes it.
-pub(crate) fn write_synced(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub fn write_synced(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let dir = file.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
@@ -236,7 +236,7 @@ pub(crate) fn write_synced(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// user owns and nobody else may write, read through the one descriptor
 /// that was checked.
 #[cfg(unix)]
-pub(crate) fn read_file(file: &Path) -> Option<Vec<u8>> {
+pub fn read_file(file: &Path) -> Option<Vec<u8>> {
     use std::io::Read;
     let mut f = options().read(true).open(file).ok()?;
     let meta = f.metadata().ok()?;
@@ -247,7 +247,7 @@ pub(crate) fn read_file(file: &Path) -> Option<Vec<u8>> {
 }
 
 #[cfg(not(unix))]
-pub(crate) fn read_file(file: &Path) -> Option<Vec<u8>> {
+pub fn read_file(file: &Path) -> Option<Vec<u8>> {
     std::fs::read(file).ok()
 }
 
@@ -257,7 +257,7 @@ pub(crate) fn read_file(file: &Path) -> Option<Vec<u8>> {
 /// they are links, not regular files, another user's or writable by
 /// others, and made `0600` when others may read them.
 #[cfg(feature = "sqlite")]
-pub(crate) fn prepare_db_file(db: &Path) -> Result<(), StoreError> {
+pub fn prepare_db_file(db: &Path) -> Result<(), StoreError> {
     let io = |p: &Path, e: std::io::Error| StoreError::io(format!("{}: {e}", p.display()));
     match options().write(true).create_new(true).open(db) {
         Ok(_) => {}
@@ -329,5 +329,93 @@ mod tests {
                 .contains("x.sqlite: the database file is writable by others"),
             "{err}"
         );
+    }
+}
+
+/// Refuses a cache directory that is a symbolic link, that another user
+/// owns or that others may write (the compiled-component and bundle
+/// caches: what is read from them is code the host runs).
+pub fn check_private_dir(dir: &Path) -> Result<(), String> {
+    check_dir(dir).map_err(|why| match &why {
+        NotPrivate::Link => format!(
+            "the cache directory {why}: refusing to load compiled code through it (name the directory itself)"
+        ),
+        NotPrivate::Writable { .. } => format!(
+            "the cache directory {why}: refusing to load compiled code from it (chmod go-w, or remove it)"
+        ),
+        NotPrivate::Unreadable(e) => format!("cannot read: {e}"),
+        _ => format!("the cache directory {why}: refusing to load compiled code from it"),
+    })
+}
+
+/// The secret in file `path`, one line of at least 16 characters (the
+/// server's token, the connections' key): created with 32 random bytes as
+/// 64 hex digits, mode 0600, when missing (another process creating it
+/// first wins), in a folder created `0700` when missing; refused when it is
+/// a symbolic link, belongs to another user or others may read it (why,
+/// without the file's name).
+pub fn load_or_create_secret_file(path: &Path) -> Result<String, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::MetadataExt;
+                use std::os::unix::fs::PermissionsExt;
+                let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+                if !meta.is_file() {
+                    return Err("the secret file is a symbolic link or not a regular file: name the file itself".to_string());
+                }
+                // SAFETY: geteuid has no preconditions.
+                let me = unsafe { libc::geteuid() };
+                if meta.uid() != me {
+                    return Err(format!(
+                        "the secret file belongs to user {}, not to this process's user {me}",
+                        meta.uid()
+                    ));
+                }
+                let mode = meta.permissions().mode();
+                if mode & 0o077 != 0 {
+                    return Err(format!(
+                        "the secret file is readable by others (mode {:o}): chmod 600 it",
+                        mode & 0o777
+                    ));
+                }
+            }
+            let token = text.trim().to_string();
+            if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(
+                    "the secret must be one line of at least 16 characters without spaces"
+                        .to_string(),
+                );
+            }
+            Ok(token)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                create_dir(dir).map_err(|e| e.to_string())?;
+            }
+            let bytes: [u8; 32] = rand::random();
+            let token = hex::encode(bytes);
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                options.mode(0o600);
+            }
+            let mut file = match options.open(path) {
+                Ok(f) => f,
+                // Another process created it first: use theirs.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    return load_or_create_secret_file(path)
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes())
+                .and_then(|_| file.sync_all())
+                .map_err(|e| e.to_string())?;
+            Ok(token)
+        }
+        Err(e) => Err(e.to_string()),
     }
 }

@@ -1,7 +1,7 @@
 //! Snapshots: named, searchable bookmarks of a run's state, for debugging
 //! ("return to a known-good state"), inspection and experiments. Restoring
 //! one writes its state back as the run's state (see
-//! [`crate::Runtime::restore_snapshot`]); it cannot make that safe if the
+//! `Runtime::restore_snapshot`); it cannot make that safe if the
 //! workflow changed since.
 //!
 //! Backends: [`MemorySnapshotStore`] and [`JsonSnapshotStore`] (one
@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use crate::core::model::RunState;
+use stepwell_model::model::RunState;
 
 /// A named bookmark of a run's state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -175,13 +175,9 @@ impl JsonSnapshotStore {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
         super::private::open_dir(&dir, "the snapshots folder")?;
-        let key = crate::core::config::load_or_create_secret_file(&dir.join(SEAL_KEY_FILE))
-            .map_err(|e| match e {
-                crate::Error::InvalidInput { field, message } => {
-                    StoreError::unsafe_path(format!("{field}: {message}"))
-                }
-                other => StoreError::io(other.to_string()),
-            })?;
+        let file = dir.join(SEAL_KEY_FILE);
+        let key = super::private::load_or_create_secret_file(&file)
+            .map_err(|why| StoreError::unsafe_path(format!("{}: {why}", file.display())))?;
         Ok(JsonSnapshotStore {
             dir,
             key: key.into_bytes(),

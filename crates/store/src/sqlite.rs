@@ -25,7 +25,7 @@ use super::{
     FeedEntry, Fence, LeaseAfter, LeaseRequest, RunIndexQuery, RunIndexRow, RunIndexer, RunQuery,
     Store, StoreError,
 };
-use crate::core::model::{RunState, RunStatus, StepRecord};
+use stepwell_model::model::{RunState, RunStatus, StepRecord};
 
 /// The schema version this build writes. A database with a higher
 /// `user_version` was written by a newer stepwell and is refused; an older
@@ -2051,7 +2051,7 @@ impl super::CommandStore for SqliteStore {
 
 /// The digests of compiled components the engine cached: a cached file is
 /// loaded only if its digest is the one this database recorded.
-impl crate::wasm::CompiledDigests for SqliteStore {
+impl crate::CompiledDigests for SqliteStore {
     fn vouched(&self, name: &str) -> Option<[u8; 32]> {
         let conn = self.conn.lock();
         let text: String = conn
@@ -2163,7 +2163,7 @@ mod tests {
                 reads
             })
         };
-        let before = crate::store::sqlite_vfs::counts();
+        let before = crate::sqlite_vfs::counts();
         for i in 0..200 {
             let id = format!("run-{i:04}");
             let records: Vec<StepRecord> = (1..=3).map(|n| record(&id, n)).collect();
@@ -2203,7 +2203,7 @@ mod tests {
         }
         done.store(true, Ordering::Relaxed);
         assert!(reader.join().unwrap() > 0);
-        let after = crate::store::sqlite_vfs::counts();
+        let after = crate::sqlite_vfs::counts();
         let (gathered, flushed) = (after.0 - before.0, after.1 - before.1);
         // Each commit writes a few frames (header and page each) and is
         // written once: at least four writes gathered per write made.
@@ -2289,14 +2289,14 @@ mod tests {
                 assert_eq!((stored.version, ledger.len()), (2, 2));
                 assert_eq!(stored.vars["n"], 2);
             }
-            assert!(crate::store::verify_chain(&ledger).is_ok(), "{id}");
+            assert!(crate::verify_chain(&ledger).is_ok(), "{id}");
         }
         // The refused commit's ledger head (its record was rolled back with
         // its savepoint) was not kept: "d"'s next record follows its first.
         commit_step(&store, "d", 2, 1).unwrap();
         let ledger = store.list_records("d").unwrap();
         assert_eq!(ledger.len(), 2);
-        crate::store::verify_chain(&ledger).unwrap();
+        crate::verify_chain(&ledger).unwrap();
     }
 
     /// A store keeps where the ledgers of the runs it committed end and
@@ -2340,7 +2340,7 @@ mod tests {
         let ledger = a.list_records("r").unwrap();
         let steps: Vec<_> = ledger.iter().map(|r| r.step_id.as_str()).collect();
         assert_eq!(steps, ["r-1", "r-2", "r-3", "r-4", "r-6"]);
-        crate::store::verify_chain(&ledger).unwrap();
+        crate::verify_chain(&ledger).unwrap();
         let seqs: Vec<i64> = a
             .conn
             .lock()
@@ -2357,9 +2357,9 @@ mod tests {
             let mut plain = stored.clone();
             (plain.prev_hash, plain.record_hash) = (None, None);
             let mut again = head.clone();
-            let json = crate::store::link_json(&mut again, &plain);
+            let json = crate::link_json(&mut again, &plain);
             let mut copy = plain.clone();
-            assert_eq!(json, crate::store::link(&mut head, &mut copy));
+            assert_eq!(json, crate::link(&mut head, &mut copy));
             assert_eq!(serde_json::from_str::<StepRecord>(&json).unwrap(), *stored);
             assert_eq!(again, head);
         }
@@ -2385,7 +2385,7 @@ mod tests {
         commit_step(&a, "n", 2, 0).unwrap();
         let ledger = a.list_records("n").unwrap();
         assert_eq!(ledger.len(), 2);
-        crate::store::verify_chain(&ledger).unwrap();
+        crate::verify_chain(&ledger).unwrap();
     }
 
     /// A database whose `ledger_run` is not unique (changed by hand) is

@@ -733,8 +733,8 @@ unsafe extern "C" fn x_unfetch(file: *mut ffi::sqlite3_file, offset: i64, p: *mu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::sqlite::{configure, open_connection};
-    use crate::store::Durability;
+    use crate::sqlite::{configure, open_connection};
+    use crate::Durability;
     use std::cell::Cell;
 
     thread_local! {

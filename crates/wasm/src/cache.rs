@@ -24,23 +24,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::store::private::{self, read_file as read_private_file, write_synced};
+use stepwell_store::private::{self, read_file as read_private_file, write_synced};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 use wasmtime::Engine;
 
-/// Where the digests of compiled files are kept: the host loads a cached
-/// file only if the SHA-256 of its bytes is the one recorded here when the
-/// file was written. Keep it somewhere at least as well guarded as the cache
-/// (the run store is: [`crate::SqliteStore`] implements this).
-pub trait CompiledDigests: Send + Sync + std::fmt::Debug {
-    /// The digest recorded for the compiled file `name`, if any.
-    fn vouched(&self, name: &str) -> Option<[u8; 32]>;
-    /// Records `digest` for the compiled file `name` (a failure only costs
-    /// a compilation later).
-    fn vouch(&self, name: &str, digest: &[u8; 32]);
-}
+pub use stepwell_store::CompiledDigests;
 
 /// Digests kept beside the cached files, as `<name>.sha256`.
 #[derive(Debug)]
@@ -206,18 +196,4 @@ impl CompileCache {
     }
 }
 
-/// Refuses a cache directory that is a symbolic link, that another user
-/// owns or that others may write.
-pub(crate) fn check_private_dir(dir: &Path) -> Result<(), String> {
-    use crate::store::private::NotPrivate;
-    private::check_dir(dir).map_err(|why| match &why {
-        NotPrivate::Link => format!(
-            "the cache directory {why}: refusing to load compiled code through it (name the directory itself)"
-        ),
-        NotPrivate::Writable { .. } => format!(
-            "the cache directory {why}: refusing to load compiled code from it (chmod go-w, or remove it)"
-        ),
-        NotPrivate::Unreadable(e) => format!("cannot read: {e}"),
-        _ => format!("the cache directory {why}: refusing to load compiled code from it"),
-    })
-}
+pub(crate) use stepwell_store::private::check_private_dir;

@@ -545,7 +545,7 @@ thread_local! {
 
 /// The time this thread has spent compiling components (or reading them
 /// from the cache) so far: a driver's time per run does not count it.
-pub(crate) fn time_compiling() -> Duration {
+pub fn time_compiling() -> Duration {
     COMPILING.get()
 }
 
@@ -609,7 +609,7 @@ mod tests {
     /// were generated from.
     #[test]
     fn the_contract_named_is_the_package_of_the_wit() {
-        let wit = include_str!("../../../../wit/stepwell.wit");
+        let wit = include_str!("../../../wit/stepwell.wit");
         assert!(
             wit.contains(&format!("package {};", super::CONTRACT)),
             "wit/stepwell.wit is not {}",

@@ -9,6 +9,15 @@
 //! stream seeded per step, so a guest that looks for the time or for
 //! entropy gets a deterministic answer. The real time reaches a guest only
 //! as the `now` field of its input. The details are in `sandbox.rs`.
+//!
+//! This crate is the sandbox alone: it depends on the run model and the
+//! stores' file-privacy checks, not on the runtime; `stepwell-runtime`
+//! re-exports it as `stepwell_runtime::wasm` (and `stepwell::wasm`). The
+//! WIT contract it implements is the repository's `wit/`.
+
+// Every public item says what it is; every unsafe operation sits in a
+// block that says why it holds, also inside an `unsafe fn`.
+#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
 pub(crate) mod cache;
 mod engine;
@@ -24,10 +33,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use cache::CompiledDigests;
-pub(crate) use engine::time_compiling;
+pub use engine::time_compiling;
 pub use engine::{write_perf_map, EngineConfig, GuestCounts, LoadOrigin, WasmEngine, CONTRACT};
 pub use fsguard::RefusedPaths;
-pub(crate) use node::vars_json;
+pub use node::vars_json;
 pub use node::{NodeCall, NodeComponent, NodeSession, HOST_BOOKKEEPING_VARS};
 pub use sandbox::{Preopen, Reach};
 pub use tool::{ToolClass, ToolComponent, ToolFault, ToolSpec};
@@ -78,6 +87,22 @@ pub struct LoadError {
     pub path: PathBuf,
     /// What went wrong.
     pub message: String,
+}
+
+/// So the runtime's error converts it like any error below it (into its
+/// `Wasm` variant).
+impl stepwell_model::ExtensionError for LoadError {
+    fn reason_code(&self) -> &'static str {
+        "component_load_failed"
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"code": "component_load_failed", "message": self.to_string()})
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 impl fmt::Display for LoadError {

@@ -8,7 +8,7 @@ use stepwell_flat_json::NotAnObject;
 
 use super::sandbox::{classify, new_store, prepare_call, GuestState};
 use super::{GuestError, LoadOrigin, WasmEngine};
-use crate::core::model::{EffectRequest, StepPlan};
+use stepwell_model::model::{EffectRequest, StepPlan};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -318,8 +318,8 @@ fn refuse_inexact(field: &str, text: &str) -> Result<(), GuestError> {
         Some(found) => Err(GuestError::BadOutput {
             message: format!(
                 "{}: {}",
-                crate::core::config::inexact_field(&format!("step-plan.{field}"), &found.path),
-                crate::core::config::inexact_message(&found.literal)
+                stepwell_model::json::inexact_field(&format!("step-plan.{field}"), &found.path),
+                stepwell_model::json::inexact_message(&found.literal)
             ),
         }),
     }
@@ -388,7 +388,7 @@ fn parse_plan(plan: wit::StepPlan, max_bytes: usize) -> Result<StepPlan, GuestEr
     // stores can read back (a patch value sits one level below the vars,
     // the output one level below the run).
     let too_deep = |field: &str, v: &Value| {
-        crate::core::keys::too_deep(v, 1).map(|why| GuestError::BadOutput {
+        stepwell_model::json::too_deep(v, 1).map(|why| GuestError::BadOutput {
             message: format!("step-plan.{field} that {why}"),
         })
     };
@@ -439,7 +439,7 @@ pub const HOST_BOOKKEEPING_VARS: [&str; 2] = ["_runtime", "_limits"];
 
 /// Serialises vars for a guest call, without the host's bookkeeping unless
 /// `host_vars`.
-pub(crate) fn vars_json(vars: &Map<String, Value>, host_vars: bool) -> String {
+pub fn vars_json(vars: &Map<String, Value>, host_vars: bool) -> String {
     struct ForGuest<'a>(&'a Map<String, Value>, bool);
     impl serde::Serialize for ForGuest<'_> {
         fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {

@@ -153,7 +153,7 @@ impl TriggerComponent {
 
     /// `prepare(binding, state, now, events)`: what the source waits for
     /// next. `events`: an event source's pending inbox records
-    /// ([`crate::store::InboxEvent::to_source_record`]), else empty.
+    /// ([`stepwell_store::InboxEvent::to_source_record`]), else empty.
     pub fn prepare(
         &self,
         binding: &Binding,

@@ -243,7 +243,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::wasm::{EngineConfig, NodeCall, SandboxLimits, WasmEngine};
+    use crate::{EngineConfig, NodeCall, SandboxLimits, WasmEngine};
 
     fn engine() -> WasmEngine {
         engine_with(SandboxLimits::default())
@@ -275,7 +275,7 @@ mod tests {
     }
 
     /// Calls `session` with `config`: the plan's vars.
-    fn call(session: &mut crate::wasm::NodeSession, config: &str) -> serde_json::Value {
+    fn call(session: &mut crate::NodeSession, config: &str) -> serde_json::Value {
         let config = config.to_string();
         let vars = "{}".to_string();
         let plan = session

@@ -335,84 +335,11 @@ pub fn operator_runtime(map: Map<String, Value>) -> crate::Result<Map<String, Va
 /// server's token, the connections' key): created with 32 random bytes as
 /// 64 hex digits, mode 0600, when missing (another process creating it
 /// first wins), in a folder created `0700` when missing; refused when it is
-/// a symbolic link, belongs to another user or others may read it.
+/// a symbolic link, belongs to another user or others may read it (an
+/// [`crate::Error::InvalidInput`] naming the file).
 pub fn load_or_create_secret_file(path: &std::path::Path) -> crate::Result<String> {
-    use crate::Error;
-    let field = || path.display().to_string();
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::MetadataExt;
-                use std::os::unix::fs::PermissionsExt;
-                let meta = std::fs::symlink_metadata(path)
-                    .map_err(|e| Error::invalid(field(), e.to_string()))?;
-                if !meta.is_file() {
-                    return Err(Error::invalid(
-                        field(),
-                        "the secret file is a symbolic link or not a regular file: name the file itself",
-                    ));
-                }
-                // SAFETY: geteuid has no preconditions.
-                let me = unsafe { libc::geteuid() };
-                if meta.uid() != me {
-                    return Err(Error::invalid(
-                        field(),
-                        format!(
-                            "the secret file belongs to user {}, not to this process's user {me}",
-                            meta.uid()
-                        ),
-                    ));
-                }
-                let mode = meta.permissions().mode();
-                if mode & 0o077 != 0 {
-                    return Err(Error::invalid(
-                        field(),
-                        format!(
-                            "the secret file is readable by others (mode {:o}): chmod 600 it",
-                            mode & 0o777
-                        ),
-                    ));
-                }
-            }
-            let token = text.trim().to_string();
-            if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return Err(Error::invalid(
-                    field(),
-                    "the secret must be one line of at least 16 characters without spaces",
-                ));
-            }
-            Ok(token)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                crate::store::private::create_dir(dir)
-                    .map_err(|e| Error::invalid(field(), e.to_string()))?;
-            }
-            let bytes: [u8; 32] = rand::random();
-            let token = hex::encode(bytes);
-            let mut options = std::fs::OpenOptions::new();
-            options.write(true).create_new(true);
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::OpenOptionsExt;
-                options.mode(0o600);
-            }
-            let mut file = match options.open(path) {
-                Ok(f) => f,
-                // Another process created it first: use theirs.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    return load_or_create_secret_file(path)
-                }
-                Err(e) => return Err(Error::invalid(field(), e.to_string())),
-            };
-            std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes())
-                .and_then(|_| file.sync_all())
-                .map_err(|e| Error::invalid(field(), e.to_string()))?;
-            Ok(token)
-        }
-        Err(e) => Err(Error::invalid(field(), e.to_string())),
-    }
+    stepwell_store::private::load_or_create_secret_file(path)
+        .map_err(|message| crate::Error::invalid(path.display().to_string(), message))
 }
 
 /// Refuses JSON text (`field`: where it came from, such as `--vars` or
@@ -431,18 +358,4 @@ pub fn check_exact_integers(field: &str, text: &str) -> crate::Result<()> {
     }
 }
 
-/// `field.path` (`field` alone for the top value; `field[0]` for an index).
-pub fn inexact_field(field: &str, path: &str) -> String {
-    match path {
-        "" => field.to_string(),
-        p if p.starts_with('[') => format!("{field}{p}"),
-        p => format!("{field}.{p}"),
-    }
-}
-
-/// Why an integer no 64-bit integer holds is refused.
-pub fn inexact_message(literal: &str) -> String {
-    format!(
-        "the integer {literal} does not fit in 64 bits and would be changed (stored as the nearest float): write it as a string, or as a float on purpose"
-    )
-}
+pub use stepwell_model::json::{inexact_field, inexact_message};

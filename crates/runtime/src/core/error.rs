@@ -76,10 +76,10 @@ pub enum Error {
     },
     /// A WebAssembly component could not be loaded.
     #[error(transparent)]
-    Wasm(#[from] crate::wasm::LoadError),
+    Wasm(crate::wasm::LoadError),
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(crate::store::StoreError),
     /// An error of a feature built on the kernel (a trigger source's
     /// refusal, an automation's failure, ...), with its own reason code
     /// and detail: the kernel knows no feature's error type.
@@ -92,9 +92,24 @@ pub enum Error {
 /// crates can implement it without the kernel).
 pub use stepwell_model::ExtensionError;
 
+/// Any error below the runtime or of a feature: the store's and the
+/// sandbox's into their own variants, the rest as [`Error::Extension`].
+/// (One conversion for all: the stores and the sandbox are crates of their
+/// own, and a second `From` impl could overlap this one.)
 impl<E: ExtensionError> From<E> for Error {
     fn from(e: E) -> Self {
-        Error::Extension(Box::new(e))
+        let any: Box<dyn std::any::Any> = Box::new(e);
+        let any = match any.downcast::<crate::store::StoreError>() {
+            Ok(e) => return Error::Store(*e),
+            Err(any) => any,
+        };
+        match any.downcast::<crate::wasm::LoadError>() {
+            Ok(e) => Error::Wasm(*e),
+            Err(any) => match any.downcast::<E>() {
+                Ok(e) => Error::Extension(e),
+                Err(_) => unreachable!("the value is an E"),
+            },
+        }
     }
 }
 

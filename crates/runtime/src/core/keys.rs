@@ -276,51 +276,11 @@ pub(crate) fn count_visit(run: &mut RunState) -> u64 {
     bump_counter(run, "node_visits", 1)
 }
 
-/// How deep a JSON value entering a run may nest (start vars, resume
-/// payloads, guest output, effect results, with the path they are written
-/// at): the stores read back up to 128 levels, and a run's state wraps its
-/// values in a few more.
-pub const MAX_JSON_DEPTH: usize = 64;
+pub use stepwell_model::json::{json_depth, too_deep, MAX_JSON_DEPTH};
 
 /// How many dotted parts a `result_key` may have, and how long it may be.
 pub const MAX_RESULT_KEY_PARTS: usize = 16;
 const MAX_RESULT_KEY_BYTES: usize = 256;
-
-/// How deep `value` nests (a scalar is 1 deep), counted without recursion
-/// and without looking further than `limit + 1` levels.
-pub fn json_depth(value: &Value, limit: usize) -> usize {
-    let mut deepest = 0;
-    let mut stack: Vec<(&Value, usize)> = vec![(value, 1)];
-    while let Some((v, d)) = stack.pop() {
-        deepest = deepest.max(d);
-        if d > limit {
-            return d;
-        }
-        match v {
-            Value::Object(m) => stack.extend(m.values().map(|c| (c, d + 1))),
-            Value::Array(a) => stack.extend(a.iter().map(|c| (c, d + 1))),
-            _ => {}
-        }
-    }
-    deepest
-}
-
-/// Why `value` may not enter a run (written `extra` levels deep), if it
-/// may not: it nests deeper than [`MAX_JSON_DEPTH`].
-pub fn too_deep(value: &Value, extra: usize) -> Option<String> {
-    let limit = MAX_JSON_DEPTH.saturating_sub(extra);
-    let depth = json_depth(value, limit);
-    (depth > limit).then(|| {
-        format!(
-            "nests more than {limit} levels deep{} (the limit is {MAX_JSON_DEPTH})",
-            if extra > 0 {
-                " where it is written"
-            } else {
-                ""
-            }
-        )
-    })
-}
 
 /// Why `key` is not a usable `result_key` (a dotted path into the vars), if
 /// it is not.

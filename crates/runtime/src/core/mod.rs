@@ -10,6 +10,7 @@ mod feed;
 pub mod keys;
 pub mod locks;
 pub mod metrics;
+mod offload;
 pub mod panics;
 mod parked;
 pub mod plugin;

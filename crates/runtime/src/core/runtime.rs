@@ -151,7 +151,7 @@ pub struct RuntimeBuilder {
     engine: Option<WasmEngine>,
     clock: Arc<dyn Clock>,
     config: RuntimeConfig,
-    offloader: Option<crate::store::artifacts::Offloader>,
+    offloader: Option<super::offload::Offloader>,
     effects: EffectRegistry,
     plugins: Plugins,
     bundle_cache: Option<std::path::PathBuf>,
@@ -225,7 +225,7 @@ impl RuntimeBuilder {
         artifacts: Arc<dyn crate::store::ArtifactStore>,
         threshold_bytes: usize,
     ) -> Self {
-        self.offloader = Some(crate::store::artifacts::Offloader {
+        self.offloader = Some(super::offload::Offloader {
             store: artifacts,
             threshold: threshold_bytes,
             recent: Default::default(),
@@ -330,7 +330,7 @@ pub(crate) struct Inner {
     engine: WasmEngine,
     clock: Arc<dyn Clock>,
     pub(crate) config: RuntimeConfig,
-    offloader: Option<crate::store::artifacts::Offloader>,
+    offloader: Option<super::offload::Offloader>,
     pub(crate) effects: EffectRegistry,
     plugins: Plugins,
     extensions: Extensions,
@@ -513,7 +513,7 @@ impl Runtime {
             }
         }
         if self.store().keeps_bundle_files() {
-            let files = flow::archive::BundleFiles::collect(&bundle)?;
+            let files = flow::archive::collect(&bundle)?;
             let ids: Vec<String> = bundle
                 .workflows
                 .iter()

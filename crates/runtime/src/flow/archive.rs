@@ -10,418 +10,104 @@
 //! bundle's contents: a store keeps one copy per digest, a host one cache
 //! folder per digest, and content that does not match its digest is refused.
 
-use std::io::Write;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+
 use sha2::{Digest, Sha256};
+use stepwell_store::bundles::{clean_path, slash_path};
+pub use stepwell_store::bundles::{BundleFile, BundleFiles, MAX_BUNDLE_BYTES, OUTSIDE};
 
 use super::{Bundle, FlowError};
 
-/// The most a bundle's files may hold together (a bundle is flows and their
-/// components, not a place for data).
-pub const MAX_BUNDLE_BYTES: u64 = 256 << 20;
-
-/// The folder of a kept bundle that holds the components its flows name
-/// outside the bundle directory.
-pub const OUTSIDE: &str = ".stepwell-outside";
-
-/// The file a cache folder holds once every other file of it is written.
-const COMPLETE: &str = ".complete";
-
-/// One file of a bundle.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BundleFile {
-    /// Its path inside the bundle directory, with `/` between parts (never
-    /// absolute, never `..`).
-    pub path: String,
-    /// Its content.
-    pub bytes: Vec<u8>,
-}
-
-/// The files of a bundle and their digest.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BundleFiles {
-    /// SHA-256 (hex) over every file's path and content, in path order.
-    pub digest: String,
-    /// The files, in path order.
-    pub files: Vec<BundleFile>,
-}
-
-impl BundleFiles {
-    /// The files of `files` (in any order) and their digest. A path that is
-    /// absolute, or leaves the bundle (`..`), or is named twice, is refused.
-    pub fn new(mut files: Vec<BundleFile>) -> Result<BundleFiles, String> {
-        files.sort_by(|a, b| a.path.cmp(&b.path));
-        for (i, f) in files.iter().enumerate() {
-            if !clean_path(&f.path) {
-                return Err(format!("{:?} is not a path inside a bundle", f.path));
-            }
-            if i > 0 && files[i - 1].path == f.path {
-                return Err(format!("{:?} is named twice", f.path));
-            }
-        }
-        Ok(BundleFiles {
-            digest: digest(&files),
-            files,
-        })
-    }
-
-    /// The files of the loaded `bundle`: its flow files and every component
-    /// they name, each under the path the flow names it by. A component
-    /// named otherwise than by a plain relative path (`../x.wasm`,
-    /// `a/../x.wasm`, an absolute path: inside the bundle directory or
-    /// not) is kept under `.stepwell-outside/<digest of its content>/<its
-    /// name>` ([`OUTSIDE`]), and the flow files that name it are kept with
-    /// that path instead. A bundle over [`MAX_BUNDLE_BYTES`] is refused.
-    pub fn collect(bundle: &Bundle) -> Result<BundleFiles, FlowError> {
-        // (path in the bundle, where to read it, or the bytes to keep)
-        let mut wanted: Vec<(String, PathBuf, Option<Vec<u8>>)> = Vec::new();
-        for wf in &bundle.workflows {
-            let text = std::fs::read(&wf.source).map_err(|e| {
-                FlowError::new(&wf.source, "", format!("cannot read it again: {e}"))
-            })?;
-            let mut doc: Value = serde_json::from_slice(&text)
-                .map_err(|e| FlowError::new(&wf.source, "", e.to_string()))?;
-            let base = wf.source.parent().unwrap_or(&bundle.dir).to_path_buf();
-            let inside = |file: &Path| file.strip_prefix(&bundle.dir).ok().and_then(slash_path);
-            let mut rewritten = false;
-            let nodes = doc["nodes"].as_object_mut().into_iter().flatten();
-            for (id, node) in nodes {
-                let Some(c) = node["component"].as_str() else {
-                    continue;
-                };
-                let field = format!("nodes.{id}.component");
-                let file = base
-                    .join(c)
-                    .canonicalize()
-                    .map_err(|e| FlowError::new(&wf.source, &field, e.to_string()))?;
-                // Kept under the name the flow gives it (a symbolic link
-                // keeps its name, with its target's bytes); a name that is
-                // not a plain relative path (`../x.wasm`, `a/../x.wasm`, an
-                // absolute path) is replaced, in the kept flow file, by one
-                // of the bundle's own.
-                let kept = if clean_path(c) {
-                    c.to_string()
-                } else {
-                    let name = file
-                        .file_name()
-                        .and_then(|n| n.to_str())
-                        .filter(|n| clean_path(n))
-                        .ok_or_else(|| {
-                            FlowError::new(&wf.source, &field, "not a file name in UTF-8")
-                        })?;
-                    // Named by its content: the same bundle loaded from
-                    // another checkout keeps the same files.
-                    let bytes = std::fs::read(&file).map_err(|e| {
-                        FlowError::new(&file, "", format!("cannot read the file: {e}"))
-                    })?;
-                    let tag = hex::encode(&Sha256::digest(&bytes)[..8]);
-                    let kept = format!("{OUTSIDE}/{tag}/{name}");
-                    node["component"] = Value::String(kept.clone());
-                    rewritten = true;
-                    kept
-                };
-                // Paths in a flow file are relative to its folder.
-                let kept = match inside(&base) {
-                    Some(folder) => format!("{folder}/{kept}"),
-                    None => kept,
-                };
-                wanted.push((kept, file, None));
-            }
-            let source = inside(&wf.source)
-                .ok_or_else(|| FlowError::new(&wf.source, "", "not a path inside the bundle"))?;
-            let bytes = if rewritten {
-                serde_json::to_vec(&doc)
-                    .map_err(|e| FlowError::new(&wf.source, "", e.to_string()))?
+/// The files of the loaded `bundle`: its flow files and every component
+/// they name, each under the path the flow names it by. A component
+/// named otherwise than by a plain relative path (`../x.wasm`,
+/// `a/../x.wasm`, an absolute path: inside the bundle directory or
+/// not) is kept under `.stepwell-outside/<digest of its content>/<its
+/// name>` ([`OUTSIDE`]), and the flow files that name it are kept with
+/// that path instead. A bundle over [`MAX_BUNDLE_BYTES`] is refused.
+pub fn collect(bundle: &Bundle) -> Result<BundleFiles, FlowError> {
+    // (path in the bundle, where to read it, or the bytes to keep)
+    let mut wanted: Vec<(String, PathBuf, Option<Vec<u8>>)> = Vec::new();
+    for wf in &bundle.workflows {
+        let text = std::fs::read(&wf.source)
+            .map_err(|e| FlowError::new(&wf.source, "", format!("cannot read it again: {e}")))?;
+        let mut doc: Value = serde_json::from_slice(&text)
+            .map_err(|e| FlowError::new(&wf.source, "", e.to_string()))?;
+        let base = wf.source.parent().unwrap_or(&bundle.dir).to_path_buf();
+        let inside = |file: &Path| file.strip_prefix(&bundle.dir).ok().and_then(slash_path);
+        let mut rewritten = false;
+        let nodes = doc["nodes"].as_object_mut().into_iter().flatten();
+        for (id, node) in nodes {
+            let Some(c) = node["component"].as_str() else {
+                continue;
+            };
+            let field = format!("nodes.{id}.component");
+            let file = base
+                .join(c)
+                .canonicalize()
+                .map_err(|e| FlowError::new(&wf.source, &field, e.to_string()))?;
+            // Kept under the name the flow gives it (a symbolic link
+            // keeps its name, with its target's bytes); a name that is
+            // not a plain relative path (`../x.wasm`, `a/../x.wasm`, an
+            // absolute path) is replaced, in the kept flow file, by one
+            // of the bundle's own.
+            let kept = if clean_path(c) {
+                c.to_string()
             } else {
-                text
+                let name = file
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .filter(|n| clean_path(n))
+                    .ok_or_else(|| {
+                        FlowError::new(&wf.source, &field, "not a file name in UTF-8")
+                    })?;
+                // Named by its content: the same bundle loaded from
+                // another checkout keeps the same files.
+                let bytes = std::fs::read(&file)
+                    .map_err(|e| FlowError::new(&file, "", format!("cannot read the file: {e}")))?;
+                let tag = hex::encode(&Sha256::digest(&bytes)[..8]);
+                let kept = format!("{OUTSIDE}/{tag}/{name}");
+                node["component"] = Value::String(kept.clone());
+                rewritten = true;
+                kept
             };
-            wanted.push((source, wf.source.clone(), Some(bytes)));
-        }
-        wanted.sort_by(|a, b| a.0.cmp(&b.0));
-        wanted.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
-        let mut files = Vec::with_capacity(wanted.len());
-        let mut total = 0u64;
-        for (path, from, bytes) in wanted {
-            let bytes = match bytes {
-                Some(b) => b,
-                None => std::fs::read(&from)
-                    .map_err(|e| FlowError::new(&from, "", format!("cannot read the file: {e}")))?,
+            // Paths in a flow file are relative to its folder.
+            let kept = match inside(&base) {
+                Some(folder) => format!("{folder}/{kept}"),
+                None => kept,
             };
-            total += bytes.len() as u64;
-            if total > MAX_BUNDLE_BYTES {
-                return Err(FlowError::new(
-                    &bundle.dir,
-                    "",
-                    format!("the bundle's files are over {MAX_BUNDLE_BYTES} bytes together"),
-                ));
-            }
-            files.push(BundleFile { path, bytes });
+            wanted.push((kept, file, None));
         }
-        BundleFiles::new(files).map_err(|m| FlowError::new(&bundle.dir, "", m))
-    }
-
-    /// Whether the files match `digest`.
-    pub fn matches(&self, digest: &str) -> bool {
-        self.digest == digest && self::digest(&self.files) == digest
-    }
-
-    /// The cache folder of these files under `root` (`root/<digest>`),
-    /// written first unless it holds exactly these files already. Writers
-    /// of one digest at once (threads, processes) each write a folder of
-    /// their own and rename it into place; a folder that holds anything
-    /// else (a writer that died, a file changed by hand) is replaced.
-    pub fn materialise(&self, root: &Path) -> std::io::Result<PathBuf> {
-        // Private to this user, as the compiled-component cache: what is
-        // written here is code the host runs.
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
-            .create(root)?;
-        crate::wasm::cache::check_private_dir(root).map_err(|e| {
-            std::io::Error::other(e.replace("the cache directory", "the bundle cache"))
-        })?;
-        let dir = root.join(&self.digest);
-        if self.written_in(&dir) {
-            return Ok(dir);
-        }
-        let scratch = |what: &str| {
-            root.join(format!(
-                ".{}.{what}.{}.{}",
-                self.digest,
-                std::process::id(),
-                uuid::Uuid::new_v4().simple()
-            ))
+        let source = inside(&wf.source)
+            .ok_or_else(|| FlowError::new(&wf.source, "", "not a path inside the bundle"))?;
+        let bytes = if rewritten {
+            serde_json::to_vec(&doc).map_err(|e| FlowError::new(&wf.source, "", e.to_string()))?
+        } else {
+            text
         };
-        let new = scratch("new");
-        let written = (|| {
-            for f in &self.files {
-                let path = new.join(&f.path);
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
-                let mut file = std::fs::File::create(&path)?;
-                file.write_all(&f.bytes)?;
-                file.sync_all()?;
-            }
-            std::fs::File::create(new.join(COMPLETE))?.sync_all()
-        })();
-        if let Err(e) = written {
-            let _ = std::fs::remove_dir_all(&new);
-            return Err(e);
-        }
-        let mut last = None;
-        for _ in 0..3 {
-            match std::fs::rename(&new, &dir) {
-                Ok(()) => return Ok(dir),
-                Err(_) if self.written_in(&dir) => {
-                    // Another writer was first.
-                    let _ = std::fs::remove_dir_all(&new);
-                    return Ok(dir);
-                }
-                Err(e) => {
-                    // Something else is there: moved aside, then removed.
-                    let old = scratch("old");
-                    if std::fs::rename(&dir, &old).is_ok() {
-                        let _ = std::fs::remove_dir_all(&old);
-                    }
-                    last = Some(e);
-                }
-            }
-        }
-        let _ = std::fs::remove_dir_all(&new);
-        Err(last.unwrap_or_else(|| std::io::Error::other("cannot rename into place")))
+        wanted.push((source, wf.source.clone(), Some(bytes)));
     }
-
-    /// The cache folder of `digest` under `root`, if it is complete and
-    /// its files (every one below it) match the digest: read and hashed
-    /// here, so that a host that wrote it once needs not fetch the files
-    /// again.
-    pub fn cached(root: &Path, digest: &str) -> Option<PathBuf> {
-        crate::wasm::cache::check_private_dir(root).ok()?;
-        let dir = root.join(digest);
-        if !dir.join(COMPLETE).is_file() {
-            return None;
-        }
-        let mut files = Vec::new();
-        read_tree(&dir, "", &mut files)?;
-        files.retain(|f| f.path != COMPLETE);
-        let found = BundleFiles::new(files).ok()?;
-        (found.digest == digest).then_some(dir)
-    }
-
-    /// Whether `dir` holds these files, complete, and nothing else.
-    fn written_in(&self, dir: &Path) -> bool {
-        if !dir.join(COMPLETE).is_file() {
-            return false;
-        }
-        let same = self
-            .files
-            .iter()
-            .all(|f| std::fs::read(dir.join(&f.path)).is_ok_and(|bytes| bytes == f.bytes));
-        same && count_files(dir) == Some(self.files.len() + 1)
-    }
-}
-
-/// Reads every file below `dir` into `out` (paths relative to the bundle,
-/// `prefix` the folder's); `None` if anything cannot be read or is neither
-/// a file nor a folder (a symbolic link).
-fn read_tree(dir: &Path, prefix: &str, out: &mut Vec<BundleFile>) -> Option<()> {
-    for entry in std::fs::read_dir(dir).ok()? {
-        let entry = entry.ok()?;
-        let name = entry.file_name().into_string().ok()?;
-        let path = if prefix.is_empty() {
-            name
-        } else {
-            format!("{prefix}/{name}")
+    wanted.sort_by(|a, b| a.0.cmp(&b.0));
+    wanted.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+    let mut files = Vec::with_capacity(wanted.len());
+    let mut total = 0u64;
+    for (path, from, bytes) in wanted {
+        let bytes = match bytes {
+            Some(b) => b,
+            None => std::fs::read(&from)
+                .map_err(|e| FlowError::new(&from, "", format!("cannot read the file: {e}")))?,
         };
-        let kind = entry.file_type().ok()?;
-        if kind.is_dir() {
-            read_tree(&entry.path(), &path, out)?;
-        } else if kind.is_file() {
-            let bytes = std::fs::read(entry.path()).ok()?;
-            out.push(BundleFile { path, bytes });
-        } else {
-            return None;
+        total += bytes.len() as u64;
+        if total > MAX_BUNDLE_BYTES {
+            return Err(FlowError::new(
+                &bundle.dir,
+                "",
+                format!("the bundle's files are over {MAX_BUNDLE_BYTES} bytes together"),
+            ));
         }
+        files.push(BundleFile { path, bytes });
     }
-    Some(())
-}
-
-/// How many files `dir` holds, in every folder below it (`None`: it cannot
-/// be read, or holds something that is neither a file nor a folder).
-fn count_files(dir: &Path) -> Option<usize> {
-    let mut n = 0;
-    for entry in std::fs::read_dir(dir).ok()? {
-        let entry = entry.ok()?;
-        let kind = entry.file_type().ok()?;
-        if kind.is_dir() {
-            n += count_files(&entry.path())?;
-        } else if kind.is_file() {
-            n += 1;
-        } else {
-            return None;
-        }
-    }
-    Some(n)
-}
-
-/// SHA-256 (hex) over each file's path and content (each with its length
-/// first), in the given order.
-fn digest(files: &[BundleFile]) -> String {
-    let mut h = Sha256::new();
-    for f in files {
-        h.update((f.path.len() as u64).to_le_bytes());
-        h.update(f.path.as_bytes());
-        h.update((f.bytes.len() as u64).to_le_bytes());
-        h.update(&f.bytes);
-    }
-    hex::encode(h.finalize())
-}
-
-/// `path` (relative) with `/` between its parts, if every part is a plain
-/// name in UTF-8.
-fn slash_path(path: &Path) -> Option<String> {
-    let parts: Option<Vec<&str>> = path
-        .components()
-        .map(|c| match c {
-            Component::Normal(name) => name.to_str(),
-            _ => None,
-        })
-        .collect();
-    let parts = parts?;
-    (!parts.is_empty()).then(|| parts.join("/"))
-}
-
-/// Whether `path` is a relative path of plain names (no `.`, `..`, root,
-/// empty part or backslash) and not the cache's completion marker.
-fn clean_path(path: &str) -> bool {
-    !path.is_empty()
-        && path != COMPLETE
-        && !path.contains('\\')
-        && path
-            .split('/')
-            .all(|p| !p.is_empty() && p != "." && p != ".." && !p.contains('\0'))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn file(path: &str, bytes: &[u8]) -> BundleFile {
-        BundleFile {
-            path: path.into(),
-            bytes: bytes.to_vec(),
-        }
-    }
-
-    #[test]
-    fn paths_that_leave_the_bundle_are_refused() {
-        for bad in [
-            "",
-            "/etc/passwd",
-            "../x",
-            "a/../../x",
-            "a//b",
-            "./a",
-            "a\\b",
-            ".complete",
-        ] {
-            assert!(
-                BundleFiles::new(vec![file(bad, b"")]).is_err(),
-                "{bad:?} was accepted"
-            );
-        }
-        assert!(BundleFiles::new(vec![file("a", b"1"), file("a", b"2")]).is_err());
-        assert!(BundleFiles::new(vec![file("steps/x.wasm", b"")]).is_ok());
-    }
-
-    #[test]
-    fn the_digest_covers_paths_and_contents_in_any_order() {
-        let a = BundleFiles::new(vec![file("flow.json", b"{}"), file("b.wasm", b"x")]).unwrap();
-        let b = BundleFiles::new(vec![file("b.wasm", b"x"), file("flow.json", b"{}")]).unwrap();
-        assert_eq!(a.digest, b.digest);
-        let renamed = BundleFiles::new(vec![file("flow.json", b"{}"), file("c.wasm", b"x")]);
-        assert_ne!(a.digest, renamed.unwrap().digest);
-        // A path's bytes cannot move into its content.
-        let shifted = BundleFiles::new(vec![file("flow.json", b"{}"), file("b.wasmx", b"")]);
-        assert_ne!(a.digest, shifted.unwrap().digest);
-        let mut tampered = a.clone();
-        tampered.files[0].bytes = b"y".to_vec();
-        assert!(a.matches(&a.digest));
-        assert!(!tampered.matches(&a.digest));
-    }
-
-    #[test]
-    fn materialising_twice_writes_once_and_keeps_the_first() {
-        let root = tempfile::tempdir().unwrap();
-        let files =
-            BundleFiles::new(vec![file("flow.json", b"{}"), file("steps/s.wasm", b"x")]).unwrap();
-        let dir = files.materialise(root.path()).unwrap();
-        assert_eq!(std::fs::read(dir.join("steps/s.wasm")).unwrap(), b"x");
-        assert_eq!(files.materialise(root.path()).unwrap(), dir);
-        // Only the folder itself: no scratch folder left behind.
-        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
-        // A leftover without its marker (a writer that died) is replaced.
-        std::fs::remove_file(dir.join(COMPLETE)).unwrap();
-        std::fs::remove_file(dir.join("flow.json")).unwrap();
-        assert_eq!(files.materialise(root.path()).unwrap(), dir);
-        assert!(dir.join("flow.json").is_file());
-        // So is a folder whose file was changed, or that holds one more
-        // (a flow file the loader would read).
-        std::fs::write(dir.join("steps/s.wasm"), b"evil").unwrap();
-        files.materialise(root.path()).unwrap();
-        assert_eq!(std::fs::read(dir.join("steps/s.wasm")).unwrap(), b"x");
-        std::fs::write(dir.join("extra.flow.json"), b"{}").unwrap();
-        files.materialise(root.path()).unwrap();
-        assert!(!dir.join("extra.flow.json").exists());
-        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
-        // A complete folder is found by its digest; a changed one is not.
-        assert_eq!(
-            BundleFiles::cached(root.path(), &files.digest),
-            Some(dir.clone())
-        );
-        std::fs::write(dir.join("steps/s.wasm"), b"evil").unwrap();
-        assert_eq!(BundleFiles::cached(root.path(), &files.digest), None);
-        assert_eq!(BundleFiles::cached(root.path(), "0000"), None);
-    }
+    BundleFiles::new(files).map_err(|m| FlowError::new(&bundle.dir, "", m))
 }
