@@ -11,6 +11,8 @@
 
 pub mod artifacts;
 pub mod commands;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod inbox;
 mod json_files;
 mod jsonl;
