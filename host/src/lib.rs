@@ -47,6 +47,8 @@ pub mod triggers;
 // The kernel (crates/runtime), under the paths it always had here.
 pub use stepwell_runtime::{core, effects, flow, store, wasm};
 
+#[cfg(feature = "conformance")]
+pub use stepwell_runtime::store_conformance;
 #[cfg(feature = "postgres")]
 pub use stepwell_runtime::PostgresStore;
 #[cfg(feature = "sqlite")]

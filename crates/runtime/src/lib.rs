@@ -32,6 +32,8 @@ pub mod core;
 pub mod effects;
 pub mod flow;
 pub use stepwell_store as store;
+#[cfg(feature = "conformance")]
+pub use stepwell_store::store_conformance;
 pub use stepwell_wasm as wasm;
 
 pub use crate::core::clock::{Clock, ManualClock, SystemClock};

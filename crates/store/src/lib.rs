@@ -20,6 +20,8 @@
 pub mod artifacts;
 pub mod bundles;
 pub mod commands;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod inbox;
 pub mod index;
 mod json_files;
@@ -888,13 +890,16 @@ pub trait Store: Send + Sync {
     /// Fills the run index with `indexer` from now on, and indexes again
     /// the rows no indexer attributed (no session kind). The runtime's
     /// builder calls it with the indexer of its features. The default
-    /// refuses: a store that keeps no indexer cannot answer a feature's
-    /// listings.
+    /// refuses (`store_unsupported`): a store that keeps no indexer cannot
+    /// answer a feature's listings.
     fn set_indexer(&self, indexer: Arc<dyn RunIndexer>) -> Result<(), StoreError> {
         let _ = indexer;
-        Err(StoreError::io(
-            "this store keeps no run indexer (implement Store::indexer and Store::set_indexer)",
-        ))
+        Err(StoreError {
+            code: "store_unsupported",
+            message:
+                "this store keeps no run indexer (implement Store::indexer and Store::set_indexer)"
+                    .into(),
+        })
     }
 
     /// Ids of the runs an event of the trigger connection `connection_id`

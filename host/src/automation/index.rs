@@ -137,3 +137,98 @@ pub fn wakes_on(run: &RunState) -> Option<String> {
         .get("connection_id")?;
     Some(id.as_str()?.trim().to_string()).filter(|s| !s.is_empty())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(id: &str, vars: Value) -> RunState {
+        serde_json::from_value(
+            json!({"run_id": id, "workflow_id": "wf", "status": "running",
+            "vars": vars, "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z"}),
+        )
+        .unwrap()
+    }
+
+    fn columns(vars: Value) -> (Option<String>, Option<String>, Option<i64>, Option<String>) {
+        let a = AutomationIndex.index(&run("r1", vars));
+        (a.automation_id, a.role, a.occurrence_index, a.session_kind)
+    }
+
+    #[test]
+    fn the_first_matching_row_of_the_rule_wins() {
+        let s = |v: &str| Some(v.to_string());
+        let occurrence = json!({"automation_id": "ctl", "occurrence_index": 2,
+            "role": "descendant", "session_kind": "automation"});
+        let cases = [
+            (json!({}), (None, None, None, s("chat"))),
+            (
+                json!({"_meta": {"automation": {}, "occurrence": occurrence}}),
+                (s("r1"), s("controller"), None, s("automation")),
+            ),
+            (
+                json!({"_meta": {"occurrence": occurrence}}),
+                (s("ctl"), s("descendant"), Some(2), s("automation")),
+            ),
+            (
+                json!({"_meta": {"occurrence": {"automation_id": 7, "occurrence_index": true,
+                    "role": "boss", "session_kind": "weird"}}}),
+                (s("7"), s("occurrence"), None, s("occurrence")),
+            ),
+            (
+                json!({"_meta": {"discussion": {"automation_id": " a2 ", "occurrence_index": 4}}}),
+                (s("a2"), s("discussion"), Some(4), s("discussion")),
+            ),
+            (
+                json!({"_meta": {"schedule": {"kind": "scheduled_run"}}}),
+                (None, s("legacy_schedule"), None, s("automation")),
+            ),
+            (
+                json!({"_meta": {"occurrence": "not an object"}}),
+                (None, None, None, s("chat")),
+            ),
+        ];
+        for (vars, want) in cases {
+            assert_eq!(columns(vars.clone()), want, "{vars}");
+        }
+        let root = AutomationIndex.index(&run("r1", json!({"workspace_root": "  /w  "})));
+        assert_eq!(root.workspace_root.as_deref(), Some("/w"));
+    }
+
+    #[test]
+    fn a_controller_wakes_on_its_connection_only_idle_at_its_wake_wait() {
+        let controller = |paused: bool, archived: Value| {
+            let mut r = run(
+                "c1",
+                json!({"_meta": {"automation": {"archived_at": archived,
+                    "trigger": {"config": {"connection_id": " conn "}}}},
+                    "_runtime": {"automation": {"paused": paused}}}),
+            );
+            r.status = RunStatus::Waiting;
+            r.waiting = Some(
+                serde_json::from_value(json!({"reason": "event",
+                "wait_key": stepwell_automation_core::ids::wake_wait_key("c1")}))
+                .unwrap(),
+            );
+            r
+        };
+        assert_eq!(
+            wakes_on(&controller(false, Value::Null)).as_deref(),
+            Some("conn")
+        );
+        assert_eq!(wakes_on(&controller(true, Value::Null)), None, "paused");
+        assert_eq!(
+            wakes_on(&controller(false, json!("2026-01-01"))),
+            None,
+            "archived"
+        );
+        let mut busy = controller(false, Value::Null);
+        busy.status = RunStatus::Running;
+        assert_eq!(wakes_on(&busy), None, "not waiting");
+        let mut elsewhere = controller(false, Value::Null);
+        elsewhere.waiting.as_mut().unwrap().wait_key = "ask".into();
+        assert_eq!(wakes_on(&elsewhere), None, "another wait");
+    }
+}
