@@ -85,19 +85,19 @@ fn open(backend: Backend, dir: &Path) -> Arc<dyn Store> {
 }
 
 mod memory {
-    stepwell::store_conformance!(crate::BuiltIn(stepwell_tests::Backend::Memory));
+    stepwell::store_conformance!(super::BuiltIn(stepwell_tests::Backend::Memory));
 }
 
 mod sqlite {
-    stepwell::store_conformance!(crate::BuiltIn(stepwell_tests::Backend::Sqlite));
+    stepwell::store_conformance!(super::BuiltIn(stepwell_tests::Backend::Sqlite));
 }
 
 mod json {
-    stepwell::store_conformance!(crate::BuiltIn(stepwell_tests::Backend::Json));
+    stepwell::store_conformance!(super::BuiltIn(stepwell_tests::Backend::Json));
 }
 
 mod postgres {
-    stepwell::store_conformance!(crate::BuiltIn(stepwell_tests::Backend::Postgres));
+    stepwell::store_conformance!(super::BuiltIn(stepwell_tests::Backend::Postgres));
 }
 
 /// A file artifact store keeps an artifact's content and its metadata in
