@@ -10,8 +10,8 @@
 //! use std::path::Path;
 //! use std::sync::Arc;
 //!
-//! use stepwell_runtime::store::conformance::Harness;
-//! use stepwell_runtime::{JsonFileStore, Store};
+//! use stepwell_store::conformance::Harness;
+//! use stepwell_store::{JsonFileStore, Store};
 //!
 //! /// My store, in the directory each check gets.
 //! struct Mine;
@@ -29,7 +29,7 @@
 //! }
 //!
 //! // One `#[test]` per check, named after it, in this test binary.
-//! stepwell_runtime::store_conformance!(Mine);
+//! stepwell_store::store_conformance!(Mine);
 //! # fn main() {}
 //! ```
 //!
