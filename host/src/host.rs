@@ -298,6 +298,9 @@ pub struct HostOptions {
     /// library reads none of its own process's; the binary passes its
     /// `PATH`, `HOME`, `LANG`, `LC_ALL` and `TMPDIR`).
     pub exec_env: Vec<(String, std::ffi::OsString)>,
+    /// The host user's home folder, for a `~` in a workspace path (the
+    /// binary passes its `$HOME`; `None`: `~` stays a name).
+    pub home: Option<std::path::PathBuf>,
     /// Where a memory or PostgreSQL store's compiled components and bundles
     /// are cached (`None`: components are compiled in memory, and bundles
     /// the store keeps are written into a temporary folder of the
@@ -319,6 +322,7 @@ impl std::fmt::Debug for HostOptions {
             .field("trigger_dir", &self.trigger_dir)
             .field("enable_exec", &self.enable_exec)
             .field("exec_env", &self.exec_env)
+            .field("home", &self.home)
             .field("cache_home", &self.cache_home)
             .field(
                 "effects",
@@ -405,6 +409,9 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
         let mut tools = crate::tools::Tools::new()
             .enable_exec(options.enable_exec)
             .exec_env(env);
+        if let Some(home) = &options.home {
+            tools = tools.home(home.clone());
+        }
         if let Some(dir) = &options.tool_dir {
             tools = tools.dir(dir.clone());
         }

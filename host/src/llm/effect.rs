@@ -97,7 +97,9 @@ fn disclose_workspace(run: &RunState, payload: &Map<String, Value>) -> Option<Ma
     if !offers_tools {
         return None;
     }
-    let scope = crate::tools::scope::WorkspaceScope::from_runtime(run.vars.get("_runtime"))
+    // Described as frozen: its paths were made absolute (a `~` expanded)
+    // when the run started, so no home folder is needed here.
+    let scope = crate::tools::scope::WorkspaceScope::from_runtime(run.vars.get("_runtime"), None)
         .ok()
         .flatten()?;
     let authored = nonblank(payload.get("system_prompt")).unwrap_or_default();

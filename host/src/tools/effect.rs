@@ -413,8 +413,11 @@ fn offload(cx: &EffectCx<'_>, payload: Option<&Map<String, Value>>, results: &mu
 }
 
 /// The scope of a run, or a `workspace_policy` failure.
-fn scope_of(cx: &EffectCx<'_>) -> std::result::Result<Option<WorkspaceScope>, Failure> {
-    WorkspaceScope::from_runtime(cx.run.vars.get("_runtime"))
+fn scope_of(
+    cx: &EffectCx<'_>,
+    home: Option<&std::path::Path>,
+) -> std::result::Result<Option<WorkspaceScope>, Failure> {
+    WorkspaceScope::from_runtime(cx.run.vars.get("_runtime"), home)
         .map_err(|e| Failure::permanent("workspace_policy", e))
 }
 
@@ -443,7 +446,7 @@ impl EffectHandler for ToolCalls {
             Ok(x) => x,
             Err(f) => return Ok(Outcome::Failed(f)),
         };
-        let scope = match scope_of(cx) {
+        let scope = match scope_of(cx, self.catalog.home()) {
             Ok(s) => s,
             Err(f) => return Ok(Outcome::Failed(f)),
         };
@@ -609,7 +612,8 @@ impl EffectHandler for ToolCalls {
             // the scope checked again, before anything runs.
             let ceiling = Self::ceiling(cx, None);
             let table = self.catalog.table();
-            let scope = WorkspaceScope::from_runtime(cx.run.vars.get("_runtime"));
+            let scope =
+                WorkspaceScope::from_runtime(cx.run.vars.get("_runtime"), self.catalog.home());
             match (ceiling, table, scope) {
                 (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => waiting
                     .iter()

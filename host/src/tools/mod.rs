@@ -274,6 +274,7 @@ pub struct ToolCatalog {
     dir: Option<PathBuf>,
     exec: bool,
     exec_env: exec::ExecEnv,
+    home: Option<PathBuf>,
     table: OnceLock<Result<Arc<ToolTable>, String>>,
 }
 
@@ -286,6 +287,7 @@ impl ToolCatalog {
             dir,
             exec,
             exec_env: exec::ExecEnv::default(),
+            home: None,
             table: OnceLock::new(),
         }
     }
@@ -299,6 +301,17 @@ impl ToolCatalog {
     /// The environment `execute_command` gives a command.
     pub fn exec_env(&self) -> &exec::ExecEnv {
         &self.exec_env
+    }
+
+    /// This catalog, a `~` in a workspace path meaning `home`.
+    pub fn with_home(mut self, home: Option<PathBuf>) -> Self {
+        self.home = home;
+        self
+    }
+
+    /// The host user's home folder, for a `~` in a workspace path.
+    pub fn home(&self) -> Option<&Path> {
+        self.home.as_deref()
     }
 
     /// The table (loaded now if it was not).

@@ -34,6 +34,7 @@ pub struct Tools {
     dir: Option<PathBuf>,
     enable_exec: bool,
     exec_env: super::exec::ExecEnv,
+    home: Option<PathBuf>,
 }
 
 impl Tools {
@@ -66,6 +67,15 @@ impl Tools {
         self.exec_env = env;
         self
     }
+
+    /// The host user's home folder: a `~` or `~/...` in a workspace path
+    /// (the run's scope, a path a tool is given) means it, as the
+    /// reference's `expanduser` (default: none, and `~` stays a name; the
+    /// binary gives its `$HOME`).
+    pub fn home(mut self, home: impl Into<PathBuf>) -> Self {
+        self.home = Some(home.into());
+        self
+    }
 }
 
 impl Plugin for Tools {
@@ -88,7 +98,7 @@ impl Plugin for Tools {
     /// a parent handed down: tools read only this snapshot, so no guest can
     /// widen its scope later.
     fn seal_run(&self, rt: &Runtime, run: &mut RunStart<'_>) -> Result<()> {
-        match scope::freeze(run.vars, run.runtime.get("workspace"))
+        match scope::freeze(run.vars, run.runtime.get("workspace"), self.home.as_deref())
             .map_err(|(field, why)| Error::invalid(field, why))?
         {
             Some(mut frozen) => {

@@ -78,6 +78,7 @@ impl AccessMode {
 pub fn freeze(
     vars: &Map<String, Value>,
     inherited: Option<&Value>,
+    home: Option<&Path>,
 ) -> Result<Option<Value>, (String, String)> {
     let mut own = Map::new();
     for key in SCOPE_KEYS {
@@ -101,7 +102,7 @@ pub fn freeze(
         None => None,
         Some(Value::String(raw)) if raw.trim().is_empty() => None,
         Some(Value::String(raw)) => {
-            let p = expand_home(raw.trim());
+            let p = expand_home(raw.trim(), home);
             let p = if p.is_absolute() {
                 p
             } else {
@@ -137,8 +138,8 @@ pub fn freeze(
     ] {
         if let Some(raw) = own.get(key) {
             let entries = match &base {
-                Some(b) => resolve_entries(b, path_list(Some(raw))),
-                None => absolute_entries(path_list(Some(raw))),
+                Some(b) => resolve_entries(b, path_list(Some(raw)), home),
+                None => absolute_entries(path_list(Some(raw)), home),
             };
             own.insert(key.into(), json!(texts(&entries)));
         }
@@ -147,7 +148,7 @@ pub fn freeze(
         if let Some(raw) = own.get(key) {
             own.insert(
                 key.into(),
-                json!(texts(&absolute_entries(path_list(Some(raw))))),
+                json!(texts(&absolute_entries(path_list(Some(raw)), home))),
             );
         }
     }
@@ -309,11 +310,13 @@ pub fn path_list(raw: Option<&Value>) -> Vec<String> {
     }
 }
 
-/// `~` and `~/...` expanded with `$HOME`.
-fn expand_home(raw: &str) -> PathBuf {
+/// `~` and `~/...` expanded with the host user's home folder `home` (the
+/// application's: [`crate::tools::Tools::home`]; the binary gives its
+/// `$HOME`), as the reference's `expanduser`; left as they are without one.
+fn expand_home(raw: &str, home: Option<&Path>) -> PathBuf {
     if raw == "~" || raw.starts_with("~/") {
-        if let Some(home) = std::env::var_os("HOME") {
-            return PathBuf::from(home).join(raw.trim_start_matches('~').trim_start_matches('/'));
+        if let Some(home) = home {
+            return home.join(raw.trim_start_matches('~').trim_start_matches('/'));
         }
     }
     PathBuf::from(raw)
@@ -420,12 +423,14 @@ pub struct WorkspaceScope {
     pub writable_paths: Vec<PathBuf>,
     /// The host's own files (its store): never preopened.
     pub protected: Vec<PathBuf>,
+    /// The host user's home folder, for a `~` in a path a tool is given.
+    pub home: Option<PathBuf>,
 }
 
-fn resolve_entries(root: &Path, raw: Vec<String>) -> Vec<PathBuf> {
+fn resolve_entries(root: &Path, raw: Vec<String>, home: Option<&Path>) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
     for s in raw {
-        let p = expand_home(&s);
+        let p = expand_home(&s, home);
         let p = if p.is_absolute() { p } else { root.join(p) };
         let p = resolve_lenient(&p);
         if !out.contains(&p) {
@@ -435,10 +440,10 @@ fn resolve_entries(root: &Path, raw: Vec<String>) -> Vec<PathBuf> {
     out
 }
 
-fn absolute_entries(raw: Vec<String>) -> Vec<PathBuf> {
+fn absolute_entries(raw: Vec<String>, home: Option<&Path>) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = raw
         .into_iter()
-        .map(|s| expand_home(&s))
+        .map(|s| expand_home(&s, home))
         .filter(|p| p.is_absolute())
         .map(|p| resolve_lenient(&p))
         .collect();
@@ -479,7 +484,10 @@ impl WorkspaceScope {
     /// root, so its tools reach no directory at all. A writable root that
     /// does not exist is created; the errors are the reference's texts
     /// (reason code `workspace_policy`).
-    pub fn from_runtime(runtime: Option<&Value>) -> Result<Option<WorkspaceScope>, String> {
+    pub fn from_runtime(
+        runtime: Option<&Value>,
+        home: Option<&Path>,
+    ) -> Result<Option<WorkspaceScope>, String> {
         let empty = Map::new();
         let runtime = runtime.and_then(Value::as_object).unwrap_or(&empty);
         let frozen = runtime
@@ -508,7 +516,7 @@ impl WorkspaceScope {
             }
             return Ok(None);
         };
-        let root = expand_home(raw);
+        let root = expand_home(raw, home);
         let root = if root.is_absolute() {
             root
         } else {
@@ -531,7 +539,7 @@ impl WorkspaceScope {
         let mode = mode_of(frozen.get("workspace_access_mode"))?;
         let mut allowed = Vec::new();
         for raw in path_list(frozen.get("workspace_allowed_paths")) {
-            let p = expand_home(&raw);
+            let p = expand_home(&raw, home);
             let p = if p.is_absolute() { p } else { root.join(p) };
             let p = stable(&p, "workspace_allowed_paths")?;
             if !allowed.contains(&p) {
@@ -570,12 +578,17 @@ impl WorkspaceScope {
                 .map_err(|e| format!("cannot create workspace_root {raw}: {e}"))?;
         }
         Ok(Some(WorkspaceScope {
-            ignored: resolve_entries(&root, path_list(frozen.get("workspace_ignored_paths"))),
+            ignored: resolve_entries(
+                &root,
+                path_list(frozen.get("workspace_ignored_paths")),
+                home,
+            ),
             allowed,
             deny: {
                 let mut d = resolve_entries(
                     &root,
                     path_list(frozen.get("workspace_builtin_deny_prefixes")),
+                    home,
                 );
                 // The host's own: process, kernel and device files (the
                 // host's environment is in /proc/self/environ).
@@ -587,13 +600,18 @@ impl WorkspaceScope {
                 }
                 d
             },
-            deny_allow: resolve_entries(&root, path_list(frozen.get("workspace_builtin_allow"))),
+            deny_allow: resolve_entries(
+                &root,
+                path_list(frozen.get("workspace_builtin_allow")),
+                home,
+            ),
             read_only,
-            read_only_paths: absolute_entries(mounts),
+            read_only_paths: absolute_entries(mounts, home),
             protected,
-            writable_paths: absolute_entries(writable),
+            writable_paths: absolute_entries(writable, home),
             mode,
             root,
+            home: home.map(Path::to_path_buf),
         }))
     }
 
@@ -676,7 +694,7 @@ impl WorkspaceScope {
             return Err("Empty path".into());
         }
         let raw = raw.strip_prefix('@').map(str::trim_start).unwrap_or(raw);
-        let p = expand_home(raw);
+        let p = expand_home(raw, self.home.as_deref());
         if p.is_absolute() {
             let resolved = resolve_links(&p)?;
             match self.mode {
@@ -1016,8 +1034,34 @@ impl WorkspaceScope {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_tilde_is_the_home_folder_the_application_gave() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = resolve_lenient(tmp.path());
+        let (ws, home) = (base.join("ws"), base.join("home"));
+        std::fs::create_dir_all(home.join("proj")).unwrap();
+        let frozen = json!({"workspace": {"workspace_root": ws.to_str().unwrap()}});
+        let given = WorkspaceScope::from_runtime(Some(&frozen), Some(&home))
+            .unwrap()
+            .unwrap();
+        let e = given.resolve("~/notes.txt").unwrap_err();
+        assert!(
+            e.starts_with("Path escapes workspace_root: '~/notes.txt'"),
+            "{e}"
+        );
+        let none = WorkspaceScope::from_runtime(Some(&frozen), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(none.resolve("~/notes.txt").unwrap(), ws.join("~/notes.txt"));
+        let vars = json!({"workspace_root": "~/proj"});
+        let f = freeze(vars.as_object().unwrap(), None, Some(&home))
+            .unwrap()
+            .unwrap();
+        assert_eq!(f["workspace_root"], home.join("proj").to_str().unwrap());
+    }
+
     fn scope(frozen: Value) -> WorkspaceScope {
-        WorkspaceScope::from_runtime(Some(&json!({ "workspace": frozen })))
+        WorkspaceScope::from_runtime(Some(&json!({ "workspace": frozen })), None)
             .unwrap()
             .unwrap()
     }
@@ -1076,18 +1120,24 @@ mod tests {
     fn a_workspace_holding_the_store_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let ws = resolve_lenient(tmp.path());
-        let e = WorkspaceScope::from_runtime(Some(&json!({"workspace": {
+        let e = WorkspaceScope::from_runtime(
+            Some(&json!({"workspace": {
             "workspace_root": ws.to_str().unwrap(),
-            "host_protected": [ws.join(".stepwell/stepwell.sqlite").to_str().unwrap()]}})))
+            "host_protected": [ws.join(".stepwell/stepwell.sqlite").to_str().unwrap()]}})),
+            None,
+        )
         .unwrap_err();
         assert!(e.starts_with("the workspace holds the host's store"), "{e}");
         // Elsewhere, the store is refused inside what reaches it, and the
         // files beside it stay reachable.
         let store = ws.join("store.sqlite");
-        let s = WorkspaceScope::from_runtime(Some(&json!({"workspace": {
+        let s = WorkspaceScope::from_runtime(
+            Some(&json!({"workspace": {
             "workspace_root": ws.join("ws").to_str().unwrap(),
             "workspace_access_mode": "all_except_ignored",
-            "host_protected": [store.to_str().unwrap()]}})))
+            "host_protected": [store.to_str().unwrap()]}})),
+            None,
+        )
         .unwrap()
         .unwrap();
         let reach = s.reach(ToolClass::Read);
@@ -1152,22 +1202,26 @@ mod tests {
     #[test]
     fn bad_scopes_are_refused_with_the_reference_texts() {
         let tmp = tempfile::tempdir().unwrap();
-        let e = WorkspaceScope::from_runtime(Some(
-            &json!({"workspace": {"workspace_read_only": true}}),
-        ))
+        let e = WorkspaceScope::from_runtime(
+            Some(&json!({"workspace": {"workspace_read_only": true}})),
+            None,
+        )
         .unwrap_err();
         assert_eq!(
             e,
             "workspace_read_only is set but the run has no workspace_root"
         );
         let missing = tmp.path().join("missing");
-        let e = WorkspaceScope::from_runtime(Some(&json!({"workspace": {
-            "workspace_root": missing.to_str().unwrap(), "workspace_read_only": true}})))
+        let e = WorkspaceScope::from_runtime(
+            Some(&json!({"workspace": {
+            "workspace_root": missing.to_str().unwrap(), "workspace_read_only": true}})),
+            None,
+        )
         .unwrap_err();
         assert!(e.starts_with("read-only workspace_root does not exist"));
         assert!(!missing.exists());
         let e = WorkspaceScope::from_runtime(Some(&json!({"workspace": {
-            "workspace_root": tmp.path().to_str().unwrap(), "workspace_access_mode": "everything"}})))
+            "workspace_root": tmp.path().to_str().unwrap(), "workspace_access_mode": "everything"}})), None)
         .unwrap_err();
         assert_eq!(e, "Invalid workspace_access_mode: 'everything' (expected one of: ['all_except_ignored', 'workspace_only', 'workspace_or_allowed'])");
         let created = tmp.path().join("new/ws");
@@ -1180,7 +1234,7 @@ mod tests {
         let parent = json!({"workspace_root": "/nonexistent-sw/p", "workspace_read_only": true,
                             "workspace_read_only_paths": ["/m1"], "workspace_builtin_deny_prefixes": ["/d"],
                             "workspace_ignored_paths": ["/nonexistent-sw/p/secret"]});
-        let child = |v: Value| freeze(v.as_object().unwrap(), Some(&parent));
+        let child = |v: Value| freeze(v.as_object().unwrap(), Some(&parent), None);
         let f = child(json!({"workspace_root": "/nonexistent-sw/p/c", "workspace_read_only": false,
                              "workspace_read_only_paths": ["/m2"], "workspace_builtin_deny_prefixes": [],
                              "workspace_ignored_paths": []}))
@@ -1206,6 +1260,7 @@ mod tests {
         let (field, _) = freeze(
             json!({"workspace_root": "/"}).as_object().unwrap(),
             Some(&none),
+            None,
         )
         .unwrap_err();
         assert_eq!(field, "vars.workspace_root");
@@ -1224,6 +1279,7 @@ mod tests {
                 .as_object()
                 .unwrap(),
             None,
+            None,
         )
         .unwrap()
         .unwrap();
@@ -1237,6 +1293,7 @@ mod tests {
             json!({"workspace_access_mode": "everywhere"})
                 .as_object()
                 .unwrap(),
+            None,
             None,
         )
         .unwrap_err();

@@ -28,6 +28,11 @@ pub fn exec_env() -> Vec<(String, std::ffi::OsString)> {
         .collect()
 }
 
+/// The user's home folder (`$HOME`), for a `~` in a workspace path.
+pub fn home() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(PathBuf::from)
+}
+
 /// The folder of plugin trigger sources `STEPWELL_TRIGGER_DIR` names.
 pub fn trigger_dir() -> Option<PathBuf> {
     var(stepwell::triggers::PLUGIN_DIR_ENV).map(PathBuf::from)
