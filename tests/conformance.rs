@@ -100,6 +100,49 @@ mod postgres {
     stepwell::store_conformance!(super::BuiltIn(stepwell_tests::Backend::Postgres));
 }
 
+/// A process without the automations (a kernel-only embedder) that saves
+/// an attributed run, on a store the hosts with them share, keeps the run's
+/// attribution: the columns are the indexer's, and that process has none.
+fn a_save_without_an_indexer_keeps_the_attribution(b: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let full = stepwell_tests::open_store(b, dir.path());
+    full.set_indexer(Arc::new(stepwell::automation::AutomationIndex))
+        .unwrap();
+    let bare = stepwell_tests::open_store(b, dir.path());
+    let mut occurrence = run("occ", "wf");
+    occurrence.vars.insert(
+        "_meta".into(),
+        json!({"occurrence": {"automation_id": "a1", "occurrence_index": 1}}),
+    );
+    full.create_if_absent(&occurrence).unwrap();
+    let mut moved = bare.load_run("occ").unwrap().unwrap();
+    moved.status = RunStatus::Completed;
+    save(&*bare, &[], &mut moved, 1);
+    let rows = full
+        .list_run_index(&stepwell::RunIndexQuery {
+            automation_id: Some(vec!["a1".into()]),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].status, RunStatus::Completed);
+    assert_eq!(rows[0].role.as_deref(), Some("occurrence"));
+    assert_eq!(rows[0].session_kind.as_deref(), Some("occurrence"));
+}
+
+#[test]
+fn a_save_without_an_indexer_keeps_the_attribution_on_sqlite() {
+    a_save_without_an_indexer_keeps_the_attribution(Backend::Sqlite);
+}
+
+#[test]
+fn a_save_without_an_indexer_keeps_the_attribution_on_postgres() {
+    if stepwell_tests::postgres_skipped() {
+        return;
+    }
+    a_save_without_an_indexer_keeps_the_attribution(Backend::Postgres);
+}
+
 /// A file artifact store keeps an artifact's content and its metadata in
 /// the shard of its id's first two hex digits.
 #[test]

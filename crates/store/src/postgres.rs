@@ -300,7 +300,8 @@ const LEDGER_HEAD: &str =
 /// ($23..$27), one feed entry per run and the chain heads of runs other
 /// than this one ($28..$31: run, last seq, last hash, seq before), the run's
 /// row ($1..$21, $22 whether its shape changed) with its own head ($32,
-/// $33).
+/// $33). A save whose indexer gives no session kind ($14, a process
+/// without one) keeps the attribution columns the row has.
 const COMMIT_UPDATE: &str = "WITH l AS (INSERT INTO ledger (run_id, seq, data, hash, idem_key)
         SELECT * FROM unnest($23::text[], $24::bigint[], $25::text[], $26::text[], $27::text[])),
     f AS (INSERT INTO feed (run_id, from_seq, to_seq)
@@ -311,10 +312,14 @@ const COMMIT_UPDATE: &str = "WITH l AS (INSERT INTO ledger (run_id, seq, data, h
         WHERE r.run_id = u.id AND u.id <> $1)
     UPDATE runs SET workflow_id = $2, status = $3, wait_reason = $4,
         wait_key = $5, wait_due_us = $6, parent_run_id = $7, session_id = $8,
-        data = $9, version = $10, automation_id = $11, role = $12,
-        occurrence_index = $13, session_kind = $14, workspace_root = $15,
+        data = $9, version = $10,
+        automation_id = CASE WHEN $14::text IS NULL THEN automation_id ELSE $11 END,
+        role = CASE WHEN $14::text IS NULL THEN role ELSE $12 END,
+        occurrence_index = CASE WHEN $14::text IS NULL THEN occurrence_index ELSE $13 END,
+        session_kind = COALESCE($14, session_kind), workspace_root = $15,
         created_at = $16, updated_at = $17, lease_holder = $18,
-        lease_until_us = $19, ledger_seq = $20, wakes_on = $21,
+        lease_until_us = $19, ledger_seq = $20,
+        wakes_on = CASE WHEN $14::text IS NULL THEN wakes_on ELSE $21 END,
         defer_until_us = NULL, defer_count = NULL, defer_reason = NULL,
         child_ended_us = CASE WHEN $22 THEN NULL ELSE child_ended_us END,
         orphan_us = CASE WHEN $3 IN ('running', 'waiting') THEN orphan_us END,

@@ -246,7 +246,10 @@ const INSERT_RUN: &str = "INSERT INTO runs (run_id, workflow_id, status, wait_re
     ON CONFLICT(run_id) DO NOTHING";
 
 /// A save that changes no indexed column sets only the data, version,
-/// times and lease: no index page is written.
+/// times and lease: no index page is written. A run's attribution columns
+/// (?11..?14, ?24) are the indexer's: a save whose indexer gives no
+/// session kind (a process without one) keeps those the row has, in both
+/// updates.
 const UPDATE_DATA: &str = "UPDATE runs SET data = ?9, version = ?10, updated_at = ?17,
         lease_holder = ?18, lease_until_us = ?19, ledger_seq = ?23, defer_until_us = NULL,
         defer_count = NULL, defer_reason = NULL
@@ -255,16 +258,20 @@ const UPDATE_DATA: &str = "UPDATE runs SET data = ?9, version = ?10, updated_at 
       AND quarantine IS NULL
       AND workflow_id = ?2 AND status = ?3 AND wait_reason IS ?4 AND wait_key IS ?5
       AND wait_due_us IS ?6 AND parent_run_id IS ?7 AND session_id IS ?8
-      AND automation_id IS ?11 AND role IS ?12 AND occurrence_index IS ?13
-      AND session_kind IS ?14 AND workspace_root IS ?15 AND wakes_on IS ?24";
+      AND workspace_root IS ?15 AND (?14 IS NULL OR (automation_id IS ?11 AND role IS ?12
+        AND occurrence_index IS ?13 AND session_kind IS ?14 AND wakes_on IS ?24))";
 
 const UPDATE_ALL: &str = "UPDATE runs SET workflow_id = ?2, status = ?3, wait_reason = ?4,
         wait_key = ?5, wait_due_us = ?6, parent_run_id = ?7, session_id = ?8, data = ?9,
-        version = ?10, automation_id = ?11, role = ?12, occurrence_index = ?13,
-        session_kind = ?14, workspace_root = ?15, updated_at = ?17, lease_holder = ?18,
+        version = ?10, automation_id = CASE WHEN ?14 IS NULL THEN automation_id ELSE ?11 END,
+        role = CASE WHEN ?14 IS NULL THEN role ELSE ?12 END,
+        occurrence_index = CASE WHEN ?14 IS NULL THEN occurrence_index ELSE ?13 END,
+        session_kind = COALESCE(?14, session_kind), workspace_root = ?15, updated_at = ?17,
+        lease_holder = ?18,
         lease_until_us = ?19, ledger_seq = ?23, defer_until_us = NULL, defer_count = NULL,
         defer_reason = NULL, child_ended_us = NULL,
-        orphan_us = CASE WHEN ?3 IN ('running', 'waiting') THEN orphan_us END, wakes_on = ?24
+        orphan_us = CASE WHEN ?3 IN ('running', 'waiting') THEN orphan_us END,
+        wakes_on = CASE WHEN ?14 IS NULL THEN wakes_on ELSE ?24 END
     WHERE run_id = ?1 AND version = ?20 AND (?21 IS NULL OR lease_holder = ?21
         OR (?22 IS NOT NULL AND (lease_holder IS NULL OR lease_until_us < ?22)))
       AND quarantine IS NULL";
