@@ -1483,23 +1483,25 @@ impl Runtime {
         let Some(wait) = run.waiting.clone() else {
             return Ok(Hook::None);
         };
-        let Some(handler) = self.inner.effects.owner_of(&wait).cloned() else {
+        // The effects that say the wait is theirs (none: the common case,
+        // and no ledger read); of those, the one the ledger says started it.
+        let owners = self.inner.effects.owners_of(&wait);
+        if owners.is_empty() {
             return Ok(Hook::None);
-        };
+        }
         let Some(key) = effect_key(run) else {
             return Ok(Hook::None);
         };
-        let started_it = self
-            .store()
-            .find_records(&run.run_id, &key)?
-            .iter()
-            .any(|r| {
+        let records = self.store().find_records(&run.run_id, &key)?;
+        let started = |h: &&Arc<dyn EffectHandler>| {
+            records.iter().any(|r| {
                 r.status == StepStatus::Waiting
-                    && r.effect.as_ref().is_some_and(|e| e.kind == handler.kind())
-            });
-        if !started_it {
+                    && r.effect.as_ref().is_some_and(|e| e.kind == h.kind())
+            })
+        };
+        let Some(handler) = owners.into_iter().find(started).cloned() else {
             return Ok(Hook::None);
-        }
+        };
         handler.check_resume(&wait, payload)?;
         let external = handler.class() == crate::effects::EffectClass::External;
         if external && optimistic {

@@ -445,10 +445,13 @@ impl EffectRegistry {
         self.handlers.insert(handler.kind().to_string(), handler);
     }
 
-    /// The effect that owns `wait` ([`EffectHandler::owns_wait`]), if one
-    /// does.
-    pub fn owner_of(&self, wait: &WaitState) -> Option<&Arc<dyn EffectHandler>> {
-        self.handlers.values().find(|h| h.owns_wait(wait))
+    /// The effects that say `wait` is theirs ([`EffectHandler::owns_wait`]):
+    /// the runtime takes the one its ledger says started the wait.
+    pub fn owners_of(&self, wait: &WaitState) -> Vec<&Arc<dyn EffectHandler>> {
+        self.handlers
+            .values()
+            .filter(|h| h.owns_wait(wait))
+            .collect()
     }
 
     /// The handler of `kind`.
