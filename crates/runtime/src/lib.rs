@@ -39,6 +39,9 @@ pub mod flow;
 pub mod store;
 pub mod wasm;
 
+#[cfg(test)]
+mod strategies;
+
 pub use crate::core::clock::{Clock, ManualClock, SystemClock};
 pub use crate::core::config::{RetryPolicy, RuntimeConfig, StartOptions, MIN_LEASE_TTL};
 pub use crate::core::model::{
