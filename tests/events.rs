@@ -417,7 +417,8 @@ fn five_calls_in_one_pass_are_one_occurrence_and_killed_drivers_lose_and_double_
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(delay));
-        // SAFETY: kill(2) on our own child's pid.
+        // SAFETY: kill(2) takes no pointers. The pid is our child's, not
+        // yet reaped (`wait` below reaps it), so it names no other process.
         unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
         child.wait().unwrap();
     }

@@ -53,9 +53,12 @@ fn stepwell(dir: &Path, args: &[&str]) -> Ended {
     let started = Instant::now();
     let (status, usage) = loop {
         let mut status = 0;
-        // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
+        // SAFETY: `rusage` is plain integers and `timeval`s, for which all
+        // zero bytes are a valid value (wait4 overwrites it).
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: waits for our own child, with valid pointers.
+        // SAFETY: `status` and `usage` are live locals of the types wait4
+        // writes; `pid` is our own child, not yet reaped (this loop reaps
+        // it), so the call waits for no other process.
         let got = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
         if got == pid {
             break (status, usage);

@@ -984,6 +984,9 @@ fn sigterm_stops_gracefully() {
     let db = s.db();
     let started = Instant::now();
     let mut s = s;
+    // SAFETY: kill(2) takes no pointers. The pid is the server's, our
+    // child, not yet reaped (`wait` below reaps it), so it names no other
+    // process.
     assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
     let status = s.child.wait().unwrap();
     // The stream ended (its reader returned) after its first events.

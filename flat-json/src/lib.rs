@@ -405,3 +405,244 @@ mod tests {
         }
     }
 }
+
+/// Property tests: random texts and values, each checked against serde_json
+/// (the reader's oracle) or Rust's own integer parsing.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn config() -> ProptestConfig {
+        ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// A JSON scalar as text: mostly what the flat reader takes (and
+    /// near misses: `-0`, `01`), else integers at and past the 64-bit
+    /// bounds, floats, strings with escapes and non-ASCII.
+    fn scalar_text() -> impl Strategy<Value = String> {
+        let near = prop_oneof![
+            "-?(0|[1-9][0-9]{0,18})",
+            Just("-0".to_string()),
+            "-?0[0-9]",
+            "-?[1-9][eE.][+-]?[0-9]",
+            Just("true".to_string()),
+            Just("false".to_string()),
+            Just("null".to_string()),
+            "\"[a-z é]{0,6}\"",
+        ];
+        let far = prop_oneof![
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<u64>().prop_map(|n| n.to_string()),
+            "-?[0-9]{15,30}",
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| format!("{f:e}")),
+            "-?[0-9]{1,4}\\.[0-9]{1,6}",
+            "[a-zA-Zé€ \\\\\"/\\t]{0,12}".prop_map(|s| serde_json::to_string(&s).unwrap()),
+            "\"[a-z]{0,4}(\\\\u00[0-9a-f]{2}|\\\\n)?\"",
+        ];
+        prop_oneof![4 => near, 1 => far]
+    }
+
+    /// A flat object as text (keys may repeat), then maybe damaged: cut
+    /// short, or a byte put in.
+    fn object_text() -> impl Strategy<Value = String> {
+        let pair = ("[a-z_$]{0,6}", scalar_text(), "[ \\n]{0,2}");
+        (
+            prop::collection::vec(pair, 0..8),
+            0u8..4,
+            any::<prop::sample::Index>(),
+            "[{}\\[\\],:\"0-9a ]",
+        )
+            .prop_map(|(pairs, damage, at, byte)| {
+                let body: Vec<String> = pairs
+                    .iter()
+                    .map(|(k, v, ws)| format!("{ws}\"{k}\"{ws}:{ws}{v}{ws}"))
+                    .collect();
+                let text = format!("{{{}}}", body.join(","));
+                let cut = at.index(text.len().max(1));
+                let cut = (0..=cut)
+                    .rev()
+                    .find(|i| text.is_char_boundary(*i))
+                    .unwrap_or(0);
+                match damage {
+                    0 => text[..cut].to_string(),
+                    1 => format!("{}{byte}{}", &text[..cut], &text[cut..]),
+                    _ => text,
+                }
+            })
+    }
+
+    /// Any text, mostly of JSON's own characters.
+    fn any_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "[{}\\[\\]\":,0-9a-z\\\\ .eE+\\-]{0,40}",
+            object_text(),
+        ]
+    }
+
+    /// A JSON scalar value, small integers often (so that flat objects the
+    /// reader takes are common).
+    fn scalar() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (-1_000_000i64..1_000_000).prop_map(Value::from),
+            any::<f64>().prop_filter_map("finite", |f| serde_json::Number::from_f64(f)
+                .map(Value::Number)),
+            any::<String>().prop_map(Value::String),
+            "[a-z ]{0,8}".prop_map(Value::String),
+        ]
+    }
+
+    /// An object key: plain, `$`-led, or any text.
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![3 => "[a-z_]{0,6}", 1 => "\\$[a-z]{0,4}", 1 => any::<String>()]
+    }
+
+    /// Any JSON value, nested a few levels, objects flat half the time.
+    fn value() -> impl Strategy<Value = Value> {
+        let flat = prop::collection::btree_map(key(), scalar(), 0..8)
+            .prop_map(|m| Value::Object(m.into_iter().collect()));
+        let nested = scalar().prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(key(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        });
+        prop_oneof![flat, nested]
+    }
+
+    /// Whether serde_json's text of `v` is one the flat reader takes: an
+    /// object of plain keys (not `$`-led) and of `null`, booleans, plain
+    /// strings and integers of at most 18 digits.
+    fn flat_readable(v: &Value) -> bool {
+        let plain = |s: &str| !s.chars().any(|c| c == '"' || c == '\\' || c < ' ');
+        let Value::Object(map) = v else { return false };
+        map.iter().all(|(k, v)| {
+            plain(k)
+                && !k.starts_with('$')
+                && match v {
+                    Value::Null | Value::Bool(_) => true,
+                    Value::String(s) => plain(s),
+                    Value::Number(n) => {
+                        !n.is_f64() && n.to_string().trim_start_matches('-').len() <= 18
+                    }
+                    _ => false,
+                }
+        })
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// No text makes a reader panic, and `read_object` says what
+        /// serde_json says: the same object, the same other value, or an
+        /// error; whatever the flat reader takes, serde_json reads the same.
+        #[test]
+        fn any_text_is_read_as_serde_json_reads_it(text in any_text()) {
+            let _ = find_inexact_integer(&text);
+            let oracle = serde_json::from_str::<Value>(&text);
+            if let Some(flat) = read_flat_object(&text) {
+                let full = oracle.as_ref().map_err(|e| {
+                    TestCaseError::fail(format!("took {text:?}, serde_json: {e}"))
+                })?;
+                prop_assert_eq!(&Value::Object(flat), full, "{}", text);
+            }
+            match (read_object(&text), oracle) {
+                (Ok(map), Ok(Value::Object(full))) => prop_assert_eq!(map, full),
+                (Err(NotAnObject::Other(v)), Ok(full)) => {
+                    prop_assert!(!full.is_object());
+                    prop_assert_eq!(v, full);
+                }
+                (Err(NotAnObject::Json(_)), Err(_)) => {}
+                (got, want) => prop_assert!(false, "{text:?}: {got:?}, serde_json {want:?}"),
+            }
+        }
+
+        /// What serde_json writes of any value reads back as that value,
+        /// compact or pretty; the flat reader takes exactly the flat objects
+        /// of plain keys, strings and integers of up to 18 digits, and
+        /// declines nesting, floats, escapes, `$` keys and longer integers.
+        #[test]
+        fn serde_json_text_reads_back(v in value()) {
+            for text in [v.to_string(), serde_json::to_string_pretty(&v).unwrap()] {
+                match (read_object(&text), &v) {
+                    (Ok(map), Value::Object(want)) => prop_assert_eq!(&map, want),
+                    (Err(NotAnObject::Other(got)), want) if !want.is_object() => {
+                        prop_assert_eq!(&got, want)
+                    }
+                    (got, _) => prop_assert!(false, "{text}: {got:?}"),
+                }
+                let flat = read_flat_object(&text);
+                prop_assert_eq!(flat.is_some(), flat_readable(&v), "{}", text);
+                if let Some(flat) = flat {
+                    prop_assert_eq!(Value::Object(flat), v.clone());
+                }
+                // serde_json writes only integers that fit 64 bits, and
+                // floats with a fraction or an exponent.
+                prop_assert_eq!(find_inexact_integer(&text), None);
+            }
+        }
+
+        /// The scan finds an integer literal exactly when one fits neither
+        /// i64 nor u64, and names the first such.
+        #[test]
+        fn the_integer_scan_finds_exactly_what_does_not_fit(
+            ints in prop::collection::vec("-?[1-9][0-9]{0,24}|0", 1..6),
+        ) {
+            let text = format!("{{\"a\":[{}],\"b\":1.5e300}}", ints.join(","));
+            let inexact: Vec<&String> = ints
+                .iter()
+                .filter(|n| n.parse::<i64>().is_err() && n.parse::<u64>().is_err())
+                .collect();
+            let found = find_inexact_integer(&text);
+            prop_assert_eq!(found.is_some(), !inexact.is_empty(), "{}", text);
+            if let Some(found) = found {
+                prop_assert_eq!(&found.literal, inexact[0]);
+                prop_assert_eq!(found.path, format!(
+                    "a[{}]",
+                    ints.iter().position(|n| n == inexact[0]).unwrap()
+                ));
+            }
+        }
+
+        /// An integer no 64 bits hold, after any value (whose strings may
+        /// hold digits, quotes and escapes), is found where it is.
+        #[test]
+        fn an_inexact_integer_is_found_past_any_value(
+            v in value(),
+            big in "-?[1-9][0-9]{20,30}",
+        ) {
+            let text = format!("[{v},{big}]");
+            let found = find_inexact_integer(&text);
+            prop_assert_eq!(
+                found,
+                Some(InexactInteger { path: "[1]".into(), literal: big })
+            );
+        }
+    }
+
+    /// Nesting as deep as any, every depth to 400: serde_json's depth limit
+    /// (127 levels) holds through `read_object`, the flat reader takes
+    /// nothing nested, and nothing overflows the stack.
+    #[test]
+    fn depth_is_serde_json_s_to_limit() {
+        for depth in 0..400 {
+            let text = format!("{{\"a\":{}1{}}}", "[".repeat(depth), "]".repeat(depth));
+            assert_eq!(find_inexact_integer(&text), None);
+            assert_eq!(read_flat_object(&text).is_some(), depth == 0);
+            // The object and `depth` arrays: 127 levels at most.
+            assert_eq!(read_object(&text).is_ok(), depth < 127, "depth {depth}");
+        }
+    }
+}

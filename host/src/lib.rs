@@ -29,8 +29,13 @@
 //! ```
 
 // Every public item says what it is; every unsafe operation sits in a
-// block that says why it holds, also inside an `unsafe fn`.
-#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+// block that says why it holds (a `SAFETY:` comment), also inside an
+// `unsafe fn`.
+#![deny(
+    missing_docs,
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks
+)]
 
 #[cfg(feature = "automation")]
 pub mod automation;

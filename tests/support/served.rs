@@ -159,6 +159,9 @@ impl Served {
 
     /// SIGTERM, and the exit status.
     pub fn stop(&mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) takes no pointers. The pid is the server's, our
+        // child, not yet reaped (`try_wait` below reaps it), so it names
+        // no other process.
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGTERM);
         }

@@ -15,7 +15,11 @@
 
 // Every public item says what it is; every unsafe operation sits in a
 // block that says why it holds, also inside an `unsafe fn`.
-#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+#![deny(
+    missing_docs,
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks
+)]
 
 pub mod artifacts;
 pub mod bundles;
@@ -1420,6 +1424,216 @@ impl Durability {
             "normal" => Some(Durability::Normal),
             "full" => Some(Durability::Full),
             _ => None,
+        }
+    }
+}
+
+/// Property tests of the ledger's hash chain, on made-up records of any
+/// content, linked as the stores link them and read back from their JSON.
+#[cfg(test)]
+mod chain_properties {
+    use super::*;
+    use proptest::prelude::*;
+    use stepwell_model::model::{EffectRecord, StepStatus};
+    use stepwell_strategies::{config, value};
+
+    /// Text of any characters, or of a few plain ones.
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof!["[a-z0-9:-]{0,12}", any::<String>()]
+    }
+
+    /// A record as a step appends it: no hashes yet, any content.
+    fn record() -> impl Strategy<Value = StepRecord> {
+        let status = prop::sample::select(vec![
+            StepStatus::Started,
+            StepStatus::Completed,
+            StepStatus::Waiting,
+            StepStatus::Failed,
+            StepStatus::Cancelled,
+        ]);
+        let effect =
+            (text(), value(), prop::option::of(text())).prop_map(|(kind, payload, result_key)| {
+                EffectRecord {
+                    kind,
+                    payload,
+                    result_key,
+                }
+            });
+        (
+            (text(), text(), prop::option::of(text()), status),
+            (prop::option::of(effect), prop::option::of(value())),
+            (prop::option::of(text()), text(), prop::option::of(text())),
+            (any::<u32>(), prop::option::of(text())),
+        )
+            .prop_map(
+                |(
+                    (step_id, run_id, node_id, status),
+                    (effect, result),
+                    (error, started_at, ended_at),
+                    (attempt, idempotency_key),
+                )| StepRecord {
+                    step_id,
+                    run_id,
+                    node_id,
+                    status,
+                    effect,
+                    result,
+                    error,
+                    started_at,
+                    ended_at,
+                    attempt,
+                    idempotency_key,
+                    prev_hash: None,
+                    record_hash: None,
+                },
+            )
+    }
+
+    /// `records` linked into a chain as a store appends them, and read
+    /// back from the JSON it stores: the records, their JSON, the head.
+    fn chain(records: &[StepRecord]) -> (Vec<StepRecord>, Vec<String>, Option<String>) {
+        let mut head = None;
+        let texts: Vec<String> = records.iter().map(|r| link_json(&mut head, r)).collect();
+        let read = texts
+            .iter()
+            .map(|t| serde_json::from_str(t).expect("a stored record reads back"))
+            .collect();
+        (read, texts, head)
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// A chain of any records verifies, whole or page by page, up to
+        /// the head its appends left; the fast link writes what `link`
+        /// writes.
+        #[test]
+        fn a_linked_chain_verifies(
+            records in prop::collection::vec(record(), 1..8),
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..4),
+        ) {
+            let (read, texts, head) = chain(&records);
+            let mut slow_head = None;
+            for (r, text) in records.iter().zip(&texts) {
+                prop_assert_eq!(&link(&mut slow_head, &mut r.clone()), text);
+            }
+            prop_assert_eq!(&slow_head, &head);
+            prop_assert_eq!(verify_chain(&read), Ok(head.clone()));
+            let mut cuts: Vec<usize> = cuts.iter().map(|c| c.index(read.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut verifier = ChainVerifier::default();
+            let mut from = 0;
+            for to in cuts.into_iter().chain([read.len()]) {
+                prop_assert_eq!(verifier.check(&read[from..to]), Ok(()));
+                from = to;
+            }
+            prop_assert_eq!(verifier.head(), head.as_deref());
+            prop_assert_eq!(verifier.checked(), read.len());
+        }
+
+        /// Any character of a stored record changed, where the record still
+        /// reads and reads differently, breaks the chain at that record.
+        #[test]
+        fn a_flipped_character_is_found_where_it_is(
+            records in prop::collection::vec(record(), 1..6),
+            at in any::<prop::sample::Index>(),
+            place in any::<prop::sample::Index>(),
+            by in prop::char::ranges(vec!['a'..='z', '0'..='9'].into()),
+        ) {
+            let (mut read, texts, _) = chain(&records);
+            let i = at.index(read.len());
+            let text = &texts[i];
+            let spots: Vec<usize> = text
+                .char_indices()
+                .filter(|(_, c)| c.is_ascii_alphanumeric() && *c != by)
+                .map(|(k, _)| k)
+                .collect();
+            prop_assume!(!spots.is_empty());
+            let k = spots[place.index(spots.len())];
+            let flipped = format!("{}{by}{}", &text[..k], &text[k + 1..]);
+            let Ok(changed) = serde_json::from_str::<StepRecord>(&flipped) else {
+                return Ok(()); // no longer a record: the store refuses it
+            };
+            if changed == read[i] {
+                return Ok(()); // a key no field reads: the same record
+            }
+            read[i] = changed;
+            let broken = verify_chain(&read).expect_err("the change went unnoticed");
+            prop_assert_eq!(broken.index, i + 1, "{:?} in {}", broken, flipped);
+        }
+
+        /// A record removed (but the last), repeated, or two swapped breaks
+        /// the chain where the order goes wrong; the last removed leaves a
+        /// shorter chain with another head.
+        #[test]
+        fn a_removed_repeated_or_swapped_record_is_found(
+            records in prop::collection::vec(record(), 2..8),
+            at in any::<prop::sample::Index>(),
+            other in any::<prop::sample::Index>(),
+            how in 0u8..3,
+        ) {
+            let (read, _, head) = chain(&records);
+            let n = read.len();
+            let (i, j) = (at.index(n), other.index(n));
+            let mut changed = read.clone();
+            let (index, problem) = match how {
+                0 if i == n - 1 => {
+                    changed.pop();
+                    let shorter = verify_chain(&changed);
+                    prop_assert_eq!(&shorter, &Ok(read[n - 2].record_hash.clone()));
+                    prop_assert_ne!(shorter, Ok(head));
+                    return Ok(());
+                }
+                0 => {
+                    changed.remove(i);
+                    (i + 1, "removed or reordered")
+                }
+                1 => {
+                    changed.insert(i + 1, read[i].clone());
+                    (i + 2, "removed or reordered")
+                }
+                _ => {
+                    prop_assume!(i != j);
+                    changed.swap(i, j);
+                    (i.min(j) + 1, "removed or reordered")
+                }
+            };
+            let broken = verify_chain(&changed).expect_err("the change went unnoticed");
+            prop_assert_eq!((broken.index, broken.problem), (index, problem));
+        }
+
+        /// A record whose hash is gone is unchained; one whose hash or
+        /// link to the one before is changed is found there.
+        #[test]
+        fn a_changed_hash_is_found_where_it_is(
+            records in prop::collection::vec(record(), 1..6),
+            at in any::<prop::sample::Index>(),
+            how in 0u8..3,
+        ) {
+            let (mut read, _, _) = chain(&records);
+            let i = at.index(read.len());
+            let r = &mut read[i];
+            let problem = match how {
+                0 => {
+                    r.record_hash = None;
+                    "unchained"
+                }
+                1 => {
+                    let hash = r.record_hash.as_mut().expect("linked");
+                    let flipped = if hash.starts_with('0') { "1" } else { "0" };
+                    hash.replace_range(..1, flipped);
+                    "changed"
+                }
+                _ => {
+                    r.prev_hash = match r.prev_hash.take() {
+                        Some(_) => None,
+                        None => Some("0".repeat(64)),
+                    };
+                    "removed or reordered"
+                }
+            };
+            let broken = verify_chain(&read).expect_err("the change went unnoticed");
+            prop_assert_eq!((broken.index, broken.problem), (i + 1, problem));
         }
     }
 }

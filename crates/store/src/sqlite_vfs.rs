@@ -50,23 +50,41 @@
 //!
 //! # Safety
 //!
-//! The unsafe code here relies on SQLite's VFS contract (sqlite3.h, "OS
-//! Interface Object") and on how the store uses its connections:
+//! The unsafe code here rests on SQLite's VFS contract (sqlite3.h,
+//! `sqlite3_vfs` and `sqlite3_io_methods`) and on five invariants, which
+//! the `SAFETY` comments name:
 //!
-//! - SQLite allocates `szOsFile` bytes for each file (this VFS asks for a
-//!   [`GatherFile`] and the Unix VFS's own file object after it, at
-//!   [`REAL_OFFSET`]) and passes them to `x_open` to set up; every other
-//!   method is called with a file `x_open` set up, until `x_close` returns.
-//! - SQLite calls one file's methods from one thread at a time: a
-//!   connection is used by one thread at a time (the store holds it behind
-//!   a mutex), and a log and its database file belong to one connection, so
-//!   `peer` is read and written by that thread only; `x_close` of either
-//!   clears the other's.
-//! - The pointers passed with a call (`data` of `amount` bytes, `out`,
-//!   `size`) are valid for that call.
-//! - [`REAL_VFS`] is set before this VFS is registered, to the default VFS,
-//!   which lives as long as the process.
-#![deny(unsafe_op_in_unsafe_fn)]
+//! - **(block)** SQLite hands `x_open` at least `szOsFile` bytes, aligned
+//!   to 8 (SQLite's allocations are), to fill in. This VFS's `szOsFile` is
+//!   [`REAL_OFFSET`] plus the Unix VFS's, so a [`GatherFile`] fits at the
+//!   start of the block and the Unix VFS's file at `REAL_OFFSET`, both
+//!   aligned (`GatherFile` asks 8 at most, checked at compile time, and
+//!   `REAL_OFFSET` is a multiple of 16).
+//! - **(open)** A file's methods are called only once `x_open` has
+//!   written its [`GatherFile`] (that is where `pMethods` becomes
+//!   [`METHODS`]), and not after `x_close` (SQLite clears `pMethods` once
+//!   `xClose` returns; `sqlite3OsClose`). So a file passed to a method, or
+//!   whose `pMethods` is `METHODS`, holds a live `GatherFile` whose `real`
+//!   is the Unix VFS's open file. `x_close` of a log or of its database
+//!   file clears the other's `peer`: a `peer` that is not null is open.
+//! - **(serial)** SQLite never runs methods of one file in two threads at
+//!   once: a file belongs to one pager, used by one connection at a time
+//!   (or, in a shared cache, under the shared b-tree's mutex), and a
+//!   connection is used by one thread at a time (rusqlite's `Connection`
+//!   is not `Sync`). A log and its database file share their pager, so a
+//!   `peer` is used under the same exclusion. No reference to a
+//!   `GatherFile` is kept past the call that made it.
+//! - **(args)** The pointers SQLite passes with a call are valid for that
+//!   call as `sqlite3_io_methods` says (`data` for `amount` bytes, read by
+//!   `xWrite` and written by `xRead`; `size`, `out` and `arg` as the method
+//!   uses them). They go to the Unix VFS's method unchanged, with its own
+//!   file, so its contract is met as SQLite would meet it.
+//! - **(real)** [`REAL_VFS`] is stored (release) before this VFS is
+//!   registered, as the default VFS `sqlite3_vfs_find` returned, which
+//!   SQLite keeps for the life of the process; `x_open` is reached only
+//!   through the registered VFS, so it loads (acquire) that pointer. The
+//!   Unix VFS's `sqlite3_io_methods` are statics in SQLite.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
@@ -138,6 +156,10 @@ struct GatherFile {
 /// Where SQLite's own file object starts in a file's memory.
 const REAL_OFFSET: usize = std::mem::size_of::<GatherFile>().next_multiple_of(16);
 
+// SQLite aligns a file's block to 8 bytes, all a `GatherFile` may ask
+// (the "block" invariant of the module's safety notes).
+const _: () = assert!(std::mem::align_of::<GatherFile>() <= 8);
+
 thread_local! {
     /// This thread's log writes gathered, and the writes to the kernel they
     /// took (their ratio is the calls saved).
@@ -166,27 +188,35 @@ pub(crate) fn register() -> Result<(), String> {
     static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
     REGISTERED
         .get_or_init(|| {
-            // SAFETY: sqlite3_vfs_find initialises SQLite and returns a
-            // VFS that lives as long as the process (or null). The copy
-            // is leaked: a registered VFS must outlive every connection.
-            unsafe {
-                let real = ffi::sqlite3_vfs_find(ptr::null());
-                if real.is_null() {
-                    return Err("SQLite has no default VFS".into());
-                }
-                let real_size = usize::try_from((*real).szOsFile).unwrap_or(0);
-                let mut vfs = *real;
-                vfs.zName = VFS_NAME.as_ptr();
-                vfs.pNext = ptr::null_mut();
-                vfs.szOsFile = c_int::try_from(REAL_OFFSET + real_size)
-                    .map_err(|_| "the VFS's file size overflows".to_string())?;
-                vfs.xOpen = Some(x_open);
-                REAL_VFS.store(real, Ordering::Release);
-                let vfs: &'static mut ffi::sqlite3_vfs = Box::leak(Box::new(vfs));
-                match ffi::sqlite3_vfs_register(vfs, 0) {
-                    ffi::SQLITE_OK => Ok(()),
-                    rc => Err(format!("cannot register the SQLite VFS (code {rc})")),
-                }
+            // SAFETY: sqlite3_vfs_find takes a VFS name or, as here, null
+            // for the default one; it initialises SQLite itself and
+            // returns a pointer or null.
+            let real = unsafe { ffi::sqlite3_vfs_find(ptr::null()) };
+            if real.is_null() {
+                return Err("SQLite has no default VFS".into());
+            }
+            // SAFETY: `real` is not null and points to a registered VFS,
+            // which SQLite keeps for the life of the process and does not
+            // change; `sqlite3_vfs` is plain data, copied here.
+            let mut vfs = unsafe { *real };
+            let real_size = usize::try_from(vfs.szOsFile).unwrap_or(0);
+            vfs.zName = VFS_NAME.as_ptr();
+            vfs.pNext = ptr::null_mut();
+            vfs.szOsFile = c_int::try_from(REAL_OFFSET + real_size)
+                .map_err(|_| "the VFS's file size overflows".to_string())?;
+            vfs.xOpen = Some(x_open);
+            REAL_VFS.store(real, Ordering::Release);
+            let vfs: &'static mut ffi::sqlite3_vfs = Box::leak(Box::new(vfs));
+            // SAFETY: SQLite keeps the pointer it registers: `vfs` is
+            // leaked, so it outlives every connection, and its name is a
+            // static string. Its methods but `xOpen` are the Unix VFS's,
+            // which do not read the `sqlite3_vfs` they are given (this
+            // copy); `x_open` hands the Unix `xOpen`, which does, the real
+            // one. `REAL_VFS` is stored before, so `x_open` never finds it
+            // null ("real" in the module's notes).
+            match unsafe { ffi::sqlite3_vfs_register(vfs, 0) } {
+                ffi::SQLITE_OK => Ok(()),
+                rc => Err(format!("cannot register the SQLite VFS (code {rc})")),
             }
         })
         .clone()
@@ -214,6 +244,14 @@ static METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     xUnfetch: Some(x_unfetch),
 };
 
+/// Opens a file: the Unix VFS's own, at [`REAL_OFFSET`] in the block, and
+/// this layer's [`GatherFile`] at its start.
+///
+/// # Safety
+/// SQLite's `xOpen` contract: `file` is a block of this VFS's `szOsFile`
+/// bytes, aligned to 8, for this call to fill in ("block" in the module's
+/// safety notes); `name` is null or a file name valid until the file is
+/// closed, `out_flags` null or writable ("args").
 unsafe extern "C" fn x_open(
     _vfs: *mut ffi::sqlite3_vfs,
     name: ffi::sqlite3_filename,
@@ -221,44 +259,66 @@ unsafe extern "C" fn x_open(
     flags: c_int,
     out_flags: *mut c_int,
 ) -> c_int {
-    // SAFETY: SQLite passes `file`, a block of this VFS's `szOsFile` bytes, for `x_open`
-    // to set up: the Unix VFS opens its file at `REAL_OFFSET` in it, and a `GatherFile`
-    // is written at its start; `REAL_VFS` was set before the VFS was registered; `name`
-    // and `out_flags` are as SQLite passes them to the Unix VFS (module docs, "Safety").
-    unsafe {
-        let real_vfs = REAL_VFS.load(Ordering::Acquire);
-        let Some(open) = (*real_vfs).xOpen else {
-            return ffi::SQLITE_CANTOPEN;
-        };
-        let real = file
-            .cast::<u8>()
-            .add(REAL_OFFSET)
-            .cast::<ffi::sqlite3_file>();
-        let rc = open(real_vfs, name, real, flags, out_flags);
-        if rc != ffi::SQLITE_OK || (*real).pMethods.is_null() {
-            if !(*real).pMethods.is_null() {
-                if let Some(close) = (*(*real).pMethods).xClose {
+    let real_vfs = REAL_VFS.load(Ordering::Acquire);
+    // SAFETY: this method is reached through the registered VFS only, so
+    // `real_vfs` is the default VFS, not null and alive ("real").
+    let Some(open) = (unsafe { (*real_vfs).xOpen }) else {
+        return ffi::SQLITE_CANTOPEN;
+    };
+    // SAFETY: the block is `REAL_OFFSET` plus the Unix VFS's `szOsFile`
+    // bytes ("block"): the offset stays inside it.
+    let real = unsafe { file.cast::<u8>().add(REAL_OFFSET) }.cast::<ffi::sqlite3_file>();
+    // SAFETY: the Unix `xOpen` gets its own VFS, SQLite's `name`, `flags`
+    // and `out_flags` unchanged ("args"), and `real`: the Unix VFS's
+    // `szOsFile` bytes, aligned as the block is, which nothing else uses
+    // ("block").
+    let rc = unsafe { open(real_vfs, name, real, flags, out_flags) };
+    // SAFETY: `real` was just handed to `xOpen`, which sets its `pMethods`
+    // to null or to its methods (a static) whatever it returns (sqlite3.h).
+    let real_methods = unsafe { (*real).pMethods };
+    if rc != ffi::SQLITE_OK || real_methods.is_null() {
+        if !real_methods.is_null() {
+            // SAFETY: a file whose `xOpen` failed but set its methods is
+            // still closed, once, with its own `xClose` (sqlite3.h); `real`
+            // is not used again.
+            unsafe {
+                if let Some(close) = (*real_methods).xClose {
                     close(real);
                 }
             }
-            (*file).pMethods = ptr::null();
-            return if rc == ffi::SQLITE_OK {
-                ffi::SQLITE_CANTOPEN
-            } else {
-                rc
-            };
         }
-        let wal = flags & ffi::SQLITE_OPEN_WAL != 0;
-        let mut peer = ptr::null_mut();
-        if wal && !name.is_null() {
-            // The database file this log belongs to (SQLite keeps it just
-            // before the log's name): if it is one of ours, it learns of its log.
-            let db = ffi::sqlite3_database_file_object(name);
-            if !db.is_null() && ptr::eq((*db).pMethods, &METHODS) {
-                peer = db.cast::<GatherFile>();
-            }
+        // SAFETY: the block starts with an `sqlite3_file` ("block"); its
+        // `pMethods` null tells SQLite not to call `xClose` on it.
+        unsafe { (*file).pMethods = ptr::null() };
+        return if rc == ffi::SQLITE_OK {
+            ffi::SQLITE_CANTOPEN
+        } else {
+            rc
+        };
+    }
+    let wal = flags & ffi::SQLITE_OPEN_WAL != 0;
+    let mut peer = ptr::null_mut();
+    if wal && !name.is_null() {
+        // The database file this log belongs to (SQLite keeps it just
+        // before the log's name): if it is one of ours, it learns of its log.
+        // SAFETY: `name` was passed to this `xOpen` with SQLITE_OPEN_WAL,
+        // the one use `sqlite3_database_file_object` allows besides a
+        // rollback journal's; it returns the pager's database file, which
+        // the pager opened before its log and keeps open until after.
+        let db = unsafe { ffi::sqlite3_database_file_object(name) };
+        // SAFETY: `db`, not null, is that open file.
+        if !db.is_null() && ptr::eq(unsafe { (*db).pMethods }, &METHODS) {
+            // Its methods are ours: it holds a `GatherFile` ("open").
+            peer = db.cast::<GatherFile>();
         }
-        let g = file.cast::<GatherFile>();
+    }
+    let g = file.cast::<GatherFile>();
+    // SAFETY: `g`, the block's start, is aligned and has room for a
+    // `GatherFile` ("block"), and nothing in the block is ours to drop
+    // yet: it is written whole, without reading what was there. `peer` is
+    // a live `GatherFile` of the same pager as this log, so of the same
+    // thread ("open", "serial").
+    unsafe {
         ptr::write(
             g,
             GatherFile {
@@ -276,8 +336,8 @@ unsafe extern "C" fn x_open(
         if !peer.is_null() {
             (*peer).peer = g;
         }
-        ffi::SQLITE_OK
     }
+    ffi::SQLITE_OK
 }
 
 /// The file's own methods (the Unix VFS's).
@@ -288,11 +348,13 @@ unsafe extern "C" fn x_open(
 unsafe fn real(
     file: *mut ffi::sqlite3_file,
 ) -> (*mut ffi::sqlite3_file, &'static ffi::sqlite3_io_methods) {
-    // SAFETY: as this function's contract says, `file` is a set-up file: its `GatherFile`
-    // names the Unix VFS's open file, whose methods live as long as the process.
+    // SAFETY: by this function's contract `file` holds a live `GatherFile`,
+    // whose `real` is the Unix VFS's open file ("open"): `x_open` keeps
+    // only a file whose `pMethods` is set, and those methods are a static
+    // of SQLite's, which the Unix VFS does not change while the file is
+    // open, so they may be borrowed for `'static`.
     unsafe {
-        let g = file.cast::<GatherFile>();
-        let real = (*g).real;
+        let real = (*file.cast::<GatherFile>()).real;
         (real, &*(*real).pMethods)
     }
 }
@@ -308,16 +370,17 @@ unsafe fn write_through(
     amount: c_int,
     offset: i64,
 ) -> c_int {
-    // SAFETY: `file` is a set-up file and `data` holds `amount` bytes (this function's
-    // contract).
+    #[cfg(test)]
+    if tests::FAIL_WRITES_OVER
+        .with(std::cell::Cell::get)
+        .is_some_and(|most| amount as usize > most)
+    {
+        return ffi::SQLITE_IOERR_WRITE;
+    }
+    // SAFETY: `file` is a set-up file (this function's contract), as `real`
+    // asks; the Unix `xWrite` gets its own file and `data`, readable for
+    // `amount` bytes (this function's contract).
     unsafe {
-        #[cfg(test)]
-        if tests::FAIL_WRITES_OVER
-            .with(std::cell::Cell::get)
-            .is_some_and(|most| amount as usize > most)
-        {
-            return ffi::SQLITE_IOERR_WRITE;
-        }
         let (real, m) = real(file);
         m.xWrite
             .map_or(ffi::SQLITE_IOERR_WRITE, |w| w(real, data, amount, offset))
@@ -330,17 +393,20 @@ unsafe fn write_through(
 /// `g` must be a set-up log file of this VFS, not used by another thread
 /// meanwhile.
 unsafe fn flush(g: *mut GatherFile) -> c_int {
-    // SAFETY: `g` is a set-up log file used by this thread alone (this function's
-    // contract); its buffer is written through its own Unix file.
+    // SAFETY: `g` is a live `GatherFile`, this thread's alone (this
+    // function's contract). Only its buffer is borrowed across the writes:
+    // `write_through` reads `real`, another field, through the pointer,
+    // and the Unix file beyond the `GatherFile`. Each piece is readable
+    // for its length.
     unsafe {
-        let gf = &mut *g;
-        gf.commit_next = false;
-        if gf.buf.is_empty() {
+        (*g).commit_next = false;
+        if (*g).buf.is_empty() {
             return ffi::SQLITE_OK;
         }
         let mut rc = ffi::SQLITE_OK;
-        let mut offset = gf.start;
-        for piece in gf.buf.chunks(MAX_WRITE) {
+        let mut offset = (*g).start;
+        let buf = &mut (*g).buf;
+        for piece in buf.chunks(MAX_WRITE) {
             rc = write_through(
                 g.cast(),
                 piece.as_ptr().cast::<c_void>(),
@@ -353,9 +419,9 @@ unsafe fn flush(g: *mut GatherFile) -> c_int {
             }
             offset += piece.len() as i64;
         }
-        gf.buf.clear();
+        buf.clear();
         if rc != ffi::SQLITE_OK {
-            gf.failed = rc;
+            (*g).failed = rc;
         }
         rc
     }
@@ -373,8 +439,10 @@ unsafe fn flush(g: *mut GatherFile) -> c_int {
 /// `file` must be a set-up file of this VFS, not used by another thread
 /// meanwhile.
 unsafe fn flush_before(file: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: `file` is a set-up file used by this thread alone, and so is its `peer`
-    // while it is not null (x_close clears it).
+    // SAFETY: `file` holds a live `GatherFile`, this thread's alone (this
+    // function's contract); a `peer` that is not null is its open log,
+    // of the same pager and so of the same thread ("open", "serial"), as
+    // `flush` asks.
     unsafe {
         let g = file.cast::<GatherFile>();
         if (*g).wal {
@@ -391,10 +459,19 @@ unsafe fn flush_before(file: *mut ffi::sqlite3_file) -> c_int {
     }
 }
 
+/// Closes a file, after writing what a log gathered.
+///
+/// # Safety
+/// SQLite's `xClose` contract: `file` is one of this VFS's open files,
+/// used by this thread alone, and not used again ("open", "serial").
 unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` holds a live `GatherFile`, this thread's alone, as
+    // `flush` and `real` ask ("open", "serial"); a `peer` that is not null
+    // is open, of the same thread, and no longer points here once this
+    // returns. The Unix file is closed once, with its own `xClose`. The
+    // buffer, the one field that owns anything, is dropped once: SQLite
+    // clears `pMethods` after this call, so no method reaches this
+    // `GatherFile` again, and the block is SQLite's to free.
     unsafe {
         let g = file.cast::<GatherFile>();
         let flushed = if (*g).wal { flush(g) } else { ffi::SQLITE_OK };
@@ -413,25 +490,42 @@ unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
     }
 }
 
+/// Writes to a file: a log's consecutive writes are gathered (the
+/// module's notes say when they reach the file), any other straight
+/// through.
+///
+/// # Safety
+/// SQLite's `xWrite` contract: `file` is one of this VFS's open files,
+/// used by this thread alone; `data` is readable for `amount` bytes
+/// ("open", "serial", "args").
 unsafe extern "C" fn x_write(
     file: *mut ffi::sqlite3_file,
     data: *const c_void,
     amount: c_int,
     offset: i64,
 ) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    let g = file.cast::<GatherFile>();
+    // SAFETY: `file` holds a live `GatherFile`, this thread's ("open",
+    // "serial").
+    let wal = unsafe { (*g).wal };
+    if !wal || amount <= 0 {
+        // SAFETY: `file` is open and this thread's, and `data` readable for
+        // `amount` bytes ("args"), as `write_through` asks.
+        return unsafe { write_through(file, data, amount, offset) };
+    }
+    // SAFETY: `amount` is positive here and `data` readable for that many
+    // bytes during this call ("args"), which only reads them; the slice is
+    // not kept past the call (what is gathered is copied).
+    let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), amount as usize) };
+    // SAFETY: `g` is a live `GatherFile`, this thread's alone ("open",
+    // "serial"), as `flush` and `write_through` ask; its fields are reached
+    // through the pointer, no reference to it held across those calls, and
+    // `data` is readable for `amount` bytes ("args").
     unsafe {
-        let g = file.cast::<GatherFile>();
-        if !(*g).wal || amount <= 0 {
-            return write_through(file, data, amount, offset);
+        if (*g).failed != ffi::SQLITE_OK {
+            return (*g).failed;
         }
-        let gf = &mut *g;
-        if gf.failed != ffi::SQLITE_OK {
-            return gf.failed;
-        }
-        if offset < gf.end {
+        if offset < (*g).end {
             // Behind where the last write ended: a frame of this transaction
             // written again (a page, a header whose checksum is rewritten).
             // What is gathered goes first, then this write, straight to the
@@ -440,16 +534,14 @@ unsafe extern "C" fn x_write(
             if rc != ffi::SQLITE_OK {
                 return rc;
             }
-            let gf = &mut *g;
-            gf.end = offset + i64::from(amount);
+            (*g).end = offset + i64::from(amount);
             let rc = write_through(file, data, amount, offset);
             // Should it be a commit frame's header, its page (next) is written
             // before its own write call returns, like any commit frame's.
-            let bytes = std::slice::from_raw_parts(data.cast::<u8>(), amount as usize);
-            gf.commit_next = rc == ffi::SQLITE_OK && is_commit_header(bytes);
+            (*g).commit_next = rc == ffi::SQLITE_OK && is_commit_header(bytes);
             return rc;
         }
-        if offset != gf.end {
+        if offset != (*g).end {
             // Ahead of where the last write ended, or the transaction's first
             // write (another process may have written the log since this
             // connection's last): what is gathered goes first, and a new
@@ -460,35 +552,39 @@ unsafe extern "C" fn x_write(
                 return rc;
             }
         }
-        let gf = &mut *g;
-        if gf.buf.is_empty() {
-            gf.start = offset;
+        if (*g).buf.is_empty() {
+            (*g).start = offset;
         }
-        gf.end = offset + i64::from(amount);
-        let bytes = std::slice::from_raw_parts(data.cast::<u8>(), amount as usize);
-        gf.buf.extend_from_slice(bytes);
+        (*g).end = offset + i64::from(amount);
+        (*g).buf.extend_from_slice(bytes);
         count(1, 0);
         if amount == FRAME_HEADER {
-            gf.commit_next = is_commit_header(bytes);
-        } else if gf.commit_next {
+            (*g).commit_next = is_commit_header(bytes);
+        } else if (*g).commit_next {
             return flush(g);
         }
-        if gf.buf.len() >= MAX_GATHERED {
+        if (*g).buf.len() >= MAX_GATHERED {
             return flush(g);
         }
         ffi::SQLITE_OK
     }
 }
 
+/// Reads from a file, after writing what its log gathered.
+///
+/// # Safety
+/// SQLite's `xRead` contract: `file` is one of this VFS's open files,
+/// used by this thread alone; `data` is writable for `amount` bytes
+/// ("open", "serial", "args").
 unsafe extern "C" fn x_read(
     file: *mut ffi::sqlite3_file,
     data: *mut c_void,
     amount: c_int,
     offset: i64,
 ) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open and this thread's, as `flush_before` and
+    // `real` ask; the Unix `xRead` gets its own file and `data`, writable
+    // for `amount` bytes ("args").
     unsafe {
         let rc = flush_before(file);
         if rc != ffi::SQLITE_OK {
@@ -501,6 +597,10 @@ unsafe extern "C" fn x_read(
 }
 
 /// Delegates a method that returns a code, after writing what was gathered.
+///
+/// Expands to calls of `flush_before` and `real` on `$file` and of the Unix
+/// VFS's method: used inside an `unsafe` block whose comment says why
+/// `$file` is open and this thread's and the arguments valid.
 macro_rules! flushed_then {
     ($file:expr, $method:ident, $missing:expr, |$f:ident, $real:ident| $call:expr) => {{
         let rc = flush_before($file);
@@ -515,10 +615,14 @@ macro_rules! flushed_then {
     }};
 }
 
+/// Truncates a file, after writing what its log gathered.
+///
+/// # Safety
+/// SQLite's `xTruncate` contract: `file` is one of this VFS's open files,
+/// used by this thread alone ("open", "serial").
 unsafe extern "C" fn x_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open and this thread's, as `flush_before` and
+    // `real` ask; the Unix `xTruncate` gets its own file and a plain size.
     unsafe {
         flushed_then!(file, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, |f, r| f(
             r, size
@@ -526,31 +630,50 @@ unsafe extern "C" fn x_truncate(file: *mut ffi::sqlite3_file, size: i64) -> c_in
     }
 }
 
+/// Syncs a file, after writing what its log gathered.
+///
+/// # Safety
+/// SQLite's `xSync` contract: `file` is one of this VFS's open files,
+/// used by this thread alone ("open", "serial").
 unsafe extern "C" fn x_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open and this thread's, as `flush_before` and
+    // `real` ask; the Unix `xSync` gets its own file and plain flags.
     unsafe { flushed_then!(file, xSync, ffi::SQLITE_IOERR_FSYNC, |f, r| f(r, flags)) }
 }
 
+/// A file's size, after writing what its log gathered.
+///
+/// # Safety
+/// SQLite's `xFileSize` contract: `file` is one of this VFS's open files,
+/// used by this thread alone; `size` is writable ("open", "serial",
+/// "args").
 unsafe extern "C" fn x_file_size(file: *mut ffi::sqlite3_file, size: *mut i64) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open and this thread's, as `flush_before` and
+    // `real` ask; the Unix `xFileSize` gets its own file and `size`,
+    // writable ("args").
     unsafe { flushed_then!(file, xFileSize, ffi::SQLITE_IOERR_FSTAT, |f, r| f(r, size)) }
 }
 
+/// Takes a file lock, after writing what its log gathered.
+///
+/// # Safety
+/// SQLite's `xLock` contract: `file` is one of this VFS's open files,
+/// used by this thread alone ("open", "serial").
 unsafe extern "C" fn x_lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open and this thread's, as `flush_before` and
+    // `real` ask; the Unix `xLock` gets its own file and a plain level.
     unsafe { flushed_then!(file, xLock, ffi::SQLITE_IOERR_LOCK, |f, r| f(r, level)) }
 }
 
+/// Releases a file lock, after writing what its log gathered (whatever
+/// that write says).
+///
+/// # Safety
+/// SQLite's `xUnlock` contract: `file` is one of this VFS's open files,
+/// used by this thread alone ("open", "serial").
 unsafe extern "C" fn x_unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open and this thread's, as `flush_before` and
+    // `real` ask; the Unix `xUnlock` gets its own file and a plain level.
     unsafe {
         // Always unlocked (SQLite does not act on an unlock's error), whatever
         // writing what was gathered said.
@@ -565,10 +688,17 @@ unsafe extern "C" fn x_unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_i
     }
 }
 
+/// Whether another connection holds a reserved lock, after writing what
+/// the log gathered.
+///
+/// # Safety
+/// SQLite's `xCheckReservedLock` contract: `file` is one of this VFS's
+/// open files, used by this thread alone; `out` is writable ("open",
+/// "serial", "args").
 unsafe extern "C" fn x_check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open and this thread's, as `flush_before` and
+    // `real` ask; the Unix `xCheckReservedLock` gets its own file and
+    // `out`, writable ("args").
     unsafe {
         flushed_then!(
             file,
@@ -579,14 +709,20 @@ unsafe extern "C" fn x_check_reserved_lock(file: *mut ffi::sqlite3_file, out: *m
     }
 }
 
+/// A file control, after writing what the log gathered.
+///
+/// # Safety
+/// SQLite's `xFileControl` contract: `file` is one of this VFS's open
+/// files, used by this thread alone; `arg` is what `op` asks ("open",
+/// "serial", "args").
 unsafe extern "C" fn x_file_control(
     file: *mut ffi::sqlite3_file,
     op: c_int,
     arg: *mut c_void,
 ) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open and this thread's, as `flush_before` and
+    // `real` ask; the Unix `xFileControl` gets its own file, `op` and
+    // `arg`, valid for `op` as SQLite passed them ("args").
     unsafe {
         flushed_then!(file, xFileControl, ffi::SQLITE_NOTFOUND, |f, r| f(
             r, op, arg
@@ -594,26 +730,41 @@ unsafe extern "C" fn x_file_control(
     }
 }
 
+/// The file's sector size (the Unix VFS's).
+///
+/// # Safety
+/// SQLite's `xSectorSize` contract: `file` is one of this VFS's open
+/// files, used by this thread alone ("open", "serial").
 unsafe extern "C" fn x_sector_size(file: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open, as `real` asks; the Unix `xSectorSize` gets
+    // its own file.
     unsafe {
         let (real, m) = real(file);
         m.xSectorSize.map_or(4096, |f| f(real))
     }
 }
 
+/// The file's device characteristics (the Unix VFS's).
+///
+/// # Safety
+/// SQLite's `xDeviceCharacteristics` contract: `file` is one of this
+/// VFS's open files, used by this thread alone ("open", "serial").
 unsafe extern "C" fn x_device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open, as `real` asks; the Unix
+    // `xDeviceCharacteristics` gets its own file.
     unsafe {
         let (real, m) = real(file);
         m.xDeviceCharacteristics.map_or(0, |f| f(real))
     }
 }
 
+/// Maps a region of the shared memory, after writing what the log
+/// gathered.
+///
+/// # Safety
+/// SQLite's `xShmMap` contract: `file` is one of this VFS's open files,
+/// used by this thread alone; `out` is writable ("open", "serial",
+/// "args").
 unsafe extern "C" fn x_shm_map(
     file: *mut ffi::sqlite3_file,
     page: c_int,
@@ -621,9 +772,9 @@ unsafe extern "C" fn x_shm_map(
     extend: c_int,
     out: *mut *mut c_void,
 ) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open and this thread's, as `flush_before` and
+    // `real` ask; the Unix `xShmMap` gets its own file and `out`, writable
+    // ("args").
     unsafe {
         flushed_then!(file, xShmMap, ffi::SQLITE_IOERR_SHMMAP, |f, r| f(
             r, page, size, extend, out
@@ -631,15 +782,23 @@ unsafe extern "C" fn x_shm_map(
     }
 }
 
+/// Takes or releases shared-memory locks, after writing what the log
+/// gathered; the release of the write lock ends the log's transaction.
+///
+/// # Safety
+/// SQLite's `xShmLock` contract: `file` is one of this VFS's open files,
+/// used by this thread alone ("open", "serial").
 unsafe extern "C" fn x_shm_lock(
     file: *mut ffi::sqlite3_file,
     offset: c_int,
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` holds a live `GatherFile`, this thread's alone, as
+    // `flush_before` and `real` ask ("open", "serial"); its `peer`, if not
+    // null, is its open log, of the same thread: its fields are reached
+    // through the pointer, no reference kept. The Unix `xShmLock` gets its
+    // own file and plain numbers.
     unsafe {
         let g = file.cast::<GatherFile>();
         let flushed = flush_before(file);
@@ -670,10 +829,15 @@ unsafe extern "C" fn x_shm_lock(
     }
 }
 
+/// The shared-memory barrier, after writing what the log gathered (or
+/// stopping the process should that fail: a commit is being published).
+///
+/// # Safety
+/// SQLite's `xShmBarrier` contract: `file` is one of this VFS's open
+/// files, used by this thread alone ("open", "serial").
 unsafe extern "C" fn x_shm_barrier(file: *mut ffi::sqlite3_file) {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open and this thread's, as `flush_before` and
+    // `real` ask; the Unix `xShmBarrier` gets its own file.
     unsafe {
         if flush_before(file) != ffi::SQLITE_OK {
             // SQLite is publishing a commit whose frames could not be written,
@@ -689,22 +853,32 @@ unsafe extern "C" fn x_shm_barrier(file: *mut ffi::sqlite3_file) {
     }
 }
 
+/// Unmaps the shared memory, after writing what the log gathered.
+///
+/// # Safety
+/// SQLite's `xShmUnmap` contract: `file` is one of this VFS's open files,
+/// used by this thread alone ("open", "serial").
 unsafe extern "C" fn x_shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open and this thread's, as `flush_before` and
+    // `real` ask; the Unix `xShmUnmap` gets its own file and a plain flag.
     unsafe { flushed_then!(file, xShmUnmap, ffi::SQLITE_OK, |f, r| f(r, delete)) }
 }
 
+/// A page of the file's memory map (the Unix VFS's), or none.
+///
+/// # Safety
+/// SQLite's `xFetch` contract: `file` is one of this VFS's open files,
+/// used by this thread alone; `out` is writable ("open", "serial",
+/// "args").
 unsafe extern "C" fn x_fetch(
     file: *mut ffi::sqlite3_file,
     offset: i64,
     amount: c_int,
     out: *mut *mut c_void,
 ) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open, as `real` asks; the Unix `xFetch` (a version
+    // 3 method) gets its own file and `out`, which is writable ("args"),
+    // as it is for the null written when there is no such method.
     unsafe {
         let (real, m) = real(file);
         match m.xFetch {
@@ -717,10 +891,15 @@ unsafe extern "C" fn x_fetch(
     }
 }
 
+/// Gives back a page `x_fetch` returned (the Unix VFS's).
+///
+/// # Safety
+/// SQLite's `xUnfetch` contract: `file` is one of this VFS's open files,
+/// used by this thread alone; `p` is null or a page `x_fetch` returned
+/// ("open", "serial", "args").
 unsafe extern "C" fn x_unfetch(file: *mut ffi::sqlite3_file, offset: i64, p: *mut c_void) -> c_int {
-    // SAFETY: `file` is one of this VFS's files, set up by `x_open` and not yet closed,
-    // used by one thread at a time; the pointers SQLite passes with it are valid as its
-    // VFS contract says (module docs, "Safety").
+    // SAFETY: `file` is open, as `real` asks; the Unix `xUnfetch` gets its
+    // own file and `p`, a page its own `xFetch` returned, or null ("args").
     unsafe {
         let (real, m) = real(file);
         match m.xUnfetch {
@@ -777,9 +956,18 @@ mod tests {
     }
 
     /// The file object SQLite keeps for `op` (the database file or its log).
+    ///
+    /// # Safety
+    /// `op` must be a file control that writes one `sqlite3_file` pointer
+    /// to its argument (`SQLITE_FCNTL_FILE_POINTER`,
+    /// `SQLITE_FCNTL_JOURNAL_POINTER`). The pointer returned is valid only
+    /// while the file stays open in `conn`.
     unsafe fn file_of(conn: &rusqlite::Connection, op: c_int) -> *mut ffi::sqlite3_file {
-        // SAFETY: the handle is the connection's own and the file-control call only reads
-        // its file pointer into `p`.
+        // SAFETY: `conn.handle()` is the connection's open handle and
+        // "main" a NUL-terminated name; `op` writes one pointer to `file`,
+        // a local of that type (this function's contract). SQLite sets the
+        // pointer to an open file, or null, which the assertion refuses
+        // before it is read.
         unsafe {
             let mut file: *mut ffi::sqlite3_file = ptr::null_mut();
             let rc = ffi::sqlite3_file_control(
@@ -808,9 +996,12 @@ mod tests {
         let conn = with_one_row(&path);
         conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES (2);")
             .unwrap();
-        // SAFETY: the files are the connection's own, set up by `x_open`
-        // and open while `conn` is; this thread alone uses the connection,
-        // and the buffers passed live across each call.
+        // SAFETY: `file_of` is asked for the two file-pointer controls; the
+        // files are the connection's own, set up by `x_open`, and stay
+        // open throughout (a transaction keeps its log open, a failed
+        // commit too). Their methods are called as SQLite would: from this
+        // thread, the one that uses `conn`, between its statements, with
+        // buffers valid for the lengths given.
         unsafe {
             let log = file_of(&conn, ffi::SQLITE_FCNTL_JOURNAL_POINTER);
             let db = file_of(&conn, ffi::SQLITE_FCNTL_FILE_POINTER);

@@ -17,7 +17,11 @@
 
 // Every public item says what it is; every unsafe operation sits in a
 // block that says why it holds, also inside an `unsafe fn`.
-#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+#![deny(
+    missing_docs,
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks
+)]
 
 pub(crate) mod cache;
 mod engine;

@@ -94,11 +94,10 @@ fn py_int(text: &str) -> Option<i64> {
     {
         return None;
     }
-    digits
-        .replace('_', "")
-        .parse::<i64>()
-        .ok()
-        .map(|n| sign * n)
+    // The magnitude is read wider than `i64`: `-9223372036854775808`
+    // (`i64::MIN`) has no positive counterpart there.
+    let n = digits.replace('_', "").parse::<i128>().ok()?;
+    i64::try_from(sign * n).ok()
 }
 
 /// `occ1:<index>`.
@@ -396,4 +395,112 @@ pub fn attention_page(
         _ => Value::Null,
     };
     Ok(json!({"items": page, "next_cursor": next_cursor}))
+}
+
+/// Property tests of the paging cursors: what a page hands out reads back,
+/// and any text a client sends is read or refused with a typed error.
+#[cfg(test)]
+mod cursor_properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn config() -> ProptestConfig {
+        ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        }
+    }
+
+    /// Any `i64`, its bounds and the small ones often.
+    fn int() -> impl Strategy<Value = i64> {
+        prop_oneof![any::<i64>(), Just(i64::MIN), Just(i64::MAX), -2i64..=2,]
+    }
+
+    /// Text a client may send as a cursor: any, or near one of the forms.
+    fn cursor_text() -> impl Strategy<Value = String> {
+        let prefix = prop::sample::select(vec![
+            OCCURRENCE_CURSOR_PREFIX,
+            ATTENTION_CURSOR_PREFIX,
+            AUTOMATIONS_CURSOR_PREFIX,
+            "",
+        ]);
+        let rest = prop_oneof![
+            any::<String>(),
+            "[ \\t]?[+-]?[0-9_]{0,24}[ \\n]?",
+            "[A-Za-z0-9_=-]{0,24}",
+            (".{0,6}", ".{0,6}")
+                .prop_map(|(a, b)| { base64_url(json!([a, b]).to_string().as_bytes()) }),
+        ];
+        (prefix, rest).prop_map(|(p, r)| format!("{p}{r}"))
+    }
+
+    /// Whether `result` is a cursor read, or the typed refusal naming
+    /// `text`.
+    fn read_or_refused<T>(result: &Result<T, AutomationError>, text: &str) -> bool {
+        match result {
+            Ok(_) => true,
+            Err(e) => {
+                e.reason_code == "invalid_request"
+                    && e.field.as_deref() == Some("cursor")
+                    && e.message.contains(&format!("{text:?}"))
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Every cursor a page hands out reads back as what it stands for.
+        #[test]
+        fn a_cursor_reads_back_as_what_it_stands_for(
+            n in int(),
+            created_at in any::<String>(),
+            run_id in any::<String>(),
+        ) {
+            prop_assert_eq!(parse_occurrence_cursor(&occurrence_cursor(n)), Ok(n));
+            prop_assert_eq!(parse_attention_cursor(&attention_cursor(n)), Ok(n));
+            let cursor = automations_cursor(&created_at, &run_id);
+            prop_assert!(cursor.is_ascii());
+            prop_assert_eq!(parse_automations_cursor(&cursor), Ok((created_at, run_id)));
+        }
+
+        /// Any text is read as a cursor or refused as `invalid_request`
+        /// about `cursor`, naming it; what is read reads the same once
+        /// written again.
+        #[test]
+        fn any_text_is_read_or_refused_with_a_typed_error(text in cursor_text()) {
+            let occurrence = parse_occurrence_cursor(&text);
+            prop_assert!(read_or_refused(&occurrence, &text), "{:?}", occurrence);
+            if let Ok(n) = occurrence {
+                prop_assert_eq!(parse_occurrence_cursor(&occurrence_cursor(n)), Ok(n));
+            }
+            let attention = parse_attention_cursor(&text);
+            prop_assert!(read_or_refused(&attention, &text), "{:?}", attention);
+            if let Ok(n) = attention {
+                prop_assert_eq!(parse_attention_cursor(&attention_cursor(n)), Ok(n));
+            }
+            let automations = parse_automations_cursor(&text);
+            prop_assert!(read_or_refused(&automations, &text), "{:?}", automations);
+            if let Ok((a, b)) = automations {
+                let again = automations_cursor(&a, &b);
+                prop_assert_eq!(parse_automations_cursor(&again), Ok((a, b)));
+            }
+        }
+
+        /// Base64 reads back what it wrote, of any bytes, and reads any
+        /// text without a panic.
+        #[test]
+        fn base64_reads_back_any_bytes(
+            bytes in prop::collection::vec(any::<u8>(), 0..40),
+            text in "[A-Za-z0-9_=+/-]{0,16}",
+        ) {
+            let encoded = base64_url(&bytes);
+            prop_assert_eq!(encoded.len() % 4, 0);
+            prop_assert_eq!(base64_url_decode(&encoded), Some(bytes));
+            if let Some(decoded) = base64_url_decode(&text) {
+                prop_assert_eq!(decoded.len(), text.len() / 4 * 3 - text.matches('=').count());
+            }
+        }
+    }
 }

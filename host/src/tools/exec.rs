@@ -286,7 +286,10 @@ pub fn run(args: &Map<String, Value>, limit: Duration, env: &ExecEnv) -> Value {
         match child.try_wait() {
             Ok(Some(s)) => break Some(s),
             Ok(None) if started.elapsed() >= timeout => {
-                // SAFETY: kill(2) on the command's own process group.
+                // SAFETY: kill(2) takes no pointers. `-pid` names the
+                // process group the command leads (`process_group(0)`),
+                // whose leader is not reaped yet (`try_wait` said so), so
+                // the id cannot have gone to another group.
                 unsafe {
                     libc::kill(-pid, libc::SIGKILL);
                 }
@@ -299,7 +302,11 @@ pub fn run(args: &Map<String, Value>, limit: Duration, env: &ExecEnv) -> Value {
     };
     // What the command left running in its group (a background job that
     // would hold its output open, a server) ends with it.
-    // SAFETY: kill(2) on the command's own process group.
+    // SAFETY: kill(2) takes no pointers, so it is memory-safe whatever the
+    // id. `-pid` names the group the command led (`process_group(0)`): the
+    // leader is reaped by now, but the id stays the group's while a member
+    // lives (POSIX does not reuse it), and with none left the call finds no
+    // group (ESRCH, ignored).
     unsafe {
         libc::kill(-pid, libc::SIGKILL);
     }

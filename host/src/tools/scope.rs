@@ -1372,3 +1372,164 @@ mod tests {
         assert!(s.preopens(ToolClass::Comms).is_empty());
     }
 }
+
+/// Property tests: any path a model may name, against scopes whose
+/// workspace holds links out of it, into it and in a loop.
+#[cfg(test)]
+mod path_properties {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    /// A workspace `base/ws` (with `sub/f.txt`, an ignored `secret`, links
+    /// `out` and `rel` to `base/outside`, `inner` to `sub`, `loop` to
+    /// itself) and an allowed `base/other` (with an ignored `blocked`):
+    /// the scopes `workspace_only` and `workspace_or_allowed` of it.
+    struct Fixture {
+        _tmp: tempfile::TempDir,
+        base: PathBuf,
+        scopes: [WorkspaceScope; 2],
+    }
+
+    fn fixture() -> Fixture {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().unwrap();
+        let base = resolve_lenient(tmp.path());
+        let ws = base.join("ws");
+        for dir in ["ws/sub", "ws/secret", "outside", "other/blocked"] {
+            std::fs::create_dir_all(base.join(dir)).unwrap();
+        }
+        std::fs::write(ws.join("sub/f.txt"), "x").unwrap();
+        symlink(base.join("outside"), ws.join("out")).unwrap();
+        symlink("../outside", ws.join("rel")).unwrap();
+        symlink("sub", ws.join("inner")).unwrap();
+        symlink("loop", ws.join("loop")).unwrap();
+        let scope = |mode: &str| {
+            WorkspaceScope::from_runtime(Some(&json!({"workspace": {
+                "workspace_root": ws.to_str().unwrap(),
+                "workspace_access_mode": mode,
+                "workspace_allowed_paths": [base.join("other").to_str().unwrap()],
+                "workspace_ignored_paths": ["secret", base.join("other/blocked").to_str().unwrap()],
+            }})), None)
+            .unwrap()
+            .unwrap()
+        };
+        Fixture {
+            scopes: [scope("workspace_only"), scope("workspace_or_allowed")],
+            _tmp: tmp,
+            base,
+        }
+    }
+
+    /// A runner of `cases` cases that writes no regression file.
+    fn runner(cases: u32) -> TestRunner {
+        TestRunner::new(Config {
+            cases,
+            failure_persistence: None,
+            ..Config::default()
+        })
+    }
+
+    /// Where `path` really is, as the system resolves it: the real path of
+    /// its deepest existing ancestor, and the rest as named.
+    fn real_location(path: &Path) -> PathBuf {
+        let mut rest = Vec::new();
+        let mut at = path;
+        loop {
+            if let Ok(real) = std::fs::canonicalize(at) {
+                return rest.iter().rev().fold(real, |p, part| p.join(part));
+            }
+            let Some(parent) = at.parent() else {
+                return path.to_path_buf();
+            };
+            rest.push(at.file_name().unwrap_or_default().to_os_string());
+            at = parent;
+        }
+    }
+
+    /// Paths of the fixture's names (links, `..`, `.`, the workspace's own
+    /// name, the mount alias), relative or under the fixture's folders, or
+    /// any text at all.
+    fn user_path(base: &Path) -> impl Strategy<Value = String> {
+        let names = prop::sample::select(vec![
+            "sub", "f.txt", "..", ".", "", "out", "rel", "inner", "loop", "ws", "other", "secret",
+            "blocked", "outside", "x y", "~",
+        ]);
+        let base = base.to_string_lossy().into_owned();
+        let prefix = prop::sample::select(vec![
+            String::new(),
+            "/".into(),
+            "@".into(),
+            "~/".into(),
+            format!("{base}/"),
+            format!("{base}/ws/"),
+        ]);
+        prop_oneof![
+            4 => (prefix, prop::collection::vec(names, 1..6))
+                .prop_map(|(prefix, names)| format!("{prefix}{}", names.join("/"))),
+            1 => any::<String>(),
+        ]
+    }
+
+    /// Whatever path a model names, resolving it never panics, and a path
+    /// accepted is absolute, free of `.` and `..`, and passes through no
+    /// link (it resolves to itself); where the system finds it is inside
+    /// the root (or, in `workspace_or_allowed`, the allowed path), and
+    /// outside every ignored path and the system's own.
+    #[test]
+    fn an_accepted_path_stays_in_its_scope() {
+        let f = fixture();
+        let real = |p: &str| real_location(&f.base.join(p));
+        let ignored = [real("ws/secret"), real("other/blocked")];
+        let mut runner = runner(512);
+        runner
+            .run(&user_path(&f.base), |raw| {
+                for (i, scope) in f.scopes.iter().enumerate() {
+                    let Ok(resolved) = scope.resolve(&raw) else {
+                        continue;
+                    };
+                    prop_assert!(resolved.is_absolute(), "{raw:?}: {resolved:?}");
+                    prop_assert!(
+                        resolved
+                            .components()
+                            .all(|c| matches!(c, Component::RootDir | Component::Normal(_))),
+                        "{:?}: {:?}",
+                        raw,
+                        resolved
+                    );
+                    prop_assert_eq!(resolve_links(&resolved), Ok(resolved.clone()));
+                    let at = real_location(&resolved);
+                    let inside =
+                        at.starts_with(real("ws")) || (i == 1 && at.starts_with(real("other")));
+                    prop_assert!(inside, "{:?} escapes to {:?} ({:?})", raw, at, scope.mode);
+                    for refused in ignored
+                        .iter()
+                        .map(PathBuf::as_path)
+                        .chain(ALWAYS_DENIED.map(Path::new))
+                    {
+                        prop_assert!(!at.starts_with(refused), "{:?} reaches {:?}", raw, at);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A relative path of plain names, through no link, is the path under
+    /// the root, in either mode.
+    #[test]
+    fn a_plain_relative_path_is_under_the_root() {
+        let f = fixture();
+        let names = prop::sample::select(vec!["sub", "f.txt", "x y", "new", "."]);
+        let mut runner = runner(256);
+        runner
+            .run(&prop::collection::vec(names, 1..5), |names| {
+                let raw = names.join("/");
+                for scope in &f.scopes {
+                    prop_assert_eq!(scope.resolve(&raw), Ok(scope.root.join(&raw)));
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+}

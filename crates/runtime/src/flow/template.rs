@@ -86,3 +86,127 @@ mod tests {
         );
     }
 }
+
+/// Property tests: random templates, paths and vars.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+    use stepwell_strategies::{config, scalar, value, value_from};
+
+    /// The segments of the paths generated: short names and array indices,
+    /// written as JSON Pointer writes them (no sign, no leading zero).
+    const SEGMENTS: [&str; 7] = ["", "a", "b", "ab", "0", "1", "10"];
+
+    /// A segment of a path.
+    fn segment() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(&SEGMENTS[..])
+    }
+
+    /// A key: mostly a segment (so that paths meet it), else `$var` or any
+    /// text.
+    fn key() -> BoxedStrategy<String> {
+        prop_oneof![
+            4 => segment().prop_map(str::to_string),
+            1 => Just("$var".to_string()),
+            1 => any::<String>(),
+        ]
+        .boxed()
+    }
+
+    /// A dotted path: segments, or any text.
+    fn path() -> impl Strategy<Value = String> {
+        prop_oneof![
+            3 => prop::collection::vec(segment(), 1..4).prop_map(|s| s.join(".")),
+            1 => any::<String>(),
+        ]
+    }
+
+    /// A template: values with var references (`{"$var": path}`) among
+    /// their scalars.
+    fn template() -> impl Strategy<Value = Value> {
+        let reference = path().prop_map(|p| json!({ "$var": p }));
+        value_from(prop_oneof![3 => scalar(), 1 => reference].boxed(), key())
+    }
+
+    /// Vars whose keys paths meet.
+    fn vars() -> impl Strategy<Value = Map<String, Value>> {
+        prop::collection::btree_map(key(), value_from(scalar().boxed(), key()), 0..6)
+            .prop_map(|m| m.into_iter().collect())
+    }
+
+    /// Whether `v` holds a var reference anywhere.
+    fn has_reference(v: &Value) -> bool {
+        match v {
+            Value::Object(m) => {
+                (m.len() == 1 && m.get("$var").is_some_and(Value::is_string))
+                    || m.values().any(has_reference)
+            }
+            Value::Array(items) => items.iter().any(has_reference),
+            _ => false,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Any template renders against any vars without a panic, and one
+        /// without a var reference renders to itself.
+        #[test]
+        fn a_template_without_references_renders_to_itself(
+            t in template(),
+            vars in vars(),
+        ) {
+            let out = render(&t, &vars);
+            if !has_reference(&t) {
+                prop_assert_eq!(out, t);
+            }
+        }
+
+        /// A value assigned at any path is what the path looks up and what
+        /// a reference to it renders, wherever the reference stands; the
+        /// vars off the path stay as they were.
+        #[test]
+        fn a_reference_renders_what_was_assigned_at_its_path(
+            t in value_from(scalar().boxed(), key()),
+            p in path(),
+            v in value(),
+            vars in vars(),
+        ) {
+            prop_assume!(!has_reference(&t));
+            let mut assigned = vars.clone();
+            assign(&mut assigned, &p, v.clone());
+            prop_assert_eq!(lookup(&assigned, &p), Some(&v));
+            let first = p.split('.').next().unwrap_or_default();
+            for (k, old) in &vars {
+                if k != first {
+                    prop_assert_eq!(assigned.get(k), Some(old));
+                }
+            }
+            let tmpl = json!([t, {"$var": p}, {"k": {"$var": p}, "$var": "not alone"}]);
+            prop_assert_eq!(
+                render(&tmpl, &assigned),
+                json!([t, v, {"k": v, "$var": "not alone"}])
+            );
+        }
+
+        /// A dotted path looks up what the JSON Pointer of its segments
+        /// points to (object keys and array indices alike), and a
+        /// reference to it renders that, or `null` where it points nowhere.
+        #[test]
+        fn a_path_looks_up_what_its_json_pointer_points_to(
+            vars in vars(),
+            segments in prop::collection::vec(segment(), 1..4),
+        ) {
+            let p = segments.join(".");
+            let pointer = format!("/{}", segments.join("/"));
+            let root = Value::Object(vars.clone());
+            prop_assert_eq!(lookup(&vars, &p), root.pointer(&pointer));
+            prop_assert_eq!(
+                render(&json!({ "$var": p }), &vars),
+                root.pointer(&pointer).cloned().unwrap_or(Value::Null)
+            );
+        }
+    }
+}
