@@ -588,7 +588,7 @@ struct StartRun {
 }
 
 async fn start_run(State(s): S, Body(b): Body<StartRun>) -> ApiResult {
-    stepwell::core::config::check_caller_run(
+    stepwell::automation::check_caller_run(
         &b.vars,
         b.session_id.as_deref(),
         "body.vars",

@@ -34,6 +34,7 @@ mod decision;
 mod definition;
 mod discussion;
 mod index;
+mod lineage;
 mod occurrence;
 mod outcome;
 mod plugin;
@@ -66,6 +67,7 @@ pub use discussion::{
     automation_timeline_messages, start_discussion, Discussion, DiscussionRequest,
 };
 pub use index::{wakes_on, AutomationIndex};
+pub use lineage::{check_caller_run, descendant_meta, is_host_session};
 pub use occurrence::{
     definition_ends, plan_dispatch, plan_outcome, plan_wait, plan_wait_locally, trigger_wait,
     wait_after_prepare, wake_payload, WaitPlan,

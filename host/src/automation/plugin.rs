@@ -3,7 +3,7 @@
 //! anchoring of a discussion's runs to the discussion's root.
 
 use super::{controller_effects, controller_workflow, CONTROLLER_WORKFLOW_ID};
-use crate::core::plugin::{Install, Plugin, Reserved, RunStart};
+use crate::core::plugin::{ChildStart, Install, Plugin, Reserved, RunStart};
 use crate::core::{Error, Result};
 use crate::flow::Workflow;
 use crate::tools::ToolCatalog;
@@ -55,6 +55,20 @@ impl Plugin for Automations {
             cx.sealed_effect(handler)?;
         }
         cx.index_runs(std::sync::Arc::new(super::AutomationIndex))
+    }
+
+    /// A child takes its parent's attribution, and may not join a session
+    /// the host keeps.
+    fn prepare_child(
+        &self,
+        child: &mut ChildStart<'_>,
+    ) -> std::result::Result<(), (String, String)> {
+        super::lineage::prepare_child(child)
+    }
+
+    /// An occurrence's attribution is part of its identity.
+    fn identity_meta(&self) -> &'static [&'static str] {
+        &["occurrence"]
     }
 
     fn reserves(&self, workflow_id: &str) -> Option<Reserved> {

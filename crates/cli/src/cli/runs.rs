@@ -63,7 +63,7 @@ pub(crate) fn run(rt: &Runtime, args: RunArgs, json: bool) -> Result<(), Error> 
     };
     // Attribution is the host's, and an automation's own session
     // holds only its occurrences.
-    stepwell::core::config::check_caller_run(&vars, session.as_deref(), "--vars", "--session")?;
+    stepwell::automation::check_caller_run(&vars, session.as_deref(), "--vars", "--session")?;
     if let (true, Some(s)) = (history, &session) {
         let replayed = stepwell::sessions::session_chat_messages(
             rt,

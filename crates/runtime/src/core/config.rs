@@ -251,49 +251,6 @@ pub const OPERATOR_RUNTIME_KEYS: [&str; 16] = [
     "max_input_tokens",
 ];
 
-/// Checks what a caller (the CLI's `run`, the HTTP API's `POST /v1/runs`)
-/// asks of a new run: its vars may not say the run is an automation's
-/// controller, occurrence or discussion (`_meta.automation`,
-/// `_meta.occurrence`, `_meta.discussion`: the host's attribution), and its
-/// session may not be an automation's own (`automation:<id>`: only its
-/// occurrences are its turns). `vars_field` and `session_field` name the
-/// inputs in the error.
-pub fn check_caller_run(
-    vars: &Map<String, Value>,
-    session: Option<&str>,
-    vars_field: &str,
-    session_field: &str,
-) -> crate::Result<()> {
-    if let Some(meta) = vars.get("_meta").and_then(Value::as_object) {
-        if let Some(key) = ["automation", "occurrence", "discussion"]
-            .into_iter()
-            .find(|k| meta.contains_key(*k))
-        {
-            return Err(crate::Error::invalid(
-                format!("{vars_field}: _meta.{key}"),
-                "is set by the host (automations and discussions), not by a caller",
-            ));
-        }
-    }
-    // A discussion's session a caller may name: that is how its later
-    // turns join it.
-    if let Some(s) = session.filter(|s| s.starts_with("automation:")) {
-        return Err(crate::Error::invalid(
-            session_field,
-            format!("{s} is an automation's own session: only its occurrences are its turns"),
-        ));
-    }
-    Ok(())
-}
-
-/// Whether `session` is one the host names and keeps: an automation's
-/// (`automation:<id>`) or a discussion's (`discussion-session:<run id>`).
-/// A guest naming one other than its own run's could plant a run in it
-/// (its id can be computed) and block or steer its turns.
-pub fn is_host_session(session: &str) -> bool {
-    session.starts_with("automation:") || session.starts_with("discussion-session:")
-}
-
 /// Checks an operator's `_runtime` policy for a new run: only
 /// [`OPERATOR_RUNTIME_KEYS`], `stream` a boolean or null (the reference's
 /// refusal text), `allowed_tools` a list.

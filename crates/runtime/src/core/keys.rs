@@ -355,23 +355,29 @@ pub(crate) fn take_cascade_depth(run: &mut RunState) -> Option<u32> {
     Some(u32::try_from(d).unwrap_or(u32::MAX))
 }
 
-/// The first identity field on which two runs with one id differ.
-pub(crate) fn identity_mismatch(existing: &RunState, requested: &RunState) -> Option<&'static str> {
+/// The first identity field on which two runs with one id differ: their
+/// workflow, session, parent, the `vars._meta` sections the plugins name
+/// (`meta`), and the creation digest.
+pub(crate) fn identity_mismatch<'k>(
+    existing: &RunState,
+    requested: &RunState,
+    mut meta_keys: impl Iterator<Item = &'k &'static str>,
+) -> Option<String> {
     let meta = |r: &RunState, key: &str| r.vars.get("_meta").and_then(|m| m.get(key)).cloned();
     if existing.workflow_id != requested.workflow_id {
-        Some("workflow_id")
+        Some("workflow_id".into())
     } else if existing.session_id != requested.session_id {
-        Some("session_id")
+        Some("session_id".into())
     } else if existing.parent_run_id != requested.parent_run_id {
-        Some("parent_run_id")
-    } else if meta(existing, "occurrence") != meta(requested, "occurrence") {
-        Some("vars._meta.occurrence")
+        Some("parent_run_id".into())
+    } else if let Some(key) = meta_keys.find(|k| meta(existing, k) != meta(requested, k)) {
+        Some(format!("vars._meta.{key}"))
     } else if meta(existing, "creation_digest").is_some()
         && meta(existing, "creation_digest") != meta(requested, "creation_digest")
     {
         // A run stored before creation digests were kept has none: its
         // identity is the fields above.
-        Some("vars._meta.creation_digest")
+        Some("vars._meta.creation_digest".into())
     } else {
         None
     }

@@ -50,6 +50,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::config::RuntimeConfig;
+use super::model::RunState;
 use super::runtime::Runtime;
 use super::Result;
 use crate::effects::{EffectHandler, EffectRegistry};
@@ -100,6 +101,35 @@ pub trait Plugin: Send + Sync + 'static {
         let _ = (rt, run);
         Ok(())
     }
+
+    /// A child a flow starts (`start_subworkflow`), before it exists: what
+    /// it inherits of its parent (in its vars), or why it is refused
+    /// (`Err((field, message))`, the effect's `invalid_effect` failure).
+    fn prepare_child(
+        &self,
+        child: &mut ChildStart<'_>,
+    ) -> std::result::Result<(), (String, String)> {
+        let _ = child;
+        Ok(())
+    }
+
+    /// The `vars._meta` sections that belong to a run's identity: an
+    /// explicit-id start repeated with another value of one is refused
+    /// (`identity_conflict`).
+    fn identity_meta(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+/// A child run a flow starts, as the plugins see it before it exists.
+pub struct ChildStart<'a> {
+    /// The run that starts it.
+    pub parent: &'a RunState,
+    /// Its vars as the flow gave them.
+    pub vars: &'a mut Map<String, Value>,
+    /// The session the flow names for it, if it names one (else it joins
+    /// its parent's).
+    pub session_id: Option<&'a str>,
 }
 
 /// Why a workflow id is a plugin's own (the refusals' texts).

@@ -706,7 +706,8 @@ impl Runtime {
             if !explicit {
                 return Err(Error::invalid("run_id", "a generated run id collided"));
             }
-            if let Some(field) = identity_mismatch(&existing, &run) {
+            let identity = self.inner.plugins.iter().flat_map(|p| p.identity_meta());
+            if let Some(field) = identity_mismatch(&existing, &run, identity) {
                 return Err(Error::IdentityConflict {
                     run_id: run.run_id,
                     field: field.to_string(),
@@ -1654,6 +1655,16 @@ fn seed_creation_digest(
 impl crate::effects::RunPort for Runtime {
     fn start_run(&self, workflow_id: &str, options: StartOptions) -> Result<String> {
         self.start(workflow_id, options)
+    }
+
+    fn prepare_child(
+        &self,
+        child: &mut super::plugin::ChildStart<'_>,
+    ) -> std::result::Result<(), (String, String)> {
+        for plugin in self.inner.plugins.iter() {
+            plugin.prepare_child(child)?;
+        }
+        Ok(())
     }
 
     fn tick_nested(&self, run_id: &str, depth: u32) -> Result<RunState> {

@@ -189,6 +189,15 @@ pub trait RunPort {
     /// Starts a run (create-if-absent under its explicit id, identity
     /// checked). Returns its id.
     fn start_run(&self, workflow_id: &str, options: StartOptions) -> Result<String>;
+    /// Lets the runtime's plugins adjust a child a flow starts, or refuse
+    /// it (`Err((field, message))`; [`crate::core::plugin::Plugin::prepare_child`]).
+    fn prepare_child(
+        &self,
+        child: &mut crate::core::plugin::ChildStart<'_>,
+    ) -> std::result::Result<(), (String, String)> {
+        let _ = child;
+        Ok(())
+    }
     /// Ticks `run_id` inside the current step, `depth` levels deep.
     fn tick_nested(&self, run_id: &str, depth: u32) -> Result<RunState>;
     /// The run's state.

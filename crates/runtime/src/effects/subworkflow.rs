@@ -171,34 +171,6 @@ pub fn child_failure(child: &RunState) -> Failure {
     )
 }
 
-/// The `_meta` a child of `parent` is born with: automation attribution
-/// crosses every hop, set by the host (a flow cannot set or clear it). A
-/// child of an occurrence, or of any descendant of one, is a descendant of
-/// that occurrence (`_meta.occurrence` with `role: "descendant"`, so it is
-/// never a turn of the session itself); a child of a discussion carries the
-/// discussion's provenance without its (large) `seed_messages`. `None` when
-/// the parent carries neither.
-pub fn descendant_meta(parent: &RunState) -> Option<Value> {
-    let meta = parent.vars.get("_meta").and_then(Value::as_object)?;
-    let occurrence = meta.get("occurrence").and_then(Value::as_object);
-    let discussion = meta.get("discussion").and_then(Value::as_object);
-    if occurrence.is_none() && discussion.is_none() {
-        return None;
-    }
-    let mut child = Map::new();
-    if let Some(o) = occurrence {
-        let mut o = o.clone();
-        o.insert("role".into(), json!("descendant"));
-        child.insert("occurrence".into(), Value::Object(o));
-    }
-    if let Some(d) = discussion {
-        let mut d = d.clone();
-        d.remove("seed_messages");
-        child.insert("discussion".into(), Value::Object(d));
-    }
-    Some(Value::Object(child))
-}
-
 /// What the parent gets for a child that has ended.
 pub fn ended_child(child: &RunState, policy: OnChildFailure) -> Outcome {
     if child.status == RunStatus::Failed && policy == OnChildFailure::Fail {
@@ -230,7 +202,8 @@ pub fn ended_child(child: &RunState, policy: OnChildFailure) -> Outcome {
 /// and that name (create-if-absent, identity-checked), so a guest cannot
 /// take an id it does not own; by default the id is derived from the
 /// parent's id and the effect's sequence number. `vars` may not set host-owned vars (`_runtime`, `_meta`,
-/// `_limits`); the host gives the child its `_meta` ([`descendant_meta`]).
+/// `_limits`); the runtime's plugins give the child what it inherits
+/// ([`crate::core::plugin::Plugin::prepare_child`]).
 pub struct StartSubworkflow;
 
 impl EffectHandler for StartSubworkflow {
@@ -277,9 +250,6 @@ impl EffectHandler for StartSubworkflow {
             ));
         }
         let mut vars = vars;
-        if let Some(meta) = descendant_meta(cx.run) {
-            vars.insert("_meta".into(), meta);
-        }
         let is_async = field!(opt_bool(k, p, "async"));
         let wait = field!(opt_bool(k, p, "wait"));
         let policy = match field!(opt_str(k, p, "on_child_failure")) {
@@ -325,14 +295,16 @@ impl EffectHandler for StartSubworkflow {
             None => default_child_id(&effect_idempotency_key(cx.run, cx.seq)),
         };
         let named_session = field!(opt_str(k, p, "session_id"));
-        if let Some(s) = named_session.filter(|s| {
-            crate::core::config::is_host_session(s) && Some(*s) != cx.run.session_id.as_deref()
-        }) {
-            return Ok(Outcome::invalid(
-                k,
-                "session_id",
-                &format!("{s} is a session the host keeps (an automation's or a discussion's): only its own runs join it"),
-            ));
+        // What the child inherits of its parent, and whether it may join
+        // the session it names, are the plugins' (the automations' keep
+        // their attribution across every hop, and their sessions closed).
+        let mut child = crate::core::plugin::ChildStart {
+            parent: cx.run,
+            vars: &mut vars,
+            session_id: named_session,
+        };
+        if let Err((field, message)) = cx.runs.prepare_child(&mut child) {
+            return Ok(Outcome::invalid(k, &field, &message));
         }
         let session_id = named_session
             .map(str::to_string)
