@@ -1437,6 +1437,13 @@ impl Store for PostgresStore {
 
     fn set_indexer(&self, indexer: std::sync::Arc<dyn RunIndexer>) -> Result<(), StoreError> {
         self.indexer.set(indexer.clone());
+        // Read first: a store with nothing to index takes no transaction.
+        let pending = self.read(|c| {
+            Ok(c.query_opt("SELECT 1 FROM runs WHERE session_kind IS NULL LIMIT 1", &[])?)
+        })?;
+        if pending.is_none() {
+            return Ok(());
+        }
         let mut after = 0;
         while let Some(last) = self.write(|c| reindex(c, indexer.as_ref(), after))? {
             after = last;

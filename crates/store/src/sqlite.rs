@@ -1304,6 +1304,17 @@ impl Store for SqliteStore {
 
     fn set_indexer(&self, indexer: std::sync::Arc<dyn RunIndexer>) -> Result<(), StoreError> {
         self.indexer.set(indexer.clone());
+        // Read first: every runtime built on the store installs its
+        // indexer, and a store with nothing to index takes no write lock.
+        let pending: bool = self
+            .conn
+            .lock()
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM runs WHERE session_kind IS NULL)")
+            .and_then(|mut st| st.query_row([], |r| r.get(0)))
+            .map_err(|e| self.err(e))?;
+        if !pending {
+            return Ok(());
+        }
         let mut after = 0;
         loop {
             let pending = self.write(|tx| {
