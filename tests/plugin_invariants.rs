@@ -44,7 +44,7 @@ impl Plugin for AppEffects {
 }
 
 /// "The controller's own effects: an application cannot replace them"
-/// (host/src/automation/plugin.rs), as the old `Runtime::build` ensured.
+/// (crates/automation/src/plugin.rs), as the old `Runtime::build` ensured.
 #[test]
 fn no_application_code_replaces_the_controller_effects() {
     let ours: Vec<Arc<dyn EffectHandler>> = stepwell::automation::decisions::protocol::EFFECTS

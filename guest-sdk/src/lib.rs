@@ -38,13 +38,13 @@ pub mod trigger;
 #[global_allocator]
 static GUEST_ALLOC: small_alloc::SmallAlloc = small_alloc::SmallAlloc::new();
 
-/// Bindings generated from `wit/stepwell.wit` (the `node` world). Authors do not
+/// Bindings generated from `crates/wasm/wit/stepwell.wit` (the `node` world). Authors do not
 /// need them directly; [`export_node!`] wires a handler to them.
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "../crates/wasm/wit",
         world: "node",
         pub_export_macro: true,
         export_macro_name: "__export_node_world",

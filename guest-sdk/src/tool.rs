@@ -31,12 +31,12 @@
 
 use serde_json::{Map, Value};
 
-/// Bindings generated from `wit/tool.wit` (the `tool` world).
+/// Bindings generated from `crates/wasm/wit/tool.wit` (the `tool` world).
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "../crates/wasm/wit",
         world: "tool",
         pub_export_macro: true,
         export_macro_name: "__export_tool_world",

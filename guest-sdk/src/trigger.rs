@@ -38,12 +38,12 @@
 
 use serde_json::{json, Value};
 
-/// Bindings generated from `wit/trigger.wit` (the `trigger-source` world).
+/// Bindings generated from `crates/wasm/wit/trigger.wit` (the `trigger-source` world).
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "../crates/wasm/wit",
         world: "trigger-source",
         pub_export_macro: true,
         export_macro_name: "__export_trigger_world",

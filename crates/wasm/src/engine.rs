@@ -549,7 +549,7 @@ pub fn time_compiling() -> Duration {
     COMPILING.get()
 }
 
-/// The WIT package this host implements (`wit/stepwell.wit`): a component
+/// The WIT package this host implements (`crates/wasm/wit/stepwell.wit`): a component
 /// built against another version does not load.
 pub const CONTRACT: &str = "stepwell:flow@0.2.0";
 
@@ -609,10 +609,10 @@ mod tests {
     /// were generated from.
     #[test]
     fn the_contract_named_is_the_package_of_the_wit() {
-        let wit = include_str!("../../../wit/stepwell.wit");
+        let wit = include_str!("../wit/stepwell.wit");
         assert!(
             wit.contains(&format!("package {};", super::CONTRACT)),
-            "wit/stepwell.wit is not {}",
+            "crates/wasm/wit/stepwell.wit is not {}",
             super::CONTRACT
         );
     }

@@ -13,7 +13,7 @@
 //! This crate is the sandbox alone: it depends on the run model and the
 //! stores' file-privacy checks, not on the runtime; `stepwell-runtime`
 //! re-exports it as `stepwell_runtime::wasm` (and `stepwell::wasm`). The
-//! WIT contract it implements is the repository's `wit/`.
+//! WIT contract it implements is this crate's `wit/` (which the guests build against too).
 
 // Every public item says what it is; every unsafe operation sits in a
 // block that says why it holds, also inside an `unsafe fn`.

@@ -12,7 +12,7 @@ use stepwell_model::model::{EffectRequest, StepPlan};
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../../wit",
+        path: "wit",
         world: "node",
         // The input's strings are lowered straight from the host's
         // buffers, not copied first.

@@ -13,7 +13,7 @@ use super::{GuestError, LoadOrigin, WasmEngine};
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../../wit",
+        path: "wit",
         world: "tool",
     });
 }

@@ -12,7 +12,7 @@ use super::{GuestError, LoadOrigin, WasmEngine};
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../../wit",
+        path: "wit",
         world: "trigger-source",
     });
 }

@@ -1,5 +1,5 @@
 //! A hostile tool component, for the tests that prove the tool sandbox
-//! holds (wit/tool.wit, "What a tool can touch"). Every tool tries something
+//! holds (crates/wasm/wit/tool.wit, "What a tool can touch"). Every tool tries something
 //! a tool must not be able to do: read or write outside its preopens, write
 //! a read-only mount, open a socket, see the host's environment, clock or
 //! root directory. Each attempt fails inside the sandbox, and the tool
