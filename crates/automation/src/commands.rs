@@ -160,8 +160,6 @@ pub fn decide_command(
     triggers: &TriggerRegistry,
 ) -> Result<CommandDecision, AutomationError> {
     let (definition, state) = definition_and_state(run)?;
-    let at = format_timestamp(now);
-    let archived = truthy(definition.get("archived_at"));
     let revision = definition["revision"].as_i64().unwrap_or(0);
     if let Some(expected) = expected_revision.filter(|e| *e != revision) {
         return Ok(reject(
@@ -170,68 +168,134 @@ pub fn decide_command(
             Some("expected_revision"),
         ));
     }
-    let terminal = matches!(
-        run.status,
-        RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled
-    );
-    let pending = state.get("pending_occurrence").filter(|p| !p.is_null());
-    let paused = truthy(state.get("paused"));
-    Ok(match command_type {
-        "automation.pause" => {
-            if archived || terminal {
-                return Ok(reject(
-                    "invalid_state",
-                    "An archived or finished automation cannot be paused.",
-                    None,
-                ));
-            }
-            let mut change = json!({"paused": true});
-            if let Some(p) = pending.filter(|p| !paused && p["phase"] == "backoff") {
-                let mut p = p.clone();
-                p["stop_requested"] = json!(true);
-                change["pending_occurrence"] = p;
-            }
-            CommandDecision::Applied(json!({"state": change}))
+    let c = Deciding {
+        run,
+        definition,
+        state,
+        payload,
+        now,
+        at: format_timestamp(now),
+        triggers,
+        archived: truthy(definition.get("archived_at")),
+        terminal: matches!(
+            run.status,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled
+        ),
+        pending: state.get("pending_occurrence").filter(|p| !p.is_null()),
+        paused: truthy(state.get("paused")),
+    };
+    match command_type {
+        "automation.pause" => Ok(c.pause()),
+        "automation.resume" => c.resume(),
+        "automation.run_now" => Ok(c.run_now(command_id)),
+        "automation.stop_current" => c.stop_current(),
+        "automation.archive" => Ok(c.archive()),
+        "automation.unarchive" => Ok(c.unarchive()),
+        "automation.revise" => c.revise(),
+        other => Ok(reject(
+            "invalid_request",
+            format!("unknown automation command type {other:?}"),
+            Some("type"),
+        )),
+    }
+}
+
+/// A command being decided: the controller run and what its persisted
+/// state says.
+struct Deciding<'a> {
+    run: &'a RunState,
+    definition: &'a Value,
+    state: &'a Value,
+    payload: &'a Value,
+    now: DateTime<Utc>,
+    /// `now` in the reference's spelling.
+    at: String,
+    triggers: &'a TriggerRegistry,
+    archived: bool,
+    /// The controller run has ended.
+    terminal: bool,
+    /// The occurrence running or waiting to retry, if any.
+    pending: Option<&'a Value>,
+    paused: bool,
+}
+
+impl Deciding<'_> {
+    /// `automation.pause`: a stop is asked of an occurrence in back-off.
+    fn pause(&self) -> CommandDecision {
+        if self.archived || self.terminal {
+            return reject(
+                "invalid_state",
+                "An archived or finished automation cannot be paused.",
+                None,
+            );
         }
-        "automation.resume" => {
-            if archived || terminal {
-                return Ok(reject(
-                    "invalid_state",
-                    "An archived or finished automation cannot be resumed.",
-                    None,
-                ));
-            }
-            if !paused {
-                return Ok(CommandDecision::Applied(json!({})));
-            }
-            let rearmed = stored_object(
-                "the trigger's rearmed state",
-                rearm(definition, &trigger_state_of(state), &at, triggers)?,
-            )?;
-            let mut rearmed = Value::Object(super::definition::stored_trigger_state(&rearmed));
-            rearmed["paused"] = json!(false);
-            CommandDecision::Applied(json!({"state": rearmed}))
+        let mut change = json!({"paused": true});
+        if let Some(p) = self
+            .pending
+            .filter(|p| !self.paused && p["phase"] == "backoff")
+        {
+            let mut p = p.clone();
+            p["stop_requested"] = json!(true);
+            change["pending_occurrence"] = p;
         }
-        "automation.run_now" => {
-            if archived || terminal || truthy(state.get("exhausted")) {
-                return Ok(reject(
-                    "invalid_state",
-                    "An archived, finished or exhausted automation cannot run.",
-                    None,
-                ));
-            }
-            if pending.is_some() || state.get("manual_pending").is_some_and(|m| !m.is_null()) {
-                return Ok(reject(
-                    "automation_busy",
-                    "An occurrence is already running or waiting to run.",
-                    None,
-                ));
-            }
-            CommandDecision::Applied(
-                json!({"state": {"manual_pending": {"command_id": command_id}}}),
-            )
+        CommandDecision::Applied(json!({"state": change}))
+    }
+
+    /// `automation.resume`: the trigger rearmed from now.
+    fn resume(&self) -> Result<CommandDecision, AutomationError> {
+        if self.archived || self.terminal {
+            return Ok(reject(
+                "invalid_state",
+                "An archived or finished automation cannot be resumed.",
+                None,
+            ));
         }
-        "automation.stop_current" => match pending {
+        if !self.paused {
+            return Ok(CommandDecision::Applied(json!({})));
+        }
+        let rearmed = stored_object(
+            "the trigger's rearmed state",
+            rearm(
+                self.definition,
+                &trigger_state_of(self.state),
+                &self.at,
+                self.triggers,
+            )?,
+        )?;
+        let mut rearmed = Value::Object(super::definition::stored_trigger_state(&rearmed));
+        rearmed["paused"] = json!(false);
+        Ok(CommandDecision::Applied(json!({"state": rearmed})))
+    }
+
+    /// `automation.run_now`: a manual occurrence is pending.
+    fn run_now(&self, command_id: &str) -> CommandDecision {
+        if self.archived || self.terminal || truthy(self.state.get("exhausted")) {
+            return reject(
+                "invalid_state",
+                "An archived, finished or exhausted automation cannot run.",
+                None,
+            );
+        }
+        if self.pending.is_some()
+            || self
+                .state
+                .get("manual_pending")
+                .is_some_and(|m| !m.is_null())
+        {
+            return reject(
+                "automation_busy",
+                "An occurrence is already running or waiting to run.",
+                None,
+            );
+        }
+        CommandDecision::Applied(json!({"state": {"manual_pending": {"command_id": command_id}}}))
+    }
+
+    /// `automation.stop_current`: the running occurrence (the one named, a
+    /// stepwell extension) is asked to stop.
+    fn stop_current(&self) -> Result<CommandDecision, AutomationError> {
+        let payload = self.payload;
+        Ok(match self.pending {
             _ if payload
                 .get("occurrence_index")
                 .is_some_and(|i| i.as_i64().is_none()) =>
@@ -264,81 +328,95 @@ pub fn decide_command(
                 p["stop_requested"] = json!(true);
                 CommandDecision::Applied(json!({"state": {"pending_occurrence": p}}))
             }
-        },
-        "automation.archive" => {
-            if archived {
-                return Ok(CommandDecision::Applied(json!({})));
-            }
-            let mut d = definition.clone();
-            d["archived_at"] = json!(at);
-            CommandDecision::Applied(json!({"definition": d}))
+        })
+    }
+
+    /// `automation.archive`.
+    fn archive(&self) -> CommandDecision {
+        if self.archived {
+            return CommandDecision::Applied(json!({}));
         }
-        "automation.unarchive" => {
-            if !archived {
-                return Ok(CommandDecision::Applied(json!({})));
-            }
-            let mut d = definition.clone();
-            d["archived_at"] = Value::Null;
-            let mut delta = json!({"definition": d});
-            if !truthy(state.get("exhausted"))
-                && !matches!(run.status, RunStatus::Failed | RunStatus::Cancelled)
-            {
-                delta["state"] = json!({"paused": true});
-            }
-            CommandDecision::Applied(delta)
+        let mut d = self.definition.clone();
+        d["archived_at"] = json!(self.at);
+        CommandDecision::Applied(json!({"definition": d}))
+    }
+
+    /// `automation.unarchive`: paused again unless it cannot run anyway.
+    fn unarchive(&self) -> CommandDecision {
+        if !self.archived {
+            return CommandDecision::Applied(json!({}));
         }
-        "automation.revise" => {
-            if archived || terminal {
-                return Ok(reject(
-                    "invalid_state",
-                    "An archived or finished automation cannot be revised.",
-                    None,
-                ));
-            }
-            let changes = payload.get("changes").unwrap_or(&Value::Null);
-            let new = match revise_definition(definition, changes, &run.run_id, now, triggers) {
-                Ok(new) => new,
-                Err(e) => return Ok(reject(&e.reason_code, e.message, e.field.as_deref())),
-            };
-            let mut delta = json!({"definition": new});
-            if trigger_changed(definition, &delta["definition"]) {
-                let b = binding_of(&delta["definition"]);
-                let source = triggers
-                    .get(&format!("{}@{}", b.source_id, b.source_version))
-                    .map_err(trigger_error)?;
-                let fresh = source.initial_state(&b, &at).map_err(trigger_error)?;
-                let rearmed = stored_object(
-                    "the trigger's rearmed state",
-                    source.rearm(&b, &fresh, &at).map_err(trigger_error)?,
-                )?;
-                let mut stored = super::definition::stored_trigger_state(&rearmed);
-                // A fresh trigger state: every shared key, from the new
-                // source or its initial value (a source that keeps none of
-                // them, a plugin, starts from zero too).
-                for (k, default) in [
-                    ("anchor", Value::Null),
-                    ("tick", json!(0)),
-                    ("scheduled_count", json!(0)),
-                    ("exhausted", json!(false)),
-                ] {
-                    stored.entry(k).or_insert(default);
-                }
-                // The old source's own state does not carry over.
-                if state.get("source_state").is_some_and(|s| !s.is_null())
-                    && !stored.contains_key("source_state")
-                {
-                    stored.insert("source_state".into(), Value::Null);
-                }
-                delta["state"] = Value::Object(stored);
-            }
-            CommandDecision::Applied(delta)
+        let mut d = self.definition.clone();
+        d["archived_at"] = Value::Null;
+        let mut delta = json!({"definition": d});
+        if !truthy(self.state.get("exhausted"))
+            && !matches!(self.run.status, RunStatus::Failed | RunStatus::Cancelled)
+        {
+            delta["state"] = json!({"paused": true});
         }
-        other => reject(
-            "invalid_request",
-            format!("unknown automation command type {other:?}"),
-            Some("type"),
-        ),
-    })
+        CommandDecision::Applied(delta)
+    }
+
+    /// `automation.revise`: the next revision of the definition, and a fresh
+    /// trigger state when the trigger changed.
+    fn revise(&self) -> Result<CommandDecision, AutomationError> {
+        if self.archived || self.terminal {
+            return Ok(reject(
+                "invalid_state",
+                "An archived or finished automation cannot be revised.",
+                None,
+            ));
+        }
+        let changes = self.payload.get("changes").unwrap_or(&Value::Null);
+        let new = match revise_definition(
+            self.definition,
+            changes,
+            &self.run.run_id,
+            self.now,
+            self.triggers,
+        ) {
+            Ok(new) => new,
+            Err(e) => return Ok(reject(&e.reason_code, e.message, e.field.as_deref())),
+        };
+        let mut delta = json!({"definition": new});
+        if trigger_changed(self.definition, &delta["definition"]) {
+            delta["state"] = Value::Object(self.fresh_trigger_state(&delta["definition"])?);
+        }
+        Ok(CommandDecision::Applied(delta))
+    }
+
+    /// The trigger state of a revised definition whose trigger changed.
+    fn fresh_trigger_state(&self, revised: &Value) -> Result<Map<String, Value>, AutomationError> {
+        let b = binding_of(revised);
+        let source = self
+            .triggers
+            .get(&format!("{}@{}", b.source_id, b.source_version))
+            .map_err(trigger_error)?;
+        let fresh = source.initial_state(&b, &self.at).map_err(trigger_error)?;
+        let rearmed = stored_object(
+            "the trigger's rearmed state",
+            source.rearm(&b, &fresh, &self.at).map_err(trigger_error)?,
+        )?;
+        let mut stored = super::definition::stored_trigger_state(&rearmed);
+        // A fresh trigger state: every shared key, from the new source or
+        // its initial value (a source that keeps none of them, a plugin,
+        // starts from zero too).
+        for (k, default) in [
+            ("anchor", Value::Null),
+            ("tick", json!(0)),
+            ("scheduled_count", json!(0)),
+            ("exhausted", json!(false)),
+        ] {
+            stored.entry(k).or_insert(default);
+        }
+        // The old source's own state does not carry over.
+        if self.state.get("source_state").is_some_and(|s| !s.is_null())
+            && !stored.contains_key("source_state")
+        {
+            stored.insert("source_state".into(), Value::Null);
+        }
+        Ok(stored)
+    }
 }
 
 /// An observation to write: `(name, discriminator, fields)`.

@@ -229,6 +229,62 @@ fn py(v: &Value) -> String {
 /// discussion; a different prompt or workspace under the same request id
 /// is an `identity_conflict` on `request_id`.
 pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Discussion> {
+    let own = checked_request(request)?;
+    let automation_id = request.automation_id.as_str();
+    super::service::controller_run(rt, automation_id)?;
+    let index = request.occurrence_index;
+    let occurrence = Occurrence::find(rt, automation_id, index)?;
+    let mounts = apart_from_mounts(rt, &own, &occurrence)?;
+    let workflow_id = occurrence.prepared()["workflow_id"]
+        .as_str()
+        .unwrap_or_default();
+    rt.workflow(workflow_id)?;
+    let (seed, report) = automation_timeline_messages(
+        rt,
+        automation_id,
+        index,
+        &own,
+        &occurrence.mounted,
+        stepwell_automation_core::history::HISTORY_REPLAY_MAX_TOKENS,
+    )?;
+    let (run_id, session_id) = discussion_ids(automation_id, &request.request_id);
+    let seeded = Seeded {
+        request,
+        own: &own,
+        occurrence: &occurrence,
+        run_id: &run_id,
+        seed: &seed,
+    };
+    let (input, runtime) = seeded.vars(&mounts, &report);
+    session_is_free(rt, &run_id, &session_id)?;
+    let options = StartOptions {
+        vars: input,
+        run_id: Some(run_id.clone()),
+        actor_id: request.actor_id.clone(),
+        session_id: Some(session_id.clone()),
+        parent_run_id: None,
+        runtime,
+    };
+    match rt.start(workflow_id, options) {
+        Ok(_) => Ok(Discussion { session_id, run_id }),
+        Err(Error::IdentityConflict { .. }) => {
+            let mut shown = String::new();
+            stepwell_automation_core::outcome::py_repr_str(&request.request_id, &mut shown);
+            Err(refused(
+                "identity_conflict",
+                "request_id",
+                format!(
+                    "request_id {shown} was already used for a different discussion of this automation"
+                ),
+            ))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The request's own workspace, trimmed, once the prompt, the request id
+/// and the workspace are checked.
+fn checked_request(request: &DiscussionRequest) -> Result<String> {
     if request.prompt.trim().is_empty() {
         return Err(refused(
             "invalid_request",
@@ -258,28 +314,64 @@ pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Dis
             "workspace_root must be an absolute path",
         ));
     }
-    let automation_id = request.automation_id.as_str();
-    super::service::controller_run(rt, automation_id)?;
-    let index = request.occurrence_index;
-    let records = rt.get_ledger(automation_id)?;
-    let key = |name: &str| record_key(name, automation_id, &index.to_string());
-    let Some(admitted) = find_record(&records, &key("automation.admitted")) else {
-        return Err(refused(
-            "occurrence_not_found",
-            "occurrence_index",
-            format!("Automation {automation_id} has no occurrence {index}."),
-        ));
-    };
-    let admitted = admitted.payload.clone();
-    let seed_run_id = find_record(&records, &key("automation.completed"))
-        .map(|c| c.payload["run_id"].clone())
-        .unwrap_or_else(|| admitted["run_id"].clone());
-    let prepared = &admitted["prepared"];
-    let mounted = prepared["workspace_root"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    if normpath(&own) == normpath(&mounted) {
+    Ok(own)
+}
+
+/// The occurrence a discussion is about, as the controller's ledger tells.
+struct Occurrence {
+    /// Its `automation.admitted` record's payload.
+    admitted: Value,
+    /// The run whose answer seeds the discussion: the completed attempt's,
+    /// else the admitted one's.
+    seed_run_id: Value,
+    /// The occurrence's workspace, mounted read-only in the discussion.
+    mounted: String,
+}
+
+impl Occurrence {
+    /// Occurrence `index` of `automation_id` (`occurrence_not_found` when
+    /// it was never admitted).
+    fn find(rt: &Runtime, automation_id: &str, index: i64) -> Result<Occurrence> {
+        let records = rt.get_ledger(automation_id)?;
+        let key = |name: &str| record_key(name, automation_id, &index.to_string());
+        let Some(admitted) = find_record(&records, &key("automation.admitted")) else {
+            return Err(refused(
+                "occurrence_not_found",
+                "occurrence_index",
+                format!("Automation {automation_id} has no occurrence {index}."),
+            ));
+        };
+        let admitted = admitted.payload.clone();
+        let seed_run_id = find_record(&records, &key("automation.completed"))
+            .map(|c| c.payload["run_id"].clone())
+            .unwrap_or_else(|| admitted["run_id"].clone());
+        let mounted = admitted["prepared"]["workspace_root"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        Ok(Occurrence {
+            admitted,
+            seed_run_id,
+            mounted,
+        })
+    }
+
+    /// What the occurrence was prepared with (its workflow, its inputs).
+    fn prepared(&self) -> &Value {
+        &self.admitted["prepared"]
+    }
+}
+
+/// The occurrence's mounts (its workspace, then its other allowed paths,
+/// resolved), once the discussion's own workspace `own` is checked to be
+/// apart from each of them and from the host's store.
+fn apart_from_mounts(
+    rt: &Runtime,
+    own: &str,
+    occurrence: &Occurrence,
+) -> Result<Vec<std::path::PathBuf>> {
+    let mounted = &occurrence.mounted;
+    if normpath(own) == normpath(mounted) {
         return Err(refused(
             "invalid_request",
             "workspace_root",
@@ -294,13 +386,11 @@ pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Dis
     // are mounted read-only beside its workspace (a discussion never
     // changes the automation), and the own workspace must be apart from
     // every mount (a writable root holding a mount would open it).
-    let own_real = resolve_lenient(Path::new(&own));
-    let mut mounts: Vec<std::path::PathBuf> = vec![resolve_lenient(Path::new(&mounted))];
-    for raw in
-        stepwell_tools::scope::path_list(prepared["input_data"].get("workspace_allowed_paths"))
-    {
-        let p = Path::new(&mounted).join(&raw);
-        let p = resolve_lenient(&p);
+    let own_real = resolve_lenient(Path::new(own));
+    let mut mounts: Vec<std::path::PathBuf> = vec![resolve_lenient(Path::new(mounted))];
+    let allowed = occurrence.prepared()["input_data"].get("workspace_allowed_paths");
+    for raw in stepwell_tools::scope::path_list(allowed) {
+        let p = resolve_lenient(&Path::new(mounted).join(&raw));
         if !mounts.contains(&p) {
             mounts.push(p);
         }
@@ -335,167 +425,184 @@ pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Dis
             ),
         ));
     }
-    let workflow_id = prepared["workflow_id"].as_str().unwrap_or_default();
-    rt.workflow(workflow_id)?;
-    let (seed, report) = automation_timeline_messages(
-        rt,
-        automation_id,
-        index,
-        &own,
-        &mounted,
-        stepwell_automation_core::history::HISTORY_REPLAY_MAX_TOKENS,
-    )?;
-    let (run_id, session_id) = discussion_ids(automation_id, &request.request_id);
-    let mut input: Map<String, Value> = prepared["input_data"]
-        .as_object()
-        .cloned()
-        .unwrap_or_default();
-    input.insert("prompt".into(), json!(request.prompt));
-    // The automation's unattended grant never rides into a discussion.
-    if let Some(Value::Object(runtime)) = input.get_mut("_runtime") {
-        let granted = runtime
-            .get("tool_policy")
-            .and_then(|p| p.get("source"))
-            .and_then(Value::as_str)
-            == Some(GRANT_SOURCE);
-        if granted {
-            runtime.remove("tool_policy");
+    Ok(mounts)
+}
+
+/// A discussion's root run about to be made: what its vars are built from.
+struct Seeded<'a> {
+    request: &'a DiscussionRequest,
+    own: &'a str,
+    occurrence: &'a Occurrence,
+    run_id: &'a str,
+    seed: &'a [Value],
+}
+
+impl Seeded<'_> {
+    /// The root run's vars and its `_runtime`: the occurrence's inputs with
+    /// the prompt, the seed, the discussion's identity and its workspace
+    /// (its own, with the occurrence's mounts read-only).
+    fn vars(
+        &self,
+        mounts: &[std::path::PathBuf],
+        report: &WindowReport,
+    ) -> (Map<String, Value>, Map<String, Value>) {
+        let mut input: Map<String, Value> = self.occurrence.prepared()["input_data"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        input.insert("prompt".into(), json!(self.request.prompt));
+        // The automation's unattended grant never rides into a discussion.
+        if let Some(Value::Object(runtime)) = input.get_mut("_runtime") {
+            let granted = runtime
+                .get("tool_policy")
+                .and_then(|p| p.get("source"))
+                .and_then(Value::as_str)
+                == Some(GRANT_SOURCE);
+            if granted {
+                runtime.remove("tool_policy");
+            }
         }
+        apply_context_mode(&mut input, "discussion");
+        let mut context = input
+            .get("context")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        context.insert("messages".into(), json!(self.seed));
+        input.insert("context".into(), Value::Object(context));
+        let meta = self.meta(input.remove("_meta"));
+        input.insert("_meta".into(), Value::Object(meta));
+        self.workspace(&mut input);
+        let runtime = match input.remove("_runtime") {
+            Some(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        (input, self.runtime(runtime, mounts, report))
     }
-    apply_context_mode(&mut input, "discussion");
-    let mut context = input
-        .get("context")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    context.insert("messages".into(), json!(seed));
-    input.insert("context".into(), Value::Object(context));
-    let mut meta = match input.remove("_meta") {
-        Some(Value::Object(m)) => m,
-        _ => Map::new(),
-    };
-    meta.insert(
-        "discussion".into(),
-        json!({
-            "automation_id": automation_id,
-            "occurrence_index": index,
-            "revision": admitted["revision"],
-            "seed_run_id": seed_run_id,
-            "request_id": request.request_id,
-            "discussion_root_run_id": run_id,
-            "mounted_workspace": mounted,
-            "seed_messages": seed,
-        }),
-    );
-    meta.insert(
-        "creation_digest".into(),
-        json!(request_digest(&json!({
-            "automation_id": automation_id,
-            "occurrence_index": index,
-            "request_id": request.request_id,
-            "prompt": request.prompt,
-            "workspace_root": own,
-        }))),
-    );
-    input.insert("_meta".into(), Value::Object(meta));
-    input.insert("workspace_root".into(), json!(own));
-    input.insert(
-        "workspace_access_mode".into(),
-        json!("workspace_or_allowed"),
-    );
-    let mut allowed: Vec<Value> = input
-        .get("workspace_allowed_paths")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter(|v| v.is_string()).cloned().collect())
-        .unwrap_or_default();
-    if !allowed.contains(&json!(mounted)) {
-        allowed.push(json!(mounted));
+
+    /// The root's `_meta`: the occurrence's, with the discussion and the
+    /// digest of what created it.
+    fn meta(&self, meta: Option<Value>) -> Map<String, Value> {
+        let (request, occurrence) = (self.request, self.occurrence);
+        let mut meta = match meta {
+            Some(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        meta.insert(
+            "discussion".into(),
+            json!({
+                "automation_id": request.automation_id,
+                "occurrence_index": request.occurrence_index,
+                "revision": occurrence.admitted["revision"],
+                "seed_run_id": occurrence.seed_run_id,
+                "request_id": request.request_id,
+                "discussion_root_run_id": self.run_id,
+                "mounted_workspace": occurrence.mounted,
+                "seed_messages": self.seed,
+            }),
+        );
+        meta.insert(
+            "creation_digest".into(),
+            json!(request_digest(&json!({
+                "automation_id": request.automation_id,
+                "occurrence_index": request.occurrence_index,
+                "request_id": request.request_id,
+                "prompt": request.prompt,
+                "workspace_root": self.own,
+            }))),
+        );
+        meta
     }
-    input.insert("workspace_allowed_paths".into(), json!(allowed));
-    if input
-        .get("workspace_builtin_deny_prefixes")
-        .is_some_and(|v| stepwell_automation_core::outcome::truthy(Some(v)))
-    {
-        input.insert("workspace_builtin_allow".into(), json!([own, mounted]));
+
+    /// The discussion's workspace in `input`: its own root, the
+    /// occurrence's workspace among the allowed paths, no writable
+    /// exception of the occurrence.
+    fn workspace(&self, input: &mut Map<String, Value>) {
+        let (own, mounted) = (self.own, &self.occurrence.mounted);
+        input.insert("workspace_root".into(), json!(own));
+        input.insert(
+            "workspace_access_mode".into(),
+            json!("workspace_or_allowed"),
+        );
+        let mut allowed: Vec<Value> = input
+            .get("workspace_allowed_paths")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter(|v| v.is_string()).cloned().collect())
+            .unwrap_or_default();
+        if !allowed.contains(&json!(mounted)) {
+            allowed.push(json!(mounted));
+        }
+        input.insert("workspace_allowed_paths".into(), json!(allowed));
+        if input
+            .get("workspace_builtin_deny_prefixes")
+            .is_some_and(|v| stepwell_automation_core::outcome::truthy(Some(v)))
+        {
+            input.insert("workspace_builtin_allow".into(), json!([own, mounted]));
+        }
+        input.remove("workspace_read_only");
+        // No writable exception of the occurrence rides into the discussion
+        // (it could lie inside the mount), nor a scope the target's inputs
+        // claimed as inherited: the discussion's scope is frozen from these
+        // vars alone.
+        input.remove("workspace_writable_paths");
     }
-    input.remove("workspace_read_only");
-    // No writable exception of the occurrence rides into the discussion
-    // (it could lie inside the mount), nor a scope the target's inputs
-    // claimed as inherited: the discussion's scope is frozen from these
-    // vars alone.
-    input.remove("workspace_writable_paths");
-    let mut runtime = match input.remove("_runtime") {
-        Some(Value::Object(m)) => m,
-        _ => Map::new(),
-    };
-    for key in [
-        "workspace_read_only",
-        "workspace_writable_paths",
-        "workspace",
-    ] {
-        runtime.remove(key);
+
+    /// The root's `_runtime`: the occurrence's, without its workspace
+    /// settings, with every mount read-only and the seed's receipt.
+    fn runtime(
+        &self,
+        mut runtime: Map<String, Value>,
+        mounts: &[std::path::PathBuf],
+        report: &WindowReport,
+    ) -> Map<String, Value> {
+        for key in [
+            "workspace_read_only",
+            "workspace_writable_paths",
+            "workspace",
+        ] {
+            runtime.remove(key);
+        }
+        let mut read_only = vec![json!(self.occurrence.mounted)];
+        read_only.extend(mounts.iter().skip(1).map(|m| json!(m.to_string_lossy())));
+        runtime.insert("workspace_read_only_paths".into(), Value::Array(read_only));
+        let mut receipt = match report.to_json() {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        };
+        receipt.insert("strict".into(), json!(true));
+        receipt.insert("session_kind".into(), json!("discussion"));
+        runtime.insert("session_history".into(), Value::Object(receipt));
+        runtime
     }
-    let mut read_only = vec![json!(mounted)];
-    read_only.extend(mounts.iter().skip(1).map(|m| json!(m.to_string_lossy())));
-    runtime.insert("workspace_read_only_paths".into(), Value::Array(read_only));
-    let mut receipt = match report.to_json() {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    };
-    receipt.insert("strict".into(), json!(true));
-    receipt.insert("session_kind".into(), json!("discussion"));
-    runtime.insert("session_history".into(), Value::Object(receipt));
-    // The session is the discussion's alone: a run planted in it before
-    // (its id can be computed) would otherwise steer the root's anchoring
-    // or its seed. (Once the root exists, its later turns share it.)
-    let root_exists = match rt.store().load_run(&run_id) {
-        Ok(found) => found.is_some(),
-        Err(e) => return Err(e.into()),
-    };
-    let planted = if root_exists {
-        Vec::new()
-    } else {
-        // Only a root run steers a session's anchoring (a child is no
-        // turn of it).
-        rt.store()
-            .list_run_index(&stepwell_runtime::store::RunIndexQuery {
-                session_id: Some(session_id.clone()),
-                root_only: true,
-                limit: Some(1),
-                ..Default::default()
-            })?
-    };
-    if let Some(other) = planted.first() {
-        return Err(refused(
+}
+
+/// Refuses a discussion whose session already holds a root run other than
+/// `run_id`: the session is the discussion's alone, since a run planted in
+/// it before (its id can be computed) would otherwise steer the root's
+/// anchoring or its seed. (Once the root exists, its later turns share it.)
+fn session_is_free(rt: &Runtime, run_id: &str, session_id: &str) -> Result<()> {
+    if rt.store().load_run(run_id)?.is_some() {
+        return Ok(());
+    }
+    // Only a root run steers a session's anchoring (a child is no turn of
+    // it).
+    let planted = rt
+        .store()
+        .list_run_index(&stepwell_runtime::store::RunIndexQuery {
+            session_id: Some(session_id.to_string()),
+            root_only: true,
+            limit: Some(1),
+            ..Default::default()
+        })?;
+    match planted.first() {
+        Some(other) => Err(refused(
             "session_attribution_failed",
             "request_id",
             format!(
                 "session {session_id} already holds run {}, which is not this discussion's root",
                 other.run_id
             ),
-        ));
-    }
-    let options = StartOptions {
-        vars: input,
-        run_id: Some(run_id.clone()),
-        actor_id: request.actor_id.clone(),
-        session_id: Some(session_id.clone()),
-        parent_run_id: None,
-        runtime,
-    };
-    match rt.start(workflow_id, options) {
-        Ok(_) => Ok(Discussion { session_id, run_id }),
-        Err(Error::IdentityConflict { .. }) => {
-            let mut shown = String::new();
-            stepwell_automation_core::outcome::py_repr_str(&request.request_id, &mut shown);
-            Err(refused(
-                "identity_conflict",
-                "request_id",
-                format!(
-                    "request_id {shown} was already used for a different discussion of this automation"
-                ),
-            ))
-        }
-        Err(e) => Err(e),
+        )),
+        None => Ok(()),
     }
 }

@@ -4,7 +4,7 @@
 //! commands, controller ticks and other processes on the same store never
 //! clobber one another.
 
-use crate::triggers::TriggersExt;
+use crate::triggers::{TriggerRegistry, TriggersExt};
 use std::path::Path;
 
 use chrono::{DateTime, Utc};
@@ -391,30 +391,10 @@ fn apply_held(
     now: DateTime<Utc>,
     optimistic: bool,
 ) -> Result<Value> {
-    let command_id = super::definition::py_strip(c.command_id);
-    if command_id.is_empty() {
-        return Ok(rejected(
-            "invalid_request",
-            Some("command_id"),
-            "command_id is required",
-        ));
-    }
-    let Some(kind) = command_type(c.command_type) else {
-        let mut shown = String::new();
-        super::outcome::py_repr_str(c.command_type, &mut shown);
-        return Ok(rejected(
-            "invalid_request",
-            Some("type"),
-            &format!("unknown automation command type {shown}"),
-        ));
+    let (command_id, kind) = match validated(c) {
+        Ok(valid) => valid,
+        Err(refusal) => return Ok(refusal),
     };
-    if c.payload.is_some_and(|p| !p.is_null() && !p.is_object()) {
-        return Ok(rejected(
-            "invalid_request",
-            Some("payload"),
-            "payload must be a JSON object",
-        ));
-    }
     let not_found = || {
         rejected(
             "automation_not_found",
@@ -440,13 +420,6 @@ fn apply_held(
     let digest = command_digest(kind, c.payload, c.expected_revision);
     let key = record_key("automation.command_result", &id, command_id);
     let ledger = rt.store().find_records(&id, &key)?;
-    let answer = |p: &Value, duplicate: bool| {
-        let mut a = json!({"status": p["status"], "duplicate": duplicate});
-        if let Some(e) = p.get("error").filter(|e| !e.is_null()) {
-            a["error"] = e.clone();
-        }
-        a
-    };
     if let Some(found) = find_record(&ledger, &key) {
         if found.payload["command_digest"] != json!(digest) {
             let mut shown = String::new();
@@ -481,51 +454,7 @@ fn apply_held(
         c.expected_revision,
         &triggers,
     )?;
-    let (status, delta, error) = match decision {
-        CommandDecision::Applied(mut delta) => {
-            // A revised target names a bundle directory (loaded, stored
-            // absolute) or a workflow the store knows, as at creation.
-            let current = &run.vars["_meta"]["automation"]["target"];
-            let trigger = &run.vars["_meta"]["automation"]["trigger"];
-            // A revised event trigger names a connection that can be bound.
-            let rebound = match delta.get("definition").filter(|d| d["trigger"] != *trigger) {
-                Some(d) => match bound_connection(rt, &triggers, &d["trigger"]) {
-                    Ok(()) => None,
-                    Err(e) => match e.extension::<super::AutomationError>() {
-                        Some(a) => Some(a.clone()),
-                        None => return Err(e),
-                    },
-                },
-                None => None,
-            };
-            match delta
-                .get_mut("definition")
-                .filter(|d| d["target"] != *current)
-            {
-                _ if rebound.is_some() => (
-                    "rejected",
-                    json!({}),
-                    rebound.map(|e: super::AutomationError| e.to_json()),
-                ),
-                Some(definition) => match resolve_target(rt, definition) {
-                    Ok(()) => ("applied", delta, None),
-                    Err(e) if e.extension::<super::AutomationError>().is_some() => {
-                        let detail = e.extension::<super::AutomationError>().map(|a| a.to_json());
-                        ("rejected", json!({}), detail)
-                    }
-                    Err(Error::Flow(e)) => (
-                        "rejected",
-                        json!({}),
-                        Some(json!({"reason_code": "invalid_definition",
-                                    "message": e.to_string(), "field": "target.bundle_ref"})),
-                    ),
-                    Err(e) => return Err(e),
-                },
-                None => ("applied", delta, None),
-            }
-        }
-        CommandDecision::Rejected(e) => ("rejected", json!({}), Some(e)),
-    };
+    let (status, delta, error) = settle(rt, &run, &triggers, decision)?;
     let mut fields = Map::new();
     fields.insert("command_id".into(), json!(command_id));
     fields.insert("type".into(), json!(kind));
@@ -592,6 +521,101 @@ fn apply_held(
         })?;
     }
     Ok(answer(&written.payload, false))
+}
+
+/// What an applied decision becomes once the revised definition's target
+/// and connection are checked: `(status, delta, error)`.
+fn settle(
+    rt: &Runtime,
+    run: &RunState,
+    triggers: &TriggerRegistry,
+    decision: CommandDecision,
+) -> Result<(&'static str, Value, Option<Value>)> {
+    Ok(match decision {
+        CommandDecision::Applied(mut delta) => {
+            // A revised target names a bundle directory (loaded, stored
+            // absolute) or a workflow the store knows, as at creation.
+            let current = &run.vars["_meta"]["automation"]["target"];
+            let trigger = &run.vars["_meta"]["automation"]["trigger"];
+            // A revised event trigger names a connection that can be bound.
+            let rebound = match delta.get("definition").filter(|d| d["trigger"] != *trigger) {
+                Some(d) => match bound_connection(rt, triggers, &d["trigger"]) {
+                    Ok(()) => None,
+                    Err(e) => match e.extension::<super::AutomationError>() {
+                        Some(a) => Some(a.clone()),
+                        None => return Err(e),
+                    },
+                },
+                None => None,
+            };
+            match delta
+                .get_mut("definition")
+                .filter(|d| d["target"] != *current)
+            {
+                _ if rebound.is_some() => (
+                    "rejected",
+                    json!({}),
+                    rebound.map(|e: super::AutomationError| e.to_json()),
+                ),
+                Some(definition) => match resolve_target(rt, definition) {
+                    Ok(()) => ("applied", delta, None),
+                    Err(e) if e.extension::<super::AutomationError>().is_some() => {
+                        let detail = e.extension::<super::AutomationError>().map(|a| a.to_json());
+                        ("rejected", json!({}), detail)
+                    }
+                    Err(Error::Flow(e)) => (
+                        "rejected",
+                        json!({}),
+                        Some(json!({"reason_code": "invalid_definition",
+                                "message": e.to_string(), "field": "target.bundle_ref"})),
+                    ),
+                    Err(e) => return Err(e),
+                },
+                None => ("applied", delta, None),
+            }
+        }
+        CommandDecision::Rejected(e) => ("rejected", json!({}), Some(e)),
+    })
+}
+
+/// `(status, duplicate, error)` of command result `p`, the caller's answer.
+fn answer(p: &Value, duplicate: bool) -> Value {
+    let mut a = json!({"status": p["status"], "duplicate": duplicate});
+    if let Some(e) = p.get("error").filter(|e| !e.is_null()) {
+        a["error"] = e.clone();
+    }
+    a
+}
+
+/// The command's id (stripped) and full type, or the rejection a command
+/// without an id, of an unknown type, or with a payload that is not an
+/// object gets.
+fn validated<'a>(c: &Command<'a>) -> std::result::Result<(&'a str, &'static str), Value> {
+    let command_id = super::definition::py_strip(c.command_id);
+    if command_id.is_empty() {
+        return Err(rejected(
+            "invalid_request",
+            Some("command_id"),
+            "command_id is required",
+        ));
+    }
+    let Some(kind) = command_type(c.command_type) else {
+        let mut shown = String::new();
+        super::outcome::py_repr_str(c.command_type, &mut shown);
+        return Err(rejected(
+            "invalid_request",
+            Some("type"),
+            &format!("unknown automation command type {shown}"),
+        ));
+    };
+    if c.payload.is_some_and(|p| !p.is_null() && !p.is_object()) {
+        return Err(rejected(
+            "invalid_request",
+            Some("payload"),
+            "payload must be a JSON object",
+        ));
+    }
+    Ok((command_id, kind))
 }
 
 /// What an applied command does after its commit (again on a duplicate,
