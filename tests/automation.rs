@@ -513,7 +513,7 @@ fn the_status_rule_and_the_initial_state() {
 /// of a discussion keeps its provenance without the seed.
 #[test]
 fn children_of_an_occurrence_are_its_descendants() {
-    use stepwell::store::RunIndexRow;
+    use stepwell::store::{RunIndexRow, RunIndexer};
     use stepwell_tests::{Backend, Host};
     for backend in [Backend::Memory, Backend::Sqlite] {
         let h = Host::new(backend);
@@ -578,7 +578,7 @@ fn children_of_an_occurrence_are_its_descendants() {
             assert_eq!(row.automation_id.as_deref(), Some(ID));
             assert_eq!(row.occurrence_index, Some(3));
             assert!(
-                !row.is_turn_root(),
+                !row.is_turn_root(&stepwell::automation::AutomationIndex.turn_roots()),
                 "a descendant is never a turn of its own"
             );
         }

@@ -21,18 +21,23 @@ fn binary() -> PathBuf {
 
 struct Cli {
     cwd: tempfile::TempDir,
+    /// The user's state and cache folders, apart from the working
+    /// directory.
+    home: tempfile::TempDir,
 }
 
 impl Cli {
     fn new() -> Cli {
         Cli {
             cwd: tempfile::tempdir().unwrap(),
+            home: tempfile::tempdir().unwrap(),
         }
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(binary());
-        c.args(args)
+        stepwell_tests::scratch_home(&mut c, self.home.path())
+            .args(args)
             .current_dir(self.cwd.path())
             .env_remove("STEPWELL_DB");
         c

@@ -33,7 +33,8 @@ impl Box_ {
 
     fn cmd(&self) -> Command {
         let mut c = Command::new(stepwell_binary());
-        c.arg("--db")
+        stepwell_tests::scratch_home(&mut c, self.dir.path())
+            .arg("--db")
             .arg(self.db())
             .current_dir(repo())
             .env_remove("STEPWELL_DB")

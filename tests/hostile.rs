@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use stepwell_tests::{component, example, stepwell_binary, write_bundle};
+use stepwell_tests::{component, example, scratch_home, stepwell_binary, write_bundle};
 
 /// How a `stepwell` process ended.
 struct Ended {
@@ -26,7 +26,7 @@ struct Ended {
 // The child is reaped with wait4 (which also reports its peak memory).
 #[allow(clippy::zombie_processes)]
 fn stepwell(dir: &Path, args: &[&str]) -> Ended {
-    let mut child = Command::new(stepwell_binary())
+    let mut child = scratch_home(&mut Command::new(stepwell_binary()), dir)
         .args(args)
         .current_dir(dir)
         .env_remove("STEPWELL_DB")

@@ -797,7 +797,7 @@ fn a_resume_that_cannot_continue_is_refused_before_anything_is_written() {
 /// A version-8 database (before the driver's markers) is migrated when
 /// opened: a parent already waiting on an ended child, and an unfinished
 /// child of a parent already cancelled, are marked, so the driver's
-/// indexed queries find them.
+/// indexed queries find them; its waiting runs are indexed again.
 #[test]
 fn a_version_8_database_gets_the_drivers_markers() {
     let dir = tempfile::tempdir().unwrap();
@@ -842,6 +842,13 @@ fn a_version_8_database_gets_the_drivers_markers() {
              PRAGMA user_version = 8;",
         )
         .unwrap();
+        // Attribution a waiting run's indexer no longer gives: a waiting
+        // run is indexed again (its `wakes_on` is new), whatever its role.
+        conn.execute(
+            "UPDATE runs SET role = 'stale', session_kind = 'stale' WHERE run_id = ?1",
+            [&waiting],
+        )
+        .unwrap();
         // A controller row whose data is not even text does not stop the
         // migration (its claim reports it).
         conn.execute(
@@ -853,6 +860,18 @@ fn a_version_8_database_gets_the_drivers_markers() {
         .unwrap();
     }
     let rt = stepwell::host::open_runtime(&spec, &Default::default()).unwrap();
+    let row = rt
+        .store()
+        .list_run_index(&Default::default())
+        .unwrap()
+        .into_iter()
+        .find(|r| r.run_id == waiting)
+        .unwrap();
+    assert_eq!(
+        (row.role, row.session_kind.as_deref()),
+        (None, Some("chat")),
+        "indexed again"
+    );
     let report = rt.drive_once().unwrap();
     assert_eq!(report.parents_resumed, vec![waiting.clone()], "{report:?}");
     assert_eq!(report.orphans_cancelled, vec![orphan.clone()], "{report:?}");

@@ -40,7 +40,9 @@ impl Db {
 
     fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(stepwell_binary());
-        c.arg("--store")
+        // State and caches of the test's own, not the user's.
+        stepwell_tests::scratch_home(&mut c, self.dir.path())
+            .arg("--store")
             .arg(match &self.spec {
                 StoreSpec::Sqlite(p) => format!("sqlite:{}", p.display()),
                 StoreSpec::Postgres(url) => url.clone(),
@@ -48,8 +50,6 @@ impl Db {
             })
             .args(args)
             .current_dir(self.dir.path())
-            // Caches of the test's own, not the user's.
-            .env("XDG_CACHE_HOME", self.dir.path().join(".cache"))
             .env_remove("STEPWELL_DB")
             .env_remove("STEPWELL_STORE");
         c
@@ -67,11 +67,11 @@ impl Db {
         self.cmd(args).output().unwrap()
     }
 
-    /// [`Db::cmd`] run from `cwd` instead, with its caches in
-    /// `cwd/.cache/stepwell` (another host: its own caches).
+    /// [`Db::cmd`] run from `cwd` instead, with its state and caches in
+    /// `cwd/.state` and `cwd/.cache` (another host: its own).
     fn cmd_in(&self, cwd: &Path, args: &[&str]) -> Command {
         let mut c = self.cmd(args);
-        c.current_dir(cwd).env("XDG_CACHE_HOME", cwd.join(".cache"));
+        stepwell_tests::scratch_home(&mut c, cwd).current_dir(cwd);
         c
     }
 
@@ -1141,6 +1141,9 @@ fn runs_of_a_host_killed_on_another_machine_finish_here_once_its_leases_lapse() 
         .current_dir(db.dir.path())
         .env_remove("STEPWELL_DB")
         .env_remove("STEPWELL_STORE")
+        // State and caches of the test's own (`scratch_home`).
+        .env("XDG_STATE_HOME", db.dir.path().join(".state"))
+        .env("XDG_CACHE_HOME", db.dir.path().join(".cache"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

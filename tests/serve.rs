@@ -891,7 +891,7 @@ fn the_token_file_is_private_and_kept() {
     let path = again.dir.path().join("serve-token");
     assert!(again.stop().success());
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let out = Command::new(stepwell_binary())
+    let out = stepwell_tests::scratch_home(&mut Command::new(stepwell_binary()), again.dir.path())
         .arg("--db")
         .arg(path.with_file_name("db.sqlite"))
         .args(["serve", "--listen", "127.0.0.1:0"])
@@ -899,6 +899,96 @@ fn the_token_file_is_private_and_kept() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("readable by others"));
+}
+
+/// A memory store has no folder of its own: `stepwell serve` keeps its
+/// token in the user's state folder (`$XDG_STATE_HOME/stepwell`, else
+/// `~/.local/state/stepwell`), created private, and writes nothing in the
+/// working directory; with neither variable it asks for `--token-file`.
+#[test]
+fn a_memory_store_keeps_its_token_in_the_state_folder() {
+    use std::os::unix::fs::PermissionsExt;
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::write(cwd.path().join("notes.txt"), "mine").unwrap();
+    let listing = || {
+        let mut names: Vec<_> = std::fs::read_dir(cwd.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    };
+    let before = listing();
+    let serve = |env: &[(&str, &std::path::Path)]| {
+        let mut c = Command::new(stepwell_binary());
+        c.args(["--store", "memory", "serve", "--listen", "127.0.0.1:0"])
+            .current_dir(cwd.path())
+            .env_remove("XDG_STATE_HOME")
+            .env_remove("STEPWELL_DB")
+            .env_remove("STEPWELL_STORE")
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c
+    };
+    let start = |env: &[(&str, &std::path::Path)], home: tempfile::TempDir| {
+        let mut child = serve(env).spawn().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let url = lines.next().unwrap().unwrap();
+        let url = url.strip_prefix("stepwell serve: ").unwrap();
+        let file = lines.next().unwrap().unwrap();
+        let file = PathBuf::from(file.strip_prefix("token file: ").unwrap());
+        std::thread::spawn(move || for _ in lines {});
+        let token = std::fs::read_to_string(&file).unwrap().trim().to_string();
+        let served = Served {
+            child,
+            url: url.trim_end_matches('/').to_string(),
+            token,
+            dir: home,
+            agent: stepwell_tests::served::agent(),
+        };
+        (served, file)
+    };
+
+    let home = tempfile::tempdir().unwrap();
+    let xdg = home.path().join("state");
+    let cache = home.path().join("cache");
+    let (mut s, file) = start(
+        &[("XDG_STATE_HOME", &xdg), ("XDG_CACHE_HOME", &cache)],
+        home,
+    );
+    assert_eq!(file, xdg.join("stepwell/serve-token"));
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&file), 0o600);
+    assert_eq!(mode(&xdg.join("stepwell")), 0o700);
+    s.ok("/v1/runs");
+    assert!(s.stop().success());
+    assert_eq!(listing(), before, "the working directory changed");
+
+    // Without XDG_STATE_HOME: under $HOME.
+    let home = tempfile::tempdir().unwrap();
+    let user = home.path().to_path_buf();
+    let (mut s, file) = start(
+        &[("HOME", &user), ("XDG_CACHE_HOME", &user.join(".cache"))],
+        home,
+    );
+    assert_eq!(file, user.join(".local/state/stepwell/serve-token"));
+    s.ok("/v1/runs");
+    assert!(s.stop().success());
+    assert_eq!(listing(), before, "the working directory changed");
+
+    // Neither: refused, naming what is missing; nothing written.
+    let out = serve(&[]).env_remove("HOME").output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--token-file") && err.contains("XDG_STATE_HOME"),
+        "{err}"
+    );
+    assert_eq!(listing(), before, "the working directory changed");
 }
 
 /// A token file wherever the operator put it (here: inside a workspace)

@@ -30,7 +30,8 @@ fn runtime_at(dir: &Path, db: &Path) -> Runtime {
     std::fs::copy(&hostile, tools.join("hostile.wasm")).unwrap();
     let store = Arc::new(stepwell::SqliteStore::open(db).unwrap());
     let config = stepwell::RuntimeConfig {
-        tool_deny_paths: stepwell::host::StoreSpec::Sqlite(db.to_path_buf()).protected_paths(None),
+        tool_deny_paths: stepwell::host::StoreSpec::Sqlite(db.to_path_buf())
+            .protected_paths(None, None),
         ..Default::default()
     };
     let rt = stepwell::builder(store)

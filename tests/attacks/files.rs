@@ -18,7 +18,7 @@ fn stepwell_sh(prelude: &str, db: &Path, args: &[&str]) -> Output {
     for i in 0..args.len() {
         script.push_str(&format!(" \"${}\"", i + 2));
     }
-    Command::new("sh")
+    stepwell_tests::scratch_home(&mut Command::new("sh"), db.parent().unwrap())
         .arg("-c")
         .arg(script)
         .arg(stepwell_binary())
@@ -53,7 +53,7 @@ fn mode(p: &Path) -> u32 {
 /// runs `hello` as `run_id` through it with a name large enough to be kept
 /// as an artifact (too large for a command line), and stops it.
 fn hello_with_artifact(prelude: &str, db: &Path, run_id: &str) {
-    let mut child = Command::new("sh")
+    let mut child = stepwell_tests::scratch_home(&mut Command::new("sh"), db.parent().unwrap())
         .arg("-c")
         .arg(format!(
             "{prelude}; exec \"$0\" --db \"$1\" serve --listen 127.0.0.1:0"

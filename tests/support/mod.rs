@@ -377,6 +377,18 @@ pub fn stepwell_binary() -> PathBuf {
     bin
 }
 
+/// `c` (a `stepwell` process) with the user's state and cache folders
+/// (`XDG_STATE_HOME`, `XDG_CACHE_HOME`) under `dir`, so that what it keeps
+/// in them (a memory or PostgreSQL store's server token and compiled
+/// components) goes into the test's scratch folder, not the user's home.
+pub fn scratch_home<'c>(
+    c: &'c mut std::process::Command,
+    dir: &Path,
+) -> &'c mut std::process::Command {
+    c.env("XDG_STATE_HOME", dir.join(".state"))
+        .env("XDG_CACHE_HOME", dir.join(".cache"))
+}
+
 /// Waits until `done` holds, checking every 50 ms, for at most `limit`;
 /// panics with `what` if it never does.
 pub fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {

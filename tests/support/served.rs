@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::{repo, stepwell_binary};
+use crate::{repo, scratch_home, stepwell_binary};
 
 /// A `stepwell serve` process on a free loopback port, over a scratch
 /// SQLite file, with its URL and token; killed when dropped.
@@ -47,7 +47,7 @@ impl Served {
 
     /// Starts `stepwell serve` over a database in `dir`.
     pub fn start_in(dir: tempfile::TempDir, args: &[&str]) -> Served {
-        let mut child = Command::new(stepwell_binary())
+        let mut child = scratch_home(&mut Command::new(stepwell_binary()), dir.path())
             .arg("--db")
             .arg(dir.path().join("db.sqlite"))
             .args(["serve", "--listen", "127.0.0.1:0", "--interval-ms", "50"])
@@ -180,7 +180,7 @@ impl Served {
 
     /// Runs the `stepwell` CLI on the server's database.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(stepwell_binary())
+        scratch_home(&mut Command::new(stepwell_binary()), self.dir.path())
             .arg("--db")
             .arg(self.db())
             .args(args)

@@ -39,7 +39,8 @@ impl Shell {
     /// `stepwell --db <db> <args>`, not started yet.
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(stepwell_binary());
-        c.arg("--db")
+        crate::scratch_home(&mut c, self.dir.path())
+            .arg("--db")
             .arg(self.db())
             .args(args)
             .current_dir(repo())

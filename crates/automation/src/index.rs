@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use stepwell_runtime::core::model::{RunState, RunStatus};
-use stepwell_runtime::store::{index::workspace_root, Attribution, RunIndexer};
+use stepwell_runtime::store::{index::workspace_root, Attribution, RunIndexer, TurnRoots};
 
 /// The automations' [`RunIndexer`], installed by the
 /// [`Automations`](super::Automations) plugin. A run's attribution comes
@@ -19,7 +19,9 @@ use stepwell_runtime::store::{index::workspace_root, Attribution, RunIndexer};
 /// | otherwise | - | - | - | `chat` |
 ///
 /// and it wakes on the connection of its trigger when it is a controller
-/// idle at its wake wait, neither paused nor archived.
+/// idle at its wake wait, neither paused nor archived. Its turn roots
+/// ([`RunIndexer::turn_roots`]): an occurrence always is one, a controller
+/// never, other runs when they have no parent.
 ///
 /// ```
 /// use stepwell_automation::AutomationIndex;
@@ -42,6 +44,13 @@ impl RunIndexer for AutomationIndex {
         a.workspace_root = workspace_root(run);
         a.wakes_on = wakes_on(run);
         a
+    }
+
+    fn turn_roots(&self) -> TurnRoots {
+        TurnRoots {
+            roots: vec!["occurrence".into()],
+            not_roots: vec!["controller".into()],
+        }
     }
 }
 

@@ -50,7 +50,7 @@ use stepwell_automation_core::AutomationError;
 use stepwell_runtime::core::model::{RunState, RunStatus};
 use stepwell_runtime::core::{Error, Result};
 use stepwell_runtime::effects::RunPort;
-use stepwell_runtime::store::{RunIndexQuery, RunIndexRow};
+use stepwell_runtime::store::{RunIndexQuery, RunIndexRow, RunIndexer};
 
 /// The prefix of the gateway's legacy scheduled wrapper workflows (never
 /// turns).
@@ -282,6 +282,7 @@ fn turn_rows(
             },
         )?);
     }
+    let roots = crate::AutomationIndex.turn_roots();
     let mut by_id: HashMap<String, RunIndexRow> = HashMap::new();
     type Key = (i64, String, String);
     let mut newest_attempt: HashMap<(Option<String>, Option<i64>), (Key, String)> = HashMap::new();
@@ -295,7 +296,7 @@ fn turn_rows(
         let of_automation =
             occurrence && automation.is_some() && row.automation_id.as_deref() == automation;
         if !(in_session || of_automation)
-            || !row.is_turn_root()
+            || !row.is_turn_root(&roots)
             || is_internal_workflow_id(&row.workflow_id)
             || is_legacy_scheduled(&row)
         {

@@ -25,6 +25,10 @@ pub const DEFAULT_OFFLOAD_BYTES: usize = 256 << 10;
 /// files ([`StoreSpec::connection_key_file`]).
 pub const CONNECTION_KEY_FILE: &str = "connections.key";
 
+/// The file `stepwell serve` keeps its bearer token in, beside a store's
+/// files ([`StoreSpec::token_file`]).
+pub const TOKEN_FILE: &str = "serve-token";
+
 /// Refuses a store this build of the library was compiled without.
 #[allow(dead_code)] // with every store feature on
 fn not_built(store: &str, feature: &str) -> Error {
@@ -145,15 +149,19 @@ impl StoreSpec {
     /// What no tool may reach: the store's files and the folders beside
     /// them (artifacts, snapshots, compiled components, the server's
     /// token), absolute; for a memory or PostgreSQL store, its caches under
-    /// `cache_home` and its files under `.stepwell`.
-    pub fn protected_paths(&self, cache_home: Option<&Path>) -> Vec<PathBuf> {
+    /// `cache_home` and its files under `state_home`.
+    pub fn protected_paths(
+        &self,
+        cache_home: Option<&Path>,
+        state_home: Option<&Path>,
+    ) -> Vec<PathBuf> {
         let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
         match self {
             StoreSpec::Memory | StoreSpec::Postgres(_) => [
                 self.cache_dir(cache_home),
                 self.bundle_cache_dir(cache_home),
-                Some(self.token_file()),
-                Some(self.connection_key_file()),
+                self.token_file(state_home).ok(),
+                self.connection_key_file(state_home).ok(),
             ]
             .into_iter()
             .flatten()
@@ -169,7 +177,7 @@ impl StoreSpec {
                     "artifacts",
                     "snapshots",
                     "cache",
-                    "serve-token",
+                    TOKEN_FILE,
                     CONNECTION_KEY_FILE,
                 ]
                 .iter()
@@ -210,30 +218,64 @@ impl StoreSpec {
 
     /// The key file that seals trigger connections' secrets:
     /// `connections.key` beside the database, inside a JSON store folder,
-    /// or under `.stepwell` for the memory and PostgreSQL stores.
-    pub fn connection_key_file(&self) -> PathBuf {
-        self.state_dir().join(CONNECTION_KEY_FILE)
+    /// or in `state_home` for a PostgreSQL store. A memory store keeps its
+    /// key in memory (no file), and a PostgreSQL store given no
+    /// `state_home` has no file either: both are refused (`invalid_input`,
+    /// naming `state_home`).
+    pub fn connection_key_file(&self, state_home: Option<&Path>) -> Result<PathBuf> {
+        match self {
+            StoreSpec::Memory => Err(Error::invalid(
+                "state_home",
+                "a memory store keeps its connections key in memory, in no file",
+            )),
+            _ => Ok(self
+                .state_dir(state_home, CONNECTION_KEY_FILE)?
+                .join(CONNECTION_KEY_FILE)),
+        }
     }
 
     /// Where `stepwell serve` keeps its bearer token unless told otherwise:
-    /// `serve-token` beside the database, inside a JSON store folder, or
-    /// under `.stepwell` for the memory and PostgreSQL stores.
-    pub fn token_file(&self) -> PathBuf {
-        self.state_dir().join("serve-token")
+    /// `serve-token` beside the database, inside a JSON store folder, or in
+    /// `state_home` for the memory and PostgreSQL stores (without one, it
+    /// is refused: `invalid_input`, naming `state_home`).
+    pub fn token_file(&self, state_home: Option<&Path>) -> Result<PathBuf> {
+        Ok(self.state_dir(state_home, TOKEN_FILE)?.join(TOKEN_FILE))
     }
 
     /// The folder of the store's own files: the database's folder, the JSON
-    /// store folder, or `.stepwell` (in the working directory) for the
-    /// memory and PostgreSQL stores.
-    fn state_dir(&self) -> PathBuf {
+    /// store folder, or `state_home` for the memory and PostgreSQL stores,
+    /// which have none ([`StoreSpec::own_dir`]); refused without one (the
+    /// library writes nowhere it was not told to), naming `file`, what was
+    /// to go there.
+    fn state_dir(&self, state_home: Option<&Path>, file: &str) -> Result<PathBuf> {
+        let store = match self {
+            StoreSpec::Memory => "memory",
+            _ => "PostgreSQL",
+        };
+        self.own_dir()
+            .or_else(|| state_home.map(Path::to_path_buf))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "state_home",
+                    format!(
+                        "a {store} store has no folder of its own for its `{file}` file, and no state folder was given (HostOptions::state_home)"
+                    ),
+                )
+            })
+    }
+
+    /// The folder the store's files are in: the database's folder or the
+    /// JSON store folder; `None` for the memory and PostgreSQL stores.
+    fn own_dir(&self) -> Option<PathBuf> {
         match self {
-            StoreSpec::Memory | StoreSpec::Postgres(_) => PathBuf::from(".stepwell"),
-            StoreSpec::Sqlite(path) => path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."))
-                .to_path_buf(),
-            StoreSpec::Json(dir) => dir.clone(),
+            StoreSpec::Memory | StoreSpec::Postgres(_) => None,
+            StoreSpec::Sqlite(path) => Some(
+                path.parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."))
+                    .to_path_buf(),
+            ),
+            StoreSpec::Json(dir) => Some(dir.clone()),
         }
     }
 
@@ -253,7 +295,7 @@ impl StoreSpec {
     pub fn cache_dir(&self, cache_home: Option<&Path>) -> Option<PathBuf> {
         match self {
             StoreSpec::Memory | StoreSpec::Postgres(_) => cache_home.map(|h| h.join("cache")),
-            StoreSpec::Sqlite(_) | StoreSpec::Json(_) => Some(self.state_dir().join("cache")),
+            StoreSpec::Sqlite(_) | StoreSpec::Json(_) => self.own_dir().map(|d| d.join("cache")),
         }
     }
 }
@@ -306,6 +348,13 @@ pub struct HostOptions {
     /// the store keeps are written into a temporary folder of the
     /// runtime's own). The binary passes the user's cache folder.
     pub cache_home: Option<std::path::PathBuf>,
+    /// Where the files of a memory or PostgreSQL store go, which has no
+    /// folder of its own: the server's token (`serve-token`) and, for
+    /// PostgreSQL, the connections key (`connections.key`). `None`: there
+    /// are no such files; a PostgreSQL runtime then has no sealing key (a
+    /// connection with a secret is refused) and its server's token file
+    /// must be named. The binary passes the user's state folder.
+    pub state_home: Option<std::path::PathBuf>,
     /// Effect handlers to register over the built-in ones (the binary's
     /// `llm_call`, configured from its environment).
     pub effects: Vec<Arc<dyn crate::effects::EffectHandler>>,
@@ -324,6 +373,7 @@ impl std::fmt::Debug for HostOptions {
             .field("exec_env", &self.exec_env)
             .field("home", &self.home)
             .field("cache_home", &self.cache_home)
+            .field("state_home", &self.state_home)
             .field(
                 "effects",
                 &self.effects.iter().map(|e| e.kind()).collect::<Vec<_>>(),
@@ -364,6 +414,7 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
         other => (other.open(options.durability)?, None, spec.artifacts()?),
     };
     let cache_home = options.cache_home.as_deref();
+    let state_home = options.state_home.as_deref();
     let engine = WasmEngine::new(EngineConfig {
         cache_dir: spec.cache_dir(cache_home),
         limits: options.limits,
@@ -372,7 +423,7 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     let mut config = options.config.clone();
     config
         .tool_deny_paths
-        .extend(spec.protected_paths(cache_home));
+        .extend(spec.protected_paths(cache_home, state_home));
     let mut builder = crate::builder(store)
         .engine(engine)
         .config(config)
@@ -419,16 +470,69 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     }
     #[cfg(feature = "automation")]
     {
-        let mut triggers = crate::triggers::Triggers::new().sealing_key(match spec {
-            StoreSpec::Memory => crate::triggers::SealingKey::random(),
-            _ => crate::triggers::SealingKey::File(spec.connection_key_file()),
-        });
+        let mut triggers = crate::triggers::Triggers::new();
+        match spec {
+            StoreSpec::Memory => {
+                triggers = triggers.sealing_key(crate::triggers::SealingKey::random());
+            }
+            _ => {
+                if let Ok(file) = spec.connection_key_file(state_home) {
+                    triggers = triggers.sealing_key(crate::triggers::SealingKey::File(file));
+                }
+            }
+        }
         if let Some(dir) = &options.trigger_dir {
             triggers = triggers.dir(dir.clone());
         }
         builder = builder.plugin(Arc::new(triggers));
     }
     builder.build()
+}
+
+#[cfg(test)]
+mod state_tests {
+    use std::path::{Path, PathBuf};
+
+    use super::StoreSpec;
+
+    /// A store without a folder of its own keeps its files where it is
+    /// told, and without a state folder it has none (nothing in `.`).
+    #[test]
+    fn files_of_a_store_without_a_folder_go_to_the_state_folder() {
+        let state = Path::new("/state/stepwell");
+        let pg = StoreSpec::Postgres("postgres://h/db".into());
+        for spec in [&StoreSpec::Memory, &pg] {
+            assert_eq!(
+                spec.token_file(Some(state)).unwrap(),
+                state.join("serve-token")
+            );
+            let err = spec.token_file(None).unwrap_err();
+            assert_eq!(err.reason_code(), "invalid_input");
+            assert!(err.to_string().contains("HostOptions::state_home"), "{err}");
+            assert_eq!(spec.protected_paths(None, None), Vec::<PathBuf>::new());
+        }
+        assert_eq!(
+            pg.connection_key_file(Some(state)).unwrap(),
+            state.join("connections.key")
+        );
+        assert!(pg.connection_key_file(None).is_err());
+        // The memory store's key is kept in memory.
+        assert!(StoreSpec::Memory.connection_key_file(Some(state)).is_err());
+        assert_eq!(
+            StoreSpec::Memory.protected_paths(None, Some(state)),
+            [state.join("serve-token")]
+        );
+        // A database's files stay beside it, whatever the state folder.
+        let db = StoreSpec::Sqlite("/data/x.sqlite".into());
+        assert_eq!(
+            db.token_file(Some(state)).unwrap(),
+            Path::new("/data/serve-token")
+        );
+        assert_eq!(
+            db.connection_key_file(None).unwrap(),
+            Path::new("/data/connections.key")
+        );
+    }
 }
 
 #[cfg(test)]

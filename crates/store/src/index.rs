@@ -14,6 +14,10 @@
 //! indexes such rows again when an indexer is installed: a run a
 //! kernel-only process saved is attributed by the next host that knows
 //! automations.
+//!
+//! Which runs are the turns of a conversation ([`TurnRoots`], what
+//! [`RunIndexQuery::root_only`](super::RunIndexQuery::root_only) lists) is
+//! the indexer's rule too: the roles it gives are its own.
 
 use std::sync::Arc;
 
@@ -41,11 +45,40 @@ pub struct Attribution {
     pub wakes_on: Option<String>,
 }
 
+/// Which runs of the index are turn roots (a conversation's turns, what
+/// [`RunIndexQuery::root_only`](super::RunIndexQuery::root_only) lists): a
+/// run with one of the roles `roots` is one, parent or not; otherwise a run
+/// without a parent is one unless its role is one of `not_roots`. The
+/// default (no roles) makes the runs without a parent the roots.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TurnRoots {
+    /// Roles whose runs are always turn roots, even with a parent.
+    pub roots: Vec<String>,
+    /// Roles whose runs never are, even without a parent.
+    pub not_roots: Vec<String>,
+}
+
+impl TurnRoots {
+    /// Whether a run of `role` whose parent is `parent_run_id` (`None` or
+    /// empty: none) is a turn root.
+    pub fn is_root(&self, role: Option<&str>, parent_run_id: Option<&str>) -> bool {
+        let has = |roles: &[String]| role.is_some_and(|r| roles.iter().any(|x| x == r));
+        has(&self.roots) || (parent_run_id.is_none_or(str::is_empty) && !has(&self.not_roots))
+    }
+}
+
 /// Derives a run's [`Attribution`] from the run. Called on every save of a
 /// run, so it must be cheap and a pure function of the run.
 pub trait RunIndexer: Send + Sync {
     /// The index columns of `run`.
     fn index(&self, run: &RunState) -> Attribution;
+
+    /// Which of the roles this indexer gives make a run a turn root, or
+    /// never one. The default names none: the runs without a parent are
+    /// the roots.
+    fn turn_roots(&self) -> TurnRoots {
+        TurnRoots::default()
+    }
 }
 
 /// The index of a store no feature gave an indexer: the run's top-level

@@ -55,7 +55,7 @@ pub use commands::{
     AppendResult, CommandRecord, CommandStore, JsonlCommandStore, MemoryCommandStore,
 };
 pub use inbox::{connection_stream, ConnectionRecord, EventAppend, InboxEvent};
-pub use index::{Attribution, PlainIndex, RunIndexer};
+pub use index::{Attribution, PlainIndex, RunIndexer, TurnRoots};
 pub use json_files::JsonFileStore;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -417,8 +417,9 @@ pub struct RunIndexQuery {
     pub workflow_id: Option<String>,
     /// Only runs of this session.
     pub session_id: Option<String>,
-    /// Only turn roots: runs without a parent, except automation
-    /// controllers, plus automation occurrences.
+    /// Only turn roots, as the store's indexer says
+    /// ([`RunIndexer::turn_roots`]; without one, the runs without a
+    /// parent).
     pub root_only: bool,
     /// At most this many rows.
     pub limit: Option<usize>,
@@ -427,7 +428,7 @@ pub struct RunIndexQuery {
     /// Only runs attributed to one of these automations (`None`: no
     /// filter; an empty list matches nothing, as in the reference).
     pub automation_id: Option<Vec<String>>,
-    /// Only runs with one of these roles (`controller`, `occurrence`, ...).
+    /// Only runs with one of these roles (the indexer's).
     pub role: Option<Vec<String>>,
     /// Only runs with one of these session kinds.
     pub session_kind: Option<Vec<String>>,
@@ -487,20 +488,17 @@ impl RunIndexRow {
         }
     }
 
-    /// Whether this run is a turn root (see [`RunIndexQuery::root_only`]):
-    /// an occurrence, or a run without a parent that is not a controller.
-    pub fn is_turn_root(&self) -> bool {
-        match self.role.as_deref() {
-            Some("controller") => false,
-            Some("occurrence") => true,
-            _ => self.parent_run_id.as_deref().is_none_or(str::is_empty),
-        }
+    /// Whether this run is a turn root (see [`RunIndexQuery::root_only`])
+    /// by the rule `roots` (the indexer's, [`RunIndexer::turn_roots`]).
+    pub fn is_turn_root(&self, roots: &TurnRoots) -> bool {
+        roots.is_root(self.role.as_deref(), self.parent_run_id.as_deref())
     }
 }
 
 impl RunIndexQuery {
-    /// Whether `row` passes every filter (the limit aside).
-    pub fn matches(&self, row: &RunIndexRow) -> bool {
+    /// Whether `row` passes every filter (the limit aside), `roots` being
+    /// the turn roots' rule of the store's indexer.
+    pub fn matches(&self, row: &RunIndexRow, roots: &TurnRoots) -> bool {
         let any = |wanted: &Option<Vec<String>>, value: &Option<String>| match wanted {
             None => true,
             Some(w) => value.as_ref().is_some_and(|v| w.contains(v)),
@@ -514,7 +512,7 @@ impl RunIndexQuery {
                 .session_id
                 .as_ref()
                 .is_none_or(|s| row.session_id.as_ref() == Some(s))
-            && (!self.root_only || row.is_turn_root())
+            && (!self.root_only || row.is_turn_root(roots))
             && any(&self.automation_id, &row.automation_id)
             && any(&self.role, &row.role)
             && any(&self.session_kind, &row.session_kind)
@@ -944,6 +942,7 @@ pub trait Store: Send + Sync {
     /// columns without reading any run's vars.
     fn list_run_index(&self, query: &RunIndexQuery) -> Result<Vec<RunIndexRow>, StoreError> {
         let indexer = self.indexer();
+        let roots = indexer.turn_roots();
         let mut rows: Vec<RunIndexRow> = self
             .list_runs(&RunQuery {
                 status: query.status,
@@ -952,7 +951,7 @@ pub trait Store: Send + Sync {
             })?
             .iter()
             .map(|run| RunIndexRow::of(run, indexer.as_ref()))
-            .filter(|row| query.matches(row))
+            .filter(|row| query.matches(row, &roots))
             .collect();
         if !query.oldest_first {
             rows.reverse();
@@ -1156,8 +1155,13 @@ impl SqlDialect {
     }
 
     /// The run index's statement for `query` (the columns of
-    /// [`RunIndexRow`], in its field order), and its arguments.
-    pub(crate) fn run_index(&self, query: &RunIndexQuery) -> (String, Vec<String>) {
+    /// [`RunIndexRow`], in its field order), and its arguments; `roots` is
+    /// the indexer's rule of turn roots.
+    pub(crate) fn run_index(
+        &self,
+        query: &RunIndexQuery,
+        roots: &TurnRoots,
+    ) -> (String, Vec<String>) {
         let mut sql = String::from(
             "SELECT run_id, workflow_id, status, parent_run_id, session_id, created_at,
                     updated_at, automation_id, role, occurrence_index, session_kind,
@@ -1193,10 +1197,26 @@ impl SqlDialect {
             sql.push_str(&format!(" AND {column} IN ({})", marks.join(", ")));
         }
         if query.root_only {
-            sql.push_str(
-                " AND (role = 'occurrence' OR ((parent_run_id IS NULL OR parent_run_id = '')
-                   AND (role IS NULL OR role <> 'controller')))",
-            );
+            // `TurnRoots::is_root`: a root role, or no parent and no role
+            // that is never a root (the roles bound, not written in).
+            let mut marks = |roles: &[String]| -> String {
+                let mut marks = Vec::new();
+                for r in roles {
+                    args.push(r.clone());
+                    marks.push((self.mark)(args.len()));
+                }
+                marks.join(", ")
+            };
+            let always = marks(&roots.roots);
+            let never = marks(&roots.not_roots);
+            let mut root = String::from("(parent_run_id IS NULL OR parent_run_id = '')");
+            if !never.is_empty() {
+                root = format!("({root} AND (role IS NULL OR role NOT IN ({never})))");
+            }
+            if !always.is_empty() {
+                root = format!("(role IN ({always}) OR {root})");
+            }
+            sql.push_str(&format!(" AND {root}"));
         }
         let direction = if query.oldest_first { "" } else { " DESC" };
         sql.push_str(&format!(" ORDER BY {}{direction}", self.order));

@@ -696,6 +696,7 @@ impl Store for MemoryStore {
         query: &super::RunIndexQuery,
     ) -> Result<Vec<super::RunIndexRow>, StoreError> {
         let indexer = self.indexer.get();
+        let roots = indexer.turn_roots();
         let t = self.tables.lock();
         let mut found: Vec<(u64, super::RunIndexRow)> = t
             .runs
@@ -713,7 +714,7 @@ impl Store for MemoryStore {
                     && t.quarantine_reason(&s.run.run_id).is_none()
             })
             .map(|s| (s.seq, super::RunIndexRow::of(&s.run, indexer.as_ref())))
-            .filter(|(_, row)| query.matches(row))
+            .filter(|(_, row)| query.matches(row, &roots))
             .collect();
         found.sort_by_key(|(seq, _)| *seq);
         if !query.oldest_first {

@@ -1891,7 +1891,7 @@ impl Store for PostgresStore {
     }
 
     fn list_run_index(&self, query: &RunIndexQuery) -> Result<Vec<RunIndexRow>, StoreError> {
-        let (sql, args) = DIALECT.run_index(query);
+        let (sql, args) = DIALECT.run_index(query, &self.indexer.get().turn_roots());
         let rows = self.read(|c| {
             let params: Vec<&(dyn ToSql + Sync)> =
                 args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();

@@ -1149,11 +1149,9 @@ fn migrate(conn: &mut Connection, from: i64) -> rusqlite::Result<()> {
     tx.execute_batch(INDEXES)?;
     if from > 0 && from < 9 {
         tx.execute_batch(MARK_EXISTING)?;
-        // The controllers an event would wake: indexed again (`wakes_on`)
-        // when the runtime's indexer is installed.
-        tx.execute_batch(
-            "UPDATE runs SET session_kind = NULL WHERE role = 'controller' AND status = 'waiting'",
-        )?;
+        // The waiting runs an event would wake (`wakes_on`, new in
+        // schema 9): indexed again when the runtime's indexer is installed.
+        tx.execute_batch("UPDATE runs SET session_kind = NULL WHERE status = 'waiting'")?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()
@@ -1781,7 +1779,7 @@ impl Store for SqliteStore {
     }
 
     fn list_run_index(&self, query: &RunIndexQuery) -> Result<Vec<RunIndexRow>, StoreError> {
-        let (sql, args) = DIALECT.run_index(query);
+        let (sql, args) = DIALECT.run_index(query, &self.indexer.get().turn_roots());
         let conn = self.conn.lock();
         let mut st = conn.prepare_cached(&sql).map_err(|e| self.err(e))?;
         let rows = st

@@ -628,7 +628,7 @@ impl ConnectionsInner for Runtime {
     fn sealing_key(&self) -> Result<SealingKey> {
         super::trigger_state(self)?.sealing.clone().ok_or_else(|| {
             sealing(
-                "this runtime has no sealing key for connection secrets (Triggers::sealing_key)",
+                "this runtime has no sealing key for connection secrets (Triggers::sealing_key; host::open_runtime gives a PostgreSQL store the key file in HostOptions::state_home, and none without it)",
             )
         })
     }

@@ -49,6 +49,17 @@ pub fn cache_home() -> Option<PathBuf> {
     Some(base.join("stepwell"))
 }
 
+/// The user's state folder for stepwell: `$XDG_STATE_HOME/stepwell` (when
+/// absolute, as the XDG rules ask), else `~/.local/state/stepwell`; where a
+/// memory or PostgreSQL store's server token and connections key go.
+pub fn state_home() -> Option<PathBuf> {
+    let xdg = var("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute());
+    let base = xdg.or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".local/state")))?;
+    Some(base.join("stepwell"))
+}
+
 /// `llm_call` configured from the environment: the providers file
 /// `STEPWELL_LLM_CONFIG` names, the built-in profiles' overrides
 /// (`OPENAI_BASE_URL`, `STEPWELL_LLM_PROVIDER`, ...: docs/llm.md), and the

@@ -14,7 +14,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub(crate) listen: std::net::SocketAddr,
     /// The bearer token's file (default: serve-token beside the
-    /// database; created with a random token, mode 0600, when missing).
+    /// database, in the user's state folder for a memory or PostgreSQL
+    /// store; created with a random token, mode 0600, when missing).
     #[arg(long)]
     pub(crate) token_file: Option<PathBuf>,
     /// The driver's pause between passes, in milliseconds.
@@ -77,10 +78,10 @@ pub(crate) fn run(rt: Runtime, host: &Host, args: ServeArgs, json: bool) -> Resu
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
-    let token_file = host
-        .serve_token
-        .clone()
-        .unwrap_or_else(|| host.spec.token_file());
+    let token_file = match &host.serve_token {
+        Some(file) => file.clone(),
+        None => host.spec.token_file(host.options.state_home.as_deref())?,
+    };
     let mut options = stepwell_serve::ServeOptions::new(token_file.clone());
     options.listen = listen;
     options.drive_interval = Duration::from_millis(interval_ms.max(1));

@@ -81,9 +81,20 @@ pub(crate) fn host(cli: &Cli) -> Result<Host, Error> {
         .transpose()?;
     // The server's token file, wherever it is, is out of every tool's
     // reach (a tool that read it would put it in a ledger).
+    let state_home = super::environment::state_home();
     let serve_token = match &cli.command {
         Command::Serve(args) => {
-            let path = args.token_file.clone().unwrap_or_else(|| spec.token_file());
+            let path = match &args.token_file {
+                Some(path) => path.clone(),
+                None => spec.token_file(state_home.as_deref()).map_err(|e| {
+                    Error::InvalidInput {
+                        field: "--token-file".into(),
+                        message: format!(
+                            "{e}: name the file, or set XDG_STATE_HOME or HOME (the user's state folder)"
+                        ),
+                    }
+                })?,
+            };
             Some(std::path::absolute(&path).unwrap_or(path))
         }
         _ => None,
@@ -107,6 +118,7 @@ pub(crate) fn host(cli: &Cli) -> Result<Host, Error> {
         exec_env: super::environment::exec_env(),
         home: super::environment::home(),
         cache_home: super::environment::cache_home(),
+        state_home,
         effects: vec![super::environment::llm_call()],
     };
     Ok(Host {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::fixtures::{
-    at, command, event, fence, indexed, lease, record, run, save, waiting, ColumnsIndex,
+    at, command, event, fence, indexed, lease, record, run, save, waiting, ColumnsIndex, RootsIndex,
 };
 use super::{Harness, Verdict};
 use crate::{Claim, LeaseAfter, LeaseRequest, RunQuery, StoreError};
@@ -1442,6 +1442,72 @@ pub fn the_run_index_carries_attribution_and_filters(h: &dyn Harness, dir: &Path
         }),
         ["occ-2"]
     );
+    Verdict::Passed
+}
+
+/// The turn roots a store lists (`root_only`) are those of its indexer's
+/// rule ([`RunIndexer::turn_roots`](crate::RunIndexer::turn_roots)),
+/// whatever the roles are called, and a row says the same
+/// ([`RunIndexRow::is_turn_root`](crate::RunIndexRow::is_turn_root)).
+pub fn turn_roots_are_the_indexers(h: &dyn Harness, dir: &Path) -> Verdict {
+    let store = h.open(dir);
+    let role = |role: &str| json!({"role": role, "session_kind": "chat"});
+    for r in [
+        attributed("top", None, json!({"session_kind": "chat"})),
+        attributed("child", Some("top"), json!({"session_kind": "chat"})),
+        attributed("hub", None, role("hub")),
+        attributed("spoke", Some("hub"), role("spoke")),
+        attributed("controller", None, role("controller")),
+        attributed("occurrence", Some("top"), role("occurrence")),
+    ] {
+        store.create_if_absent(&r).unwrap();
+    }
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    for (rule, expected) in [
+        (
+            crate::TurnRoots {
+                roots: strings(&["spoke"]),
+                not_roots: strings(&["hub"]),
+            },
+            vec!["top", "spoke", "controller"],
+        ),
+        (
+            crate::TurnRoots::default(),
+            vec!["top", "hub", "controller"],
+        ),
+        (
+            crate::TurnRoots {
+                roots: strings(&["spoke", "occurrence"]),
+                not_roots: Vec::new(),
+            },
+            vec!["top", "hub", "spoke", "controller", "occurrence"],
+        ),
+    ] {
+        if let Err(e) = store.set_indexer(Arc::new(RootsIndex(rule.clone()))) {
+            return unsupported(e);
+        }
+        let roots: Vec<String> = store
+            .list_run_index(&crate::RunIndexQuery {
+                root_only: true,
+                oldest_first: true,
+                ..Default::default()
+            })
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(roots, expected, "the turn roots of {rule:?}");
+        let rows = store.list_run_index(&Default::default()).unwrap();
+        assert_eq!(rows.len(), 6);
+        for row in rows {
+            assert_eq!(
+                row.is_turn_root(&rule),
+                expected.contains(&row.run_id.as_str()),
+                "{} by {rule:?}",
+                row.run_id
+            );
+        }
+    }
     Verdict::Passed
 }
 

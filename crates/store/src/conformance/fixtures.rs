@@ -6,6 +6,7 @@ use serde_json::json;
 
 use crate::{
     Attribution, CommandRecord, Fence, InboxEvent, LeaseAfter, LeaseRequest, RunIndexer, Store,
+    TurnRoots,
 };
 use stepwell_model::model::{RunState, RunStatus, StepRecord, StepStatus, WaitReason, WaitState};
 
@@ -131,13 +132,21 @@ pub fn command(id: &str, kind: &str) -> CommandRecord {
 /// The indexer of the run-index checks: a run's columns are what its
 /// `vars._index` object says (`automation_id`, `role`, `occurrence_index`,
 /// `session_kind`, and `wakes_on` for a waiting run), its workspace root
-/// the top-level `vars.workspace_root`. The suite checks that a store
-/// keeps, filters on and follows what its indexer says, not any feature's
-/// rule.
+/// the top-level `vars.workspace_root`. Its turn roots: a run of the role
+/// `occurrence` always is one, of the role `controller` never. The suite
+/// checks that a store keeps, filters on and follows what its indexer
+/// says, not any feature's rule.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ColumnsIndex;
 
 impl RunIndexer for ColumnsIndex {
+    fn turn_roots(&self) -> TurnRoots {
+        TurnRoots {
+            roots: vec!["occurrence".into()],
+            not_roots: vec!["controller".into()],
+        }
+    }
+
     fn index(&self, run: &RunState) -> Attribution {
         let columns = run.vars.get("_index");
         let text = |k: &str| {
@@ -156,6 +165,20 @@ impl RunIndexer for ColumnsIndex {
             workspace_root: crate::index::workspace_root(run),
             wakes_on: text("wakes_on").filter(|_| run.status == RunStatus::Waiting),
         }
+    }
+}
+
+/// [`ColumnsIndex`]'s columns with the turn roots it holds.
+#[derive(Debug, Clone, Default)]
+pub struct RootsIndex(pub TurnRoots);
+
+impl RunIndexer for RootsIndex {
+    fn index(&self, run: &RunState) -> Attribution {
+        ColumnsIndex.index(run)
+    }
+
+    fn turn_roots(&self) -> TurnRoots {
+        self.0.clone()
     }
 }
 

@@ -261,6 +261,7 @@ macro_rules! __store_conformance_checks {
             the_event_inbox_dedupes_per_stream_and_reads_in_order,
             connections_are_created_once_and_changed_atomically,
             the_run_index_carries_attribution_and_filters,
+            turn_roots_are_the_indexers,
             ledger_records_are_found_by_idempotency_key,
             snapshot_stores_search_by_run_tag_and_text,
             artifact_store_is_content_addressed,
