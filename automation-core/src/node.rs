@@ -21,8 +21,8 @@ use crate::occurrence::{
 };
 use crate::outcome::{complete_occurrence, ChildView};
 use crate::protocol::{
-    AdmissionFacts, Basis, Commit, Entry, Facts, Observed, Park, Planned, TriggerAnswer,
-    TriggerCall,
+    AdmissionFacts, Basis, Commit, Entry, Facts, HistoryAsk, Observed, Park, Planned,
+    TriggerAnswer, TriggerCall,
 };
 use crate::time::{format_timestamp, parse_timestamp};
 use crate::{into_map, set, AutomationError};
@@ -83,6 +83,26 @@ struct Answer<T> {
     answer: T,
     now: DateTime<Utc>,
     at: String,
+}
+
+/// What `admit` admits: a run-now or the trigger's admission.
+struct Admission<'c> {
+    /// The admitted envelope.
+    envelope: Value,
+    /// The occurrence's first run.
+    first_run_id: String,
+    /// The run-now command it answers.
+    command_id: Option<&'c str>,
+    /// When the trigger answered.
+    at: String,
+    /// What the trigger read with the admission (the history).
+    context: Option<AdmissionFacts>,
+    /// An event source's named inputs.
+    inputs: Option<Value>,
+    /// The trigger's state after the admission.
+    trigger_update: Map<String, Value>,
+    /// What the source folded (missed ticks), if anything.
+    coalesced: Option<Map<String, Value>>,
 }
 
 impl Controller<'_> {
@@ -171,27 +191,7 @@ impl Controller<'_> {
         let (definition, state) = (self.definition, self.state);
         let at = format_timestamp(self.now);
         if let Some(pending) = pending(state) {
-            let phase = pending.get("phase").and_then(Value::as_str);
-            if set(pending.get("stop_requested")) && phase != Some("dispatched") {
-                let c = complete_occurrence(definition, state, "cancelled", None, &at);
-                let index = pending["index"].as_u64().unwrap_or(0);
-                let decision = Planned {
-                    name: "automation.completed".into(),
-                    discriminator: index.to_string(),
-                    fields: into_map(c.fields),
-                    delta: json!({"state": c.state}),
-                };
-                return Ok(commit(vec![Entry::Decision(decision)], "rearm"));
-            }
-            let due = pending
-                .get("retry_at")
-                .and_then(Value::as_str)
-                .and_then(|t| parse_timestamp(t, "retry_at").ok())
-                .is_none_or(|t| t <= self.now);
-            if phase == Some("backoff") && !due {
-                return Ok(Step::Route("rearm"));
-            }
-            return Ok(Step::Route("dispatch"));
+            return Ok(self.admit_pending(pending, &at));
         }
         let index = state["next_index"].as_u64().filter(|i| *i > 0).unwrap_or(1);
         let revision = definition["revision"].as_u64().unwrap_or(1);
@@ -199,106 +199,175 @@ impl Controller<'_> {
             .get("manual_pending")
             .and_then(|m| m.get("command_id"))
             .and_then(Value::as_str);
-        let mut trigger_update = Map::new();
-        let mut coalesced = None;
-        // A growing automation reads its history with the admission; an
-        // answer without it (asked before) is asked again.
+        let admission = match manual {
+            Some(command_id) => self.admit_manual(command_id, at),
+            None => self.admit_scheduled(revision, index),
+        };
+        match admission {
+            Ok(admission) => self.admitted(admission, index, revision),
+            Err(step) => Ok(step),
+        }
+    }
+
+    /// `admit` with an occurrence pending: cancelled (a stop asked before
+    /// its dispatch), left to its backoff (`rearm`) or dispatched.
+    fn admit_pending(&self, pending: &Value, at: &str) -> Step {
+        let phase = pending.get("phase").and_then(Value::as_str);
+        if set(pending.get("stop_requested")) && phase != Some("dispatched") {
+            let c = complete_occurrence(self.definition, self.state, "cancelled", None, at);
+            let index = pending["index"].as_u64().unwrap_or(0);
+            let decision = Planned {
+                name: "automation.completed".into(),
+                discriminator: index.to_string(),
+                fields: into_map(c.fields),
+                delta: json!({"state": c.state}),
+            };
+            return commit(vec![Entry::Decision(decision)], "rearm");
+        }
+        let due = pending
+            .get("retry_at")
+            .and_then(Value::as_str)
+            .and_then(|t| parse_timestamp(t, "retry_at").ok())
+            .is_none_or(|t| t <= self.now);
+        if phase == Some("backoff") && !due {
+            return Step::Route("rearm");
+        }
+        Step::Route("dispatch")
+    }
+
+    /// Whether an admission `context` holds what the automation asks with
+    /// it (a growing automation reads its history with the admission; an
+    /// answer without it, asked before, is asked again).
+    fn complete(history: &Option<HistoryAsk>, context: &Option<AdmissionFacts>) -> bool {
+        history.is_none() || context.as_ref().is_some_and(|c| c.history.is_some())
+    }
+
+    /// The queued run-now `command_id` (through `manual@1`), or the step
+    /// that asks the trigger for it first.
+    fn admit_manual<'c>(&self, command_id: &'c str, now_at: String) -> Result<Admission<'c>, Step> {
+        let history = history_ask(self.id, self.definition);
+        let event_id = format!("manual:{command_id}");
+        let answer = self.trigger_answer().and_then(|a| match a.answer {
+            TriggerAnswer::Manual { envelope, context }
+                if envelope["event_id"] == event_id && Self::complete(&history, &context) =>
+            {
+                Some((envelope, a.at, context))
+            }
+            _ => None,
+        });
+        let Some((envelope, at, context)) = answer else {
+            return Err(Step::AskTrigger(TriggerCall::Manual {
+                command_id: command_id.to_string(),
+                fired_at: now_at,
+                history,
+            }));
+        };
+        Ok(Admission {
+            envelope: admitted_envelope(&envelope, false),
+            first_run_id: occurrence_run_id(self.id, OccurrenceKind::Manual { command_id }, 1),
+            command_id: Some(command_id),
+            at,
+            context,
+            inputs: None,
+            trigger_update: Map::new(),
+            coalesced: None,
+        })
+    }
+
+    /// What the trigger admits, or the step to take instead: back to
+    /// `rearm` when paused, archived or nothing is due (committing a cursor
+    /// the source moved past events it passed over), or asking the trigger.
+    fn admit_scheduled(&self, revision: u64, index: u64) -> Result<Admission<'static>, Step> {
+        let (definition, state) = (self.definition, self.state);
+        if set(state.get("paused")) || set(definition.get("archived_at")) {
+            return Err(Step::Route("rearm"));
+        }
         let history = history_ask(self.id, definition);
-        let complete = |context: &Option<AdmissionFacts>| {
-            history.is_none() || context.as_ref().is_some_and(|c| c.history.is_some())
-        };
-        let (envelope, first_run_id, command_id, at, context, inputs) = match manual {
-            Some(command_id) => {
-                let event_id = format!("manual:{command_id}");
-                let answer = self.trigger_answer().and_then(|a| match a.answer {
-                    TriggerAnswer::Manual { envelope, context }
-                        if envelope["event_id"] == event_id && complete(&context) =>
-                    {
-                        Some((envelope, a.at, context))
-                    }
-                    _ => None,
-                });
-                let Some((envelope, at, context)) = answer else {
-                    return Ok(Step::AskTrigger(TriggerCall::Manual {
-                        command_id: command_id.to_string(),
-                        fired_at: at,
-                        history,
-                    }));
-                };
-                let first = occurrence_run_id(self.id, OccurrenceKind::Manual { command_id }, 1);
-                (
-                    admitted_envelope(&envelope, false),
-                    first,
-                    Some(command_id),
-                    at,
+        let Some(Answer {
+            answer:
+                TriggerAnswer::Admit {
+                    state: source_state,
+                    admitted,
                     context,
-                    None,
-                )
-            }
-            None => {
-                if set(state.get("paused")) || set(definition.get("archived_at")) {
-                    return Ok(Step::Route("rearm"));
-                }
-                let Some(Answer {
-                    answer:
-                        TriggerAnswer::Admit {
-                            state: source_state,
-                            admitted,
-                            context,
-                        },
-                    at,
-                    ..
-                }) = self.trigger_answer().filter(|a| match &a.answer {
-                    TriggerAnswer::Admit {
-                        admitted: Some(_),
-                        context,
-                        ..
-                    } => complete(context),
-                    _ => true,
-                })
-                else {
-                    return Ok(Step::AskTrigger(TriggerCall::Admit { history }));
-                };
-                let Some(admitted) = admitted else {
-                    // Nothing to admit: a stale wake, or events the source
-                    // passed over, whose cursor it moved (committed, so
-                    // that they are not examined again).
-                    let moved = stored_trigger_state(&source_state);
-                    let own = |s: Option<&Value>| s.filter(|v| !v.is_null()).cloned();
-                    if own(moved.get("source_state")) == own(state.get("source_state")) {
-                        return Ok(Step::Route("rearm"));
-                    }
-                    let digest = hex::encode(sha2::Sha256::digest(
-                        Value::Object(moved.clone()).to_string().as_bytes(),
-                    ));
-                    return Ok(commit(
-                        vec![Entry::Decision(Planned {
-                            name: "automation.passed_over".into(),
-                            discriminator: digest[..32].to_string(),
-                            fields: into_map(json!({"source_state": moved.get("source_state")})),
-                            delta: json!({"state": moved}),
-                        })],
-                        "rearm",
-                    ));
-                };
-                coalesced = admitted
-                    .payload
-                    .get("coalesced")
-                    .and_then(Value::as_object)
-                    .cloned();
-                trigger_update = stored_trigger_state(&source_state);
-                let first =
-                    occurrence_run_id(self.id, OccurrenceKind::Scheduled { revision, index }, 1);
-                (
-                    admitted_envelope(&admitted.envelope, admitted.untrusted),
-                    first,
-                    None,
-                    at,
-                    context,
-                    admitted.inputs,
-                )
-            }
+                },
+            at,
+            ..
+        }) = self.trigger_answer().filter(|a| match &a.answer {
+            TriggerAnswer::Admit {
+                admitted: Some(_),
+                context,
+                ..
+            } => Self::complete(&history, context),
+            _ => true,
+        })
+        else {
+            return Err(Step::AskTrigger(TriggerCall::Admit { history }));
         };
+        let Some(admitted) = admitted else {
+            return Err(self.passed_over(&source_state));
+        };
+        Ok(Admission {
+            envelope: admitted_envelope(&admitted.envelope, admitted.untrusted),
+            first_run_id: occurrence_run_id(
+                self.id,
+                OccurrenceKind::Scheduled { revision, index },
+                1,
+            ),
+            command_id: None,
+            at,
+            context,
+            inputs: admitted.inputs,
+            trigger_update: stored_trigger_state(&source_state),
+            coalesced: admitted
+                .payload
+                .get("coalesced")
+                .and_then(Value::as_object)
+                .cloned(),
+        })
+    }
+
+    /// Nothing to admit: a stale wake (`rearm`), or events the source passed
+    /// over, whose cursor it moved (committed, so that they are not
+    /// examined again).
+    fn passed_over(&self, source_state: &Value) -> Step {
+        let moved = stored_trigger_state(source_state);
+        let own = |s: Option<&Value>| s.filter(|v| !v.is_null()).cloned();
+        if own(moved.get("source_state")) == own(self.state.get("source_state")) {
+            return Step::Route("rearm");
+        }
+        let digest = hex::encode(sha2::Sha256::digest(
+            Value::Object(moved.clone()).to_string().as_bytes(),
+        ));
+        commit(
+            vec![Entry::Decision(Planned {
+                name: "automation.passed_over".into(),
+                discriminator: digest[..32].to_string(),
+                fields: into_map(json!({"source_state": moved.get("source_state")})),
+                delta: json!({"state": moved}),
+            })],
+            "rearm",
+        )
+    }
+
+    /// The admission's records (`automation.coalesced` when the source
+    /// folded missed ticks, `automation.admitted`), going on to `prepare`.
+    fn admitted(
+        &self,
+        admission: Admission<'_>,
+        index: u64,
+        revision: u64,
+    ) -> Result<Step, AutomationError> {
+        let definition = self.definition;
+        let Admission {
+            envelope,
+            first_run_id,
+            command_id,
+            at,
+            context,
+            inputs,
+            trigger_update,
+            coalesced,
+        } = admission;
         let prepared = build_prepared(
             self.id,
             definition,

@@ -1309,6 +1309,34 @@ pub fn the_run_index_carries_attribution_and_filters(h: &dyn Harness, dir: &Path
             .collect()
     };
     use crate::RunIndexQuery as Q;
+    index_filters(&q);
+    let rows = store
+        .list_run_index(&Q {
+            oldest_first: true,
+            ..Q::default()
+        })
+        .unwrap();
+    index_columns(&rows);
+    let row = |id: &str| rows.iter().find(|r| r.run_id == id).unwrap().clone();
+    // The index follows the run as it is committed.
+    let mut moved = attributed("occ-2", Some("ctl"), occurrence(2, "occurrence"));
+    moved.status = RunStatus::Completed;
+    save(&*store, &[], &mut moved, 1);
+    assert_eq!(row("occ-2").status, RunStatus::Running, "(the old rows)");
+    assert_eq!(
+        q(Q {
+            status: Some(RunStatus::Completed),
+            ..Q::default()
+        }),
+        ["occ-2"]
+    );
+    Verdict::Passed
+}
+
+/// The filters of [`the_run_index_carries_attribution_and_filters`]'s runs,
+/// listed through `q`.
+fn index_filters(q: &dyn Fn(crate::RunIndexQuery) -> Vec<String>) {
+    use crate::RunIndexQuery as Q;
     let all = [
         "plain",
         "ctl",
@@ -1391,12 +1419,11 @@ pub fn the_run_index_carries_attribution_and_filters(h: &dyn Harness, dir: &Path
         }),
         ["odd", "legacy"]
     );
-    let rows = store
-        .list_run_index(&Q {
-            oldest_first: true,
-            ..Q::default()
-        })
-        .unwrap();
+}
+
+/// The attribution columns of [`the_run_index_carries_attribution_and_filters`]'s
+/// runs, as listed (`rows`).
+fn index_columns(rows: &[crate::RunIndexRow]) {
     let row = |id: &str| rows.iter().find(|r| r.run_id == id).unwrap().clone();
     let attribution = |id: &str| {
         let r = row(id);
@@ -1430,19 +1457,6 @@ pub fn the_run_index_carries_attribution_and_filters(h: &dyn Harness, dir: &Path
         (s("7"), s("occurrence"), None, s("occurrence"))
     );
     assert_eq!(attribution("tool-child"), (None, None, None, s("chat")));
-    // The index follows the run as it is committed.
-    let mut moved = attributed("occ-2", Some("ctl"), occurrence(2, "occurrence"));
-    moved.status = RunStatus::Completed;
-    save(&*store, &[], &mut moved, 1);
-    assert_eq!(row("occ-2").status, RunStatus::Running, "(the old rows)");
-    assert_eq!(
-        q(Q {
-            status: Some(RunStatus::Completed),
-            ..Q::default()
-        }),
-        ["occ-2"]
-    );
-    Verdict::Passed
 }
 
 /// The turn roots a store lists (`root_only`) are those of its indexer's
