@@ -206,32 +206,7 @@ enum Command {
     /// Measure the host and print the figures (medians). Uses its own scratch
     /// stores and the default guest limits: --db and the --guest-* flags do
     /// not apply.
-    Bench {
-        /// The repository's flows/ directory.
-        #[arg(long, default_value = "flows")]
-        flows: PathBuf,
-        /// Fewer samples: a quick look, not a measurement.
-        #[arg(long)]
-        quick: bool,
-        /// Run only the benchmarks whose figure names contain this text.
-        #[arg(long)]
-        only: Option<String>,
-        /// Measure scale instead: one driver pass among 1,000 and 100,000
-        /// parked runs, the driver's memory, bytes per parked run, 1,000
-        /// automations ticking at once, the raw SQLite commit ceiling.
-        #[arg(long)]
-        scale: bool,
-    },
-    /// One process of a multi-process benchmark (started by `bench`).
-    #[command(hide = true)]
-    BenchWorker {
-        /// `resume-all`.
-        task: String,
-        /// Its input file.
-        file: PathBuf,
-        /// Who the process is.
-        who: String,
-    },
+    Bench(cli::bench::BenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -324,8 +299,8 @@ enum TriggerCommand {
 }
 
 fn execute(cli: Cli) -> Result<(), Error> {
-    if cli::benchmarks::run(&cli)? {
-        return Ok(());
+    if let Command::Bench(args) = cli.command {
+        return Err(cli::bench::forward(args, cli.json, cli.store));
     }
     let host = cli::setup::host(&cli)?;
     let json = cli.json;
@@ -359,15 +334,6 @@ fn execute(cli: Cli) -> Result<(), Error> {
 /// The commands that act through a runtime over the store.
 fn on_runtime(rt: Runtime, host: &Host, command: Command, json: bool) -> Result<(), Error> {
     match command {
-        Command::BenchWorker { task, file, who } => match task.as_str() {
-            "resume-all" => println!("{}", cli::bench::resume_all(&rt, &file, &who)?),
-            other => {
-                return Err(Error::invalid(
-                    "task",
-                    format!("{other:?} is not a bench task"),
-                ))
-            }
-        },
         Command::Run(args) => cli::runs::run(&rt, args, json)?,
         Command::Resume {
             run_id,
@@ -439,7 +405,7 @@ fn on_runtime(rt: Runtime, host: &Host, command: Command, json: bool) -> Result<
         } => cli::tools::list(&rt, json)?,
         Command::Snapshot { command } => cli::snapshot::run(&rt, &host.spec, command, json)?,
         Command::Serve(args) => cli::serve::run(rt, host, args, json)?,
-        Command::Bench { .. } | Command::Triggers { .. } | Command::Db { .. } => {
+        Command::Bench(_) | Command::Triggers { .. } | Command::Db { .. } => {
             unreachable!("handled by execute")
         }
     }
@@ -478,17 +444,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if json {
-                let detail = match (&e, e.extension::<stepwell::automation::AutomationError>()) {
-                    // An automation's own code, not the API's family of it.
-                    (_, Some(a)) => {
-                        let mut d = a.to_json();
-                        d["code"] = serde_json::json!(a.reason_code);
-                        d
-                    }
-                    (Error::Extension(x), None) => x.to_json(),
-                    _ => serde_json::json!({ "code": e.reason_code(), "message": e.to_string() }),
-                };
-                eprintln!("{}", serde_json::json!({ "error": detail }));
+                eprintln!(
+                    "{}",
+                    serde_json::json!({ "error": stepwell::host::error_json(&e) })
+                );
             } else {
                 eprintln!("error: {e}");
             }

@@ -1,5 +1,5 @@
 //! How the binary prints what a command returns: a run, a ledger record,
-//! benchmark figures, as text or as JSON; and the exit status a failed run
+//! as text or as JSON; and the exit status a failed run
 //! gives the command.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -100,16 +100,5 @@ pub(crate) fn print_run(run: &RunState, json: bool) {
     }
     if let Some(err) = &run.error {
         println!("error: {err}");
-    }
-}
-
-/// Prints benchmark figures: one JSON object, or a line each.
-pub(crate) fn print_figures(figures: &serde_json::Value, json: bool) {
-    if json {
-        println!("{figures}");
-    } else {
-        for (k, v) in figures.as_object().into_iter().flatten() {
-            println!("{k:32} {v}");
-        }
     }
 }
