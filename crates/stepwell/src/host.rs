@@ -489,6 +489,23 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     builder.build()
 }
 
+/// An error as the `stepwell` binaries print it with `--json` (the value
+/// of `{"error": ...}` on standard error): its code and message; a
+/// feature's error with its own fields (an automation's own code, not the
+/// API's family of it).
+pub fn error_json(e: &Error) -> serde_json::Value {
+    #[cfg(feature = "automation")]
+    if let Some(a) = e.extension::<crate::automation::AutomationError>() {
+        let mut detail = a.to_json();
+        detail["code"] = serde_json::json!(a.reason_code);
+        return detail;
+    }
+    match e {
+        Error::Extension(x) => x.to_json(),
+        _ => serde_json::json!({ "code": e.reason_code(), "message": e.to_string() }),
+    }
+}
+
 #[cfg(test)]
 mod state_tests {
     use std::path::{Path, PathBuf};

@@ -10,6 +10,8 @@ use stepwell::automation::{
 };
 use stepwell::{Error, Runtime};
 
+use super::render::Report;
+
 /// The `automations` subcommands.
 #[derive(Subcommand)]
 pub enum AutomationCommand {
@@ -139,78 +141,36 @@ fn json_arg(field: &str, text: &str) -> Result<Value, Error> {
     })
 }
 
-fn print(value: &Value, json: bool) {
-    if json {
-        println!("{value}");
-    } else {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(value).unwrap_or_default()
-        );
-    }
-}
-
-/// Runs one `automations` subcommand at `now`; `Ok(false)` when a command
-/// was rejected (the binary then exits 1).
-pub fn run(
+/// Runs one `automations` subcommand at `now` (exit status 1 when a
+/// command was rejected or a discussion's run failed).
+pub(crate) fn run(
     rt: &Runtime,
     command: AutomationCommand,
     now: DateTime<Utc>,
-    json: bool,
-) -> Result<bool, Error> {
-    match command {
+) -> Result<Report, Error> {
+    Ok(match command {
         AutomationCommand::Create { request } => {
-            let request = json_arg("--request", &request)?;
-            let c = create_automation(rt, &request, now, None)?;
+            let c = create_automation(rt, &json_arg("--request", &request)?, now, None)?;
             let out = serde_json::json!({
                 "automation_id": c.automation_id,
                 "revision": c.revision,
                 "created": c.created,
             });
-            if json {
-                println!("{out}");
-            } else {
-                println!(
-                    "automation {}  revision {}  {}",
-                    c.automation_id,
-                    c.revision,
-                    if c.created { "created" } else { "existed" }
-                );
-            }
+            let created = if c.created { "created" } else { "existed" };
+            Report::compact(&out).line(format!(
+                "automation {}  revision {}  {created}",
+                c.automation_id, c.revision
+            ))
         }
         AutomationCommand::List {
             status,
             cursor,
             limit,
-        } => {
-            let page = list_automations(rt, status.as_deref(), cursor.as_deref(), limit, now)?;
-            if json {
-                println!("{page}");
-            } else {
-                for item in page["items"].as_array().into_iter().flatten() {
-                    println!(
-                        "{}  {:9}  next {}  occurrences {}  {}",
-                        item["automation_id"].as_str().unwrap_or_default(),
-                        item["status"].as_str().unwrap_or_default(),
-                        item["next_fire_at"].as_str().unwrap_or("-"),
-                        item["occurrence_count"],
-                        item["title"].as_str().unwrap_or_default(),
-                    );
-                    if let Some(held) = item.get("held") {
-                        println!(
-                            "  held after {} failed tries, next try {}: {}",
-                            held["failures"],
-                            held["retry_at"].as_str().unwrap_or_default(),
-                            held["error"].as_str().unwrap_or_default(),
-                        );
-                    }
-                }
-                if let Some(c) = page["next_cursor"].as_str() {
-                    println!("more: --cursor {c}");
-                }
-            }
-        }
-        AutomationCommand::Show { id } => print(&show_automation(rt, &id, now)?, json),
+        } => page(
+            list_automations(rt, status.as_deref(), cursor.as_deref(), limit, now)?,
+            automation_lines,
+        ),
+        AutomationCommand::Show { id } => Report::value(&show_automation(rt, &id, now)?),
         AutomationCommand::Command {
             id,
             kind,
@@ -220,40 +180,15 @@ pub fn run(
             actor,
         } => {
             let payload = payload.map(|p| json_arg("--payload", &p)).transpose()?;
-            let answer = apply_automation_command(
-                rt,
-                &Command {
-                    automation_id: &id,
-                    command_id: &command_id,
-                    command_type: &kind,
-                    payload: payload.as_ref(),
-                    actor: actor.as_deref(),
-                    expected_revision,
-                },
-                now,
-            )?;
-            if json {
-                println!("{answer}");
-            } else {
-                let dup = if answer["duplicate"] == Value::Bool(true) {
-                    " (duplicate)"
-                } else {
-                    ""
-                };
-                match answer["status"].as_str() {
-                    Some("applied") => println!("applied{dup}"),
-                    _ => println!(
-                        "rejected{dup}: {}: {}{}",
-                        answer["error"]["reason_code"].as_str().unwrap_or_default(),
-                        answer["error"]["field"]
-                            .as_str()
-                            .map(|f| format!("{f}: "))
-                            .unwrap_or_default(),
-                        answer["error"]["message"].as_str().unwrap_or_default()
-                    ),
-                }
-            }
-            return Ok(answer["status"] == "applied");
+            let command = Command {
+                automation_id: &id,
+                command_id: &command_id,
+                command_type: &kind,
+                payload: payload.as_ref(),
+                actor: actor.as_deref(),
+                expected_revision,
+            };
+            answered(apply_automation_command(rt, &command, now)?)
         }
         AutomationCommand::Discuss {
             id,
@@ -262,103 +197,153 @@ pub fn run(
             prompt,
             workspace,
             actor,
-        } => {
-            let started = start_discussion(
-                rt,
-                &DiscussionRequest {
-                    automation_id: id,
-                    occurrence_index: occurrence,
-                    request_id,
-                    prompt,
-                    workspace_root: workspace,
-                    actor_id: actor,
-                },
-            )?;
-            let state = rt.tick(&started.run_id)?;
-            if json {
-                println!("{}", started.with_state(&state));
-            } else {
-                println!(
-                    "discussion {}  run {}  status {}",
-                    started.session_id,
-                    started.run_id,
-                    state.status.as_str()
-                );
-                if let Some(w) = &state.waiting {
-                    println!(
-                        "waiting: {}  key {}",
-                        w.prompt.as_deref().unwrap_or_default(),
-                        w.wait_key
-                    );
-                }
-                if let Some(o) = &state.output {
-                    println!("output: {o}");
-                }
-            }
-            return Ok(state.status != stepwell::RunStatus::Failed);
-        }
-        AutomationCommand::Occurrences { id, cursor, limit } => {
-            let page = list_occurrences(rt, &id, cursor.as_deref(), limit)?;
-            if json {
-                println!("{page}");
-            } else {
-                for o in page["items"].as_array().into_iter().flatten() {
-                    println!(
-                        "#{}  {:9}  attempts {}  fired {}  run {}",
-                        o["index"],
-                        o["status"].as_str().unwrap_or_default(),
-                        o["attempts"],
-                        o["fired_at"].as_str().unwrap_or("-"),
-                        o["run_id"].as_str().unwrap_or_default(),
-                    );
-                }
-                if let Some(c) = page["next_cursor"].as_str() {
-                    println!("more: --cursor {c}");
-                }
-            }
-        }
+        } => discuss(
+            rt,
+            &DiscussionRequest {
+                automation_id: id,
+                occurrence_index: occurrence,
+                request_id,
+                prompt,
+                workspace_root: workspace,
+                actor_id: actor,
+            },
+        )?,
+        AutomationCommand::Occurrences { id, cursor, limit } => page(
+            list_occurrences(rt, &id, cursor.as_deref(), limit)?,
+            occurrence_lines,
+        ),
         AutomationCommand::Waits { id, limit } => {
             let waits = pending_waits(rt, &id, limit)?;
-            if json {
-                println!("{}", Value::Array(waits));
-            } else {
-                for w in &waits {
-                    println!(
-                        "#{}  {}  run {}  key {}  {}",
-                        w["index"],
-                        w["kind"].as_str().unwrap_or_default(),
-                        w["run_id"].as_str().unwrap_or_default(),
-                        w["wait_key"].as_str().unwrap_or_default(),
-                        w["prompt"].as_str().unwrap_or_default(),
-                    );
-                }
-            }
+            Report::compact(&waits).lines(waits.iter().map(wait_line))
         }
         AutomationCommand::Attention {
             id,
             after_seq,
             cursor,
             limit,
-        } => {
-            let page = list_attention(rt, &id, after_seq, cursor.as_deref(), limit)?;
-            if json {
-                println!("{page}");
-            } else {
-                for a in page["items"].as_array().into_iter().flatten() {
-                    println!(
-                        "{}  {}  #{}  {}: {}",
-                        a["cursor"].as_str().unwrap_or_default(),
-                        a["kind"].as_str().unwrap_or_default(),
-                        a["index"],
-                        a["title"].as_str().unwrap_or_default(),
-                        a["body"].as_str().unwrap_or_default().replace('\n', " "),
-                    );
-                }
-                if let Some(c) = page["next_cursor"].as_str() {
-                    println!("more: --cursor {c}");
-                }
-            }
-        }
+        } => page(
+            list_attention(rt, &id, after_seq, cursor.as_deref(), limit)?,
+            attention_lines,
+        ),
+    })
+}
+
+/// An occurrence of `automations occurrences`, as a line.
+fn occurrence_lines(o: &Value) -> Vec<String> {
+    vec![format!(
+        "#{}  {:9}  attempts {}  fired {}  run {}",
+        o["index"],
+        o["status"].as_str().unwrap_or_default(),
+        o["attempts"],
+        o["fired_at"].as_str().unwrap_or("-"),
+        o["run_id"].as_str().unwrap_or_default(),
+    )]
+}
+
+/// A wait on a person of `automations waits`, as a line.
+fn wait_line(w: &Value) -> String {
+    format!(
+        "#{}  {}  run {}  key {}  {}",
+        w["index"],
+        w["kind"].as_str().unwrap_or_default(),
+        w["run_id"].as_str().unwrap_or_default(),
+        w["wait_key"].as_str().unwrap_or_default(),
+        w["prompt"].as_str().unwrap_or_default(),
+    )
+}
+
+/// An attention item of `automations attention`, as a line (its body on
+/// it).
+fn attention_lines(a: &Value) -> Vec<String> {
+    vec![format!(
+        "{}  {}  #{}  {}: {}",
+        a["cursor"].as_str().unwrap_or_default(),
+        a["kind"].as_str().unwrap_or_default(),
+        a["index"],
+        a["title"].as_str().unwrap_or_default(),
+        a["body"].as_str().unwrap_or_default().replace('\n', " "),
+    )]
+}
+
+/// A page (`{items, next_cursor}`): on one line with `--json`; as text,
+/// the lines `item` makes of each item, then how to see the next page.
+fn page(page: Value, item: impl Fn(&Value) -> Vec<String>) -> Report {
+    let lines: Vec<String> = page["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(item)
+        .collect();
+    let more = page["next_cursor"]
+        .as_str()
+        .map(|c| format!("more: --cursor {c}"));
+    Report::compact(&page).lines(lines).lines(more)
+}
+
+/// An automation of `automations list`: its line, and why it is held.
+fn automation_lines(item: &Value) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{}  {:9}  next {}  occurrences {}  {}",
+        item["automation_id"].as_str().unwrap_or_default(),
+        item["status"].as_str().unwrap_or_default(),
+        item["next_fire_at"].as_str().unwrap_or("-"),
+        item["occurrence_count"],
+        item["title"].as_str().unwrap_or_default(),
+    )];
+    if let Some(held) = item.get("held") {
+        lines.push(format!(
+            "  held after {} failed tries, next try {}: {}",
+            held["failures"],
+            held["retry_at"].as_str().unwrap_or_default(),
+            held["error"].as_str().unwrap_or_default(),
+        ));
     }
-    Ok(true)
+    lines
+}
+
+/// A command's answer: applied, or rejected and why (exit status 1).
+fn answered(answer: Value) -> Report {
+    let dup = if answer["duplicate"] == Value::Bool(true) {
+        " (duplicate)"
+    } else {
+        ""
+    };
+    let line = match answer["status"].as_str() {
+        Some("applied") => format!("applied{dup}"),
+        _ => format!(
+            "rejected{dup}: {}: {}{}",
+            answer["error"]["reason_code"].as_str().unwrap_or_default(),
+            answer["error"]["field"]
+                .as_str()
+                .map(|f| format!("{f}: "))
+                .unwrap_or_default(),
+            answer["error"]["message"].as_str().unwrap_or_default()
+        ),
+    };
+    let rejected = answer["status"] != "applied";
+    Report::compact(&answer).line(line).failed_if(rejected)
+}
+
+/// Starts (or finds) a discussion and ticks its run like `run` (exit
+/// status 1 when the run failed).
+fn discuss(rt: &Runtime, request: &DiscussionRequest) -> Result<Report, Error> {
+    let started = start_discussion(rt, request)?;
+    let state = rt.tick(&started.run_id)?;
+    let mut report = Report::compact(&started.with_state(&state)).line(format!(
+        "discussion {}  run {}  status {}",
+        started.session_id,
+        started.run_id,
+        state.status.as_str()
+    ));
+    if let Some(w) = &state.waiting {
+        report.push(format!(
+            "waiting: {}  key {}",
+            w.prompt.as_deref().unwrap_or_default(),
+            w.wait_key
+        ));
+    }
+    if let Some(o) = &state.output {
+        report.push(format!("output: {o}"));
+    }
+    Ok(report.failed_if(state.status == stepwell::RunStatus::Failed))
 }

@@ -7,6 +7,8 @@ use serde_json::{json, Value};
 use stepwell::triggers::Connections as _;
 use stepwell::{Error, Runtime};
 
+use super::render::Report;
+
 /// The `connections` subcommands.
 #[derive(Subcommand)]
 pub enum ConnectionCommand {
@@ -89,19 +91,33 @@ fn parse(field: &str, text: &str) -> Result<Value, Error> {
     })
 }
 
-fn print_connection(c: &Value) {
-    println!(
+/// A connection as a line: its id, source, status and label.
+fn connection_line(c: &Value) -> String {
+    format!(
         "{}  {}  {}  {}",
         c["connection_id"].as_str().unwrap_or_default(),
         c["source"].as_str().unwrap_or_default(),
         c["status"].as_str().unwrap_or_default(),
         c["label"].as_str().unwrap_or_default()
-    );
+    )
 }
 
+/// An answer on one line with `--json`; as text, a connection's line (when
+/// it is a connection) or the value indented.
+fn answer(out: &Value) -> Report {
+    if out.get("connection_id").is_some() && out.get("source").is_some() {
+        Report::compact(out).line(connection_line(out))
+    } else {
+        Report::value(out)
+    }
+}
+
+/// The secret, shown this once, as text.
+const SECRET_ONCE: &str = "(the secret is shown this once: keep it now)";
+
 /// Runs a `connections` subcommand.
-pub fn run(rt: &Runtime, command: ConnectionCommand, as_json: bool) -> Result<(), Error> {
-    let out = match command {
+pub(crate) fn run(rt: &Runtime, command: ConnectionCommand) -> Result<Report, Error> {
+    Ok(match command {
         ConnectionCommand::Create {
             source,
             label,
@@ -109,59 +125,50 @@ pub fn run(rt: &Runtime, command: ConnectionCommand, as_json: bool) -> Result<()
         } => {
             let created =
                 rt.create_connection(&source, label.as_deref(), &parse("--config", &config)?)?;
-            if !as_json {
-                println!("connection {}", created.connection_id);
-                if let Some(path) = &created.path {
-                    println!("path       {path}");
-                }
-                if let Some(secret) = &created.secret {
-                    println!("secret     {secret}");
-                    println!("(the secret is shown this once: keep it now)");
-                }
-                return Ok(());
+            let mut text = vec![format!("connection {}", created.connection_id)];
+            if let Some(path) = &created.path {
+                text.push(format!("path       {path}"));
             }
-            json!({"connection_id": created.connection_id, "secret": created.secret,
-                   "path": created.path, "connection": created.connection})
+            if let Some(secret) = &created.secret {
+                text.push(format!("secret     {secret}"));
+                text.push(SECRET_ONCE.into());
+            }
+            Report::compact(
+                &json!({"connection_id": created.connection_id, "secret": created.secret,
+                        "path": created.path, "connection": created.connection}),
+            )
+            .lines(text)
         }
         ConnectionCommand::List => {
             let all = rt.list_connections()?;
-            if !as_json {
-                for c in &all {
-                    print_connection(c);
-                }
-                return Ok(());
-            }
-            json!(all)
+            Report::compact(&json!(all)).lines(all.iter().map(connection_line))
         }
-        ConnectionCommand::Show { id } => stepwell::triggers::connection_view(&rt.connection(&id)?),
-        ConnectionCommand::Disable { id } => rt.set_connection_status(&id, "disabled")?,
-        ConnectionCommand::Enable { id } => rt.set_connection_status(&id, "active")?,
+        ConnectionCommand::Show { id } => {
+            answer(&stepwell::triggers::connection_view(&rt.connection(&id)?))
+        }
+        ConnectionCommand::Disable { id } => answer(&rt.set_connection_status(&id, "disabled")?),
+        ConnectionCommand::Enable { id } => answer(&rt.set_connection_status(&id, "active")?),
         ConnectionCommand::RotateSecret { id } => {
             let created = rt.rotate_connection_secret(&id)?;
-            if !as_json {
-                println!("secret     {}", created.secret.unwrap_or_default());
-                println!("(the secret is shown this once: keep it now)");
-                return Ok(());
-            }
-            json!({"connection_id": created.connection_id, "secret": created.secret})
+            let text = format!(
+                "secret     {}",
+                created.secret.as_deref().unwrap_or_default()
+            );
+            Report::compact(
+                &json!({"connection_id": created.connection_id, "secret": created.secret}),
+            )
+            .line(text)
+            .line(SECRET_ONCE)
         }
         ConnectionCommand::Send { id, data, subject } => {
-            rt.send_connection_event(&id, parse("--data", &data)?, subject.as_deref())?
+            answer(&rt.send_connection_event(&id, parse("--data", &data)?, subject.as_deref())?)
         }
         ConnectionCommand::Events { id, after, limit } => {
-            json!(rt.connection_events(&id, after, limit)?)
+            answer(&json!(rt.connection_events(&id, after, limit)?))
         }
         ConnectionCommand::Poll { id } => {
             let n = stepwell::triggers::feed::poll(rt, &id, true)?.unwrap_or(0);
-            json!({"connection_id": id, "appended": n})
+            answer(&json!({"connection_id": id, "appended": n}))
         }
-    };
-    if as_json {
-        println!("{}", serde_json::to_string(&out).unwrap_or_default());
-    } else if out.get("connection_id").is_some() && out.get("source").is_some() {
-        print_connection(&out);
-    } else {
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
-    }
-    Ok(())
+    })
 }

@@ -1,24 +1,36 @@
 //! `stepwell db migrate`: creates or migrates the store's schema.
 
+use clap::Subcommand;
 use stepwell::Error;
 
+use super::render::Report;
 use super::setup::Host;
 
-/// Opens the store (creating or migrating its schema) and prints the
-/// schema version it is at.
-pub(crate) fn migrate(host: &Host, json: bool) -> Result<(), Error> {
+/// The `db` subcommands.
+#[derive(Subcommand)]
+pub(crate) enum DbCommand {
+    /// Create the store's schema or migrate it to this build's version
+    /// (opening a store does too; this does only that, and prints the
+    /// version). Refused when the store was written by a newer stepwell.
+    Migrate,
+}
+
+/// Runs a `db` subcommand.
+pub(crate) fn run(host: &Host, command: DbCommand) -> Result<Report, Error> {
+    match command {
+        DbCommand::Migrate => migrate(host),
+    }
+}
+
+/// Opens the store (creating or migrating its schema); the schema version
+/// it is at.
+fn migrate(host: &Host) -> Result<Report, Error> {
     let spec = &host.spec;
     let version = spec.migrate(host.options.durability)?;
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"store": spec.to_string(), "schema_version": version})
-        );
-    } else {
-        match version {
-            Some(v) => println!("{spec}: schema version {v}"),
-            None => println!("{spec}: keeps no schema"),
-        }
-    }
-    Ok(())
+    let report =
+        Report::compact(&serde_json::json!({"store": spec.to_string(), "schema_version": version}));
+    Ok(report.line(match version {
+        Some(v) => format!("{spec}: schema version {v}"),
+        None => format!("{spec}: keeps no schema"),
+    }))
 }

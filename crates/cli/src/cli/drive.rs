@@ -1,32 +1,84 @@
-//! `stepwell drive`: the driver, once, until idle, or until stopped.
+//! `stepwell drive`: the driver, once, until idle, or until stopped. It
+//! prints as it goes: a report a pass, through the sink.
 
 use std::time::Duration;
 
-use stepwell::{Error, Runtime};
+use stepwell::{DriveReport, Error, Runtime};
 
-use super::render::note_failure;
+use super::render::{Report, Sink};
 
-/// `stepwell drive --until-idle`: passes until one moves nothing.
-pub(crate) fn until_idle(rt: &Runtime, json: bool) -> Result<(), Error> {
-    let report = stepwell::automation::drive_until_idle(rt, 1000)?;
-    if json {
-        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+/// What `stepwell drive` was asked.
+#[derive(clap::Args)]
+pub(crate) struct DriveArgs {
+    /// Do one pass and exit.
+    #[arg(long)]
+    once: bool,
+    /// Do passes until one moves nothing, then exit (controllers admit
+    /// and dispatch, occurrences run, parents resume).
+    #[arg(long, conflicts_with = "once")]
+    until_idle: bool,
+    /// Pause between passes, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    interval_ms: u64,
+}
+
+/// `stepwell drive`: passes until idle, one pass, or passes until stopped.
+pub(crate) fn run(rt: &Runtime, args: DriveArgs, sink: &Sink) -> Result<Report, Error> {
+    let DriveArgs {
+        once,
+        until_idle,
+        interval_ms,
+    } = args;
+    if until_idle {
+        self::until_idle(rt, sink)
     } else {
-        println!("passes {}  moved {}", report.passes, report.moved);
+        passes(rt, once, interval_ms, sink)
+    }
+}
+
+/// `stepwell drive --until-idle`: passes until one moves nothing (exit
+/// status 1 when something could not move).
+fn until_idle(rt: &Runtime, sink: &Sink) -> Result<Report, Error> {
+    let report = stepwell::automation::drive_until_idle(rt, 1000)?;
+    sink.show(
+        &Report::compact(&report).line(format!("passes {}  moved {}", report.passes, report.moved)),
+    );
+    for e in &report.errors {
+        sink.note(format_args!("  {}: {}", e.run_id, e.error));
+    }
+    // Something could not move: say so in the exit status.
+    Ok(Report::default().failed_if(!report.errors.is_empty()))
+}
+
+/// One pass as printed: its JSON, or (when it moved anything, had errors,
+/// or is the only one) a line of counts and its errors on stderr.
+fn pass(report: &DriveReport, once: bool) -> Report {
+    let mut out = Report::compact(report);
+    if !(report.moved_anything() || !report.errors.is_empty() || once) {
+        return out;
+    }
+    out.push(format!(
+        "due resumed {}  ticked {}  parents resumed {}  orphans cancelled {}  busy {}  quarantined {}  errors {}",
+        report.due_resumed.len(),
+        report.ticked.len(),
+        report.parents_resumed.len(),
+        report.orphans_cancelled.len(),
+        report.busy.len(),
+        report.quarantined.len(),
+        report.errors.len()
+    ));
+    for q in &report.quarantined {
+        out.push_err(format!("  {}: quarantined: {}", q.run_id, q.error));
     }
     for e in &report.errors {
-        eprintln!("  {}: {}", e.run_id, e.error);
+        out.push_err(format!("  {}: {}", e.run_id, e.error));
     }
-    if !report.errors.is_empty() {
-        // Something could not move: say so in the exit status.
-        note_failure();
-    }
-    Ok(())
+    out
 }
 
 /// `stepwell drive` (`--once`: one pass): the driver's passes, with the
 /// feeds polled and lost wakes swept, every `interval_ms` when idle.
-pub(crate) fn passes(rt: &Runtime, once: bool, interval_ms: u64, json: bool) -> Result<(), Error> {
+fn passes(rt: &Runtime, once: bool, interval_ms: u64, sink: &Sink) -> Result<Report, Error> {
     // The loop's feeds are polled in their own thread, never in the
     // driver's way (it runs until the process ends).
     if !once {
@@ -40,12 +92,12 @@ pub(crate) fn passes(rt: &Runtime, once: bool, interval_ms: u64, json: bool) -> 
         if once {
             // One pass: the due feeds are polled here, first.
             for (id, e) in &stepwell::triggers::feed_once(rt)?.failed {
-                eprintln!("  connection {id}: {e}");
+                sink.note(format_args!("  connection {id}: {e}"));
             }
         } else if let Err(e) = stepwell::triggers::sweep_once(rt) {
             // The driver sweeps for lost wakes; a store that is
             // away (a database restarting) is tried again.
-            eprintln!("error: the sweep failed: {e}");
+            sink.note(format_args!("error: the sweep failed: {e}"));
         }
         let report = match rt.drive_once() {
             Ok(report) => report,
@@ -53,34 +105,15 @@ pub(crate) fn passes(rt: &Runtime, once: bool, interval_ms: u64, json: bool) -> 
             Err(e) => {
                 // A long-running driver outlives a store outage:
                 // it says so and tries again after its pause.
-                eprintln!("error: the driver's pass failed: {e}");
+                sink.note(format_args!("error: the driver's pass failed: {e}"));
                 std::thread::sleep(Duration::from_millis(interval_ms.min(5000)));
                 continue;
             }
         };
-        if json {
-            println!("{}", serde_json::to_string(&report).unwrap_or_default());
-        } else if report.moved_anything() || !report.errors.is_empty() || once {
-            println!(
-            "due resumed {}  ticked {}  parents resumed {}  orphans cancelled {}  busy {}  quarantined {}  errors {}",
-            report.due_resumed.len(),
-            report.ticked.len(),
-            report.parents_resumed.len(),
-            report.orphans_cancelled.len(),
-            report.busy.len(),
-            report.quarantined.len(),
-            report.errors.len()
-        );
-            for q in &report.quarantined {
-                eprintln!("  {}: quarantined: {}", q.run_id, q.error);
-            }
-            for e in &report.errors {
-                eprintln!("  {}: {}", e.run_id, e.error);
-            }
-        }
-        std::io::Write::flush(&mut std::io::stdout()).ok();
+        sink.show(&pass(&report, once));
+        sink.flush();
         if once {
-            break;
+            return Ok(Report::default());
         }
         // A pass that moved something may have left more ready (a
         // chain of controller steps); otherwise wait for a signal
@@ -90,5 +123,4 @@ pub(crate) fn passes(rt: &Runtime, once: bool, interval_ms: u64, json: bool) -> 
             rt.store().wait_for_work(pause);
         }
     }
-    Ok(())
 }

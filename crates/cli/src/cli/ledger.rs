@@ -2,92 +2,105 @@
 //! at a time ([`stepwell::LEDGER_PAGE`] records), so a ledger of a million
 //! records costs the memory of a page.
 
-use std::io::Write;
 use std::time::Duration;
 
-use stepwell::{Error, Result, Runtime, StepRecord};
+use stepwell::{Error, Result, Runtime};
 
-/// `stepwell ledger RUN --verify`: checks the hash chain, prints the
-/// verdict, and returns an error naming the first bad record.
-pub fn verify(rt: &Runtime, run_id: &str, json: bool) -> Result<()> {
-    let check = rt.check_ledger(run_id)?;
-    let count = check.records;
-    match check.verdict {
-        Ok(head) => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"ok": true, "records": count, "head": head})
-                );
-            } else {
-                println!(
-                    "ok: {count} records, chain intact (head {})",
-                    head.as_deref().unwrap_or("-")
-                );
-            }
-            Ok(())
-        }
-        Err(b) => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"ok": false, "records": count, "break": b})
-                );
-            } else {
-                println!(
-                    "broken: record {} of {count} ({}) was {}",
-                    b.index, b.step_id, b.problem
-                );
-            }
-            Err(Error::Store(stepwell::StoreError::corrupt(format!(
-                "the ledger of run {run_id} fails verification at record {} ({})",
-                b.index, b.problem
-            ))))
-        }
+use super::render::{JsonArray, Report, Sink};
+
+/// What `stepwell ledger` was asked.
+#[derive(clap::Args)]
+pub(crate) struct LedgerArgs {
+    /// The run.
+    run_id: String,
+    /// Check the hash chain instead: report the first record that was
+    /// changed, removed or reordered (exit status 1 when one was).
+    #[arg(long)]
+    verify: bool,
+    /// Keep printing new records as they are appended (by any process),
+    /// until the run ends.
+    #[arg(long, conflicts_with = "verify")]
+    follow: bool,
+    /// With --follow: how often to look, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    poll_ms: u64,
+}
+
+/// `stepwell ledger`: the records as one JSON array (`--json`), a line
+/// each (a JSON object a line with `--json --follow`), or the chain's
+/// verdict (`--verify`).
+pub(crate) fn run(rt: &Runtime, args: LedgerArgs, sink: &Sink) -> Result<Report> {
+    let LedgerArgs {
+        run_id,
+        verify,
+        follow,
+        poll_ms,
+    } = args;
+    if verify {
+        return self::verify(rt, &run_id);
+    }
+    rt.get_state(&run_id)?;
+    // Followed, records are printed a JSON object a line.
+    let array = if follow { None } else { sink.json_array() };
+    match array {
+        Some(array) => json_array(rt, &run_id, array),
+        None => lines(rt, &run_id, follow, Duration::from_millis(poll_ms), sink),
     }
 }
 
-/// `stepwell ledger RUN --json`: the records as one JSON array (indented
-/// as `serde_json::to_string_pretty` indents a list), written a page at a
-/// time.
-pub fn print_json_array(rt: &Runtime, run_id: &str) -> Result<()> {
-    rt.get_state(run_id)?;
-    let out = std::io::stdout();
-    let mut out = std::io::BufWriter::new(out.lock());
-    let mut first = true;
+/// `stepwell ledger RUN --verify`: checks the hash chain; the verdict,
+/// failing with an error naming the first bad record.
+fn verify(rt: &Runtime, run_id: &str) -> Result<Report> {
+    let check = rt.check_ledger(run_id)?;
+    let count = check.records;
+    Ok(match check.verdict {
+        Ok(head) => Report::compact(
+            &serde_json::json!({"ok": true, "records": count, "head": head}),
+        )
+        .line(format!(
+            "ok: {count} records, chain intact (head {})",
+            head.as_deref().unwrap_or("-")
+        )),
+        Err(b) => {
+            let error = Error::Store(stepwell::StoreError::corrupt(format!(
+                "the ledger of run {run_id} fails verification at record {} ({})",
+                b.index, b.problem
+            )));
+            let line = format!(
+                "broken: record {} of {count} ({}) was {}",
+                b.index, b.step_id, b.problem
+            );
+            Report::compact(&serde_json::json!({"ok": false, "records": count, "break": b}))
+                .line(line)
+                .failing(error)
+        }
+    })
+}
+
+/// `stepwell ledger RUN --json`: the records as one JSON array, written a
+/// page at a time.
+fn json_array(rt: &Runtime, run_id: &str, mut array: JsonArray) -> Result<Report> {
     for page in rt.ledger_pages(run_id, 0) {
         for (_, r) in page? {
-            let text = serde_json::to_string_pretty(&r).unwrap_or_default();
-            let sep = if first { "[\n" } else { ",\n" };
-            first = false;
-            if write!(out, "{sep}  {}", text.replace('\n', "\n  ")).is_err() {
+            if !array.push(&r) {
                 // The reader went away (a closed pipe): nothing more to do.
-                return Ok(());
+                return Ok(Report::default());
             }
         }
     }
-    let _ = writeln!(out, "{}", if first { "[]" } else { "\n]" });
-    let _ = out.flush();
-    Ok(())
+    array.finish();
+    Ok(Report::default())
 }
 
 /// `stepwell ledger RUN [--follow]`: a line a record (a JSON object a line
 /// with `--json`), oldest first; with `follow`, new records as any process
 /// appends them, until the run ends.
-pub fn print_lines(
-    rt: &Runtime,
-    run_id: &str,
-    follow: bool,
-    poll: Duration,
-    json: bool,
-    print: fn(&StepRecord, bool),
-) -> Result<()> {
-    rt.get_state(run_id)?;
+fn lines(rt: &Runtime, run_id: &str, follow: bool, poll: Duration, sink: &Sink) -> Result<Report> {
     let mut shown = 0u64;
     let show_new = |shown: &mut u64| -> Result<()> {
         for page in rt.ledger_pages(run_id, *shown) {
             for (seq, r) in page? {
-                print(&r, json);
+                sink.show(&Report::record(&r));
                 *shown = seq;
             }
         }
@@ -97,9 +110,10 @@ pub fn print_lines(
         show_new(&mut shown)?;
         if !follow || rt.get_state(run_id)?.status.is_terminal() {
             // One more look: records of the final commit.
-            return show_new(&mut shown);
+            show_new(&mut shown)?;
+            return Ok(Report::default());
         }
-        std::io::stdout().flush().ok();
+        sink.flush();
         std::thread::sleep(poll);
     }
 }

@@ -1,14 +1,14 @@
 //! The binary's commands, one module each, over the library; `main.rs`
-//! parses the arguments and dispatches. What a command prints goes through
-//! `render` (a run, a record, figures; text or JSON). The benchmarks behind
-//! `stepwell bench` live here too, kept out of the library so an
-//! application embedding stepwell does not carry them.
+//! parses the arguments and dispatches. A command returns a
+//! `render::Report` (its text, its JSON, how it ends) and `render::Sink`
+//! prints it as text or JSON; a command that prints as it goes (`drive`,
+//! `ledger --follow`, `serve`) hands the sink a report at a time. No other
+//! module prints. `stepwell bench` runs the benchmarks' own binary,
+//! `stepwell-bench` (crates/bench), so neither the library nor this binary
+//! carries them.
 
 pub mod automations;
 pub mod bench;
-pub mod bench_http;
-pub mod bench_scale;
-pub mod benchmarks;
 pub mod connections;
 pub mod db;
 pub mod drive;

@@ -1,115 +1,294 @@
-//! How the binary prints what a command returns: a run, a ledger record,
-//! benchmark figures, as text or as JSON; and the exit status a failed run
-//! gives the command.
+//! The one renderer of the binary: a command returns a [`Report`] (its
+//! text, its JSON, the notes it has for standard error, how it ends), and
+//! the [`Sink`] prints it as text or as JSON (the global `--json`) and maps
+//! how it ended to the exit status. Commands that print as they go (the
+//! driver's passes, a followed ledger, the server's banner) hand their
+//! reports to the sink one at a time. No other module prints.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::Write;
+use std::process::ExitCode;
 
-use stepwell::{RunState, RunStatus, WaitReason};
+use serde::Serialize;
+use serde_json::Value;
+use stepwell::{Error, RunState, StepRecord, WaitReason};
 
-/// Whether a run this command executed ended `failed` (the command then
-/// exits 1, having printed the run as usual).
-static RUN_FAILED: AtomicBool = AtomicBool::new(false);
-
-/// Notes how a run that `run` or `resume` executed ended.
-pub(crate) fn note_outcome(state: &RunState) {
-    if state.status == RunStatus::Failed {
-        note_failure();
-    }
+/// What a command returns: what it prints, as text and as JSON, and how
+/// it ends. Empty, it prints nothing and succeeds.
+#[derive(Default)]
+#[must_use]
+pub(crate) struct Report {
+    /// Lines for standard error, printed first, as text and as JSON.
+    notes: Vec<String>,
+    /// What is printed without `--json`, a line each.
+    text: Vec<Line>,
+    /// What is printed with `--json` (one line, or an indented document).
+    json: Option<String>,
+    /// How the command ends once printed.
+    end: End,
 }
 
-/// Makes the command exit 1 (something it moved failed), having printed
-/// as usual.
-pub(crate) fn note_failure() {
-    RUN_FAILED.store(true, Ordering::Relaxed);
+/// A line of a report's text: on standard output, or on standard error.
+enum Line {
+    Out(String),
+    Err(String),
 }
 
-/// Whether [`note_failure`] was called.
-pub(crate) fn failed() -> bool {
-    RUN_FAILED.load(Ordering::Relaxed)
+/// How a command ends, once its report is printed.
+#[derive(Default)]
+enum End {
+    /// Exit 0.
+    #[default]
+    Done,
+    /// Exit 1 without an error: something the command moved failed (a run
+    /// ended `failed`, a command was rejected, a run could not move).
+    Failed,
+    /// Exit 1 with this error, printed after the report as any error is.
+    Error(Error),
 }
 
-/// Prints one ledger record: a line, or its JSON.
-pub(crate) fn print_record(r: &stepwell::StepRecord, json: bool) {
-    if json {
-        println!("{}", serde_json::to_string(r).unwrap_or_default());
-        return;
-    }
-    let what = match (&r.effect, &r.result) {
-        (Some(e), _) => e.kind.clone(),
-        (None, Some(v)) if v.get("resumed").is_some() => "resume".into(),
-        (None, Some(v)) if v.get("due").is_some() => "due".into(),
-        _ => "node".into(),
-    };
-    let detail = r
-        .error
-        .clone()
-        .or_else(|| r.result.as_ref().map(|v| v.to_string()))
-        .unwrap_or_default();
-    println!(
-        "{}  {:10} {:16} {:18} {}",
-        r.started_at,
-        r.status.as_str(),
-        r.node_id.as_deref().unwrap_or("-"),
-        what,
-        detail
-    );
-}
-
-/// Prints a run: its state as lines, or as JSON.
-pub(crate) fn print_run(run: &RunState, json: bool) {
-    if json {
-        println!("{}", serde_json::to_string_pretty(run).unwrap_or_default());
-        return;
-    }
-    println!(
-        "run {}  workflow {}  status {}",
-        run.run_id,
-        run.workflow_id,
-        run.status.as_str()
-    );
-    if let Some(w) = &run.waiting {
-        println!("waiting: {}  key {}", w.reason.as_str(), w.wait_key);
-        if let Some(p) = &w.prompt {
-            println!("prompt: {p}");
+impl Report {
+    /// A report whose JSON is `value` indented (`to_string_pretty`).
+    pub(crate) fn pretty(value: &(impl Serialize + ?Sized)) -> Report {
+        Report {
+            json: Some(serde_json::to_string_pretty(value).unwrap_or_default()),
+            ..Report::default()
         }
-        if let Some(u) = &w.until {
-            println!("until: {u}");
+    }
+
+    /// A report whose JSON is `value` on one line.
+    pub(crate) fn compact(value: &(impl Serialize + ?Sized)) -> Report {
+        Report {
+            json: Some(serde_json::to_string(value).unwrap_or_default()),
+            ..Report::default()
         }
-        let approval = w
-            .details
-            .as_ref()
-            .is_some_and(|d| d["mode"] == "approval_required");
-        match w.reason {
-            WaitReason::User if approval => println!(
-                "approve with: stepwell resume {id} --payload '{{\"approved\": true}}'  (or {{\"approved\": false, \"reason\": \"...\"}})",
-                id = run.run_id
-            ),
-            WaitReason::User => println!(
-                "resume with: stepwell resume {} --payload '{{\"text\": \"...\"}}'",
-                run.run_id
-            ),
-            WaitReason::Until => println!("the driver resumes it when due: stepwell drive"),
-            WaitReason::Subworkflow => {
-                println!("the driver resumes it when the child ends: stepwell drive")
+    }
+
+    /// A JSON value as the answer: on one line with `--json`, indented as
+    /// text.
+    pub(crate) fn value(value: &Value) -> Report {
+        Report::compact(value).line(serde_json::to_string_pretty(value).unwrap_or_default())
+    }
+
+    /// A run: its state as lines, or as indented JSON.
+    pub(crate) fn run(run: &RunState) -> Report {
+        let mut report = Report::pretty(run).line(format!(
+            "run {}  workflow {}  status {}",
+            run.run_id,
+            run.workflow_id,
+            run.status.as_str()
+        ));
+        if let Some(w) = &run.waiting {
+            report.push(format!(
+                "waiting: {}  key {}",
+                w.reason.as_str(),
+                w.wait_key
+            ));
+            if let Some(p) = &w.prompt {
+                report.push(format!("prompt: {p}"));
             }
-            _ => println!("resume with: stepwell resume {} --payload JSON", run.run_id),
+            if let Some(u) = &w.until {
+                report.push(format!("until: {u}"));
+            }
+            let approval = w
+                .details
+                .as_ref()
+                .is_some_and(|d| d["mode"] == "approval_required");
+            report.push(match w.reason {
+                WaitReason::User if approval => format!(
+                    "approve with: stepwell resume {id} --payload '{{\"approved\": true}}'  (or {{\"approved\": false, \"reason\": \"...\"}})",
+                    id = run.run_id
+                ),
+                WaitReason::User => format!(
+                    "resume with: stepwell resume {} --payload '{{\"text\": \"...\"}}'",
+                    run.run_id
+                ),
+                WaitReason::Until => "the driver resumes it when due: stepwell drive".into(),
+                WaitReason::Subworkflow => {
+                    "the driver resumes it when the child ends: stepwell drive".into()
+                }
+                _ => format!("resume with: stepwell resume {} --payload JSON", run.run_id),
+            });
         }
+        if let Some(out) = &run.output {
+            report.push(format!("output: {out}"));
+        }
+        if let Some(err) = &run.error {
+            report.push(format!("error: {err}"));
+        }
+        report
     }
-    if let Some(out) = &run.output {
-        println!("output: {out}");
+
+    /// One ledger record: a line, or its JSON on one line.
+    pub(crate) fn record(r: &StepRecord) -> Report {
+        let what = match (&r.effect, &r.result) {
+            (Some(e), _) => e.kind.clone(),
+            (None, Some(v)) if v.get("resumed").is_some() => "resume".into(),
+            (None, Some(v)) if v.get("due").is_some() => "due".into(),
+            _ => "node".into(),
+        };
+        let detail = r
+            .error
+            .clone()
+            .or_else(|| r.result.as_ref().map(|v| v.to_string()))
+            .unwrap_or_default();
+        Report::compact(r).line(format!(
+            "{}  {:10} {:16} {:18} {}",
+            r.started_at,
+            r.status.as_str(),
+            r.node_id.as_deref().unwrap_or("-"),
+            what,
+            detail
+        ))
     }
-    if let Some(err) = &run.error {
-        println!("error: {err}");
+
+    /// Adds a line of text.
+    pub(crate) fn line(self, line: impl Into<String>) -> Report {
+        self.lines([line.into()])
+    }
+
+    /// Adds lines of text.
+    pub(crate) fn lines(mut self, lines: impl IntoIterator<Item = String>) -> Report {
+        for line in lines {
+            self.push(line);
+        }
+        self
+    }
+
+    /// Adds a line of text (in place).
+    pub(crate) fn push(&mut self, line: impl Into<String>) {
+        self.text.push(Line::Out(line.into()));
+    }
+
+    /// Adds a line of the text that goes to standard error, in its place
+    /// among the text's lines (without `--json` only).
+    pub(crate) fn push_err(&mut self, line: impl Into<String>) {
+        self.text.push(Line::Err(line.into()));
+    }
+
+    /// Adds a note: a line for standard error, printed before the rest,
+    /// with or without `--json`.
+    pub(crate) fn note(&mut self, line: impl Into<String>) {
+        self.notes.push(line.into());
+    }
+
+    /// Makes the command exit 1 when `failed`, having printed as usual.
+    pub(crate) fn failed_if(mut self, failed: bool) -> Report {
+        if failed {
+            self.end = End::Failed;
+        }
+        self
+    }
+
+    /// Makes the command fail with `error`, printed after the report.
+    pub(crate) fn failing(mut self, error: Error) -> Report {
+        self.end = End::Error(error);
+        self
     }
 }
 
-/// Prints benchmark figures: one JSON object, or a line each.
-pub(crate) fn print_figures(figures: &serde_json::Value, json: bool) {
-    if json {
-        println!("{figures}");
-    } else {
-        for (k, v) in figures.as_object().into_iter().flatten() {
-            println!("{k:32} {v}");
+/// Where reports are printed: standard output and error, as text or as
+/// JSON.
+pub(crate) struct Sink {
+    json: bool,
+}
+
+impl Sink {
+    /// Prints as JSON when `json` (the global `--json`), else as text.
+    pub(crate) fn new(json: bool) -> Sink {
+        Sink { json }
+    }
+
+    /// Prints `report`: its notes, then its text or its JSON.
+    pub(crate) fn show(&self, report: &Report) {
+        for note in &report.notes {
+            eprintln!("{note}");
         }
+        if self.json {
+            if let Some(json) = &report.json {
+                println!("{json}");
+            }
+            return;
+        }
+        for line in &report.text {
+            match line {
+                Line::Out(l) => println!("{l}"),
+                Line::Err(l) => eprintln!("{l}"),
+            }
+        }
+    }
+
+    /// A line on standard error now (what a command that prints as it goes
+    /// has to say beside its reports).
+    pub(crate) fn note(&self, line: impl std::fmt::Display) {
+        eprintln!("{line}");
+    }
+
+    /// Hands what was printed to the reader now (before a command waits).
+    pub(crate) fn flush(&self) {
+        std::io::stdout().flush().ok();
+    }
+
+    /// With `--json`: one JSON array to print items into as they are read
+    /// (a ledger of any length in the memory of a page); `None` as text.
+    pub(crate) fn json_array(&self) -> Option<JsonArray> {
+        self.json.then(|| JsonArray {
+            out: std::io::BufWriter::new(std::io::stdout().lock()),
+            first: true,
+        })
+    }
+
+    /// Prints what a command returned and gives the exit status: 0 when
+    /// it succeeded, 1 (having printed the error) when it failed.
+    pub(crate) fn finish(&self, result: Result<Report, Error>) -> ExitCode {
+        let report = match result {
+            Ok(report) => report,
+            Err(e) => Report::default().failing(e),
+        };
+        self.show(&report);
+        match report.end {
+            End::Done => ExitCode::SUCCESS,
+            End::Failed => ExitCode::FAILURE,
+            End::Error(e) => {
+                self.error(&e);
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    /// Prints an error on standard error: `error: ...`, or with `--json`
+    /// `{"error": {"code": ..., "message": ...}}`.
+    fn error(&self, e: &Error) {
+        if self.json {
+            eprintln!(
+                "{}",
+                serde_json::json!({ "error": stepwell::host::error_json(e) })
+            );
+        } else {
+            eprintln!("error: {e}");
+        }
+    }
+}
+
+/// A JSON array printed an item at a time, indented as
+/// `serde_json::to_string_pretty` indents a list.
+pub(crate) struct JsonArray {
+    out: std::io::BufWriter<std::io::StdoutLock<'static>>,
+    first: bool,
+}
+
+impl JsonArray {
+    /// Prints one more item; `false` when the reader went away (a closed
+    /// pipe): nothing more is worth printing.
+    pub(crate) fn push(&mut self, item: &(impl Serialize + ?Sized)) -> bool {
+        let text = serde_json::to_string_pretty(item).unwrap_or_default();
+        let sep = if self.first { "[\n" } else { ",\n" };
+        self.first = false;
+        write!(self.out, "{sep}  {}", text.replace('\n', "\n  ")).is_ok()
+    }
+
+    /// Closes the array (`[]` when it is empty).
+    pub(crate) fn finish(mut self) {
+        let _ = writeln!(self.out, "{}", if self.first { "[]" } else { "\n]" });
+        let _ = self.out.flush();
     }
 }

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use stepwell::{Error, RunQuery, RunStatus, Runtime, StartOptions, WaitReason};
 
 use super::input::{parse_json, parse_object};
-use super::render::{note_outcome, print_run};
+use super::render::Report;
 
 /// How many runs `stepwell list` shows without `--limit`.
 const DEFAULT_LIST_LIMIT: usize = 100;
@@ -45,8 +45,8 @@ pub(crate) struct RunArgs {
 }
 
 /// `stepwell run`: loads the bundle, starts the run and ticks it until it
-/// waits or ends.
-pub(crate) fn run(rt: &Runtime, args: RunArgs, json: bool) -> Result<(), Error> {
+/// waits or ends (exit status 1 when it failed).
+pub(crate) fn run(rt: &Runtime, args: RunArgs) -> Result<Report, Error> {
     let RunArgs {
         flow_dir,
         vars,
@@ -96,71 +96,99 @@ pub(crate) fn run(rt: &Runtime, args: RunArgs, json: bool) -> Result<(), Error> 
             ..StartOptions::default()
         },
     )?;
-    print_run(&state, json);
-    note_outcome(&state);
-    Ok(())
+    Ok(finished(&state))
+}
+
+/// A run that `run` or `resume` executed: exit status 1 when it failed.
+fn finished(state: &stepwell::RunState) -> Report {
+    Report::run(state).failed_if(state.status == RunStatus::Failed)
+}
+
+/// What `stepwell resume` was asked.
+#[derive(clap::Args)]
+pub(crate) struct ResumeArgs {
+    /// The run.
+    run_id: String,
+    /// The payload, JSON (for ask_user: {"text": "..."}).
+    #[arg(long)]
+    payload: String,
+    /// The wait key (default: the key the run waits on now).
+    #[arg(long)]
+    wait_key: Option<String>,
 }
 
 /// `stepwell resume`: resumes the wait `wait_key` (default: whatever the
-/// run waits on now) with `payload`.
-pub(crate) fn resume(
-    rt: &Runtime,
-    run_id: &str,
-    payload: &str,
-    wait_key: Option<&str>,
-    json: bool,
-) -> Result<(), Error> {
-    let payload = parse_json("--payload", payload)?;
+/// run waits on now) with `payload` (exit status 1 when the run failed).
+pub(crate) fn resume(rt: &Runtime, args: ResumeArgs) -> Result<Report, Error> {
+    let ResumeArgs {
+        run_id,
+        payload,
+        wait_key,
+    } = args;
+    let payload = parse_json("--payload", &payload)?;
     // Without a key: whatever the run waits on now, checked and
     // resumed in one transaction.
     let state = match wait_key {
-        Some(k) => rt.resume(run_id, k, payload)?,
-        None => rt.respond(run_id, payload)?,
+        Some(k) => rt.resume(&run_id, &k, payload)?,
+        None => rt.respond(&run_id, payload)?,
     };
-    print_run(&state, json);
-    note_outcome(&state);
-    Ok(())
+    Ok(finished(&state))
 }
 
 /// `stepwell list --quarantined`: the runs the driver set aside.
-pub(crate) fn list_quarantined(rt: &Runtime, json: bool) -> Result<(), Error> {
+fn list_quarantined(rt: &Runtime) -> Result<Report, Error> {
     let found = rt.store().list_quarantined()?;
-    if json {
-        let rows: Vec<Value> = found
-            .iter()
-            .map(|(id, why)| serde_json::json!({"run_id": id, "reason": why}))
-            .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&rows).unwrap_or_default()
-        );
-    } else {
-        for (id, why) in found {
-            println!("{id}  quarantined  {why}");
-        }
+    let rows: Vec<Value> = found
+        .iter()
+        .map(|(id, why)| serde_json::json!({"run_id": id, "reason": why}))
+        .collect();
+    let mut report = Report::pretty(&rows);
+    for (id, why) in found {
+        report.push(format!("{id}  quarantined  {why}"));
     }
-    Ok(())
+    Ok(report)
 }
 
 /// What `stepwell list` was asked.
+#[derive(clap::Args)]
 pub(crate) struct ListArgs {
-    pub(crate) status: Option<String>,
-    pub(crate) wait_reason: Option<String>,
-    pub(crate) workflow: Option<String>,
-    pub(crate) limit: Option<usize>,
-    pub(crate) after: Option<String>,
+    /// Only runs with this status (running, waiting, completed, failed, cancelled).
+    #[arg(long)]
+    status: Option<String>,
+    /// Only waiting runs with this reason (event, until, user, job, subworkflow).
+    #[arg(long)]
+    wait_reason: Option<String>,
+    /// Only runs of this workflow.
+    #[arg(long)]
+    workflow: Option<String>,
+    /// At most this many runs (default 100; when more match, a line on
+    /// standard error says how to see the next ones).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Only the runs listed after this one (the last run of the page
+    /// before).
+    #[arg(long)]
+    after: Option<String>,
+    /// List the quarantined runs (set aside because they cannot be
+    /// read or committed) and why, instead.
+    #[arg(long)]
+    quarantined: bool,
 }
 
 /// `stepwell list`: a page of runs, newest first, and the cursor of the
-/// next page on stderr.
-pub(crate) fn list(rt: &Runtime, args: ListArgs, json: bool) -> Result<(), Error> {
+/// next page on stderr (`--quarantined`: the runs set aside).
+pub(crate) fn list(rt: &Runtime, args: ListArgs) -> Result<Report, Error> {
     let ListArgs {
         status,
         wait_reason,
         workflow,
         limit,
         after,
+        quarantined,
     } = args;
+    if quarantined {
+        return list_quarantined(rt);
+    }
     let query = RunQuery {
         status: status
             .map(|s| {
@@ -192,35 +220,28 @@ pub(crate) fn list(rt: &Runtime, args: ListArgs, json: bool) -> Result<(), Error
     }
     let mut runs = rt.list_runs(&query)?;
     let shown = limit.unwrap_or(DEFAULT_LIST_LIMIT);
-    if runs.len() > shown {
-        runs.truncate(shown);
-        if let Some(last) = runs.last() {
-            eprintln!(
-                "more runs: the next with --after {}, or more at once with --limit",
-                last.run_id
-            );
-        }
+    let more = runs.len() > shown;
+    runs.truncate(shown);
+    let mut report = Report::pretty(&runs);
+    if let (true, Some(last)) = (more, runs.last()) {
+        report.note(format!(
+            "more runs: the next with --after {}, or more at once with --limit",
+            last.run_id
+        ));
     }
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&runs).unwrap_or_default()
-        );
-    } else {
-        for r in runs {
-            let wait = r
-                .waiting
-                .as_ref()
-                .map(|w| format!("{} {}", w.reason.as_str(), w.wait_key))
-                .unwrap_or_default();
-            println!(
-                "{}  {:20} {:10} {}",
-                r.run_id,
-                r.workflow_id,
-                r.status.as_str(),
-                wait
-            );
-        }
+    for r in runs {
+        let wait = r
+            .waiting
+            .as_ref()
+            .map(|w| format!("{} {}", w.reason.as_str(), w.wait_key))
+            .unwrap_or_default();
+        report.push(format!(
+            "{}  {:20} {:10} {}",
+            r.run_id,
+            r.workflow_id,
+            r.status.as_str(),
+            wait
+        ));
     }
-    Ok(())
+    Ok(report)
 }

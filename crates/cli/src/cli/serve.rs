@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use stepwell::{Error, Runtime};
 
+use super::render::{Report, Sink};
 use super::setup::Host;
 
 /// What `stepwell serve` was asked (its flags, docs/cli.md).
@@ -53,8 +54,9 @@ pub(crate) struct ServeArgs {
     pub(crate) max_body_bytes_in_flight: usize,
 }
 
-/// Serves until SIGTERM or Ctrl-C; prints where, and the token file.
-pub(crate) fn run(rt: Runtime, host: &Host, args: ServeArgs, json: bool) -> Result<(), Error> {
+/// Serves until SIGTERM or Ctrl-C; prints where, and the token file,
+/// first (through the sink: the command prints as it goes).
+pub(crate) fn run(rt: Runtime, host: &Host, args: ServeArgs, sink: &Sink) -> Result<Report, Error> {
     let ServeArgs {
         listen,
         token_file: _, // resolved by the set-up (host.serve_token)
@@ -96,27 +98,24 @@ pub(crate) fn run(rt: Runtime, host: &Host, args: ServeArgs, json: bool) -> Resu
     options.dashboard_dir = super::environment::dashboard_dir();
     let server = stepwell_serve::Server::bind(rt, options)?;
     let url = format!("http://{}/", server.local_addr());
+    let mut banner = Report::compact(
+        &serde_json::json!({"url": url, "token_file": token_file.display().to_string()}),
+    )
+    .line(format!("stepwell serve: {url}"))
+    .line(format!("token file: {}", token_file.display()))
+    .line(format!(
+        "try: curl -H \"Authorization: Bearer $(cat {})\" {url}v1/runs",
+        token_file.display()
+    ));
     if !server.local_addr().ip().is_loopback() {
-        eprintln!(
-            "warning: listening beyond loopback: the token travels in cleartext; put a TLS proxy in front"
+        banner.note(
+            "warning: listening beyond loopback: the token travels in cleartext; put a TLS proxy in front",
         );
     }
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"url": url, "token_file": token_file.display().to_string()})
-        );
-    } else {
-        println!("stepwell serve: {url}");
-        println!("token file: {}", token_file.display());
-        println!(
-            "try: curl -H \"Authorization: Bearer $(cat {})\" {url}v1/runs",
-            token_file.display()
-        );
-    }
-    std::io::Write::flush(&mut std::io::stdout()).ok();
+    sink.show(&banner);
+    sink.flush();
     server.run()?;
-    Ok(())
+    Ok(Report::default())
 }
 
 /// Starts the `tracing` subscriber of `serve`: text or JSON lines on

@@ -8,6 +8,8 @@ use stepwell::sessions::{
 };
 use stepwell::{Error, Runtime};
 
+use super::render::Report;
+
 /// The `sessions` subcommands.
 #[derive(Subcommand)]
 pub enum SessionCommand {
@@ -46,8 +48,8 @@ pub enum SessionCommand {
 }
 
 /// Runs one `sessions` subcommand.
-pub fn run(rt: &Runtime, command: SessionCommand, json: bool) -> Result<(), Error> {
-    match command {
+pub(crate) fn run(rt: &Runtime, command: SessionCommand) -> Result<Report, Error> {
+    Ok(match command {
         SessionCommand::Turns {
             session,
             automation_id,
@@ -65,25 +67,23 @@ pub fn run(rt: &Runtime, command: SessionCommand, json: bool) -> Result<(), Erro
                 },
             )?;
             let turns: Vec<Turn> = turns.iter().map(Turn::of).collect();
-            if json {
-                let items: Vec<Value> = turns.iter().map(Turn::to_json).collect();
-                println!("{}", Value::Array(items));
-            } else {
-                for t in &turns {
-                    let occurrence = t
-                        .occurrence
-                        .as_ref()
-                        .map(|(_, i)| format!("  occurrence {i}"))
-                        .unwrap_or_default();
-                    println!(
-                        "{}  {:9}  {}  {}{occurrence}",
-                        t.run_id,
-                        t.status.as_str(),
-                        t.created_at,
-                        t.workflow_id
-                    );
-                }
+            let items: Vec<Value> = turns.iter().map(Turn::to_json).collect();
+            let mut report = Report::compact(&Value::Array(items));
+            for t in &turns {
+                let occurrence = t
+                    .occurrence
+                    .as_ref()
+                    .map(|(_, i)| format!("  occurrence {i}"))
+                    .unwrap_or_default();
+                report.push(format!(
+                    "{}  {:9}  {}  {}{occurrence}",
+                    t.run_id,
+                    t.status.as_str(),
+                    t.created_at,
+                    t.workflow_id
+                ));
             }
+            report
         }
         SessionCommand::History {
             session,
@@ -105,22 +105,18 @@ pub fn run(rt: &Runtime, command: SessionCommand, json: bool) -> Result<(), Erro
                 "messages": history.messages,
                 "report": history.report.to_json(),
             });
-            if json {
-                println!("{out}");
-            } else {
-                for m in &history.messages {
-                    println!(
-                        "{}: {}",
-                        m["role"].as_str().unwrap_or_default(),
-                        m["content"].as_str().unwrap_or_default()
-                    );
-                }
-                println!(
-                    "({} message(s) replayed, {} dropped)",
-                    history.report.replayed_messages, history.report.dropped_messages
-                );
+            let mut report = Report::compact(&out);
+            for m in &history.messages {
+                report.push(format!(
+                    "{}: {}",
+                    m["role"].as_str().unwrap_or_default(),
+                    m["content"].as_str().unwrap_or_default()
+                ));
             }
+            report.line(format!(
+                "({} message(s) replayed, {} dropped)",
+                history.report.replayed_messages, history.report.dropped_messages
+            ))
         }
-    }
-    Ok(())
+    })
 }

@@ -26,29 +26,7 @@ pub(crate) fn host(cli: &Cli) -> Result<Host, Error> {
         Some(text) => StoreSpec::parse(text)?,
         None => StoreSpec::Sqlite(cli.db.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DB))),
     };
-    if !(1..=65_536).contains(&cli.guest_memory_mib) {
-        return Err(Error::InvalidInput {
-            field: "--guest-memory-mib".into(),
-            message: format!("{} is not between 1 and 65536", cli.guest_memory_mib),
-        });
-    }
-    if cli.guest_time_ms == 0 {
-        return Err(Error::InvalidInput {
-            field: "--guest-time-ms".into(),
-            message: "must be at least 1".into(),
-        });
-    }
-    let memory_limit_bytes = cli.guest_memory_mib << 20;
-    let limits = SandboxLimits {
-        time_limit: Duration::from_millis(cli.guest_time_ms),
-        memory_limit_bytes,
-        // All live guests together: at least 1 GiB, and room for four at
-        // the guest limit.
-        total_memory_bytes: SandboxLimits::default()
-            .total_memory_bytes
-            .max(memory_limit_bytes.saturating_mul(4)),
-        ..SandboxLimits::default()
-    };
+    let limits = limits(cli)?;
     let durability = cli
         .durability
         .as_deref()
@@ -59,26 +37,7 @@ pub(crate) fn host(cli: &Cli) -> Result<Host, Error> {
             })
         })
         .transpose()?;
-    let fixed_now = cli
-        .now
-        .as_deref()
-        .map(|t| {
-            let t = stepwell::automation::parse_timestamp(t, "--now").map_err(|e| {
-                Error::InvalidInput {
-                    field: "--now".into(),
-                    message: e.message,
-                }
-            })?;
-            if t.timestamp() < 0 {
-                // Guests count time from 1970 (wit.md, `node-input.now`).
-                return Err(Error::InvalidInput {
-                    field: "--now".into(),
-                    message: format!("{} is before 1970", stepwell::core::clock::format_time(t)),
-                });
-            }
-            Ok(t)
-        })
-        .transpose()?;
+    let fixed_now = fixed_now(cli)?;
     // The server's token file, wherever it is, is out of every tool's
     // reach (a tool that read it would put it in a ledger).
     let state_home = super::environment::state_home();
@@ -126,4 +85,55 @@ pub(crate) fn host(cli: &Cli) -> Result<Host, Error> {
         options,
         serve_token,
     })
+}
+
+/// The bounds of one guest call the `--guest-*` flags set.
+fn limits(cli: &Cli) -> Result<SandboxLimits, Error> {
+    if !(1..=65_536).contains(&cli.guest_memory_mib) {
+        return Err(Error::InvalidInput {
+            field: "--guest-memory-mib".into(),
+            message: format!("{} is not between 1 and 65536", cli.guest_memory_mib),
+        });
+    }
+    if cli.guest_time_ms == 0 {
+        return Err(Error::InvalidInput {
+            field: "--guest-time-ms".into(),
+            message: "must be at least 1".into(),
+        });
+    }
+    let memory_limit_bytes = cli.guest_memory_mib << 20;
+    Ok(SandboxLimits {
+        time_limit: Duration::from_millis(cli.guest_time_ms),
+        memory_limit_bytes,
+        // All live guests together: at least 1 GiB, and room for four at
+        // the guest limit.
+        total_memory_bytes: SandboxLimits::default()
+            .total_memory_bytes
+            .max(memory_limit_bytes.saturating_mul(4)),
+        ..SandboxLimits::default()
+    })
+}
+
+/// The time `--now` fixes the clock at, if given (RFC 3339, not before
+/// 1970).
+fn fixed_now(cli: &Cli) -> Result<Option<chrono::DateTime<chrono::Utc>>, Error> {
+    cli.now
+        .as_deref()
+        .map(|t| {
+            let t = stepwell::automation::parse_timestamp(t, "--now").map_err(|e| {
+                Error::InvalidInput {
+                    field: "--now".into(),
+                    message: e.message,
+                }
+            })?;
+            if t.timestamp() < 0 {
+                // Guests count time from 1970 (wit.md, `node-input.now`).
+                return Err(Error::InvalidInput {
+                    field: "--now".into(),
+                    message: format!("{} is before 1970", stepwell::core::clock::format_time(t)),
+                });
+            }
+            Ok(t)
+        })
+        .transpose()
 }

@@ -2,11 +2,52 @@
 
 use std::path::PathBuf;
 
-use serde_json::Value;
+use clap::Subcommand;
 use stepwell::{Error, SandboxLimits};
 
 use super::input::{parse_json, parse_time_arg};
-use crate::TriggerCommand;
+use super::render::Report;
+
+/// The `triggers` subcommands.
+#[derive(Subcommand)]
+pub(crate) enum TriggerCommand {
+    /// List every source with its descriptor and availability.
+    List,
+    /// Validate a config; prints it with its defaults filled in.
+    Validate {
+        /// SOURCE@VERSION, for example schedule@1.
+        source: String,
+        /// The config, a JSON object. The creation time is the global
+        /// `--now` (default: the current time).
+        #[arg(long)]
+        config: String,
+    },
+    /// Print the next fire times, as the source computes them.
+    Preview {
+        /// SOURCE@VERSION.
+        source: String,
+        /// The config, a JSON object.
+        #[arg(long)]
+        config: String,
+        /// Start from this time (default: now), RFC 3339.
+        #[arg(long)]
+        from: Option<String>,
+        /// How many fire times.
+        #[arg(long, default_value_t = 5)]
+        count: usize,
+    },
+    /// Call one method (validate, initial-state, prepare, admit, rearm,
+    /// normalize) with its arguments as one JSON object; print the result.
+    Call {
+        /// SOURCE@VERSION.
+        source: String,
+        /// The method.
+        method: String,
+        /// The arguments, for example {"binding": {...}, "state": {...}, "now": "..."}.
+        #[arg(long)]
+        input: String,
+    },
+}
 
 /// Lists, validates, previews or calls the trigger sources (the built-in
 /// ones and `dir`'s), compiled into `cache_dir`.
@@ -16,36 +57,32 @@ pub(crate) fn run(
     dir: Option<PathBuf>,
     command: TriggerCommand,
     now: Option<String>,
-    json: bool,
-) -> Result<(), Error> {
+) -> Result<Report, Error> {
     let engine = stepwell::WasmEngine::new(stepwell::EngineConfig {
         cache_dir,
         limits,
         digests: None,
     })?;
     let registry = stepwell::triggers::TriggerRegistry::load(&engine, dir.as_deref())?;
-    let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_default();
-    match command {
+    Ok(match command {
         TriggerCommand::List => {
-            if json {
-                println!("{}", pretty(&serde_json::json!(registry.entries())));
-            } else {
-                for e in registry.entries() {
-                    let origin = match &e.origin {
-                        stepwell::triggers::Origin::Builtin => "builtin".to_string(),
-                        stepwell::triggers::Origin::Plugin(p) => p.display().to_string(),
-                    };
-                    let label = e
-                        .descriptor
-                        .as_ref()
-                        .map(|d| d.label.as_str())
-                        .unwrap_or("-");
-                    match &e.reason {
-                        None => println!("{:16} available    {label}  ({origin})", e.name),
-                        Some(r) => println!("{:16} unavailable  {r}  ({origin})", e.name),
-                    }
-                }
+            let mut report = Report::pretty(&serde_json::json!(registry.entries()));
+            for e in registry.entries() {
+                let origin = match &e.origin {
+                    stepwell::triggers::Origin::Builtin => "builtin".to_string(),
+                    stepwell::triggers::Origin::Plugin(p) => p.display().to_string(),
+                };
+                let label = e
+                    .descriptor
+                    .as_ref()
+                    .map(|d| d.label.as_str())
+                    .unwrap_or("-");
+                report.push(match &e.reason {
+                    None => format!("{:16} available    {label}  ({origin})", e.name),
+                    Some(r) => format!("{:16} unavailable  {r}  ({origin})", e.name),
+                });
             }
+            report
         }
         TriggerCommand::Validate { source, config } => {
             let now = parse_time_arg("--now", now)?;
@@ -56,7 +93,7 @@ pub(crate) fn run(
                 &serde_json::json!({"config": config}),
                 now,
             )?;
-            println!("{}", if json { out.to_string() } else { pretty(&out) });
+            Report::value(&out)
         }
         TriggerCommand::Preview {
             source,
@@ -67,18 +104,15 @@ pub(crate) fn run(
             let from = parse_time_arg("--from", from)?;
             let preview =
                 registry.preview(&source, &parse_json("--config", &config)?, from, count)?;
-            if json {
-                println!("{}", pretty(&serde_json::json!(preview)));
-            } else {
-                for f in &preview.fires {
-                    println!("{}  {}  {}", f.fired_at, f.event_id, f.payload);
-                }
-                println!(
-                    "({} fire times; ends: {})",
-                    preview.fires.len(),
-                    preview.end
-                );
+            let mut report = Report::pretty(&serde_json::json!(preview));
+            for f in &preview.fires {
+                report.push(format!("{}  {}  {}", f.fired_at, f.event_id, f.payload));
             }
+            report.line(format!(
+                "({} fire times; ends: {})",
+                preview.fires.len(),
+                preview.end
+            ))
         }
         TriggerCommand::Call {
             source,
@@ -91,8 +125,7 @@ pub(crate) fn run(
                 &parse_json("--input", &input)?,
                 chrono::Utc::now(),
             )?;
-            println!("{}", if json { out.to_string() } else { pretty(&out) });
+            Report::value(&out)
         }
-    }
-    Ok(())
+    })
 }

@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 use stepwell::store::{Fence, LeaseAfter, SqliteStore};
 use stepwell::{ManualClock, Result, RunStatus, Runtime, StartOptions};
 
-use super::bench::{bench_err, median, raw_commits, Scratch};
+use super::bench::{bench_err, median, raw_commits, stepwell_exe, Scratch};
 
 /// What `--scale` measures with.
 #[derive(Debug, Clone)]
@@ -31,7 +31,8 @@ pub struct ScaleOptions {
     pub automations: usize,
     /// Run only the figures whose names contain this text.
     pub only: Option<String>,
-    /// The `stepwell` binary whose memory is measured (default: this one).
+    /// The `stepwell` binary whose memory is measured (default: the one
+    /// beside this binary).
     pub exe: Option<PathBuf>,
 }
 
@@ -318,7 +319,7 @@ pub fn run(options: &ScaleOptions) -> Result<Value> {
     let mut figures = Map::new();
     let exe = match &options.exe {
         Some(p) => p.clone(),
-        None => std::env::current_exe().map_err(|e| bench_err(e.to_string()))?,
+        None => stepwell_exe()?,
     };
     if want("sqlite_raw_commit_per_s") {
         let rate = raw_commits(1_000, 7, &scratch.0.join("raw.sqlite"))?;
