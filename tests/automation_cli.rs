@@ -592,3 +592,67 @@ fn a_growing_automation_and_a_discussion_from_the_shell() {
         assert_eq!(err["error"]["field"], field, "{err}");
     }
 }
+
+/// A host without the automations (a kernel-only embedder) driving the same
+/// SQLite file as `stepwell` leaves the controller to it: it reports the
+/// run as foreign, writes nothing to it (no deferral, no error), and the
+/// `stepwell` process fires the occurrence at the due time, as if the other
+/// host were not there.
+#[test]
+fn a_host_without_the_automations_leaves_their_controller_alone() {
+    let sh = Shell::new();
+    let request = memory_watch(sh.dir.path());
+    let at = |t: &str| format!("2026-01-01T00:0{t}Z");
+    let (t0, due) = (at("0:00"), at("2:30"));
+    sh.json(&[
+        "--now",
+        &t0,
+        "--json",
+        "automations",
+        "create",
+        "--request",
+        &request,
+    ]);
+    let report = sh.json(&["--now", &t0, "--json", "drive", "--until-idle"]);
+    assert_eq!(report["errors"], json!([]), "{report}");
+    // The other host: the bare kernel, in this test's process, at the time
+    // the controller's wait falls due.
+    let store = std::sync::Arc::new(stepwell::SqliteStore::open(sh.db()).unwrap());
+    let clock = std::sync::Arc::new(stepwell::ManualClock::new(due.parse().unwrap()));
+    let kernel = stepwell::Runtime::builder(store.clone())
+        .clock(clock)
+        .build()
+        .unwrap();
+    for i in 0..3 {
+        let pass = kernel.drive_once().unwrap();
+        assert_eq!(pass.errors, [], "{pass:?}");
+        assert!(
+            pass.due_resumed.is_empty() && pass.ticked.is_empty(),
+            "{pass:?}"
+        );
+        // Met once, then listed past.
+        let met: &[&str] = if i == 0 { &[ID] } else { &[] };
+        assert_eq!(pass.foreign, met, "pass {i}: {pass:?}");
+    }
+    use stepwell::Store as _;
+    assert_eq!(store.deferral(ID).unwrap(), None, "nothing set aside");
+    let controller = sh.runtime().get_state(ID).unwrap();
+    assert_eq!(controller.status, RunStatus::Waiting, "left as it was");
+    // `stepwell` fires the occurrence at once.
+    let report = sh.json(&["--now", &due, "--json", "drive", "--until-idle"]);
+    assert_eq!(report["errors"], json!([]), "{report}");
+    let runs = sh.json(&["--json", "list", "--workflow", "echo"]);
+    let created: Vec<&str> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["created_at"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        created,
+        ["2026-01-01T00:00:00.000000Z", "2026-01-01T00:02:30.000000Z"],
+        "the second occurrence fired when due"
+    );
+    let shown = sh.json(&["--now", &due, "--json", "automations", "show", ID]);
+    assert_eq!(shown["held"], Value::Null, "{shown}");
+}

@@ -45,6 +45,9 @@ pub struct DriveReport {
     pub quarantined: Vec<RunError>,
     /// Runs the pass could not move, with why.
     pub errors: Vec<RunError>,
+    /// Runs of workflows this runtime does not have (a plugin's it was
+    /// built without): left untouched to the hosts that have them.
+    pub foreign: Vec<String>,
 }
 
 impl DriveReport {
@@ -57,6 +60,7 @@ impl DriveReport {
         self.busy.extend(other.busy);
         self.quarantined.extend(other.quarantined);
         self.errors.extend(other.errors);
+        self.foreign.extend(other.foreign);
     }
 
     /// Whether the pass moved anything.
@@ -102,9 +106,15 @@ impl Runtime {
                 Err(e) => self.not_moved(&id, Why::Running, e, &mut report)?,
             }
         }
-        let due = self.store().list_due(self.now(), batch)?;
+        // Listed past the runs found foreign, which cannot fill a batch.
+        let foreign = &self.inner.foreign;
+        let wider = batch.saturating_add(foreign.count());
+        let due = foreign.past(self.store().list_due(self.now(), wider)?, batch);
         self.drive_runs(&due, Why::Due, &mut report)?;
-        for (parent, child) in self.store().list_ended_children(batch)? {
+        let mut ended = self.store().list_ended_children(wider)?;
+        ended.retain(|(parent, _)| !foreign.contains(parent));
+        ended.truncate(batch);
+        for (parent, child) in ended {
             match self.resume_parent(&parent, &child) {
                 Ok(true) => report.parents_resumed.push(parent),
                 Ok(false) => {}
@@ -112,7 +122,7 @@ impl Runtime {
                 Err(e) => self.not_moved(&parent, Why::Running, e, &mut report)?,
             }
         }
-        let claimable = self.store().list_claimable(lease_now(), batch)?;
+        let claimable = foreign.past(self.store().list_claimable(lease_now(), wider)?, batch);
         self.drive_runs(&claimable, Why::Running, &mut report)?;
         // Runs whose executor died on this host: taken over at once, not at
         // the end of its lease. (Checking a holder is cheap: look further
@@ -217,6 +227,12 @@ impl Runtime {
             Err(Error::RunNotFound { .. } | Error::Quarantined { .. }) => return Ok(()),
             Err(e) => return self.not_moved(id, why, e, report),
         };
+        if self.is_foreign(&run) {
+            drop(txn);
+            self.inner.foreign.note(id);
+            report.foreign.push(id.to_string());
+            return Ok(());
+        }
         let mut pending = Vec::new();
         match (why, run.status) {
             (Why::Due, RunStatus::Waiting) => match self.resolve_due(&mut run) {
@@ -250,6 +266,16 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+
+    /// Whether `run` is of a workflow this runtime does not have: none
+    /// registered, embedded by its plugins or recorded in the store (a
+    /// recorded bundle it cannot load is an error of the run, not this).
+    fn is_foreign(&self, run: &RunState) -> bool {
+        matches!(
+            self.workflow(&run.workflow_id),
+            Err(Error::UnknownWorkflow { .. })
+        )
     }
 
     /// A run the pass took on but could not move: quarantined, or reported
@@ -334,6 +360,10 @@ impl Runtime {
             return Ok(false);
         }
         let (mut txn, mut run) = self.claim(parent, Duration::ZERO)?;
+        if self.is_foreign(&run) {
+            self.inner.foreign.note(parent);
+            return Ok(false);
+        }
         let key = subworkflow::wait_key(child_id);
         let Some(wait) = run
             .waiting

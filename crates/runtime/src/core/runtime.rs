@@ -316,6 +316,7 @@ impl RuntimeBuilder {
                 parked: super::parked::Parked::default(),
                 subscribers: parking_lot::Mutex::new(Vec::new()),
                 metrics: self.metrics.unwrap_or_default(),
+                foreign: super::foreign::Foreign::default(),
                 bundle_cache: match self.bundle_cache {
                     Some(dir) => BundleCache::Given(dir),
                     None => BundleCache::scratch(),
@@ -344,6 +345,8 @@ pub(crate) struct Inner {
     pub(crate) subscribers: parking_lot::Mutex<Vec<Subscriber>>,
     bundle_cache: BundleCache,
     metrics: Arc<super::metrics::Metrics>,
+    /// Runs the driver found to be of workflows this runtime does not have.
+    pub(crate) foreign: super::foreign::Foreign,
 }
 
 impl Drop for Inner {
