@@ -23,6 +23,15 @@ fn runtime() -> (Runtime, tempfile::TempDir) {
 /// [`runtime`] with its store at `db` and its tool folder and bundle in
 /// `dir`; the store's files are protected from tools as the binary does.
 fn runtime_at(dir: &Path, db: &Path) -> Runtime {
+    runtime_with(dir, db, |t| t)
+}
+
+/// [`runtime_at`] with the tools plugin set up further by `setup`.
+fn runtime_with(
+    dir: &Path,
+    db: &Path,
+    setup: impl FnOnce(stepwell::tools::Tools) -> stepwell::tools::Tools,
+) -> Runtime {
     let tools = dir.join("tool-dir");
     std::fs::create_dir_all(&tools).unwrap();
     let hostile = repo().join("flows/tools/testing/hostile.wasm");
@@ -37,9 +46,9 @@ fn runtime_at(dir: &Path, db: &Path) -> Runtime {
     let rt = stepwell::builder(store)
         .engine(stepwell_tests::engine())
         .config(config)
-        .plugin(std::sync::Arc::new(
+        .plugin(std::sync::Arc::new(setup(
             stepwell::tools::Tools::new().dir(&tools),
-        ))
+        )))
         .build()
         .unwrap();
     let bundle = write_bundle(
@@ -1344,6 +1353,135 @@ fn ignore_files_lint_notices_and_error_texts_match_the_reference() {
     assert_eq!(
         text(4),
         "Invalid regex pattern '(abc': missing ), unterminated subpattern at position 0"
+    );
+}
+
+/// Each result's output, or its error, with the workspace `ws` shown as
+/// `<ws>`.
+fn texts(run: &RunState, ws: &Path) -> Vec<String> {
+    results(run)
+        .iter()
+        .map(|v| {
+            v["output"]
+                .as_str()
+                .or(v["error"].as_str())
+                .unwrap()
+                .replace(ws.to_str().unwrap(), "<ws>")
+        })
+        .collect()
+}
+
+/// #43: a negated built-in rule (`!build/`) shows the folder, a
+/// third-party tool's path argument is held to `.abstractignore` by the
+/// host, HTML gets the reference's lint notice, Python its ruff line, and
+/// a pattern Python refuses is refused in its words even where the regex
+/// crate would accept it (abstractcore 2.30.0's texts).
+#[test]
+fn ignore_files_reach_third_party_tools_and_more_reference_texts() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    std::fs::write(ws.join(".abstractignore"), "*.key\n!build/\n").unwrap();
+    std::fs::write(ws.join("api.key"), "alpha secret\n").unwrap();
+    std::fs::create_dir_all(ws.join("build")).unwrap();
+    std::fs::write(ws.join("build/out.js"), "f();\n").unwrap();
+    let page = "<html>\n<img src=\"a.png\">\n<a target=\"_blank\" href=\"x\">x</a>\n";
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            call("list_files", json!({"directory_path": "build"})),
+            call("hostile_cat", json!({"file_path": "api.key"})),
+            call("hostile_cat", json!({"file_path": "a.txt"})),
+            call("write_file", json!({"file_path": "index.html", "content": page})),
+            call("write_file", json!({"file_path": "m.py", "content": "import os\n"})),
+            call("search_files", json!({"pattern": "a**"})),
+            call("search_files", json!({"pattern": "a\n(b"})),
+        ]}),
+        ws_vars(&ws),
+        json!({"tool_policy": {"auto_approve_tools": ["list_files", "search_files", "write_file", "hostile_cat"]}}),
+    );
+    let r = results(&run);
+    let t = texts(&run, &ws);
+    let text = |i: usize| t[i].clone();
+    assert_eq!(
+        text(0),
+        "Entries in '<ws>/build' matching '*' (hidden entries excluded):\n  out.js (5 bytes)"
+    );
+    assert_eq!(r[1]["success"], false);
+    assert_eq!(
+        text(1),
+        "Path '<ws>/api.key' is ignored by .abstractignore policy"
+    );
+    assert_eq!(text(2), "alpha\nbeta\n");
+    assert_eq!(
+        text(3),
+        "✅ Successfully written to '<ws>/index.html' (59 bytes, 3 lines)\n\nNotice: lint (html) issues:\n  - html_missing_lang at line 1\n  - img_missing_alt at line 2\n  - target_blank_missing_noopener at line 3"
+    );
+    assert_eq!(
+        text(4),
+        "✅ Successfully written to '<ws>/m.py' (10 bytes, 1 lines)\n\nNotice: lint (python/ruff) unavailable: ruff not installed"
+    );
+    assert_eq!(
+        text(5),
+        "Invalid regex pattern 'a**': multiple repeat at position 2"
+    );
+    assert_eq!(
+        text(6),
+        "Invalid regex pattern 'a\n(b': missing ), unterminated subpattern at position 2 (line 2, column 1)"
+    );
+}
+
+/// #43: with a ruff program, the host lints a Python file written (on
+/// disk) or edited (the edited text through stdin) in the file's folder
+/// and appends the reference's notice; a program that is not there gives
+/// the line for a missing ruff. The program here is a stand-in that
+/// answers one finding naming how it was called.
+#[test]
+fn ruff_runs_on_the_host_for_python_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ruff = dir.path().join("fake-ruff");
+    std::fs::write(
+        &ruff,
+        "#!/bin/sh\nin=''\nwhile IFS= read -r line; do in=\"$in$line\"; done\nprintf '[{\"code\": \"F401\", \"message\": \"%s | %s | %s\", \"location\": {\"row\": 1, \"column\": 8}, \"fix\": {\"applicability\": \"safe\"}}]' \"$*\" \"${PWD##*/}\" \"$in\"\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&ruff, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let with = |program: PathBuf, db: &str| {
+        runtime_with(dir.path(), &dir.path().join(db), move |t| t.ruff(program))
+    };
+    let ws = workspace(&dir);
+    let rt = with(ruff.clone(), "db1.sqlite");
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            call("write_file", json!({"file_path": "m.py", "content": "import os\n"})),
+            call("edit_file", json!({"file_path": "m.py", "pattern": "import os", "replacement": "import re"})),
+            call("write_file", json!({"file_path": "a.js", "content": "f(\n"})),
+        ]}),
+        ws_vars(&ws),
+        json!({"tool_policy": {"auto_approve_tools": ["write_file", "edit_file"]}}),
+    );
+    let t = texts(&run, &ws);
+    assert_eq!(
+        t[0],
+        "✅ Successfully written to '<ws>/m.py' (10 bytes, 1 lines)\n\nNotice: lint (python/ruff) found 1 issue(s) (1 fixable)\n  - 1:8 F401: check --no-cache --output-format json <ws>/m.py | ws | (fixable)"
+    );
+    assert!(
+        t[1].ends_with("\n\nNotice: lint (python/ruff) found 1 issue(s) (1 fixable)\n  - 1:8 F401: check --no-cache --output-format json --stdin-filename <ws>/m.py - | ws | import re (fixable)"),
+        "{}",
+        t[1]
+    );
+    assert!(t[2].ends_with("unclosed_delimiter: opened '(' at 1:2 (reached EOF)"));
+    let rt = with(dir.path().join("no-such-ruff"), "db2.sqlite");
+    let run = start(
+        &rt,
+        json!({"tool_calls": [call("write_file", json!({"file_path": "n.py", "content": "x = 1\n"}))]}),
+        ws_vars(&ws),
+        json!({"tool_policy": {"auto_approve_tools": ["write_file"]}}),
+    );
+    assert_eq!(
+        texts(&run, &ws)[0],
+        "✅ Successfully written to '<ws>/n.py' (6 bytes, 1 lines)\n\nNotice: lint (python/ruff) unavailable: ruff not installed"
     );
 }
 

@@ -70,6 +70,11 @@ struct Cli {
     /// STEPWELL_ENABLE_EXEC=1).
     #[arg(long, global = true)]
     enable_exec: bool,
+    /// Lint Python files after the built-in write_file and edit_file with
+    /// this ruff program (the reference's notice; without it, the notice
+    /// says ruff is not installed).
+    #[arg(long, global = true, env = stepwell::tools::RUFF_ENV)]
+    ruff: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }

@@ -340,6 +340,10 @@ pub struct HostOptions {
     /// library reads none of its own process's; the binary passes its
     /// `PATH`, `HOME`, `LANG`, `LC_ALL` and `TMPDIR`).
     pub exec_env: Vec<(String, std::ffi::OsString)>,
+    /// The ruff program the built-in `write_file` and `edit_file` lint
+    /// Python files with (`None`: their notice says ruff is not installed;
+    /// the `tools` feature).
+    pub ruff: Option<std::path::PathBuf>,
     /// The host user's home folder, for a `~` in a workspace path (the
     /// binary passes its `$HOME`; `None`: `~` stays a name).
     pub home: Option<std::path::PathBuf>,
@@ -371,6 +375,7 @@ impl std::fmt::Debug for HostOptions {
             .field("trigger_dir", &self.trigger_dir)
             .field("enable_exec", &self.enable_exec)
             .field("exec_env", &self.exec_env)
+            .field("ruff", &self.ruff)
             .field("home", &self.home)
             .field("cache_home", &self.cache_home)
             .field("state_home", &self.state_home)
@@ -438,7 +443,7 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
         builder = builder.clock(clock.clone());
     }
     #[cfg(not(feature = "tools"))]
-    if options.tool_dir.is_some() || options.enable_exec {
+    if options.tool_dir.is_some() || options.enable_exec || options.ruff.is_some() {
         return Err(Error::invalid(
             "tool_dir",
             "this build of stepwell has no tools (the library's `tools` feature)",
@@ -465,6 +470,9 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
         }
         if let Some(dir) = &options.tool_dir {
             tools = tools.dir(dir.clone());
+        }
+        if let Some(ruff) = &options.ruff {
+            tools = tools.ruff(ruff.clone());
         }
         builder = builder.plugin(Arc::new(tools));
     }

@@ -132,6 +132,11 @@ impl ToolCalls {
                 arguments.insert("_exclude".into(), json!(exclude));
                 arguments.insert("_include".into(), json!(include));
             }
+            // With a ruff program, a Python file written or edited comes
+            // back to be linted here (crate::ruff).
+            if self.catalog.ruff().is_some() {
+                arguments.insert("_ruff".into(), json!(true));
+            }
         }
         match component.invoke(
             &c.call_id,
@@ -140,7 +145,13 @@ impl ToolCalls {
             &reach,
             timeout,
         ) {
-            Ok(Ok(output)) => from_output(c, output),
+            Ok(Ok(output)) => match (self.catalog.ruff(), &entry.origin) {
+                (Some(program), crate::Origin::Builtin) => from_output(
+                    c,
+                    crate::ruff::finish(output, program, self.catalog.exec_env()),
+                ),
+                _ => from_output(c, output),
+            },
             Ok(Err(ToolFault::InvalidArguments(d))) => failed(
                 c,
                 format!("Invalid argument type for tool '{}': {d}", c.name),
@@ -277,7 +288,7 @@ impl ToolCalls {
             args.remove("_session_route");
             let class = spec.class;
             let rewritten = match scope {
-                Some(s) => s.rewrite(&c.name, class, args),
+                Some(s) => scoped_args(s, table, &c.name, class, args),
                 None if matches!(class, ToolClass::Read | ToolClass::Write | ToolClass::Exec)
                     && c.name != "open_attachment" =>
                 {
@@ -312,6 +323,26 @@ impl ToolCalls {
         resolve_ceiling(local, cx.run, &|id| {
             cx.runs.get_run(id).map_err(|e| e.to_string())
         })
+    }
+}
+
+/// A call's arguments rewritten by the workspace scope, then refused when
+/// a third-party tool names a path an `.abstractignore` file ignores (the
+/// built-ins apply those files themselves, in their own words).
+fn scoped_args(
+    scope: &WorkspaceScope,
+    table: &ToolTable,
+    name: &str,
+    class: ToolClass,
+    args: Map<String, Value>,
+) -> std::result::Result<Map<String, Value>, String> {
+    let args = scope.rewrite(name, class, args)?;
+    let third_party = table
+        .get(name)
+        .is_some_and(|e| matches!(e.origin, crate::Origin::File(_)));
+    match third_party.then(|| scope.ignore_file_refusal(class, &args)) {
+        Some(Some(refusal)) => Err(refusal),
+        _ => Ok(args),
     }
 }
 
@@ -639,7 +670,9 @@ impl EffectHandler for ToolCalls {
                             }
                             (true, Some(class)) => {
                                 let args = match &scope {
-                                    Some(s) => s.rewrite(&c.name, class, c.arguments.clone()),
+                                    Some(s) => {
+                                        scoped_args(s, &table, &c.name, class, c.arguments.clone())
+                                    }
                                     None => Ok(c.arguments.clone()),
                                 };
                                 match args {

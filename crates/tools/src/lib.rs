@@ -25,6 +25,7 @@ pub mod calls;
 pub mod effect;
 pub mod exec;
 mod plugin;
+pub mod ruff;
 pub mod scope;
 
 pub use plugin::{Tools, ToolsExt};
@@ -40,6 +41,10 @@ use stepwell_runtime::wasm::{ToolComponent, WasmEngine};
 
 /// The environment variable naming the folder of third-party tools.
 pub const TOOL_DIR_ENV: &str = "STEPWELL_TOOL_DIR";
+
+/// The variable the binary reads the ruff program from (`--ruff`): the
+/// built-in `write_file` and `edit_file` lint Python files with it.
+pub const RUFF_ENV: &str = "STEPWELL_RUFF";
 
 static BUILTINS: [(&str, &[u8]); 1] = [(
     "workspace",
@@ -283,6 +288,7 @@ pub struct ToolCatalog {
     exec: bool,
     exec_env: exec::ExecEnv,
     home: Option<PathBuf>,
+    ruff: Option<PathBuf>,
     table: OnceLock<Result<Arc<ToolTable>, String>>,
 }
 
@@ -296,6 +302,7 @@ impl ToolCatalog {
             exec,
             exec_env: exec::ExecEnv::default(),
             home: None,
+            ruff: None,
             table: OnceLock::new(),
         }
     }
@@ -309,6 +316,19 @@ impl ToolCatalog {
     /// The environment `execute_command` gives a command.
     pub fn exec_env(&self) -> &exec::ExecEnv {
         &self.exec_env
+    }
+
+    /// This catalog, the built-in `write_file` and `edit_file` linting
+    /// Python files with the ruff program `ruff` (`None`: the reference's
+    /// line for a missing ruff).
+    pub fn with_ruff(mut self, ruff: Option<PathBuf>) -> Self {
+        self.ruff = ruff;
+        self
+    }
+
+    /// The ruff program the built-ins lint Python files with, if any.
+    pub fn ruff(&self) -> Option<&Path> {
+        self.ruff.as_deref()
     }
 
     /// This catalog, a `~` in a workspace path meaning `home`.

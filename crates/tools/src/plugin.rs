@@ -35,6 +35,7 @@ pub struct Tools {
     enable_exec: bool,
     exec_env: super::exec::ExecEnv,
     home: Option<PathBuf>,
+    ruff: Option<PathBuf>,
 }
 
 impl Tools {
@@ -68,6 +69,17 @@ impl Tools {
         self
     }
 
+    /// Lints Python files after the built-in `write_file` and `edit_file`
+    /// with the ruff program `program` (run by the host, in the file's
+    /// folder, with the environment of [`exec_env`](Self::exec_env)), as
+    /// the reference does where ruff is installed (default: none, and the
+    /// notice is the reference's line for a missing ruff; the binary's
+    /// `--ruff` or `STEPWELL_RUFF`).
+    pub fn ruff(mut self, program: impl Into<PathBuf>) -> Self {
+        self.ruff = Some(program.into());
+        self
+    }
+
     /// The host user's home folder: a `~` or `~/...` in a workspace path
     /// (the run's scope, a path a tool is given) means it, as the
     /// reference's `expanduser` (default: none, and `~` stays a name; the
@@ -86,7 +98,8 @@ impl Plugin for Tools {
     fn install(&self, cx: &mut Install<'_>) -> Result<()> {
         let catalog = Arc::new(
             ToolCatalog::new(cx.engine().clone(), self.dir.clone(), self.enable_exec)
-                .with_exec_env(self.exec_env.clone()),
+                .with_exec_env(self.exec_env.clone())
+                .with_ruff(self.ruff.clone()),
         );
         cx.default_effect(Arc::new(ToolCalls::new(catalog.clone())));
         cx.default_effect(Arc::new(ToolSpecs::new(catalog.clone())));

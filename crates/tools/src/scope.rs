@@ -30,6 +30,15 @@ pub const SCOPE_KEYS: [&str; 9] = [
     "workspace_writable_paths",
 ];
 
+/// The arguments the host resolves and checks as paths for any tool.
+const PATH_FIELDS: [&str; 5] = [
+    "file_path",
+    "path",
+    "directory_path",
+    "destination",
+    "target",
+];
+
 const ALIASES: [(&str, &str); 4] = [
     ("workspaceRoot", "workspace_root"),
     ("workspaceAccessMode", "workspace_access_mode"),
@@ -818,13 +827,7 @@ impl WorkspaceScope {
                 {
                     return Err(format!("{tool} requires file_path"));
                 }
-                for field in [
-                    "file_path",
-                    "path",
-                    "directory_path",
-                    "destination",
-                    "target",
-                ] {
+                for field in PATH_FIELDS {
                     rewrite_field(&mut out, field, false)?;
                 }
             }
@@ -843,6 +846,44 @@ impl WorkspaceScope {
             }
         }
         Ok(out)
+    }
+
+    /// The `.abstractignore` refusal of a third-party tool's rewritten path
+    /// arguments (the built-ins check their own targets, in their own
+    /// words): `Path '<p>' is ignored by .abstractignore policy` when the
+    /// nearest ignore file the tool could see (no higher than the
+    /// outermost directory preopened for it that holds the path) ignores
+    /// the path or, for a `write` tool, its directory, as the reference's
+    /// tools refuse. Paths outside the tool's preopened directories (it
+    /// cannot reach them) are left alone.
+    pub fn ignore_file_refusal(
+        &self,
+        class: ToolClass,
+        args: &Map<String, Value>,
+    ) -> Option<String> {
+        let preopens = self.preopens(class);
+        for field in PATH_FIELDS {
+            let Some(p) = args.get(field).and_then(Value::as_str) else {
+                continue;
+            };
+            let path = Path::new(p);
+            let Some(top) = preopens
+                .iter()
+                .map(|o| o.host.as_path())
+                .filter(|h| path.starts_with(h))
+                .min_by_key(|h| h.as_os_str().len())
+            else {
+                continue;
+            };
+            let policy = stepwell_abstractignore::Policy::for_path_within(path, Some(top));
+            let ignored = policy.is_ignored(path, path.is_dir())
+                || (class == ToolClass::Write
+                    && path.parent().is_some_and(|d| policy.is_ignored(d, true)));
+            if ignored {
+                return Some(format!("Path '{p}' is ignored by .abstractignore policy"));
+            }
+        }
+        None
     }
 
     /// What a tool must not show or enter although it may lie inside a
@@ -1161,6 +1202,54 @@ mod tests {
             PathBuf::from("/nonexistent-sw/b/c")
         );
         assert_eq!(resolve_lenient(Path::new("/../..")), PathBuf::from("/"));
+    }
+
+    /// A third-party tool's path arguments obey the nearest
+    /// `.abstractignore` within its reach, as the reference's tools do:
+    /// an ignored file, or for a write one in an ignored directory, is
+    /// refused; one above the workspace is out of sight.
+    #[test]
+    fn ignore_files_refuse_third_party_paths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = resolve_lenient(tmp.path());
+        let ws = base.join("ws");
+        std::fs::create_dir_all(ws.join("private")).unwrap();
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        std::fs::write(base.join(".abstractignore"), "*.txt\n").unwrap();
+        std::fs::write(ws.join(".abstractignore"), "*.key\nprivate/\n").unwrap();
+        std::fs::write(ws.join("sub/.abstractignore"), "*.log\n").unwrap();
+        let s = scope(json!({"workspace_root": ws.to_str().unwrap()}));
+        let refusal = |class: ToolClass, path: &Path| {
+            let args = json!({"file_path": path.to_str().unwrap()});
+            s.ignore_file_refusal(class, args.as_object().unwrap())
+        };
+        let api = ws.join("api.key");
+        assert_eq!(
+            refusal(ToolClass::Read, &api),
+            Some(format!(
+                "Path '{}' is ignored by .abstractignore policy",
+                api.display()
+            ))
+        );
+        assert_eq!(refusal(ToolClass::Read, &ws.join("notes.txt")), None);
+        assert!(refusal(ToolClass::Read, &ws.join("private")).is_some());
+        // Everything inside an ignored folder is ignored too.
+        assert!(refusal(ToolClass::Read, &ws.join("private/p.md")).is_some());
+        assert!(refusal(ToolClass::Write, &ws.join("private/new.md")).is_some());
+        // The nearest file governs: `sub/` ignores logs, not keys.
+        assert_eq!(refusal(ToolClass::Read, &ws.join("sub/b.key")), None);
+        assert!(refusal(ToolClass::Read, &ws.join("sub/b.log")).is_some());
+        // Classes that reach no file are left alone.
+        assert_eq!(refusal(ToolClass::Comms, &api), None);
+        // An ignore file above the workspace is out of the tool's sight.
+        let ws2 = base.join("ws2");
+        std::fs::create_dir_all(&ws2).unwrap();
+        let s2 = scope(json!({"workspace_root": ws2.to_str().unwrap()}));
+        let args = json!({"path": ws2.join("notes.txt").to_str().unwrap()});
+        assert_eq!(
+            s2.ignore_file_refusal(ToolClass::Read, args.as_object().unwrap()),
+            None
+        );
     }
 
     #[test]

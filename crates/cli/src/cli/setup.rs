@@ -75,6 +75,7 @@ pub(crate) fn host(cli: &Cli) -> Result<Host, Error> {
         trigger_dir: super::environment::trigger_dir(),
         enable_exec: cli.enable_exec || super::environment::exec_enabled(),
         exec_env: super::environment::exec_env(),
+        ruff: cli.ruff.clone(),
         home: super::environment::home(),
         cache_home: super::environment::cache_home(),
         state_home,

@@ -18,10 +18,15 @@ use crate::difflib::{
 };
 use crate::patch::{apply_unified_diff, is_suffix_path, parse_unified_diff};
 use crate::pyre::Template;
+use crate::reerror::Refusal;
 use crate::text::{
     display_path, io_error_text, py_lstrip, py_rstrip, py_splitlines, py_strip, thousands,
     MAX_READ_BYTES,
 };
+
+/// How the reference's outer `except` words an unexpected failure (no lint
+/// notice follows it).
+const ERROR_EDITING: &str = "❌ Error editing file: ";
 
 /// The note added when an over-escaped pattern matched only after
 /// unescaping.
@@ -482,7 +487,7 @@ fn edit_file(req: &EditRequest) -> String {
         String::new()
     };
     let path = Path::new(raw_path);
-    if crate::ignore::refuses_write(path) {
+    if stepwell_abstractignore::refuses_write(path) {
         return format!(
             "❌ Refused: Path '{shown}' is ignored by .abstractignore policy{input_line}"
         );
@@ -492,7 +497,7 @@ fn edit_file(req: &EditRequest) -> String {
         Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
             return format!("❌ File not found: {shown}{input_line}");
         }
-        Err(e) => return format!("❌ Error editing file: {}", io_error_text(&e)),
+        Err(e) => return format!("{ERROR_EDITING}{}", io_error_text(&e)),
     };
     if !meta.is_file() {
         return format!("❌ Path is not a file: {shown}{input_line}");
@@ -541,7 +546,11 @@ fn edit_file(req: &EditRequest) -> String {
         None => diff_mode(&doc, path, req),
         Some(replacement) => replace_mode(&doc, path, req, replacement),
     };
-    // Every answer about a file that was read carries its lint notice.
+    // Every answer about a file that was read carries its lint notice, but
+    // an unexpected failure (the reference's outer `except`).
+    if result.starts_with(ERROR_EDITING) {
+        return result;
+    }
     let linted = doc.linted.take().unwrap_or_else(|| doc.content.clone());
     crate::lint::with_notice(path, result, &linted)
 }
@@ -582,13 +591,7 @@ fn diff_mode(doc: &Doc, path: &Path, req: &EditRequest) -> String {
         );
     }
     let rendered = doc.with_mixed_endings_note(&rendered);
-    doc.finish(
-        path,
-        &updated,
-        rendered,
-        req.preview_only,
-        "❌ Error editing file: ",
-    )
+    doc.finish(path, &updated, rendered, req.preview_only, ERROR_EDITING)
 }
 
 /// The outcome of matching in find/replace mode.
@@ -827,6 +830,15 @@ fn replace_mode(doc: &Doc, path: &Path, req: &EditRequest, replacement: &str) ->
 
     let mut regex: Option<Regex> = None;
     let replaced = if use_regex {
+        match crate::reerror::python_refusal(&pattern) {
+            Some(r @ Refusal::Other(_)) => {
+                return format!("{ERROR_EDITING}{}", r.text(&pattern));
+            }
+            Some(r) => {
+                return format!("❌ Invalid regex pattern '{pattern}': {}", r.text(&pattern));
+            }
+            None => {}
+        }
         let re = match RegexBuilder::new(&pattern)
             .multi_line(true)
             .dot_matches_new_line(true)
@@ -834,7 +846,7 @@ fn replace_mode(doc: &Doc, path: &Path, req: &EditRequest, replacement: &str) ->
         {
             Ok(re) => re,
             Err(e) => {
-                let why = crate::reerror::reason(&pattern, &e);
+                let why = crate::reerror::crate_reason(&pattern, &e);
                 return format!("❌ Invalid regex pattern '{pattern}': {why}");
             }
         };
@@ -851,7 +863,7 @@ fn replace_mode(doc: &Doc, path: &Path, req: &EditRequest, replacement: &str) ->
         }
         let template = match Template::for_regex(&replacement, &re) {
             Ok(t) => t,
-            Err(e) => return format!("❌ Error editing file: {e}"),
+            Err(e) => return format!("{ERROR_EDITING}{e}"),
         };
         let limit = if max_repl == -1 { 0 } else { max_repl as usize };
         let updated = re

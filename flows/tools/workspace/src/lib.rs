@@ -15,7 +15,6 @@ mod args;
 mod difflib;
 mod edit;
 mod glob;
-mod ignore;
 mod lint;
 mod list;
 mod patch;
@@ -65,6 +64,7 @@ impl Toolbox for Workspace {
                 .unwrap_or_default()
         };
         walk::set_excluded(paths("_exclude"), paths("_include"));
+        lint::set_ruff(call.arguments.get("_ruff") == Some(&Value::Bool(true)));
         let args = Args::new(&call.name, &call.arguments);
         let output = match call.name.as_str() {
             "list_files" => list::run(&args)?,
@@ -74,6 +74,11 @@ impl Toolbox for Workspace {
             "edit_file" => edit::run(&args)?,
             other => return Err(ToolError::invalid(format!("unknown tool '{other}'"))),
         };
+        // A Python file for the host to lint with ruff: the answer and the
+        // file, which the host makes one text (stepwell_tools::ruff).
+        if let Some(request) = lint::take_ruff_request() {
+            return Ok(serde_json::json!({"text": output, "ruff": request}));
+        }
         Ok(Value::String(output))
     }
 }
@@ -115,6 +120,57 @@ mod tests {
                 assert!(prop["description"].is_string(), "{}.{name}", spec.name);
             }
         }
+    }
+
+    /// With `_ruff`, a Python file written or edited is handed back for
+    /// the host to lint (the file on disk after a write, the edited text
+    /// after an edit); other files keep their own notices.
+    #[test]
+    fn python_files_go_back_to_the_host_for_ruff() {
+        let dir = std::env::temp_dir().join(format!("tool-workspace-ruff-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let py = dir.join("m.py");
+        let call = |name: &str, args: Value| {
+            Workspace::invoke(ToolCall {
+                call_id: "c1".into(),
+                name: name.into(),
+                arguments: args.as_object().unwrap().clone(),
+            })
+            .unwrap()
+        };
+        let p = py.to_str().unwrap();
+        let out = call(
+            "write_file",
+            json!({"file_path": p, "content": "x = 1\n", "_ruff": true}),
+        );
+        assert_eq!(out["ruff"], json!({"path": p, "content": null}));
+        assert!(out["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("✅ Successfully written"));
+        let out = call(
+            "edit_file",
+            json!({"file_path": p, "pattern": "x = 1", "replacement": "x = 2", "_ruff": true}),
+        );
+        assert_eq!(out["ruff"], json!({"path": p, "content": "x = 2\n"}));
+        let out = call(
+            "edit_file",
+            json!({"file_path": p, "pattern": "x = 2", "replacement": "x = 3"}),
+        );
+        assert!(out
+            .as_str()
+            .unwrap()
+            .ends_with("\n\nNotice: lint (python/ruff) unavailable: ruff not installed"));
+        let js = dir.join("a.js");
+        let out = call(
+            "write_file",
+            json!({"file_path": js.to_str().unwrap(), "content": "f(\n", "_ruff": true}),
+        );
+        assert!(out
+            .as_str()
+            .unwrap()
+            .ends_with("unclosed_delimiter: opened '(' at 1:2 (reached EOF)"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

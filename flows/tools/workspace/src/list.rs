@@ -14,11 +14,9 @@ use stepwell_guest::tool::{EffectClass, ToolError, ToolSpec};
 
 use crate::args::Args;
 use crate::glob::{split_patterns, GlobSet};
-use crate::ignore::Policy;
 use crate::text::{display_path, io_error_text, json_dumps, py_list_repr, thousands};
-use crate::walk::{
-    is_default_ignored_dir, read_entries, relative_display, Budget, Walker, MAX_WALK_ENTRIES,
-};
+use crate::walk::{read_entries, relative_display, Budget, Walker, MAX_WALK_ENTRIES};
+use stepwell_abstractignore::Policy;
 
 /// Matched entries collected beyond `head_limit` before the listing stops
 /// and reports "many" instead of an exact count (the reference's
@@ -256,7 +254,7 @@ fn list_files(req: &ListRequest) -> String {
                     hidden_match_seen |= globs.matches(&d.name);
                     continue;
                 }
-                if !is_default_ignored_dir(&d.name) && !policy.is_ignored(&d.path, true) {
+                if !policy.is_ignored_entry(&d.path, d.is_dir, d.is_symlink) {
                     kept.push(d);
                 }
             }
@@ -270,7 +268,9 @@ fn list_files(req: &ListRequest) -> String {
                     hidden_match_seen |= globs.matches(&f.name);
                     continue;
                 }
-                if !globs.matches(&f.name) || policy.is_ignored(&f.path, false) {
+                if !globs.matches(&f.name)
+                    || policy.is_ignored_entry(&f.path, f.is_dir, f.is_symlink)
+                {
                     continue;
                 }
                 if !collector.offer(&f.path, false, &f.name) {
@@ -288,10 +288,7 @@ fn list_files(req: &ListRequest) -> String {
                 hidden_match_seen |= globs.matches(&e.name);
                 continue;
             }
-            if !globs.matches(&e.name)
-                || (e.is_dir && is_default_ignored_dir(&e.name))
-                || policy.is_ignored(&e.path, e.is_dir)
-            {
+            if !globs.matches(&e.name) || policy.is_ignored_entry(&e.path, e.is_dir, e.is_symlink) {
                 continue;
             }
             if !collector.offer(&e.path, e.is_dir, &e.name) {

@@ -27,22 +27,12 @@ pub struct Template {
 /// Python's `re.error` text: `msg at position P`, with line and column
 /// when the template has several lines.
 fn template_error(msg: &str, source: &[char], pos: usize) -> String {
-    let mut out = format!("{msg} at position {pos}");
-    if source.contains(&'\n') {
-        let before = &source[..pos.min(source.len())];
-        let line = before.iter().filter(|c| **c == '\n').count() + 1;
-        let column = match before.iter().rposition(|c| *c == '\n') {
-            Some(nl) => pos - nl,
-            None => pos + 1,
-        };
-        out.push_str(&format!(" (line {line}, column {column})"));
-    }
-    out
+    crate::reerror::at_position(msg, source, pos)
 }
 
 /// Whether `name` is a Python identifier (approximately: a letter or `_`,
 /// then letters, digits or `_`).
-fn is_identifier(name: &str) -> bool {
+pub fn is_identifier(name: &str) -> bool {
     let mut chars = name.chars();
     chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
         && chars.all(|c| c.is_alphanumeric() || c == '_')

@@ -10,8 +10,8 @@ use serde_json::json;
 use stepwell_guest::tool::{EffectClass, ToolError, ToolSpec};
 
 use crate::args::Args;
-use crate::ignore::Policy;
 use crate::text::{display_path, io_error_text, thousands, LineReader, RawLine, MAX_READ_BYTES};
+use stepwell_abstractignore::Policy;
 
 /// The most lines one call returns.
 const MAX_LINES_PER_CALL: usize = 2000;

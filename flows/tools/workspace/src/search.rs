@@ -14,12 +14,13 @@ use stepwell_guest::tool::{EffectClass, ToolError, ToolSpec};
 
 use crate::args::Args;
 use crate::glob::GlobSet;
-use crate::ignore::Policy;
+use crate::reerror::Refusal;
 use crate::text::{
     char_index, decode_ignore, display_path, io_error_text, json_dumps, looks_binary,
     normalize_newlines, py_repr, py_rstrip, thousands, LineReader, MAX_READ_BYTES,
 };
-use crate::walk::{is_default_ignored_dir, Walker, MAX_WALK_ENTRIES};
+use crate::walk::{Walker, MAX_WALK_ENTRIES};
+use stepwell_abstractignore::Policy;
 
 /// How much of one file a multiline search reads.
 const MAX_MULTILINE_BYTES: u64 = 16 * 1024 * 1024;
@@ -307,8 +308,9 @@ impl Iterator for Candidates {
                 .filter(|d| {
                     (self.include_hidden || !d.name.starts_with('.'))
                         && !self.ignore_set.contains(&d.name)
-                        && !is_default_ignored_dir(&d.name)
-                        && !self.policy.is_ignored(&d.path, true)
+                        && !self
+                            .policy
+                            .is_ignored_entry(&d.path, d.is_dir, d.is_symlink)
                 })
                 .collect();
             for f in listing.files {
@@ -584,6 +586,18 @@ fn search_files(req: &SearchRequest) -> String {
     if policy.is_ignored(&root, root.is_dir()) {
         return format!("Error: Path '{shown_root}' is ignored by .abstractignore policy");
     }
+    // What Python's `re` refuses is refused in its words; what only the
+    // `regex` crate refuses, in the crate's.
+    match crate::reerror::python_refusal(&req.pattern) {
+        Some(r @ Refusal::Other(_)) => {
+            return format!("Error performing search: {}", r.text(&req.pattern))
+        }
+        Some(r) => {
+            let why = r.text(&req.pattern);
+            return format!("Error: Invalid regex pattern '{}': {why}", req.pattern);
+        }
+        None => {}
+    }
     let re = match RegexBuilder::new(&req.pattern)
         .case_insensitive(!req.case_sensitive)
         .multi_line(req.multiline)
@@ -592,7 +606,7 @@ fn search_files(req: &SearchRequest) -> String {
     {
         Ok(re) => re,
         Err(e) => {
-            let why = crate::reerror::reason(&req.pattern, &e);
+            let why = crate::reerror::crate_reason(&req.pattern, &e);
             return format!("Error: Invalid regex pattern '{}': {why}", req.pattern);
         }
     };

@@ -47,33 +47,6 @@ pub fn is_excluded(path: &Path) -> bool {
 /// The most directory entries one call examines before it stops walking.
 pub const MAX_WALK_ENTRIES: usize = 50_000;
 
-/// Directory names the reference's built-in ignore policy always skips
-/// (`.abstractignore` defaults; `*.d` is matched separately).
-const DEFAULT_IGNORED_DIRS: &[&str] = &[
-    ".git",
-    ".hg",
-    ".svn",
-    "__pycache__",
-    ".pytest_cache",
-    ".mypy_cache",
-    ".ruff_cache",
-    "node_modules",
-    "dist",
-    "build",
-    "target",
-    ".venv",
-    "venv",
-    "env",
-    ".env",
-    ".cursor",
-];
-
-/// Whether the built-in ignore policy skips a directory named `name`
-/// (matched case-sensitively, as the reference does).
-pub fn is_default_ignored_dir(name: &str) -> bool {
-    DEFAULT_IGNORED_DIRS.contains(&name) || name.ends_with(".d")
-}
-
 /// One directory entry.
 #[derive(Debug, Clone)]
 pub struct Entry {
@@ -219,15 +192,6 @@ pub fn relative_display(path: &Path, base: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn default_ignores() {
-        assert!(is_default_ignored_dir("target"));
-        assert!(is_default_ignored_dir("node_modules"));
-        assert!(is_default_ignored_dir("conf.d"));
-        assert!(!is_default_ignored_dir("Target"));
-        assert!(!is_default_ignored_dir("src"));
-    }
 
     #[test]
     fn relative_paths() {

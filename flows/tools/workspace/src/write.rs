@@ -60,7 +60,7 @@ pub fn run(args: &Args) -> Result<String, ToolError> {
         mode: args.string_or("mode", "w")?,
         create_dirs: args.bool_or("create_dirs", true)?,
     };
-    if crate::ignore::refuses_write(Path::new(&req.file_path)) {
+    if stepwell_abstractignore::refuses_write(Path::new(&req.file_path)) {
         let shown = display_path(&req.file_path);
         return Ok(format!(
             "❌ Refused: Path '{shown}' is ignored by .abstractignore policy"
@@ -148,9 +148,8 @@ fn write_file(req: &WriteRequest) -> String {
     match fs::metadata(path) {
         Ok(m) => {
             let done = success_text(&shown, &req.content, append, m.len());
-            // The whole file as written (an unreadable one gets no notice).
-            let on_disk = fs::read_to_string(path).unwrap_or_default();
-            crate::lint::with_notice(path, done, &on_disk)
+            // The whole file as written.
+            crate::lint::with_notice_on_disk(path, done)
         }
         Err(e) => failure_text(&e, &shown, path),
     }

@@ -475,6 +475,19 @@ impl Toolbox for Hostile {
                 no_arguments(),
             ),
             ToolSpec::new(
+                "hostile_cat",
+                "Test-only tool: returns the text of the file at file_path (as any \
+                 third-party tool reading a path the host resolved and checked).",
+                EffectClass::Read,
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "file_path": {"type": "string", "description": "The file to read."}
+                    },
+                    "required": ["file_path"]
+                }),
+            ),
+            ToolSpec::new(
                 "hostile_env",
                 "Test-only hostile tool: reports the environment, arguments, clock and \
                  root directory the sandbox shows it.",
@@ -495,6 +508,13 @@ impl Toolbox for Hostile {
             "hostile_spin" => spin(),
             "hostile_alloc" => alloc(),
             "hostile_env" => env(),
+            "hostile_cat" => {
+                let path = required_str(&call, "file_path")?;
+                Ok(match std::fs::read_to_string(path) {
+                    Ok(text) => json!(text),
+                    Err(e) => json!(format!("Error: {e}")),
+                })
+            }
             other => Err(ToolError::invalid(format!("unknown tool {other}"))),
         }
     }

@@ -1,9 +1,12 @@
-//! `.abstractignore` files, read as the reference reads them.
+//! `.abstractignore` files, read as the reference (abstractcore's
+//! `AbstractIgnore`) reads them, for the built-in workspace tools and for
+//! the host, which applies them to third-party tools' path arguments.
 //!
 //! A call's target (the directory listed or searched, the file read,
 //! written or edited) is governed by the nearest `.abstractignore` in its
-//! directory or a directory above it (above the workspace's preopened
-//! directories nothing can be seen, so the search stops there). Its rules
+//! directory or a directory above it, up to the workspace's directory that
+//! holds it (a tool sees nothing above its preopened directories; the host
+//! stops at the same place). Its rules
 //! follow the built-in ones (`.git/`, `node_modules/`, `*.d/`, ...): one
 //! per line, `#` comments, `!` negates, a trailing `/` matches directories
 //! only, a leading `/` or an inner `/` matches the path relative to the
@@ -14,7 +17,11 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::glob::Glob;
+mod glob;
+pub mod lines;
+
+pub use glob::Glob;
+use lines::py_splitlines;
 
 /// The name of an ignore file.
 const FILE_NAME: &str = ".abstractignore";
@@ -97,20 +104,28 @@ pub struct Policy {
 impl Policy {
     /// The policy for `target` (a file or a directory).
     pub fn for_path(target: &Path) -> Policy {
+        Policy::for_path_within(target, None)
+    }
+
+    /// The policy for `target`, looking for an ignore file no higher than
+    /// `top` (when given and above `target`).
+    pub fn for_path_within(target: &Path, top: Option<&Path>) -> Policy {
         let start = if target.is_dir() {
             target
         } else {
             target.parent().unwrap_or(target)
         };
         let mut rules = parse(DEFAULT_LINES.iter().copied());
+        let within = |d: &Path| top.is_none_or(|t| !start.starts_with(t) || d.starts_with(t));
         let found = start
             .ancestors()
+            .take_while(|d| within(d))
             .map(|d| d.join(FILE_NAME))
             .find(|f| f.is_file());
         let root = match found {
             Some(file) => {
                 let text = fs::read_to_string(&file).unwrap_or_default();
-                rules.extend(parse(text.lines()));
+                rules.extend(parse(py_splitlines(&text, false)));
                 file.parent().unwrap_or(start).to_path_buf()
             }
             None => start.to_path_buf(),
@@ -118,24 +133,35 @@ impl Policy {
         Policy { root, rules }
     }
 
-    /// Whether `path` (a directory when `is_dir`) is ignored.
-    pub fn is_ignored(&self, path: &Path, is_dir: bool) -> bool {
-        let parts: Vec<String> = match path.strip_prefix(&self.root) {
-            Ok(rel) => rel
-                .iter()
-                .map(|p| p.to_string_lossy().into_owned())
-                .collect(),
-            Err(_) => path
-                .iter()
-                .skip(1)
-                .map(|p| p.to_string_lossy().into_owned())
-                .collect(),
-        };
-        // The root itself is `.` by path and its own name by name.
-        let rel = if parts.is_empty() {
-            ".".to_string()
+    /// Whether `path`, a symbolic link when `is_link`, is ignored: a link
+    /// is judged by where it leads, as the reference resolves every path it
+    /// checks (`path`'s directory must be resolved already).
+    pub fn is_ignored_entry(&self, path: &Path, is_dir: bool, is_link: bool) -> bool {
+        if is_link {
+            self.is_ignored(&resolve(path), is_dir)
         } else {
-            parts.join("/")
+            self.is_ignored(path, is_dir)
+        }
+    }
+
+    /// Whether `path` (a directory when `is_dir`; its links resolved) is
+    /// ignored.
+    pub fn is_ignored(&self, path: &Path, is_dir: bool) -> bool {
+        let part = |p: &std::ffi::OsStr| p.to_string_lossy().into_owned();
+        let (rel, parts): (String, Vec<String>) = match path.strip_prefix(&self.root) {
+            // The root itself is `.` by path and its own name by name.
+            Ok(rel) if rel.as_os_str().is_empty() => (".".to_string(), Vec::new()),
+            Ok(rel) => {
+                let parts: Vec<String> = rel.iter().map(part).collect();
+                (parts.join("/"), parts)
+            }
+            // Outside the root the absolute path is matched: by path
+            // without its leading `/`, by parts with `/` the first one.
+            Err(_) => {
+                let parts: Vec<String> = path.iter().map(part).collect();
+                let text = path.to_string_lossy();
+                (text.trim_start_matches('/').to_string(), parts)
+            }
         };
         let name = match parts.last() {
             Some(last) => last.clone(),
@@ -166,6 +192,47 @@ impl Policy {
         }
         ignored
     }
+}
+
+/// `path` with its symbolic links resolved as far as they exist (Python's
+/// `Path.resolve()`): at most 40 links, `..` applied after a link.
+pub fn resolve(path: &Path) -> PathBuf {
+    let mut todo: Vec<std::ffi::OsString> = path
+        .components()
+        .rev()
+        .map(|c| c.as_os_str().to_os_string())
+        .collect();
+    let mut out = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(part) = todo.pop() {
+        match part.to_str() {
+            Some("/") => out = PathBuf::from("/"),
+            Some(".") => {}
+            Some("..") => {
+                out.pop();
+            }
+            _ => {
+                let next = out.join(&part);
+                let link = fs::symlink_metadata(&next).is_ok_and(|m| m.file_type().is_symlink());
+                match fs::read_link(&next) {
+                    Ok(target) if link && links < 40 => {
+                        links += 1;
+                        todo.extend(
+                            target
+                                .components()
+                                .rev()
+                                .map(|c| c.as_os_str().to_os_string()),
+                        );
+                        if target.is_absolute() {
+                            out = PathBuf::from("/");
+                        }
+                    }
+                    _ => out = next,
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Whether a write or an edit of `path` is refused: the file or its
