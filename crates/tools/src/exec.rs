@@ -214,6 +214,47 @@ fn head(s: &str, limit: usize) -> (String, bool) {
     }
 }
 
+/// Waits for the command `child` started at `started` until `timeout`,
+/// then kills its process group; kills what it left running in its group
+/// either way. Returns its exit status and whether it timed out.
+fn wait_bounded(
+    child: &mut std::process::Child,
+    started: Instant,
+    timeout: Duration,
+) -> (Option<std::process::ExitStatus>, bool) {
+    let pid = child.id() as i32;
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if started.elapsed() >= timeout => {
+                // SAFETY: kill(2) takes no pointers. `-pid` names the
+                // process group the command leads (`process_group(0)`),
+                // whose leader is not reaped yet (`try_wait` said so), so
+                // the id cannot have gone to another group.
+                unsafe {
+                    libc::kill(-pid, libc::SIGKILL);
+                }
+                timed_out = true;
+                break child.wait().ok();
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(_) => break None,
+        }
+    };
+    // What the command left running in its group (a background job that
+    // would hold its output open, a server) ends with it.
+    // SAFETY: kill(2) takes no pointers, so it is memory-safe whatever the
+    // id. `-pid` names the group the command led (`process_group(0)`): the
+    // leader is reaped by now, but the id stays the group's while a member
+    // lives (POSIX does not reuse it), and with none left the call finds no
+    // group (ESRCH, ignored).
+    unsafe {
+        libc::kill(-pid, libc::SIGKILL);
+    }
+    (status, timed_out)
+}
+
 /// Runs one `execute_command` call (arguments already rewritten by the
 /// scope: `working_directory` absolute), bounded by `limit` (the run's
 /// tool timeout) and the call's own `timeout`, with the environment `env`
@@ -280,36 +321,7 @@ pub fn run(args: &Map<String, Value>, limit: Duration, env: &ExecEnv) -> Value {
     };
     let out = child.stdout.take().map(drain);
     let err = child.stderr.take().map(drain);
-    let pid = child.id() as i32;
-    let mut timed_out = false;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break Some(s),
-            Ok(None) if started.elapsed() >= timeout => {
-                // SAFETY: kill(2) takes no pointers. `-pid` names the
-                // process group the command leads (`process_group(0)`),
-                // whose leader is not reaped yet (`try_wait` said so), so
-                // the id cannot have gone to another group.
-                unsafe {
-                    libc::kill(-pid, libc::SIGKILL);
-                }
-                timed_out = true;
-                break child.wait().ok();
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(_) => break None,
-        }
-    };
-    // What the command left running in its group (a background job that
-    // would hold its output open, a server) ends with it.
-    // SAFETY: kill(2) takes no pointers, so it is memory-safe whatever the
-    // id. `-pid` names the group the command led (`process_group(0)`): the
-    // leader is reaped by now, but the id stays the group's while a member
-    // lives (POSIX does not reuse it), and with none left the call finds no
-    // group (ESRCH, ignored).
-    unsafe {
-        libc::kill(-pid, libc::SIGKILL);
-    }
+    let (status, timed_out) = wait_bounded(&mut child, started, timeout);
     let duration = started.elapsed().as_secs_f64();
     // The streams end when every process holding them is gone; one that
     // left the group (setsid, a double fork) may keep them open: its

@@ -71,24 +71,17 @@ impl AccessMode {
     }
 }
 
-/// The `_runtime.workspace` snapshot of a new run: its own top-level
-/// `workspace_*` vars over what it inherits from its parent (`inherited`:
-/// the parent's snapshot), with every path made absolute now (a relative
-/// root against the starting process's directory, relative entries against
-/// the root), so the scope never moves with the directory of whichever
-/// process runs a later step. `Ok(None)` when there is nothing to freeze.
-///
-/// A child can only narrow its parent: its root and allowed paths must lie
-/// within the parent's reach, its access mode may not be wider, ignored
-/// paths, host deny prefixes and read-only mounts add up, a read-only
-/// parent keeps it read-only, and the writable exceptions and deny
-/// exceptions are the parent's. Anything else is refused with why (the
-/// field is named in the text).
-pub fn freeze(
+/// A run's own scope, with its resolved root (see [`own_scope`]).
+type OwnScope = (Map<String, Value>, Option<PathBuf>);
+
+/// The scope `vars` name themselves (aliases read), its root absolute and
+/// resolved and its paths absolute (relative ones against the root, else
+/// the `inherited` scope's root), and the root.
+fn own_scope(
     vars: &Map<String, Value>,
     inherited: Option<&Value>,
     home: Option<&Path>,
-) -> Result<Option<Value>, (String, String)> {
+) -> Result<OwnScope, (String, String)> {
     let mut own = Map::new();
     for key in SCOPE_KEYS {
         if let Some(v) = vars.get(key).filter(|v| !v.is_null()) {
@@ -161,6 +154,29 @@ pub fn freeze(
             );
         }
     }
+    Ok((own, root))
+}
+
+/// The `_runtime.workspace` snapshot of a new run: its own top-level
+/// `workspace_*` vars over what it inherits from its parent (`inherited`:
+/// the parent's snapshot), with every path made absolute now (a relative
+/// root against the starting process's directory, relative entries against
+/// the root), so the scope never moves with the directory of whichever
+/// process runs a later step. `Ok(None)` when there is nothing to freeze.
+///
+/// A child can only narrow its parent: its root and allowed paths must lie
+/// within the parent's reach, its access mode may not be wider, ignored
+/// paths, host deny prefixes and read-only mounts add up, a read-only
+/// parent keeps it read-only, and the writable exceptions and deny
+/// exceptions are the parent's. Anything else is refused with why (the
+/// field is named in the text).
+pub fn freeze(
+    vars: &Map<String, Value>,
+    inherited: Option<&Value>,
+    home: Option<&Path>,
+) -> Result<Option<Value>, (String, String)> {
+    let (own, root) = own_scope(vars, inherited, home)?;
+    let field = |k: &str| format!("vars.{k}");
     let Some(parent) = inherited.and_then(Value::as_object) else {
         return Ok((!own.is_empty()).then_some(Value::Object(own)));
     };
