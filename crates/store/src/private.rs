@@ -330,6 +330,18 @@ mod tests {
             "{err}"
         );
     }
+
+    /// A secret file that is a link to nowhere is refused (it reads as
+    /// missing, and `create_new` finds it there), not retried forever.
+    #[test]
+    fn a_dangling_link_is_no_secret_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("serve-token");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &link).unwrap();
+        let err = load_or_create_secret_file(&link).unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+        assert!(!dir.path().join("nowhere").exists());
+    }
 }
 
 /// Refuses a cache directory that is a symbolic link, that another user
@@ -405,9 +417,14 @@ pub fn load_or_create_secret_file(path: &Path) -> Result<String, String> {
             }
             let mut file = match options.open(path) {
                 Ok(f) => f,
-                // Another process created it first: use theirs.
+                // Another process created it first: use theirs. A link
+                // that points nowhere is there too (`create_new` does not
+                // follow it) but reads as missing: refused, not read again.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    return load_or_create_secret_file(path)
+                    if std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
+                        return Err("the secret file is a symbolic link or not a regular file: name the file itself".to_string());
+                    }
+                    return load_or_create_secret_file(path);
                 }
                 Err(e) => return Err(e.to_string()),
             };
