@@ -12,16 +12,19 @@
 //! which re-exports everything here.
 //!
 //! ```no_run
+//! # #[cfg(feature = "sqlite")]
+//! # fn main() -> Result<(), stepwell_runtime::Error> {
 //! use std::sync::Arc;
 //! use stepwell_runtime::{Runtime, SqliteStore, StartOptions};
 //!
-//! # fn main() -> Result<(), stepwell_runtime::Error> {
 //! let store = Arc::new(SqliteStore::open(".stepwell/stepwell.sqlite")?);
 //! let runtime = Runtime::builder(store).build()?;
 //! let bundle = runtime.load_bundle("flows/examples/hello".as_ref())?;
 //! let state = runtime.run(&bundle.main_workflow_id, StartOptions::default())?;
 //! println!("{:?}", state.output);
 //! # Ok(()) }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
 //! ```
 
 // Every public item says what it is; every unsafe operation sits in a

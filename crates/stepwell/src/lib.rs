@@ -11,10 +11,11 @@
 //! executes every effect they ask for.
 //!
 //! ```no_run
+//! # #[cfg(feature = "sqlite")]
+//! # fn main() -> Result<(), stepwell::Error> {
 //! use std::sync::Arc;
 //! use stepwell::{SqliteStore, StartOptions};
 //!
-//! # fn main() -> Result<(), stepwell::Error> {
 //! let store = Arc::new(SqliteStore::open(".stepwell/stepwell.sqlite")?);
 //! // The kernel and every feature this build has (`Runtime::builder` is
 //! // the bare kernel).
@@ -26,6 +27,8 @@
 //! let state = runtime.run(&bundle.main_workflow_id, options)?;
 //! assert_eq!(state.output, Some(serde_json::json!({"message": "Hello, Alice!"})));
 //! # Ok(()) }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
 //! ```
 
 // Every public item says what it is; every unsafe operation sits in a

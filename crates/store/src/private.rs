@@ -330,6 +330,41 @@ mod tests {
             "{err}"
         );
     }
+
+    /// A secret file that is a link to nowhere is refused (it reads as
+    /// missing, and `create_new` finds it there), not retried forever.
+    #[test]
+    fn a_dangling_link_is_no_secret_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("serve-token");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &link).unwrap();
+        let err = load_or_create_secret_file(&link).unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+        assert!(!dir.path().join("nowhere").exists());
+    }
+
+    /// A secret file that is a named pipe is refused at once, not waited
+    /// on; one that is a link to a private file of this user's is refused
+    /// too; a private file of this user's is read.
+    #[test]
+    fn only_a_regular_file_is_a_secret_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let pipe = dir.path().join("pipe");
+        let c = std::ffi::CString::new(pipe.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that lives across the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = load_or_create_secret_file(&pipe).unwrap_err();
+        assert!(err.contains("not a regular file"), "{err}");
+        let made = load_or_create_secret_file(&dir.path().join("token")).unwrap();
+        assert_eq!(
+            load_or_create_secret_file(&dir.path().join("token")).unwrap(),
+            made
+        );
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path().join("token"), &link).unwrap();
+        let err = load_or_create_secret_file(&link).unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+    }
 }
 
 /// Refuses a cache directory that is a symbolic link, that another user
@@ -355,16 +390,37 @@ pub fn check_private_dir(dir: &Path) -> Result<(), String> {
 /// a symbolic link, belongs to another user or others may read it (why,
 /// without the file's name).
 pub fn load_or_create_secret_file(path: &Path) -> Result<String, String> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
+    const NOT_A_FILE: &str =
+        "the secret file is a symbolic link or not a regular file: name the file itself";
+    // Opened without following a link or waiting on a pipe, and judged by
+    // what was opened (not by its name again, which another process could
+    // have pointed elsewhere in between).
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let opened = options.open(path).and_then(|mut file| {
+        let meta = file.metadata()?;
+        let mut text = String::new();
+        if meta.is_file() {
+            std::io::Read::read_to_string(&mut file, &mut text)?;
+        }
+        Ok((meta, text))
+    });
+    match opened {
+        #[cfg(unix)]
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(NOT_A_FILE.to_string()),
+        Ok((meta, text)) => {
+            if !meta.is_file() {
+                return Err(NOT_A_FILE.to_string());
+            }
             #[cfg(unix)]
             {
                 use std::os::unix::fs::MetadataExt;
                 use std::os::unix::fs::PermissionsExt;
-                let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
-                if !meta.is_file() {
-                    return Err("the secret file is a symbolic link or not a regular file: name the file itself".to_string());
-                }
                 // SAFETY: geteuid has no preconditions.
                 let me = unsafe { libc::geteuid() };
                 if meta.uid() != me {
@@ -405,9 +461,14 @@ pub fn load_or_create_secret_file(path: &Path) -> Result<String, String> {
             }
             let mut file = match options.open(path) {
                 Ok(f) => f,
-                // Another process created it first: use theirs.
+                // Another process created it first: use theirs. A link
+                // that points nowhere is there too (`create_new` does not
+                // follow it) but reads as missing: refused, not read again.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    return load_or_create_secret_file(path)
+                    if std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file()) {
+                        return Err(NOT_A_FILE.to_string());
+                    }
+                    return load_or_create_secret_file(path);
                 }
                 Err(e) => return Err(e.to_string()),
             };

@@ -195,8 +195,9 @@ impl RuntimeBuilder {
     /// Where bundles a store keeps (PostgreSQL: see
     /// [`crate::flow::archive`]) are written to be loaded, one folder per
     /// digest (default: a folder of the runtime's own in the system's
-    /// temporary folder, removed with the runtime; [`crate::open_runtime`]
-    /// uses `bundles/` beside the compiled-component cache).
+    /// temporary folder, removed with the runtime; the `stepwell` crate's
+    /// `host::open_runtime` uses `bundles/` beside the compiled-component
+    /// cache).
     pub fn bundle_cache(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.bundle_cache = Some(dir.into());
         self

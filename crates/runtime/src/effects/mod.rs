@@ -1,10 +1,11 @@
 //! Effects: what the host does when a node's plan asks for one. Each kind is
-//! an [`EffectHandler`] in an [`EffectRegistry`]; the built-in ones live one
+//! an [`EffectHandler`] in an [`EffectRegistry`]; the kernel's own live one
 //! family per module: [`waits`] (`ask_user`, `answer_user`, `wait_event`,
 //! `wait_until`), [`events`] (`emit_event`), [`subworkflow`]
-//! (`start_subworkflow`), [`vars_query`], [`llm`] (`llm_call`) and [`tools`]
-//! (`tool_calls`). An embedding application
-//! registers its own with [`crate::RuntimeBuilder::effect`].
+//! (`start_subworkflow`) and [`vars_query`]. A feature's (`llm_call`,
+//! `tool_calls`, the controller's) come with its plugin
+//! ([`crate::core::plugin`]), and an embedding application registers its
+//! own with [`crate::RuntimeBuilder::effect`].
 //!
 //! Every handler declares its [`EffectClass`], and the runtime applies one
 //! rule by class: a *pure* effect is simply executed again when a step is
