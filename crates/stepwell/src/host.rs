@@ -160,8 +160,14 @@ impl StoreSpec {
             StoreSpec::Memory | StoreSpec::Postgres(_) => [
                 self.cache_dir(cache_home),
                 self.bundle_cache_dir(cache_home),
-                self.token_file(state_home).ok(),
-                self.connection_key_file(state_home).ok(),
+                // Protected whatever the state folder is like.
+                self.state_dir(state_home, TOKEN_FILE)
+                    .ok()
+                    .map(|d| d.join(TOKEN_FILE)),
+                matches!(self, StoreSpec::Postgres(_))
+                    .then(|| self.state_dir(state_home, CONNECTION_KEY_FILE).ok())
+                    .flatten()
+                    .map(|d| d.join(CONNECTION_KEY_FILE)),
             ]
             .into_iter()
             .flatten()
@@ -228,9 +234,7 @@ impl StoreSpec {
                 "state_home",
                 "a memory store keeps its connections key in memory, in no file",
             )),
-            _ => Ok(self
-                .state_dir(state_home, CONNECTION_KEY_FILE)?
-                .join(CONNECTION_KEY_FILE)),
+            _ => self.secret_file(state_home, CONNECTION_KEY_FILE),
         }
     }
 
@@ -239,7 +243,7 @@ impl StoreSpec {
     /// `state_home` for the memory and PostgreSQL stores (without one, it
     /// is refused: `invalid_input`, naming `state_home`).
     pub fn token_file(&self, state_home: Option<&Path>) -> Result<PathBuf> {
-        Ok(self.state_dir(state_home, TOKEN_FILE)?.join(TOKEN_FILE))
+        self.secret_file(state_home, TOKEN_FILE)
     }
 
     /// The folder of the store's own files: the database's folder, the JSON
@@ -252,16 +256,30 @@ impl StoreSpec {
             StoreSpec::Memory => "memory",
             _ => "PostgreSQL",
         };
-        self.own_dir()
-            .or_else(|| state_home.map(Path::to_path_buf))
-            .ok_or_else(|| {
-                Error::invalid(
-                    "state_home",
-                    format!(
-                        "a {store} store has no folder of its own for its `{file}` file, and no state folder was given (HostOptions::state_home)"
-                    ),
-                )
-            })
+        if let Some(dir) = self.own_dir() {
+            return Ok(dir);
+        }
+        let dir = state_home.map(Path::to_path_buf).ok_or_else(|| {
+            Error::invalid(
+                "state_home",
+                format!(
+                    "a {store} store has no folder of its own for its `{file}` file, and no state folder was given (HostOptions::state_home)"
+                ),
+            )
+        })?;
+        Ok(dir)
+    }
+
+    /// `file` in [`StoreSpec::state_dir`], once a state folder that exists
+    /// is checked: another user's, or one others may write, could have the
+    /// secret replaced or read beside it (it is created 0700 when missing).
+    fn secret_file(&self, state_home: Option<&Path>, file: &str) -> Result<PathBuf> {
+        let dir = self.state_dir(state_home, file)?;
+        if self.own_dir().is_none() && dir.exists() {
+            crate::store::private::check_dir(&dir)
+                .map_err(|why| crate::store::private::refused(&dir, "the state folder", &why))?;
+        }
+        Ok(dir.join(file))
     }
 
     /// The folder the store's files are in: the database's folder or the
@@ -522,6 +540,40 @@ mod state_tests {
 
     /// A store without a folder of its own keeps its files where it is
     /// told, and without a state folder it has none (nothing in `.`).
+    /// A state folder that others may write, or another user's, is
+    /// refused (`store_unsafe`) before a secret is kept in it; its files
+    /// are protected all the same.
+    #[cfg(unix)]
+    #[test]
+    fn an_unsafe_state_folder_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("stepwell");
+        std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let pg = StoreSpec::Postgres("postgres://h/db".into());
+        for spec in [&StoreSpec::Memory, &pg] {
+            let err = spec.token_file(Some(&state)).unwrap_err();
+            assert_eq!(err.reason_code(), "store_unsafe", "{err}");
+            assert!(err.to_string().contains("the state folder"), "{err}");
+        }
+        assert_eq!(
+            pg.connection_key_file(Some(&state))
+                .unwrap_err()
+                .reason_code(),
+            "store_unsafe"
+        );
+        assert_eq!(
+            pg.protected_paths(None, Some(&state)),
+            [state.join("serve-token"), state.join("connections.key")]
+        );
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(
+            StoreSpec::Memory.token_file(Some(&state)).unwrap(),
+            state.join("serve-token")
+        );
+    }
+
     #[test]
     fn files_of_a_store_without_a_folder_go_to_the_state_folder() {
         let state = Path::new("/state/stepwell");

@@ -38,6 +38,12 @@ pub fn trigger_dir() -> Option<PathBuf> {
     var(stepwell::triggers::PLUGIN_DIR_ENV).map(PathBuf::from)
 }
 
+/// `$HOME` when absolute: a relative one would put the user's folders
+/// under the working directory.
+fn absolute_home() -> Option<PathBuf> {
+    var("HOME").map(PathBuf::from).filter(|p| p.is_absolute())
+}
+
 /// The user's cache folder for stepwell: `$XDG_CACHE_HOME/stepwell` (when
 /// absolute, as the XDG rules ask), else `~/.cache/stepwell`; where a
 /// memory or PostgreSQL store's compiled components and bundles go.
@@ -45,7 +51,7 @@ pub fn cache_home() -> Option<PathBuf> {
     let xdg = var("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute());
-    let base = xdg.or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let base = xdg.or_else(|| absolute_home().map(|h| h.join(".cache")))?;
     Some(base.join("stepwell"))
 }
 
@@ -56,7 +62,7 @@ pub fn state_home() -> Option<PathBuf> {
     let xdg = var("XDG_STATE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute());
-    let base = xdg.or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".local/state")))?;
+    let base = xdg.or_else(|| absolute_home().map(|h| h.join(".local/state")))?;
     Some(base.join("stepwell"))
 }
 

@@ -45,14 +45,17 @@ pub(crate) fn host(cli: &Cli) -> Result<Host, Error> {
         Command::Serve(args) => {
             let path = match &args.token_file {
                 Some(path) => path.clone(),
-                None => spec.token_file(state_home.as_deref()).map_err(|e| {
-                    Error::InvalidInput {
-                        field: "--token-file".into(),
-                        message: format!(
-                            "{e}: name the file, or set XDG_STATE_HOME or HOME (the user's state folder)"
-                        ),
-                    }
-                })?,
+                None => spec
+                    .token_file(state_home.as_deref())
+                    .map_err(|e| match e {
+                        Error::InvalidInput { message, .. } => Error::InvalidInput {
+                            field: "--token-file".into(),
+                            message: format!(
+                                "{message}: name the file, or set XDG_STATE_HOME or HOME (the user's state folder)"
+                            ),
+                        },
+                        other => other,
+                    })?,
             };
             Some(std::path::absolute(&path).unwrap_or(path))
         }
