@@ -54,9 +54,13 @@ impl Foreign {
             .is_some_and(|until| *until > now)
     }
 
-    /// `ids` without the foreign runs, at most `limit` of them.
+    /// `ids` without the foreign runs, at most `limit` of them (one look at
+    /// the set for the whole listing).
     pub(crate) fn past(&self, mut ids: Vec<String>, limit: usize) -> Vec<String> {
-        ids.retain(|id| !self.contains(id));
+        let now = Instant::now();
+        let runs = self.runs.lock();
+        ids.retain(|id| runs.get(id).is_none_or(|until| *until <= now));
+        drop(runs);
         ids.truncate(limit);
         ids
     }
