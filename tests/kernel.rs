@@ -1426,6 +1426,9 @@ mod driver {
         let config = RuntimeConfig {
             drive_batch: 2,
             drive_steps_per_run: 1,
+            // Batches, not time: however slow the machine, a pass hands
+            // out its whole batch.
+            drive_pass_time: std::time::Duration::from_secs(60),
             ..RuntimeConfig::default()
         };
         let h = Host::with_config(b, stepwell_tests::manual_clock(), config);
@@ -1445,6 +1448,34 @@ mod driver {
         for _ in 0..20 {
             h.rt.drive_once().unwrap();
         }
+        for id in &ids {
+            assert_eq!(h.rt.get_state(id).unwrap().status, RunStatus::Completed);
+        }
+    }
+
+    fn a_pass_hands_out_running_runs_only_for_its_time(b: Backend) {
+        // Three running chains and no time per pass: each pass moves one of
+        // them (at least one, so the backlog still moves), then ends, so
+        // the next starts with what fell due meanwhile.
+        let config = RuntimeConfig {
+            drive_pass_time: std::time::Duration::ZERO,
+            ..RuntimeConfig::default()
+        };
+        let h = Host::with_config(b, stepwell_tests::manual_clock(), config);
+        let wf = h.load("chain");
+        let ids: Vec<String> = (0..3)
+            .map(|_| h.rt.start(&wf, StartOptions::default()).unwrap())
+            .collect();
+        let mut moved = Vec::new();
+        for _ in 0..3 {
+            let ticked = h.rt.drive_once().unwrap().ticked;
+            assert_eq!(ticked.len(), 1, "{ticked:?}");
+            moved.extend(ticked);
+        }
+        moved.sort();
+        let mut expected = ids.clone();
+        expected.sort();
+        assert_eq!(moved, expected);
         for id in &ids {
             assert_eq!(h.rt.get_state(id).unwrap().status, RunStatus::Completed);
         }
@@ -1610,6 +1641,7 @@ mod driver {
         a_sync_child_past_the_cascade_limit_is_left_to_the_driver,
         a_few_broken_due_runs_never_starve_the_driver,
         the_driver_rotates_through_more_running_runs_than_a_pass_takes,
+        a_pass_hands_out_running_runs_only_for_its_time,
     );
 }
 

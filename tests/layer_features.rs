@@ -8,6 +8,7 @@ mod automation;
 mod automation_behaviours;
 mod automation_controller;
 mod conversations;
+mod in_flight;
 mod llm;
 mod tools;
 mod triggers;

@@ -233,6 +233,8 @@ fn a_client_error_fails_at_once_and_a_server_error_is_retried() {
         .starts_with("retry:ask:"));
     clock.advance(chrono::Duration::seconds(2));
     rt.drive_once().unwrap();
+    // The driver's call flies: the run goes on when it lands.
+    assert!(rt.wait_in_flight(std::time::Duration::from_secs(30)));
     let run = rt.get_state(&run.run_id).unwrap();
     assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
     assert_eq!(run.output.unwrap()["answer"]["content"], "after a retry");

@@ -687,6 +687,21 @@ fn automations_are_created_commanded_and_read_over_http() {
         .any(|t| t["name"] == "write_file"));
 }
 
+/// `run` once it no longer runs: the server's calls fly their effects (a
+/// tool batch, a model call), so a start answers the run `running`, and it
+/// goes on when its effect lands.
+fn settled(s: &Served, run: Value) -> Value {
+    let id = run["run_id"].as_str().unwrap().to_string();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut run = run;
+    while run["status"] == "running" {
+        assert!(std::time::Instant::now() < until, "still running: {run}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        run = s.ok(&format!("/v1/runs/{id}"));
+    }
+    run
+}
+
 /// A tool approval answered over HTTP runs the tool once.
 #[test]
 fn a_tool_call_is_approved_over_http() {
@@ -699,6 +714,7 @@ fn a_tool_call_is_approved_over_http() {
                "vars": {"workspace_root": ws.display().to_string(), "note": "approved"}}),
     );
     assert_eq!(status, 201, "{run}");
+    let run = settled(&s, run);
     assert_eq!(run["waiting"]["details"]["mode"], "approval_required");
     assert_eq!(
         run["waiting"]["details"]["tool_calls"][0]["name"],
@@ -725,6 +741,8 @@ fn a_tool_call_is_approved_over_http() {
         json!({"bundle": example("write-note"),
                "vars": {"workspace_root": ws.display().to_string(), "note": "denied"}}),
     );
+    let run = settled(&s, run);
+    assert_eq!(run["status"], "waiting", "{run}");
     let id = run["run_id"].as_str().unwrap();
     let (_, done) = s.post(
         &format!("/v1/runs/{id}/resume"),
@@ -1018,6 +1036,7 @@ fn tools_cannot_read_the_token_file() {
                "vars": {"workspace_root": ws.display().to_string()}}),
     );
     assert_eq!(status, 201, "{run}");
+    let run = settled(&s, run);
     // Refused as a workspace that holds the host's files.
     assert_eq!(run["status"], "failed", "{run}");
     assert!(

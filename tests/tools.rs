@@ -1737,3 +1737,49 @@ fn a_link_swapped_by_another_run_does_not_reach_the_store() {
     }
     eprintln!("rounds where the swaps overlapped the links: {overlapped} of 3");
 }
+
+/// A tool batch the driver starts flies (its pass moves on), and a cancel
+/// of its run interrupts the tool: a spinning tool with a minute's timeout
+/// lands at once, and nothing of it is recorded.
+#[test]
+fn a_cancel_interrupts_a_tool_in_flight() {
+    let (rt, dir) = runtime();
+    let ws = workspace(&dir);
+    let mut v = vars(ws_vars(&ws));
+    v.insert(
+        "batch".into(),
+        json!({"tool_calls": [{"name": "hostile_spin", "arguments": {}, "call_id": "spin"}]}),
+    );
+    let id = rt
+        .start(
+            "tools",
+            StartOptions {
+                vars: v,
+                runtime: stepwell::core::config::operator_runtime(vars(json!({
+                    "tool_timeout_s": 60,
+                    "tool_policy": {"auto_approve_tools": ["hostile_spin"]}})))
+                .unwrap(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let pass = rt.drive_once().unwrap();
+    assert_eq!(pass.ticked, vec![id.clone()]);
+    assert_eq!(rt.in_flight(), 1, "the batch flies");
+    // Spinning by now (its instance is made in a few milliseconds).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(rt.in_flight(), 1);
+    rt.cancel_run(&id, None).unwrap();
+    assert!(
+        rt.wait_in_flight(std::time::Duration::from_secs(20)),
+        "the tool was not interrupted (its timeout is 60 s)"
+    );
+    assert_eq!(rt.get_state(&id).unwrap().status, RunStatus::Cancelled);
+    let ledger = rt.get_ledger(&id).unwrap();
+    assert!(
+        ledger
+            .iter()
+            .all(|r| r.status != stepwell::core::model::StepStatus::Completed),
+        "{ledger:?}"
+    );
+}

@@ -24,6 +24,9 @@ pub enum Reply {
     Close,
     /// 307 to this URL.
     Redirect(String),
+    /// Never answers: holds the connection until the client drops it,
+    /// which [`LlmMock::dropped`] counts.
+    Hang,
 }
 
 impl Reply {
@@ -85,6 +88,7 @@ pub struct LlmMock {
     script: Arc<Mutex<VecDeque<Reply>>>,
     seen: Arc<Mutex<Vec<Request>>>,
     always: Option<Reply>,
+    dropped: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl LlmMock {
@@ -98,6 +102,7 @@ impl LlmMock {
             script: Arc::new(Mutex::new(script.into())),
             seen: Arc::new(Mutex::new(Vec::new())),
             always: None,
+            dropped: Arc::default(),
         };
         mock.listen(listener)
     }
@@ -111,6 +116,7 @@ impl LlmMock {
             script: Arc::new(Mutex::new(VecDeque::new())),
             seen: Arc::new(Mutex::new(Vec::new())),
             always: Some(reply),
+            dropped: Arc::default(),
         };
         mock.listen(listener)
     }
@@ -140,6 +146,12 @@ impl LlmMock {
     /// How many requests it got.
     pub fn count(&self) -> usize {
         self.seen.lock().unwrap().len()
+    }
+
+    /// How many requests answered [`Reply::Hang`] the client dropped (it
+    /// closed the connection).
+    pub fn dropped(&self) -> usize {
+        self.dropped.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn serve(&self, stream: TcpStream) {
@@ -183,6 +195,14 @@ impl LlmMock {
                 500,
                 json!({"error": {"message": "the mock has no reply scripted for this request"}}),
             ));
+        if let Reply::Hang = reply {
+            // Until the client closes: a read of 0 bytes (or an error).
+            let mut buf = [0u8; 64];
+            while matches!(reader.read(&mut buf), Ok(n) if n > 0) {}
+            self.dropped
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return;
+        }
         answer(stream, reply);
     }
 }
@@ -195,7 +215,7 @@ fn answer(mut stream: TcpStream, reply: Reply) {
             std::thread::sleep(d);
             return answer(stream, *then);
         }
-        Reply::Close => return,
+        Reply::Close | Reply::Hang => return,
         Reply::Redirect(to) => {
             let head = format!(
                 "HTTP/1.1 307 X\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"

@@ -893,7 +893,11 @@ pub struct IdleReport {
     pub errors: Vec<stepwell_runtime::core::RunError>,
 }
 
-/// Runs driver passes until one moves nothing (at most `max_passes`):
+/// How long [`drive_until_idle`] waits for effects in flight to land.
+const IDLE_FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Runs driver passes until one moves nothing and no effect is in flight
+/// (at most `max_passes`):
 /// controllers admit and dispatch, occurrences run, parents hear of their
 /// children, due waits resume.
 pub fn drive_until_idle(rt: &Runtime, max_passes: u64) -> Result<IdleReport> {
@@ -903,6 +907,11 @@ pub fn drive_until_idle(rt: &Runtime, max_passes: u64) -> Result<IdleReport> {
         let pass = rt.drive_once()?;
         report.errors = pass.errors.clone();
         if !pass.moved_anything() {
+            // Effects in flight land and their runs go on by themselves;
+            // once they have, another pass looks at what they left.
+            if rt.in_flight() > 0 && rt.wait_in_flight(IDLE_FLIGHT_WAIT) {
+                continue;
+            }
             break;
         }
         report.passes += 1;

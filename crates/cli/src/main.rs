@@ -233,6 +233,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
+    stepwell::host::raise_open_files();
     let cli = Cli::parse();
     cli::environment::apply_profiling();
     let sink = Sink::new(cli.json);

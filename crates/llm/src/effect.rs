@@ -14,8 +14,9 @@ use serde_json::{json, Map, Value};
 use crate::{
     attempted_budget, chat_request, finish_is_truncation, normalize_response, output_budget,
     parse_json_text, positive, redact, requested_schema, schema_mismatch, shown_url,
-    truncation_message, Providers, Settings,
+    truncation_message, ChatRequest, Provider, Providers, Settings,
 };
+use stepwell_runtime::core::flight::Landing;
 use stepwell_runtime::core::model::RunState;
 use stepwell_runtime::core::Result;
 use stepwell_runtime::effects::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
@@ -309,12 +310,74 @@ impl EffectHandler for LlmCall {
         }
     }
 
+    fn flies(&self) -> bool {
+        true
+    }
+
+    fn launch(
+        &self,
+        cx: &EffectCx<'_>,
+        payload: &Map<String, Value>,
+        _prepared: Option<&Value>,
+        landing: Landing,
+    ) -> Option<Landing> {
+        let planned = match self.plan(cx, payload) {
+            Ok(planned) => planned,
+            Err(outcome) => {
+                landing.land(outcome);
+                return None;
+            }
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        landing.cancel().on_cancel(move || {
+            let _ = stop.send(());
+        });
+        crate::http::spawn(async move {
+            tokio::select! {
+                outcome = perform(planned) => landing.land(outcome),
+                // Dropping the call drops its request (and connection).
+                _ = stopped => landing.land(Outcome::Failed(Failure::permanent(
+                    "cancelled",
+                    "the run was cancelled while its model call was in flight",
+                ))),
+            }
+        });
+        None
+    }
+
     fn execute(
         &self,
         cx: &EffectCx<'_>,
         payload: &Map<String, Value>,
         _prepared: Option<&Value>,
     ) -> Result<Outcome> {
+        Ok(match self.plan(cx, payload) {
+            Ok(planned) => crate::http::block_on(perform(planned)),
+            Err(outcome) => outcome,
+        })
+    }
+}
+
+/// A model call planned from its payload and its run: everything
+/// performing it needs, owned (it may be performed off the step).
+struct Planned {
+    providers: Providers,
+    provider: Provider,
+    model: String,
+    budget: Option<u64>,
+    request: ChatRequest,
+    payload: Map<String, Value>,
+    metadata: Value,
+    schema: Option<Value>,
+}
+
+impl LlmCall {
+    /// Plans the call `payload` asks for, or the outcome that refuses it.
+    fn plan(
+        &self,
+        cx: &EffectCx<'_>,
+        payload: &Map<String, Value>,
+    ) -> std::result::Result<Planned, Outcome> {
         let has_messages = payload
             .get("messages")
             .and_then(Value::as_array)
@@ -323,12 +386,12 @@ impl EffectHandler for LlmCall {
             && nonblank(payload.get("text")).is_none()
             && !has_messages
         {
-            return Ok(Outcome::Failed(no_input(cx.run.current_node.as_deref())));
+            return Err(Outcome::Failed(no_input(cx.run.current_node.as_deref())));
         }
         let providers = match &self.providers {
             Ok(p) => p,
             Err(e) => {
-                return Ok(Outcome::Failed(Failure::permanent(
+                return Err(Outcome::Failed(Failure::permanent(
                     "llm_unavailable",
                     e.clone(),
                 )))
@@ -340,10 +403,10 @@ impl EffectHandler for LlmCall {
         };
         let provider = match providers.resolve(pick("provider")) {
             Ok(p) => p,
-            Err(e) => return Ok(Outcome::Failed(Failure::permanent(e.code, e.message))),
+            Err(e) => return Err(Outcome::Failed(Failure::permanent(e.code, e.message))),
         };
         let Some(model) = pick("model").or(provider.default_model.as_deref()) else {
-            return Ok(Outcome::Failed(Failure::permanent(
+            return Err(Outcome::Failed(Failure::permanent(
                 "llm_unavailable",
                 format!(
                     "no model: name one in payload.model, _runtime.model, or the default_model of provider {}",
@@ -359,10 +422,6 @@ impl EffectHandler for LlmCall {
         let budget = output_budget(payload, limit);
         let disclosed = disclose_workspace(cx.run, payload);
         let request = chat_request(disclosed.as_ref().unwrap_or(payload), model, budget);
-        let answer = match providers.call(provider, &request.body) {
-            Ok(a) => a,
-            Err(e) => return Ok(Outcome::Failed(e.into())),
-        };
         let metadata = json!({
             "_provider_request": {
                 "url": shown_url(&format!("{}/chat/completions", provider.base_url.trim_end_matches('/'))),
@@ -372,70 +431,100 @@ impl EffectHandler for LlmCall {
             "effect_idempotency_key": cx.key,
             "attempt": cx.attempt,
         });
-        let schema = requested_schema(payload);
-        let mut result = normalize_response(answer, schema.is_some(), metadata.clone());
-        if let Some(schema) = &schema {
-            // Checked: an answer that does not parse or does not match
-            // completes, saying why in its metadata, unless the payload asks
-            // for one repair call (`structured_output_fallback`).
-            if let Some((key, why)) = structured_problem(&result, schema) {
-                if !boolish(payload.get("structured_output_fallback")) {
-                    result["metadata"][key] = json!(why);
-                } else {
-                    let invalid = result["content"]
-                        .as_str()
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_string)
-                        .unwrap_or_else(|| {
-                            serde_json::to_string_pretty(&result["data"]).unwrap_or_default()
-                        });
-                    let mut repair = payload.clone();
-                    repair.remove("messages");
-                    repair.remove("tools");
-                    repair.insert(
-                        "prompt".into(),
-                        json!(repair_prompt(
-                            &user_text(payload).unwrap_or_default(),
-                            schema,
-                            &invalid,
-                            &why
-                        )),
-                    );
-                    let request = chat_request(&repair, model, budget);
-                    let answer = match providers.call(provider, &request.body) {
-                        Ok(a) => a,
-                        Err(e) => return Ok(Outcome::Failed(e.into())),
-                    };
-                    let mut repaired = normalize_response(answer, true, metadata);
-                    if let Some((_, why)) = structured_problem(&repaired, schema) {
-                        let content = repaired["content"].as_str().unwrap_or_default().trim();
-                        let shown = if content.is_empty() {
-                            String::new()
-                        } else {
-                            format!("; repair content={}", truncate_block(content, 400))
-                        };
-                        return Ok(Outcome::Failed(Failure::permanent(
-                            "llm_structured_output",
-                            format!("LLM_CALL structured output repair failed: {why}{shown}"),
-                        )));
-                    }
-                    repaired["metadata"]["_structured_output_repair"] =
-                        json!({"used": true, "error": ""});
-                    result = repaired;
-                }
+        Ok(Planned {
+            providers: providers.clone(),
+            provider: provider.clone(),
+            model: model.to_string(),
+            budget,
+            request,
+            payload: payload.clone(),
+            metadata,
+            schema: requested_schema(payload),
+        })
+    }
+}
+
+/// Performs a planned call (and its one repair call, if the payload asks
+/// for it): the effect's outcome.
+async fn perform(p: Planned) -> Outcome {
+    let exchange = p.providers.exchange(&p.provider, &p.request.body);
+    let answer = match exchange.send().await {
+        Ok(a) => a,
+        Err(e) => return Outcome::Failed(e.into()),
+    };
+    let mut result = normalize_response(answer, p.schema.is_some(), p.metadata.clone());
+    if let Some(schema) = &p.schema {
+        // Checked: an answer that does not parse or does not match
+        // completes, saying why in its metadata, unless the payload asks
+        // for one repair call (`structured_output_fallback`).
+        if let Some((key, why)) = structured_problem(&result, schema) {
+            if !boolish(p.payload.get("structured_output_fallback")) {
+                result["metadata"][key] = json!(why);
+            } else {
+                result = match repair(&p, schema, &result, &why).await {
+                    Ok(repaired) => repaired,
+                    Err(outcome) => return outcome,
+                };
             }
         }
-        mark_aborted(&mut result);
-        let truncated = finish_is_truncation(result["finish_reason"].as_str());
-        let allowed =
-            boolish(payload.get("allow_truncation")) || boolish(payload.get("allow_truncated"));
-        if truncated && !allowed {
-            return Ok(Outcome::Failed(Failure::permanent(
-                "llm_truncated",
-                truncation_message(&attempted_budget(payload, request.max_output_tokens)),
-            )));
-        }
-        Ok(Outcome::Completed(result))
     }
+    mark_aborted(&mut result);
+    let truncated = finish_is_truncation(result["finish_reason"].as_str());
+    let allowed =
+        boolish(p.payload.get("allow_truncation")) || boolish(p.payload.get("allow_truncated"));
+    if truncated && !allowed {
+        return Outcome::Failed(Failure::permanent(
+            "llm_truncated",
+            truncation_message(&attempted_budget(&p.payload, p.request.max_output_tokens)),
+        ));
+    }
+    Outcome::Completed(result)
+}
+
+/// The one repair call for an answer that did not match `schema`.
+async fn repair(
+    p: &Planned,
+    schema: &Value,
+    result: &Value,
+    why: &str,
+) -> std::result::Result<Value, Outcome> {
+    let invalid = result["content"]
+        .as_str()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .unwrap_or_else(|| serde_json::to_string_pretty(&result["data"]).unwrap_or_default());
+    let mut repair = p.payload.clone();
+    repair.remove("messages");
+    repair.remove("tools");
+    repair.insert(
+        "prompt".into(),
+        json!(repair_prompt(
+            &user_text(&p.payload).unwrap_or_default(),
+            schema,
+            &invalid,
+            why
+        )),
+    );
+    let request = chat_request(&repair, &p.model, p.budget);
+    let exchange = p.providers.exchange(&p.provider, &request.body);
+    let answer = exchange
+        .send()
+        .await
+        .map_err(|e| Outcome::Failed(e.into()))?;
+    let mut repaired = normalize_response(answer, true, p.metadata.clone());
+    if let Some((_, why)) = structured_problem(&repaired, schema) {
+        let content = repaired["content"].as_str().unwrap_or_default().trim();
+        let shown = if content.is_empty() {
+            String::new()
+        } else {
+            format!("; repair content={}", truncate_block(content, 400))
+        };
+        return Err(Outcome::Failed(Failure::permanent(
+            "llm_structured_output",
+            format!("LLM_CALL structured output repair failed: {why}{shown}"),
+        )));
+    }
+    repaired["metadata"]["_structured_output_repair"] = json!({"used": true, "error": ""});
+    Ok(repaired)
 }

@@ -18,6 +18,7 @@
 
 mod chat;
 pub mod effect;
+mod http;
 mod plugin;
 mod providers;
 

@@ -164,24 +164,6 @@ pub struct Providers {
     keys: Settings,
 }
 
-/// The HTTP agent every call shares (its connection pool); each request
-/// sets its own timeout.
-fn agent() -> ureq::Agent {
-    static AGENT: std::sync::OnceLock<ureq::Agent> = std::sync::OnceLock::new();
-    AGENT
-        .get_or_init(|| {
-            // No redirects: a key is only ever sent to the URL its
-            // profile names.
-            ureq::Agent::config_builder()
-                .timeout_connect(Some(CONNECT_TIMEOUT))
-                .http_status_as_error(false)
-                .max_redirects(0)
-                .build()
-                .into()
-        })
-        .clone()
-}
-
 impl Providers {
     /// The built-in profiles, with the overrides `settings` holds (the
     /// `stepwell` binary's are its environment variables):
@@ -330,59 +312,87 @@ impl Providers {
     }
 
     /// Sends chat-completions request `body` to `provider` and returns the
-    /// answer's JSON body.
+    /// answer's JSON body (blocking this thread until it comes).
     pub fn call(&self, provider: &Provider, body: &Value) -> Result<Value, LlmError> {
+        crate::http::block_on(self.exchange(provider, body).send())
+    }
+
+    /// The request `body` to `provider` makes, ready to send (the key is
+    /// read now).
+    pub(crate) fn exchange(&self, provider: &Provider, body: &Value) -> Exchange {
         let target = format!(
             "{}/chat/completions",
             provider.base_url.trim_end_matches('/')
         );
-        // What messages and records say: never the URL's credentials.
-        let url = shown_url(&target);
         // At most a day and a half, whatever the file says.
         let timeout = provider
             .timeout_s
             .unwrap_or(DEFAULT_TIMEOUT_S)
             .clamp(0.001, 129_600.0);
-        let mut request = agent()
-            .post(&target)
-            .config()
-            .timeout_global(Some(Duration::from_secs_f64(timeout)))
-            .build()
-            .header("Content-Type", "application/json");
-        for (k, v) in &provider.headers {
-            request = request.header(k, v);
-        }
+        let mut headers = vec![("Content-Type".to_string(), "application/json".to_string())];
+        headers.extend(provider.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
         let key = provider
             .api_key_env
             .as_deref()
             .and_then(|name| self.keys.get(name));
         if let Some(key) = key.filter(|k| k != "EMPTY") {
-            request = request.header("Authorization", &format!("Bearer {key}"));
+            headers.push(("Authorization".into(), format!("Bearer {key}")));
         }
+        Exchange {
+            // What messages and records say: never the URL's credentials.
+            shown: shown_url(&target),
+            target,
+            timeout,
+            headers,
+            body: serde_json::to_vec(body).unwrap_or_default(),
+        }
+    }
+}
+
+/// One chat-completions request, ready to send.
+pub(crate) struct Exchange {
+    target: String,
+    shown: String,
+    timeout: f64,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Exchange {
+    /// Sends it and returns the answer's JSON body. Dropping the future
+    /// drops the request.
+    pub(crate) async fn send(self) -> Result<Value, LlmError> {
+        let Exchange {
+            target,
+            shown: url,
+            timeout,
+            headers,
+            body,
+        } = self;
+        let answer = crate::http::post(
+            &target,
+            headers,
+            body,
+            Duration::from_secs_f64(timeout),
+            CONNECT_TIMEOUT,
+            MAX_BODY_BYTES,
+        )
+        .await;
         // A transport failure or a timeout, sending or reading: worth
         // another try.
-        let failed = |e: ureq::Error, doing: &str| match e {
-            ureq::Error::Timeout(_) => LlmError {
+        let (status, bytes) = answer.map_err(|e| match e {
+            crate::http::HttpError::Timeout => LlmError {
                 code: "llm_timeout",
                 message: format!("{url}: no answer within {timeout} s"),
                 retryable: true,
             },
-            e => LlmError {
+            crate::http::HttpError::Transport(e) => LlmError {
                 code: "llm_request_failed",
-                message: format!("{url}: {doing}{e}"),
+                message: format!("{url}: {e}"),
                 retryable: true,
             },
-        };
-        let response = request
-            .send(serde_json::to_vec(body).unwrap_or_default())
-            .map_err(|e| failed(e, ""))?;
-        let status = response.status().as_u16();
-        let text = response
-            .into_body()
-            .with_config()
-            .limit(MAX_BODY_BYTES)
-            .read_to_string()
-            .map_err(|e| failed(e, "reading the answer: "))?;
+        })?;
+        let text = String::from_utf8_lossy(&bytes);
         let json: Option<Value> = serde_json::from_str(&text).ok();
         if !(200..300).contains(&status) {
             let said = json

@@ -643,3 +643,32 @@ mod redact_tests {
         }
     }
 }
+
+/// Raises this process's soft limit of open files to its hard limit (at
+/// most 65,536): every model call in flight holds a connection, and the
+/// usual soft limit (1,024) is below the runtime's default
+/// `max_in_flight`. The library never calls it: a binary does, at its
+/// start (`stepwell` and `stepwell-bench` do).
+pub fn raise_open_files() {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit(2) writes one `rlimit` through a pointer to a
+        // live local of that type.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+            return;
+        }
+        let wanted = limit.rlim_max.min(65_536);
+        if limit.rlim_cur < wanted {
+            limit.rlim_cur = wanted;
+            // SAFETY: setrlimit(2) reads one `rlimit` through a pointer to
+            // a live local; a refusal leaves the limit as it was.
+            unsafe {
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            }
+        }
+    }
+}

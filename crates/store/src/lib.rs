@@ -583,6 +583,14 @@ pub trait Store: Send + Sync {
     /// The run with this id, if any.
     fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError>;
 
+    /// The status of the run with this id, if any: what a runtime asks of
+    /// each of its effects in flight every second (was it cancelled
+    /// elsewhere?). Default: from [`Store::load_run`]; a backend that can
+    /// read the status alone should.
+    fn run_status(&self, run_id: &str) -> Result<Option<RunStatus>, StoreError> {
+        Ok(self.load_run(run_id)?.map(|r| r.status))
+    }
+
     /// Creates `run` (its `version` must be 1) only if its id is free.
     /// Returns the stored run and whether this call created it; an existing
     /// run is returned untouched.

@@ -1462,6 +1462,12 @@ impl Store for PostgresStore {
             .transpose()
     }
 
+    fn run_status(&self, run_id: &str) -> Result<Option<RunStatus>, StoreError> {
+        let row = self
+            .read(|c| Ok(c.query_opt("SELECT status FROM runs WHERE run_id = $1", &[&run_id])?))?;
+        Ok(row.map(|r| RunStatus::parse(r.get(0)).unwrap_or(RunStatus::Failed)))
+    }
+
     fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
         let row = RunRow::new(run, self.indexer.get().as_ref(), (None, None), None)?;
         self.write(|c| {

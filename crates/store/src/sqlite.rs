@@ -22,8 +22,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
     check_next_version, link_json, wait_due_at, Attribution, Claim, Deferral, Durability,
-    FeedEntry, Fence, LeaseAfter, LeaseRequest, RunIndexQuery, RunIndexRow, RunIndexer, RunQuery,
-    Store, StoreError,
+    FeedEntry, Fence, LeaseAfter, LeaseRequest, NextDue, RunIndexQuery, RunIndexRow, RunIndexer,
+    RunQuery, Store, StoreError,
 };
 use stepwell_model::model::{RunState, RunStatus, StepRecord};
 
@@ -157,6 +157,48 @@ const DUE: &str = "SELECT run_id FROM runs INDEXED BY runs_due
     WHERE wait_due_us IS NOT NULL AND wait_due_us <= ?1 AND status = 'waiting'
       AND quarantine IS NULL AND COALESCE(defer_until_us, 0) <= ?1
     ORDER BY wait_due_us, rowid LIMIT ?2";
+
+/// When the earliest timed work falls due ([`Store::next_due`]): ?1 the
+/// runtime's now (time waits), ?2 the system's now (the rest). As
+/// PostgreSQL's: a run counts from when nothing holds it back (its due
+/// time, its deferral, a lease someone holds on it); what falls due later
+/// by an index seek, a lower bound. (SQLite's `max` of a NULL is NULL, and
+/// `min` over a union skips NULLs as `LEAST` does.)
+const NEXT_DUE: &str = "SELECT
+    (SELECT MIN(x) FROM (
+      SELECT MIN(max(COALESCE(defer_until_us, 0),
+                     COALESCE(CASE WHEN lease_holder IS NOT NULL THEN lease_until_us END, 0))) AS x
+        FROM runs INDEXED BY runs_due
+        WHERE wait_due_us IS NOT NULL AND wait_due_us <= ?1
+          AND status = 'waiting' AND quarantine IS NULL
+      UNION ALL
+      SELECT MIN(wait_due_us) FROM runs INDEXED BY runs_due
+        WHERE wait_due_us IS NOT NULL AND wait_due_us > ?1
+          AND status = 'waiting' AND quarantine IS NULL)),
+    (SELECT MIN(x) FROM (
+      SELECT MIN(max(COALESCE(defer_until_us, 0),
+                     COALESCE(CASE WHEN lease_holder IS NOT NULL THEN lease_until_us END, 0))) AS x
+        FROM runs INDEXED BY runs_open
+        WHERE status IN ('running', 'waiting') AND status = 'running' AND quarantine IS NULL
+          AND COALESCE(defer_until_us, 0) <= ?2
+      UNION ALL
+      SELECT MIN(COALESCE(defer_until_us, 0)) FROM runs INDEXED BY runs_open
+        WHERE status IN ('running', 'waiting') AND status = 'running' AND quarantine IS NULL
+          AND COALESCE(defer_until_us, 0) > ?2
+      UNION ALL
+      SELECT MIN(max(COALESCE(p.defer_until_us, 0),
+                     COALESCE(CASE WHEN p.lease_holder IS NOT NULL THEN p.lease_until_us END, 0)))
+        FROM runs p JOIN runs c ON c.run_id = substr(p.wait_key, 13)
+        WHERE p.child_ended_us IS NOT NULL AND p.status = 'waiting'
+          AND p.wait_reason = 'subworkflow' AND p.wait_key LIKE 'subworkflow:%'
+          AND p.quarantine IS NULL
+          AND (c.status IN ('completed', 'failed', 'cancelled') OR c.quarantine IS NOT NULL)
+      UNION ALL
+      SELECT MIN(max(COALESCE(c.defer_until_us, 0),
+                     COALESCE(CASE WHEN c.lease_holder IS NOT NULL THEN c.lease_until_us END, 0)))
+        FROM runs c JOIN runs p ON p.run_id = c.parent_run_id
+        WHERE c.orphan_us IS NOT NULL AND c.status IN ('running', 'waiting')
+          AND c.quarantine IS NULL AND p.status = 'cancelled'))";
 
 /// Running runs free to claim ([`Store::list_claimable`]): ?1 now, ?2 limit.
 const CLAIMABLE: &str = "SELECT run_id FROM runs INDEXED BY runs_open
@@ -349,6 +391,10 @@ enum SetupError {
 pub struct SqliteStore {
     path: PathBuf,
     conn: Mutex<Connection>,
+    /// A second connection for reading runs (opened on first use): in WAL
+    /// mode a reader does not wait for a writer, so an API read never
+    /// queues behind the commits of runs being executed.
+    reader: Mutex<Option<Connection>>,
     group: CommitQueue,
     heads: Mutex<LedgerHeads>,
     indexer: super::index::IndexerSlot,
@@ -542,6 +588,7 @@ impl SqliteStore {
                     return Ok(SqliteStore {
                         path,
                         conn: Mutex::new(conn),
+                        reader: Mutex::new(None),
                         group: CommitQueue::default(),
                         heads: Mutex::default(),
                         indexer: Default::default(),
@@ -594,6 +641,25 @@ impl SqliteStore {
             ))));
         }
         Ok(conn)
+    }
+
+    /// `read` on the store's reading connection (opened on first use; the
+    /// writer's if it cannot be opened).
+    fn reading<T>(
+        &self,
+        read: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<T> {
+        let mut reader = self.reader.lock();
+        if reader.is_none() {
+            *reader = open_reader(&self.path).ok();
+        }
+        match reader.as_ref() {
+            Some(conn) => read(conn),
+            None => {
+                drop(reader);
+                read(&self.conn.lock())
+            }
+        }
     }
 
     /// The database file.
@@ -1276,6 +1342,16 @@ pub fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// A read-only connection to the store's file (the store's writer opened
+/// and migrated it already).
+fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = open_connection(path)?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    conn.pragma_update(None, "query_only", true)?;
+    conn.pragma_update(None, "mmap_size", 32i64 << 20)?;
+    Ok(conn)
+}
+
 /// How many prepared statements a store connection keeps.
 const STATEMENT_CACHE: usize = 128;
 
@@ -1326,15 +1402,25 @@ impl Store for SqliteStore {
     }
 
     fn load_run(&self, run_id: &str) -> Result<Option<RunState>, StoreError> {
-        let conn = self.conn.lock();
-        let row: Option<(String, i64)> = conn
-            .prepare_cached("SELECT data, version FROM runs WHERE run_id = ?1")
-            .and_then(|mut st| {
-                st.query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        let row: Option<(String, i64)> = self
+            .reading(|conn| {
+                conn.prepare_cached("SELECT data, version FROM runs WHERE run_id = ?1")?
+                    .query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()
             })
             .map_err(|e| self.err(e))?;
         row.map(|(d, v)| self.decode_run(run_id, &d, v)).transpose()
+    }
+
+    fn run_status(&self, run_id: &str) -> Result<Option<RunStatus>, StoreError> {
+        let status: Option<String> = self
+            .reading(|conn| {
+                conn.prepare_cached("SELECT status FROM runs WHERE run_id = ?1")?
+                    .query_row([run_id], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(|e| self.err(e))?;
+        Ok(status.map(|s| RunStatus::parse(&s).unwrap_or(RunStatus::Failed)))
     }
 
     fn create_if_absent(&self, run: &RunState) -> Result<(RunState, bool), StoreError> {
@@ -1648,6 +1734,22 @@ impl Store for SqliteStore {
 
     fn list_due(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
         self.ids(DUE, &[&now.timestamp_micros(), &(limit as i64)])
+    }
+
+    fn next_due(&self, wait_now: DateTime<Utc>) -> Result<Option<NextDue>, StoreError> {
+        let now = Utc::now().timestamp_micros();
+        let (wait, claim): (Option<i64>, Option<i64>) = self
+            .reading(|conn| {
+                conn.prepare_cached(NEXT_DUE)?
+                    .query_row(params![wait_now.timestamp_micros(), now], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+            })
+            .map_err(|e| self.err(e))?;
+        Ok(Some(NextDue {
+            wait: wait.and_then(DateTime::from_timestamp_micros),
+            claim: claim.and_then(DateTime::from_timestamp_micros),
+        }))
     }
 
     fn list_claimable(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<String>, StoreError> {
@@ -2454,12 +2556,16 @@ mod tests {
             ),
             (CONSUMERS_OF, "runs_consumer (wakes_on=?)"),
             (CONSUMERS, "runs_consumer"),
+            (NEXT_DUE, "runs_open (status=?)"),
         ];
         for (sql, index) in cases {
             let plan = plan(sql);
             assert!(plan.contains(index), "{sql}\n reads {plan}, not {index}");
             assert!(
-                !plan.split("; ").any(|step| step.starts_with("SCAN")),
+                // (A SELECT of subqueries alone "scans" its one row.)
+                !plan
+                    .split("; ")
+                    .any(|step| step.starts_with("SCAN") && step != "SCAN CONSTANT ROW"),
                 "{sql}\n scans: {plan}"
             );
             // A ledger read comes in its index's order: no sort of a long

@@ -115,7 +115,12 @@ impl ToolCalls {
         if entry.origin == crate::Origin::Host {
             let output = match c.name.as_str() {
                 "open_attachment" => crate::attach::open(b.artifacts, b.run_id, &c.arguments),
-                _ => crate::exec::run(&c.arguments, timeout, self.catalog.exec_env()),
+                _ => crate::exec::run(
+                    &c.arguments,
+                    timeout,
+                    self.catalog.exec_env(),
+                    b.stop.as_ref(),
+                ),
             };
             return from_output(c, output);
         }
@@ -144,6 +149,7 @@ impl ToolCalls {
             &Value::Object(arguments),
             &reach,
             timeout,
+            b.stop.clone(),
         ) {
             Ok(Ok(output)) => match (self.catalog.ruff(), &entry.origin) {
                 (Some(program), crate::Origin::Builtin) => from_output(
@@ -187,7 +193,9 @@ impl ToolCalls {
         let mut out = Vec::with_capacity(planned.len());
         let mut i = 0;
         while i < planned.len() {
-            if i > 0 && cancelled() {
+            // (The first call is not held back for a look at the store; a
+            // batch in flight looks at its cancel, which costs nothing.)
+            if (i > 0 || b.stop.is_some()) && cancelled() {
                 for p in &planned[i..] {
                     let mut r = failed(&p.call, "Tool call not started: the run was cancelled");
                     r["cancelled"] = json!(true);
@@ -401,9 +409,17 @@ struct Batch<'a> {
     timeout: Duration,
     artifacts: Option<&'a dyn stepwell_runtime::store::ArtifactStore>,
     run_id: &'a str,
+    /// Whether the run was cancelled (a batch in flight).
+    stop: Option<stepwell_runtime::wasm::Stop>,
 }
 
 impl<'a> Batch<'a> {
+    /// Whether the run was cancelled: its cancel fired (a batch in
+    /// flight), or the store says so.
+    fn stopped(&self, cx: &EffectCx<'_>) -> bool {
+        self.stop.as_ref().is_some_and(|stop| stop()) || cancelled(cx)
+    }
+
     fn of(cx: &'a EffectCx<'a>, table: &'a ToolTable, scope: Option<&'a WorkspaceScope>) -> Self {
         Batch {
             table,
@@ -411,6 +427,10 @@ impl<'a> Batch<'a> {
             timeout: timeout_of(cx.run.vars.get("_runtime")),
             artifacts: cx.artifacts,
             run_id: &cx.run.run_id,
+            stop: cx.cancel.map(|c| {
+                let c = c.clone();
+                std::sync::Arc::new(move || c.is_cancelled()) as stepwell_runtime::wasm::Stop
+            }),
         }
     }
 }
@@ -459,6 +479,11 @@ impl EffectHandler for ToolCalls {
         EffectClass::External
     }
 
+    /// A batch runs on a thread of its own, off the driver's pass.
+    fn flies(&self) -> bool {
+        true
+    }
+
     fn execute(
         &self,
         cx: &EffectCx<'_>,
@@ -503,7 +528,7 @@ impl EffectHandler for ToolCalls {
                         .needs_approval(planned.iter().map(|p| (p.call.name.as_str(), p.class)))
                 {
                     let batch = Batch::of(cx, &table, scope.as_ref());
-                    let results = self.run_all(&batch, &planned, &|| cancelled(cx));
+                    let results = self.run_all(&batch, &planned, &|| batch.stopped(cx));
                     let mut results = merge(count, &blocked, &results);
                     offload(cx, Some(payload), &mut results);
                     return Ok(Outcome::Completed(
@@ -686,7 +711,7 @@ impl EffectHandler for ToolCalls {
                         }
                     }
                     let batch = Batch::of(cx, &table, scope.as_ref());
-                    let ran = self.run_all(&batch, &planned, &|| cancelled(cx));
+                    let ran = self.run_all(&batch, &planned, &|| batch.stopped(cx));
                     for (p, r) in planned.iter().zip(ran) {
                         out[p.call.index] = Some(r);
                     }

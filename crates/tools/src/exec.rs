@@ -214,20 +214,21 @@ fn head(s: &str, limit: usize) -> (String, bool) {
     }
 }
 
-/// Waits for the command `child` started at `started` until `timeout`,
-/// then kills its process group; kills what it left running in its group
+/// Waits for the command `child` started at `started` until `timeout` (or
+/// until `stop` says its run was cancelled), then kills its process group; kills what it left running in its group
 /// either way. Returns its exit status and whether it timed out.
 fn wait_bounded(
     child: &mut std::process::Child,
     started: Instant,
     timeout: Duration,
+    stop: Option<&stepwell_runtime::wasm::Stop>,
 ) -> (Option<std::process::ExitStatus>, bool) {
     let pid = child.id() as i32;
     let mut timed_out = false;
     let status = loop {
         match child.try_wait() {
             Ok(Some(s)) => break Some(s),
-            Ok(None) if started.elapsed() >= timeout => {
+            Ok(None) if started.elapsed() >= timeout || stop.is_some_and(|stop| stop()) => {
                 // SAFETY: kill(2) takes no pointers. `-pid` names the
                 // process group the command leads (`process_group(0)`),
                 // whose leader is not reaped yet (`try_wait` said so), so
@@ -258,8 +259,14 @@ fn wait_bounded(
 /// Runs one `execute_command` call (arguments already rewritten by the
 /// scope: `working_directory` absolute), bounded by `limit` (the run's
 /// tool timeout) and the call's own `timeout`, with the environment `env`
-/// and nothing else. The answer is the reference's result object.
-pub fn run(args: &Map<String, Value>, limit: Duration, env: &ExecEnv) -> Value {
+/// and nothing else; its process group is killed when `stop` says its run
+/// was cancelled. The answer is the reference's result object.
+pub fn run(
+    args: &Map<String, Value>,
+    limit: Duration,
+    env: &ExecEnv,
+    stop: Option<&stepwell_runtime::wasm::Stop>,
+) -> Value {
     let command = args
         .get("command")
         .and_then(Value::as_str)
@@ -321,7 +328,7 @@ pub fn run(args: &Map<String, Value>, limit: Duration, env: &ExecEnv) -> Value {
     };
     let out = child.stdout.take().map(drain);
     let err = child.stderr.take().map(drain);
-    let (status, timed_out) = wait_bounded(&mut child, started, timeout);
+    let (status, timed_out) = wait_bounded(&mut child, started, timeout, stop);
     let duration = started.elapsed().as_secs_f64();
     // The streams end when every process holding them is gone; one that
     // left the group (setsid, a double fork) may keep them open: its
@@ -356,14 +363,20 @@ pub fn run(args: &Map<String, Value>, limit: Duration, env: &ExecEnv) -> Value {
     }
     let shown = format!("{}", timeout.as_secs_f64());
     let (success, error, code) = if timed_out {
+        // Stopped by its run's cancel, or by its timeout.
+        let why = if stop.is_some_and(|stop| stop()) {
+            "Command was stopped (its run was cancelled)".to_string()
+        } else {
+            format!("Command timed out after {shown}s")
+        };
         parts.insert(
             0,
-            format!("⏰ Command timed out after {shown}s and was killed (including all child processes)."),
+            format!("⏰ {why} and was killed (including all child processes)."),
         );
         (
             false,
             Some(format!(
-                "Command timed out after {shown}s and was killed (including all child processes)"
+                "{why} and was killed (including all child processes)"
             )),
             Value::Null,
         )
@@ -420,6 +433,7 @@ mod tests {
             ),
             Duration::from_secs(10),
             &ExecEnv::default(),
+            None,
         );
         assert_eq!(r["success"], false);
         assert_eq!(r["return_code"], 3);
@@ -441,6 +455,7 @@ mod tests {
             &args(json!({"command": "sleep 30 & sleep 30", "timeout": 0.3})),
             Duration::from_secs(10),
             &ExecEnv::default(),
+            None,
         );
         assert!(started.elapsed() < Duration::from_secs(10));
         assert_eq!(r["success"], false);
@@ -457,6 +472,7 @@ mod tests {
             &args(json!({"command": "sleep 20 & echo started", "timeout": 10})),
             Duration::from_secs(30),
             &ExecEnv::default(),
+            None,
         );
         assert!(started.elapsed() < Duration::from_secs(5), "{r}");
         assert_eq!(r["success"], true);
@@ -470,6 +486,7 @@ mod tests {
             &args(json!({"command": "setsid sleep 8 & echo started", "timeout": 20})),
             Duration::from_secs(30),
             &ExecEnv::default(),
+            None,
         );
         assert!(started.elapsed() < Duration::from_secs(5), "{r}");
         assert_eq!(r["stdout"], "started\n");
@@ -481,6 +498,7 @@ mod tests {
             &args(json!({"command": "rm -rf /tmp/x"})),
             Duration::from_secs(5),
             &ExecEnv::default(),
+            None,
         );
         assert_eq!(r["success"], false);
         assert!(r["error"]
@@ -489,5 +507,25 @@ mod tests {
             .starts_with("CRITICAL DESTRUCTIVE PATTERN"));
         assert!(blocked("echo > /etc/passwd").is_some());
         assert!(blocked("ls -la").is_none());
+    }
+
+    /// A command whose run is cancelled is killed with its process group,
+    /// not waited out.
+    #[test]
+    fn a_stopped_command_is_killed() {
+        let started = Instant::now();
+        let stop: stepwell_runtime::wasm::Stop =
+            std::sync::Arc::new(move || started.elapsed() > Duration::from_millis(200));
+        let r = run(
+            &args(json!({"command": "sleep 30; echo finished", "timeout": 60})),
+            Duration::from_secs(60),
+            &ExecEnv::default(),
+            Some(&stop),
+        );
+        assert!(started.elapsed() < Duration::from_secs(20), "{r}");
+        assert_eq!(
+            r["error"],
+            "Command was stopped (its run was cancelled) and was killed (including all child processes)"
+        );
     }
 }

@@ -43,7 +43,7 @@ pub use fsguard::RefusedPaths;
 pub use node::vars_json;
 pub use node::{NodeCall, NodeComponent, NodeSession, HOST_BOOKKEEPING_VARS};
 pub use sandbox::{Preopen, Reach};
-pub use tool::{ToolClass, ToolComponent, ToolFault, ToolSpec};
+pub use tool::{Stop, ToolClass, ToolComponent, ToolFault, ToolSpec};
 pub use trigger::{
     Admission, AdmitResult, Binding, Descriptor, Envelope, SourceKind, TriggerComponent,
     TriggerError, Wait,

@@ -133,15 +133,18 @@ impl ToolComponent {
         arguments: &Value,
         reach: &Reach,
         timeout: Duration,
+        stop: Option<Stop>,
     ) -> Result<Result<Value, ToolFault>, GuestError> {
         let mut limits = self.engine.limits();
         limits.time_limit = timeout;
+        let ticks = super::engine::ticks_for(timeout);
         let (mut store, stderr) =
-            new_store_with(&self.engine, reach, super::engine::ticks_for(timeout)).map_err(
-                |e| GuestError::Trap {
-                    message: format!("cannot open the tool's directories: {e:#}"),
-                },
-            )?;
+            new_store_with(&self.engine, reach, ticks).map_err(|e| GuestError::Trap {
+                message: format!("cannot open the tool's directories: {e:#}"),
+            })?;
+        if let Some(stop) = stop {
+            stop_when(&mut store, ticks, stop);
+        }
         let call = wit::ToolCall {
             call_id: call_id.to_string(),
             name: name.to_string(),
@@ -163,6 +166,25 @@ impl ToolComponent {
             Err(wit::ToolError::Failed(m)) => Err(ToolFault::Failed(m)),
         })
     }
+}
+
+/// Asked every few milliseconds while a tool runs: `true` stops it (its
+/// run was cancelled) the way its timeout would, and it is reported so (the
+/// outcome of a cancelled run is not recorded).
+pub type Stop = std::sync::Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Checks `stop` at every epoch tick of the call, and interrupts it when
+/// `stop` says so or when its `ticks` are up (as the deadline alone would).
+fn stop_when(store: &mut wasmtime::Store<super::sandbox::GuestState>, ticks: u64, stop: Stop) {
+    store.set_epoch_deadline(1);
+    let mut left = ticks;
+    store.epoch_deadline_callback(move |_| {
+        left = left.saturating_sub(1);
+        if left == 0 || stop() {
+            return Err(wasmtime::Trap::Interrupt.into());
+        }
+        Ok(wasmtime::UpdateDeadline::Continue(1))
+    });
 }
 
 /// What a tool does to the world: decides its sandbox, whether a

@@ -76,6 +76,9 @@ fn pass(report: &DriveReport, once: bool) -> Report {
     out
 }
 
+/// How long `drive --once` waits for the effects its pass left in flight.
+const ONCE_FLIGHT_WAIT: Duration = Duration::from_secs(600);
+
 /// `stepwell drive` (`--once`: one pass): the driver's passes, with the
 /// feeds polled and lost wakes swept, every `interval_ms` when idle.
 fn passes(rt: &Runtime, once: bool, interval_ms: u64, sink: &Sink) -> Result<Report, Error> {
@@ -113,6 +116,15 @@ fn passes(rt: &Runtime, once: bool, interval_ms: u64, sink: &Sink) -> Result<Rep
         sink.show(&pass(&report, once));
         sink.flush();
         if once {
+            // The pass's effects in flight land, and their runs go on,
+            // before the process ends (else they wait for their leases).
+            if rt.in_flight() > 0 && !rt.wait_in_flight(ONCE_FLIGHT_WAIT) {
+                sink.note(format_args!(
+                    "  {} effects still in flight after {} s: their runs are taken over when their leases lapse",
+                    rt.in_flight(),
+                    ONCE_FLIGHT_WAIT.as_secs()
+                ));
+            }
             return Ok(Report::default());
         }
         // A pass that moved something may have left more ready (a

@@ -68,6 +68,9 @@ pub(crate) fn host(cli: &Cli) -> Result<Host, Error> {
             lease_ttl: Duration::from_millis(cli.lease_ttl_ms),
             tool_deny_paths: serve_token.iter().cloned().collect(),
             drive_workers: RuntimeConfig::host_drive_workers(),
+            // The server's calls never wait on a model or a tool: the run
+            // is answered `running`, and goes on when the effect lands.
+            calls_in_flight: matches!(cli.command, Command::Serve(_)),
             ..RuntimeConfig::default()
         },
         clock: fixed_now.map(|t| {

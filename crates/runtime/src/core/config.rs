@@ -58,6 +58,32 @@ pub struct RuntimeConfig {
     /// commit). Default 1; `stepwell drive` and `stepwell serve` use the
     /// machine's cores, at most 4.
     pub drive_workers: usize,
+    /// How long one driver pass hands out running runs (the last part of
+    /// a pass): past it, the pass ends after the runs under way, and the
+    /// next begins with what fell due meanwhile, so that a backlog of
+    /// running runs never holds a due timer for longer than this and one
+    /// run's `drive_time_per_run`. Each pass moves at least one running
+    /// run. Default 200 ms.
+    pub drive_pass_time: Duration,
+    /// How many effects may be in flight at once: an effect whose handler
+    /// [flies](crate::effects::EffectHandler::flies) (an LLM call, a tool
+    /// batch) is recorded as started and executed off its run's step, so
+    /// the driver moves on at once; its outcome is committed, and the run
+    /// continued, by the runtime's settling threads when it lands. Past
+    /// this many, effects execute inside their steps. 0: never in flight.
+    /// Default 4096.
+    pub max_in_flight: usize,
+    /// Whether effects started by direct calls (`tick`, `run`, `resume`)
+    /// fly too, or only those of the driver's passes. With it, a `run` of
+    /// a flow that calls a model returns the run `running` at once, and the
+    /// run goes on by itself ([`crate::Runtime::wait_in_flight`] waits for
+    /// it). Default false; `stepwell serve` sets it.
+    pub calls_in_flight: bool,
+    /// How many threads execute the effects in flight that hold a thread
+    /// while they run (a tool batch: its tool instances and commands); an
+    /// effect with its own executor (`llm_call`'s asynchronous client)
+    /// takes none. Past it, such effects queue. Default 32.
+    pub flight_threads: usize,
     /// How long a lease lasts unless renewed (at least 1 s). A runtime
     /// renews the leases it holds every third of this; a process that dies
     /// leaves its runs to others after at most this long (at once, to a
@@ -171,6 +197,10 @@ impl Default for RuntimeConfig {
             drive_time_per_run: Duration::from_secs(1),
             drive_batch: 256,
             drive_workers: 1,
+            drive_pass_time: Duration::from_millis(200),
+            max_in_flight: 4096,
+            calls_in_flight: false,
+            flight_threads: 32,
             lease_ttl: Duration::from_secs(30),
             lease_wait: Duration::from_secs(10),
             max_nesting: 16,

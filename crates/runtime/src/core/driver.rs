@@ -78,6 +78,9 @@ impl DriveReport {
 /// for runs whose executor died on this host (taken over by the next pass).
 pub const IDLE_POLL: Duration = Duration::from_secs(5);
 
+/// How soon an idle driver looks again when something is due already.
+const DUE_NOW_PAUSE: Duration = Duration::from_millis(20);
+
 /// The longest a run the driver cannot move is set aside for.
 const MAX_BACK_OFF_SECS: i64 = 300;
 
@@ -98,6 +101,7 @@ impl Runtime {
     /// is quarantined and reported; errors of single runs are collected in
     /// the report; only a failing store stops the pass.
     pub fn drive_once(&self) -> Result<DriveReport> {
+        let started = std::time::Instant::now();
         let mut report = DriveReport::default();
         let batch = self.config().drive_batch.max(1);
         for id in self.store().list_orphans(batch)? {
@@ -110,7 +114,7 @@ impl Runtime {
         let foreign = &self.inner.foreign;
         let wider = batch.saturating_add(foreign.count());
         let due = foreign.past(self.store().list_due(self.now(), wider)?, batch);
-        self.drive_runs(&due, Why::Due, &mut report)?;
+        self.drive_runs(&due, Why::Due, &mut report, None)?;
         let mut ended = self.store().list_ended_children(wider)?;
         ended.retain(|(parent, _)| !foreign.contains(parent));
         ended.truncate(batch);
@@ -123,7 +127,8 @@ impl Runtime {
             }
         }
         let claimable = foreign.past(self.store().list_claimable(lease_now(), wider)?, batch);
-        self.drive_runs(&claimable, Why::Running, &mut report)?;
+        let until = started + self.config().drive_pass_time;
+        self.drive_runs(&claimable, Why::Running, &mut report, Some(until))?;
         // Runs whose executor died on this host: taken over at once, not at
         // the end of its lease. (Checking a holder is cheap: look further
         // than one batch.)
@@ -142,12 +147,11 @@ impl Runtime {
     /// (a time wait, a deferral, a lapsing lease) is asked of it
     /// ([`crate::store::Store::next_due`]): the pause lasts until the
     /// earliest, at most [`IDLE_POLL`] (or `interval`, if longer) as a
-    /// safety net. Any other store, or one that cannot answer, is polled
-    /// every `interval`.
+    /// safety net. A store that does not signal but knows what falls due
+    /// (SQLite) is polled every `interval`, or sooner when something falls
+    /// due before that; any other store every `interval`.
     pub fn idle_pause(&self, interval: Duration) -> Duration {
-        if !self.store().signals_work() {
-            return interval;
-        }
+        let signals = self.store().signals_work();
         let next = match self.store().next_due(self.now()) {
             Ok(Some(next)) => next,
             Ok(None) => return interval,
@@ -163,12 +167,20 @@ impl Runtime {
             .into_iter()
             .flatten()
             .min();
-        let cap = interval.max(IDLE_POLL);
+        // Polled: never past the interval. Signalled: the interval, or
+        // the safety net if longer.
+        let cap = if signals {
+            interval.max(IDLE_POLL)
+        } else {
+            interval
+        };
         match soonest {
             None => cap,
-            // Due already, yet the pass left it (taken by another driver
-            // since): looked at again after the usual interval.
-            Some(d) if d.is_zero() => interval.min(IDLE_POLL),
+            // Due already, yet the pass left it: it fell due after the
+            // pass listed it (a timer: looked at again very soon), or the
+            // pass cannot move it (taken by another driver, a workflow this
+            // runtime does not have: the next look costs a few queries).
+            Some(d) if d.is_zero() => interval.min(DUE_NOW_PAUSE),
             // Just after it falls due (the store keeps microseconds).
             Some(d) => (d + Duration::from_millis(1)).min(cap),
         }
@@ -176,11 +188,30 @@ impl Runtime {
 
     /// Moves `ids` along, each by one of
     /// [`crate::RuntimeConfig::drive_workers`] threads (the pass's order
-    /// with one). A failing store stops them all.
-    fn drive_runs(&self, ids: &[String], why: Why, report: &mut DriveReport) -> Result<()> {
+    /// with one), the first always, the others only before `until`. A
+    /// failing store stops them all.
+    fn drive_runs(
+        &self,
+        ids: &[String],
+        why: Why,
+        report: &mut DriveReport,
+        until: Option<std::time::Instant>,
+    ) -> Result<()> {
+        // Past `until`, not counting the time this thread spent compiling
+        // components since `since` (a cold cache does not shorten a pass).
+        let late = |i: usize, since: Duration| {
+            i > 0
+                && until.is_some_and(|u| {
+                    std::time::Instant::now() >= u + (crate::wasm::time_compiling() - since)
+                })
+        };
         let workers = self.config().drive_workers.clamp(1, ids.len().max(1));
         if workers == 1 {
-            for id in ids {
+            let since = crate::wasm::time_compiling();
+            for (i, id) in ids.iter().enumerate() {
+                if late(i, since) {
+                    break;
+                }
                 self.drive_run(id, why, report)?;
             }
             return Ok(());
@@ -191,10 +222,14 @@ impl Runtime {
             let handles: Vec<_> = (0..workers)
                 .map(|_| {
                     scope.spawn(|| {
+                        let since = crate::wasm::time_compiling();
                         let mut mine = DriveReport::default();
                         loop {
                             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            if i >= ids.len() || failed.load(std::sync::atomic::Ordering::Relaxed) {
+                            if i >= ids.len()
+                                || late(i, since)
+                                || failed.load(std::sync::atomic::Ordering::Relaxed)
+                            {
                                 return Ok(mine);
                             }
                             if let Err(e) = self.drive_run(&ids[i], why, &mut mine) {
@@ -246,17 +281,20 @@ impl Runtime {
         }
         let budget = self.config().drive_steps_per_run.max(1);
         txn.stop_after(self.config().drive_time_per_run);
+        txn.fly = true;
         match self.run_steps(&mut txn, run, budget, pending, 0) {
             Ok(after) => {
                 match why {
                     Why::Due => report.due_resumed.push(id.to_string()),
                     Why::Running => report.ticked.push(id.to_string()),
                 }
-                if after.status == RunStatus::Running {
+                if after.status == RunStatus::Running && !txn.flew {
                     // Used its steps for this pass: behind the runs that
-                    // wait for theirs in the next one.
+                    // wait for theirs in the next one (held back for want
+                    // of a flight: a moment later).
+                    let later = super::flight::later(&txn);
                     drop(txn);
-                    self.store().defer(id, None, &|_| lease_now())?;
+                    self.store().defer(id, None, &|_| lease_now() + later)?;
                 }
             }
             Err(Error::Conflict { .. }) => report.busy.push(id.to_string()),
@@ -266,6 +304,22 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+
+    /// A run this runtime could not move outside a pass (a landed effect
+    /// whose settling failed): quarantined, or set aside for a while, as a
+    /// pass would.
+    pub(crate) fn set_aside(&self, id: &str, e: Error) {
+        let reason = e.to_string();
+        let mut report = DriveReport::default();
+        let done = match self.quarantine_or_report(id, e, &mut report) {
+            Ok(true) => self.back_off(id, Why::Running, &reason),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = done {
+            tracing::warn!(run_id = %id, error = %e, "setting a run aside");
+        }
     }
 
     /// Whether `run` is of a workflow this runtime does not have: none
@@ -388,6 +442,7 @@ impl Runtime {
                 let record = self.end_wait(&mut run, data, "resumed", None)?;
                 let budget = self.config().drive_steps_per_run.max(1);
                 txn.stop_after(self.config().drive_time_per_run);
+                txn.fly = true;
                 match self.run_steps(&mut txn, run, budget, vec![record], 0) {
                     Err(Error::Conflict { .. }) if txn.commits == 0 => return Ok(false),
                     Err(Error::Conflict { .. }) => {}

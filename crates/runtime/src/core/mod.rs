@@ -7,6 +7,7 @@ pub mod config;
 mod driver;
 mod error;
 mod feed;
+pub mod flight;
 mod foreign;
 pub mod keys;
 pub mod locks;

@@ -318,6 +318,7 @@ impl RuntimeBuilder {
                 subscribers: parking_lot::Mutex::new(Vec::new()),
                 metrics: self.metrics.unwrap_or_default(),
                 foreign: super::foreign::Foreign::default(),
+                flights: super::flight::Flights::default(),
                 bundle_cache: match self.bundle_cache {
                     Some(dir) => BundleCache::Given(dir),
                     None => BundleCache::scratch(),
@@ -348,6 +349,15 @@ pub(crate) struct Inner {
     metrics: Arc<super::metrics::Metrics>,
     /// Runs the driver found to be of workflows this runtime does not have.
     pub(crate) foreign: super::foreign::Foreign,
+    /// Effects in flight, and the threads that settle them when they land.
+    pub(crate) flights: super::flight::Flights,
+}
+
+impl Inner {
+    /// The store (for the runtime's own threads, which hold only this).
+    pub(crate) fn store_ref(&self) -> &dyn Store {
+        &*self.store
+    }
 }
 
 impl Drop for Inner {
@@ -1336,7 +1346,11 @@ impl Runtime {
             run.version = expected + 1;
             let fence = Fence::unleased(expected);
             match self.store_commit(vec![record], &run, fence, LeaseAfter::Release, None) {
-                Ok(()) => break run,
+                Ok(()) => {
+                    // An effect of the run in flight here stops now.
+                    self.inner.flights.cancel(run_id);
+                    break run;
+                }
                 Err(Error::Store(e)) if e.is_conflict() && attempts < 20 => {
                     attempts += 1;
                     std::thread::sleep(std::time::Duration::from_millis(attempts));
@@ -1575,6 +1589,7 @@ impl Runtime {
             max_cascade: self.inner.config.max_cascade_runs,
             runs: self,
             artifacts: self.artifact_store(),
+            cancel: None,
         };
         let written = handler.on_resume(&cx, &wait, payload)?;
         if external {

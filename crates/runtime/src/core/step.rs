@@ -7,6 +7,7 @@ use serde_json::{json, Map, Value};
 
 use super::clock::format_time;
 use super::config::RetryPolicy;
+use super::flight::{Flight, Landing};
 use super::keys::{
     bad_result_key, children_started, count_child, count_data, count_visit, current_attempt,
     data_bytes, data_since_wait, effect_idempotency_key, is_host_owned, mark_wait, next_effect_seq,
@@ -160,6 +161,19 @@ struct Call<'k> {
     depth: u32,
     /// Whether its records go ahead of the commit (not a pure effect).
     ahead: bool,
+    /// Whether the step has records still to commit (a resume): such a
+    /// step never flies (they would be lost with the hold).
+    pending: bool,
+}
+
+/// Where an effect of a step executes ([`Runtime::flight_plan`]).
+enum FlightPlan {
+    /// Inside the step.
+    Inline,
+    /// In flight.
+    Fly,
+    /// Not now: every flight is taken.
+    HoldBack,
 }
 
 /// An effect a step runs, with what settling its outcome needs.
@@ -290,6 +304,7 @@ impl Runtime {
             return Ok(run);
         }
         let wf = self.workflow(&run.workflow_id)?;
+        txn.fly = depth == 0 && (txn.fly || self.inner.config.calls_in_flight);
         // A run left to the driver in the middle of a chain continues it at
         // the depth it was left at (the first commit forgets the note).
         // A step not nested inside another run's starts a new count of the
@@ -323,6 +338,11 @@ impl Runtime {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(e),
                 Err(panic) => return self.fail_after_panic(txn, &run.run_id, panic),
+            }
+            if txn.flew || txn.held_back {
+                // Its effect is in flight (or waits for room to fly): the
+                // run as the store has it.
+                return self.get_state(&run.run_id);
             }
             steps += 1;
         }
@@ -372,7 +392,12 @@ impl Runtime {
         // Only a step without an effect that follows another one keeps
         // this: every other path leaves it unset.
         let clean = std::mem::take(&mut sessions.clean);
-        let now = self.now();
+        // A step replayed for an effect that landed plans at the time it
+        // took off (its seed is pinned too): the node plans the same.
+        let now = match &txn.landed {
+            Some(landed) => landed.now,
+            None => self.now(),
+        };
         let started_at = format_time(now);
         let Ready {
             node_id,
@@ -474,8 +499,13 @@ impl Runtime {
             attempt,
             depth,
             ahead,
+            pending: !records.is_empty(),
         };
-        let (outcome, replayed) = self.execute(txn, run, &effect, &*handler, &base, call)?;
+        let Some((outcome, replayed)) = self.execute(txn, run, &effect, &handler, &base, call)?
+        else {
+            // In flight: the step is replayed when the effect lands.
+            return Ok(());
+        };
         if !ahead {
             records.push(base.clone());
         }
@@ -607,29 +637,17 @@ impl Runtime {
         txn: &mut RunTxn<'_>,
         run: &RunState,
         effect: &EffectRequest,
-        handler: &dyn EffectHandler,
+        handler: &Arc<dyn EffectHandler>,
         base: &StepRecord,
         call: Call<'_>,
-    ) -> Result<(Outcome, bool)> {
-        let cx = EffectCx {
-            run,
-            seq: call.seq,
-            key: call.key,
-            now: call.now,
-            attempt: call.attempt,
-            depth: call.depth,
-            max_depth: self.inner.config.max_nesting,
-            emit_scopes: &self.inner.config.emit_scopes,
-            max_cascade: self.inner.config.max_cascade_runs,
-            runs: self,
-            artifacts: self.artifact_store(),
-        };
+    ) -> Result<Option<(Outcome, bool)>> {
+        let cx = self.effect_cx(run, &call);
         let Some(payload) = effect.payload.as_object() else {
             let outcome = Outcome::invalid(&effect.kind, "", "must be a JSON object");
-            return Ok((outcome, false));
+            return Ok(Some((outcome, false)));
         };
         if !call.ahead {
-            return Ok((handler.execute(&cx, payload, None)?, false));
+            return Ok(Some((handler.execute(&cx, payload, None)?, false)));
         }
         // Recorded ahead of the commit, reused on replay.
         let recorded: Vec<StepRecord> = if txn.exists() {
@@ -641,7 +659,18 @@ impl Runtime {
             Vec::new()
         };
         if let Some(outcome) = recorded_outcome(&recorded, call.attempt) {
-            return Ok((outcome, true));
+            return Ok(Some((outcome, true)));
+        }
+        // Landed from flight: settled like an outcome executed here.
+        if let Some(landed) = txn.landed.take() {
+            // The same effect as the one that flew (a node plans the same
+            // again: its step's seed is pinned).
+            if landed.kind == effect.kind
+                && landed.key == call.key
+                && landed.attempt == call.attempt
+            {
+                return landed.outcome.map(|o| Some((o, false)));
+            }
         }
         let started = recorded
             .iter()
@@ -656,7 +685,113 @@ impl Runtime {
                 prepared
             }
         };
-        Ok((handler.execute(&cx, payload, prepared.as_ref())?, false))
+        match self.flight_plan(txn, &**handler, &call) {
+            FlightPlan::Inline => {}
+            FlightPlan::Fly => {
+                let flight = Flight {
+                    now: call.now,
+                    kind: &effect.kind,
+                    key: call.key,
+                    attempt: call.attempt,
+                };
+                let landing = self.take_off(&run.run_id, &flight);
+                if let Some(landing) = handler.launch(&cx, payload, prepared.as_ref(), landing) {
+                    self.fly_on_thread(run, payload, prepared, handler.clone(), &call, landing);
+                }
+                txn.detach();
+                return Ok(None);
+            }
+            FlightPlan::HoldBack => {
+                // As many effects are out as may be: the run waits for its
+                // turn (its `started` record stays; the replay flies it).
+                txn.held_back = true;
+                return Ok(None);
+            }
+        }
+        Ok(Some((
+            handler.execute(&cx, payload, prepared.as_ref())?,
+            false,
+        )))
+    }
+
+    /// What effect `call` of `run` is told.
+    fn effect_cx<'a>(&'a self, run: &'a RunState, call: &Call<'a>) -> EffectCx<'a> {
+        EffectCx {
+            run,
+            seq: call.seq,
+            key: call.key,
+            now: call.now,
+            attempt: call.attempt,
+            depth: call.depth,
+            max_depth: self.inner.config.max_nesting,
+            emit_scopes: &self.inner.config.emit_scopes,
+            max_cascade: self.inner.config.max_cascade_runs,
+            runs: self,
+            artifacts: self.artifact_store(),
+            cancel: None,
+        }
+    }
+
+    /// Whether the effect of the step under `txn` leaves in flight: its
+    /// handler flies, the step is a driver's (or direct calls fly), not
+    /// nested inside another run's step, has nothing left to commit, and
+    /// the hold has the lease. With as many effects out as
+    /// [`crate::RuntimeConfig::max_in_flight`] allows, the run is held
+    /// back instead (executing the effect here would hold the driver).
+    fn flight_plan(
+        &self,
+        txn: &RunTxn<'_>,
+        handler: &dyn EffectHandler,
+        call: &Call<'_>,
+    ) -> FlightPlan {
+        let max = self.inner.config.max_in_flight;
+        let flies = txn.fly && call.depth == 0 && !call.pending && txn.leased() && handler.flies();
+        if !flies || max == 0 {
+            FlightPlan::Inline
+        } else if self.inner.flights.out() < max {
+            FlightPlan::Fly
+        } else {
+            FlightPlan::HoldBack
+        }
+    }
+
+    /// Executes an effect in flight on one of the runtime's flight threads
+    /// (for handlers that do not launch themselves), landing its outcome.
+    fn fly_on_thread(
+        &self,
+        run: &RunState,
+        payload: &Map<String, Value>,
+        prepared: Option<Value>,
+        handler: Arc<dyn EffectHandler>,
+        call: &Call<'_>,
+        landing: Landing,
+    ) {
+        let (rt, run, payload) = (self.clone(), run.clone(), payload.clone());
+        let (seq, key, now, attempt) = (call.seq, call.key.to_string(), call.now, call.attempt);
+        self.fly_job(Box::new(move || {
+            let call = Call {
+                seq,
+                key: &key,
+                now,
+                attempt,
+                depth: 0,
+                ahead: true,
+                pending: false,
+            };
+            let cancel = landing.cancel().clone();
+            let cx = EffectCx {
+                cancel: Some(&cancel),
+                ..rt.effect_cx(&run, &call)
+            };
+            match panics::catch(|| handler.execute(&cx, &payload, prepared.as_ref())) {
+                Ok(Ok(outcome)) => landing.land(outcome),
+                Ok(Err(e)) => landing.land_error(e),
+                Err(panic) => landing.land(Outcome::Failed(Failure::permanent(
+                    "host_panic",
+                    format!("the host failed while executing this effect: {panic}"),
+                ))),
+            }
+        }));
     }
 
     /// Records the outcome of the effect `step` ran and commits the run's

@@ -221,6 +221,18 @@ pub struct RunTxn<'a> {
     /// Whether a failing step commits nothing and returns the error (the
     /// workflow's `steps_never_fail`), set by the step.
     pub(crate) steps_never_fail: bool,
+    /// Whether an effect that [flies](crate::effects::EffectHandler::flies)
+    /// may leave the step (set by the driver and the settling threads;
+    /// direct calls by [`crate::RuntimeConfig::calls_in_flight`]).
+    pub(crate) fly: bool,
+    /// Whether a step's effect left in flight: the hold is detached (the
+    /// lease stays the runtime's, renewed, and this hold gives nothing up).
+    pub(crate) flew: bool,
+    /// Whether a step's effect would have flown but every flight was
+    /// taken: the step committed nothing, and the run waits for room.
+    pub(crate) held_back: bool,
+    /// An outcome that landed for this run, settled by the replayed step.
+    pub(crate) landed: Option<super::flight::Landed>,
     _guard: RunLockGuard<'a>,
 }
 
@@ -244,11 +256,39 @@ impl Runtime {
     /// loaded back).
     #[doc(hidden)] // for features built on the kernel; not a stable API
     pub fn claim(&self, run_id: &str, wait: Duration) -> Result<(RunTxn<'_>, RunState)> {
-        let deadline = Instant::now() + wait;
         let guard = self
             .locks()
             .lock(run_id, wait)
             .map_err(|why| lock_refused(run_id, why))?;
+        self.refuse_flying(run_id)?;
+        self.claim_locked(run_id, wait, guard)
+    }
+
+    /// A conflict if an effect of `run_id` is in flight: its run is the
+    /// flight's until it lands.
+    fn refuse_flying(&self, run_id: &str) -> Result<()> {
+        if self.inner.flights.flying(run_id) {
+            return Err(Error::Conflict {
+                run_id: run_id.to_string(),
+                reason: "an effect of the run is in flight on this host".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Stops renewing the lease of `run_id` (held while its effect flew).
+    pub(crate) fn keeper_drop_hold(&self, run_id: &str) {
+        self.keeper().drop_hold(run_id);
+    }
+
+    /// [`Runtime::claim`] under the run's in-process lock, taken already.
+    pub(crate) fn claim_locked<'a>(
+        &'a self,
+        run_id: &str,
+        wait: Duration,
+        guard: RunLockGuard<'a>,
+    ) -> Result<(RunTxn<'a>, RunState)> {
+        let deadline = Instant::now() + wait;
         let keeper = self.keeper();
         let mut pause = Duration::from_millis(1);
         let mut dead: Option<String> = None;
@@ -274,6 +314,10 @@ impl Runtime {
                         commits: 0,
                         deadline: None,
                         steps_never_fail: false,
+                        fly: false,
+                        flew: false,
+                        held_back: false,
+                        landed: None,
                         _guard: guard,
                     };
                     self.load_offloaded(&mut run)?;
@@ -338,6 +382,7 @@ impl Runtime {
             .locks()
             .lock(run_id, wait)
             .map_err(|why| lock_refused(run_id, why))?;
+        self.refuse_flying(run_id)?;
         let run = match remembered {
             Some(run) if run.run_id != run_id => {
                 return Err(Error::invalid(
@@ -362,6 +407,10 @@ impl Runtime {
                 commits: 0,
                 deadline: None,
                 steps_never_fail: false,
+                fly: false,
+                flew: false,
+                held_back: false,
+                landed: None,
                 _guard: guard,
             },
             run,
@@ -386,6 +435,10 @@ impl Runtime {
             commits: 0,
             deadline: None,
             steps_never_fail: false,
+            fly: false,
+            flew: false,
+            held_back: false,
+            landed: None,
             _guard: guard,
         })
     }
@@ -416,6 +469,19 @@ impl RunTxn<'_> {
             at: Instant::now() + budget,
             compiling: crate::wasm::time_compiling(),
         });
+    }
+
+    /// Whether the hold has the run's lease.
+    pub(crate) fn leased(&self) -> bool {
+        self.leased
+    }
+
+    /// Leaves the run to its effect in flight: the lease stays this
+    /// runtime's (renewed by its keeper until the effect lands), and
+    /// dropping this hold gives nothing up.
+    pub(crate) fn detach(&mut self) {
+        self.leased = false;
+        self.flew = true;
     }
 
     /// Whether the run exists in the store yet.

@@ -32,6 +32,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
 use crate::core::config::StartOptions;
+use crate::core::flight::Landing;
 use crate::core::model::{RunState, RunStatus, WaitState};
 use crate::core::Result;
 
@@ -264,6 +265,10 @@ pub struct EffectCx<'a> {
     /// The runtime's artifact store, if it has one (large tool outputs go
     /// there as attachments of the run).
     pub artifacts: Option<&'a dyn crate::store::ArtifactStore>,
+    /// For an effect executing in flight: fires when its run is cancelled
+    /// (the effect should stop: drop its request, interrupt its instance,
+    /// kill its process). `None` inside a step.
+    pub cancel: Option<&'a Arc<crate::core::flight::Cancel>>,
 }
 
 impl EffectCx<'_> {
@@ -403,6 +408,37 @@ pub trait EffectHandler: Send + Sync {
     ) -> Result<Option<Value>> {
         let _ = (cx, wait, payload);
         Ok(None)
+    }
+
+    /// Whether the effect may execute in flight, off its run's step (see
+    /// [`crate::core::flight`]): for effects of the
+    /// [`EffectClass::External`] class that wait on the outside world (a
+    /// model, a tool, a command). The runtime flies them when the step is
+    /// a driver's (or [`crate::RuntimeConfig::calls_in_flight`] says so)
+    /// and fewer than [`crate::RuntimeConfig::max_in_flight`] are in
+    /// flight; otherwise they execute inside the step. Default: no.
+    fn flies(&self) -> bool {
+        false
+    }
+
+    /// Starts the effect in flight and returns at once; the effect reports
+    /// its outcome through `landing` ([`Landing::land`]), once, from any
+    /// thread, and should stop when [`Landing::cancel`] fires. `cx` lives
+    /// only for this call: take what the effect needs from it. Returning
+    /// the landing instead (the default) asks the runtime to execute
+    /// [`EffectHandler::execute`] on a thread of its own.
+    ///
+    /// [`Landing::land`]: crate::core::flight::Landing::land
+    /// [`Landing::cancel`]: crate::core::flight::Landing::cancel
+    fn launch(
+        &self,
+        cx: &EffectCx<'_>,
+        payload: &Map<String, Value>,
+        prepared: Option<&Value>,
+        landing: Landing,
+    ) -> Option<Landing> {
+        let _ = (cx, payload, prepared);
+        Some(landing)
     }
 
     /// Executes the effect. `Err` is for failures of the host itself (the

@@ -255,6 +255,20 @@ pub fn a_fence_without_a_holder_lands_and_clears_the_lease(h: &dyn Harness, dir:
     Verdict::Passed
 }
 
+/// `run_status` is the stored run's status (none for an unknown run), a
+/// cancel included.
+pub fn run_status_is_the_stored_status(h: &dyn Harness, dir: &Path) -> Verdict {
+    let store = h.open(dir);
+    assert_eq!(store.run_status("r1").unwrap(), None);
+    let mut r = run("r1", "wf");
+    store.create_if_absent(&r).unwrap();
+    assert_eq!(store.run_status("r1").unwrap(), Some(RunStatus::Running));
+    r.status = RunStatus::Cancelled;
+    save(&*store, &[], &mut r, 1);
+    assert_eq!(store.run_status("r1").unwrap(), Some(RunStatus::Cancelled));
+    Verdict::Passed
+}
+
 /// `list_runs` keeps the creation order and filters by status, wait reason,
 /// wait key, workflow and parent, up to a limit.
 pub fn list_runs_filters_orders_and_limits(h: &dyn Harness, dir: &Path) -> Verdict {

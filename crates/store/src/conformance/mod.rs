@@ -239,6 +239,7 @@ macro_rules! __store_conformance_checks {
             a_commit_lands_only_on_the_version_it_read,
             a_lease_excludes_other_holders_until_it_lapses,
             a_fence_without_a_holder_lands_and_clears_the_lease,
+            run_status_is_the_stored_status,
             list_runs_filters_orders_and_limits,
             due_waits_include_deadline_carrying_event_waits,
             claimable_runs_are_running_and_unleased,
