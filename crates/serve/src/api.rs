@@ -31,27 +31,85 @@ use stepwell::{RunQuery, RunState, RunStatus, StartOptions, WaitReason};
 type S = State<Arc<Shared>>;
 type ApiResult<T = Response> = Result<T, ApiError>;
 
-/// How many runtime calls run at once: a few per core. More would only
-/// contend for the store's write lock (SQLite retries a busy lock with
-/// growing sleeps, which makes the slowest caller very slow); queued here,
-/// callers are served in the order they came.
-fn permits() -> &'static tokio::sync::Semaphore {
-    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
-    PERMITS.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        tokio::sync::Semaphore::new((cores * 4).max(8))
-    })
+/// The pools the server's runtime calls queue in, each bounded on its own,
+/// so that one kind of work never waits behind another: reads never queue
+/// behind run execution, and webhook intake never behind starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pool {
+    /// Reads: runs, ledgers, lists, metrics.
+    Read,
+    /// Calls that execute runs or change state: starts, resumes, cancels,
+    /// commands.
+    Work,
+    /// Webhook intake.
+    Webhook,
+}
+
+/// How long a call may queue for its pool before the server answers `503
+/// server_busy` (with `Retry-After`) instead of hanging.
+const QUEUE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Pool {
+    /// The pool's permits: a few per core. More would only contend for the
+    /// store's write lock (SQLite retries a busy lock with growing sleeps,
+    /// which makes the slowest caller very slow); queued here, callers are
+    /// served in the order they came.
+    fn permits(self) -> &'static tokio::sync::Semaphore {
+        static POOLS: std::sync::OnceLock<[tokio::sync::Semaphore; 3]> = std::sync::OnceLock::new();
+        let pools = POOLS.get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+            let work = (cores * 4).max(8);
+            [
+                tokio::sync::Semaphore::new(work * 2),
+                tokio::sync::Semaphore::new(work),
+                tokio::sync::Semaphore::new(work),
+            ]
+        });
+        &pools[self as usize]
+    }
 }
 
 /// Runs `f` on the blocking pool (the runtime's calls block: store
-/// commits, guest calls), at most a few at a time.
+/// commits, guest calls) as a call of the [`Pool::Work`] pool.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> ApiResult<T> {
-    let _permit = permits()
-        .acquire()
-        .await
-        .map_err(|_| ApiError::internal("the server is shutting down"))?;
+    blocking_in(Pool::Work, f).await
+}
+
+/// [`blocking`] as a read ([`Pool::Read`]).
+pub(crate) async fn read<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> ApiResult<T> {
+    blocking_in(Pool::Read, f).await
+}
+
+/// Runs `f` on the blocking pool as a call of `pool`, after at most
+/// [`QUEUE_DEADLINE`] in its queue (else `503 server_busy`).
+pub(crate) async fn blocking_in<T: Send + 'static>(
+    pool: Pool,
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> ApiResult<T> {
+    let permit = tokio::time::timeout(QUEUE_DEADLINE, pool.permits().acquire()).await;
+    let _permit = match permit {
+        Ok(Ok(permit)) => permit,
+        Ok(Err(_)) => return Err(ApiError::internal("the server is shutting down")),
+        Err(_) => {
+            return Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "server_busy",
+                format!(
+                    "every {} slot of the server stayed busy for {} s: try again shortly",
+                    match pool {
+                        Pool::Read => "read",
+                        Pool::Work => "run",
+                        Pool::Webhook => "webhook",
+                    },
+                    QUEUE_DEADLINE.as_secs()
+                ),
+            ))
+        }
+    };
     match tokio::task::spawn_blocking(f).await {
         Ok(r) => r.map_err(ApiError::from),
         Err(e) => Err(ApiError::internal(format!("the call panicked: {e}"))),
@@ -553,9 +611,7 @@ async fn list_runs(State(s): S, Params(q): Params<ListRuns>) -> ApiResult {
     let show = run_view(q.view.as_deref())?;
     let mut query = run_query(q.status.as_deref(), q.wait_reason.as_deref(), q.workflow_id)?;
     query.after_run_id = q.cursor;
-    blocking(move || run_page(&s, query, limit, show))
-        .await
-        .map(ok)
+    read(move || run_page(&s, query, limit, show)).await.map(ok)
 }
 
 #[derive(Deserialize)]
@@ -569,7 +625,7 @@ async fn list_waits(State(s): S, Params(q): Params<ListWaits>) -> ApiResult {
     let limit = page_limit(q.limit)?;
     let mut query = run_query(Some("waiting"), Some("user"), None)?;
     query.after_run_id = q.cursor;
-    blocking(move || run_page(&s, query, limit, run_json))
+    read(move || run_page(&s, query, limit, run_json))
         .await
         .map(ok)
 }
@@ -644,7 +700,7 @@ async fn start_run(State(s): S, Body(b): Body<StartRun>) -> ApiResult {
 }
 
 async fn get_run(State(s): S, Path(id): Path<String>) -> ApiResult {
-    blocking(move || s.rt.get_state(&id))
+    read(move || s.rt.get_state(&id))
         .await
         .map(|r| ok(run_json(&r)))
 }
@@ -727,7 +783,7 @@ async fn run_ledger(
     };
     let after = q.after.unwrap_or(0);
     let run_id = id.clone();
-    let (body, next) = blocking(move || {
+    let (body, next) = read(move || {
         s.rt.get_state(&id)?;
         let records = s.rt.ledger_page(&id, after, limit as usize)?;
         let items = records.iter().map(|(seq, r)| (*seq, record_json(r, *seq)));
@@ -801,7 +857,7 @@ fn path_segment(text: &str) -> String {
 
 /// `GET /v1/runs/{id}/ledger/verify`: the chain checked a page at a time.
 async fn verify_ledger(State(s): S, Path(id): Path<String>) -> ApiResult {
-    blocking(move || {
+    read(move || {
         let check = s.rt.check_ledger(&id)?;
         let count = check.records;
         Ok(match check.verdict {
@@ -850,7 +906,7 @@ struct SnapshotSearch {
 
 async fn list_snapshots(State(s): S, Params(q): Params<SnapshotSearch>) -> ApiResult {
     let limit = page_limit(q.limit)?;
-    blocking(move || {
+    read(move || {
         let found = s
             .snapshots
             .search_snapshots(&stepwell::store::SnapshotQuery {
@@ -905,7 +961,7 @@ async fn session_turns(
     Path(id): Path<String>,
     Params(q): Params<TurnsQuery>,
 ) -> ApiResult {
-    blocking(move || {
+    read(move || {
         let turns = stepwell::sessions::select_session_turns(
             &s.rt,
             &id,
@@ -939,7 +995,7 @@ async fn session_history(
     Path(id): Path<String>,
     Params(q): Params<HistoryQuery>,
 ) -> ApiResult {
-    blocking(move || {
+    read(move || {
         let mut options = stepwell::sessions::HistoryOptions {
             automation_id: q.automation_id,
             through_occurrence: q.through_occurrence,
@@ -985,7 +1041,7 @@ async fn automations_list(State(s): S, Params(q): Params<AutomationsQuery>) -> A
             ));
         }
     }
-    blocking(move || {
+    read(move || {
         list_automations(
             &s.rt,
             q.status.as_deref(),
@@ -1015,7 +1071,7 @@ async fn automations_create(State(s): S, Body(request): Body<Value>) -> ApiResul
 }
 
 async fn automations_show(State(s): S, Path(id): Path<String>) -> ApiResult {
-    blocking(move || show_automation(&s.rt, &id, s.rt.now()))
+    read(move || show_automation(&s.rt, &id, s.rt.now()))
         .await
         .map(ok)
 }
@@ -1103,7 +1159,7 @@ async fn automations_occurrences(
     Path(id): Path<String>,
     Params(q): Params<PageQuery>,
 ) -> ApiResult {
-    blocking(move || list_occurrences(&s.rt, &id, q.cursor.as_deref(), q.limit.unwrap_or(50)))
+    read(move || list_occurrences(&s.rt, &id, q.cursor.as_deref(), q.limit.unwrap_or(50)))
         .await
         .map(ok)
 }
@@ -1120,7 +1176,7 @@ async fn automations_waits(
     Params(q): Params<LimitQuery>,
 ) -> ApiResult {
     let limit = page_limit(q.limit)?;
-    blocking(move || pending_waits(&s.rt, &id, limit))
+    read(move || pending_waits(&s.rt, &id, limit))
         .await
         .map(|items| ok(json!({"items": items})))
 }
@@ -1138,7 +1194,7 @@ async fn automations_attention(
     Path(id): Path<String>,
     Params(q): Params<AttentionQuery>,
 ) -> ApiResult {
-    blocking(move || {
+    read(move || {
         list_attention(
             &s.rt,
             &id,
@@ -1188,7 +1244,7 @@ async fn automations_discuss(
 // ---------------------------------------------------------------- catalogues
 
 async fn triggers_list(State(s): S) -> ApiResult {
-    blocking(move || {
+    read(move || {
         let registry = s.rt.triggers()?;
         Ok(json!({"items": registry.entries()}))
     })
@@ -1258,7 +1314,7 @@ async fn triggers_preview(
 /// `GET /v1/quarantined`: the runs set aside because they cannot be read
 /// or committed, and why.
 async fn quarantined_list(State(s): S) -> ApiResult {
-    blocking(move || {
+    read(move || {
         let items: Vec<Value> =
             s.rt.store()
                 .list_quarantined()?
@@ -1272,7 +1328,7 @@ async fn quarantined_list(State(s): S) -> ApiResult {
 }
 
 async fn tools_list(State(s): S) -> ApiResult {
-    blocking(move || {
+    read(move || {
         let table = s.rt.tools()?;
         Ok(json!({"items": table.entries()}))
     })
@@ -1290,7 +1346,7 @@ async fn metrics(State(s): S) -> ApiResult {
         .iter()
         .map(|(k, v)| (k.clone(), *v))
         .collect();
-    let text = blocking(move || {
+    let text = read(move || {
         let mut by_status = Vec::new();
         for status in [
             RunStatus::Running,
@@ -1445,7 +1501,7 @@ async fn receive_webhook(
     };
     // The connection first: a call to no connection costs no body read.
     let (rt, id) = (s.rt.clone(), connection_id.clone());
-    if !blocking(move || rt.accepts_webhooks(&id)).await? {
+    if !blocking_in(Pool::Webhook, move || rt.accepts_webhooks(&id)).await? {
         return Ok(answer(Received::not_found()));
     }
     if axum::body::HttpBody::size_hint(&body).lower() as usize > MAX_BODY_BYTES {
@@ -1470,7 +1526,10 @@ async fn receive_webhook(
         })
         .collect();
     let rt = s.rt.clone();
-    let r = blocking(move || rt.receive_webhook(&connection_id, &headers, &body.bytes)).await?;
+    let r = blocking_in(Pool::Webhook, move || {
+        rt.receive_webhook(&connection_id, &headers, &body.bytes)
+    })
+    .await?;
     if r.status == "appended" {
         s.wake.wake();
     }
@@ -1487,7 +1546,7 @@ struct NewConnection {
 }
 
 async fn connections_list(State(s): S) -> ApiResult {
-    blocking(move || Ok(json!({"connections": s.rt.list_connections()?})))
+    read(move || Ok(json!({"connections": s.rt.list_connections()?})))
         .await
         .map(ok)
 }
@@ -1507,7 +1566,7 @@ async fn connections_create(State(s): S, Body(b): Body<NewConnection>) -> ApiRes
 }
 
 async fn connections_show(State(s): S, Path(id): Path<String>) -> ApiResult {
-    blocking(move || Ok(stepwell::triggers::connection_view(&s.rt.connection(&id)?)))
+    read(move || Ok(stepwell::triggers::connection_view(&s.rt.connection(&id)?)))
         .await
         .map(ok)
 }
@@ -1564,7 +1623,7 @@ async fn connections_events(
     Path(id): Path<String>,
     Params(q): Params<EventsQuery>,
 ) -> ApiResult {
-    blocking(move || {
+    read(move || {
         let events =
             s.rt.connection_events(&id, q.after.unwrap_or(0), q.limit.unwrap_or(100).min(1000))?;
         Ok(json!({"events": events}))

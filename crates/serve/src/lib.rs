@@ -469,7 +469,7 @@ async fn watch_feed(shared: Arc<Shared>, commits: tokio::sync::watch::Sender<u64
     let mut last = None;
     loop {
         let s = shared.clone();
-        let head = api::blocking(move || Ok(s.rt.store().feed_head()?)).await;
+        let head = api::read(move || Ok(s.rt.store().feed_head()?)).await;
         match head {
             Ok(head) if head != last => {
                 if last.is_some() {

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::api::{blocking, record_json, run_summary, Params};
+use super::api::{read as blocking, record_json, run_summary, Params};
 use super::error::ApiError;
 use super::Shared;
 use stepwell::RunState;
