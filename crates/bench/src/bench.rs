@@ -404,6 +404,28 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
                 json!(round(rate, 0)),
             );
         }
+        if want("wf_per_s_postgres_") {
+            // One backlog, driven by 1, 2 and 3 hosts (processes) in turn.
+            let mut rates = Vec::new();
+            for hosts in 1..=3 {
+                let schema = BenchSchema::new(server, &format!("hosts{hosts}"))?;
+                let dir = scratch.0.join(format!("hosts-{hosts}"));
+                std::fs::create_dir_all(&dir).map_err(|e| invalid("bench", e.to_string()))?;
+                let spec = StoreSpec::Postgres(schema.url.clone());
+                let rate = drive_hosts(options, &spec, &dir, hosts)?;
+                let name = if hosts == 1 {
+                    "1host".to_string()
+                } else {
+                    format!("{hosts}hosts")
+                };
+                figures.insert(format!("wf_per_s_postgres_{name}"), json!(round(rate, 0)));
+                rates.push(rate);
+            }
+            figures.insert(
+                "wf_postgres_3hosts_over_1host".into(),
+                json!(round(rates[2] / rates[0], 2)),
+            );
+        }
         if want("ask_resume_cycles_per_s_postgres") {
             let schema = BenchSchema::new(server, "ask")?;
             let rt = runtime(Arc::new(PostgresStore::open(&schema.url)?), &engine)?;
@@ -863,6 +885,13 @@ fn resume_conflicts(options: &BenchOptions, dir: &Path) -> Result<f64> {
 /// store (a SQLite file, or a PostgreSQL database as three hosts would
 /// share it). Returns runs completed per second.
 fn drive_three(options: &BenchOptions, spec: &StoreSpec, dir: &Path) -> Result<f64> {
+    drive_hosts(options, spec, dir, 3)
+}
+
+/// `hosts` `stepwell drive` processes complete `drive_runs` runs of
+/// `flows/examples/chain` on one store: runs completed per second, process
+/// start included.
+fn drive_hosts(options: &BenchOptions, spec: &StoreSpec, dir: &Path, hosts: usize) -> Result<f64> {
     let rt = stepwell::host::open_runtime(spec, &stepwell::host::HostOptions::default())?;
     let store_arg = match spec {
         StoreSpec::Sqlite(p) => format!("sqlite:{}", p.display()),
@@ -875,7 +904,7 @@ fn drive_three(options: &BenchOptions, spec: &StoreSpec, dir: &Path) -> Result<f
         ids.push(rt.start(&bundle.main_workflow_id, StartOptions::default())?);
     }
     let start = Instant::now();
-    let mut drivers: Vec<std::process::Child> = (0..3)
+    let mut drivers: Vec<std::process::Child> = (0..hosts)
         .map(|_| {
             std::process::Command::new(exe(options)?)
                 .arg("--store")

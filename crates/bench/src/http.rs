@@ -41,7 +41,8 @@ fn fail(message: impl Into<String>) -> Error {
     }
 }
 
-fn percentile(mut xs: Vec<f64>, p: f64) -> f64 {
+/// The `p` quantile of `xs` (nearest rank; NaN for none).
+pub(crate) fn percentile(mut xs: Vec<f64>, p: f64) -> f64 {
     xs.sort_by(|a, b| a.total_cmp(b));
     if xs.is_empty() {
         return f64::NAN;

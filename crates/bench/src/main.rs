@@ -8,6 +8,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod bench;
+mod fanout;
 mod http;
 mod scale;
 
@@ -43,6 +44,13 @@ struct Cli {
     /// automations ticking at once, the raw SQLite commit ceiling.
     #[arg(long)]
     scale: bool,
+    /// Measure slow work instead: 1,000 runs each waiting 2 s on a model
+    /// (a loopback server), with timers and API reads meanwhile; the wall
+    /// time, timer lateness, read latency and memory per call in flight;
+    /// then the same with a `stepwell serve` killed (SIGKILL) as the answers
+    /// come in, and started again.
+    #[arg(long)]
+    fanout: bool,
     /// A PostgreSQL URL (postgres://...) adds the PostgreSQL figures; any
     /// other store is ignored.
     #[arg(long, env = "STEPWELL_STORE")]
@@ -69,6 +77,17 @@ enum Worker {
         /// Who the process is.
         who: String,
     },
+    /// Serve chat completions on loopback, each after a delay, counting
+    /// them (`GET /count`).
+    #[command(hide = true)]
+    ModelServer {
+        /// How long each answer takes.
+        #[arg(long)]
+        delay_ms: u64,
+        /// Where the address it listens on is written.
+        #[arg(long)]
+        addr_file: PathBuf,
+    },
 }
 
 /// Runs the benchmarks `cli` asks for, or one worker, and prints what they
@@ -81,7 +100,27 @@ fn execute(cli: Cli) -> Result<(), Error> {
         );
         return Ok(());
     }
-    let figures = if cli.scale {
+    if let Some(Worker::ModelServer {
+        delay_ms,
+        addr_file,
+    }) = &cli.worker
+    {
+        return fanout::model_server(std::time::Duration::from_millis(*delay_ms), addr_file);
+    }
+    let figures = if cli.fanout {
+        let mut options = fanout::FanoutOptions::default();
+        if cli.quick {
+            options.calls = 200;
+            options.timers = 20;
+        }
+        let dir = std::env::temp_dir().join(format!("stepwell-fanout-{}", std::process::id()));
+        let figures = fanout::run(&options, &dir.join("live")).and_then(|mut figures| {
+            figures.extend(fanout::kill_run(&options, &dir.join("killed"))?);
+            Ok(figures)
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+        serde_json::Value::Object(figures?)
+    } else if cli.scale {
         let mut options = scale::ScaleOptions {
             flows_dir: cli.flows,
             only: cli.only,
@@ -137,6 +176,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
+    stepwell::host::raise_open_files();
     let cli = Cli::parse();
     // Guests' perf map, for profiling the benchmarks (docs/performance.md).
     if std::env::var("STEPWELL_WASM_PERFMAP").is_ok_and(|v| v.trim() == "1") {
