@@ -526,30 +526,46 @@ fn a_spinning_or_hungry_tool_is_stopped_and_the_run_goes_on() {
     let ws = workspace(&dir);
     let started = std::time::Instant::now();
     // #30: a timeout fails only that call, keeping its call id.
+    let policy = |timeout: f64| {
+        json!({"tool_timeout_s": timeout,
+               "tool_policy": {"auto_approve_tools": ["hostile_spin", "hostile_alloc", "read_file"]}})
+    };
     let run = start(
         &rt,
         json!({"tool_calls": [
             {"name": "hostile_spin", "arguments": {}, "call_id": "spin-1"},
-            {"name": "hostile_alloc", "arguments": {}, "call_id": "alloc-1"},
             {"name": "read_file", "arguments": {"file_path": "a.txt"}, "call_id": "r"},
         ]}),
         ws_vars(&ws),
-        json!({"tool_timeout_s": 0.5,
-               "tool_policy": {"auto_approve_tools": ["hostile_spin", "hostile_alloc", "read_file"]}}),
+        policy(0.5),
     );
     let r = results(&run);
     assert_eq!(r[0]["success"], false);
     assert_eq!(r[0]["output"], Value::Null);
     assert_eq!(r[0]["call_id"], "spin-1");
     assert_eq!(r[0]["error"], "Tool execution timed out after 0.5s");
-    assert_eq!(r[1]["success"], false);
-    assert!(
-        r[1]["error"].as_str().unwrap().contains("memory"),
-        "{}",
-        r[1]
+    assert_eq!(r[1]["success"], true);
+    // The memory limit stops a hungry tool (with time to reach it however
+    // busy the machine), and the next call runs.
+    let run = start(
+        &rt,
+        json!({"tool_calls": [
+            {"name": "hostile_alloc", "arguments": {}, "call_id": "alloc-1"},
+            {"name": "read_file", "arguments": {"file_path": "a.txt"}, "call_id": "r"},
+        ]}),
+        ws_vars(&ws),
+        policy(30.0),
     );
-    assert_eq!(r[2]["success"], true);
-    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    let r = results(&run);
+    assert_eq!(r[0]["success"], false);
+    assert_eq!(r[0]["call_id"], "alloc-1");
+    assert!(
+        r[0]["error"].as_str().unwrap().contains("memory"),
+        "{}",
+        r[0]
+    );
+    assert_eq!(r[1]["success"], true);
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
 }
 
 #[test]
