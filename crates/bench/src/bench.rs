@@ -36,6 +36,9 @@ pub struct BenchOptions {
     pub race_waits: usize,
     /// Runs the three drivers of `drive_runs_per_s_sqlite_3procs` complete.
     pub drive_runs: usize,
+    /// Runs of the PostgreSQL hosts figures (`wf_per_s_postgres_*`): long
+    /// enough that process starts do not dominate.
+    pub hosts_runs: usize,
     /// Rounds of the hostile corpus (`hostile_contained_per_s`): each runs
     /// every fast-failing hostile mode once, then a well-behaved run.
     pub hostile_rounds: usize,
@@ -68,6 +71,7 @@ impl Default for BenchOptions {
             only: None,
             race_waits: 400,
             drive_runs: 300,
+            hosts_runs: 2_000,
             hostile_rounds: 60,
             exe: None,
             automation_occurrences: 100,
@@ -94,6 +98,7 @@ impl BenchOptions {
         self.cycle_batches = 1;
         self.race_waits = 50;
         self.drive_runs = 30;
+        self.hosts_runs = 200;
         self.hostile_rounds = 5;
         self.automation_occurrences = 20;
         self.automation_commands = 40;
@@ -412,7 +417,7 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
                 let dir = scratch.0.join(format!("hosts-{hosts}"));
                 std::fs::create_dir_all(&dir).map_err(|e| invalid("bench", e.to_string()))?;
                 let spec = StoreSpec::Postgres(schema.url.clone());
-                let rate = drive_hosts(options, &spec, &dir, hosts)?;
+                let rate = drive_hosts(options, &spec, &dir, hosts, options.hosts_runs)?;
                 let name = if hosts == 1 {
                     "1host".to_string()
                 } else {
@@ -885,13 +890,19 @@ fn resume_conflicts(options: &BenchOptions, dir: &Path) -> Result<f64> {
 /// store (a SQLite file, or a PostgreSQL database as three hosts would
 /// share it). Returns runs completed per second.
 fn drive_three(options: &BenchOptions, spec: &StoreSpec, dir: &Path) -> Result<f64> {
-    drive_hosts(options, spec, dir, 3)
+    drive_hosts(options, spec, dir, 3, options.drive_runs)
 }
 
 /// `hosts` `stepwell drive` processes complete `drive_runs` runs of
 /// `flows/examples/chain` on one store: runs completed per second, process
 /// start included.
-fn drive_hosts(options: &BenchOptions, spec: &StoreSpec, dir: &Path, hosts: usize) -> Result<f64> {
+fn drive_hosts(
+    options: &BenchOptions,
+    spec: &StoreSpec,
+    dir: &Path,
+    hosts: usize,
+    runs: usize,
+) -> Result<f64> {
     let rt = stepwell::host::open_runtime(spec, &stepwell::host::HostOptions::default())?;
     let store_arg = match spec {
         StoreSpec::Sqlite(p) => format!("sqlite:{}", p.display()),
@@ -899,8 +910,8 @@ fn drive_hosts(options: &BenchOptions, spec: &StoreSpec, dir: &Path, hosts: usiz
         other => return Err(invalid("bench", format!("no drivers on {other}"))),
     };
     let bundle = rt.load_bundle(&options.flows_dir.join("examples/chain"))?;
-    let mut ids = Vec::with_capacity(options.drive_runs);
-    for _ in 0..options.drive_runs {
+    let mut ids = Vec::with_capacity(runs);
+    for _ in 0..runs {
         ids.push(rt.start(&bundle.main_workflow_id, StartOptions::default())?);
     }
     let start = Instant::now();
@@ -926,7 +937,7 @@ fn drive_hosts(options: &BenchOptions, spec: &StoreSpec, dir: &Path, hosts: usiz
                 .unwrap_or(true)
         });
         if left.is_empty() {
-            break Ok(options.drive_runs as f64 / start.elapsed().as_secs_f64());
+            break Ok(runs as f64 / start.elapsed().as_secs_f64());
         }
         if Instant::now() > deadline {
             break Err(invalid(
