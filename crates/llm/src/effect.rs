@@ -359,16 +359,32 @@ impl EffectHandler for LlmCall {
 }
 
 /// A model call planned from its payload and its run: everything
-/// performing it needs, owned (it may be performed off the step).
+/// performing it needs, owned (it may be performed off the step), and no
+/// more: one copy of the conversation (the request's body), not three.
 struct Planned {
     providers: Providers,
     provider: Provider,
     model: String,
     budget: Option<u64>,
     request: ChatRequest,
-    payload: Map<String, Value>,
+    /// The answer's metadata, but for `_provider_request.payload` (the
+    /// redacted body, made from `request` when the answer is in).
     metadata: Value,
     schema: Option<Value>,
+    /// With `structured_output_fallback`: what the one repair call is made
+    /// of.
+    repair: Option<RepairBase>,
+    /// `allow_truncation` (or `allow_truncated`).
+    allow_truncation: bool,
+    /// The output budget a truncation message names.
+    attempted: String,
+}
+
+/// The payload of a repair call, but its prompt: the payload without its
+/// messages and tools, and the user's text the prompt quotes.
+struct RepairBase {
+    payload: Map<String, Value>,
+    task: String,
 }
 
 impl LlmCall {
@@ -425,29 +441,41 @@ impl LlmCall {
         let metadata = json!({
             "_provider_request": {
                 "url": shown_url(&format!("{}/chat/completions", provider.base_url.trim_end_matches('/'))),
-                "payload": redact(&request.body),
             },
             "provider": provider.name,
             "effect_idempotency_key": cx.key,
             "attempt": cx.attempt,
+        });
+        let repair = boolish(payload.get("structured_output_fallback")).then(|| {
+            let mut base = payload.clone();
+            base.remove("messages");
+            base.remove("tools");
+            RepairBase {
+                payload: base,
+                task: user_text(payload).unwrap_or_default(),
+            }
         });
         Ok(Planned {
             providers: providers.clone(),
             provider: provider.clone(),
             model: model.to_string(),
             budget,
+            attempted: attempted_budget(payload, request.max_output_tokens),
             request,
-            payload: payload.clone(),
             metadata,
             schema: requested_schema(payload),
+            repair,
+            allow_truncation: boolish(payload.get("allow_truncation"))
+                || boolish(payload.get("allow_truncated")),
         })
     }
 }
 
 /// Performs a planned call (and its one repair call, if the payload asks
 /// for it): the effect's outcome.
-async fn perform(p: Planned) -> Outcome {
+async fn perform(mut p: Planned) -> Outcome {
     let exchange = p.providers.exchange(&p.provider, &p.request.body);
+    p.metadata["_provider_request"]["payload"] = redact(&p.request.body);
     let answer = match exchange.send().await {
         Ok(a) => a,
         Err(e) => return Outcome::Failed(e.into()),
@@ -458,24 +486,23 @@ async fn perform(p: Planned) -> Outcome {
         // completes, saying why in its metadata, unless the payload asks
         // for one repair call (`structured_output_fallback`).
         if let Some((key, why)) = structured_problem(&result, schema) {
-            if !boolish(p.payload.get("structured_output_fallback")) {
-                result["metadata"][key] = json!(why);
-            } else {
-                result = match repair(&p, schema, &result, &why).await {
-                    Ok(repaired) => repaired,
-                    Err(outcome) => return outcome,
-                };
+            match &p.repair {
+                None => result["metadata"][key] = json!(why),
+                Some(base) => {
+                    result = match repair(&p, base, schema, &result, &why).await {
+                        Ok(repaired) => repaired,
+                        Err(outcome) => return outcome,
+                    };
+                }
             }
         }
     }
     mark_aborted(&mut result);
     let truncated = finish_is_truncation(result["finish_reason"].as_str());
-    let allowed =
-        boolish(p.payload.get("allow_truncation")) || boolish(p.payload.get("allow_truncated"));
-    if truncated && !allowed {
+    if truncated && !p.allow_truncation {
         return Outcome::Failed(Failure::permanent(
             "llm_truncated",
-            truncation_message(&attempted_budget(&p.payload, p.request.max_output_tokens)),
+            truncation_message(&p.attempted),
         ));
     }
     Outcome::Completed(result)
@@ -484,6 +511,7 @@ async fn perform(p: Planned) -> Outcome {
 /// The one repair call for an answer that did not match `schema`.
 async fn repair(
     p: &Planned,
+    base: &RepairBase,
     schema: &Value,
     result: &Value,
     why: &str,
@@ -494,17 +522,10 @@ async fn repair(
         .filter(|s| !s.is_empty())
         .map(str::to_string)
         .unwrap_or_else(|| serde_json::to_string_pretty(&result["data"]).unwrap_or_default());
-    let mut repair = p.payload.clone();
-    repair.remove("messages");
-    repair.remove("tools");
+    let mut repair = base.payload.clone();
     repair.insert(
         "prompt".into(),
-        json!(repair_prompt(
-            &user_text(&p.payload).unwrap_or_default(),
-            schema,
-            &invalid,
-            why
-        )),
+        json!(repair_prompt(&base.task, schema, &invalid, why)),
     );
     let request = chat_request(&repair, &p.model, p.budget);
     let exchange = p.providers.exchange(&p.provider, &request.body);
