@@ -16,6 +16,16 @@ use stepwell_tests::write_bundle;
 /// minute's timeout, one attempt), with the flows `ask` (one model call)
 /// and `nap` (a one-second timer).
 fn runtime(mock: &LlmMock, dir: &std::path::Path, clock: Arc<ManualClock>) -> Runtime {
+    runtime_with(mock, dir, clock, RuntimeConfig::default())
+}
+
+/// [`runtime`] with `config` (its retries replaced by one attempt).
+fn runtime_with(
+    mock: &LlmMock,
+    dir: &std::path::Path,
+    clock: Arc<ManualClock>,
+    config: RuntimeConfig,
+) -> Runtime {
     let providers = Providers::only(Provider {
         timeout_s: Some(60.0),
         ..Provider::new("mock", &mock.base_url, Some("mock-model"))
@@ -32,7 +42,7 @@ fn runtime(mock: &LlmMock, dir: &std::path::Path, clock: Arc<ManualClock>) -> Ru
         .clock(clock as Arc<dyn Clock>)
         .config(RuntimeConfig {
             retries: [("llm_call".to_string(), once)].into(),
-            ..RuntimeConfig::default()
+            ..config
         })
         .effect(Arc::new(LlmCall::new(providers)))
         .build()
@@ -170,4 +180,47 @@ fn a_cancel_by_another_runtime_reaches_the_call() {
     eventually("the call was dropped", || mock.dropped() == 1);
     assert!(rt.wait_in_flight(Duration::from_secs(10)));
     assert_eq!(rt.get_state(&id).unwrap().status, RunStatus::Cancelled);
+}
+
+#[test]
+fn past_max_in_flight_a_run_is_held_back_not_executed_in_the_pass() {
+    let mock = LlmMock::always(Reply::Delay(
+        Duration::from_secs(2),
+        Box::new(Reply::text("fine")),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let config = RuntimeConfig {
+        max_in_flight: 1,
+        ..RuntimeConfig::default()
+    };
+    let rt = runtime_with(&mock, dir.path(), stepwell_tests::manual_clock(), config);
+    let first = rt.start("ask", StartOptions::default()).unwrap();
+    let second = rt.start("ask", StartOptions::default()).unwrap();
+    // One pass: the first flies; the second would fly past the limit, so
+    // it is held back (not called inside the pass, which would hold it 2 s).
+    let pass = rt.drive_once().unwrap();
+    assert_eq!(pass.ticked.len(), 2, "{pass:?}");
+    assert_eq!(rt.in_flight(), 1);
+    eventually("the first call reached the server", || mock.count() == 1);
+    assert_eq!(rt.get_state(&second).unwrap().status, RunStatus::Running);
+    assert_eq!(mock.count(), 1, "the held-back call was not made");
+    // Its `started` record stays; once the first has landed, a later pass
+    // flies it.
+    assert!(rt.wait_in_flight(Duration::from_secs(30)));
+    assert_eq!(rt.get_state(&first).unwrap().status, RunStatus::Completed);
+    eventually("the second flew", || {
+        rt.drive_once().unwrap();
+        rt.in_flight() == 1 || rt.get_state(&second).unwrap().status == RunStatus::Completed
+    });
+    assert!(rt.wait_in_flight(Duration::from_secs(30)));
+    let run = rt.get_state(&second).unwrap();
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(mock.count(), 2);
+    let started = rt
+        .get_ledger(&second)
+        .unwrap()
+        .iter()
+        .filter(|r| r.status == stepwell::core::model::StepStatus::Started)
+        .count();
+    assert_eq!(started, 1, "one started record, reused by the replay");
 }
