@@ -92,7 +92,16 @@ impl ModelServer {
 
     /// How many chat requests it got.
     fn count(&self) -> Result<u64> {
-        let answer = ureq::get(format!("{}/count", self.base))
+        self.ask("count")
+    }
+
+    /// How many of them their client dropped before the answer.
+    fn dropped(&self) -> Result<u64> {
+        self.ask("dropped")
+    }
+
+    fn ask(&self, what: &str) -> Result<u64> {
+        let answer = ureq::get(format!("{}/{what}", self.base))
             .call()
             .map_err(|e| fail(format!("asking the model server: {e}")))?
             .into_body()
@@ -130,15 +139,23 @@ pub fn model_server(delay: Duration, addr_file: &Path) -> Result<()> {
         let listener = socket.listen(4096).map_err(|e| fail(e.to_string()))?;
         let addr = listener.local_addr().map_err(|e| fail(e.to_string()))?;
         std::fs::write(addr_file, addr.to_string()).map_err(|e| fail(e.to_string()))?;
-        let count = Arc::new(AtomicUsize::new(0));
+        let counts = Arc::new(Counts::default());
         loop {
             let (stream, _) = listener.accept().await.map_err(|e| fail(e.to_string()))?;
-            tokio::spawn(serve_model(stream, delay, count.clone()));
+            tokio::spawn(serve_model(stream, delay, counts.clone()));
         }
     })
 }
 
-async fn serve_model(stream: tokio::net::TcpStream, delay: Duration, count: Arc<AtomicUsize>) {
+/// What the model server counts: requests asked, and requests whose
+/// client dropped them (closed the connection) before the answer.
+#[derive(Default)]
+struct Counts {
+    asked: AtomicUsize,
+    dropped: AtomicUsize,
+}
+
+async fn serve_model(stream: tokio::net::TcpStream, delay: Duration, counts: Arc<Counts>) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
     let (read, mut writer) = stream.into_split();
     let mut reader = tokio::io::BufReader::new(read);
@@ -169,10 +186,21 @@ async fn serve_model(stream: tokio::net::TcpStream, delay: Duration, count: Arc<
             return;
         }
         let answer = if request_line.starts_with("GET /count") {
-            count.load(Ordering::SeqCst).to_string()
+            counts.asked.load(Ordering::SeqCst).to_string()
+        } else if request_line.starts_with("GET /dropped") {
+            counts.dropped.load(Ordering::SeqCst).to_string()
         } else {
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(delay).await;
+            counts.asked.fetch_add(1, Ordering::SeqCst);
+            // The answer comes after `delay`, unless the client closes the
+            // connection first (a read of nothing: it sends no more).
+            let mut probe = [0u8; 1];
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = reader.read(&mut probe) => {
+                    counts.dropped.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+            }
             json!({"id": "bench", "object": "chat.completion", "model": "bench-model",
                    "choices": [{"index": 0, "finish_reason": "stop",
                                 "message": {"role": "assistant", "content": "ok"}}],
@@ -634,5 +662,86 @@ pub fn kill_run(options: &FanoutOptions, dir: &Path) -> Result<Map<String, Value
     );
     figures.insert("fanout_kill_requests_out_at_kill".into(), json!(window));
     figures.insert("fanout_kill_requests_made_again".into(), json!(repeated));
+    Ok(figures)
+}
+
+/// 100 runs whose model calls are out (a model that takes a minute), all
+/// cancelled over the API: each call must be dropped (the model server sees
+/// its connection closed) and each run `cancelled`. The seconds from the
+/// first cancel until the last call was dropped.
+pub fn cancel_run(dir: &Path) -> Result<Map<String, Value>> {
+    const RUNS: usize = 100;
+    std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
+    let model = ModelServer::start(dir, Duration::from_secs(60))?;
+    let rt = host(dir, &model)?;
+    let (llm, _) = write_flows(dir)?;
+    rt.load_bundle(&llm)?;
+    let mut serve = ServeOptions::new(dir.join("serve-token"));
+    serve.listen = "127.0.0.1:0".parse().expect("an address");
+    let server = Server::bind(rt.clone(), serve)?;
+    let token =
+        std::fs::read_to_string(dir.join("serve-token")).map_err(|e| fail(e.to_string()))?;
+    let api = Api::new(format!("http://{}", server.local_addr()), &token);
+    let stopper = server.stopper();
+    let serving = std::thread::spawn(move || server.run());
+    let figures = cancel_all(&rt, &api, &model, RUNS);
+    stopper.stop();
+    let _ = serving.join();
+    figures
+}
+
+fn cancel_all(
+    rt: &Runtime,
+    api: &Arc<Api>,
+    model: &ModelServer,
+    runs: usize,
+) -> Result<Map<String, Value>> {
+    let ids = start_runs(api, "fan-llm", runs, 4)?;
+    let until = Instant::now() + Duration::from_secs(30);
+    while model.count()? < runs as u64 {
+        if Instant::now() > until {
+            return Err(fail("the calls never all reached the model server"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let start = Instant::now();
+    for id in &ids {
+        api.post(
+            &format!("/v1/runs/{id}/cancel"),
+            &json!({"reason": "bench"}),
+        )?;
+    }
+    while model.dropped()? < runs as u64 {
+        if start.elapsed() > Duration::from_secs(30) {
+            return Err(fail(format!(
+                "{} of {runs} calls were dropped 30 s after their runs were cancelled",
+                model.dropped()?
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let dropped_s = start.elapsed().as_secs_f64();
+    if !rt.wait_in_flight(Duration::from_secs(30)) {
+        return Err(fail(
+            "effects still in flight after their runs were cancelled",
+        ));
+    }
+    for id in &ids {
+        let run = rt.get_state(id)?;
+        if run.status != RunStatus::Cancelled {
+            return Err(fail(format!(
+                "run {id} is {:?} after its cancel",
+                run.status
+            )));
+        }
+    }
+    if model.count()? != runs as u64 {
+        return Err(fail("a cancelled call was made again"));
+    }
+    let mut figures = Map::new();
+    figures.insert(
+        "cancel_100_in_flight_dropped_s".into(),
+        json!((dropped_s * 1000.0).round() / 1000.0),
+    );
     Ok(figures)
 }

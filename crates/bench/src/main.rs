@@ -116,6 +116,7 @@ fn execute(cli: Cli) -> Result<(), Error> {
         let dir = std::env::temp_dir().join(format!("stepwell-fanout-{}", std::process::id()));
         let figures = fanout::run(&options, &dir.join("live")).and_then(|mut figures| {
             figures.extend(fanout::kill_run(&options, &dir.join("killed"))?);
+            figures.extend(fanout::cancel_run(&dir.join("cancelled"))?);
             Ok(figures)
         });
         let _ = std::fs::remove_dir_all(&dir);
