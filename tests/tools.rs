@@ -26,10 +26,25 @@ fn runtime_at(dir: &Path, db: &Path) -> Runtime {
     runtime_with(dir, db, |t| t)
 }
 
+/// [`runtime_at`] with `config` (its tool deny paths set as the binary's).
+fn runtime_with_config(dir: &Path, db: &Path, config: stepwell::RuntimeConfig) -> Runtime {
+    build_runtime(dir, db, config, |t| t)
+}
+
 /// [`runtime_at`] with the tools plugin set up further by `setup`.
 fn runtime_with(
     dir: &Path,
     db: &Path,
+    setup: impl FnOnce(stepwell::tools::Tools) -> stepwell::tools::Tools,
+) -> Runtime {
+    build_runtime(dir, db, stepwell::RuntimeConfig::default(), setup)
+}
+
+/// The runtime of [`runtime_with`], with `config`.
+fn build_runtime(
+    dir: &Path,
+    db: &Path,
+    config: stepwell::RuntimeConfig,
     setup: impl FnOnce(stepwell::tools::Tools) -> stepwell::tools::Tools,
 ) -> Runtime {
     let tools = dir.join("tool-dir");
@@ -41,7 +56,7 @@ fn runtime_with(
     let config = stepwell::RuntimeConfig {
         tool_deny_paths: stepwell::host::StoreSpec::Sqlite(db.to_path_buf())
             .protected_paths(None, None),
-        ..Default::default()
+        ..config
     };
     let rt = stepwell::builder(store)
         .engine(stepwell_tests::engine())
@@ -1798,4 +1813,63 @@ fn a_cancel_interrupts_a_tool_in_flight() {
             .all(|r| r.status != stepwell::core::model::StepStatus::Completed),
         "{ledger:?}"
     );
+}
+
+/// With every flight thread taken, a tool batch the driver meets is held
+/// back (not executed in the pass, not queued): it flies once a thread is
+/// free.
+#[test]
+fn tool_batches_past_the_flight_threads_are_held_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db.sqlite");
+    let rt = runtime_with_config(
+        dir.path(),
+        &db,
+        stepwell::RuntimeConfig {
+            flight_threads: 1,
+            ..Default::default()
+        },
+    );
+    let ws = workspace(&dir);
+    let spin = |id: &str| {
+        let mut v = vars(ws_vars(&ws));
+        v.insert(
+            "batch".into(),
+            json!({"tool_calls": [{"name": "hostile_spin", "arguments": {}, "call_id": id}]}),
+        );
+        rt.start(
+            "tools",
+            StartOptions {
+                vars: v,
+                runtime: stepwell::core::config::operator_runtime(vars(json!({
+                    "tool_timeout_s": 1,
+                    "tool_policy": {"auto_approve_tools": ["hostile_spin"]}})))
+                .unwrap(),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let (first, second) = (spin("a"), spin("b"));
+    let pass = rt.drive_once().unwrap();
+    assert_eq!(pass.ticked.len(), 2, "{pass:?}");
+    assert_eq!(rt.in_flight(), 1, "one batch flies, the other is held back");
+    // Both end: the held-back batch flies once the thread is free.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while [&first, &second]
+        .iter()
+        .any(|id| rt.get_state(id).unwrap().status != RunStatus::Completed)
+    {
+        assert!(std::time::Instant::now() < until, "the batches never ended");
+        rt.drive_once().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    for id in [&first, &second] {
+        let run = rt.get_state(id).unwrap();
+        assert_eq!(
+            results(&run)[0]["error"],
+            "Tool execution timed out after 1.0s",
+            "{run:?}"
+        );
+    }
 }

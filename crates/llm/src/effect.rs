@@ -314,6 +314,10 @@ impl EffectHandler for LlmCall {
         true
     }
 
+    fn own_executor(&self) -> bool {
+        true
+    }
+
     fn launch(
         &self,
         cx: &EffectCx<'_>,

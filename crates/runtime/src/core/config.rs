@@ -82,7 +82,9 @@ pub struct RuntimeConfig {
     /// How many threads execute the effects in flight that hold a thread
     /// while they run (a tool batch: its tool instances and commands); an
     /// effect with its own executor (`llm_call`'s asynchronous client)
-    /// takes none. Past it, such effects queue. Default 32.
+    /// takes none. With every one taken, a step that would fly such an
+    /// effect is held back (it waits for a thread without holding its
+    /// run's state). Default 32.
     pub flight_threads: usize,
     /// How long a lease lasts unless renewed (at least 1 s). A runtime
     /// renews the leases it holds every third of this; a process that dies

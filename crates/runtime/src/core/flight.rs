@@ -184,6 +184,8 @@ pub(crate) struct Flights {
     queue: Mutex<Option<mpsc::Sender<String>>>,
     /// The flight threads' queue (started on first use).
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Jobs given to the flight threads and not finished.
+    thread_jobs: std::sync::atomic::AtomicUsize,
 }
 
 impl Flights {
@@ -237,6 +239,11 @@ impl Flights {
         if let Some(cancel) = cancel {
             cancel.fire();
         }
+    }
+
+    /// How many effects hold (or wait for) a flight thread.
+    pub fn thread_jobs(&self) -> usize {
+        self.thread_jobs.load(Ordering::SeqCst)
     }
 
     /// The runs whose effects fly and have not landed.
@@ -380,7 +387,8 @@ impl Runtime {
     /// Executes `job` on one of the runtime's flight threads
     /// ([`crate::RuntimeConfig::flight_threads`], started on first use): a
     /// bounded pool for effects that hold a thread while they run (tool
-    /// instances, commands). Jobs past the pool queue in order.
+    /// instances, commands). A step holds its effect back rather than queue
+    /// past the pool ([`crate::effects::EffectHandler::own_executor`]).
     pub(crate) fn fly_job(&self, job: Job) {
         let mut jobs = self.inner.flights.jobs.lock();
         if jobs.is_none() {
@@ -401,9 +409,19 @@ impl Runtime {
             *jobs = Some(tx);
         }
         if let Some(tx) = jobs.as_ref() {
+            let flights = Arc::downgrade(&self.inner);
+            self.inner
+                .flights
+                .thread_jobs
+                .fetch_add(1, Ordering::SeqCst);
             // A send fails only once the runtime is going away: the job
             // (its landing) is dropped, and lands `effect_lost`.
-            let _ = tx.send(job);
+            let _ = tx.send(Box::new(move || {
+                job();
+                if let Some(inner) = flights.upgrade() {
+                    inner.flights.thread_jobs.fetch_sub(1, Ordering::SeqCst);
+                }
+            }));
         }
     }
 

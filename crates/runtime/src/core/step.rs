@@ -736,8 +736,10 @@ impl Runtime {
     /// handler flies, the step is a driver's (or direct calls fly), not
     /// nested inside another run's step, has nothing left to commit, and
     /// the hold has the lease. With as many effects out as
-    /// [`crate::RuntimeConfig::max_in_flight`] allows, the run is held
-    /// back instead (executing the effect here would hold the driver).
+    /// [`crate::RuntimeConfig::max_in_flight`] allows, or every flight
+    /// thread taken for an effect that needs one, the run is held back
+    /// instead (executing the effect here would hold the driver, and
+    /// queueing it would hold its run's state).
     fn flight_plan(
         &self,
         txn: &RunTxn<'_>,
@@ -746,9 +748,11 @@ impl Runtime {
     ) -> FlightPlan {
         let max = self.inner.config.max_in_flight;
         let flies = txn.fly && call.depth == 0 && !call.pending && txn.leased() && handler.flies();
+        let threads_taken = !handler.own_executor()
+            && self.inner.flights.thread_jobs() >= self.inner.config.flight_threads.max(1);
         if !flies || max == 0 {
             FlightPlan::Inline
-        } else if self.inner.flights.out() < max {
+        } else if self.inner.flights.out() < max && !threads_taken {
             FlightPlan::Fly
         } else {
             FlightPlan::HoldBack

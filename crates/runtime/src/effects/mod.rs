@@ -421,6 +421,15 @@ pub trait EffectHandler: Send + Sync {
         false
     }
 
+    /// Whether [`EffectHandler::launch`] executes the effect on an executor
+    /// of the handler's own (`llm_call`'s asynchronous client) rather than
+    /// handing it back to run on one of the runtime's flight threads
+    /// ([`crate::RuntimeConfig::flight_threads`]; with all of them taken, a
+    /// step that would fly such an effect is held back). Default: no.
+    fn own_executor(&self) -> bool {
+        false
+    }
+
     /// Starts the effect in flight and returns at once; the effect reports
     /// its outcome through `landing` ([`Landing::land`]), once, from any
     /// thread, and should stop when [`Landing::cancel`] fires. `cx` lives
