@@ -355,10 +355,16 @@ fn start_runs(api: &Arc<Api>, workflow: &str, count: usize, clients: usize) -> R
     Ok(ids)
 }
 
-/// Runs the fan-out in `dir`; the figures.
-pub fn run(options: &FanoutOptions, dir: &Path) -> Result<Map<String, Value>> {
+/// Runs `measure` against a `serve` on loopback (in this process) over
+/// the host of [`host`] in `dir`, with the model server `answer_after`
+/// away and the flows loaded; its figures.
+fn with_server(
+    dir: &Path,
+    answer_after: Duration,
+    measure: impl FnOnce(&Runtime, &Arc<Api>, &ModelServer) -> Result<Map<String, Value>>,
+) -> Result<Map<String, Value>> {
     std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
-    let model = ModelServer::start(dir, options.answer_after)?;
+    let model = ModelServer::start(dir, answer_after)?;
     let rt = host(dir, &model)?;
     let (llm, timer) = write_flows(dir)?;
     rt.load_bundle(&llm)?;
@@ -371,10 +377,17 @@ pub fn run(options: &FanoutOptions, dir: &Path) -> Result<Map<String, Value>> {
     let api = Api::new(format!("http://{}", server.local_addr()), &token);
     let stopper = server.stopper();
     let serving = std::thread::spawn(move || server.run());
-    let figures = fan_out(options, &rt, &api, &model);
+    let figures = measure(&rt, &api, &model);
     stopper.stop();
     let _ = serving.join();
     figures
+}
+
+/// Runs the fan-out in `dir`; the figures.
+pub fn run(options: &FanoutOptions, dir: &Path) -> Result<Map<String, Value>> {
+    with_server(dir, options.answer_after, |rt, api, model| {
+        fan_out(options, rt, api, model)
+    })
 }
 
 fn fan_out(
@@ -670,24 +683,9 @@ pub fn kill_run(options: &FanoutOptions, dir: &Path) -> Result<Map<String, Value
 /// its connection closed) and each run `cancelled`. The seconds from the
 /// first cancel until the last call was dropped.
 pub fn cancel_run(dir: &Path) -> Result<Map<String, Value>> {
-    const RUNS: usize = 100;
-    std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
-    let model = ModelServer::start(dir, Duration::from_secs(60))?;
-    let rt = host(dir, &model)?;
-    let (llm, _) = write_flows(dir)?;
-    rt.load_bundle(&llm)?;
-    let mut serve = ServeOptions::new(dir.join("serve-token"));
-    serve.listen = "127.0.0.1:0".parse().expect("an address");
-    let server = Server::bind(rt.clone(), serve)?;
-    let token =
-        std::fs::read_to_string(dir.join("serve-token")).map_err(|e| fail(e.to_string()))?;
-    let api = Api::new(format!("http://{}", server.local_addr()), &token);
-    let stopper = server.stopper();
-    let serving = std::thread::spawn(move || server.run());
-    let figures = cancel_all(&rt, &api, &model, RUNS);
-    stopper.stop();
-    let _ = serving.join();
-    figures
+    with_server(dir, Duration::from_secs(60), |rt, api, model| {
+        cancel_all(rt, api, model, 100)
+    })
 }
 
 fn cancel_all(
