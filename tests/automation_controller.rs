@@ -664,9 +664,12 @@ fn a_bundle_cannot_take_over_another_bundles_workflow() {
         text.contains("target.bundle_ref") && text.contains("already defined by the bundle"),
         "{text}"
     );
+    // Nothing was deployed: echo's latest version is still its own.
+    let latest = h.store.workflow_version("echo", None).unwrap().unwrap();
+    assert_eq!(latest.version, 1);
     assert_eq!(
-        h.store.bundle_dir("echo").unwrap().unwrap(),
-        target_dir("echo")
+        latest.source.as_deref(),
+        Some(target_dir("echo").to_str().unwrap())
     );
 }
 
@@ -944,19 +947,27 @@ fn a_revision_to_a_plugin_source_starts_afresh() {
     assert_eq!(shown["definition"]["trigger"]["source_id"], "cron");
 }
 
-/// The one-bundle rule looks at what the recorded bundle defines now: a
-/// bundle that no longer defines the id does not hold it.
+/// Deploying another directory that defines an id is a new version of
+/// it (an operator's explicit act); an automation's bundle may take an id
+/// over only from a directory that no longer defines it.
 #[test]
-fn a_bundle_that_no_longer_defines_an_id_does_not_hold_it() {
+fn another_bundle_of_an_id_is_a_new_version_of_it() {
     let h = host(Backend::Sqlite, &Arc::new(ManualClock::new(at(T0))));
     let flow = |id: &str| json!({"workflow_id": id, "entry": "end", "nodes": {"end": {"complete": {"ok": true}}}});
     let x = stepwell_tests::write_bundle(h.dir.path(), "x", &[("flow.json", flow("xw"))]);
     h.rt.load_bundle(&x).unwrap();
-    let y = stepwell_tests::write_bundle(h.dir.path(), "y", &[("flow.json", flow("xw"))]);
-    assert!(h.rt.load_bundle(&y).is_err(), "x still defines xw");
-    stepwell_tests::write_bundle(h.dir.path(), "x", &[("flow.json", flow("xw2"))]);
-    h.rt.load_bundle(&y).unwrap();
-    assert_eq!(h.store.bundle_dir("xw").unwrap().unwrap(), y);
+    let y = stepwell_tests::write_bundle(
+        h.dir.path(),
+        "y",
+        &[(
+            "flow.json",
+            json!({"workflow_id": "xw", "entry": "end", "nodes": {"end": {"complete": {"ok": 2}}}}),
+        )],
+    );
+    let d = h.rt.deploy(&y, None).unwrap();
+    assert_eq!(d.workflows[0].version.version, 2);
+    let latest = h.store.workflow_version("xw", None).unwrap().unwrap();
+    assert_eq!(latest.source.as_deref(), Some(y.to_str().unwrap()));
 }
 
 /// A command that lands between a node's question to the host and its

@@ -190,25 +190,33 @@ impl Store for FaultStore {
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.inner.list_quarantined()
     }
-    fn put_bundle(&self, w: &str, d: &Path) -> Result<(), StoreError> {
-        self.write("bundle", || self.inner.put_bundle(w, d))
-    }
-    fn bundle_dir(&self, w: &str) -> Result<Option<PathBuf>, StoreError> {
+    fn bundle_dir(&self, w: &str) -> Result<Option<std::path::PathBuf>, StoreError> {
         self.inner.bundle_dir(w)
     }
-    fn keeps_bundle_files(&self) -> bool {
-        self.inner.keeps_bundle_files()
-    }
-    fn put_bundle_files(
+    fn deploy(
         &self,
-        w: &[String],
-        d: &Path,
-        files: &stepwell::flow::archive::BundleFiles,
-    ) -> Result<(), StoreError> {
-        self.write("bundle", || self.inner.put_bundle_files(w, d, files))
+        d: &stepwell::store::Deployment<'_>,
+    ) -> Result<Vec<stepwell::store::Deployed>, StoreError> {
+        self.write("bundle", || self.inner.deploy(d))
     }
-    fn bundle_digest(&self, w: &str) -> Result<Option<String>, StoreError> {
-        self.inner.bundle_digest(w)
+    fn workflow_version(
+        &self,
+        w: &str,
+        v: Option<u32>,
+    ) -> Result<Option<stepwell::store::WorkflowVersion>, StoreError> {
+        self.inner.workflow_version(w, v)
+    }
+    fn workflow_versions(
+        &self,
+        w: Option<&str>,
+    ) -> Result<Vec<stepwell::store::WorkflowVersion>, StoreError> {
+        self.inner.workflow_versions(w)
+    }
+    fn remove_versions(&self, v: &[stepwell::store::WorkflowVersion]) -> Result<usize, StoreError> {
+        self.inner.remove_versions(v)
+    }
+    fn version_use(&self, w: &str) -> Result<Vec<stepwell::store::VersionUse>, StoreError> {
+        self.inner.version_use(w)
     }
     fn bundle_files(
         &self,

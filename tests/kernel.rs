@@ -1339,15 +1339,11 @@ mod driver {
     use super::*;
     use stepwell::RuntimeConfig;
 
-    /// Deletes the bundle `broken` of `workflow_id`: another process can
-    /// no longer load it. (A store that keeps bundles' files would still
-    /// run it: there it is recorded as its path alone, now gone.)
+    /// Removes every deployed version of `workflow_id` from the store:
+    /// another process can no longer load its runs' code.
     fn forget_bundle(h: &Host, workflow_id: &str) {
-        let dir = h.dir.path().join("broken");
-        std::fs::remove_dir_all(&dir).unwrap();
-        if h.store.keeps_bundle_files() {
-            h.store.put_bundle(workflow_id, &dir).unwrap();
-        }
+        let versions = h.store.workflow_versions(Some(workflow_id)).unwrap();
+        assert_eq!(h.store.remove_versions(&versions).unwrap(), versions.len());
     }
 
     fn a_few_broken_due_runs_never_starve_the_driver(b: Backend) {
@@ -1395,7 +1391,7 @@ mod driver {
         assert_eq!(first.errors.len(), 4, "{first:?}");
         assert!(first.due_resumed.is_empty(), "{first:?}");
         assert!(
-            first.errors[0].error.starts_with("invalid_definition"),
+            first.errors[0].error.starts_with("unknown_version"),
             "{first:?}"
         );
         let second = rt.drive_once().unwrap();
@@ -1781,25 +1777,33 @@ impl Store for SaveFails {
     fn list_quarantined(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.inner.list_quarantined()
     }
-    fn put_bundle(&self, w: &str, d: &std::path::Path) -> Result<(), StoreError> {
-        self.inner.put_bundle(w, d)
-    }
     fn bundle_dir(&self, w: &str) -> Result<Option<std::path::PathBuf>, StoreError> {
         self.inner.bundle_dir(w)
     }
-    fn keeps_bundle_files(&self) -> bool {
-        self.inner.keeps_bundle_files()
-    }
-    fn put_bundle_files(
+    fn deploy(
         &self,
-        w: &[String],
-        d: &std::path::Path,
-        files: &stepwell::flow::archive::BundleFiles,
-    ) -> Result<(), StoreError> {
-        self.inner.put_bundle_files(w, d, files)
+        d: &stepwell::store::Deployment<'_>,
+    ) -> Result<Vec<stepwell::store::Deployed>, StoreError> {
+        self.inner.deploy(d)
     }
-    fn bundle_digest(&self, w: &str) -> Result<Option<String>, StoreError> {
-        self.inner.bundle_digest(w)
+    fn workflow_version(
+        &self,
+        w: &str,
+        v: Option<u32>,
+    ) -> Result<Option<stepwell::store::WorkflowVersion>, StoreError> {
+        self.inner.workflow_version(w, v)
+    }
+    fn workflow_versions(
+        &self,
+        w: Option<&str>,
+    ) -> Result<Vec<stepwell::store::WorkflowVersion>, StoreError> {
+        self.inner.workflow_versions(w)
+    }
+    fn remove_versions(&self, v: &[stepwell::store::WorkflowVersion]) -> Result<usize, StoreError> {
+        self.inner.remove_versions(v)
+    }
+    fn version_use(&self, w: &str) -> Result<Vec<stepwell::store::VersionUse>, StoreError> {
+        self.inner.version_use(w)
     }
     fn bundle_files(
         &self,

@@ -10,3 +10,4 @@ mod kernel;
 mod persistence;
 mod races;
 mod sandbox;
+mod versions;

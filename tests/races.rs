@@ -763,19 +763,8 @@ fn a_host_without_the_bundle_directory_runs_the_files_the_database_keeps() {
     );
     assert!(code == Some(0), "{run}");
     assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["workflow_version"], 1, "{run}");
     let mut sql = db.sql();
-    let digest: String = sql
-        .query_one(
-            "SELECT digest FROM bundles WHERE workflow_id = 'ask-user'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    let cached = host_b.path().join(".cache/stepwell/bundles").join(&digest);
-    assert_eq!(
-        std::fs::read(cached.join("greet.wasm")).unwrap(),
-        std::fs::read(example("ask-user").join("greet.wasm")).unwrap()
-    );
     // A component changed in the database: host C refuses to run it, and
     // the run stays as it was.
     sql.execute(
@@ -797,11 +786,6 @@ fn a_host_without_the_bundle_directory_runs_the_files_the_database_keeps() {
     );
     let rt = db.runtime();
     assert_eq!(rt.get_state(&ids[1]).unwrap().status, RunStatus::Waiting);
-    assert!(!host_c
-        .path()
-        .join(".cache/stepwell/bundles")
-        .join(&digest)
-        .exists());
 }
 
 /// A component outside its bundle's directory (`../greet.wasm`) is kept
@@ -975,8 +959,9 @@ fn a_driver_reports_damaged_bundle_files_and_quarantines_nothing() {
 }
 
 /// A database at schema version 1 (bundles as paths) is brought to this
-/// build's version by `stepwell db migrate`: its recorded paths are kept, and bundles
-/// loaded from then on keep their files.
+/// build's version by `stepwell db migrate`: its recorded paths are kept,
+/// and the first host that needs such a workflow deploys it from there (a
+/// version of it from then on).
 #[test]
 fn a_version_1_database_is_migrated_keeping_its_bundle_paths() {
     use stepwell::store::Store;
@@ -987,14 +972,20 @@ fn a_version_1_database_is_migrated_keeping_its_bundle_paths() {
     let StoreSpec::Postgres(url) = &db.spec else {
         unreachable!()
     };
-    let store = stepwell::PostgresStore::open(url).unwrap();
-    store.put_bundle("ask-user", &example("ask-user")).unwrap();
-    drop(store);
-    // Back to version 1, as a previous stepwell left it.
+    drop(stepwell::PostgresStore::open(url).unwrap());
+    // Back to version 1, as a previous stepwell left it, with a bundle
+    // recorded by its path.
     let mut sql = db.sql();
     sql.batch_execute(
-        "DROP TABLE bundle_files; ALTER TABLE bundles DROP COLUMN digest;
+        "DROP TABLE workflow_versions; DROP TABLE bundle_files;
+         ALTER TABLE bundles DROP COLUMN digest;
          DROP INDEX runs_unindexed; UPDATE stepwell_schema SET version = 1",
+    )
+    .unwrap();
+    let dir = example("ask-user");
+    sql.execute(
+        "INSERT INTO bundles (workflow_id, dir) VALUES ('ask-user', $1)",
+        &[&dir.to_string_lossy().as_ref()],
     )
     .unwrap();
     let out = db.output(&["db", "migrate"]);
@@ -1012,16 +1003,53 @@ fn a_version_1_database_is_migrated_keeping_its_bundle_paths() {
         .get(0);
     assert_eq!(version, stepwell::store::POSTGRES_SCHEMA_VERSION);
     let store = stepwell::PostgresStore::open(url).unwrap();
-    assert_eq!(
-        store.bundle_dir("ask-user").unwrap(),
-        Some(example("ask-user"))
-    );
-    assert_eq!(store.bundle_digest("ask-user").unwrap(), None);
-    // The path still serves (this checkout has it); loading it again
-    // records its files.
+    assert_eq!(store.bundle_dir("ask-user").unwrap(), Some(dir));
+    assert_eq!(store.workflow_version("ask-user", None).unwrap(), None);
+    // The path still serves (this checkout has it): the first use deploys
+    // it as version 1.
     let rt = db.runtime();
     rt.workflow("ask-user").unwrap();
-    assert!(store.bundle_digest("ask-user").unwrap().is_some());
+    let v1 = store.workflow_version("ask-user", None).unwrap().unwrap();
+    assert_eq!(v1.version, 1);
+    assert!(!store.bundle_files(&v1.digest).unwrap().is_empty());
+}
+
+/// A database at schema version 3 (each workflow id naming the files of
+/// one bundle) is migrated keeping them: each becomes version 1.
+#[test]
+fn a_version_3_database_keeps_its_bundles_as_version_1() {
+    use stepwell::store::Store;
+    if stepwell_tests::postgres_skipped() {
+        return;
+    }
+    let db = Db::new(Backend::Postgres);
+    let StoreSpec::Postgres(url) = &db.spec else {
+        unreachable!()
+    };
+    let rt = db.runtime();
+    rt.load_bundle(&example("ask-user")).unwrap();
+    let v1 = rt
+        .store()
+        .workflow_version("ask-user", None)
+        .unwrap()
+        .unwrap();
+    drop(rt);
+    let mut sql = db.sql();
+    sql.batch_execute(&format!(
+        "DROP TABLE workflow_versions;
+         INSERT INTO bundles (workflow_id, dir, digest) VALUES ('ask-user', '/gone', '{}');
+         UPDATE stepwell_schema SET version = 3",
+        v1.digest
+    ))
+    .unwrap();
+    let store = stepwell::PostgresStore::open(url).unwrap();
+    let migrated = store.workflow_version("ask-user", None).unwrap().unwrap();
+    assert_eq!((migrated.version, &migrated.digest), (1, &v1.digest));
+    assert_eq!(migrated.source.as_deref(), Some("/gone"));
+    assert_eq!(store.bundle_dir("ask-user").unwrap(), None);
+    let rt = db.runtime();
+    let run = rt.run("ask-user", StartOptions::default()).unwrap();
+    assert_eq!(run.workflow_version, Some(1));
 }
 
 /// The database restarted twice under load (its connections cut, the

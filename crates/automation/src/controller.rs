@@ -804,6 +804,7 @@ fn start_occurrence(cx: &EffectCx<'_>, payload: &Map<String, Value>) -> Result<O
         session_id: prepared["session_id"].as_str().map(str::to_string),
         parent_run_id: Some(id.clone()),
         runtime,
+        ..StartOptions::default()
     };
     let started = match cx.runs.start_run(workflow_id, options) {
         Ok(started) => started,

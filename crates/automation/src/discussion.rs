@@ -264,6 +264,7 @@ pub fn start_discussion(rt: &Runtime, request: &DiscussionRequest) -> Result<Dis
         session_id: Some(session_id.clone()),
         parent_run_id: None,
         runtime,
+        ..StartOptions::default()
     };
     match rt.start(workflow_id, options) {
         Ok(_) => Ok(Discussion { session_id, run_id }),

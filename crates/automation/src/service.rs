@@ -81,6 +81,53 @@ fn id_part(request: &Value, key: &str) -> String {
 /// every controller step carries.
 pub const MAX_INPUT_DATA_BYTES: usize = 1 << 20;
 
+/// Refuses the bundle at `dir` if it defines a workflow id whose latest
+/// version was deployed from another directory that still defines it: an
+/// automation's `bundle_ref` deploys its bundle, and must not change the
+/// code other automations' occurrences of that id run. (`stepwell deploy`
+/// is how an operator changes a workflow's code on purpose.)
+fn refuse_takeover(rt: &Runtime, dir: &Path) -> Result<()> {
+    let kinds = rt.effects().kinds();
+    let bundle = stepwell_runtime::flow::load_bundle(dir, rt.engine(), &kinds)?;
+    for wf in &bundle.workflows {
+        let Some(latest) = rt.store().workflow_version(&wf.workflow_id, None)? else {
+            continue;
+        };
+        let Some(source) = latest.source.as_deref().map(Path::new) else {
+            continue;
+        };
+        if source != bundle.dir && defines(source, &wf.workflow_id) {
+            return Err(Error::Flow(stepwell_runtime::flow::FlowError {
+                path: wf.source.clone(),
+                field: "workflow_id".into(),
+                message: format!(
+                    "workflow {:?} is already defined by the bundle {} in this store (an automation's bundle cannot take it over; deploy it on purpose with `stepwell deploy`)",
+                    wf.workflow_id,
+                    source.display()
+                ),
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the bundle at `dir` still defines `workflow_id` (its flow files
+/// are read, not loaded).
+fn defines(dir: &Path, workflow_id: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.filter_map(|e| e.ok()).any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        (name == stepwell_runtime::flow::MAIN_FLOW_FILE || name.ends_with(".flow.json"))
+            && std::fs::read(e.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .is_some_and(|d| d["workflow_id"] == workflow_id)
+    })
+}
+
 /// Makes the target's workflow known to the runtime: `target.bundle_ref`
 /// naming a bundle directory is loaded (and recorded in the store, so
 /// every process finds it) and stored as an absolute path; any other
@@ -111,14 +158,16 @@ fn resolve_target(rt: &Runtime, definition: &mut Value) -> Result<()> {
     }
     let dir = Path::new(&bundle_ref);
     if dir.is_dir() {
-        let bundle = rt.load_bundle(dir).map_err(|e| match e {
+        let flow_error = |e| match e {
             Error::Flow(f) => {
                 let text = f.to_string();
                 let text = text.strip_prefix("invalid_definition: ").unwrap_or(&text);
                 automation_error("invalid_definition", Some("target.bundle_ref"), text)
             }
             other => other,
-        })?;
+        };
+        refuse_takeover(rt, dir).map_err(flow_error)?;
+        let bundle = rt.load_bundle(dir).map_err(flow_error)?;
         if !bundle
             .workflows
             .iter()
@@ -244,6 +293,7 @@ pub fn create_automation(
         session_id: Some(automation_session_id(&id)),
         parent_run_id: None,
         runtime,
+        ..StartOptions::default()
     };
     // The controller and its `automation.created` record are one commit:
     // the commit that creates the run (it fails if the run exists).

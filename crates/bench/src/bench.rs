@@ -780,6 +780,7 @@ fn history_window(options: &BenchOptions, engine: &WasmEngine) -> Result<f64> {
             version: 1,
             run_id: format!("turn-{i:04}"),
             workflow_id: "chat".into(),
+            workflow_version: None,
             status: RunStatus::Completed,
             current_node: None,
             vars,

@@ -81,8 +81,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start a run of a flow bundle and tick it until it waits or ends.
+    /// Start a run and tick it until it waits or ends: of a bundle
+    /// directory (deployed first) or of a deployed workflow id.
     Run(cli::runs::RunArgs),
+    /// Deploy a bundle directory: record it as a new version of each
+    /// workflow it defines (nothing when its content is unchanged).
+    Deploy(cli::workflows::DeployArgs),
+    /// Deployed workflows and their versions; prune unused versions.
+    Workflows {
+        #[command(subcommand)]
+        command: cli::workflows::WorkflowCommand,
+    },
+    /// Move runs to another version of their workflow, checked and
+    /// recorded (`upgraded` in the ledger).
+    Upgrade(cli::workflows::UpgradeArgs),
     /// Resume a waiting run with a payload.
     Resume(cli::runs::ResumeArgs),
     /// Print a run's state.
@@ -187,6 +199,9 @@ fn execute(cli: Cli, sink: &Sink) -> Result<Report, Error> {
 fn on_runtime(rt: Runtime, host: &Host, command: Command, sink: &Sink) -> Result<Report, Error> {
     match command {
         Command::Run(args) => cli::runs::run(&rt, args),
+        Command::Deploy(args) => cli::workflows::deploy(&rt, args),
+        Command::Workflows { command } => cli::workflows::run(&rt, command),
+        Command::Upgrade(args) => cli::workflows::upgrade(&rt, args),
         Command::Resume(args) => cli::runs::resume(&rt, args),
         Command::Status { run_id } => Ok(Report::run(&rt.get_state(&run_id)?)),
         Command::Ledger(args) => cli::ledger::run(&rt, args, sink),

@@ -140,6 +140,12 @@ pub struct RunState {
     pub run_id: String,
     /// The workflow the run executes.
     pub workflow_id: String,
+    /// The deployed version of that workflow the run executes: set when
+    /// the run starts, changed only by an explicit upgrade. `None`: a run
+    /// started before versions were recorded, or of a workflow registered
+    /// in code; it runs the workflow's latest version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_version: Option<u32>,
     /// Where the run is in its lifecycle.
     pub status: RunStatus,
     /// The node executed next (running), the node that issued the wait

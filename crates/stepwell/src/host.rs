@@ -159,7 +159,6 @@ impl StoreSpec {
         match self {
             StoreSpec::Memory | StoreSpec::Postgres(_) => [
                 self.cache_dir(cache_home),
-                self.bundle_cache_dir(cache_home),
                 // Protected whatever the state folder is like.
                 self.state_dir(state_home, TOKEN_FILE)
                     .ok()
@@ -295,13 +294,6 @@ impl StoreSpec {
             ),
             StoreSpec::Json(dir) => Some(dir.clone()),
         }
-    }
-
-    /// Where the bundles a store keeps (PostgreSQL) are written to be
-    /// loaded: `bundles/` beside [`StoreSpec::cache_dir`].
-    pub fn bundle_cache_dir(&self, cache_home: Option<&Path>) -> Option<PathBuf> {
-        self.cache_dir(cache_home)
-            .map(|c| c.with_file_name("bundles"))
     }
 
     /// Where compiled components are cached for this store: `cache/` beside
@@ -451,9 +443,6 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
         .engine(engine)
         .config(config)
         .artifacts(artifacts, DEFAULT_OFFLOAD_BYTES);
-    if let Some(dir) = spec.bundle_cache_dir(cache_home) {
-        builder = builder.bundle_cache(dir);
-    }
     for handler in &options.effects {
         builder = builder.effect(handler.clone());
     }

@@ -1,14 +1,14 @@
-//! A bundle's files as one value, for a store that several machines share
-//! (PostgreSQL): the store keeps them, and a host that must run a workflow
-//! it has not loaded writes them into a local cache folder and loads them
-//! from there, so every host runs the code the store recorded, whatever
-//! (if anything) lies at the bundle's original path on that machine.
+//! A bundle's files as one value: every store keeps the files of each
+//! deployed version ([`crate::deployments`]), and a host that must run a
+//! version it has not loaded reads them from the store and loads them from
+//! memory, so every host runs the code the store recorded, whatever (if
+//! anything) lies at the bundle's original path on that machine.
 //!
 //! A bundle's files are its flow files (`flow.json`, `*.flow.json`) and the
 //! components they name, by their paths inside the bundle directory. The
 //! digest (SHA-256 over every path and content, in path order) names the
-//! bundle's contents: a store keeps one copy per digest, a host one cache
-//! folder per digest, and content that does not match its digest is refused.
+//! bundle's contents: a store keeps one copy per digest, a host compiles
+//! one per digest, and content that does not match its digest is refused.
 
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
@@ -139,6 +139,12 @@ impl BundleFiles {
     /// here, so that a host that wrote it once needs not fetch the files
     /// again.
     pub fn cached(root: &Path, digest: &str) -> Option<PathBuf> {
+        Self::read_cached(root, digest).map(|(dir, _)| dir)
+    }
+
+    /// The cache folder of `digest` under `root` and its files, if it is
+    /// complete and they match the digest (see [`BundleFiles::cached`]).
+    pub fn read_cached(root: &Path, digest: &str) -> Option<(PathBuf, BundleFiles)> {
         crate::private::check_private_dir(root).ok()?;
         let dir = root.join(digest);
         if !dir.join(COMPLETE).is_file() {
@@ -148,7 +154,7 @@ impl BundleFiles {
         read_tree(&dir, "", &mut files)?;
         files.retain(|f| f.path != COMPLETE);
         let found = BundleFiles::new(files).ok()?;
-        (found.digest == digest).then_some(dir)
+        (found.digest == digest).then_some((dir, found))
     }
 
     /// Whether `dir` holds these files, complete, and nothing else.
@@ -218,6 +224,14 @@ pub fn digest(files: &[BundleFile]) -> String {
         h.update(&f.bytes);
     }
     hex::encode(h.finalize())
+}
+
+/// Whether `digest` has the form of a digest: 64 lowercase hex digits.
+pub fn is_digest(digest: &str) -> bool {
+    digest.len() == 64
+        && digest
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// `path` (relative) with `/` between its parts, if every part is a plain

@@ -61,6 +61,10 @@ pub const FORMAT_VERSION: u64 = 1;
 const META_FILE: &str = "stepwell-store.json";
 const JOURNAL: &str = ".runs_created.log";
 const BUNDLES: &str = "bundles.json";
+/// The deployed versions of every workflow (one JSON array).
+const VERSIONS: &str = "workflows.json";
+/// The files of every deployed digest, one folder each.
+const BUNDLE_FILES: &str = "bundle_files";
 const STORE_LOCK: &str = ".store.lock";
 const TMP_PREFIX: &str = ".tmp-";
 
@@ -649,6 +653,25 @@ impl JsonFileStore {
         self.replace(&run, &after)
     }
 
+    fn versions(&self) -> Result<Vec<crate::WorkflowVersion>, StoreError> {
+        let path = self.dir.join(VERSIONS);
+        match fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map_err(|e| StoreError::corrupt(format!("{}: {e}", path.display()))),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(io(&path, e)),
+        }
+    }
+
+    /// Replaces the versions file (the caller holds the store lock).
+    fn write_versions(&self, versions: &[crate::WorkflowVersion]) -> Result<(), StoreError> {
+        let path = self.dir.join(VERSIONS);
+        let bytes = serde_json::to_vec_pretty(versions).map_err(|e| io(&path, e))?;
+        let tmp = self.temp(&bytes)?;
+        fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+        self.sync_dir()
+    }
+
     fn bundles(&self) -> Result<HashMap<String, PathBuf>, StoreError> {
         let path = self.dir.join(BUNDLES);
         match fs::read(&path) {
@@ -1091,19 +1114,73 @@ impl Store for JsonFileStore {
         Ok(out)
     }
 
-    fn put_bundle(&self, workflow_id: &str, dir: &Path) -> Result<(), StoreError> {
+    fn deploy(&self, d: &crate::Deployment<'_>) -> Result<Vec<crate::Deployed>, StoreError> {
         let _w = self.write.lock();
         let _store = self.store_lock()?;
-        let mut map = self.bundles()?;
-        if map.get(workflow_id).map(PathBuf::as_path) == Some(dir) {
-            return Ok(());
+        let root = self.dir.join(BUNDLE_FILES);
+        // Written (or repaired) first: a version never names files that
+        // are not there.
+        d.files.materialise(&root).map_err(|e| io(&root, e))?;
+        let mut versions = self.versions()?;
+        let planned = crate::deployments::plan(&versions, d);
+        if planned.iter().any(|p| !p.unchanged) {
+            versions.extend(
+                planned
+                    .iter()
+                    .filter(|p| !p.unchanged)
+                    .map(|p| p.version.clone()),
+            );
+            self.write_versions(&versions)?;
         }
-        map.insert(workflow_id.to_string(), dir.to_path_buf());
-        let path = self.dir.join(BUNDLES);
-        let bytes = serde_json::to_vec_pretty(&map).map_err(|e| io(&path, e))?;
-        let tmp = self.temp(&bytes)?;
-        fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
-        self.sync_dir()
+        Ok(planned)
+    }
+
+    fn workflow_version(
+        &self,
+        workflow_id: &str,
+        version: Option<u32>,
+    ) -> Result<Option<crate::WorkflowVersion>, StoreError> {
+        Ok(crate::deployments::pick(
+            &self.versions()?,
+            workflow_id,
+            version,
+        ))
+    }
+
+    fn workflow_versions(
+        &self,
+        workflow_id: Option<&str>,
+    ) -> Result<Vec<crate::WorkflowVersion>, StoreError> {
+        Ok(crate::deployments::select(&self.versions()?, workflow_id))
+    }
+
+    fn bundle_files(&self, digest: &str) -> Result<Vec<crate::bundles::BundleFile>, StoreError> {
+        if !crate::bundles::is_digest(digest) {
+            return Ok(Vec::new());
+        }
+        let root = self.dir.join(BUNDLE_FILES);
+        Ok(crate::bundles::BundleFiles::read_cached(&root, digest)
+            .map(|(_, files)| files.files)
+            .unwrap_or_default())
+    }
+
+    fn remove_versions(&self, gone: &[crate::WorkflowVersion]) -> Result<usize, StoreError> {
+        let _w = self.write.lock();
+        let _store = self.store_lock()?;
+        let mut versions = self.versions()?;
+        let removed = crate::deployments::remove(&mut versions, gone);
+        if removed > 0 {
+            self.write_versions(&versions)?;
+        }
+        let root = self.dir.join(BUNDLE_FILES);
+        for r in gone {
+            if !versions.iter().any(|v| v.digest == r.digest)
+                && crate::bundles::is_digest(&r.digest)
+            {
+                let _ = fs::remove_dir_all(root.join(&r.digest));
+            }
+        }
+        Ok(removed)
     }
 
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError> {

@@ -26,6 +26,7 @@ pub mod bundles;
 pub mod commands;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod deployments;
 pub mod inbox;
 pub mod index;
 mod json_files;
@@ -54,6 +55,7 @@ pub use artifacts::{ArtifactMeta, ArtifactStore, FileArtifactStore, MemoryArtifa
 pub use commands::{
     AppendResult, CommandRecord, CommandStore, JsonlCommandStore, MemoryCommandStore,
 };
+pub use deployments::{Deployed, Deployment, VersionUse, WorkflowVersion};
 pub use inbox::{connection_stream, ConnectionRecord, EventAppend, InboxEvent};
 pub use index::{Attribution, PlainIndex, RunIndexer, TurnRoots};
 pub use json_files::JsonFileStore;
@@ -968,49 +970,54 @@ pub trait Store: Send + Sync {
         Ok(rows)
     }
 
-    /// Remembers that `workflow_id` is defined by the bundle at `dir`, so
-    /// another process can load it to resume the workflow's runs.
-    fn put_bundle(&self, workflow_id: &str, dir: &std::path::Path) -> Result<(), StoreError>;
-
-    /// The bundle directory that defines `workflow_id`, if one was recorded.
-    fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError>;
-
-    /// Whether the store keeps bundles' files, not only their paths (a
-    /// store several machines share: every host then runs the files the
-    /// store keeps; see [`crate::bundles`]). The default: `false`.
-    fn keeps_bundle_files(&self) -> bool {
-        false
-    }
-
-    /// Records, in one transaction, that `workflow_ids` are defined by the
-    /// bundle at `dir` whose files are `files` (kept once per digest), and
-    /// lets go of files no workflow names any more. The default records
-    /// the path only ([`Store::put_bundle`]).
-    fn put_bundle_files(
-        &self,
-        workflow_ids: &[String],
-        dir: &std::path::Path,
-        files: &crate::bundles::BundleFiles,
-    ) -> Result<(), StoreError> {
-        let _ = files;
-        for id in workflow_ids {
-            self.put_bundle(id, dir)?;
-        }
-        Ok(())
-    }
-
-    /// The digest of the files recorded for `workflow_id`, if the store
-    /// keeps them (`None`: no files recorded; its bundle is a path).
-    fn bundle_digest(&self, workflow_id: &str) -> Result<Option<String>, StoreError> {
+    /// The bundle directory an older stepwell recorded for `workflow_id`
+    /// (before versions were deployed), if any: the runtime deploys it the
+    /// first time it needs the workflow. The default: none.
+    fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError> {
         let _ = workflow_id;
         Ok(None)
     }
 
+    /// Records `deployment` in one transaction: its files once per digest
+    /// (written again if the kept ones were damaged), and for each of its
+    /// workflow ids a new version unless that id's latest version has the
+    /// same digest. Concurrent deployments (threads, processes, hosts) of
+    /// one id get distinct, consecutive version numbers.
+    fn deploy(&self, deployment: &Deployment<'_>) -> Result<Vec<Deployed>, StoreError>;
+
+    /// Version `version` of `workflow_id` (`None`: its latest), if deployed.
+    fn workflow_version(
+        &self,
+        workflow_id: &str,
+        version: Option<u32>,
+    ) -> Result<Option<WorkflowVersion>, StoreError>;
+
+    /// Every deployed version of `workflow_id` (of every id when `None`),
+    /// by id, then version.
+    fn workflow_versions(
+        &self,
+        workflow_id: Option<&str>,
+    ) -> Result<Vec<WorkflowVersion>, StoreError>;
+
     /// The files kept under `digest`, in path order (none: no such
     /// digest). The caller checks them against it.
-    fn bundle_files(&self, digest: &str) -> Result<Vec<crate::bundles::BundleFile>, StoreError> {
-        let _ = digest;
-        Ok(Vec::new())
+    fn bundle_files(&self, digest: &str) -> Result<Vec<crate::bundles::BundleFile>, StoreError>;
+
+    /// Removes `versions` (each matched by id, number and digest), and the
+    /// files of every digest no version names any more, in one
+    /// transaction. Returns how many versions were removed.
+    fn remove_versions(&self, versions: &[WorkflowVersion]) -> Result<usize, StoreError>;
+
+    /// How many runs of `workflow_id` each version has, by status. The
+    /// default reads every run of the workflow.
+    fn version_use(&self, workflow_id: &str) -> Result<Vec<VersionUse>, StoreError> {
+        let runs = self.list_runs(&RunQuery {
+            workflow_id: Some(workflow_id.to_string()),
+            ..RunQuery::default()
+        })?;
+        Ok(deployments::count(runs.iter().map(|r| {
+            (r.workflow_version, r.status, r.updated_at.as_str())
+        })))
     }
 
     /// Appends `event` to its stream (its `seq` is ignored and assigned)

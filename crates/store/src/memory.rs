@@ -9,7 +9,6 @@
 //! the process can change them in between, so the chain is the same.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
@@ -43,6 +42,13 @@ struct Slot {
 /// seed is random per process.
 type ByRun<V> = HashMap<String, V, foldhash::fast::RandomState>;
 
+/// Deployed versions and the files of their digests.
+#[derive(Debug, Default)]
+struct Deployments {
+    versions: Vec<crate::WorkflowVersion>,
+    files: HashMap<String, Vec<crate::bundles::BundleFile>>,
+}
+
 #[derive(Debug, Default)]
 struct Tables {
     runs: ByRun<Slot>,
@@ -56,7 +62,7 @@ struct Tables {
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     tables: Mutex<Tables>,
-    bundles: Mutex<HashMap<String, PathBuf>>,
+    deployments: Mutex<Deployments>,
     inbox: Mutex<HashMap<String, Vec<super::InboxEvent>>>,
     connections: Mutex<Vec<super::ConnectionRecord>>,
     indexer: super::index::IndexerSlot,
@@ -343,6 +349,7 @@ fn update_run(stored: &mut RunState, run: &RunState, changed: Option<&[String]>)
         version,
         run_id,
         workflow_id,
+        workflow_version,
         status,
         current_node,
         vars,
@@ -358,6 +365,7 @@ fn update_run(stored: &mut RunState, run: &RunState, changed: Option<&[String]>)
     stored.version = *version;
     stored.run_id.clone_from(run_id);
     stored.workflow_id.clone_from(workflow_id);
+    stored.workflow_version = *workflow_version;
     stored.status = *status;
     stored.current_node.clone_from(current_node);
     match changed {
@@ -828,15 +836,56 @@ impl Store for MemoryStore {
         Ok(self.tables.lock().quarantined.clone())
     }
 
-    fn put_bundle(&self, workflow_id: &str, dir: &Path) -> Result<(), StoreError> {
-        self.bundles
-            .lock()
-            .insert(workflow_id.to_string(), dir.to_path_buf());
-        Ok(())
+    fn deploy(&self, d: &crate::Deployment<'_>) -> Result<Vec<crate::Deployed>, StoreError> {
+        let mut kept = self.deployments.lock();
+        let planned = crate::deployments::plan(&kept.versions, d);
+        if kept.files.get(&d.files.digest) != Some(&d.files.files) {
+            kept.files
+                .insert(d.files.digest.clone(), d.files.files.clone());
+        }
+        for p in planned.iter().filter(|p| !p.unchanged) {
+            kept.versions.push(p.version.clone());
+        }
+        Ok(planned)
     }
 
-    fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError> {
-        Ok(self.bundles.lock().get(workflow_id).cloned())
+    fn workflow_version(
+        &self,
+        workflow_id: &str,
+        version: Option<u32>,
+    ) -> Result<Option<crate::WorkflowVersion>, StoreError> {
+        let kept = self.deployments.lock();
+        Ok(crate::deployments::pick(
+            &kept.versions,
+            workflow_id,
+            version,
+        ))
+    }
+
+    fn workflow_versions(
+        &self,
+        workflow_id: Option<&str>,
+    ) -> Result<Vec<crate::WorkflowVersion>, StoreError> {
+        let kept = self.deployments.lock();
+        Ok(crate::deployments::select(&kept.versions, workflow_id))
+    }
+
+    fn bundle_files(&self, digest: &str) -> Result<Vec<crate::bundles::BundleFile>, StoreError> {
+        Ok(self
+            .deployments
+            .lock()
+            .files
+            .get(digest)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    fn remove_versions(&self, versions: &[crate::WorkflowVersion]) -> Result<usize, StoreError> {
+        let mut kept = self.deployments.lock();
+        let removed = crate::deployments::remove(&mut kept.versions, versions);
+        let Deployments { versions, files } = &mut *kept;
+        files.retain(|digest, _| versions.iter().any(|v| &v.digest == digest));
+        Ok(removed)
     }
 
     fn append_event(&self, event: &super::InboxEvent) -> Result<super::EventAppend, StoreError> {

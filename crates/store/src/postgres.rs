@@ -33,7 +33,7 @@
 //! (as is one that PostgreSQL chose as a deadlock victim).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -48,13 +48,13 @@ use super::{
     LeaseAfter, LeaseRequest, NextDue, RunIndexQuery, RunIndexRow, RunIndexer, RunQuery, Store,
     StoreError,
 };
-use crate::bundles::{BundleFile, BundleFiles};
+use crate::bundles::BundleFile;
 use stepwell_model::model::{RunState, RunStatus, StepRecord};
 
 /// The schema version this build writes. A database at a higher version
 /// was written by a newer stepwell and is refused; an older one is migrated
 /// when opened.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Each migration brings the schema from its index to the next version.
 const MIGRATIONS: &[&str] = &[
@@ -185,7 +185,48 @@ CREATE TABLE bundle_files (
     "
 CREATE INDEX IF NOT EXISTS runs_unindexed ON runs (ord) WHERE session_kind IS NULL;
 ",
+    // 3 -> 4: deployed versions (a bundle kept before is version 1 of the
+    // ids that named it).
+    "
+CREATE TABLE workflow_versions (
+    workflow_id TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    digest      TEXT NOT NULL,
+    deployed_at TEXT NOT NULL,
+    deployed_by TEXT,
+    source      TEXT,
+    PRIMARY KEY (workflow_id, version)
+);
+INSERT INTO workflow_versions (workflow_id, version, digest, deployed_at, source)
+    SELECT workflow_id, 1, digest,
+           to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), dir
+    FROM bundles WHERE digest IS NOT NULL;
+DELETE FROM bundles WHERE digest IS NOT NULL;
+",
 ];
+
+/// A query of `workflow_versions` rows (as [`version_row`] reads them)
+/// where the given condition holds.
+macro_rules! versions_where {
+    ($rest:literal) => {
+        concat!(
+            "SELECT workflow_id, version, digest, deployed_at, deployed_by, source
+             FROM workflow_versions WHERE ",
+            $rest
+        )
+    };
+}
+
+fn version_row(r: &postgres::Row) -> crate::WorkflowVersion {
+    crate::WorkflowVersion {
+        workflow_id: r.get(0),
+        version: r.get::<_, i32>(1) as u32,
+        digest: r.get(2),
+        deployed_at: r.get(3),
+        deployed_by: r.get(4),
+        source: r.get(5),
+    }
+}
 
 /// The lock every opening process takes while it reads (and migrates)
 /// the schema: two hosts starting at once do not both migrate.
@@ -1922,18 +1963,6 @@ impl Store for PostgresStore {
             .collect())
     }
 
-    fn put_bundle(&self, workflow_id: &str, dir: &Path) -> Result<(), StoreError> {
-        let dir = dir.to_string_lossy();
-        self.read(|c| {
-            c.execute(
-                "INSERT INTO bundles (workflow_id, dir) VALUES ($1, $2)
-                 ON CONFLICT (workflow_id) DO UPDATE SET dir = excluded.dir, digest = NULL",
-                &[&workflow_id, &dir.as_ref()],
-            )?;
-            Ok(())
-        })
-    }
-
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError> {
         self.read(|c| {
             Ok(c.query_opt(
@@ -1944,27 +1973,15 @@ impl Store for PostgresStore {
         })
     }
 
-    fn keeps_bundle_files(&self) -> bool {
-        true
-    }
-
-    fn put_bundle_files(
-        &self,
-        workflow_ids: &[String],
-        dir: &Path,
-        files: &BundleFiles,
-    ) -> Result<(), StoreError> {
-        let dir = dir.to_string_lossy();
+    fn deploy(&self, d: &crate::Deployment<'_>) -> Result<Vec<crate::Deployed>, StoreError> {
         self.write(|c| {
-            // One load at a time: a load lets go of the files no workflow
-            // names, which another load's files must not be taken for.
+            // One deployment at a time: version numbers are consecutive,
+            // and a prune's removal of unnamed files waits for it.
             c.lock(&mut vec![LockKey::new("bundles", "")])?;
-            // Kept already: unless damaged since (then written anew, so
-            // that loading the bundle again repairs it).
             let kept: Vec<BundleFile> = c
                 .query(
                     "SELECT path, content FROM bundle_files WHERE digest = $1 ORDER BY path",
-                    &[&files.digest],
+                    &[&d.files.digest],
                 )?
                 .iter()
                 .map(|r| BundleFile {
@@ -1972,42 +1989,86 @@ impl Store for PostgresStore {
                     bytes: r.get(1),
                 })
                 .collect();
-            if kept != files.files {
+            if kept != d.files.files {
                 c.execute(
                     "DELETE FROM bundle_files WHERE digest = $1",
-                    &[&files.digest],
+                    &[&d.files.digest],
                 )?;
-                for f in &files.files {
+                for f in &d.files.files {
                     c.execute(
                         "INSERT INTO bundle_files (digest, path, content) VALUES ($1, $2, $3)",
-                        &[&files.digest, &f.path, &f.bytes],
+                        &[&d.files.digest, &f.path, &f.bytes],
                     )?;
                 }
             }
-            for id in workflow_ids {
+            let mut out = Vec::with_capacity(d.workflow_ids.len());
+            for id in d.workflow_ids {
+                let latest = c
+                    .query_opt(
+                        versions_where!("workflow_id = $1 ORDER BY version DESC LIMIT 1"),
+                        &[id],
+                    )?
+                    .map(|r| version_row(&r));
+                out.extend(crate::deployments::plan(
+                    latest.as_slice(),
+                    &crate::Deployment {
+                        workflow_ids: std::slice::from_ref(id),
+                        ..*d
+                    },
+                ));
+            }
+            for p in out.iter().filter(|p| !p.unchanged) {
+                let v = &p.version;
                 c.execute(
-                    "INSERT INTO bundles (workflow_id, dir, digest) VALUES ($1, $2, $3)
-                     ON CONFLICT (workflow_id) DO UPDATE
-                     SET dir = excluded.dir, digest = excluded.digest",
-                    &[id, &dir.as_ref(), &files.digest],
+                    "INSERT INTO workflow_versions
+                       (workflow_id, version, digest, deployed_at, deployed_by, source)
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                    &[
+                        &v.workflow_id,
+                        &(v.version as i32),
+                        &v.digest,
+                        &v.deployed_at,
+                        &v.deployed_by,
+                        &v.source,
+                    ],
                 )?;
             }
-            c.execute(
-                "DELETE FROM bundle_files f WHERE NOT EXISTS
-                   (SELECT 1 FROM bundles b WHERE b.digest = f.digest)",
-                &[],
-            )?;
-            Ok(())
+            Ok(out)
         })
     }
 
-    fn bundle_digest(&self, workflow_id: &str) -> Result<Option<String>, StoreError> {
+    fn workflow_version(
+        &self,
+        workflow_id: &str,
+        version: Option<u32>,
+    ) -> Result<Option<crate::WorkflowVersion>, StoreError> {
+        let version = version.map(|v| v as i32);
         self.read(|c| {
             Ok(c.query_opt(
-                "SELECT digest FROM bundles WHERE workflow_id = $1",
+                versions_where!(
+                    "workflow_id = $1 AND ($2::INTEGER IS NULL OR version = $2)
+                     ORDER BY version DESC LIMIT 1"
+                ),
+                &[&workflow_id, &version],
+            )?
+            .map(|r| version_row(&r)))
+        })
+    }
+
+    fn workflow_versions(
+        &self,
+        workflow_id: Option<&str>,
+    ) -> Result<Vec<crate::WorkflowVersion>, StoreError> {
+        self.read(|c| {
+            Ok(c.query(
+                versions_where!(
+                    "$1::TEXT IS NULL OR workflow_id = $1 ORDER BY workflow_id, version"
+                ),
                 &[&workflow_id],
             )?
-            .and_then(|r| r.get(0)))
+            .iter()
+            .map(version_row)
+            .collect())
         })
     }
 
@@ -2025,6 +2086,51 @@ impl Store for PostgresStore {
                 bytes: r.get(1),
             })
             .collect())
+    }
+
+    fn remove_versions(&self, versions: &[crate::WorkflowVersion]) -> Result<usize, StoreError> {
+        self.write(|c| {
+            c.lock(&mut vec![LockKey::new("bundles", "")])?;
+            let mut removed = 0;
+            for v in versions {
+                removed += c.execute(
+                    "DELETE FROM workflow_versions
+                     WHERE workflow_id = $1 AND version = $2 AND digest = $3",
+                    &[&v.workflow_id, &(v.version as i32), &v.digest],
+                )? as usize;
+            }
+            c.execute(
+                "DELETE FROM bundle_files f WHERE NOT EXISTS
+                   (SELECT 1 FROM workflow_versions v WHERE v.digest = f.digest)",
+                &[],
+            )?;
+            Ok(removed)
+        })
+    }
+
+    fn version_use(&self, workflow_id: &str) -> Result<Vec<crate::VersionUse>, StoreError> {
+        let rows = self.read(|c| {
+            Ok(c.query(
+                "SELECT (data::jsonb ->> 'workflow_version')::BIGINT AS v, status, COUNT(*),
+                        COALESCE(MAX(updated_at), '')
+                 FROM runs WHERE workflow_id = $1 AND quarantine IS NULL
+                 GROUP BY v, status ORDER BY v, status",
+                &[&workflow_id],
+            )?)
+        })?;
+        let mut uses: Vec<_> = rows
+            .iter()
+            .filter_map(|r| {
+                Some(crate::VersionUse {
+                    version: r.get::<_, Option<i64>>(0).map(|v| v as u32),
+                    status: RunStatus::parse(r.get(1))?,
+                    runs: r.get::<_, i64>(2) as u64,
+                    last_updated: r.get(3),
+                })
+            })
+            .collect();
+        crate::deployments::sort(&mut uses);
+        Ok(uses)
     }
 
     fn append_event(&self, event: &super::InboxEvent) -> Result<super::EventAppend, StoreError> {

@@ -30,7 +30,7 @@ use stepwell_model::model::{RunState, RunStatus, StepRecord};
 /// The schema version this build writes. A database with a higher
 /// `user_version` was written by a newer stepwell and is refused; an older
 /// one is migrated when opened.
-pub const SCHEMA_VERSION: i64 = 11;
+pub const SCHEMA_VERSION: i64 = 12;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -64,6 +64,21 @@ CREATE TABLE IF NOT EXISTS command_cursors (
 CREATE TABLE IF NOT EXISTS bundles (
     workflow_id TEXT PRIMARY KEY,
     dir         TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS workflow_versions (
+    workflow_id TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    digest      TEXT NOT NULL,
+    deployed_at TEXT NOT NULL,
+    deployed_by TEXT,
+    source      TEXT,
+    PRIMARY KEY (workflow_id, version)
+);
+CREATE TABLE IF NOT EXISTS bundle_files (
+    digest  TEXT NOT NULL,
+    path    TEXT NOT NULL,
+    content BLOB NOT NULL,
+    PRIMARY KEY (digest, path)
 );
 CREATE TABLE IF NOT EXISTS compiled_digests (
     name    TEXT PRIMARY KEY,
@@ -1169,6 +1184,63 @@ impl SqliteStore {
     }
 }
 
+/// The columns of a `workflow_versions` row, as [`version_row`] reads them.
+const VERSION_COLUMNS: &str =
+    "SELECT workflow_id, version, digest, deployed_at, deployed_by, source
+    FROM workflow_versions";
+
+fn version_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<crate::WorkflowVersion> {
+    Ok(crate::WorkflowVersion {
+        workflow_id: r.get(0)?,
+        version: r.get(1)?,
+        digest: r.get(2)?,
+        deployed_at: r.get(3)?,
+        deployed_by: r.get(4)?,
+        source: r.get(5)?,
+    })
+}
+
+/// The latest version of `workflow_id`, if any.
+fn latest_version(
+    conn: &Connection,
+    workflow_id: &str,
+) -> rusqlite::Result<Option<crate::WorkflowVersion>> {
+    conn.prepare_cached(&format!(
+        "{VERSION_COLUMNS} WHERE workflow_id = ?1 ORDER BY version DESC LIMIT 1"
+    ))?
+    .query_row([workflow_id], version_row)
+    .optional()
+}
+
+/// Keeps `files` under their digest, unless kept already and intact.
+fn write_bundle_files(
+    conn: &Connection,
+    files: &crate::bundles::BundleFiles,
+) -> rusqlite::Result<()> {
+    let kept: Vec<crate::bundles::BundleFile> = conn
+        .prepare_cached("SELECT path, content FROM bundle_files WHERE digest = ?1 ORDER BY path")?
+        .query_map([&files.digest], |r| {
+            Ok(crate::bundles::BundleFile {
+                path: r.get(0)?,
+                bytes: r.get(1)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    if kept == files.files {
+        return Ok(());
+    }
+    conn.execute(
+        "DELETE FROM bundle_files WHERE digest = ?1",
+        [&files.digest],
+    )?;
+    let mut insert = conn
+        .prepare_cached("INSERT INTO bundle_files (digest, path, content) VALUES (?1, ?2, ?3)")?;
+    for f in &files.files {
+        insert.execute(params![files.digest, f.path, f.bytes])?;
+    }
+    Ok(())
+}
+
 /// Brings a database of schema `from` to [`SCHEMA_VERSION`] in one
 /// transaction: tables, added columns, their values for existing rows
 /// (times from each run's data, idempotency keys from each ledger record),
@@ -1906,17 +1978,6 @@ impl Store for SqliteStore {
             .map_err(|e| self.err(e))
     }
 
-    fn put_bundle(&self, workflow_id: &str, dir: &Path) -> Result<(), StoreError> {
-        let conn = self.conn.lock();
-        conn.prepare_cached(
-            "INSERT INTO bundles (workflow_id, dir) VALUES (?1, ?2)
-             ON CONFLICT(workflow_id) DO UPDATE SET dir = excluded.dir",
-        )
-        .and_then(|mut st| st.execute(params![workflow_id, dir.to_string_lossy()]))
-        .map_err(|e| self.err(e))?;
-        Ok(())
-    }
-
     fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError> {
         let conn = self.conn.lock();
         let dir: Option<String> = conn
@@ -1924,6 +1985,144 @@ impl Store for SqliteStore {
             .and_then(|mut st| st.query_row([workflow_id], |r| r.get(0)).optional())
             .map_err(|e| self.err(e))?;
         Ok(dir.map(PathBuf::from))
+    }
+
+    fn deploy(&self, d: &crate::Deployment<'_>) -> Result<Vec<crate::Deployed>, StoreError> {
+        self.write(|conn| {
+            let err = |e| self.err(e);
+            write_bundle_files(conn, d.files).map_err(err)?;
+            let mut out = Vec::with_capacity(d.workflow_ids.len());
+            for id in d.workflow_ids {
+                let latest = latest_version(conn, id).map_err(err)?;
+                out.extend(crate::deployments::plan(
+                    latest.as_slice(),
+                    &crate::Deployment {
+                        workflow_ids: std::slice::from_ref(id),
+                        ..*d
+                    },
+                ));
+            }
+            for p in out.iter().filter(|p| !p.unchanged) {
+                let v = &p.version;
+                conn.prepare_cached(
+                    "INSERT INTO workflow_versions
+                       (workflow_id, version, digest, deployed_at, deployed_by, source)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .and_then(|mut st| {
+                    st.execute(params![
+                        v.workflow_id,
+                        v.version,
+                        v.digest,
+                        v.deployed_at,
+                        v.deployed_by,
+                        v.source
+                    ])
+                })
+                .map_err(err)?;
+            }
+            Ok(out)
+        })
+    }
+
+    fn workflow_version(
+        &self,
+        workflow_id: &str,
+        version: Option<u32>,
+    ) -> Result<Option<crate::WorkflowVersion>, StoreError> {
+        self.reading(|conn| match version {
+            None => latest_version(conn, workflow_id),
+            Some(n) => conn
+                .prepare_cached(&format!(
+                    "{VERSION_COLUMNS} WHERE workflow_id = ?1 AND version = ?2"
+                ))?
+                .query_row(params![workflow_id, n], version_row)
+                .optional(),
+        })
+        .map_err(|e| self.err(e))
+    }
+
+    fn workflow_versions(
+        &self,
+        workflow_id: Option<&str>,
+    ) -> Result<Vec<crate::WorkflowVersion>, StoreError> {
+        self.reading(|conn| {
+            conn.prepare_cached(&format!(
+                "{VERSION_COLUMNS} WHERE ?1 IS NULL OR workflow_id = ?1
+                 ORDER BY workflow_id, version"
+            ))?
+            .query_map([workflow_id], version_row)?
+            .collect()
+        })
+        .map_err(|e| self.err(e))
+    }
+
+    fn bundle_files(&self, digest: &str) -> Result<Vec<crate::bundles::BundleFile>, StoreError> {
+        self.reading(|conn| {
+            conn.prepare_cached(
+                "SELECT path, content FROM bundle_files WHERE digest = ?1 ORDER BY path",
+            )?
+            .query_map([digest], |r| {
+                Ok(crate::bundles::BundleFile {
+                    path: r.get(0)?,
+                    bytes: r.get(1)?,
+                })
+            })?
+            .collect()
+        })
+        .map_err(|e| self.err(e))
+    }
+
+    fn remove_versions(&self, versions: &[crate::WorkflowVersion]) -> Result<usize, StoreError> {
+        self.write(|conn| {
+            let mut removed = 0;
+            for v in versions {
+                removed += conn
+                    .prepare_cached(
+                        "DELETE FROM workflow_versions
+                         WHERE workflow_id = ?1 AND version = ?2 AND digest = ?3",
+                    )
+                    .and_then(|mut st| st.execute(params![v.workflow_id, v.version, v.digest]))
+                    .map_err(|e| self.err(e))?;
+            }
+            conn.execute(
+                "DELETE FROM bundle_files WHERE digest NOT IN
+                   (SELECT digest FROM workflow_versions)",
+                [],
+            )
+            .map_err(|e| self.err(e))?;
+            Ok(removed)
+        })
+    }
+
+    fn version_use(&self, workflow_id: &str) -> Result<Vec<crate::VersionUse>, StoreError> {
+        let rows: Vec<(Option<u32>, String, u64, String)> = self
+            .reading(|conn| {
+                conn.prepare_cached(
+                    "SELECT json_extract(data, '$.workflow_version') AS v, status, COUNT(*),
+                            COALESCE(MAX(updated_at), '')
+                     FROM runs WHERE workflow_id = ?1 AND quarantine IS NULL
+                     GROUP BY v, status ORDER BY v, status",
+                )?
+                .query_map([workflow_id], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })?
+                .collect()
+            })
+            .map_err(|e| self.err(e))?;
+        let mut uses: Vec<_> = rows
+            .into_iter()
+            .filter_map(|(version, status, runs, last_updated)| {
+                Some(crate::VersionUse {
+                    version,
+                    status: RunStatus::parse(&status)?,
+                    runs,
+                    last_updated,
+                })
+            })
+            .collect();
+        crate::deployments::sort(&mut uses);
+        Ok(uses)
     }
 
     fn append_event(&self, event: &super::InboxEvent) -> Result<super::EventAppend, StoreError> {

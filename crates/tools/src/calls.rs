@@ -550,6 +550,7 @@ mod tests {
             version: 1,
             run_id: id.into(),
             workflow_id: "w".into(),
+            workflow_version: None,
             status: stepwell_runtime::core::model::RunStatus::Running,
             current_node: Some("n".into()),
             vars,

@@ -7,11 +7,13 @@
 //! cargo test --release -p stepwell-store-conformance
 //! ```
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use chrono::{DateTime, Utc};
-use stepwell::store::{ConnectionRecord, Deferral, EventAppend, InboxEvent};
+use stepwell::store::bundles::BundleFile;
+use stepwell::store::{
+    ConnectionRecord, Deferral, Deployed, Deployment, EventAppend, InboxEvent, WorkflowVersion,
+};
 use stepwell::{
     Claim, Fence, LeaseAfter, LeaseRequest, MemoryStore, RunQuery, RunState, StepRecord, Store,
     StoreError,
@@ -140,12 +142,34 @@ impl Store for CountingStore {
         self.inner.list_quarantined()
     }
 
-    fn put_bundle(&self, workflow_id: &str, dir: &Path) -> Result<(), StoreError> {
-        self.inner.put_bundle(workflow_id, dir)
+    // Deployed versions: which bundle files define each version of each
+    // workflow. A deployment is one transaction.
+
+    fn deploy(&self, deployment: &Deployment<'_>) -> Result<Vec<Deployed>, StoreError> {
+        self.inner.deploy(deployment)
     }
 
-    fn bundle_dir(&self, workflow_id: &str) -> Result<Option<PathBuf>, StoreError> {
-        self.inner.bundle_dir(workflow_id)
+    fn workflow_version(
+        &self,
+        workflow_id: &str,
+        version: Option<u32>,
+    ) -> Result<Option<WorkflowVersion>, StoreError> {
+        self.inner.workflow_version(workflow_id, version)
+    }
+
+    fn workflow_versions(
+        &self,
+        workflow_id: Option<&str>,
+    ) -> Result<Vec<WorkflowVersion>, StoreError> {
+        self.inner.workflow_versions(workflow_id)
+    }
+
+    fn bundle_files(&self, digest: &str) -> Result<Vec<BundleFile>, StoreError> {
+        self.inner.bundle_files(digest)
+    }
+
+    fn remove_versions(&self, versions: &[WorkflowVersion]) -> Result<usize, StoreError> {
+        self.inner.remove_versions(versions)
     }
 
     // The event inbox and the trigger connections are optional: without

@@ -23,3 +23,4 @@ pub mod setup;
 pub mod snapshot;
 pub mod tools;
 pub mod triggers;
+pub mod workflows;

@@ -71,8 +71,12 @@ impl Report {
 
     /// A run: its state as lines, or as indented JSON.
     pub(crate) fn run(run: &RunState) -> Report {
+        let version = run
+            .workflow_version
+            .map(|v| format!("  version {v}"))
+            .unwrap_or_default();
         let mut report = Report::pretty(run).line(format!(
-            "run {}  workflow {}  status {}",
+            "run {}  workflow {}{version}  status {}",
             run.run_id,
             run.workflow_id,
             run.status.as_str()

@@ -15,8 +15,12 @@ const DEFAULT_LIST_LIMIT: usize = 100;
 /// What `stepwell run` was asked (its arguments, docs/cli.md).
 #[derive(clap::Args)]
 pub(crate) struct RunArgs {
-    /// The bundle directory (holding flow.json).
+    /// A bundle directory (holding flow.json; deployed first), or the id
+    /// of a deployed workflow (its latest version).
     pub(crate) flow_dir: PathBuf,
+    /// Start this deployed version instead of the latest.
+    #[arg(long)]
+    pub(crate) version: Option<u32>,
     /// The run's initial vars, a JSON object.
     #[arg(long)]
     pub(crate) vars: Option<String>,
@@ -55,8 +59,15 @@ pub(crate) fn run(rt: &Runtime, args: RunArgs) -> Result<Report, Error> {
         runtime,
         session,
         history,
+        version,
     } = args;
-    let bundle = rt.load_bundle(&flow_dir)?;
+    // A directory is deployed (a no-op when unchanged); anything else
+    // names a deployed workflow.
+    let main = if flow_dir.is_dir() {
+        rt.load_bundle(&flow_dir)?.main_workflow_id
+    } else {
+        flow_dir.to_string_lossy().into_owned()
+    };
     let mut vars = match vars {
         Some(v) => parse_object("--vars", &v)?,
         None => Map::new(),
@@ -85,7 +96,7 @@ pub(crate) fn run(rt: &Runtime, args: RunArgs) -> Result<Report, Error> {
         Some(r) => stepwell::core::config::operator_runtime(parse_object("--runtime", &r)?)?,
         None => Map::new(),
     };
-    let wf = workflow.unwrap_or(bundle.main_workflow_id);
+    let wf = workflow.unwrap_or(main);
     let state = rt.run(
         &wf,
         StartOptions {
@@ -93,6 +104,7 @@ pub(crate) fn run(rt: &Runtime, args: RunArgs) -> Result<Report, Error> {
             run_id,
             runtime,
             session_id: session,
+            workflow_version: version,
             ..StartOptions::default()
         },
     )?;

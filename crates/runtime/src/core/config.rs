@@ -259,6 +259,13 @@ pub struct StartOptions {
     /// example an automation controller's state). Only host code sets this:
     /// no guest, flow document or CLI argument reaches it.
     pub runtime: Map<String, Value>,
+    /// The deployed version to start (`None`: see
+    /// [`StartOptions::same_bundle_as`], else the latest).
+    pub workflow_version: Option<u32>,
+    /// A run's `(workflow id, version)` whose bundle the new run's version
+    /// is taken from, if that bundle defines its workflow too: a child in
+    /// its parent's bundle runs its parent's version.
+    pub same_bundle_as: Option<(String, u32)>,
 }
 
 /// The `_runtime` keys an operator may set when starting a run (`stepwell

@@ -326,10 +326,7 @@ impl Runtime {
     /// registered, embedded by its plugins or recorded in the store (a
     /// recorded bundle it cannot load is an error of the run, not this).
     fn is_foreign(&self, run: &RunState) -> bool {
-        matches!(
-            self.workflow(&run.workflow_id),
-            Err(Error::UnknownWorkflow { .. })
-        )
+        matches!(self.workflow_of(run), Err(Error::UnknownWorkflow { .. }))
     }
 
     /// A run the pass took on but could not move: quarantined, or reported
@@ -438,7 +435,7 @@ impl Runtime {
                 self.fail_waiting(&mut txn, &mut run, failure.to_string())?;
             }
             Outcome::Completed(data) => {
-                self.workflow(&run.workflow_id)?;
+                self.workflow_of(&run)?;
                 let record = self.end_wait(&mut run, data, "resumed", None)?;
                 let budget = self.config().drive_steps_per_run.max(1);
                 txn.stop_after(self.config().drive_time_per_run);

@@ -66,6 +66,25 @@ pub enum Error {
         /// The workflow id that was asked for.
         workflow_id: String,
     },
+    /// The store keeps no such version of this workflow.
+    #[error("unknown_version: workflow {workflow_id:?} has no deployed version {version}")]
+    UnknownVersion {
+        /// The workflow id.
+        workflow_id: String,
+        /// The version that was asked for.
+        version: u32,
+    },
+    /// An upgrade would move a run to a version that lacks a node the run
+    /// is at or comes back to; nothing was changed.
+    #[error("upgrade_incompatible: run {run_id}: version {to} has no node {}", missing.join(", "))]
+    UpgradeIncompatible {
+        /// The run.
+        run_id: String,
+        /// The version it was to move to.
+        to: u32,
+        /// The nodes the new version lacks.
+        missing: Vec<String>,
+    },
     /// An argument is invalid (a malformed run id, a payload of the wrong type, ...).
     #[error("invalid_input: {field}: {message}")]
     InvalidInput {
@@ -125,6 +144,8 @@ impl Error {
             Error::StepHeld { .. } => "controller_seam",
             Error::Flow(_) => "invalid_definition",
             Error::UnknownWorkflow { .. } => "unknown_workflow",
+            Error::UnknownVersion { .. } => "unknown_version",
+            Error::UpgradeIncompatible { .. } => "upgrade_incompatible",
             Error::InvalidInput { .. } => "invalid_input",
             Error::Wasm(_) => "component_load_failed",
             Error::Store(e) => e.reason_code(),

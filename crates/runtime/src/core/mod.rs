@@ -20,6 +20,7 @@ pub mod runtime;
 mod snapshots;
 mod step;
 mod txn;
+pub mod versions;
 
 /// The clock a host reads time from (the `stepwell-model` crate's).
 pub use stepwell_model::clock;

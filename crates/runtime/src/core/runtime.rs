@@ -11,7 +11,6 @@
 //! that lost a race changes nothing.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -30,7 +29,7 @@ use super::plugin::{Extensions, Install, Plugin, Plugins, RunStart};
 use super::txn::LeaseKeeper;
 use super::{Error, Result};
 use crate::effects::{EffectHandler, EffectRegistry};
-use crate::flow::{self, template, Bundle, Workflow};
+use crate::flow::{template, Workflow};
 use crate::store::{Fence, LeaseAfter, RunQuery, Store};
 use crate::wasm::WasmEngine;
 
@@ -154,55 +153,10 @@ pub struct RuntimeBuilder {
     offloader: Option<super::offload::Offloader>,
     effects: EffectRegistry,
     plugins: Plugins,
-    bundle_cache: Option<std::path::PathBuf>,
     metrics: Option<Arc<super::metrics::Metrics>>,
 }
 
-/// Where bundles a store keeps are written to be loaded: the folder the
-/// builder was given, or one of the runtime's own in the system's
-/// temporary folder (made when first needed, 0700, removed with the
-/// runtime): never the working directory.
-enum BundleCache {
-    Given(std::path::PathBuf),
-    Scratch(std::path::PathBuf),
-}
-
-impl BundleCache {
-    fn scratch() -> Self {
-        BundleCache::Scratch(std::env::temp_dir().join(format!(
-            "stepwell-bundles-{}-{}",
-            std::process::id(),
-            uuid::Uuid::new_v4().simple()
-        )))
-    }
-
-    fn dir(&self) -> &std::path::Path {
-        match self {
-            BundleCache::Given(d) | BundleCache::Scratch(d) => d,
-        }
-    }
-}
-
-impl Drop for BundleCache {
-    fn drop(&mut self) {
-        if let BundleCache::Scratch(dir) = self {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
 impl RuntimeBuilder {
-    /// Where bundles a store keeps (PostgreSQL: see
-    /// [`crate::flow::archive`]) are written to be loaded, one folder per
-    /// digest (default: a folder of the runtime's own in the system's
-    /// temporary folder, removed with the runtime; the `stepwell` crate's
-    /// `host::open_runtime` uses `bundles/` beside the compiled-component
-    /// cache).
-    pub fn bundle_cache(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
-        self.bundle_cache = Some(dir.into());
-        self
-    }
-
     /// Adds a feature ([`super::plugin`]): its effects, its state and its
     /// hooks. A plugin of the same name as one given before replaces it.
     pub fn plugin(mut self, plugin: Arc<dyn Plugin>) -> Self {
@@ -319,10 +273,7 @@ impl RuntimeBuilder {
                 metrics: self.metrics.unwrap_or_default(),
                 foreign: super::foreign::Foreign::default(),
                 flights: super::flight::Flights::default(),
-                bundle_cache: match self.bundle_cache {
-                    Some(dir) => BundleCache::Given(dir),
-                    None => BundleCache::scratch(),
-                },
+                loaded: super::versions::Loaded::default(),
             }),
         })
     }
@@ -345,7 +296,8 @@ pub(crate) struct Inner {
     /// States of runs this runtime parked a moment ago (see `parked`).
     pub(crate) parked: super::parked::Parked,
     pub(crate) subscribers: parking_lot::Mutex<Vec<Subscriber>>,
-    bundle_cache: BundleCache,
+    /// The deployed versions this runtime loaded.
+    pub(crate) loaded: super::versions::Loaded,
     metrics: Arc<super::metrics::Metrics>,
     /// Runs the driver found to be of workflows this runtime does not have.
     pub(crate) foreign: super::foreign::Foreign,
@@ -382,23 +334,6 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
-/// Whether the bundle at `dir` still defines `workflow_id` (its flow files
-/// are read, not loaded).
-fn defines(dir: &std::path::Path, workflow_id: &str) -> bool {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return false;
-    };
-    entries.filter_map(|e| e.ok()).any(|e| {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        (name == flow::MAIN_FLOW_FILE || name.ends_with(".flow.json"))
-            && std::fs::read(e.path())
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-                .is_some_and(|d| d["workflow_id"] == workflow_id)
-    })
-}
-
 /// Whether `id` is a valid run id: `[A-Za-z0-9_-]+`, at most 200 characters.
 pub(crate) fn valid_run_id(id: &str) -> bool {
     !id.is_empty()
@@ -419,7 +354,6 @@ impl Runtime {
             offloader: None,
             effects: EffectRegistry::builtin(),
             plugins: Plugins::default(),
-            bundle_cache: None,
             metrics: None,
         }
     }
@@ -487,156 +421,6 @@ impl Runtime {
         &self.inner.keeper
     }
 
-    /// Loads the bundle at `dir` (validating every flow file and compiling its
-    /// components), registers its workflows, and records in the store where
-    /// they come from, so another process can resume their runs. Nothing is
-    /// registered or recorded if any file is invalid.
-    ///
-    /// A store that [keeps bundles' files](crate::store::Store::keeps_bundle_files)
-    /// (PostgreSQL) records the bundle's files too: other hosts then run
-    /// them without the directory.
-    pub fn load_bundle(&self, dir: &Path) -> Result<Bundle> {
-        let kinds = self.inner.effects.kinds();
-        let bundle = flow::load_bundle(dir, &self.inner.engine, &kinds)?;
-        // One workflow id names one bundle per store: a bundle elsewhere
-        // that defines an id already recorded for a bundle that still
-        // exists would change the code the runs (and automations) of that
-        // id execute.
-        for wf in &bundle.workflows {
-            if let Some(recorded) = self.store().bundle_dir(&wf.workflow_id)? {
-                if recorded != bundle.dir && defines(&recorded, &wf.workflow_id) {
-                    return Err(Error::Flow(flow::FlowError {
-                        path: wf.source.clone(),
-                        field: "workflow_id".into(),
-                        message: format!(
-                            "workflow {:?} is already defined by the bundle {} in this store (one workflow id names one bundle; rename it, or remove that bundle)",
-                            wf.workflow_id,
-                            recorded.display()
-                        ),
-                    }));
-                }
-            }
-        }
-        for wf in &bundle.workflows {
-            if let Some(reserved) = self.inner.plugins.reserved(&wf.workflow_id) {
-                return Err(Error::Flow(flow::FlowError {
-                    path: wf.source.clone(),
-                    field: "workflow_id".into(),
-                    message: reserved.define,
-                }));
-            }
-        }
-        if self.store().keeps_bundle_files() {
-            let files = flow::archive::collect(&bundle)?;
-            let ids: Vec<String> = bundle
-                .workflows
-                .iter()
-                .map(|w| w.workflow_id.clone())
-                .collect();
-            self.store().put_bundle_files(&ids, &bundle.dir, &files)?;
-        } else {
-            for wf in &bundle.workflows {
-                self.store().put_bundle(&wf.workflow_id, &bundle.dir)?;
-            }
-        }
-        self.register_bundle(&bundle);
-        Ok(bundle)
-    }
-
-    /// Registers every workflow of `bundle`.
-    fn register_bundle(&self, bundle: &Bundle) {
-        let mut map = self.inner.workflows.write();
-        for wf in &bundle.workflows {
-            map.insert(wf.workflow_id.clone(), wf.clone());
-        }
-    }
-
-    /// Loads the bundle the store keeps for `workflow_id` (written into
-    /// the bundle cache first, if it is not there yet) and registers its
-    /// workflows that the store names it for. Returns `false` when the
-    /// store keeps no files for it (its bundle is a path).
-    fn load_stored_bundle(&self, workflow_id: &str) -> Result<bool> {
-        // The files of a digest are let go when no workflow names it any
-        // more: a digest read just before a new load replaced it is read
-        // again.
-        let mut found = None;
-        for _ in 0..3 {
-            let Some(digest) = self.store().bundle_digest(workflow_id)? else {
-                return Ok(false);
-            };
-            // Written here before (and unchanged): not fetched again.
-            let cached = flow::archive::BundleFiles::cached(self.inner.bundle_cache.dir(), &digest);
-            if let Some(dir) = cached {
-                self.register_stored(workflow_id, &digest, &dir)?;
-                return Ok(true);
-            }
-            let kept = self.store().bundle_files(&digest)?;
-            if !kept.is_empty() {
-                found = Some((digest, kept));
-                break;
-            }
-        }
-        let Some((digest, kept)) = found else {
-            tracing::warn!(
-                workflow_id,
-                "the store names files for this workflow but keeps none: loading it from its path"
-            );
-            return Ok(false);
-        };
-        // Damaged files are the bundle's fault, not its runs': reported as
-        // an invalid definition (the driver backs off), never quarantined.
-        let damaged = |why: String| {
-            Error::Flow(flow::FlowError {
-                path: std::path::PathBuf::from(format!("bundle_files/{digest}")),
-                field: String::new(),
-                message: format!(
-                    "the bundle files the store keeps for workflow {workflow_id:?} {why}"
-                ),
-            })
-        };
-        let files = flow::archive::BundleFiles::new(kept)
-            .map_err(|e| damaged(format!("cannot be used: {e}")))?;
-        if !files.matches(&digest) {
-            return Err(damaged(format!(
-                "do not match their digest (they are {})",
-                files.digest
-            )));
-        }
-        let cache = self.inner.bundle_cache.dir();
-        let dir = files.materialise(cache).map_err(|e| {
-            Error::invalid(
-                "bundle_cache",
-                format!(
-                    "cannot write the bundle of workflow {workflow_id:?} into {}: {e}",
-                    cache.display()
-                ),
-            )
-        })?;
-        self.register_stored(workflow_id, &digest, &dir)?;
-        Ok(true)
-    }
-
-    /// Loads the bundle of `digest` written at `dir` and registers
-    /// `workflow_id` and the other workflows the store names it for (one
-    /// since recorded with another bundle keeps that one).
-    fn register_stored(&self, workflow_id: &str, digest: &str, dir: &Path) -> Result<()> {
-        let kinds = self.inner.effects.kinds();
-        let bundle = flow::load_bundle(dir, &self.inner.engine, &kinds)?;
-        let mut ours = Vec::new();
-        for wf in &bundle.workflows {
-            if wf.workflow_id == workflow_id
-                || self.store().bundle_digest(&wf.workflow_id)?.as_deref() == Some(digest)
-            {
-                ours.push(wf.clone());
-            }
-        }
-        let mut map = self.inner.workflows.write();
-        for wf in ours {
-            map.insert(wf.workflow_id.clone(), wf);
-        }
-        Ok(())
-    }
-
     /// The workflow a plugin embeds under the reserved id `workflow_id`
     /// (loaded once, then kept apart from the registered ones, so no
     /// bundle, however it was recorded, stands in for it).
@@ -668,38 +452,23 @@ impl Runtime {
             .insert(workflow.workflow_id.clone(), workflow);
     }
 
-    /// The workflow `workflow_id`: a plugin's own (a reserved id, never
-    /// another bundle's), registered, or loaded from the bundle the store
-    /// recorded for it.
-    pub fn workflow(&self, workflow_id: &str) -> Result<Arc<Workflow>> {
+    /// The workflow `workflow_id` if it has no versions: a plugin's own (a
+    /// reserved id, never another bundle's) or one registered in code.
+    pub(crate) fn unversioned_workflow(&self, workflow_id: &str) -> Result<Option<Arc<Workflow>>> {
         // Only reserved ids are embedded: once loaded, the plugins (and
         // the texts of their refusals) are not asked again.
         if let Some(wf) = self.inner.embedded.read().get(workflow_id) {
-            return Ok(wf.clone());
+            return Ok(Some(wf.clone()));
         }
         if self.inner.plugins.reserved(workflow_id).is_some() {
-            return self.embedded_workflow(workflow_id);
+            return self.embedded_workflow(workflow_id).map(Some);
         }
-        if let Some(wf) = self.inner.workflows.read().get(workflow_id) {
-            return Ok(wf.clone());
-        }
-        // The files the store keeps (PostgreSQL), else the recorded path.
-        let loaded = if self.store().keeps_bundle_files() && self.load_stored_bundle(workflow_id)? {
-            true
-        } else if let Some(dir) = self.store().bundle_dir(workflow_id)? {
-            self.load_bundle(&dir)?;
-            true
-        } else {
-            false
-        };
-        if loaded {
-            if let Some(wf) = self.inner.workflows.read().get(workflow_id) {
-                return Ok(wf.clone());
-            }
-        }
-        Err(Error::UnknownWorkflow {
-            workflow_id: workflow_id.to_string(),
-        })
+        Ok(self.inner.workflows.read().get(workflow_id).cloned())
+    }
+
+    /// Why no bundle may define `workflow_id`, if a plugin reserved it.
+    pub(crate) fn plugins_reserved(&self, workflow_id: &str) -> Option<String> {
+        self.inner.plugins.reserved(workflow_id).map(|r| r.define)
     }
 
     /// Creates a run of `workflow_id` (status `running`, at the entry node)
@@ -771,7 +540,12 @@ impl Runtime {
     /// plugin creates its runs.
     #[doc(hidden)] // for features built on the kernel; not a stable API
     pub fn new_run(&self, workflow_id: &str, options: StartOptions) -> Result<RunState> {
-        let wf = self.workflow(workflow_id)?;
+        let parent = options
+            .same_bundle_as
+            .as_ref()
+            .map(|(id, v)| (id.as_str(), *v));
+        let (wf, workflow_version) =
+            self.starting_version(workflow_id, options.workflow_version, parent)?;
         if let Some(id) = &options.run_id {
             if !valid_run_id(id) {
                 return Err(Error::invalid(
@@ -829,6 +603,7 @@ impl Runtime {
             version: 1,
             run_id,
             workflow_id: wf.workflow_id.clone(),
+            workflow_version,
             status: RunStatus::Running,
             current_node: Some(wf.entry.clone()),
             vars,
@@ -1237,7 +1012,7 @@ impl Runtime {
         }
         // Load the workflow first: a resume that cannot continue is refused
         // before anything is written.
-        if let Err(e) = self.workflow(&run.workflow_id) {
+        if let Err(e) = self.workflow_of(&run) {
             return refuse(e);
         }
         let hook = match self.resume_hook(&txn, &run, &payload, optimistic) {

@@ -303,7 +303,7 @@ impl Runtime {
             }
             return Ok(run);
         }
-        let wf = self.workflow(&run.workflow_id)?;
+        let wf = self.workflow_of(&run)?;
         txn.fly = depth == 0 && (txn.fly || self.inner.config.calls_in_flight);
         // A run left to the driver in the middle of a chain continues it at
         // the depth it was left at (the first commit forgets the note).

@@ -348,6 +348,12 @@ impl EffectHandler for StartSubworkflow {
             session_id,
             parent_run_id: Some(cx.run.run_id.clone()),
             runtime,
+            workflow_version: None,
+            // A child in its parent's bundle runs its parent's version.
+            same_bundle_as: cx
+                .run
+                .workflow_version
+                .map(|v| (cx.run.workflow_id.clone(), v)),
         };
         let child_id = match cx.runs.start_run(&workflow_id, options) {
             Ok(id) => id,

@@ -1,21 +1,22 @@
-//! A bundle's files as one value, for a store that several machines share
-//! (PostgreSQL): the store keeps them, and a host that must run a workflow
-//! it has not loaded writes them into a local cache folder and loads them
-//! from there, so every host runs the code the store recorded, whatever
-//! (if anything) lies at the bundle's original path on that machine.
+//! A bundle's files as one value: every store keeps the files of each
+//! deployed version ([`stepwell_store::deployments`]), and a host that must run a
+//! version it has not loaded reads them from the store and loads them from
+//! memory, so every host runs the code the store recorded, whatever (if
+//! anything) lies at the bundle's original path on that machine.
 //!
 //! A bundle's files are its flow files (`flow.json`, `*.flow.json`) and the
 //! components they name, by their paths inside the bundle directory. The
 //! digest (SHA-256 over every path and content, in path order) names the
-//! bundle's contents: a store keeps one copy per digest, a host one cache
-//! folder per digest, and content that does not match its digest is refused.
+//! bundle's contents: a store keeps one copy per digest, a host compiles
+//! one per digest, and content that does not match its digest is refused.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use sha2::{Digest, Sha256};
-use stepwell_store::bundles::{clean_path, slash_path};
+pub use stepwell_store::bundles::clean_path;
+use stepwell_store::bundles::slash_path;
 pub use stepwell_store::bundles::{BundleFile, BundleFiles, MAX_BUNDLE_BYTES, OUTSIDE};
 
 use super::{Bundle, FlowError};

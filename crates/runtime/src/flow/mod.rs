@@ -215,25 +215,39 @@ pub fn load_bundle(
 
     let mut workflows: Vec<Arc<Workflow>> = Vec::new();
     for file in files {
-        let wf = load_flow_file(&file, engine, effects)?;
-        if let Some(prev) = workflows.iter().find(|w| w.workflow_id == wf.workflow_id) {
-            return Err(FlowError::new(
-                &file,
-                "workflow_id",
-                format!(
-                    "{:?} is already defined by {}",
-                    wf.workflow_id,
-                    prev.source.display()
-                ),
-            ));
-        }
-        workflows.push(Arc::new(wf));
+        add_workflow(
+            &mut workflows,
+            load_flow_file(&file, engine, effects)?,
+            &file,
+        )?;
     }
     Ok(Bundle {
         dir,
         main_workflow_id: workflows[0].workflow_id.clone(),
         workflows,
     })
+}
+
+/// Adds `wf` (read from `file`) to a bundle's `workflows`, unless one of
+/// them has its id.
+fn add_workflow(
+    workflows: &mut Vec<Arc<Workflow>>,
+    wf: Workflow,
+    file: &Path,
+) -> Result<(), FlowError> {
+    if let Some(prev) = workflows.iter().find(|w| w.workflow_id == wf.workflow_id) {
+        return Err(FlowError::new(
+            file,
+            "workflow_id",
+            format!(
+                "{:?} is already defined by {}",
+                wf.workflow_id,
+                prev.source.display()
+            ),
+        ));
+    }
+    workflows.push(Arc::new(wf));
+    Ok(())
 }
 
 /// The largest flow document the host reads (a flow is a graph of nodes,
@@ -259,18 +273,6 @@ pub fn load_flow_file(
     }
     let text = std::fs::read_to_string(path)
         .map_err(|e| FlowError::new(path, "", format!("cannot read the file: {e}")))?;
-    if let Some(found) = stepwell_flat_json::find_inexact_integer(&text) {
-        let message = crate::core::config::inexact_message(&found.literal);
-        return Err(FlowError::new(path, found.path, message));
-    }
-    let doc: FlowDoc = {
-        let mut de = serde_json::Deserializer::from_str(&text);
-        serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            let field = e.path().to_string();
-            let field = if field == "." { String::new() } else { field };
-            FlowError::new(path, field, e.inner().to_string())
-        })?
-    };
     let base = path.parent().unwrap_or(Path::new(".")).to_path_buf();
     let load = |component: &str| {
         let file = base.join(component);
@@ -282,7 +284,86 @@ pub fn load_flow_file(
         }
         engine.load_node(&file).map_err(|e| e.to_string())
     };
-    build_workflow(path, doc, &load, effects)
+    flow_from_text(path, &text, &load, effects)
+}
+
+/// Parses and validates the flow document `text` (named `path` in errors).
+fn flow_from_text(
+    path: &Path,
+    text: &str,
+    load: &dyn Fn(&str) -> Result<Arc<NodeComponent>, String>,
+    effects: &[String],
+) -> Result<Workflow, FlowError> {
+    if let Some(found) = stepwell_flat_json::find_inexact_integer(text) {
+        let message = crate::core::config::inexact_message(&found.literal);
+        return Err(FlowError::new(path, found.path, message));
+    }
+    let doc: FlowDoc = {
+        let mut de = serde_json::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let field = e.path().to_string();
+            let field = if field == "." { String::new() } else { field };
+            FlowError::new(path, field, e.inner().to_string())
+        })?
+    };
+    build_workflow(path, doc, load, effects)
+}
+
+/// Loads a bundle from its files in memory (as a store keeps them, see
+/// [`archive`]): `flow.json` and the other `*.flow.json` files at its top,
+/// each component named by its path among the files. `label` stands for
+/// the bundle's directory in the workflows' sources and in errors.
+pub fn load_bundle_files(
+    files: &archive::BundleFiles,
+    label: &Path,
+    engine: &WasmEngine,
+    effects: &[String],
+) -> Result<Bundle, FlowError> {
+    let file = |path: &str| files.files.iter().find(|f| f.path == path);
+    let mut flows: Vec<&archive::BundleFile> = files
+        .files
+        .iter()
+        .filter(|f| !f.path.contains('/') && f.path.ends_with(".flow.json"))
+        .collect();
+    let main = file(MAIN_FLOW_FILE)
+        .ok_or_else(|| FlowError::new(label, "", format!("no {MAIN_FLOW_FILE} in the bundle")))?;
+    flows.insert(0, main);
+    let mut workflows: Vec<Arc<Workflow>> = Vec::new();
+    for flow in flows {
+        let path = label.join(&flow.path);
+        if flow.bytes.len() as u64 > MAX_FLOW_FILE_BYTES {
+            return Err(FlowError::new(
+                &path,
+                "",
+                format!(
+                    "the file is over the limit of {MAX_FLOW_FILE_BYTES} bytes for a flow document"
+                ),
+            ));
+        }
+        let text = std::str::from_utf8(&flow.bytes)
+            .map_err(|e| FlowError::new(&path, "", format!("not UTF-8: {e}")))?;
+        let load = |component: &str| {
+            let found = archive::clean_path(component)
+                .then(|| file(component))
+                .flatten()
+                .ok_or_else(|| {
+                    format!("component {component:?} is not among the bundle's files")
+                })?;
+            engine
+                .load_node_bytes(&found.bytes, &label.join(component))
+                .map_err(|e| e.to_string())
+        };
+        add_workflow(
+            &mut workflows,
+            flow_from_text(&path, text, &load, effects)?,
+            &path,
+        )?;
+    }
+    Ok(Bundle {
+        dir: label.to_path_buf(),
+        main_workflow_id: workflows[0].workflow_id.clone(),
+        workflows,
+    })
 }
 
 /// Loads a flow document the host embeds (`label` names it in errors, for

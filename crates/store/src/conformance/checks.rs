@@ -820,22 +820,12 @@ pub fn records_appended_since_the_last_commit_are_ahead(h: &dyn Harness, dir: &P
     Verdict::Passed
 }
 
-/// `put_bundle` records where a workflow's bundle is; the latest wins.
-pub fn bundles_are_recorded(h: &dyn Harness, dir: &Path) -> Verdict {
-    let store = h.open(dir);
-    assert_eq!(store.bundle_dir("wf").unwrap(), None);
-    store.put_bundle("wf", "/a/b".as_ref()).unwrap();
-    store.put_bundle("wf", "/c/d".as_ref()).unwrap();
-    store.put_bundle("other", "/e".as_ref()).unwrap();
-    assert_eq!(store.bundle_dir("wf").unwrap(), Some("/c/d".into()));
-    Verdict::Passed
-}
-
-/// A store several machines share keeps each bundle's files, once per
-/// digest, and lets go of files no workflow names any more; the others
-/// record the path only.
-pub fn bundle_files_are_kept_once_per_digest(h: &dyn Harness, dir: &Path) -> Verdict {
+/// A deployment records a new version per workflow id (1, 2, 3...), keeps
+/// the bundle's files once per digest, and is a no-op for content equal to
+/// the latest version's; versions are read back by number and as latest.
+pub fn deployments_are_versioned(h: &dyn Harness, dir: &Path) -> Verdict {
     use crate::bundles::{BundleFile, BundleFiles};
+    use crate::Deployment;
     let store = h.open(dir);
     let file = |path: &str, bytes: &[u8]| BundleFile {
         path: path.into(),
@@ -844,59 +834,192 @@ pub fn bundle_files_are_kept_once_per_digest(h: &dyn Harness, dir: &Path) -> Ver
     let v1 = BundleFiles::new(vec![file("flow.json", b"{}"), file("s/a.wasm", b"\0asm1")]).unwrap();
     let v2 = BundleFiles::new(vec![file("flow.json", b"{}"), file("s/a.wasm", b"\0asm2")]).unwrap();
     let ids = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    store
-        .put_bundle_files(&ids(&["wf", "wf2"]), "/a".as_ref(), &v1)
-        .unwrap();
-    assert_eq!(store.bundle_dir("wf").unwrap(), Some("/a".into()));
-    assert_eq!(store.bundle_dir("wf2").unwrap(), Some("/a".into()));
-    if !store.keeps_bundle_files() {
-        assert_eq!(store.bundle_digest("wf").unwrap(), None);
-        assert!(store.bundle_files(&v1.digest).unwrap().is_empty());
-        return Verdict::Passed;
-    }
-    assert_eq!(store.bundle_digest("wf").unwrap(), Some(v1.digest.clone()));
-    let kept = store.bundle_files(&v1.digest).unwrap();
-    assert_eq!(kept, v1.files, "the same paths and bytes, in path order");
-    // A new version of one workflow: the old files stay while another
-    // workflow names them...
-    store
-        .put_bundle_files(&ids(&["wf"]), "/a".as_ref(), &v2)
-        .unwrap();
-    assert_eq!(store.bundle_digest("wf").unwrap(), Some(v2.digest.clone()));
+    let deploy = |store: &dyn crate::Store, ids: &[String], files: &BundleFiles| {
+        store
+            .deploy(&Deployment {
+                workflow_ids: ids,
+                files,
+                deployed_by: Some("ops"),
+                source: Some("/src/b"),
+                deployed_at: "2026-12-05T09:00:00.000000Z",
+            })
+            .unwrap()
+    };
+    assert_eq!(store.workflow_version("wf", None).unwrap(), None);
+    let first = deploy(&*store, &ids(&["wf", "wf2"]), &v1);
+    assert_eq!(first.len(), 2);
+    assert!(first.iter().all(|d| !d.unchanged && d.version.version == 1));
+    assert_eq!(first[0].version.digest, v1.digest);
+    assert_eq!(first[0].version.deployed_by.as_deref(), Some("ops"));
+    assert_eq!(first[0].version.source.as_deref(), Some("/src/b"));
+    // The same content again changes nothing.
+    let again = deploy(&*store, &ids(&["wf", "wf2"]), &v1);
+    assert!(again.iter().all(|d| d.unchanged && d.version.version == 1));
     assert_eq!(store.bundle_files(&v1.digest).unwrap(), v1.files);
-    // ...and go when none does.
-    store
-        .put_bundle_files(&ids(&["wf2"]), "/a".as_ref(), &v2)
-        .unwrap();
-    assert!(store.bundle_files(&v1.digest).unwrap().is_empty());
-    assert_eq!(store.bundle_files(&v2.digest).unwrap(), v2.files);
-    // Recording a path only forgets the files.
-    store.put_bundle("wf", "/b".as_ref()).unwrap();
-    assert_eq!(store.bundle_digest("wf").unwrap(), None);
-    assert_eq!(store.bundle_dir("wf").unwrap(), Some("/b".into()));
-    // Loads of two versions at once, each from its own connection, never
-    // leave a workflow naming files the store let go of. (A store that
-    // cannot be opened twice loads both through one handle.)
+    // New content is version 2 of the ids it names, and only of those.
+    let second = deploy(&*store, &ids(&["wf"]), &v2);
+    assert_eq!((second[0].version.version, second[0].unchanged), (2, false));
+    let latest = store.workflow_version("wf", None).unwrap().unwrap();
+    assert_eq!(
+        (latest.version, latest.digest.as_str()),
+        (2, v2.digest.as_str())
+    );
+    let old = store.workflow_version("wf", Some(1)).unwrap().unwrap();
+    assert_eq!(old.digest, v1.digest);
+    assert_eq!(store.workflow_version("wf", Some(3)).unwrap(), None);
+    assert_eq!(
+        store
+            .workflow_version("wf2", None)
+            .unwrap()
+            .unwrap()
+            .version,
+        1
+    );
+    // Back to the first content: a new version (3), not a no-op.
+    let third = deploy(&*store, &ids(&["wf"]), &v1);
+    assert_eq!((third[0].version.version, third[0].unchanged), (3, false));
+    let all = store.workflow_versions(None).unwrap();
+    let listed: Vec<(&str, u32)> = all
+        .iter()
+        .map(|v| (v.workflow_id.as_str(), v.version))
+        .collect();
+    assert_eq!(listed, [("wf", 1), ("wf", 2), ("wf", 3), ("wf2", 1)]);
+    assert_eq!(store.workflow_versions(Some("wf2")).unwrap().len(), 1);
+    assert!(store.bundle_files(&"0".repeat(64)).unwrap().is_empty());
+    Verdict::Passed
+}
+
+/// Removing versions removes exactly them, and the files of a digest only
+/// once no version names it.
+pub fn removed_versions_let_go_of_their_files(h: &dyn Harness, dir: &Path) -> Verdict {
+    use crate::bundles::{BundleFile, BundleFiles};
+    use crate::Deployment;
+    let store = h.open(dir);
+    let files = |tag: &[u8]| {
+        BundleFiles::new(vec![BundleFile {
+            path: "flow.json".into(),
+            bytes: tag.to_vec(),
+        }])
+        .unwrap()
+    };
+    let (a, b) = (files(b"a"), files(b"b"));
+    for (ids, f) in [(&["wf", "wf2"][..], &a), (&["wf"][..], &b)] {
+        let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+        store
+            .deploy(&Deployment {
+                workflow_ids: &ids,
+                files: f,
+                deployed_by: None,
+                source: None,
+                deployed_at: "2026-12-05T09:00:00.000000Z",
+            })
+            .unwrap();
+    }
+    let wf1 = store.workflow_version("wf", Some(1)).unwrap().unwrap();
+    // A version named with another digest is not removed.
+    let mut wrong = wf1.clone();
+    wrong.digest = b.digest.clone();
+    assert_eq!(store.remove_versions(&[wrong]).unwrap(), 0);
+    assert_eq!(
+        store.remove_versions(std::slice::from_ref(&wf1)).unwrap(),
+        1
+    );
+    assert_eq!(store.workflow_version("wf", Some(1)).unwrap(), None);
+    // wf2 v1 still names a's files.
+    assert_eq!(store.bundle_files(&a.digest).unwrap(), a.files);
+    let wf2 = store.workflow_version("wf2", Some(1)).unwrap().unwrap();
+    assert_eq!(store.remove_versions(&[wf2]).unwrap(), 1);
+    assert!(store.bundle_files(&a.digest).unwrap().is_empty());
+    assert_eq!(store.bundle_files(&b.digest).unwrap(), b.files);
+    assert_eq!(
+        store.workflow_version("wf", None).unwrap().unwrap().version,
+        2
+    );
+    Verdict::Passed
+}
+
+/// Deployments from two handles at once (two processes, where the store
+/// can be opened twice) get distinct, consecutive versions, and every
+/// version names files the store keeps.
+pub fn concurrent_deployments_get_distinct_versions(h: &dyn Harness, dir: &Path) -> Verdict {
+    use crate::bundles::{BundleFile, BundleFiles};
+    use crate::Deployment;
+    let store = h.open(dir);
     let other = if h.reopens() {
         h.open(dir)
     } else {
         store.clone()
     };
+    let ids = vec!["wf".to_string()];
     std::thread::scope(|s| {
-        for (store, version) in [(&store, &v1), (&other, &v2)] {
+        for (side, store) in [(0u8, &store), (1u8, &other)] {
+            let ids = &ids;
             s.spawn(move || {
-                for _ in 0..20 {
+                for i in 0..10u8 {
+                    let files = BundleFiles::new(vec![BundleFile {
+                        path: "flow.json".into(),
+                        bytes: vec![side, i],
+                    }])
+                    .unwrap();
                     store
-                        .put_bundle_files(&ids(&["wf", "wf2"]), "/a".as_ref(), version)
+                        .deploy(&Deployment {
+                            workflow_ids: ids,
+                            files: &files,
+                            deployed_by: None,
+                            source: None,
+                            deployed_at: "2026-12-05T09:00:00.000000Z",
+                        })
                         .unwrap();
                 }
             });
         }
     });
-    for id in ["wf", "wf2"] {
-        let digest = store.bundle_digest(id).unwrap().unwrap();
-        assert!(!store.bundle_files(&digest).unwrap().is_empty(), "{id}");
+    let versions = store.workflow_versions(Some("wf")).unwrap();
+    let numbers: Vec<u32> = versions.iter().map(|v| v.version).collect();
+    assert_eq!(numbers, (1..=20).collect::<Vec<_>>());
+    for v in &versions {
+        assert!(
+            !store.bundle_files(&v.digest).unwrap().is_empty(),
+            "v{}",
+            v.version
+        );
     }
+    Verdict::Passed
+}
+
+/// Runs are counted by the version they name and their status.
+pub fn runs_are_counted_by_version(h: &dyn Harness, dir: &Path) -> Verdict {
+    let store = h.open(dir);
+    let mut a = super::fixtures::run("a", "wf");
+    a.workflow_version = Some(1);
+    let mut b = super::fixtures::run("b", "wf");
+    b.workflow_version = Some(1);
+    let mut c = super::fixtures::run("c", "wf");
+    c.workflow_version = Some(2);
+    c.status = RunStatus::Completed;
+    c.current_node = None;
+    c.updated_at = "2026-11-30T10:00:00.000000Z".into();
+    let legacy = super::fixtures::run("d", "wf");
+    let other = super::fixtures::run("e", "other");
+    for r in [&a, &b, &c, &legacy, &other] {
+        store.create_if_absent(r).unwrap();
+    }
+    let used = store.version_use("wf").unwrap();
+    let got: Vec<(Option<u32>, RunStatus, u64)> =
+        used.iter().map(|u| (u.version, u.status, u.runs)).collect();
+    assert_eq!(
+        got,
+        [
+            (None, RunStatus::Running, 1),
+            (Some(1), RunStatus::Running, 2),
+            (Some(2), RunStatus::Completed, 1)
+        ]
+    );
+    assert_eq!(used[2].last_updated, "2026-11-30T10:00:00.000000Z");
+    assert_eq!(
+        store.load_run("a").unwrap().unwrap().workflow_version,
+        Some(1)
+    );
     Verdict::Passed
 }
 
@@ -985,11 +1108,28 @@ pub fn a_reopened_store_has_everything(h: &dyn Harness, dir: &Path) -> Verdict {
         .create_if_absent(&waiting(run("r1", "wf"), WaitReason::User, "k", None))
         .unwrap();
     store.append_records(&[record("r1", 1, None)]).unwrap();
-    store.put_bundle("wf", "/x".as_ref()).unwrap();
+    let files = crate::bundles::BundleFiles::new(vec![crate::bundles::BundleFile {
+        path: "flow.json".into(),
+        bytes: b"{}".to_vec(),
+    }])
+    .unwrap();
+    store
+        .deploy(&crate::Deployment {
+            workflow_ids: &["wf".to_string()],
+            files: &files,
+            deployed_by: None,
+            source: None,
+            deployed_at: "2026-12-05T09:00:00.000000Z",
+        })
+        .unwrap();
     let again = h.open(dir);
     assert_eq!(again.load_run("r1").unwrap(), store.load_run("r1").unwrap());
     assert_eq!(again.list_records("r1").unwrap().len(), 1);
-    assert_eq!(again.bundle_dir("wf").unwrap(), Some("/x".into()));
+    assert_eq!(
+        again.workflow_version("wf", None).unwrap().unwrap().digest,
+        files.digest
+    );
+    assert_eq!(again.bundle_files(&files.digest).unwrap(), files.files);
     // Two objects on one store see each other's new runs, and each other's
     // leases.
     again.create_if_absent(&run("r2", "wf")).unwrap();

@@ -17,6 +17,7 @@ pub fn run(id: &str, workflow: &str) -> RunState {
         version: 1,
         run_id: id.into(),
         workflow_id: workflow.into(),
+        workflow_version: None,
         status: RunStatus::Running,
         current_node: Some("a".into()),
         vars: serde_json::from_value(json!({"n": 1})).expect("an object"),
