@@ -1213,6 +1213,112 @@ fn runs_of_a_host_killed_on_another_machine_finish_here_once_its_leases_lapse() 
 }
 
 /// Each race on SQLite and on PostgreSQL.
+/// A flow `raced` that asks a person, then completes with `{"v": tag}`.
+fn raced_flow(tag: u32) -> Value {
+    json!({"workflow_id": "raced", "entry": "ask", "nodes": {
+        "ask": {"effect": "ask_user", "payload": {"prompt": "go?"}, "next": "done"},
+        "done": {"complete": {"v": tag}}}})
+}
+
+/// Six `stepwell deploy` processes of six contents of one workflow at once:
+/// versions 1 to 6, one per content, none lost or doubled.
+fn deploys_racing_in_processes_get_distinct_versions(b: Backend) {
+    let db = Db::new(b);
+    let dirs: Vec<PathBuf> = (1..=6)
+        .map(|i| {
+            stepwell_tests::write_bundle(
+                db.dir.path(),
+                &format!("raced-{i}"),
+                &[("flow.json", raced_flow(i))],
+            )
+        })
+        .collect();
+    let procs: Vec<Child> = dirs
+        .iter()
+        .map(|d| db.spawn(&["--json", "deploy", d.to_str().unwrap()]))
+        .collect();
+    for p in procs {
+        let out = p.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    let rt = db.runtime();
+    let versions = rt.store().workflow_versions(Some("raced")).unwrap();
+    let numbers: Vec<u32> = versions.iter().map(|v| v.version).collect();
+    assert_eq!(numbers, [1, 2, 3, 4, 5, 6]);
+    let mut digests: Vec<&str> = versions.iter().map(|v| v.digest.as_str()).collect();
+    digests.sort();
+    digests.dedup();
+    assert_eq!(digests.len(), 6, "one version per content");
+    // Each version runs its own content.
+    let mut outputs: Vec<i64> = versions
+        .iter()
+        .map(|v| {
+            let run = rt
+                .run(
+                    "raced",
+                    StartOptions {
+                        workflow_version: Some(v.version),
+                        ..StartOptions::default()
+                    },
+                )
+                .unwrap();
+            let key = run.waiting.unwrap().wait_key;
+            let done = rt.resume(&run.run_id, &key, json!({})).unwrap();
+            done.output.unwrap()["v"].as_i64().unwrap()
+        })
+        .collect();
+    outputs.sort();
+    assert_eq!(outputs, [1, 2, 3, 4, 5, 6]);
+}
+
+/// A `resume` and an `upgrade` of one waiting run, in two processes at
+/// once: the run ends whole on one version. Upgraded first, it completes
+/// on v2 with the `upgraded` record; resumed first, it completes on v1 and
+/// the upgrade is refused (the run has ended) or lost the race (conflict).
+fn an_upgrade_racing_a_resume_lands_whole(b: Backend) {
+    let db = Db::new(b);
+    let dir = stepwell_tests::write_bundle(db.dir.path(), "raced", &[("flow.json", raced_flow(1))]);
+    let rt = db.runtime();
+    rt.deploy(&dir, None).unwrap();
+    let ids: Vec<String> = (0..12)
+        .map(|_| rt.run("raced", StartOptions::default()).unwrap().run_id)
+        .collect();
+    stepwell_tests::write_bundle(db.dir.path(), "raced", &[("flow.json", raced_flow(2))]);
+    rt.deploy(&dir, None).unwrap();
+    let mut upgraded_first = 0;
+    for id in &ids {
+        let resume = db.spawn(&["--json", "resume", id, "--payload", "{}"]);
+        let upgrade = db.spawn(&["--json", "upgrade", id, "--to", "2"]);
+        let resumed = resume.wait_with_output().unwrap();
+        let upgraded = upgrade.wait_with_output().unwrap();
+        assert!(resumed.status.success(), "{id}: {resumed:?}");
+        let run = rt.get_state(id).unwrap();
+        assert_eq!(run.status, RunStatus::Completed, "{id}");
+        let ledger = rt.get_ledger(id).unwrap();
+        let moved = count_results(&ledger, "upgraded");
+        if upgraded.status.success() {
+            let u: Value = serde_json::from_slice(&upgraded.stdout).unwrap();
+            assert_eq!(u["moved"], true, "{id}: {u}");
+            assert_eq!(moved, 1, "{id}");
+            assert_eq!(run.workflow_version, Some(2), "{id}");
+            assert_eq!(run.output, Some(json!({"v": 2})), "{id}");
+            upgraded_first += 1;
+        } else {
+            let err: Value = serde_json::from_slice(&upgraded.stderr).unwrap();
+            let code = err["error"]["code"].as_str().unwrap();
+            assert!(code == "invalid_input" || code == "conflict", "{id}: {err}");
+            assert_eq!(moved, 0, "{id}");
+            assert_eq!(run.workflow_version, Some(1), "{id}");
+            assert_eq!(run.output, Some(json!({"v": 1})), "{id}");
+        }
+        assert!(stepwell::store::verify_chain(&ledger).is_ok(), "{id}");
+    }
+    eprintln!(
+        "{upgraded_first} of {} upgraded before their resume",
+        ids.len()
+    );
+}
+
 mod on {
     macro_rules! both {
         ($($name:ident),* $(,)?) => {
@@ -1237,6 +1343,8 @@ mod on {
         a_driver_killed_mid_run_leaves_it_to_another_with_no_step_done_twice,
         a_stalled_driver_loses_its_run_when_the_lease_lapses_and_cannot_commit_after,
         a_cancel_from_another_process_is_not_overwritten_by_the_driver,
-        a_run_started_beside_a_driver_is_executed_once
+        a_run_started_beside_a_driver_is_executed_once,
+        deploys_racing_in_processes_get_distinct_versions,
+        an_upgrade_racing_a_resume_lands_whole,
     );
 }

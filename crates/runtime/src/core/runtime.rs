@@ -1025,6 +1025,7 @@ impl Runtime {
             Hook::Written(v) => v,
             Hook::ClaimFirst => return Ok(Attempt::ClaimFirst),
         };
+        let ended_key = wait.wait_key.clone();
         let record = self.end_wait_with(&mut run, payload, written, "resumed", cause);
         super::keys::count_data(&mut run, size as u64);
         if !tick && depth > 0 {
@@ -1049,12 +1050,15 @@ impl Runtime {
                 refuse(e)
             }
             // Lost before the resume landed: it did not happen. If the run
-            // did not change (someone only holds its lease), the caller
-            // may wait for the lease and try again.
+            // did not change (someone only holds its lease), or changed
+            // but still waits on the same wait (an upgrade moved it), the
+            // caller may wait for the lease and try again.
             Err(Error::Conflict { .. }) if txn.commits == 0 => {
                 drop(txn);
                 let now = self.get_state(run_id)?;
-                if optimistic && now.version == read_version {
+                let same_wait = now.status == RunStatus::Waiting
+                    && now.waiting.as_ref().map(|w| &w.wait_key) == Some(&ended_key);
+                if optimistic && (now.version == read_version || same_wait) {
                     Ok(Attempt::ClaimFirst)
                 } else {
                     Err(stale(run_id, "Run is not waiting".into()))
