@@ -1531,3 +1531,77 @@ fn the_dashboard_works_in_a_real_browser() {
         shots.display()
     );
 }
+
+/// Deployments over HTTP: a packed bundle uploaded (201, then 200
+/// unchanged), another by a path the server reads; the workflows and
+/// their versions listed; a run started by id is pinned; a damaged
+/// archive is refused, naming why, and deploys nothing.
+#[test]
+fn bundles_are_deployed_and_listed_over_http() {
+    let s = Served::start(&["--max-body-bytes", "4000000"]);
+    let packed = s.dir.path().join("ask.flow");
+    let out = std::process::Command::new(stepwell_tests::stepwell_binary())
+        .args(["--store", "memory", "bundle", "pack"])
+        .arg(stepwell_tests::example("ask-user"))
+        .arg("-o")
+        .arg(&packed)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let bytes = std::fs::read(&packed).unwrap();
+    let upload = |bytes: &[u8]| {
+        let mut r = s
+            .agent
+            .post(format!("{}/v1/deployments", s.url))
+            .header("Authorization", format!("Bearer {}", s.token))
+            .header("Content-Type", "application/zip")
+            .send(bytes)
+            .unwrap();
+        let status = r.status().as_u16();
+        let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        (status, v)
+    };
+    let (status, first) = upload(&bytes);
+    assert_eq!(status, 201, "{first}");
+    assert_eq!(first["items"][0]["version"]["version"], 1, "{first}");
+    let (status, again) = upload(&bytes);
+    assert_eq!(
+        (status, &again["unchanged"]),
+        (200, &json!(true)),
+        "{again}"
+    );
+    let mut damaged = bytes.clone();
+    let at = damaged.len() / 2;
+    damaged[at] ^= 0xff;
+    let (status, bad) = upload(&damaged);
+    assert_eq!(status, 400, "{bad}");
+    assert_eq!(bad["error"]["code"], "invalid_definition", "{bad}");
+    let (status, by_path) = s.post(
+        "/v1/deployments",
+        json!({"path": stepwell_tests::example("hello"), "deployed_by": "ops"}),
+    );
+    assert_eq!(status, 201, "{by_path}");
+    let listed = s.ok("/v1/workflows");
+    let ids: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["workflow_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["ask-user", "hello"], "{listed}");
+    assert_eq!(listed["items"][1]["latest"]["deployed_by"], "ops");
+    let (status, run) = s.post("/v1/runs", json!({"workflow_id": "ask-user"}));
+    assert_eq!(status, 201, "{run}");
+    assert_eq!(run["workflow_version"], 1, "{run}");
+    let versions = s.ok("/v1/workflows/ask-user/versions");
+    assert_eq!(
+        versions["versions"][0]["runs"],
+        json!({"waiting": 1}),
+        "{versions}"
+    );
+    let (status, missing) = s.get("/v1/workflows/nope/versions");
+    assert_eq!(status, 404, "{missing}");
+    // Unauthenticated: refused.
+    let (status, _) = s.call("GET", "/v1/workflows", None, None);
+    assert_eq!(status, 401);
+}

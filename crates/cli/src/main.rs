@@ -95,6 +95,11 @@ enum Command {
     /// Move runs to another version of their workflow, checked and
     /// recorded (`upgraded` in the ledger).
     Upgrade(cli::workflows::UpgradeArgs),
+    /// Pack a bundle directory into one file, or unpack one.
+    Bundle {
+        #[command(subcommand)]
+        command: cli::workflows::BundleCommand,
+    },
     /// Resume a waiting run with a payload.
     Resume(cli::runs::ResumeArgs),
     /// Print a run's state.
@@ -202,6 +207,7 @@ fn on_runtime(rt: Runtime, host: &Host, command: Command, sink: &Sink) -> Result
         Command::Deploy(args) => cli::workflows::deploy(&rt, args),
         Command::Workflows { command } => cli::workflows::run(&rt, command),
         Command::Upgrade(args) => cli::workflows::upgrade(&rt, args),
+        Command::Bundle { command } => cli::workflows::bundle(&rt, command),
         Command::Resume(args) => cli::runs::resume(&rt, args),
         Command::Status { run_id } => Ok(Report::run(&rt.get_state(&run_id)?)),
         Command::Ledger(args) => cli::ledger::run(&rt, args, sink),

@@ -247,6 +247,9 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             post(automations_discuss),
         )
         .route("/v1/quarantined", get(quarantined_list))
+        .route("/v1/workflows", get(workflows_list))
+        .route("/v1/workflows/{id}/versions", get(workflow_versions))
+        .route("/v1/deployments", post(deploy))
         .route("/v1/triggers", get(triggers_list))
         .route("/v1/triggers/{source}/validate", post(triggers_validate))
         .route("/v1/triggers/{source}/preview", post(triggers_preview))
@@ -1325,6 +1328,71 @@ async fn quarantined_list(State(s): S) -> ApiResult {
     })
     .await
     .map(ok)
+}
+
+async fn workflows_list(State(s): S) -> ApiResult {
+    read(move || Ok(json!({"items": s.rt.deployed_workflows()?})))
+        .await
+        .map(ok)
+}
+
+async fn workflow_versions(State(s): S, Path(id): Path<String>) -> ApiResult {
+    read(move || Ok(json!(s.rt.workflow_versions(&id)?)))
+        .await
+        .map(ok)
+}
+
+/// A deployment by path: a bundle directory or packed bundle the server
+/// can read.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeployPath {
+    path: String,
+    deployed_by: Option<String>,
+}
+
+/// `POST /v1/deployments`: a packed bundle as the body (`Content-Type:
+/// application/zip`), or `{"path": ...}` naming one the server can read.
+async fn deploy(State(s): S, req: Request) -> ApiResult {
+    let zip = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/zip"));
+    let deployed = if zip {
+        let body = s.bodies.read(req.into_body()).await?;
+        blocking(move || {
+            s.rt.deploy_archive(&body.bytes, None, "POST /v1/deployments")
+        })
+        .await?
+    } else {
+        let Body(b) = Body::<DeployPath>::from_request(req, &s).await?;
+        blocking(move || {
+            let path = std::path::Path::new(&b.path);
+            let by = b.deployed_by.as_deref();
+            if path.is_file() {
+                let bytes = std::fs::read(path)
+                    .map_err(|e| Error::invalid("body.path", format!("{}: {e}", b.path)))?;
+                s.rt.deploy_archive(&bytes, by, &b.path)
+            } else {
+                Ok(s.rt.deploy(path, by)?.workflows)
+            }
+        })
+        .await?
+    };
+    let unchanged = deployed.iter().all(|d| d.unchanged);
+    let items: Vec<Value> = deployed
+        .iter()
+        .map(|d| {
+            json!({"workflow_id": d.version.workflow_id, "version": d.version,
+                         "unchanged": d.unchanged})
+        })
+        .collect();
+    let answer = json!({"unchanged": unchanged, "items": items});
+    Ok(if unchanged {
+        ok(answer)
+    } else {
+        created(answer)
+    })
 }
 
 async fn tools_list(State(s): S) -> ApiResult {

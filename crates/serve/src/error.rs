@@ -48,6 +48,7 @@ impl ApiError {
             "run_not_found"
             | "automation_not_found"
             | "unknown_workflow"
+            | "unknown_version"
             | "not_found"
             | "occurrence_not_found"
             | "connection_not_found"
@@ -57,6 +58,7 @@ impl ApiError {
             | "identity_conflict"
             | "revision_conflict"
             | "quarantined"
+            | "upgrade_incompatible"
             | "connection_disabled" => StatusCode::CONFLICT,
             "invalid_input"
             | "invalid_definition"

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use clap::Subcommand;
 use serde_json::json;
 use stepwell::core::versions::UpgradeTo;
-use stepwell::store::WorkflowVersion;
 use stepwell::{Error, Runtime};
 
 use super::render::Report;
@@ -14,31 +13,69 @@ use super::render::Report;
 /// What `stepwell deploy` was asked.
 #[derive(clap::Args)]
 pub(crate) struct DeployArgs {
-    /// The bundle directory (holding flow.json).
+    /// The bundle directory (holding flow.json), or a packed bundle
+    /// (`stepwell bundle pack`).
     path: PathBuf,
     /// Who deploys (recorded with the version).
     #[arg(long, env = "USER", hide_env_values = true)]
     by: Option<String>,
 }
 
-/// `stepwell deploy`: records the bundle as a new version of each
-/// workflow it defines (nothing when its content is unchanged).
+/// `stepwell deploy`: records the bundle (a directory, or a packed
+/// `.flow` file) as a new version of each workflow it defines (nothing
+/// when its content is unchanged).
 pub(crate) fn deploy(rt: &Runtime, args: DeployArgs) -> Result<Report, Error> {
-    let d = rt.deploy(&args.path, args.by.as_deref())?;
-    let workflows: Vec<_> = d
-        .workflows
+    let by = args.by.as_deref();
+    let (deployed, digest) = if args.path.is_file() {
+        let bytes = read_archive(&args.path)?;
+        let source = args.path.to_string_lossy();
+        let deployed = rt.deploy_archive(&bytes, by, &source)?;
+        let digest = deployed
+            .first()
+            .map(|d| d.version.digest.clone())
+            .unwrap_or_default();
+        (deployed, digest)
+    } else {
+        let d = rt.deploy(&args.path, by)?;
+        (d.workflows, d.digest)
+    };
+    Ok(deployed_report(&deployed, &digest))
+}
+
+/// The bytes of the packed bundle at `path` (at most the most a bundle
+/// may hold, plus room for the archive's own records).
+fn read_archive(path: &std::path::Path) -> Result<Vec<u8>, Error> {
+    let limit = stepwell::flow::archive::MAX_BUNDLE_BYTES + (16 << 20);
+    let unreadable = |e: std::io::Error| Error::invalid("path", format!("{}: {e}", path.display()));
+    let size = std::fs::metadata(path).map_err(unreadable)?.len();
+    if size > limit {
+        return Err(Error::invalid(
+            "path",
+            format!(
+                "{}: {size} bytes, over the {limit} a bundle archive may have",
+                path.display()
+            ),
+        ));
+    }
+    std::fs::read(path).map_err(unreadable)
+}
+
+/// What a deployment recorded, as a report.
+fn deployed_report(deployed: &[stepwell::store::Deployed], digest: &str) -> Report {
+    let workflows: Vec<_> = deployed
         .iter()
         .map(|w| {
             json!({"workflow_id": w.version.workflow_id, "version": w.version.version,
                          "unchanged": w.unchanged})
         })
         .collect();
+    let unchanged = deployed.iter().all(|w| w.unchanged);
     let mut report = Report::pretty(&json!({
-        "digest": d.digest,
-        "unchanged": d.unchanged(),
+        "digest": digest,
+        "unchanged": unchanged,
         "workflows": workflows,
     }));
-    for w in &d.workflows {
+    for w in deployed {
         report.push(format!(
             "{}  version {}{}",
             w.version.workflow_id,
@@ -50,8 +87,74 @@ pub(crate) fn deploy(rt: &Runtime, args: DeployArgs) -> Result<Report, Error> {
             }
         ));
     }
-    report.push(format!("digest {}", d.digest));
-    Ok(report)
+    report.push(format!("digest {digest}"));
+    report
+}
+
+/// The `bundle` subcommands.
+#[derive(Subcommand)]
+pub(crate) enum BundleCommand {
+    /// Pack a bundle directory into one file (a zip of a manifest and the
+    /// files a deployment keeps), to deploy where there is no checkout.
+    Pack {
+        /// The bundle directory.
+        dir: PathBuf,
+        /// The file to write (NAME.flow).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Unpack a packed bundle into a new directory.
+    Unpack {
+        /// The packed bundle.
+        file: PathBuf,
+        /// The directory to create.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+}
+
+/// Packs or unpacks a bundle.
+pub(crate) fn bundle(rt: &Runtime, command: BundleCommand) -> Result<Report, Error> {
+    let io = |path: &std::path::Path, e: std::io::Error| {
+        Error::invalid("output", format!("{}: {e}", path.display()))
+    };
+    match command {
+        BundleCommand::Pack { dir, output } => {
+            let bytes = rt.pack_bundle(&dir)?;
+            let (manifest, _) =
+                stepwell::flow::pack::unpack(&bytes).map_err(|e| Error::invalid("dir", e))?;
+            std::fs::write(&output, &bytes).map_err(|e| io(&output, e))?;
+            Ok(Report::pretty(&manifest).line(format!(
+                "packed {} ({} files, {} bytes, digest {}) into {}",
+                manifest.workflows.join(", "),
+                manifest.files.len(),
+                bytes.len(),
+                manifest.digest,
+                output.display()
+            )))
+        }
+        BundleCommand::Unpack { file, output } => {
+            let bytes = read_archive(&file)?;
+            let (manifest, files) = stepwell::flow::pack::unpack(&bytes)
+                .map_err(|e| Error::invalid("file", format!("{}: {e}", file.display())))?;
+            // A new directory: nothing of someone else's is overwritten.
+            std::fs::create_dir(&output).map_err(|e| io(&output, e))?;
+            for f in &files.files {
+                let path = output.join(&f.path);
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+                }
+                std::fs::write(&path, &f.bytes).map_err(|e| io(&path, e))?;
+            }
+            Ok(Report::pretty(&manifest).line(format!(
+                "unpacked {} ({} files, digest {}) into {}",
+                manifest.workflows.join(", "),
+                files.files.len(),
+                manifest.digest,
+                output.display()
+            )))
+        }
+    }
 }
 
 /// The `workflows` subcommands.
@@ -114,84 +217,58 @@ pub(crate) fn run(rt: &Runtime, command: WorkflowCommand) -> Result<Report, Erro
 
 /// `workflows list`.
 fn list(rt: &Runtime) -> Result<Report, Error> {
-    let all = rt.store().workflow_versions(None)?;
-    let mut rows: Vec<(&WorkflowVersion, usize)> = Vec::new();
-    for v in &all {
-        match rows.last_mut() {
-            Some((latest, n)) if latest.workflow_id == v.workflow_id => {
-                *latest = v;
-                *n += 1;
-            }
-            _ => rows.push((v, 1)),
-        }
-    }
-    let json: Vec<_> = rows
-        .iter()
-        .map(|(v, n)| json!({"workflow_id": v.workflow_id, "latest": v, "versions": n}))
-        .collect();
-    let mut report = Report::pretty(&json);
-    for (v, n) in &rows {
+    let all = rt.deployed_workflows()?;
+    let mut report = Report::pretty(&all);
+    for w in &all {
         report.push(format!(
-            "{}  latest version {} (deployed {}{})  {n} version(s)",
-            v.workflow_id,
-            v.version,
-            v.deployed_at,
-            v.deployed_by
-                .as_deref()
-                .map(|b| format!(" by {b}"))
-                .unwrap_or_default()
+            "{}  latest version {} (deployed {}{})  {} version(s)",
+            w.workflow_id,
+            w.latest.version,
+            w.latest.deployed_at,
+            by(&w.latest),
+            w.versions
         ));
     }
-    if rows.is_empty() {
+    if all.is_empty() {
         report.push("no workflow is deployed (stepwell deploy PATH)");
     }
     Ok(report)
 }
 
-/// `workflows versions ID` (and `show ID`).
-fn versions(rt: &Runtime, workflow_id: &str) -> Result<Report, Error> {
-    let versions = rt.store().workflow_versions(Some(workflow_id))?;
-    if versions.is_empty() {
-        return Err(Error::UnknownWorkflow {
-            workflow_id: workflow_id.to_string(),
-        });
-    }
-    let uses = rt.store().version_use(workflow_id)?;
-    let runs_of = |v: Option<u32>| {
-        let mut m = serde_json::Map::new();
-        for u in uses.iter().filter(|u| u.version == v) {
-            m.insert(u.status.as_str().into(), json!(u.runs));
-        }
-        m
-    };
-    let mut json = Vec::new();
-    let mut lines = Vec::new();
-    for v in &versions {
-        let runs = runs_of(Some(v.version));
-        json.push(json!({"version": v, "runs": runs}));
-        lines.push(format!(
-            "{} version {}  digest {}  deployed {}{}  runs: {}",
-            v.workflow_id,
-            v.version,
-            &v.digest[..12],
-            v.deployed_at,
-            v.deployed_by
-                .as_deref()
-                .map(|b| format!(" by {b}"))
-                .unwrap_or_default(),
-            counts(&runs)
-        ));
-    }
-    let unpinned = runs_of(None);
-    if !unpinned.is_empty() {
-        lines.push(format!("unpinned runs (the latest): {}", counts(&unpinned)));
-    }
-    let doc = json!({"workflow_id": workflow_id, "versions": json, "unpinned_runs": unpinned});
-    Ok(Report::pretty(&doc).lines(lines))
+/// ` by NAME`, or nothing.
+fn by(v: &stepwell::store::WorkflowVersion) -> String {
+    v.deployed_by
+        .as_deref()
+        .map(|b| format!(" by {b}"))
+        .unwrap_or_default()
 }
 
-/// `status: n, ...`, or `none`.
-fn counts(m: &serde_json::Map<String, serde_json::Value>) -> String {
+/// `workflows versions ID` (and `show ID`).
+fn versions(rt: &Runtime, workflow_id: &str) -> Result<Report, Error> {
+    let r = rt.workflow_versions(workflow_id)?;
+    let mut report = Report::pretty(&r);
+    for v in &r.versions {
+        report.push(format!(
+            "{} version {}  digest {}  deployed {}{}  runs: {}",
+            r.workflow_id,
+            v.version.version,
+            &v.version.digest[..12],
+            v.version.deployed_at,
+            by(&v.version),
+            counts(&v.runs)
+        ));
+    }
+    if !r.unpinned_runs.is_empty() {
+        report.push(format!(
+            "unpinned runs (the latest): {}",
+            counts(&r.unpinned_runs)
+        ));
+    }
+    Ok(report)
+}
+
+/// `n status, ...`, or `none`.
+fn counts(m: &std::collections::BTreeMap<String, u64>) -> String {
     if m.is_empty() {
         return "none".into();
     }

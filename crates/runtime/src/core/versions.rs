@@ -6,7 +6,7 @@
 //! Every host loads a version's code from the files the store keeps (never
 //! from the directory it was deployed from), compiled once per digest.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,6 +76,38 @@ pub struct Upgrade {
     pub moved: bool,
 }
 
+/// A deployed workflow: its latest version and how many it has.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WorkflowSummary {
+    /// The workflow id.
+    pub workflow_id: String,
+    /// Its latest version.
+    pub latest: WorkflowVersion,
+    /// How many versions the store keeps.
+    pub versions: usize,
+}
+
+/// One version of a workflow and its runs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct VersionRuns {
+    /// The version.
+    pub version: WorkflowVersion,
+    /// Its runs by status (`waiting: 2`, ...).
+    pub runs: BTreeMap<String, u64>,
+}
+
+/// Every version of a workflow with its runs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct VersionReport {
+    /// The workflow id.
+    pub workflow_id: String,
+    /// Its versions, oldest first.
+    pub versions: Vec<VersionRuns>,
+    /// Its runs that name no version (started before versions were
+    /// recorded), by status.
+    pub unpinned_runs: BTreeMap<String, u64>,
+}
+
 /// How long an upgrade waits for a run another thread or host executes.
 const UPGRADE_WAIT: Duration = Duration::from_secs(5);
 
@@ -88,7 +120,45 @@ impl Runtime {
     pub fn deploy(&self, dir: &Path, by: Option<&str>) -> Result<Deployment> {
         let kinds = self.effects().kinds();
         let bundle = flow::load_bundle(dir, self.engine(), &kinds)?;
-        for wf in &bundle.workflows {
+        let files = flow::archive::collect(&bundle)?;
+        let source = bundle.dir.to_string_lossy().into_owned();
+        let workflows = self.deploy_files(&files, by, &source)?;
+        Ok(Deployment {
+            bundle,
+            digest: files.digest,
+            workflows,
+        })
+    }
+
+    /// Deploys the packed bundle `archive` (a `.flow` file's bytes, see
+    /// [`flow::pack`]); `source` says where it came from. The bundle is
+    /// loaded from the archive's files, checked against their digest.
+    pub fn deploy_archive(
+        &self,
+        archive: &[u8],
+        by: Option<&str>,
+        source: &str,
+    ) -> Result<Vec<Deployed>> {
+        let (_, files) = flow::pack::unpack(archive).map_err(|why| {
+            Error::Flow(flow::FlowError {
+                path: PathBuf::from(source),
+                field: String::new(),
+                message: why,
+            })
+        })?;
+        self.deploy_files(&files, by, source)
+    }
+
+    /// Records `files` as a deployment: loaded (validated and compiled)
+    /// from memory first, so what is stored is what was validated.
+    fn deploy_files(
+        &self,
+        files: &BundleFiles,
+        by: Option<&str>,
+        source: &str,
+    ) -> Result<Vec<Deployed>> {
+        let kept = self.bundle_of_files(files)?;
+        for wf in &kept.workflows {
             if let Some(reserved) = self.plugins_reserved(&wf.workflow_id) {
                 return Err(Error::Flow(flow::FlowError {
                     path: wf.source.clone(),
@@ -97,31 +167,37 @@ impl Runtime {
                 }));
             }
         }
+        let ids: Vec<String> = kept
+            .workflows
+            .iter()
+            .map(|w| w.workflow_id.clone())
+            .collect();
+        let workflows = self.store().deploy(&StoreDeployment {
+            workflow_ids: &ids,
+            files,
+            deployed_by: by,
+            source: Some(source),
+            deployed_at: &super::clock::format_time(self.now()),
+        })?;
+        for d in &workflows {
+            self.pin(&d.version, &kept);
+        }
+        Ok(workflows)
+    }
+
+    /// The packed bundle (`.flow`, [`flow::pack`]) of the bundle at `dir`,
+    /// validated and compiled first.
+    pub fn pack_bundle(&self, dir: &Path) -> Result<Vec<u8>> {
+        let kinds = self.effects().kinds();
+        let bundle = flow::load_bundle(dir, self.engine(), &kinds)?;
         let files = flow::archive::collect(&bundle)?;
-        // What is stored is what was validated: the kept files, loaded
-        // again from memory (their components are compiled already).
         let kept = self.bundle_of_files(&files)?;
         let ids: Vec<String> = kept
             .workflows
             .iter()
             .map(|w| w.workflow_id.clone())
             .collect();
-        let source = bundle.dir.to_string_lossy();
-        let workflows = self.store().deploy(&StoreDeployment {
-            workflow_ids: &ids,
-            files: &files,
-            deployed_by: by,
-            source: Some(&source),
-            deployed_at: &super::clock::format_time(self.now()),
-        })?;
-        for d in &workflows {
-            self.pin(&d.version, &kept);
-        }
-        Ok(Deployment {
-            bundle,
-            digest: files.digest,
-            workflows,
-        })
+        Ok(flow::pack::pack(&files, &ids))
     }
 
     /// Deploys the bundle at `dir` ([`Runtime::deploy`]) and returns it as
@@ -331,6 +407,54 @@ impl Runtime {
             Some(row) => Ok(Some((self.load_version(&row)?, Some(row.version)))),
             None => Ok(None),
         }
+    }
+
+    /// Every deployed workflow with its latest version, by id.
+    pub fn deployed_workflows(&self) -> Result<Vec<WorkflowSummary>> {
+        let mut out: Vec<WorkflowSummary> = Vec::new();
+        for v in self.store().workflow_versions(None)? {
+            match out.last_mut() {
+                Some(w) if w.workflow_id == v.workflow_id => {
+                    w.versions += 1;
+                    w.latest = v;
+                }
+                _ => out.push(WorkflowSummary {
+                    workflow_id: v.workflow_id.clone(),
+                    latest: v,
+                    versions: 1,
+                }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every version of `workflow_id` with its runs by status
+    /// (`unknown_workflow` if none is deployed).
+    pub fn workflow_versions(&self, workflow_id: &str) -> Result<VersionReport> {
+        let versions = self.store().workflow_versions(Some(workflow_id))?;
+        if versions.is_empty() {
+            return Err(Error::UnknownWorkflow {
+                workflow_id: workflow_id.to_string(),
+            });
+        }
+        let uses = self.store().version_use(workflow_id)?;
+        let runs_of = |v: Option<u32>| {
+            uses.iter()
+                .filter(|u| u.version == v)
+                .map(|u| (u.status.as_str().to_string(), u.runs))
+                .collect::<BTreeMap<_, _>>()
+        };
+        Ok(VersionReport {
+            workflow_id: workflow_id.to_string(),
+            versions: versions
+                .into_iter()
+                .map(|v| VersionRuns {
+                    runs: runs_of(Some(v.version)),
+                    version: v,
+                })
+                .collect(),
+            unpinned_runs: runs_of(None),
+        })
     }
 
     /// Moves `run_id` to another version of its workflow, under the run

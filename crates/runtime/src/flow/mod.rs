@@ -7,6 +7,7 @@
 //! starts). Components are named by paths relative to the flow file.
 
 pub mod archive;
+pub mod pack;
 pub mod template;
 
 use std::collections::{BTreeMap, HashMap};
