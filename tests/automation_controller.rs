@@ -1094,3 +1094,64 @@ fn the_controller_cannot_be_started_on_its_own() {
         assert!(e.to_string().contains("automations create"), "{e}");
     }
 }
+
+/// An automation's target pinned to a version runs every occurrence on
+/// it, whatever is deployed since; a revise can move the pin (or drop it:
+/// the latest at each occurrence's start); a pin to a version the store
+/// does not keep is refused at creation.
+#[test]
+fn a_pinned_target_runs_its_version_and_revise_moves_the_pin() {
+    let clock = Arc::new(ManualClock::new(at(T0)));
+    let h = host(Backend::Sqlite, &clock);
+    let flow = |v: u32| json!({"workflow_id": "pinme", "entry": "e", "nodes": {"e": {"complete": {"v": v}}}});
+    let dir = stepwell_tests::write_bundle(h.dir.path(), "pinme", &[("flow.json", flow(1))]);
+    h.rt.deploy(&dir, None).unwrap();
+    stepwell_tests::write_bundle(h.dir.path(), "pinme", &[("flow.json", flow(2))]);
+    h.rt.deploy(&dir, None).unwrap();
+    let mut req = request("pinned", "echo", json!({}));
+    req["target"] = json!({"workflow_id": "pinme", "bundle_ref": dir.display().to_string(),
+                           "flow_id": "pinme", "input_data": {}, "version": 7});
+    let e = create_automation(&h.rt, &req, at(T0), None).unwrap_err();
+    assert!(e.to_string().contains("target.version"), "{e}");
+    req["target"]["version"] = json!(1);
+    let id = create_automation(&h.rt, &req, at(T0), None)
+        .unwrap()
+        .automation_id;
+    drive_until_idle(&h.rt, 100).unwrap();
+    let occurrence = |command_id: &str| {
+        let a = command(&h.rt, &id, "run_now", command_id, T0);
+        assert_eq!(a["status"], "applied", "{a}");
+        drive_until_idle(&h.rt, 100).unwrap();
+        let run_id = stepwell::automation::occurrence_run_id(
+            &id,
+            stepwell::automation::OccurrenceKind::Manual { command_id },
+            1,
+        );
+        let run = h.rt.get_state(&run_id).unwrap();
+        (run.workflow_version, run.output.unwrap()["v"].clone())
+    };
+    assert_eq!(occurrence("one"), (Some(1), json!(1)));
+    let revise = |command_id: &str, version: Value| {
+        let mut target = req["target"].clone();
+        target["version"] = version;
+        apply_automation_command(
+            &h.rt,
+            &Command {
+                automation_id: &id,
+                command_id,
+                command_type: "revise",
+                payload: Some(&json!({"changes": {"target": target}})),
+                ..Command::default()
+            },
+            at(T0),
+        )
+        .unwrap()
+    };
+    assert_eq!(revise("to-9", json!(9))["status"], "rejected");
+    assert_eq!(revise("to-2", json!(2))["status"], "applied");
+    assert_eq!(occurrence("two"), (Some(2), json!(2)));
+    assert_eq!(revise("unpinned", Value::Null)["status"], "applied");
+    stepwell_tests::write_bundle(h.dir.path(), "pinme", &[("flow.json", flow(3))]);
+    h.rt.deploy(&dir, None).unwrap();
+    assert_eq!(occurrence("three"), (Some(3), json!(3)));
+}

@@ -313,12 +313,17 @@ pub fn build_prepared(
         );
         input.insert("occurrence".into(), json!(index));
     }
-    Ok(json!({
+    let mut prepared = json!({
         "workflow_id": definition["target"]["workflow_id"],
         "session_id": session_id,
         "workspace_root": definition["workspace_root"],
         "input_data": input,
-    }))
+    });
+    // A pinned target: the occurrence starts on that deployed version.
+    if let Some(v) = definition["target"].get("version").filter(|v| v.is_u64()) {
+        prepared["workflow_version"] = v.clone();
+    }
+    Ok(prepared)
 }
 
 /// What is admitted: the occurrence's index, its normalized envelope, the

@@ -155,17 +155,37 @@ pub fn validate_title(value: Option<&Value>) -> Res<String> {
     nonempty_str(value, "title", Some(TITLE_MAX))
 }
 
-/// The target: `{workflow_id, bundle_ref, flow_id, input_data?}`, each id
-/// non-blank (stored stripped), `flow_id` not `@default`, `input_data` an
-/// object (default `{}`).
+/// The target: `{workflow_id, bundle_ref, flow_id, input_data?,
+/// version?}`, each id non-blank (stored stripped), `flow_id` not
+/// `@default`, `input_data` an object (default `{}`), `version` the
+/// deployed version every occurrence starts on (a positive integer; absent
+/// or null: each occurrence starts on the version latest when it starts).
 pub fn validate_target(value: Option<&Value>) -> Res<Value> {
     let missing = Value::Null;
     let target = object(value.unwrap_or(&missing), "target")?;
     reject_unknown(
         target,
-        &["workflow_id", "bundle_ref", "flow_id", "input_data"],
+        &[
+            "workflow_id",
+            "bundle_ref",
+            "flow_id",
+            "input_data",
+            "version",
+        ],
         "target",
     )?;
+    let version = match target.get("version") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64().filter(|n| (1..=u64::from(u32::MAX)).contains(n)) {
+            Some(n) => Some(n),
+            None => {
+                return Err(AutomationError::invalid(
+                    "target.version",
+                    "target.version must be a positive integer (a deployed version), or null for the latest",
+                ))
+            }
+        },
+    };
     let input_data = match target.get("input_data") {
         None => Value::Object(Map::new()),
         Some(v @ Value::Object(_)) => v.clone(),
@@ -183,12 +203,16 @@ pub fn validate_target(value: Option<&Value>) -> Res<Value> {
             "target.flow_id '@default' must be resolved by the host before creation",
         ));
     }
-    Ok(json!({
+    let mut out = json!({
         "workflow_id": nonempty_str(target.get("workflow_id"), "target.workflow_id", None)?,
         "bundle_ref": nonempty_str(target.get("bundle_ref"), "target.bundle_ref", None)?,
         "flow_id": flow_id,
         "input_data": input_data,
-    }))
+    });
+    if let Some(v) = version {
+        out["version"] = json!(v);
+    }
+    Ok(out)
 }
 
 /// The context: `{mode: independent|growing, growing: {max_tokens?}}`

@@ -804,6 +804,10 @@ fn start_occurrence(cx: &EffectCx<'_>, payload: &Map<String, Value>) -> Result<O
         session_id: prepared["session_id"].as_str().map(str::to_string),
         parent_run_id: Some(id.clone()),
         runtime,
+        // A target pinned to a version; else the latest at this moment.
+        workflow_version: prepared["workflow_version"]
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok()),
         ..StartOptions::default()
     };
     let started = match cx.runs.start_run(workflow_id, options) {

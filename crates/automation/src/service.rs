@@ -81,6 +81,22 @@ fn id_part(request: &Value, key: &str) -> String {
 /// every controller step carries.
 pub const MAX_INPUT_DATA_BYTES: usize = 1 << 20;
 
+/// Refuses a target pinned to a version of `workflow_id` the store does
+/// not keep.
+fn check_version(rt: &Runtime, workflow_id: &str, version: &Value) -> Result<()> {
+    let Some(v) = version.as_u64().and_then(|v| u32::try_from(v).ok()) else {
+        return Ok(());
+    };
+    if rt.store().workflow_version(workflow_id, Some(v))?.is_none() {
+        return Err(automation_error(
+            "invalid_definition",
+            Some("target.version"),
+            format!("workflow {workflow_id:?} has no deployed version {v} (stepwell workflows versions {workflow_id})"),
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses the bundle at `dir` if it defines a workflow id whose latest
 /// version was deployed from another directory that still defines it: an
 /// automation's `bundle_ref` deploys its bundle, and must not change the
@@ -135,6 +151,17 @@ fn defines(dir: &Path, workflow_id: &str) -> bool {
 /// inputs are bounded ([`MAX_INPUT_DATA_BYTES`]) and the controller itself
 /// is no target.
 fn resolve_target(rt: &Runtime, definition: &mut Value) -> Result<()> {
+    resolve_workflow(rt, definition)?;
+    let target = &definition["target"];
+    check_version(
+        rt,
+        target["workflow_id"].as_str().unwrap_or_default(),
+        &target["version"],
+    )
+}
+
+/// [`resolve_target`]'s workflow: the bundle loaded or the id known.
+fn resolve_workflow(rt: &Runtime, definition: &mut Value) -> Result<()> {
     let target = &mut definition["target"];
     let size = serde_json::to_vec(&target["input_data"]).map_or(0, |b| b.len());
     if size > MAX_INPUT_DATA_BYTES {

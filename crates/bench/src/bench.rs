@@ -247,6 +247,26 @@ fn runtime(store: Arc<dyn Store>, engine: &WasmEngine) -> Result<Runtime> {
     stepwell::builder(store).engine(engine.clone()).build()
 }
 
+/// The median time of deploying the bundle at `dir` again unchanged (its
+/// flow files read and validated, its files collected and hashed, the
+/// store asked: nothing recorded), in milliseconds.
+fn deploy_unchanged(rt: &Runtime, dir: &Path) -> Result<f64> {
+    rt.deploy(dir, None)?;
+    let mut samples = Vec::new();
+    for _ in 0..30 {
+        let t = Instant::now();
+        let d = rt.deploy(dir, None)?;
+        samples.push(t.elapsed().as_secs_f64() * 1e3);
+        if !d.unchanged() {
+            return Err(invalid(
+                "bench",
+                "an unchanged bundle deployed a new version",
+            ));
+        }
+    }
+    Ok(median(samples))
+}
+
 /// Runs every benchmark and returns the figures as one JSON object.
 pub fn run(options: &BenchOptions) -> Result<Value> {
     let scratch = Scratch::new("run")?;
@@ -388,6 +408,14 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             &scratch.0.join("raw.sqlite"),
         )?;
         figures.insert("sqlite_raw_commit_per_s".into(), json!(round(rate, 0)));
+    }
+    if want("deploy_unchanged_ms_sqlite") {
+        let rt = runtime(
+            Arc::new(SqliteStore::open(scratch.0.join("deploy.sqlite"))?),
+            &engine,
+        )?;
+        let ms = deploy_unchanged(&rt, &options.flows_dir.join("examples/ask-user"))?;
+        figures.insert("deploy_unchanged_ms_sqlite".into(), json!(round(ms, 2)));
     }
     if want("chain_steps_per_s_sqlite") {
         let rate = chain(Arc::new(SqliteStore::open(scratch.0.join("chain.sqlite"))?))?;

@@ -342,6 +342,7 @@
     else if (page === 'automations' && id) view = automationView(id);
     else if (page === 'automations') view = automationsView();
     else if (page === 'waits') view = waitsView();
+    else if (page === 'workflows') view = workflowsView(id);
     else view = runsView();
   }
   window.addEventListener('hashchange', route);
@@ -923,6 +924,49 @@
                 Array.isArray(w.choices) && w.choices.length ? muted('  choices: ' + w.choices.join(' / ')) : null),
             h('a', { class: 'btn primary small', href: runHref(r.run_id), testid: 'wait-open' }, approval ? 'Review →' : 'Answer →'));
         })));
+      } catch (e) {
+        if (!ctl.signal.aborted) swap(box, errorBox(e));
+      }
+    }
+    refresh();
+    return { cleanup: () => ctl.abort(), refresh };
+  }
+
+  // ---------- Workflows ----------
+  // Deployed workflows, and one workflow's versions with their runs.
+  function workflowsView(id) {
+    const ctl = new AbortController();
+    const box = h('div');
+    add(app, h('div', { testid: 'workflows-page' },
+      pageHead(id ? 'Workflow ' + id : 'Workflows', id
+        ? 'Its deployed versions, oldest first, and their runs. A run keeps the version it started on.'
+        : 'Deployed workflows and their latest versions. Deploy with stepwell deploy DIR.'), box));
+    const runs = (m) => Object.keys(m || {}).length
+      ? Object.entries(m).map(([k, v]) => v + ' ' + k).join(', ') : muted('none');
+    const who = (v) => v.deployed_at ? [ts(v.deployed_at), v.deployed_by ? ' by ' + v.deployed_by : ''] : '';
+    async function refresh() {
+      try {
+        if (id) {
+          const r = await api('GET', '/v1/workflows/' + encodeURIComponent(id) + '/versions');
+          if (ctl.signal.aborted) return;
+          swap(box, h('section', { class: 'card' }, h('table', { class: 'grid', testid: 'versions' },
+            h('thead', null, h('tr', null, ['version', 'digest', 'deployed', 'runs'].map((c) => h('th', null, c)))),
+            h('tbody', null, (r.versions || []).map((v) => h('tr', { testid: 'version-row' },
+              h('td', null, String(v.version.version)), h('td', null, mono(v.version.digest.slice(0, 12))),
+              h('td', null, who(v.version)), h('td', null, runs(v.runs))))))));
+          return;
+        }
+        const list = items(await api('GET', '/v1/workflows'));
+        if (ctl.signal.aborted) return;
+        if (!list.length) {
+          swap(box, empty('Nothing is deployed yet.', 'Deploy a bundle with ', h('code', null, 'stepwell deploy DIR'), '.'));
+          return;
+        }
+        swap(box, h('section', { class: 'card' }, h('table', { class: 'grid', testid: 'workflows' },
+          h('thead', null, h('tr', null, ['workflow', 'latest', 'versions', 'deployed'].map((c) => h('th', null, c)))),
+          h('tbody', null, list.map((w) => h('tr', { testid: 'workflow-row' },
+            h('td', null, link('#/workflows/' + encodeURIComponent(w.workflow_id), w.workflow_id)),
+            h('td', null, String(w.latest.version)), h('td', null, String(w.versions)), h('td', null, who(w.latest))))))));
       } catch (e) {
         if (!ctl.signal.aborted) swap(box, errorBox(e));
       }
