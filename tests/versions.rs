@@ -161,6 +161,10 @@ fn children_of_the_bundle_run_their_parents_version(b: Backend) {
     write_bundle(h.dir.path(), "family", &[("kid.flow.json", kid(2))]);
     let d2 = h.rt.deploy(&dir, None).unwrap();
     assert!(d2.workflows.iter().all(|w| w.version.version == 2));
+    // The child's v1 has no run, but its bundle is the waiting parent's:
+    // a prune keeps it, and the child started next runs it.
+    let gone = h.rt.prune_versions(None, None, false).unwrap();
+    assert!(gone.is_empty(), "{gone:?}");
     let done = answer(&h.rt, &run);
     assert_eq!(done.output, Some(json!({"kid": 1})), "{done:?}");
     let child = h

@@ -37,6 +37,10 @@ impl Plugin for Automations {
         "automations"
     }
 
+    fn pinned_versions(&self, rt: &Runtime) -> Result<Vec<(String, u32)>> {
+        crate::service::pinned_targets(rt)
+    }
+
     fn install(&self, cx: &mut Install<'_>) -> Result<()> {
         let needs = |what: &str| {
             Error::invalid(

@@ -81,6 +81,28 @@ fn id_part(request: &Value, key: &str) -> String {
 /// every controller step carries.
 pub const MAX_INPUT_DATA_BYTES: usize = 1 << 20;
 
+/// The `(workflow id, version)` every automation's target is pinned to
+/// (archived ones too: they may be unarchived).
+pub(crate) fn pinned_targets(rt: &Runtime) -> Result<Vec<(String, u32)>> {
+    let rows = rt.store().list_run_index(&RunIndexQuery {
+        role: Some(vec!["controller".into()]),
+        ..Default::default()
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let Some(run) = rt.store().load_run(&row.run_id)? else {
+            continue;
+        };
+        let target = &run.vars["_meta"]["automation"]["target"];
+        if let (Some(id), Some(v)) = (target["workflow_id"].as_str(), target["version"].as_u64()) {
+            if let Ok(v) = u32::try_from(v) {
+                out.push((id.to_string(), v));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Refuses a target pinned to a version of `workflow_id` the store does
 /// not keep.
 fn check_version(rt: &Runtime, workflow_id: &str, version: &Value) -> Result<()> {

@@ -508,6 +508,7 @@ pub(crate) fn run_summary(run: &RunState) -> Value {
     json!({
         "run_id": run.run_id,
         "workflow_id": run.workflow_id,
+        "workflow_version": run.workflow_version,
         "status": run.status.as_str(),
         "version": run.version,
         "current_node": run.current_node,
@@ -1370,8 +1371,8 @@ async fn deploy(State(s): S, req: Request) -> ApiResult {
             let path = std::path::Path::new(&b.path);
             let by = b.deployed_by.as_deref();
             if path.is_file() {
-                let bytes = std::fs::read(path)
-                    .map_err(|e| Error::invalid("body.path", format!("{}: {e}", b.path)))?;
+                let bytes = stepwell::flow::pack::read_archive(path)
+                    .map_err(|e| Error::invalid("body.path", e))?;
                 s.rt.deploy_archive(&bytes, by, &b.path)
             } else {
                 Ok(s.rt.deploy(path, by)?.workflows)

@@ -142,9 +142,10 @@ impl BundleFiles {
         Self::read_cached(root, digest).map(|(dir, _)| dir)
     }
 
-    /// The cache folder of `digest` under `root` and its files, if it is
-    /// complete and they match the digest (see [`BundleFiles::cached`]).
-    pub fn read_cached(root: &Path, digest: &str) -> Option<(PathBuf, BundleFiles)> {
+    /// The files kept in the folder of `digest` under `root` (complete, a
+    /// private `root`), as they are: the caller checks them against the
+    /// digest. `None`: no such complete folder.
+    pub fn read_kept(root: &Path, digest: &str) -> Option<Vec<BundleFile>> {
         crate::private::check_private_dir(root).ok()?;
         let dir = root.join(digest);
         if !dir.join(COMPLETE).is_file() {
@@ -153,8 +154,15 @@ impl BundleFiles {
         let mut files = Vec::new();
         read_tree(&dir, "", &mut files)?;
         files.retain(|f| f.path != COMPLETE);
-        let found = BundleFiles::new(files).ok()?;
-        (found.digest == digest).then_some((dir, found))
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        Some(files)
+    }
+
+    /// The cache folder of `digest` under `root` and its files, if it is
+    /// complete and they match the digest (see [`BundleFiles::cached`]).
+    pub fn read_cached(root: &Path, digest: &str) -> Option<(PathBuf, BundleFiles)> {
+        let found = BundleFiles::new(Self::read_kept(root, digest)?).ok()?;
+        (found.digest == digest).then(|| (root.join(digest), found))
     }
 
     /// Whether `dir` holds these files, complete, and nothing else.

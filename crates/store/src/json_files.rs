@@ -1159,9 +1159,7 @@ impl Store for JsonFileStore {
             return Ok(Vec::new());
         }
         let root = self.dir.join(BUNDLE_FILES);
-        Ok(crate::bundles::BundleFiles::read_cached(&root, digest)
-            .map(|(_, files)| files.files)
-            .unwrap_or_default())
+        Ok(crate::bundles::BundleFiles::read_kept(&root, digest).unwrap_or_default())
     }
 
     fn remove_versions(&self, gone: &[crate::WorkflowVersion]) -> Result<usize, StoreError> {

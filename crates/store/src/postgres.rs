@@ -2111,7 +2111,7 @@ impl Store for PostgresStore {
     fn version_use(&self, workflow_id: &str) -> Result<Vec<crate::VersionUse>, StoreError> {
         let rows = self.read(|c| {
             Ok(c.query(
-                "SELECT (data::jsonb ->> 'workflow_version')::BIGINT AS v, status, COUNT(*),
+                "SELECT (data::json ->> 'workflow_version')::BIGINT AS v, status, COUNT(*),
                         COALESCE(MAX(updated_at), '')
                  FROM runs WHERE workflow_id = $1 AND quarantine IS NULL
                  GROUP BY v, status ORDER BY v, status",

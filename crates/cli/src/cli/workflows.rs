@@ -42,22 +42,9 @@ pub(crate) fn deploy(rt: &Runtime, args: DeployArgs) -> Result<Report, Error> {
     Ok(deployed_report(&deployed, &digest))
 }
 
-/// The bytes of the packed bundle at `path` (at most the most a bundle
-/// may hold, plus room for the archive's own records).
+/// The bytes of the packed bundle at `path` (bounded).
 fn read_archive(path: &std::path::Path) -> Result<Vec<u8>, Error> {
-    let limit = stepwell::flow::archive::MAX_BUNDLE_BYTES + (16 << 20);
-    let unreadable = |e: std::io::Error| Error::invalid("path", format!("{}: {e}", path.display()));
-    let size = std::fs::metadata(path).map_err(unreadable)?.len();
-    if size > limit {
-        return Err(Error::invalid(
-            "path",
-            format!(
-                "{}: {size} bytes, over the {limit} a bundle archive may have",
-                path.display()
-            ),
-        ));
-    }
-    std::fs::read(path).map_err(unreadable)
+    stepwell::flow::pack::read_archive(path).map_err(|e| Error::invalid("path", e))
 }
 
 /// What a deployment recorded, as a report.
@@ -200,8 +187,12 @@ pub(crate) fn run(rt: &Runtime, command: WorkflowCommand) -> Result<Report, Erro
             keep_finished_hours,
             dry_run,
         } => {
+            // Past the clock's range: every finished run is kept.
             let since = keep_finished_hours.map(|h| {
-                stepwell::core::clock::format_time(rt.now() - chrono::Duration::hours(i64::from(h)))
+                let back = chrono::Duration::try_hours(i64::from(h))
+                    .and_then(|d| rt.now().checked_sub_signed(d))
+                    .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+                stepwell::core::clock::format_time(back)
             });
             let gone = rt.prune_versions(workflow.as_deref(), since.as_deref(), dry_run)?;
             let verb = if dry_run { "would remove" } else { "removed" };

@@ -61,7 +61,7 @@ pub enum Error {
     #[error(transparent)]
     Flow(#[from] crate::flow::FlowError),
     /// No loaded bundle defines this workflow.
-    #[error("unknown_workflow: no loaded flow defines workflow {workflow_id:?}")]
+    #[error("unknown_workflow: no version of workflow {workflow_id:?} is deployed (deploy its bundle: stepwell deploy DIR)")]
     UnknownWorkflow {
         /// The workflow id that was asked for.
         workflow_id: String,

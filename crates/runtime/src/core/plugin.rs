@@ -113,6 +113,14 @@ pub trait Plugin: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The deployed versions this plugin's own records name and will
+    /// start runs on (an automation's pinned target, say): `(workflow id,
+    /// version)`. A prune keeps them.
+    fn pinned_versions(&self, rt: &Runtime) -> Result<Vec<(String, u32)>> {
+        let _ = rt;
+        Ok(Vec::new())
+    }
+
     /// The `vars._meta` sections that belong to a run's identity: an
     /// explicit-id start repeated with another value of one is refused
     /// (`identity_conflict`).

@@ -286,7 +286,7 @@ pub(crate) struct Inner {
     pub(crate) config: RuntimeConfig,
     offloader: Option<super::offload::Offloader>,
     pub(crate) effects: EffectRegistry,
-    plugins: Plugins,
+    pub(crate) plugins: Plugins,
     extensions: Extensions,
     workflows: RwLock<HashMap<String, Arc<Workflow>>>,
     /// The workflows plugins embed, by their reserved ids.

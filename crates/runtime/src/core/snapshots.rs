@@ -40,8 +40,11 @@ impl Runtime {
 
     /// Restores a snapshot: its run state becomes the run's state again,
     /// under the run's lease, with a `completed` ledger record
-    /// `{"restored": {"snapshot_id", "name", "step_id"}}` as evidence. The
-    /// host cannot make this safe if the workflow changed since the snapshot.
+    /// `{"restored": {"snapshot_id", "name", "step_id", "workflow_version"}}`
+    /// as evidence (`workflow_version`: `{"from", "to"}` when the snapshot's
+    /// version is not the run's current one, else null). The run goes back
+    /// to the snapshot's version, which must still be deployed
+    /// (`unknown_version`).
     ///
     /// A snapshot whose state is of another run than it names is refused
     /// (`store_corrupt`); a file-backed snapshot store reads only snapshots
@@ -67,6 +70,22 @@ impl Runtime {
         }
         let (mut txn, current) = self.claim(&snapshot.run_id, self.config().lease_wait)?;
         let mut run = snapshot.run_state.clone();
+        // The snapshot's state runs on the snapshot's version: it must
+        // still be deployed, and a change of version is said in the record.
+        if let Some(v) = run.workflow_version {
+            if self
+                .store()
+                .workflow_version(&run.workflow_id, Some(v))?
+                .is_none()
+            {
+                return Err(Error::UnknownVersion {
+                    workflow_id: run.workflow_id.clone(),
+                    version: v,
+                });
+            }
+        }
+        let moved = (run.workflow_version != current.workflow_version)
+            .then(|| json!({"from": current.workflow_version, "to": run.workflow_version}));
         let restores = [Some(&run), Some(&current)]
             .into_iter()
             .flatten()
@@ -82,6 +101,7 @@ impl Runtime {
                 "snapshot_id": snapshot.snapshot_id,
                 "name": snapshot.name,
                 "step_id": snapshot.step_id,
+                "workflow_version": moved,
             }})),
             ended_at: Some(now.clone()),
             ..self.record(&run, run.current_node.clone(), &now)

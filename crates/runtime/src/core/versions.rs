@@ -6,7 +6,7 @@
 //! Every host loads a version's code from the files the store keeps (never
 //! from the directory it was deployed from), compiled once per digest.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,12 +23,42 @@ use stepwell_model::model::{RunState, RunStatus};
 /// A loaded version: its digest and its workflow.
 type Pinned = (String, Arc<Workflow>);
 
+/// Compiled bundles by digest, and their digests in the order loaded.
+type Bundles = (HashMap<String, Arc<Bundle>>, VecDeque<String>);
+
+/// How many compiled bundles a runtime keeps at most; past it the one
+/// loaded first is let go (and loaded again from the store if needed).
+const MAX_LOADED_BUNDLES: usize = 64;
+
 /// The versions this runtime has loaded: each digest's bundle compiled
-/// once, and the workflows of each `(workflow id, version)`.
+/// once (at most [`MAX_LOADED_BUNDLES`], the oldest let go first), and the
+/// workflows of each `(workflow id, version)` of those bundles.
 #[derive(Default)]
 pub(crate) struct Loaded {
-    bundles: RwLock<HashMap<String, Arc<Bundle>>>,
+    bundles: RwLock<Bundles>,
     pinned: RwLock<HashMap<(String, u32), Pinned>>,
+}
+
+impl Loaded {
+    /// The compiled bundle of `digest`, if kept.
+    fn bundle(&self, digest: &str) -> Option<Arc<Bundle>> {
+        self.bundles.read().0.get(digest).cloned()
+    }
+
+    /// Keeps `bundle` as `digest`'s, letting the oldest go past the bound.
+    fn keep(&self, digest: &str, bundle: &Arc<Bundle>) {
+        let mut kept = self.bundles.write();
+        let (map, order) = &mut *kept;
+        if map.insert(digest.to_string(), bundle.clone()).is_none() {
+            order.push_back(digest.to_string());
+        }
+        while order.len() > MAX_LOADED_BUNDLES {
+            if let Some(old) = order.pop_front() {
+                map.remove(&old);
+                self.pinned.write().retain(|_, (d, _)| *d != old);
+            }
+        }
+    }
 }
 
 /// What [`Runtime::deploy`] recorded.
@@ -139,13 +169,26 @@ impl Runtime {
         by: Option<&str>,
         source: &str,
     ) -> Result<Vec<Deployed>> {
-        let (_, files) = flow::pack::unpack(archive).map_err(|why| {
+        let refused = |why: String| {
             Error::Flow(flow::FlowError {
                 path: PathBuf::from(source),
                 field: String::new(),
                 message: why,
             })
-        })?;
+        };
+        let (manifest, files) = flow::pack::unpack(archive).map_err(refused)?;
+        let bundle = self.compile(&files)?;
+        let ids: Vec<&str> = bundle
+            .workflows
+            .iter()
+            .map(|w| w.workflow_id.as_str())
+            .collect();
+        if manifest.workflows != ids {
+            return Err(refused(format!(
+                "manifest.json names the workflows {:?}, the bundle defines {ids:?}",
+                manifest.workflows
+            )));
+        }
         self.deploy_files(&files, by, source)
     }
 
@@ -157,7 +200,7 @@ impl Runtime {
         by: Option<&str>,
         source: &str,
     ) -> Result<Vec<Deployed>> {
-        let kept = self.bundle_of_files(files)?;
+        let kept = self.compile(files)?;
         for wf in &kept.workflows {
             if let Some(reserved) = self.plugins_reserved(&wf.workflow_id) {
                 return Err(Error::Flow(flow::FlowError {
@@ -179,6 +222,7 @@ impl Runtime {
             source: Some(source),
             deployed_at: &super::clock::format_time(self.now()),
         })?;
+        self.inner.loaded.keep(&files.digest, &kept);
         for d in &workflows {
             self.pin(&d.version, &kept);
         }
@@ -191,7 +235,7 @@ impl Runtime {
         let kinds = self.effects().kinds();
         let bundle = flow::load_bundle(dir, self.engine(), &kinds)?;
         let files = flow::archive::collect(&bundle)?;
-        let kept = self.bundle_of_files(&files)?;
+        let kept = self.compile(&files)?;
         let ids: Vec<String> = kept
             .workflows
             .iter()
@@ -206,25 +250,20 @@ impl Runtime {
         Ok(self.deploy(dir, None)?.bundle)
     }
 
-    /// The bundle of `files`, compiled once per digest.
-    fn bundle_of_files(&self, files: &BundleFiles) -> Result<Arc<Bundle>> {
-        if let Some(b) = self.inner.loaded.bundles.read().get(&files.digest) {
-            return Ok(b.clone());
+    /// The bundle of `files`: the one kept for their digest, else loaded
+    /// (validated, compiled) from them, not kept yet.
+    fn compile(&self, files: &BundleFiles) -> Result<Arc<Bundle>> {
+        if let Some(b) = self.inner.loaded.bundle(&files.digest) {
+            return Ok(b);
         }
         let label = PathBuf::from(format!("bundle:{}", &files.digest[..12]));
         let kinds = self.effects().kinds();
-        let bundle = Arc::new(flow::load_bundle_files(
+        Ok(Arc::new(flow::load_bundle_files(
             files,
             &label,
             self.engine(),
             &kinds,
-        )?);
-        self.inner
-            .loaded
-            .bundles
-            .write()
-            .insert(files.digest.clone(), bundle.clone());
-        Ok(bundle)
+        )?))
     }
 
     /// Remembers that `version` is its workflow in `bundle`.
@@ -248,14 +287,18 @@ impl Runtime {
         if let Some((_, wf)) = self.inner.loaded.pinned.read().get(&key) {
             return Ok(wf.clone());
         }
-        let row = self
-            .store()
+        self.load_version(&self.version_row(workflow_id, version)?)
+    }
+
+    /// Version `version` of `workflow_id` as the store has it now (not as
+    /// this runtime remembers it: it may have been removed since).
+    fn version_row(&self, workflow_id: &str, version: u32) -> Result<WorkflowVersion> {
+        self.store()
             .workflow_version(workflow_id, Some(version))?
             .ok_or_else(|| Error::UnknownVersion {
                 workflow_id: workflow_id.to_string(),
                 version,
-            })?;
-        self.load_version(&row)
+            })
     }
 
     /// Loads `row` from the files the store keeps for its digest.
@@ -264,7 +307,7 @@ impl Runtime {
         if let Some((_, wf)) = self.inner.loaded.pinned.read().get(&key) {
             return Ok(wf.clone());
         }
-        let known = self.inner.loaded.bundles.read().get(&row.digest).cloned();
+        let known = self.inner.loaded.bundle(&row.digest);
         let bundle = match known {
             Some(b) => b,
             None => {
@@ -293,7 +336,9 @@ impl Runtime {
                         files.digest
                     )));
                 }
-                self.bundle_of_files(&files)?
+                let bundle = self.compile(&files)?;
+                self.inner.loaded.keep(&row.digest, &bundle);
+                bundle
             }
         };
         self.pin(row, &bundle).ok_or_else(|| {
@@ -364,7 +409,10 @@ impl Runtime {
     ) -> Result<(Arc<Workflow>, Option<u32>)> {
         if let Some(v) = version {
             if self.unversioned_workflow(workflow_id)?.is_none() {
-                return Ok((self.workflow_version(workflow_id, v)?, Some(v)));
+                // Asked for by number: checked against the store, which may
+                // have let it go since this runtime loaded it.
+                let row = self.version_row(workflow_id, v)?;
+                return Ok((self.load_version(&row)?, Some(v)));
             }
         }
         if let Some((parent_id, parent_version)) = parent {
@@ -403,8 +451,20 @@ impl Runtime {
             .into_iter()
             .filter(|v| v.digest == digest)
             .max_by_key(|v| v.version);
+        let ours = self
+            .inner
+            .loaded
+            .bundle(&digest)
+            .is_some_and(|b| b.workflows.iter().any(|w| w.workflow_id == workflow_id));
         match row {
             Some(row) => Ok(Some((self.load_version(&row)?, Some(row.version)))),
+            // The parent's bundle defines it: never another bundle's code.
+            None if ours => Err(Error::invalid(
+                "workflow_id",
+                format!(
+                    "the bundle of version {parent_version} of {parent_id:?} defines {workflow_id:?}, but the store keeps no version of it from that bundle (removed by hand?)"
+                ),
+            )),
             None => Ok(None),
         }
     }
@@ -493,7 +553,16 @@ impl Runtime {
                     .version
             }
         };
-        let wf = self.workflow_version(&run.workflow_id, target)?;
+        let wf = self.load_version(&self.version_row(&run.workflow_id, target)?)?;
+        // Records of an effect a crash cut short wait to be replayed by
+        // the step that wrote them, on the code that wrote them.
+        if !self.store().list_ahead(run_id)?.is_empty() {
+            return Err(Error::UpgradeIncompatible {
+                run_id: run_id.to_string(),
+                to: target,
+                missing: vec!["(an unsettled effect: let the run settle, then upgrade)".into()],
+            });
+        }
         let missing = missing_nodes(&run, &wf);
         if !missing.is_empty() {
             return Err(Error::UpgradeIncompatible {
@@ -530,6 +599,14 @@ impl Runtime {
     /// `from` (its runs on that version, or on any other than the target
     /// when `None`): running and waiting runs, oldest first.
     pub fn upgradable_runs(&self, workflow_id: &str, from: Option<u32>) -> Result<Vec<RunState>> {
+        if self.store().workflow_version(workflow_id, None)?.is_none() {
+            return Err(Error::UnknownWorkflow {
+                workflow_id: workflow_id.to_string(),
+            });
+        }
+        if let Some(v) = from {
+            self.version_row(workflow_id, v)?;
+        }
         let mut runs = Vec::new();
         for status in [RunStatus::Waiting, RunStatus::Running] {
             runs.extend(
@@ -558,19 +635,37 @@ impl Runtime {
         finished_since: Option<&str>,
         dry_run: bool,
     ) -> Result<Vec<WorkflowVersion>> {
-        let versions = self.store().workflow_versions(workflow_id)?;
+        let all = self.store().workflow_versions(None)?;
         let mut uses = HashMap::new();
-        let mut ids: Vec<&str> = versions.iter().map(|v| v.workflow_id.as_str()).collect();
+        let mut ids: Vec<&str> = all.iter().map(|v| v.workflow_id.as_str()).collect();
         ids.dedup();
         for id in ids {
             uses.insert(id.to_string(), self.store().version_use(id)?);
         }
         let uses_of = |id: &str| uses.get(id).cloned().unwrap_or_default();
-        let gone: Vec<WorkflowVersion> =
-            crate::store::deployments::prunable(&versions, &uses_of, finished_since)
-                .into_iter()
-                .cloned()
-                .collect();
+        let removable = crate::store::deployments::prunable(&all, &uses_of, finished_since);
+        // A version in use keeps its whole bundle: the children its runs
+        // start run their parent's bundle ([`Runtime::starting_version`]).
+        let kept_digests: Vec<&str> = all
+            .iter()
+            .filter(|v| !removable.contains(v))
+            .map(|v| v.digest.as_str())
+            .collect();
+        let mut pins = Vec::new();
+        for plugin in self.inner.plugins.iter() {
+            pins.extend(plugin.pinned_versions(self)?);
+        }
+        let gone: Vec<WorkflowVersion> = removable
+            .into_iter()
+            .filter(|v| workflow_id.is_none_or(|id| v.workflow_id == id))
+            .filter(|v| !kept_digests.contains(&v.digest.as_str()))
+            .filter(|v| {
+                !pins
+                    .iter()
+                    .any(|(id, n)| *id == v.workflow_id && *n == v.version)
+            })
+            .cloned()
+            .collect();
         if !dry_run && !gone.is_empty() {
             self.store().remove_versions(&gone)?;
             let mut pinned = self.inner.loaded.pinned.write();

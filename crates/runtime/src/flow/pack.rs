@@ -151,6 +151,28 @@ pub fn unpack(bytes: &[u8]) -> Result<(Manifest, BundleFiles), String> {
     Ok((manifest, files))
 }
 
+/// The most bytes a packed bundle may have: the most a bundle's files may
+/// hold together, and room for the archive's own records.
+pub const MAX_ARCHIVE_BYTES: u64 = MAX_BUNDLE_BYTES + (16 << 20);
+
+/// The bytes of the packed bundle at `path`, refused past
+/// [`MAX_ARCHIVE_BYTES`] without reading more.
+pub fn read_archive(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_ARCHIVE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_ARCHIVE_BYTES {
+        return Err(format!(
+            "{}: over the {MAX_ARCHIVE_BYTES} bytes a packed bundle may have",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Whether `bytes` look like a zip archive.
 pub fn is_archive(bytes: &[u8]) -> bool {
     bytes.starts_with(b"PK\x03\x04")
@@ -247,7 +269,12 @@ fn read_zip(b: &[u8]) -> Result<Vec<(String, &[u8])>, String> {
     if count > MAX_ENTRIES {
         return Err(not("too many entries"));
     }
-    let mut out = Vec::with_capacity(count);
+    let mut out: Vec<(String, &[u8])> = Vec::with_capacity(count);
+    // Entries follow one another, each after the last one's data: an
+    // archive whose entries overlap (one stored byte counted many times)
+    // is refused before anything is checked or copied.
+    let mut next_free = 0usize;
+    let mut declared = 0u64;
     for _ in 0..count {
         if u32_at(b, at)? != 0x0201_4b50 {
             return Err(not("a damaged central directory"));
@@ -269,6 +296,15 @@ fn read_zip(b: &[u8]) -> Result<Vec<(String, &[u8])>, String> {
                 "{name:?} is compressed (stepwell bundle pack stores its entries)"
             )));
         }
+        declared += csize as u64;
+        if declared > MAX_ARCHIVE_BYTES {
+            return Err(not("its entries are over the most a bundle may hold"));
+        }
+        if local < next_free || out.iter().any(|(n, _)| *n == name) {
+            return Err(not(&format!(
+                "{name:?} overlaps another entry or repeats its name"
+            )));
+        }
         if u32_at(b, local)? != 0x0403_4b50 {
             return Err(not(&format!("{name:?} has no local header")));
         }
@@ -276,6 +312,7 @@ fn read_zip(b: &[u8]) -> Result<Vec<(String, &[u8])>, String> {
         let data = b
             .get(start..start + csize)
             .ok_or_else(|| not(&format!("{name:?} is truncated")))?;
+        next_free = start + csize;
         if crc32fast::hash(data) != crc {
             return Err(not(&format!("{name:?} fails its CRC")));
         }
@@ -348,6 +385,17 @@ mod tests {
             zip.add(&format!("{FILES}{}", f.path), &f.bytes);
         }
         assert!(unpack(&zip.finish()).unwrap_err().contains("do not match"));
+        // Two central entries naming one stored entry: refused before any
+        // copy.
+        let mut zip = ZipWriter::default();
+        zip.add("files/a", b"xyz");
+        let entry = zip.central.clone();
+        let mut renamed = entry.clone();
+        let n = renamed.len();
+        renamed[n - 1] = b'b';
+        zip.central.extend(&renamed);
+        zip.count += 1;
+        assert!(unpack(&zip.finish()).unwrap_err().contains("overlaps"));
         // A path leaving the bundle.
         let mut zip = ZipWriter::default();
         zip.add("files/../evil", b"x");

@@ -517,12 +517,13 @@
       const r = run;
       const occ = r.vars && r.vars._meta && r.vars._meta.occurrence;
       const meta = [
-        ['Workflow', mono(r.workflow_id)],
+        ['Workflow', [mono(r.workflow_id), r.workflow_version
+          ? [' ', link('#/workflows/' + encodeURIComponent(r.workflow_id), 'version ' + r.workflow_version)] : null]],
         ['Run id', idText(r.run_id)],
         ['Current node', r.current_node ? mono(r.current_node) : muted('—')],
         ['Created', ts(r.created_at, true)],
         ['Updated', ts(r.updated_at, true)],
-        ['Version', String(r.version == null ? '—' : r.version)],
+        ['State version', String(r.version == null ? '—' : r.version)],
         r.parent_run_id && ['Parent run', link(runHref(r.parent_run_id), idText(r.parent_run_id))],
         occ && occ.automation_id && ['Automation', h('span', null, link(autoHref(occ.automation_id), idText(occ.automation_id)),
           ` occurrence #${occ.occurrence_index}, attempt ${occ.attempt}`)],
