@@ -2030,15 +2030,22 @@ impl Store for SqliteStore {
         workflow_id: &str,
         version: Option<u32>,
     ) -> Result<Option<crate::WorkflowVersion>, StoreError> {
-        self.reading(|conn| match version {
-            None => latest_version(conn, workflow_id),
+        // On the writer's connection: a read on the reading connection
+        // after another write pays for its cache (about 40 µs; a run's start
+        // asks for its workflow's latest version, and an ask/resume cycle
+        // ran at 6,400 a second instead of 9,000).
+        let conn = self.conn.lock();
+        match version {
+            None => latest_version(&conn, workflow_id),
             Some(n) => conn
                 .prepare_cached(&format!(
                     "{VERSION_COLUMNS} WHERE workflow_id = ?1 AND version = ?2"
-                ))?
-                .query_row(params![workflow_id, n], version_row)
-                .optional(),
-        })
+                ))
+                .and_then(|mut st| {
+                    st.query_row(params![workflow_id, n], version_row)
+                        .optional()
+                }),
+        }
         .map_err(|e| self.err(e))
     }
 
