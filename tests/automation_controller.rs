@@ -1150,8 +1150,11 @@ fn a_pinned_target_runs_its_version_and_revise_moves_the_pin() {
     assert_eq!(revise("to-9", json!(9))["status"], "rejected");
     assert_eq!(revise("to-2", json!(2))["status"], "applied");
     assert_eq!(occurrence("two"), (Some(2), json!(2)));
-    assert_eq!(revise("unpinned", Value::Null)["status"], "applied");
+    // v3 deployed: a prune keeps the pinned v2 (no run waits on it).
     stepwell_tests::write_bundle(h.dir.path(), "pinme", &[("flow.json", flow(3))]);
     h.rt.deploy(&dir, None).unwrap();
+    let gone = h.rt.prune_versions(Some("pinme"), None, false).unwrap();
+    assert_eq!(gone.iter().map(|v| v.version).collect::<Vec<_>>(), [1]);
+    assert_eq!(revise("unpinned", Value::Null)["status"], "applied");
     assert_eq!(occurrence("three"), (Some(3), json!(3)));
 }

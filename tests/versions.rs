@@ -191,7 +191,50 @@ fn children_of_the_bundle_run_their_parents_version(b: Backend) {
     assert_eq!(kids[0].output, Some(json!({"kid": 2})));
 }
 
+fn a_snapshot_restores_its_version_and_says_so(b: Backend) {
+    let h = Host::new(b);
+    let snapshots = stepwell::store::MemorySnapshotStore::default();
+    let dir = write_bundle(h.dir.path(), "pinned", &[("flow.json", asker(1))]);
+    h.rt.deploy(&dir, None).unwrap();
+    let run = start(&h);
+    let snap =
+        h.rt.create_snapshot(&snapshots, &run.run_id, "before", "", vec![])
+            .unwrap();
+    write_bundle(h.dir.path(), "pinned", &[("flow.json", asker(2))]);
+    h.rt.deploy(&dir, None).unwrap();
+    h.rt.upgrade(&run.run_id, UpgradeTo::Version(2), false)
+        .unwrap();
+    // Back to the snapshot: version 1 again, and the record says so.
+    let restored =
+        h.rt.restore_snapshot(&snapshots, &snap.snapshot_id)
+            .unwrap();
+    assert_eq!(restored.workflow_version, Some(1));
+    let last = h.rt.get_ledger(&run.run_id).unwrap().pop().unwrap();
+    assert_eq!(
+        last.result.unwrap()["restored"]["workflow_version"],
+        json!({"from": 2, "to": 1})
+    );
+    // With version 1 gone from the store, the restore is refused.
+    h.rt.upgrade(&run.run_id, UpgradeTo::Version(2), false)
+        .unwrap();
+    let v1 = h
+        .store
+        .workflow_version("pinned", Some(1))
+        .unwrap()
+        .unwrap();
+    h.store.remove_versions(&[v1]).unwrap();
+    let e =
+        h.rt.restore_snapshot(&snapshots, &snap.snapshot_id)
+            .unwrap_err();
+    assert_eq!(e.reason_code(), "unknown_version", "{e}");
+    assert_eq!(
+        h.rt.get_state(&run.run_id).unwrap().workflow_version,
+        Some(2)
+    );
+}
+
 store_tests!(
+    a_snapshot_restores_its_version_and_says_so,
     resumes_run_the_version_their_run_started_on,
     upgrades_are_checked_and_recorded,
     children_of_the_bundle_run_their_parents_version,
