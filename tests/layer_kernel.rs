@@ -5,6 +5,7 @@ mod conformance;
 mod crash;
 mod events;
 mod flows;
+mod history;
 mod hostile;
 mod kernel;
 mod persistence;

@@ -1593,6 +1593,25 @@ fn bundles_are_deployed_and_listed_over_http() {
     let (status, run) = s.post("/v1/runs", json!({"workflow_id": "ask-user"}));
     assert_eq!(status, 201, "{run}");
     assert_eq!(run["workflow_version"], 1, "{run}");
+    // Its history as one file.
+    let mut r = s
+        .agent
+        .get(format!(
+            "{}/v1/runs/{}/export",
+            s.url,
+            run["run_id"].as_str().unwrap()
+        ))
+        .header("Authorization", format!("Bearer {}", s.token))
+        .call()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let zip = r
+        .body_mut()
+        .with_config()
+        .limit(8 << 20)
+        .read_to_vec()
+        .unwrap();
+    assert!(zip.starts_with(b"PK\x03\x04"), "an archive");
     let versions = s.ok("/v1/workflows/ask-user/versions");
     assert_eq!(
         versions["versions"][0]["runs"],

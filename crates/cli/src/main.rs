@@ -95,6 +95,11 @@ enum Command {
     /// Move runs to another version of their workflow, checked and
     /// recorded (`upgraded` in the ledger).
     Upgrade(cli::workflows::UpgradeArgs),
+    /// Write a run's history (state, ledger, artifacts, its workflow
+    /// version's files) into one self-verifying file.
+    Export(cli::history::ExportArgs),
+    /// Read a file `export` wrote into this store, after checking it whole.
+    Import(cli::history::ImportArgs),
     /// Pack a bundle directory into one file, or unpack one.
     Bundle {
         #[command(subcommand)]
@@ -208,6 +213,8 @@ fn on_runtime(rt: Runtime, host: &Host, command: Command, sink: &Sink) -> Result
         Command::Workflows { command } => cli::workflows::run(&rt, command),
         Command::Upgrade(args) => cli::workflows::upgrade(&rt, args),
         Command::Bundle { command } => cli::workflows::bundle(&rt, command),
+        Command::Export(args) => cli::history::export(&rt, args),
+        Command::Import(args) => cli::history::import(&rt, args),
         Command::Resume(args) => cli::runs::resume(&rt, args),
         Command::Status { run_id } => Ok(Report::run(&rt.get_state(&run_id)?)),
         Command::Ledger(args) => cli::ledger::run(&rt, args, sink),

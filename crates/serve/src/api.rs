@@ -217,6 +217,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/runs/{id}/resume", post(resume_run))
         .route("/v1/runs/{id}/cancel", post(cancel_run))
         .route("/v1/runs/{id}/ledger", get(run_ledger))
+        .route("/v1/runs/{id}/export", get(export_run))
         .route("/v1/runs/{id}/ledger/verify", get(verify_ledger))
         .route(
             "/v1/runs/{id}/ledger/stream",
@@ -1329,6 +1330,31 @@ async fn quarantined_list(State(s): S) -> ApiResult {
     })
     .await
     .map(ok)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExportQuery {
+    #[serde(default)]
+    with_children: bool,
+}
+
+/// `GET /v1/runs/{id}/export`: the run's history as one file (`stepwell
+/// export`), `application/zip`.
+async fn export_run(
+    State(s): S,
+    Path(id): Path<String>,
+    Query(q): Query<ExportQuery>,
+) -> ApiResult {
+    let bytes = read(move || s.rt.export_run(&id, q.with_children)).await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/zip"),
+        )],
+        bytes,
+    )
+        .into_response())
 }
 
 async fn workflows_list(State(s): S) -> ApiResult {

@@ -74,6 +74,7 @@ const OPS: &[Op] = &[
     op("post", "/v1/triggers/{source}/validate", "Validate a trigger config (source as schedule@1); answers it with its defaults", &[], true, 200),
     op("post", "/v1/triggers/{source}/preview", "The next fire times of a trigger config (config, from, count)", &[], true, 200),
     op("get", "/v1/quarantined", "Runs set aside because they cannot be read or committed, and why", &[], false, 200),
+    op("get", "/v1/runs/{id}/export", "The run's history as one self-verifying file (application/zip): state, ledger, artifacts, its version's files", &["with_children"], false, 200),
     op("get", "/v1/workflows", "Deployed workflows: each one's latest version and how many it has", &[], false, 200),
     op("get", "/v1/workflows/{id}/versions", "A workflow's versions, each with its runs by status", &[], false, 200),
     op("post", "/v1/deployments", "Deploy a packed bundle (body: application/zip) or {path, deployed_by?} the server can read: 201 new versions, 200 unchanged", &[], true, 201),

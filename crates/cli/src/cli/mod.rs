@@ -13,6 +13,7 @@ pub mod connections;
 pub mod db;
 pub mod drive;
 pub mod environment;
+pub mod history;
 pub mod input;
 pub mod ledger;
 pub mod render;

@@ -6,6 +6,7 @@ pub(crate) mod cascade;
 pub mod config;
 mod driver;
 mod error;
+pub mod export;
 mod feed;
 pub mod flight;
 mod foreign;

@@ -194,7 +194,7 @@ impl Runtime {
 
     /// Records `files` as a deployment: loaded (validated and compiled)
     /// from memory first, so what is stored is what was validated.
-    fn deploy_files(
+    pub(crate) fn deploy_files(
         &self,
         files: &BundleFiles,
         by: Option<&str>,

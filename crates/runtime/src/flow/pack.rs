@@ -180,7 +180,7 @@ pub fn is_archive(bytes: &[u8]) -> bool {
 
 /// Writes a zip archive of stored entries.
 #[derive(Default)]
-struct ZipWriter {
+pub(crate) struct ZipWriter {
     out: Vec<u8>,
     central: Vec<u8>,
     count: u16,
@@ -193,7 +193,7 @@ const DOS_DATE: u16 = 0x21;
 const UTF8: u16 = 0x0800;
 
 impl ZipWriter {
-    fn add(&mut self, name: &str, data: &[u8]) {
+    pub(crate) fn add(&mut self, name: &str, data: &[u8]) {
         let crc = crc32fast::hash(data);
         let offset = self.out.len() as u32;
         let size = data.len() as u32;
@@ -226,7 +226,7 @@ impl ZipWriter {
         self.count += 1;
     }
 
-    fn finish(mut self) -> Vec<u8> {
+    pub(crate) fn finish(mut self) -> Vec<u8> {
         let offset = self.out.len() as u32;
         let size = self.central.len() as u32;
         self.out.extend(&self.central);
@@ -256,7 +256,7 @@ fn u32_at(b: &[u8], at: usize) -> Result<u32, String> {
 
 /// The entries of a zip archive of stored files, by its central
 /// directory: each name and its data, CRC-checked.
-fn read_zip(b: &[u8]) -> Result<Vec<(String, &[u8])>, String> {
+pub(crate) fn read_zip(b: &[u8]) -> Result<Vec<(String, &[u8])>, String> {
     let not = |why: &str| format!("not a bundle archive: {why}");
     // The end record is the last 22 bytes: the archives read here carry
     // no comment.
