@@ -94,3 +94,47 @@ fn a_changed_archive_is_refused_naming_what_changed() {
     assert!(target.store.load_run(&parked.run_id).unwrap().is_none());
     assert!(target.store.workflow_versions(None).unwrap().is_empty());
 }
+
+/// A parent waiting on its child: exported alone it is refused (it would
+/// wait for ever there); with its children it imports, and once the child
+/// is answered there the driver finishes the parent.
+#[test]
+fn a_waiting_parent_goes_with_its_children() {
+    let source = Host::new(Backend::Sqlite);
+    let parent = json!({"workflow_id": "fam", "entry": "child", "nodes": {
+        "child": {"effect": "start_subworkflow", "payload": {"workflow_id": "fam.kid"},
+                  "result_key": "kid", "next": "done"},
+        "done": {"complete": {"$var": "kid.output"}}}});
+    let kid = json!({"workflow_id": "fam.kid", "entry": "ask", "nodes": {
+        "ask": {"effect": "ask_user", "payload": {"prompt": "?"}, "result_key": "a", "next": "end"},
+        "end": {"complete": {"kid": "done"}}}});
+    let dir = stepwell_tests::write_bundle(
+        source.dir.path(),
+        "fam",
+        &[("flow.json", parent), ("kid.flow.json", kid)],
+    );
+    source.rt.deploy(&dir, None).unwrap();
+    let run = source.rt.run("fam", StartOptions::default()).unwrap();
+    assert_eq!(run.status, RunStatus::Waiting, "{run:?}");
+    let target = Host::new(Backend::Json);
+    let alone = source.rt.export_run(&run.run_id, false).unwrap();
+    let e = target.rt.import_runs(&alone).unwrap_err();
+    assert!(e.to_string().contains("--with-children"), "{e}");
+    assert!(
+        target.store.workflow_versions(None).unwrap().is_empty(),
+        "nothing written"
+    );
+    let whole = source.rt.export_run(&run.run_id, true).unwrap();
+    let ids = target.rt.import_runs(&whole).unwrap();
+    assert_eq!(ids.len(), 2);
+    let child = &ids[1];
+    let waiting = target.rt.get_state(child).unwrap();
+    let key = waiting.waiting.unwrap().wait_key;
+    target
+        .rt
+        .resume(child, &key, json!({"text": "ok"}))
+        .unwrap();
+    target.rt.drive_once().unwrap();
+    let done = target.rt.get_state(&run.run_id).unwrap();
+    assert_eq!(done.output, Some(json!({"kid": "done"})), "{done:?}");
+}

@@ -4,8 +4,9 @@
 //! with its children if asked. `stepwell export` writes it; `stepwell
 //! import` reads it into any store after checking everything (every
 //! file's SHA-256 against the manifest, every ledger's chain, every
-//! bundle's digest, every artifact's id) and writes nothing if anything
-//! does not match, naming what.
+//! bundle's digest, every artifact's id, every run's id and links) and
+//! writes nothing if anything does not match, naming what (a store that
+//! fails midway can leave part of it written).
 //!
 //! The file is a zip of stored entries (as a packed bundle, see
 //! [`crate::flow::pack`]): `manifest.json`, `runs/<id>/state.json`,
@@ -26,6 +27,9 @@ use stepwell_model::model::{RunState, StepRecord};
 
 /// The manifest's `format`.
 pub const EXPORT_FORMAT: &str = "stepwell-run-export";
+
+/// The most runs one export holds (each is two entries of the archive).
+pub const MAX_EXPORTED_RUNS: usize = 2_000;
 
 /// What `manifest.json` of an export says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,13 +83,25 @@ impl Runtime {
     /// not verify is refused.
     pub fn export_run(&self, run_id: &str, with_children: bool) -> Result<Vec<u8>> {
         let mut ids = vec![run_id.to_string()];
+        let mut seen: BTreeSet<String> = ids.iter().cloned().collect();
         let mut i = 0;
         while with_children && i < ids.len() {
             let children = self.store().list_runs(&RunQuery {
                 parent_run_id: Some(ids[i].clone()),
                 ..RunQuery::default()
             })?;
-            ids.extend(children.into_iter().map(|c| c.run_id));
+            // A run met again (parents that name each other) once only.
+            for c in children {
+                if seen.insert(c.run_id.clone()) {
+                    ids.push(c.run_id);
+                }
+            }
+            if ids.len() > MAX_EXPORTED_RUNS {
+                return Err(Error::invalid(
+                    "run_id",
+                    format!("run {run_id} has over {MAX_EXPORTED_RUNS} runs below it: export them apart"),
+                ));
+            }
             i += 1;
         }
         let mut zip = Entries::default();
@@ -144,10 +160,23 @@ impl Runtime {
             }
         }
         let mut exported = Vec::new();
-        if let Some(store) = self.artifact_store() {
+        let store = match self.artifact_store() {
+            Some(store) => Some(store),
+            None if artifacts.is_empty() => None,
+            None => {
+                return Err(Error::invalid(
+                    "run_id",
+                    "the runs name artifacts, and this runtime has no artifact store",
+                ))
+            }
+        };
+        if let Some(store) = store {
             for id in &artifacts {
                 let (Some(bytes), Some(meta)) = (store.get(id)?, store.meta(id)?) else {
-                    continue;
+                    return Err(Error::invalid(
+                        "run_id",
+                        format!("artifact {id}, which the runs name, is missing from the artifact store: not exported"),
+                    ));
                 };
                 zip.add(&format!("artifacts/{id}"), &bytes);
                 exported.push(ExportedArtifact {
@@ -165,7 +194,18 @@ impl Runtime {
             artifacts: exported,
             files: zip.listed.clone(),
         };
-        Ok(zip.finish(&manifest))
+        let bytes = zip.finish(&manifest);
+        if bytes.len() as u64 > crate::flow::pack::MAX_ARCHIVE_BYTES {
+            return Err(Error::invalid(
+                "run_id",
+                format!(
+                    "the export would be {} bytes, over the {} an archive may have",
+                    bytes.len(),
+                    crate::flow::pack::MAX_ARCHIVE_BYTES
+                ),
+            ));
+        }
+        Ok(bytes)
     }
 
     /// Imports an export ([`Runtime::export_run`]) into this runtime's
@@ -176,21 +216,81 @@ impl Runtime {
     /// is refused before anything is written. Returns the runs' ids.
     pub fn import_runs(&self, archive: &[u8]) -> Result<Vec<String>> {
         let checked = check_export(archive).map_err(|why| Error::invalid("archive", why))?;
+        // Everything that can be refused is, before anything is written:
+        // ids, runs the store has, links, bundles that do not load here.
+        let ids: BTreeSet<&str> = checked
+            .runs
+            .iter()
+            .map(|(r, _)| r.run_id.as_str())
+            .collect();
         for (run, _) in &checked.runs {
-            if self.store().load_run(&run.run_id)?.is_some() {
-                return Err(Error::Conflict {
-                    run_id: run.run_id.clone(),
-                    reason: "a run with this id exists in this store: not imported".into(),
-                });
+            self.importable(run, &ids)?;
+        }
+        // Only the bundles of the runs, each loaded (and its ids checked)
+        // before any is deployed.
+        let mut wanted: BTreeMap<&str, &BundleFiles> = BTreeMap::new();
+        for r in &checked.manifest.runs {
+            if let Some(d) = &r.digest {
+                let files = &checked.bundles[d];
+                let bundle = self.compile(files)?;
+                if !bundle
+                    .workflows
+                    .iter()
+                    .any(|w| w.workflow_id == r.workflow_id)
+                {
+                    return Err(Error::invalid(
+                        "archive",
+                        format!(
+                            "run {}: its bundle does not define workflow {:?}",
+                            r.run_id, r.workflow_id
+                        ),
+                    ));
+                }
+                for w in &bundle.workflows {
+                    if let Some(why) = self.plugins_reserved(&w.workflow_id) {
+                        return Err(Error::invalid("archive", why));
+                    }
+                }
+                wanted.insert(d, files);
             }
         }
+        if !checked.artifacts.is_empty() && self.artifact_store().is_none() {
+            return Err(Error::invalid(
+                "archive",
+                "it holds artifacts, and this runtime has no artifact store",
+            ));
+        }
+        // A version with the exported files is used where the store has one;
+        // else they are deployed (and are then the latest).
         let mut versions: BTreeMap<(String, String), u32> = BTreeMap::new();
-        for files in checked.bundles.values() {
-            for d in self.deploy_files(files, Some("import"), "import")? {
-                versions.insert(
-                    (d.version.workflow_id, files.digest.clone()),
-                    d.version.version,
-                );
+        for (digest, files) in wanted {
+            for r in checked
+                .manifest
+                .runs
+                .iter()
+                .filter(|r| r.digest.as_deref() == Some(digest))
+            {
+                let found = self
+                    .store()
+                    .workflow_versions(Some(&r.workflow_id))?
+                    .into_iter()
+                    .filter(|v| v.digest == digest)
+                    .max_by_key(|v| v.version);
+                if let Some(v) = found {
+                    versions.insert((r.workflow_id.clone(), digest.to_string()), v.version);
+                }
+            }
+            let missing = checked.manifest.runs.iter().any(|r| {
+                r.digest.as_deref() == Some(digest)
+                    && !versions.contains_key(&(r.workflow_id.clone(), digest.to_string()))
+            });
+            if missing {
+                for d in self.deploy_files(files, Some("import"), "import")? {
+                    versions.insert(
+                        (d.version.workflow_id, files.digest.clone()),
+                        d.version.version,
+                    );
+                }
             }
         }
         if let Some(store) = self.artifact_store() {
@@ -239,6 +339,57 @@ impl Runtime {
             out.push(run.run_id);
         }
         Ok(out)
+    }
+}
+
+impl Runtime {
+    /// Refuses `run` unless it can be created here as it is: a valid id,
+    /// none in the store, not of a workflow a plugin reserved (automations
+    /// are not imported: a copy would fire beside the original), a parent
+    /// in the archive (`ids`) or the store, and a child it waits on too.
+    fn importable(&self, run: &RunState, ids: &BTreeSet<&str>) -> Result<()> {
+        let refuse = |why: String| {
+            Err(Error::invalid(
+                "archive",
+                format!("run {:?}: {why}", run.run_id),
+            ))
+        };
+        if !super::runtime::valid_run_id(&run.run_id) {
+            return refuse("not a valid run id".into());
+        }
+        if self.store().load_run(&run.run_id)?.is_some() {
+            return Err(Error::Conflict {
+                run_id: run.run_id.clone(),
+                reason: "a run with this id exists in this store: not imported".into(),
+            });
+        }
+        if self.plugins_reserved(&run.workflow_id).is_some() {
+            return refuse(format!(
+                "workflow {:?} is a plugin's own: not imported",
+                run.workflow_id
+            ));
+        }
+        let present = |id: &str| -> Result<bool> {
+            Ok(ids.contains(id) || self.store().load_run(id)?.is_some())
+        };
+        if let Some(parent) = &run.parent_run_id {
+            if parent == &run.run_id || !present(parent)? {
+                return refuse(format!(
+                    "its parent {parent} is neither in the archive nor in this store"
+                ));
+            }
+        }
+        let child = run
+            .waiting
+            .as_ref()
+            .filter(|_| run.status == stepwell_model::model::RunStatus::Waiting)
+            .and_then(|w| w.wait_key.strip_prefix("subworkflow:"));
+        if let Some(child) = child {
+            if !present(child)? {
+                return refuse(format!("it waits on child {child}, which is not in the archive: export it --with-children"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -294,11 +445,17 @@ fn check_export(archive: &[u8]) -> std::result::Result<Checked, String> {
             .ok_or_else(|| format!("run {}: no state", r.run_id))?;
         let run: RunState =
             serde_json::from_slice(state).map_err(|e| format!("run {}: state: {e}", r.run_id))?;
-        if run.run_id != r.run_id {
+        if run.run_id != r.run_id || run.workflow_id != r.workflow_id {
             return Err(format!(
-                "run {}: its state is of run {}",
-                r.run_id, run.run_id
+                "run {}: its state is of run {} of workflow {:?}",
+                r.run_id, run.run_id, run.workflow_id
             ));
+        }
+        if runs
+            .iter()
+            .any(|(x, _): &(RunState, _)| x.run_id == r.run_id)
+        {
+            return Err(format!("run {}: listed twice", r.run_id));
         }
         let ledger = files
             .get(&format!("runs/{}/ledger.jsonl", r.run_id))

@@ -252,7 +252,7 @@ impl Runtime {
 
     /// The bundle of `files`: the one kept for their digest, else loaded
     /// (validated, compiled) from them, not kept yet.
-    fn compile(&self, files: &BundleFiles) -> Result<Arc<Bundle>> {
+    pub(crate) fn compile(&self, files: &BundleFiles) -> Result<Arc<Bundle>> {
         if let Some(b) = self.inner.loaded.bundle(&files.digest) {
             return Ok(b);
         }
