@@ -1469,7 +1469,7 @@ fn browser_ready() -> Option<PathBuf> {
 /// The dashboard in a real browser (Debian's Chromium, headless, driven by
 /// playwright-core): enter the token, start the ask-user example and
 /// answer it in the page, approve a tool call, pause and resume an
-/// automation, the waits and runs pages. Screenshots of every page land in
+/// automation, the waits, runs and workflows pages. Screenshots of every page land in
 /// target/browser/screenshots.
 #[test]
 fn the_dashboard_works_in_a_real_browser() {

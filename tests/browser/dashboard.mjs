@@ -209,6 +209,20 @@ try {
     return `(${a}, ${b})`;
   });
 
+  await step('f. workflows page: ask-user deployed, its versions with their runs', async () => {
+    await page.locator(tid('nav-workflows')).click();
+    await page.waitForURL(/#\/workflows$/);
+    const row = page.locator(tid('workflow-row'), { hasText: 'ask-user' });
+    await row.waitFor();
+    const a = await screenshot('workflows');
+    await row.locator('a').click();
+    await page.waitForURL(/#\/workflows\/ask-user$/);
+    await page.locator(tid('version-row')).first().waitFor();
+    await expectText(tid('versions'), 'completed');
+    const b = await screenshot('workflow-versions');
+    return `(${a}, ${b})`;
+  });
+
   if (problems.length) {
     current = 'no page errors, no outside requests';
     throw new Error(problems.join('\n'));
