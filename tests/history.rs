@@ -93,6 +93,28 @@ fn a_changed_archive_is_refused_naming_what_changed() {
     assert!(e.to_string().contains("ledger record 1 ("), "{e}");
     assert!(target.store.load_run(&parked.run_id).unwrap().is_none());
     assert!(target.store.workflow_versions(None).unwrap().is_empty());
+    // A state that says completed but still waits (its hash in the
+    // manifest made to match): refused, nothing written.
+    let odd = r#"  def fix(d):
+    return d.replace(b'"status":"waiting"', b'"status":"completed"')
+  if name.endswith('state.json'):
+    return fix(data)
+  if name == 'manifest.json':
+    m = json.loads(data)
+    for f in m['files']:
+      if f['path'].endswith('state.json'):
+        d = fix(src.read(f['path']))
+        f['sha256'] = hashlib.sha256(d).hexdigest()
+        f['size'] = len(d)
+    return json.dumps(m).encode()
+  return data"#;
+    let changed = rewrite(&archive, source.dir.path(), odd);
+    let e = target.rt.import_runs(&changed).unwrap_err();
+    assert!(
+        e.to_string().contains("completed and carries a wait"),
+        "{e}"
+    );
+    assert!(target.store.load_run(&parked.run_id).unwrap().is_none());
 }
 
 /// A parent waiting on its child: exported alone it is refused (it would

@@ -363,6 +363,18 @@ impl Runtime {
                 reason: "a run with this id exists in this store: not imported".into(),
             });
         }
+        let waiting = run.status == stepwell_model::model::RunStatus::Waiting;
+        if waiting != run.waiting.is_some() {
+            return refuse(format!(
+                "its state is {} and {} a wait",
+                run.status.as_str(),
+                if run.waiting.is_some() {
+                    "carries"
+                } else {
+                    "lacks"
+                }
+            ));
+        }
         if self.plugins_reserved(&run.workflow_id).is_some() {
             return refuse(format!(
                 "workflow {:?} is a plugin's own: not imported",
@@ -433,8 +445,11 @@ fn check_export(archive: &[u8]) -> std::result::Result<Checked, String> {
         let sha = hex::encode(Sha256::digest(data));
         if data.len() as u64 != f.size || sha != f.sha256 {
             return Err(format!(
-                "{}: changed (its SHA-256 is {sha}, manifest.json says {})",
-                f.path, f.sha256
+                "{}: changed (it is {} bytes with SHA-256 {sha}; manifest.json says {} bytes with {})",
+                f.path,
+                data.len(),
+                f.size,
+                f.sha256
             ));
         }
     }
