@@ -1,10 +1,12 @@
 //! A run's history as one file: exported from SQLite, imported into every
 //! store with its chain intact, run on there; a changed archive refused,
-//! naming what changed.
+//! naming what changed. Forks from a past point, their vars rebuilt from
+//! the ledger.
 
 use std::process::Command;
 
 use serde_json::json;
+use stepwell::core::fork::{ForkFrom, ForkOptions, Forked};
 use stepwell::{RunStatus, StartOptions};
 use stepwell_tests::{example, store_tests, Backend, Host};
 
@@ -71,7 +73,10 @@ fn an_exported_run_is_imported_whole_and_runs_on(b: Backend) {
     assert_eq!(e.reason_code(), "conflict", "{e}");
 }
 
-store_tests!(an_exported_run_is_imported_whole_and_runs_on);
+store_tests!(
+    an_exported_run_is_imported_whole_and_runs_on,
+    a_fork_from_the_middle_completes_with_another_var
+);
 
 /// A changed ledger is refused, naming what changed, and nothing is
 /// written: as an entry whose SHA-256 is not the manifest's, and (the
@@ -159,4 +164,269 @@ fn a_waiting_parent_goes_with_its_children() {
     target.rt.drive_once().unwrap();
     let done = target.rt.get_state(&run.run_id).unwrap();
     assert_eq!(done.output, Some(json!({"kid": "done"})), "{done:?}");
+}
+
+/// A bundle of ten chain links (`n0` to `n9`): each counts itself in
+/// `vars.i`, the last completes with `{"steps": i}`.
+fn ten_links(h: &Host) -> String {
+    let mut nodes = serde_json::Map::new();
+    let step = stepwell_tests::component("chain/step.wasm");
+    for i in 0..10 {
+        let node = match i {
+            9 => json!({"component": step, "config": {"last": true}}),
+            _ => json!({"component": step, "next": format!("n{}", i + 1)}),
+        };
+        nodes.insert(format!("n{i}"), node);
+    }
+    let flow = json!({"workflow_id": "ten", "entry": "n0", "nodes": nodes});
+    h.load_scratch("ten", &[("flow.json", flow)])
+}
+
+fn fork_at(
+    h: &Host,
+    run_id: &str,
+    from: ForkFrom,
+    vars: serde_json::Value,
+) -> stepwell::Result<Forked> {
+    h.rt.fork(
+        run_id,
+        ForkOptions {
+            from,
+            vars: stepwell_tests::vars(vars),
+            workflow_version: None,
+        },
+    )
+}
+
+/// A fork from the middle of a ten-step run runs the rest again with
+/// another var; the points the ledger offers are the ten steps, and a
+/// record that is none is refused, naming the nearest.
+fn a_fork_from_the_middle_completes_with_another_var(b: Backend) {
+    let h = Host::new(b);
+    let wf = ten_links(&h);
+    let options = StartOptions {
+        vars: stepwell_tests::vars(json!({"i": 0, "label": "first",
+                                          "service": {"api_key": "sk-kept-out"}})),
+        ..StartOptions::default()
+    };
+    let source = h.rt.run(&wf, options).unwrap();
+    assert_eq!(source.output, Some(json!({"steps": 10})));
+    let ledger = serde_json::to_string(&h.store.list_records(&source.run_id).unwrap()).unwrap();
+    assert!(
+        !ledger.contains("sk-kept-out"),
+        "the ledger keeps no secret: {ledger}"
+    );
+    let points = h.rt.fork_points(&source.run_id).unwrap();
+    let seqs: Vec<u64> = points.iter().map(|p| p.seq).collect();
+    assert_eq!(seqs, (1..=10).collect::<Vec<_>>());
+    assert!(points.iter().all(|p| p.reproducible), "{points:?}");
+    assert_eq!(points[5].node_id, "n5");
+
+    let forked = fork_at(&h, &source.run_id, ForkFrom::Seq(6), json!({"i": 100})).unwrap();
+    assert_ne!(forked.run_id, source.run_id);
+    assert_eq!((forked.seq, forked.node_id.as_str()), (Some(6), "n5"));
+    let done = h.rt.tick(&forked.run_id).unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(done.output, Some(json!({"steps": 105})), "i was 100 at n5");
+    assert_eq!(
+        done.vars["label"], "first",
+        "the vars of that point, patched"
+    );
+    assert_eq!(
+        done.vars["service"]["api_key"], "sk-kept-out",
+        "secrets from the source"
+    );
+    let ledger = h.store.list_records(&forked.run_id).unwrap();
+    let from = &ledger[0].result.as_ref().unwrap()["forked_from"];
+    assert_eq!(from["run"], source.run_id.as_str());
+    assert_eq!(
+        (from["seq"].clone(), from["node"].clone()),
+        (json!(6), json!("n5"))
+    );
+    assert_eq!(done.vars["_meta"]["forked_from"], *from);
+    let nodes: Vec<_> = ledger[1..]
+        .iter()
+        .filter_map(|r| r.node_id.clone())
+        .collect();
+    assert_eq!(nodes, ["n5", "n6", "n7", "n8", "n9"]);
+    assert!(stepwell::store::verify_chain(&ledger).is_ok());
+    // The source is untouched; the fork of the start runs it all again.
+    assert_eq!(h.store.list_records(&source.run_id).unwrap().len(), 10);
+    let again = fork_at(&h, &source.run_id, ForkFrom::Start, json!({})).unwrap();
+    let again = h.rt.tick(&again.run_id).unwrap();
+    assert_eq!(again.output, Some(json!({"steps": 10})));
+
+    for (seq, says) in [(0, "records 1 to 10"), (11, "records 1 to 10")] {
+        let e = fork_at(&h, &source.run_id, ForkFrom::Seq(seq), json!({})).unwrap_err();
+        assert_eq!(e.reason_code(), "not_forkable", "{e}");
+        assert!(e.to_string().contains(says), "{e}");
+    }
+    let e = fork_at(
+        &h,
+        &source.run_id,
+        ForkFrom::Seq(3),
+        json!({"_runtime": {}}),
+    )
+    .unwrap_err();
+    assert_eq!(e.reason_code(), "invalid_input", "{e}");
+}
+
+/// The vars a fork starts with come from the ledger across a wait and its
+/// resume, a snapshot restored and a child's output; a point between an
+/// effect's records is refused, naming the points around it.
+#[test]
+fn a_fork_rebuilds_vars_across_waits_restores_and_children() {
+    let h = Host::new(Backend::Sqlite);
+    let wf = h.load("ask-user");
+    let parked = h.rt.run(&wf, StartOptions::default()).unwrap();
+    let snaps = stepwell::store::MemorySnapshotStore::new();
+    let snap =
+        h.rt.create_snapshot(&snaps, &parked.run_id, "asked", "", vec![])
+            .unwrap();
+    let key = parked.waiting.as_ref().unwrap().wait_key.clone();
+    h.rt.resume(&parked.run_id, &key, json!({"text": "Ann"}))
+        .unwrap();
+    h.rt.restore_snapshot(&snaps, &snap.snapshot_id).unwrap();
+    let done =
+        h.rt.resume(&parked.run_id, &key, json!({"text": "Eve"}))
+            .unwrap();
+    assert_eq!(done.output, Some(json!({"greeting": "Hello, Eve!"})));
+
+    let points = h.rt.fork_points(&parked.run_id).unwrap();
+    let at: Vec<(u64, &str)> = points.iter().map(|p| (p.seq, p.node_id.as_str())).collect();
+    assert_eq!(at, [(1, "ask"), (4, "greet"), (7, "greet")]);
+    assert!(points.iter().all(|p| p.reproducible), "{points:?}");
+    // At each greet, the name of the resume before it.
+    for (seq, name) in [(4, "Ann"), (7, "Eve")] {
+        let f = fork_at(&h, &parked.run_id, ForkFrom::Seq(seq), json!({})).unwrap();
+        let out = h.rt.tick(&f.run_id).unwrap().output.unwrap();
+        assert_eq!(out["greeting"], format!("Hello, {name}!"));
+    }
+    let e = fork_at(&h, &parked.run_id, ForkFrom::Seq(2), json!({})).unwrap_err();
+    assert_eq!(e.reason_code(), "not_forkable");
+    assert!(
+        e.to_string().contains("1 (node ask) and 4 (node greet)"),
+        "{e}"
+    );
+    // From the snapshot: the run asks again.
+    let f = fork_at(
+        &h,
+        &parked.run_id,
+        ForkFrom::Snapshot(Box::new(snap)),
+        json!({}),
+    )
+    .unwrap();
+    let again = h.rt.tick(&f.run_id).unwrap();
+    assert_eq!(again.status, RunStatus::Waiting);
+    assert!(f.snapshot_id.is_some());
+
+    // A parent's vars hold its child's output, rebuilt from the resume.
+    let parent = h.load("subworkflow");
+    let options = StartOptions {
+        vars: stepwell_tests::vars(json!({"text": "hi"})),
+        ..StartOptions::default()
+    };
+    let run = h.rt.run(&parent, options).unwrap();
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    let points = h.rt.fork_points(&run.run_id).unwrap();
+    assert!(points.iter().all(|p| p.reproducible), "{points:?}");
+    let last = points.last().unwrap();
+    assert_eq!(last.node_id, "done");
+    let f = fork_at(&h, &run.run_id, ForkFrom::Seq(last.seq), json!({})).unwrap();
+    assert_eq!(h.rt.tick(&f.run_id).unwrap().output, run.output);
+}
+
+/// A ledger that does not explain the run's vars (as an older stepwell
+/// wrote it: no `vars` on its records) offers no point, and a fork is
+/// refused; a version that lacks the node is refused too.
+#[test]
+fn a_fork_refuses_what_the_ledger_cannot_rebuild() {
+    let h = Host::new(Backend::Sqlite);
+    let wf = ten_links(&h);
+    let source = h.rt.run(&wf, StartOptions::default()).unwrap();
+    // The same run as an older stepwell left it.
+    let mut old = source.clone();
+    old.run_id = "written-before-forks".into();
+    old.version = 1;
+    let records: Vec<_> = h
+        .store
+        .list_records(&source.run_id)
+        .unwrap()
+        .into_iter()
+        .map(|mut r| {
+            r.run_id = old.run_id.clone();
+            r.vars = None;
+            r.prev_hash = None;
+            r.record_hash = None;
+            r
+        })
+        .collect();
+    h.store.create_if_absent(&old).unwrap();
+    h.store.append_records(&records).unwrap();
+    let points = h.rt.fork_points(&old.run_id).unwrap();
+    assert_eq!(points.len(), 10);
+    assert!(points.iter().all(|p| !p.reproducible), "{points:?}");
+    let e = fork_at(&h, &old.run_id, ForkFrom::Seq(5), json!({})).unwrap_err();
+    assert_eq!(e.reason_code(), "not_forkable", "{e}");
+    assert!(e.to_string().contains("does not reproduce its vars"), "{e}");
+
+    // Version 2 has no n5.
+    let flow = json!({"workflow_id": "ten", "entry": "n0", "nodes": {
+        "n0": {"component": stepwell_tests::component("chain/step.wasm"), "config": {"last": true}}}});
+    h.load_scratch("ten-v2", &[("flow.json", flow)]);
+    let e =
+        h.rt.fork(
+            &source.run_id,
+            ForkOptions {
+                from: ForkFrom::Seq(6),
+                vars: Default::default(),
+                workflow_version: Some(2),
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e.reason_code(), "upgrade_incompatible", "{e}");
+    let f =
+        h.rt.fork(
+            &source.run_id,
+            ForkOptions {
+                from: ForkFrom::Start,
+                vars: Default::default(),
+                workflow_version: Some(2),
+            },
+        )
+        .unwrap();
+    let done = h.rt.tick(&f.run_id).unwrap();
+    assert_eq!(
+        (done.workflow_version, done.output),
+        (Some(2), Some(json!({"steps": 1})))
+    );
+}
+
+/// A patch the host refused (a host-owned var) is not the step's: the
+/// failed run can be forked from the step that tried it, with a patch of
+/// its own, and a fork of an automation's controller or of nothing is
+/// refused.
+#[test]
+fn a_refused_patch_is_not_rebuilt_and_the_failed_step_can_be_forked() {
+    let h = Host::new(Backend::Sqlite);
+    let hostile = stepwell_tests::component("runaway/hostile.wasm");
+    let flow = json!({"workflow_id": "h", "entry": "n0", "nodes": {
+        "n0": {"component": hostile, "config": {"mode": "patch", "patch": {"x": 1}}, "next": "n1"},
+        "n1": {"component": hostile, "config": {"mode": "patch", "patch": {"y": 2, "_meta": {}}}, "next": "n2"},
+        "n2": {"component": hostile, "config": {"mode": "echo_vars"}}}});
+    let wf = h.load_scratch("h", &[("flow.json", flow)]);
+    let run = h.rt.run(&wf, StartOptions::default()).unwrap();
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(run.vars.get("y").is_none(), "{:?}", run.vars);
+    stepwell_tests::assert_forkable(&h.rt, &run.run_id);
+    let points = h.rt.fork_points(&run.run_id).unwrap();
+    assert_eq!(points.last().unwrap().node_id, "n1");
+    let seq = points.last().unwrap().seq;
+    let f = fork_at(&h, &run.run_id, ForkFrom::Seq(seq), json!({"z": 3})).unwrap();
+    let forked = h.rt.get_state(&f.run_id).unwrap();
+    assert_eq!(
+        (forked.vars["x"].clone(), forked.vars["z"].clone()),
+        (json!(1), json!(3))
+    );
+    assert!(forked.vars.get("y").is_none());
 }

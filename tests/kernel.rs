@@ -495,6 +495,7 @@ fn wait_until_is_resumed_by_the_driver_when_due(b: Backend) {
     let done = h.rt.get_state(&id).unwrap();
     assert_eq!(done.status, RunStatus::Completed);
     assert_eq!(done.output, Some(json!({"ok": true})));
+    stepwell_tests::assert_forkable(&h.rt, &id);
     // The default of 2 seconds.
     let id = start(&h, &wf, json!({}));
     let until = h.rt.tick(&id).unwrap().waiting.unwrap().until.unwrap();
@@ -700,7 +701,9 @@ fn emit_event_resumes_every_waiting_run(b: Backend) {
         assert_eq!(event["name"], json!("order.paid"));
         assert_eq!(event["scope"], json!("global"));
         assert_eq!(event["emitter"]["run_id"], json!(emitter));
+        stepwell_tests::assert_forkable(&h.rt, id);
     }
+    stepwell_tests::assert_forkable(&h.rt, &emitter);
     // Nobody is listening any more.
     let again = start(&h, "event.emitter", json!({"payload": 1}));
     assert_eq!(

@@ -284,6 +284,8 @@ fn usage_lands_in_limits_and_a_turn_in_the_context_when_asked() {
         json!([{"role": "user", "content": "Hello", "metadata": {"kind": "llm_turn", "node_id": "ask"}},
                {"role": "assistant", "content": "OK", "metadata": {"kind": "llm_turn", "node_id": "ask"}}])
     );
+    // The turn is written again from the recorded call: forks see it.
+    stepwell_tests::assert_forkable(&rt, &run.run_id);
     let run = ask(&rt, json!({"prompt": "Hello"}));
     assert!(run.vars.get("context").is_none(), "only when asked");
 }
@@ -311,6 +313,7 @@ fn an_absorbed_failure_is_the_result_and_the_run_goes_on() {
             .any(|r| r.status == stepwell::StepStatus::Failed && r.error.as_deref() == Some(error)),
         "the failure is recorded as a failure"
     );
+    stepwell_tests::assert_forkable(&rt, &run.run_id);
     let run = ask(&rt, json!({"prompt": "Hello", "_absorb_failure": false}));
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(mock.count(), 2);

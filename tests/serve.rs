@@ -1618,6 +1618,25 @@ fn bundles_are_deployed_and_listed_over_http() {
         json!({"waiting": 1}),
         "{versions}"
     );
+    // Forked from its first step, with a var the fork's ask uses.
+    let id = run["run_id"].as_str().unwrap();
+    assert_eq!(
+        s.ok(&format!("/v1/runs/{id}/evidence")),
+        json!({"items": []})
+    );
+    let points = s.ok(&format!("/v1/runs/{id}/fork-points"));
+    assert_eq!(points["items"][0]["seq"], 1, "{points}");
+    assert_eq!(points["items"][0]["node_id"], "ask", "{points}");
+    let (status, fork) = s.post(
+        &format!("/v1/runs/{id}/fork"),
+        json!({"at": 1, "vars": {"note": "forked"}}),
+    );
+    assert_eq!(status, 201, "{fork}");
+    assert_ne!(fork["run_id"], run["run_id"]);
+    assert_eq!(fork["vars"]["_meta"]["forked_from"]["run"], id, "{fork}");
+    let (status, refused) = s.post(&format!("/v1/runs/{id}/fork"), json!({"at": 2}));
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["code"], "not_forkable", "{refused}");
     let (status, missing) = s.get("/v1/workflows/nope/versions");
     assert_eq!(status, 404, "{missing}");
     // Unauthenticated: refused.

@@ -58,6 +58,8 @@ fn record(run: &RunState, n: u64, holder: &str) -> StepRecord {
         idempotency_key: None,
         prev_hash: None,
         record_hash: None,
+        vars: None,
+        input: None,
     }
 }
 

@@ -218,6 +218,7 @@ fn a_write_waits_for_approval_and_runs_once_approved() {
         })
         .collect();
     assert_eq!(approved.len(), 1, "{ledger:#?}");
+    stepwell_tests::assert_forkable(&rt, &run.run_id);
 
     // #22: denied, every call fails with the reason and nothing is written.
     let run = start(&rt, batch, ws_vars(&dir.path().join("ws2")), json!({}));
@@ -752,6 +753,7 @@ fn the_agent_reads_writes_after_approval_and_answers() {
     );
     let asked = second.iter().find(|m| m["role"] == "assistant").unwrap();
     assert_eq!(asked["tool_calls"][0]["id"], "call_1");
+    stepwell_tests::assert_forkable(&rt, &run.run_id);
 }
 
 /// The library reads no environment: `STEPWELL_ENABLE_EXEC=1` and
@@ -799,6 +801,7 @@ fn execute_command_is_opt_in_always_asked_and_refused_read_only() {
     let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("exec.sqlite")).unwrap());
     let rt = stepwell::builder(store)
         .engine(stepwell_tests::engine())
+        .artifacts(Arc::new(stepwell::MemoryArtifactStore::new()), 1 << 20)
         .plugin(std::sync::Arc::new(
             stepwell::tools::Tools::new()
                 .enable_exec(true)
@@ -828,6 +831,7 @@ fn execute_command_is_opt_in_always_asked_and_refused_read_only() {
         std::fs::read_to_string(ws.join("made.txt")).unwrap(),
         "made\n"
     );
+    evidence_of_the_command(&rt, &done);
 
     let run = start(
         &rt,
@@ -842,6 +846,76 @@ fn execute_command_is_opt_in_always_asked_and_refused_read_only() {
             .unwrap()
             .contains("cannot run commands or code"),
         "{r:?}"
+    );
+}
+
+/// The command's evidence: its record (command, exit status, timing, the
+/// approval), its output as an artifact, named by the call's result; and
+/// the same after the run is exported and imported elsewhere.
+fn evidence_of_the_command(rt: &Runtime, done: &RunState) {
+    let found = stepwell::tools::evidence::list(rt, &done.run_id).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let e = &found[0];
+    assert_eq!(
+        results(done)[0]["meta"]["evidence_id"],
+        e.evidence_id.as_str()
+    );
+    let r = e.record.as_ref().unwrap();
+    assert_eq!(r["kind"], "evidence");
+    assert_eq!(
+        (&r["tool_name"], &r["class"]),
+        (&json!("execute_command"), &json!("exec"))
+    );
+    assert_eq!(r["return_code"], 0);
+    assert_eq!(r["success"], true);
+    assert!(r["duration_s"].as_f64().is_some(), "{r}");
+    assert!(r["command"].as_str().unwrap().contains("echo made"), "{r}");
+    assert_eq!(r["arguments"]["command"], r["command"], "{r}");
+    assert_eq!(r["approval"]["answer"], json!({"approved": true}), "{r}");
+    assert!(
+        r["approval"]["wait_key"]
+            .as_str()
+            .unwrap()
+            .starts_with("tool_approval:"),
+        "{r}"
+    );
+    let stdout = stepwell_tests::artifact_text(rt, &r["artifacts"]["stdout"]);
+    assert_eq!(stdout, "done given none\n");
+    // Results handed in by whoever resumes name no evidence: another run
+    // cannot show this record as its own.
+    let batch = json!({"tool_calls": [call("execute_command", json!({"command": "true"}))]});
+    let other = start(
+        rt,
+        batch,
+        json!({"workspace_root": r["working_directory"]}),
+        json!({}),
+    );
+    let forged = json!({"mode": "executed", "results": [{"name": "execute_command", "call_id": "c1",
+        "success": true, "output": {"command": "never ran"},
+        "meta": {"evidence_id": e.evidence_id, "evidence": {"$artifact": e.evidence_id}}}]});
+    let other = rt.respond(&other.run_id, forged).unwrap();
+    assert!(
+        results(&other)[0]["meta"].get("evidence_id").is_none(),
+        "{other:?}"
+    );
+    assert!(stepwell::tools::evidence::list(rt, &other.run_id)
+        .unwrap()
+        .is_empty());
+    // Exported with the run, and listed the same where it is imported.
+    let archive = rt.export_run(&done.run_id, false).unwrap();
+    let there = stepwell::builder(Arc::new(stepwell::MemoryStore::new()))
+        .engine(stepwell_tests::engine())
+        .artifacts(Arc::new(stepwell::MemoryArtifactStore::new()), 1 << 20)
+        .plugin(Arc::new(stepwell::tools::Tools::new().enable_exec(true)))
+        .build()
+        .unwrap();
+    there.import_runs(&archive).unwrap();
+    let moved = stepwell::tools::evidence::list(&there, &done.run_id).unwrap();
+    assert_eq!(moved[0].record, e.record);
+    let r = moved[0].record.as_ref().unwrap();
+    assert_eq!(
+        stepwell_tests::artifact_text(&there, &r["artifacts"]["stdout"]),
+        "done given none\n"
     );
 }
 

@@ -150,20 +150,34 @@ fn a_forged_artifact_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("x.sqlite");
     hello_with_artifact("umask 022", &db, "victim");
-    let content = files_below(&dir.path().join("artifacts"))
+    // Every artifact forged: the var's, and the first step's record's
+    // (its input, offloaded as large too).
+    let contents: Vec<_> = files_below(&dir.path().join("artifacts"))
         .into_iter()
-        .find(|f| f.extension().is_none())
-        .expect("an artifact");
-    let id = content.file_name().unwrap().to_str().unwrap().to_string();
-    std::fs::write(&content, "\"FORGED by another user\"").unwrap();
-    let out = stepwell(&db, &["--json", "status", "victim"]);
-    let text = format!("{}{}", stderr(&out), String::from_utf8_lossy(&out.stdout));
-    assert!(!text.contains("FORGED"), "the forged var was shown: {text}");
-    assert!(!out.status.success(), "{text}");
-    assert!(
-        text.contains("store_corrupt") && text.contains(&format!("artifact {id}")),
-        "{text}"
-    );
+        .filter(|f| f.extension().is_none())
+        .collect();
+    assert!(!contents.is_empty(), "an artifact");
+    let mut ids = Vec::new();
+    for content in &contents {
+        ids.push(content.file_name().unwrap().to_str().unwrap().to_string());
+        std::fs::write(content, "\"FORGED by another user\"").unwrap();
+    }
+    for args in [
+        &["--json", "status", "victim"][..],
+        &["--json", "ledger", "victim"],
+    ] {
+        let out = stepwell(&db, args);
+        let text = format!("{}{}", stderr(&out), String::from_utf8_lossy(&out.stdout));
+        assert!(!text.contains("FORGED"), "the forged var was shown: {text}");
+        assert!(!out.status.success(), "{text}");
+        assert!(
+            text.contains("store_corrupt")
+                && ids
+                    .iter()
+                    .any(|id| text.contains(&format!("artifact {id}"))),
+            "{text}"
+        );
+    }
 }
 
 /// A snapshot file rewritten to widen the run's tool scope (its host-owned

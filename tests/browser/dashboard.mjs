@@ -223,6 +223,22 @@ try {
     return `(${a}, ${b})`;
   });
 
+  await step('g. fork: the ask-user run forked from its greet with another name', async () => {
+    await page.goto(`${BASE}/#/runs/${encodeURIComponent(runs.ask)}`);
+    const fork = page.locator(`${tid('fork')}[data-seq="4"]`);
+    await fork.waitFor({ timeout: TIMEOUT });
+    const a = await screenshot('fork-offered');
+    page.once('dialog', (d) => d.accept('{"user_input": {"text": "Grace"}}'));
+    await fork.click();
+    await page.waitForFunction((src) => /#\/runs\/[^/]+$/.test(location.hash) && !location.hash.includes(src), runs.ask, { timeout: TIMEOUT });
+    await page.locator(tid('forked-from')).waitFor({ timeout: TIMEOUT });
+    await runStatus('completed');
+    await expectText(tid('run-output'), 'Hello, Grace!');
+    await expectText(tid('forked-from'), 'record #4');
+    const b = await screenshot('forked');
+    return `(${a}, ${b})`;
+  });
+
   if (problems.length) {
     current = 'no page errors, no outside requests';
     throw new Error(problems.join('\n'));

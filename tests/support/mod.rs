@@ -439,3 +439,25 @@ pub fn echo_flows() -> Vec<(&'static str, Value)> {
         ),
     ]
 }
+
+/// Asserts that every point of the run's history can be forked from: its
+/// ledger rebuilds its vars (forks, docs/history.md).
+pub fn assert_forkable(rt: &stepwell::Runtime, run_id: &str) {
+    let points = rt.fork_points(run_id).expect("fork points");
+    assert!(!points.is_empty(), "run {run_id} offers no fork point");
+    let lost: Vec<_> = points.iter().filter(|p| !p.reproducible).collect();
+    assert!(
+        lost.is_empty(),
+        "the ledger of {run_id} does not rebuild its vars: {lost:?}"
+    );
+}
+
+/// The text of the artifact `reference` (`{"$artifact": id}`) names, from
+/// the runtime's artifact store.
+pub fn artifact_text(rt: &stepwell::Runtime, reference: &Value) -> String {
+    let id = reference["$artifact"]
+        .as_str()
+        .expect("an artifact reference");
+    let store = rt.artifact_store().expect("an artifact store");
+    String::from_utf8(store.get(id).unwrap().expect("the artifact")).unwrap()
+}

@@ -114,6 +114,8 @@ fn record(run: &RunState, t: &Transition<'_>, key: String, payload: &Value) -> S
         idempotency_key: Some(key),
         prev_hash: None,
         record_hash: None,
+        vars: None,
+        input: None,
     }
 }
 

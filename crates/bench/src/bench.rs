@@ -386,6 +386,8 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             idempotency_key: None,
             prev_hash: None,
             record_hash: None,
+            vars: None,
+            input: None,
         };
         let mut rates = Vec::new();
         for batch in 0..options.chain_repeats {

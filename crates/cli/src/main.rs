@@ -100,6 +100,15 @@ enum Command {
     Export(cli::history::ExportArgs),
     /// Read a file `export` wrote into this store, after checking it whole.
     Import(cli::history::ImportArgs),
+    /// Start a new run from a past point of a run (a ledger record or a
+    /// snapshot), with the vars as they were there and a patch over them.
+    Fork(cli::history::ForkArgs),
+    /// The evidence a run's outside-world tool calls left: a command's
+    /// exit status, output and timing, the approval that allowed it.
+    Evidence {
+        /// The run.
+        run_id: String,
+    },
     /// Pack a bundle directory into one file, or unpack one.
     Bundle {
         #[command(subcommand)]
@@ -215,6 +224,8 @@ fn on_runtime(rt: Runtime, host: &Host, command: Command, sink: &Sink) -> Result
         Command::Bundle { command } => cli::workflows::bundle(&rt, command),
         Command::Export(args) => cli::history::export(&rt, args),
         Command::Import(args) => cli::history::import(&rt, args),
+        Command::Fork(args) => cli::history::fork(&rt, &host.spec, args),
+        Command::Evidence { run_id } => cli::history::evidence(&rt, &run_id),
         Command::Resume(args) => cli::runs::resume(&rt, args),
         Command::Status { run_id } => Ok(Report::run(&rt.get_state(&run_id)?)),
         Command::Ledger(args) => cli::ledger::run(&rt, args, sink),

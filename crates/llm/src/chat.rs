@@ -3,8 +3,7 @@
 
 use serde_json::{json, Map, Value};
 
-/// What a recorded secret reads as.
-pub const REDACTED: &str = "[redacted]";
+pub use stepwell_runtime::core::secrets::{redact, REDACTED};
 
 /// A request ready to send, and what it was built from.
 #[derive(Debug, Clone, PartialEq)]
@@ -569,55 +568,6 @@ pub fn normalize_response(body: Value, structured: bool, metadata: Value) -> Val
         "trace_id": null,
         "gen_time": null,
     })
-}
-
-/// Whether key `k` names a secret. Stricter than the reference's rule for
-/// recorded params (which this includes), as its rule for stored
-/// artifacts is: a key with a part ending in `token` (not `tokens`), or
-/// containing `secret` or `password`, or naming an API key,
-/// `authorization` or a private key.
-fn secret_key(k: &str) -> bool {
-    let k = k.to_ascii_lowercase();
-    let named = [
-        "api_key",
-        "api-key",
-        "apikey",
-        "authorization",
-        "password",
-        "secret",
-        "private_key",
-        "private-key",
-        "privatekey",
-    ];
-    named.iter().any(|s| k.contains(s))
-        || k.split(|c: char| !c.is_ascii_alphanumeric())
-            .any(|p| p.ends_with("token"))
-}
-
-/// `v` with every non-empty value under a secret key replaced by
-/// [`REDACTED`], at any depth, except inside `tools`, `messages` and
-/// `response_schema` (schemas and conversation, whose keys name fields,
-/// not secrets): what the ledger keeps of a payload.
-pub fn redact(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .map(|(k, v)| {
-                    let empty = v.is_null() || v.as_str() == Some("");
-                    let v = if secret_key(k) && !empty {
-                        json!(REDACTED)
-                    } else if matches!(k.as_str(), "tools" | "messages" | "response_schema") {
-                        v.clone()
-                    } else {
-                        redact(v)
-                    };
-                    (k.clone(), v)
-                })
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.iter().map(redact).collect()),
-        other => other.clone(),
-    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub mod clock;
 pub mod error;
 pub mod json;
 pub mod model;
+pub mod secrets;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::ExtensionError;

@@ -248,6 +248,15 @@ pub struct StepRecord {
         deserialize_with = "present_value"
     )]
     pub result: Option<Value>,
+    /// The vars patch a node step applied (secrets read `[redacted]`): with
+    /// `input`, results and resume payloads, the ledger alone rebuilds a
+    /// run's vars before any step (forks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vars: Option<Value>,
+    /// The run's user vars before its first step (on that step's record),
+    /// or as a restore left them (on its record); secrets redacted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
     /// Why the step failed, prefixed with a reason code.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

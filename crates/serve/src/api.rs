@@ -218,6 +218,9 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/runs/{id}/cancel", post(cancel_run))
         .route("/v1/runs/{id}/ledger", get(run_ledger))
         .route("/v1/runs/{id}/export", get(export_run))
+        .route("/v1/runs/{id}/fork", post(fork_run))
+        .route("/v1/runs/{id}/fork-points", get(fork_points))
+        .route("/v1/runs/{id}/evidence", get(run_evidence))
         .route("/v1/runs/{id}/ledger/verify", get(verify_ledger))
         .route(
             "/v1/runs/{id}/ledger/stream",
@@ -1355,6 +1358,68 @@ async fn export_run(
         bytes,
     )
         .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fork {
+    /// The record to start from (default: the run's first step).
+    at: Option<u64>,
+    /// A snapshot of the run to start from instead.
+    snapshot_id: Option<String>,
+    #[serde(default)]
+    vars: serde_json::Map<String, Value>,
+    workflow_version: Option<u32>,
+}
+
+/// `POST /v1/runs/{id}/fork`: a new run from a past point of the run
+/// (`stepwell fork`), created for the driver to step; 201 with its state.
+async fn fork_run(State(s): S, Path(id): Path<String>, Body(b): Body<Fork>) -> ApiResult {
+    use stepwell::core::fork::{ForkFrom, ForkOptions};
+    if b.at.is_some() && b.snapshot_id.is_some() {
+        return Err(ApiError::invalid(
+            "body.snapshot_id",
+            "give `at` or `snapshot_id`, not both",
+        ));
+    }
+    blocking(move || {
+        let from = match (b.at, b.snapshot_id) {
+            (Some(seq), _) => ForkFrom::Seq(seq),
+            (None, Some(snap)) => {
+                let found = s.snapshots.load_snapshot(&snap)?.ok_or_else(|| {
+                    stepwell::Error::invalid("snapshot_id", format!("no snapshot with id {snap:?}"))
+                })?;
+                ForkFrom::Snapshot(Box::new(found))
+            }
+            (None, None) => ForkFrom::Start,
+        };
+        let options = ForkOptions {
+            from,
+            vars: b.vars,
+            workflow_version: b.workflow_version,
+        };
+        let forked = s.rt.fork(&id, options)?;
+        s.wake.wake();
+        s.rt.get_state(&forked.run_id)
+    })
+    .await
+    .map(|r| created(run_json(&r)))
+}
+
+/// `GET /v1/runs/{id}/fork-points`: the points of the run's history a
+/// fork can start from.
+async fn fork_points(State(s): S, Path(id): Path<String>) -> ApiResult {
+    read(move || Ok(json!({"items": s.rt.fork_points(&id)?})))
+        .await
+        .map(ok)
+}
+
+/// `GET /v1/runs/{id}/evidence`: the evidence the run's outside-world tool
+/// calls left (`stepwell evidence`).
+async fn run_evidence(State(s): S, Path(id): Path<String>) -> ApiResult {
+    read(move || Ok(json!({"items": stepwell::tools::evidence::list(&s.rt, &id)?})))
+        .await
+        .map(ok)
 }
 
 async fn workflows_list(State(s): S) -> ApiResult {

@@ -59,6 +59,7 @@ impl ApiError {
             | "revision_conflict"
             | "quarantined"
             | "upgrade_incompatible"
+            | "not_forkable"
             | "connection_disabled" => StatusCode::CONFLICT,
             "invalid_input"
             | "invalid_definition"

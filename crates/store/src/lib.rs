@@ -1520,6 +1520,8 @@ mod chain_properties {
                     idempotency_key,
                     prev_hash: None,
                     record_hash: None,
+                    vars: None,
+                    input: None,
                 },
             )
     }

@@ -208,6 +208,10 @@ struct Kept {
     effect: Option<Box<EffectRecord>>,
     /// The result, most often as JSON text.
     result: Option<KeptValue>,
+    /// The step's vars patch and the run's input, most often as JSON text.
+    vars: Option<KeptValue>,
+    /// Boxed: only a run's first step and a restore carry one.
+    input: Option<Box<KeptValue>>,
     error: Option<Box<str>>,
     started_at: Box<str>,
     ended_at: Ended,
@@ -231,6 +235,8 @@ impl Kept {
             attempt: r.attempt,
             effect: r.effect.map(Box::new),
             result: r.result.map(KeptValue::keep),
+            vars: r.vars.map(KeptValue::keep),
+            input: r.input.map(|v| Box::new(KeptValue::keep(v))),
             error: r.error.map(String::into_boxed_str),
             started_at: r.started_at.into_boxed_str(),
             ended_at,
@@ -249,6 +255,8 @@ impl Kept {
             status: self.status,
             effect: self.effect.as_deref().cloned(),
             result: self.result.as_ref().map(KeptValue::value),
+            vars: self.vars.as_ref().map(KeptValue::value),
+            input: self.input.as_deref().map(KeptValue::value),
             error: self.error.as_deref().map(str::to_string),
             started_at: self.started_at.to_string(),
             ended_at: match &self.ended_at {
@@ -997,6 +1005,8 @@ mod tests {
             idempotency_key: n.is_multiple_of(3).then(|| format!("run-1:{n}")),
             prev_hash: None,
             record_hash: None,
+            vars: None,
+            input: None,
         }
     }
 

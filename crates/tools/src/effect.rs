@@ -26,7 +26,7 @@ use crate::calls::{
     resolve_ceiling, ApprovalPolicy, Call,
 };
 use crate::scope::WorkspaceScope;
-use crate::{ToolCatalog, ToolClass, ToolTable};
+use crate::{evidence, ToolCatalog, ToolClass, ToolTable};
 use stepwell_runtime::core::model::{WaitReason, WaitState};
 use stepwell_runtime::core::{Error, Result};
 use stepwell_runtime::effects::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
@@ -461,6 +461,14 @@ fn offload(cx: &EffectCx<'_>, payload: Option<&Map<String, Value>>, results: &mu
     }
 }
 
+/// The class of tool `name` in `table`, if it has that tool.
+fn class_in(table: &ToolTable, name: &str) -> Option<ToolClass> {
+    table
+        .get(name)
+        .and_then(|e| e.spec.as_ref())
+        .map(|s| s.class)
+}
+
 /// The scope of a run, or a `workspace_policy` failure.
 fn scope_of(
     cx: &EffectCx<'_>,
@@ -530,6 +538,14 @@ impl EffectHandler for ToolCalls {
                     let batch = Batch::of(cx, &table, scope.as_ref());
                     let results = self.run_all(&batch, &planned, &|| batch.stopped(cx));
                     let mut results = merge(count, &blocked, &results);
+                    let calls: Vec<Value> = planned.iter().map(|p| call_json(&p.call)).collect();
+                    let class_of = |n: &str| class_in(&table, n);
+                    let ran = evidence::Ran {
+                        class_of: &class_of,
+                        calls: &calls,
+                        approval: None,
+                    };
+                    evidence::record(cx, &mut results, &ran);
                     offload(cx, Some(payload), &mut results);
                     return Ok(Outcome::Completed(
                         json!({"mode": "executed", "results": results}),
@@ -636,7 +652,8 @@ impl EffectHandler for ToolCalls {
         let is_results = payload.get("mode").is_some() && payload.get("results").is_some();
         if details["mode"] != "approval_required" || is_results {
             // Results of calls run outside: put back in place.
-            let given = payload["results"].as_array().cloned().unwrap_or_default();
+            let mut given = payload["results"].as_array().cloned().unwrap_or_default();
+            evidence::strip(&mut given);
             let results = match count {
                 Some(n) if n != given.len() => merge(n, blocked, &given),
                 _ => given,
@@ -729,6 +746,22 @@ impl EffectHandler for ToolCalls {
             Some(n) => merge(n, blocked, &results),
             None => results,
         };
+        if payload["approved"] == true {
+            let calls = details["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let table = self.catalog.table().ok();
+            let class_of = |n: &str| table.as_deref().and_then(|t| class_in(t, n));
+            let at = stepwell_runtime::core::clock::format_time(cx.now);
+            let approval = evidence::approval(&wait.wait_key, payload, &at);
+            let ran = evidence::Ran {
+                class_of: &class_of,
+                calls: &calls,
+                approval: Some(&approval),
+            };
+            evidence::record(cx, &mut results, &ran);
+        }
         offload(cx, None, &mut results);
         Ok(Some(json!({"mode": "executed", "results": results})))
     }

@@ -23,6 +23,7 @@
 pub mod attach;
 pub mod calls;
 pub mod effect;
+pub mod evidence;
 pub mod exec;
 mod plugin;
 pub mod ruff;

@@ -100,7 +100,7 @@ fn lines(rt: &Runtime, run_id: &str, follow: bool, poll: Duration, sink: &Sink) 
     let show_new = |shown: &mut u64| -> Result<()> {
         for page in rt.ledger_pages(run_id, *shown) {
             for (seq, r) in page? {
-                sink.show(&Report::record(&r));
+                sink.show(&Report::record(seq, &r));
                 *shown = seq;
             }
         }

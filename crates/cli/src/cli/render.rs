@@ -122,8 +122,9 @@ impl Report {
         report
     }
 
-    /// One ledger record: a line, or its JSON on one line.
-    pub(crate) fn record(r: &StepRecord) -> Report {
+    /// One ledger record (`seq` its position, 1 for the first): a line, or
+    /// its JSON on one line.
+    pub(crate) fn record(seq: u64, r: &StepRecord) -> Report {
         let what = match (&r.effect, &r.result) {
             (Some(e), _) => e.kind.clone(),
             (None, Some(v)) if v.get("resumed").is_some() => "resume".into(),
@@ -136,7 +137,7 @@ impl Report {
             .or_else(|| r.result.as_ref().map(|v| v.to_string()))
             .unwrap_or_default();
         Report::compact(r).line(format!(
-            "{}  {:10} {:16} {:18} {}",
+            "{seq:>5}  {}  {:10} {:16} {:18} {}",
             r.started_at,
             r.status.as_str(),
             r.node_id.as_deref().unwrap_or("-"),

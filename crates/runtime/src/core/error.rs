@@ -85,6 +85,16 @@ pub enum Error {
         /// The nodes the new version lacks.
         missing: Vec<String>,
     },
+    /// A fork was asked of a point of a run's history it cannot start
+    /// from (not the start of a node's execution, or a ledger that does
+    /// not hold the vars there); nothing was created.
+    #[error("not_forkable: run {run_id}: {reason}")]
+    NotForkable {
+        /// The source run.
+        run_id: String,
+        /// Why, naming the points that can be forked from.
+        reason: String,
+    },
     /// An argument is invalid (a malformed run id, a payload of the wrong type, ...).
     #[error("invalid_input: {field}: {message}")]
     InvalidInput {
@@ -146,6 +156,7 @@ impl Error {
             Error::UnknownWorkflow { .. } => "unknown_workflow",
             Error::UnknownVersion { .. } => "unknown_version",
             Error::UpgradeIncompatible { .. } => "upgrade_incompatible",
+            Error::NotForkable { .. } => "not_forkable",
             Error::InvalidInput { .. } => "invalid_input",
             Error::Wasm(_) => "component_load_failed",
             Error::Store(e) => e.reason_code(),

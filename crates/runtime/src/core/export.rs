@@ -171,13 +171,27 @@ impl Runtime {
             }
         };
         if let Some(store) = store {
-            for id in &artifacts {
-                let (Some(bytes), Some(meta)) = (store.get(id)?, store.meta(id)?) else {
+            // A JSON artifact may name others (an evidence record names a
+            // command's output): they go too.
+            let mut queue: std::collections::VecDeque<String> = artifacts.iter().cloned().collect();
+            while let Some(id) = queue.pop_front() {
+                let (Some(bytes), Some(meta)) = (store.get(&id)?, store.meta(&id)?) else {
                     return Err(Error::invalid(
                         "run_id",
                         format!("artifact {id}, which the runs name, is missing from the artifact store: not exported"),
                     ));
                 };
+                if meta.content_type.starts_with("application/json") {
+                    let mut named = BTreeSet::new();
+                    if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
+                        collect_refs(&v, &mut named);
+                    }
+                    for n in named {
+                        if artifacts.insert(n.clone()) {
+                            queue.push_back(n);
+                        }
+                    }
+                }
                 zip.add(&format!("artifacts/{id}"), &bytes);
                 exported.push(ExportedArtifact {
                     artifact_id: id.clone(),

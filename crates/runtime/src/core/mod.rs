@@ -10,6 +10,7 @@ pub mod export;
 mod feed;
 pub mod flight;
 mod foreign;
+pub mod fork;
 pub mod keys;
 pub mod locks;
 pub mod metrics;
@@ -28,6 +29,8 @@ pub use stepwell_model::clock;
 /// A run's state, its ledger records, waits, plans: the `stepwell-model`
 /// crate's, which every layer shares.
 pub use stepwell_model::model;
+/// Which recorded keys name secrets, and values with them redacted.
+pub use stepwell_model::secrets;
 
 pub use driver::{DriveReport, RunError, IDLE_POLL};
 pub use error::{Error, ExtensionError, Result};

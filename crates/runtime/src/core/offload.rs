@@ -207,7 +207,8 @@ impl Offloader {
         Ok(())
     }
 
-    /// The records as they are stored: large results and payloads offloaded.
+    /// The records as they are stored: large results, vars patches,
+    /// inputs and payloads offloaded.
     pub fn offload_records(
         &self,
         records: &[stepwell_model::model::StepRecord],
@@ -218,6 +219,16 @@ impl Offloader {
             if let Some(v) = &r.result {
                 if let Some(rf) = self.offload(v, &r.run_id, now)? {
                     out.get_or_insert_with(|| records.to_vec())[i].result = Some(rf);
+                }
+            }
+            if let Some(v) = &r.vars {
+                if let Some(rf) = self.offload(v, &r.run_id, now)? {
+                    out.get_or_insert_with(|| records.to_vec())[i].vars = Some(rf);
+                }
+            }
+            if let Some(v) = &r.input {
+                if let Some(rf) = self.offload(v, &r.run_id, now)? {
+                    out.get_or_insert_with(|| records.to_vec())[i].input = Some(rf);
                 }
             }
             if let Some(e) = &r.effect {
@@ -241,6 +252,12 @@ impl Offloader {
     ) -> Result<(), StoreError> {
         for r in records {
             if let Some(v) = r.result.as_mut() {
+                self.load(v)?;
+            }
+            if let Some(v) = r.vars.as_mut() {
+                self.load(v)?;
+            }
+            if let Some(v) = r.input.as_mut() {
                 self.load(v)?;
             }
             if let Some(e) = r.effect.as_mut() {

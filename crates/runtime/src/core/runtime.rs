@@ -366,8 +366,9 @@ impl Runtime {
             .counters(self.inner.engine.guest_counts())
     }
 
-    /// The artifact store large values go to, if the runtime has one.
-    pub(crate) fn artifact_store(&self) -> Option<&dyn crate::store::ArtifactStore> {
+    /// The artifact store large values (and evidence, attachments) go
+    /// to, if the runtime has one.
+    pub fn artifact_store(&self) -> Option<&dyn crate::store::ArtifactStore> {
         self.inner.offloader.as_ref().map(|o| o.store.as_ref())
     }
 
@@ -1241,6 +1242,10 @@ impl Runtime {
         if let Some(w) = written {
             ended["result"] = w;
         }
+        // Where the value went: the ledger alone rebuilds the vars (forks).
+        if let Some(key) = &wait.result_key {
+            ended["result_key"] = Value::String(key.clone());
+        }
         if let Some(c) = cause {
             ended["cause"] = Value::String(c.to_string());
             // Which wait this ended: the effect that started it.
@@ -1404,6 +1409,8 @@ impl Runtime {
             idempotency_key: None,
             prev_hash: None,
             record_hash: None,
+            vars: None,
+            input: None,
         }
     }
 }

@@ -41,6 +41,7 @@ impl Runtime {
     /// Restores a snapshot: its run state becomes the run's state again,
     /// under the run's lease, with a `completed` ledger record
     /// `{"restored": {"snapshot_id", "name", "step_id", "workflow_version"}}`
+    /// (and the restored user vars in its `input`)
     /// as evidence (`workflow_version`: `{"from", "to"}` when the snapshot's
     /// version is not the run's current one, else null). The run goes back
     /// to the snapshot's version, which must still be deployed
@@ -96,6 +97,14 @@ impl Runtime {
         runtime_vars(&mut run).insert("restores".into(), json!(restores));
         let now = format_time(self.now());
         run.updated_at = now.clone();
+        // The restored vars go in the record too (`input`), so the ledger
+        // alone still rebuilds the vars of every later step (forks).
+        let input: serde_json::Map<String, serde_json::Value> = run
+            .vars
+            .iter()
+            .filter(|(k, _)| !super::keys::is_host_owned(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let record = StepRecord {
             result: Some(json!({ "restored": {
                 "snapshot_id": snapshot.snapshot_id,
@@ -103,6 +112,9 @@ impl Runtime {
                 "step_id": snapshot.step_id,
                 "workflow_version": moved,
             }})),
+            input: Some(super::secrets::redact_all(&serde_json::Value::Object(
+                input,
+            ))),
             ended_at: Some(now.clone()),
             ..self.record(&run, run.current_node.clone(), &now)
         };

@@ -18,6 +18,7 @@ use super::model::{
     WaitState,
 };
 use super::runtime::Runtime;
+use super::secrets::{redact_all, secret_key, REDACTED};
 use super::txn::RunTxn;
 use super::{panics, Result};
 use crate::effects::{EffectClass, EffectCx, EffectHandler, Failure, HostChange, Outcome, Then};
@@ -241,6 +242,9 @@ fn outcome_record(base: &StepRecord, status: StepStatus, ended_at: &str) -> Step
         status,
         ended_at: Some(ended_at.to_string()),
         result: None,
+        // What the step wrote is the `started` record's to say.
+        vars: None,
+        input: None,
         ..base.clone()
     }
 }
@@ -399,6 +403,12 @@ impl Runtime {
             None => self.now(),
         };
         let started_at = format_time(now);
+        // What the ledger needs to rebuild the run's vars at any step (for
+        // forks): the user vars at the first step, each step's patch.
+        let mut notes = Notes {
+            input: first_step_input(run),
+            vars: None,
+        };
         let Ready {
             node_id,
             node,
@@ -408,7 +418,8 @@ impl Runtime {
         } = match self.ready(wf, run, now, sessions) {
             Ok(ready) => ready,
             Err((node_id, msg)) => {
-                return self.fail_step(txn, run, records, node_id, &started_at, msg)
+                let at = (node_id, started_at.as_str(), notes);
+                return self.fail_step(txn, run, records, at, msg);
             }
         };
         if handler.as_ref().is_some_and(|h| h.commits_first())
@@ -434,14 +445,22 @@ impl Runtime {
             complete_output,
             ..
         } = plan;
+        let recorded = recorded_patch(vars.as_ref());
         let patched = apply_patch(run, vars, effect.is_some(), &node_id, &mut sessions.changed);
+        // Only a patch that was applied is the step's to record.
+        if patched.is_ok() {
+            notes.vars = recorded;
+        }
         let target = patched.and_then(|undo| {
             let route = (complete_output, next_node.as_deref(), effect.is_some());
             step_target(wf, node, &node_id, route).map(|t| (undo, t))
         });
         let (undo, target) = match target {
             Ok(found) => found,
-            Err(msg) => return self.fail_step(txn, run, records, Some(node_id), &started_at, msg),
+            Err(msg) => {
+                let at = (Some(node_id), started_at.as_str(), notes);
+                return self.fail_step(txn, run, records, at, msg);
+            }
         };
         let (Some(effect), Some(handler)) = (effect, handler) else {
             let (result, key) = match &target {
@@ -454,6 +473,8 @@ impl Runtime {
             };
             records.push(StepRecord {
                 result: Some(result),
+                vars: notes.vars,
+                input: notes.input,
                 ended_at: Some(started_at.clone()),
                 idempotency_key: key,
                 ..self.record(run, Some(node_id), &started_at)
@@ -472,7 +493,8 @@ impl Runtime {
             return done;
         };
         if let Some(msg) = self.refused_request(wf, run, &node_id, &effect, &*handler) {
-            return self.fail_step(txn, run, records, Some(node_id), &started_at, msg);
+            let at = (Some(node_id), started_at.as_str(), notes);
+            return self.fail_step(txn, run, records, at, msg);
         }
         let seq = next_effect_seq(run);
         let key = effect_idempotency_key(run, seq);
@@ -488,6 +510,8 @@ impl Runtime {
             }),
             idempotency_key: Some(key.clone()),
             attempt,
+            vars: notes.vars,
+            input: notes.input,
             ..self.record(run, Some(node_id.clone()), &started_at)
         };
         let class = handler.class();
@@ -1137,8 +1161,7 @@ impl Runtime {
         txn: &mut RunTxn<'_>,
         run: &mut RunState,
         mut records: Vec<StepRecord>,
-        node_id: Option<String>,
-        started_at: &str,
+        (node_id, started_at, notes): (Option<String>, &str, Notes),
         msg: String,
     ) -> Result<()> {
         if txn.steps_never_fail {
@@ -1147,6 +1170,8 @@ impl Runtime {
         records.push(StepRecord {
             status: StepStatus::Failed,
             error: Some(msg.clone()),
+            vars: notes.vars,
+            input: notes.input,
             ended_at: Some(started_at.to_string()),
             idempotency_key: Some(terminal_key(run)),
             ..self.record(run, node_id, started_at)
@@ -1391,6 +1416,54 @@ fn next_node_result(n: &str) -> Value {
     let mut result = serde_json::Map::new();
     result.insert("next_node".into(), Value::String(n.to_string()));
     Value::Object(result)
+}
+
+/// What a step's records say it did to the vars (their `vars` and
+/// `input`): the ledger alone rebuilds the vars at any step (forks).
+struct Notes {
+    /// The user vars before the run's first step.
+    input: Option<Value>,
+    /// The step's vars patch.
+    vars: Option<Value>,
+}
+
+/// The user vars (no host-owned ones, secrets redacted) of a run that has
+/// taken no step yet: its first step's record carries them.
+fn first_step_input(run: &RunState) -> Option<Value> {
+    let visited = run
+        .vars
+        .get("_runtime")
+        .is_some_and(|r| r.get("node_visits").is_some());
+    if visited {
+        return None;
+    }
+    let input: Map<String, Value> = run
+        .vars
+        .iter()
+        .filter(|(k, _)| !is_host_owned(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Some(redact_map(&input))
+}
+
+/// The step's vars patch as its record keeps it (never a secret: a value
+/// under a key such as `api_key` reads `[redacted]`); none when empty.
+fn recorded_patch(patch: Option<&Map<String, Value>>) -> Option<Value> {
+    patch.filter(|p| !p.is_empty()).map(redact_map)
+}
+
+/// A vars map with its secrets redacted, as the ledger keeps it.
+fn redact_map(vars: &Map<String, Value>) -> Value {
+    Value::Object(
+        vars.iter()
+            .map(
+                |(k, v)| match secret_key(k) && !v.is_null() && v.as_str() != Some("") {
+                    true => (k.clone(), Value::String(REDACTED.into())),
+                    false => (k.clone(), redact_all(v)),
+                },
+            )
+            .collect(),
+    )
 }
 
 /// Takes a vars patch back.

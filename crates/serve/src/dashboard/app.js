@@ -484,6 +484,11 @@
     return d;
   }
 
+  // Where a fork came from: `vars._meta.forked_from`, if it is one.
+  function forkedFrom(r) {
+    return r.vars && r.vars._meta && r.vars._meta.forked_from ? r.vars._meta.forked_from : null;
+  }
+
   // ---------- One run ----------
   function runView(id) {
     const ctl = new AbortController();
@@ -528,6 +533,8 @@
         occ && occ.automation_id && ['Automation', h('span', null, link(autoHref(occ.automation_id), idText(occ.automation_id)),
           ` occurrence #${occ.occurrence_index}, attempt ${occ.attempt}`)],
         controllerOf(r) && ['Automation', link(autoHref(r.run_id), 'open the automation page')],
+        forkedFrom(r) && ['Forked from', h('span', { testid: 'forked-from' }, link(runHref(forkedFrom(r).run), idText(forkedFrom(r).run)),
+          forkedFrom(r).seq != null ? ` at record #${forkedFrom(r).seq}` : ' from a snapshot', ` (node ${forkedFrom(r).node})`)],
         r.actor_id && ['Actor', mono(r.actor_id)],
         r.session_id && ['Session', mono(r.session_id)],
       ].filter(Boolean);
@@ -636,6 +643,30 @@
           : extra.result !== undefined ? h('div', { class: 'preview mono', title: 'result' }, '→ ', firstLine(JSON.stringify(extra.result), 160)) : null,
         Object.keys(extra).length ? fold('rec-' + seq, 'effect / result / error', jsonBlock(extra)) : null));
     }
+    // A "Fork from here" button on each record a fork can start from.
+    let forksSoon = null;
+    async function offerForks() {
+      let points;
+      try { points = items(await api('GET', `/v1/runs/${enc(id)}/fork-points`)); } catch (_) { return; }
+      points.filter((p) => p.reproducible).forEach((p) => {
+        const li = timeline.querySelector(`[data-seq="${p.seq}"] .tl-head`);
+        if (!li || li.querySelector('.fork')) return;
+        li.append(h('button', {
+          class: 'btn small fork', testid: 'fork', 'data-seq': p.seq, title: `A new run from here: node ${p.node_id} runs again with the vars it had`,
+          onclick: async (e) => {
+            const text = prompt(`Fork from record #${p.seq} (node ${p.node_id}). Vars to change, as a JSON object:`, '{}');
+            if (text == null) return;
+            let vars;
+            try { vars = JSON.parse(text || '{}'); } catch (err) { alert('Not JSON: ' + err.message); return; }
+            e.target.disabled = true;
+            try {
+              const forked = await api('POST', `/v1/runs/${enc(id)}/fork`, { at: p.seq, vars });
+              location.hash = runHref(forked.run_id);
+            } catch (err) { alert(err.message); e.target.disabled = false; }
+          },
+        }, 'Fork from here'));
+      });
+    }
     async function start() {
       try {
         const [st, ledger] = await Promise.all([api('GET', '/v1/runs/' + enc(id)), api('GET', `/v1/runs/${enc(id)}/ledger`)]);
@@ -643,6 +674,7 @@
         setRun(st);
         items(ledger).forEach((r) => addRecord(r));
         if (!items(ledger).length) timeline.append(h('li', { class: 'muted tl-empty' }, 'No records yet.'));
+        if (!controllerOf(st)) offerForks();
       } catch (e) {
         if (ctl.signal.aborted) return;
         swap(head, e.status === 404 ? empty('No run with this id.', 'Check the id, or go back to ', link('#/runs', 'the runs'), '.') : errorBox(e));
@@ -664,12 +696,15 @@
             const empty_ = timeline.querySelector('.tl-empty');
             if (empty_) empty_.remove();
             addRecord(data, ev.id);
+            // New records may be new fork points: look again, at most once a second.
+            if (run && !controllerOf(run) && !forksSoon) forksSoon = setTimeout(() => { forksSoon = null; offerForks(); }, 1000);
           } else if (ev.event === 'state' && data) setRun(data);
           else if (ev.event === 'end') {
             ended = true;
             follow_.textContent = 'run ended';
             follow_.className = 'live-small';
             reloadState();
+            if (run && !controllerOf(run)) offerForks();
             return false;
           }
           return true;

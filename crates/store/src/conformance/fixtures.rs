@@ -66,6 +66,8 @@ pub fn record(run_id: &str, n: u32, key: Option<&str>) -> StepRecord {
         idempotency_key: key.map(str::to_string),
         prev_hash: None,
         record_hash: None,
+        vars: None,
+        input: None,
     }
 }
 
