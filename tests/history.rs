@@ -75,7 +75,8 @@ fn an_exported_run_is_imported_whole_and_runs_on(b: Backend) {
 
 store_tests!(
     an_exported_run_is_imported_whole_and_runs_on,
-    a_fork_from_the_middle_completes_with_another_var
+    a_fork_from_the_middle_completes_with_another_var,
+    prune_deletes_old_finished_trees_and_keeps_what_is_needed
 );
 
 /// A changed ledger is refused, naming what changed, and nothing is
@@ -429,4 +430,102 @@ fn a_refused_patch_is_not_rebuilt_and_the_failed_step_can_be_forked() {
         (json!(1), json!(3))
     );
     assert!(forked.vars.get("y").is_none());
+}
+
+/// Retention: old finished trees go whole (a parent with its child), with
+/// their ledgers; a waiting run, the finished child of a parent still
+/// waiting, a failed run the policy keeps longer and a recent run stay; a
+/// dry run deletes nothing and says the same.
+fn prune_deletes_old_finished_trees_and_keeps_what_is_needed(b: Backend) {
+    use stepwell::core::retention::{PruneOptions, Retention};
+    let clock = stepwell_tests::manual_clock();
+    let h = Host::with_clock(b, clock.clone());
+    let start = |wf: &str, vars: serde_json::Value| {
+        let options = StartOptions {
+            vars: stepwell_tests::vars(vars),
+            ..StartOptions::default()
+        };
+        h.rt.run(wf, options).unwrap()
+    };
+    let hello = start(&h.load("hello"), json!({"name": "old"}));
+    let parent = start(&h.load("subworkflow"), json!({"text": "old"}));
+    assert_eq!(parent.status, RunStatus::Completed, "{:?}", parent.error);
+    let child = parent.vars["child"]["sub_run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let asking = start(&h.load("ask-user"), json!({}));
+    let flow = json!({"workflow_id": "waits-after-child", "entry": "child", "nodes": {
+        "child": {"effect": "start_subworkflow", "payload": {"workflow_id": "hello", "vars": {}},
+                  "result_key": "child", "next": "ask"},
+        "ask": {"effect": "ask_user", "payload": {"prompt": "go on?"}, "next": "end"},
+        "end": {"complete": {}}}});
+    let waiting_parent = start(&h.load_scratch("w", &[("flow.json", flow)]), json!({}));
+    assert_eq!(waiting_parent.status, RunStatus::Waiting);
+    let kept_child = waiting_parent.vars["child"]["sub_run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let failed = start(&h.load("subworkflow"), json!({}));
+    assert_eq!(failed.status, RunStatus::Failed);
+    clock.advance(chrono::Duration::days(31));
+    let recent = start(&h.load("hello"), json!({"name": "new"}));
+
+    let policy = Retention::parse("completed=30d,failed=90d").unwrap();
+    let dry =
+        h.rt.prune(
+            &policy,
+            &PruneOptions {
+                dry_run: true,
+                ..PruneOptions::default()
+            },
+        )
+        .unwrap();
+    let roots: Vec<&str> = dry.trees.iter().map(|t| t.run_id.as_str()).collect();
+    assert_eq!(
+        roots,
+        [hello.run_id.as_str(), parent.run_id.as_str()],
+        "{dry:?}"
+    );
+    assert_eq!(dry.trees[1].runs, [parent.run_id.clone(), child.clone()]);
+    assert_eq!(dry.runs, 3);
+    assert!(dry.records >= 4 && dry.bytes > 0, "{dry:?}");
+    assert!(
+        h.rt.get_state(&hello.run_id).is_ok(),
+        "a dry run deletes nothing"
+    );
+
+    let done = h.rt.prune(&policy, &PruneOptions::default()).unwrap();
+    assert_eq!(
+        (done.runs, done.records, done.bytes),
+        (dry.runs, dry.records, dry.bytes)
+    );
+    for gone in [&hello.run_id, &parent.run_id, &child] {
+        let e = h.rt.get_state(gone).unwrap_err();
+        assert_eq!(e.reason_code(), "run_not_found", "{gone}: {e}");
+        assert!(h.store.list_records(gone).unwrap().is_empty(), "{gone}");
+    }
+    for kept in [
+        &asking.run_id,
+        &waiting_parent.run_id,
+        &kept_child,
+        &failed.run_id,
+        &recent.run_id,
+    ] {
+        h.rt.get_state(kept).unwrap();
+        assert!(stepwell::store::verify_chain(&h.store.list_records(kept).unwrap()).is_ok());
+    }
+    // Nothing more to do.
+    let again = h.rt.prune(&policy, &PruneOptions::default()).unwrap();
+    assert_eq!(again.runs, 0, "{again:?}");
+    // The store refuses to delete a run that has not ended.
+    let refused = h
+        .store
+        .delete_runs(&[asking.run_id.clone(), kept_child.clone()])
+        .unwrap();
+    assert_eq!(
+        refused.runs,
+        std::slice::from_ref(&kept_child),
+        "a finished run may go, a waiting one not"
+    );
 }

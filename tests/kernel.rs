@@ -1805,6 +1805,9 @@ impl Store for SaveFails {
     fn remove_versions(&self, v: &[stepwell::store::WorkflowVersion]) -> Result<usize, StoreError> {
         self.inner.remove_versions(v)
     }
+    fn delete_runs(&self, ids: &[String]) -> Result<stepwell::store::Deleted, StoreError> {
+        self.inner.delete_runs(ids)
+    }
     fn version_use(&self, w: &str) -> Result<Vec<stepwell::store::VersionUse>, StoreError> {
         self.inner.version_use(w)
     }

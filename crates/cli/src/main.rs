@@ -109,6 +109,9 @@ enum Command {
         /// The run.
         run_id: String,
     },
+    /// Delete finished runs the retention policy no longer keeps (whole
+    /// trees, with their ledgers and snapshots), optionally archived first.
+    Prune(cli::retention::PruneArgs),
     /// Pack a bundle directory into one file, or unpack one.
     Bundle {
         #[command(subcommand)]
@@ -226,6 +229,7 @@ fn on_runtime(rt: Runtime, host: &Host, command: Command, sink: &Sink) -> Result
         Command::Import(args) => cli::history::import(&rt, args),
         Command::Fork(args) => cli::history::fork(&rt, &host.spec, args),
         Command::Evidence { run_id } => cli::history::evidence(&rt, &run_id),
+        Command::Prune(args) => cli::retention::prune(&rt, &host.spec, args),
         Command::Resume(args) => cli::runs::resume(&rt, args),
         Command::Status { run_id } => Ok(Report::run(&rt.get_state(&run_id)?)),
         Command::Ledger(args) => cli::ledger::run(&rt, args, sink),

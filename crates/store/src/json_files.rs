@@ -1162,6 +1162,43 @@ impl Store for JsonFileStore {
         Ok(crate::bundles::BundleFiles::read_kept(&root, digest).unwrap_or_default())
     }
 
+    fn delete_runs(&self, run_ids: &[String]) -> Result<crate::Deleted, StoreError> {
+        let _w = self.write.lock();
+        let mut out = crate::Deleted::default();
+        for id in run_ids {
+            if !safe_id(id) {
+                continue;
+            }
+            let lock = self.run_lock(id)?;
+            let ended = self
+                .read_run(&self.run_path(id))?
+                .is_some_and(|r| r.status.is_terminal());
+            if !ended {
+                continue;
+            }
+            let ledger = self.ledger_path(id);
+            let records = fs::read(&ledger)
+                .map(|b| b.iter().filter(|c| **c == b'\n').count() as u64)
+                .unwrap_or(0);
+            // The run's file first: once it is gone the run is, and a
+            // crash before the rest leaves files no run names.
+            let run = self.run_path(id);
+            fs::remove_file(&run).map_err(|e| io(&run, e))?;
+            for path in [ledger, self.quarantine_path(id)] {
+                match fs::remove_file(&path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&path, e)),
+                    _ => {}
+                }
+            }
+            // The lock file stays: a process waiting on it must not lock
+            // a file that another then creates afresh.
+            drop(lock);
+            out.runs.push(id.clone());
+            out.records += records;
+        }
+        Ok(out)
+    }
+
     fn remove_versions(&self, gone: &[crate::WorkflowVersion]) -> Result<usize, StoreError> {
         let _w = self.write.lock();
         let _store = self.store_lock()?;

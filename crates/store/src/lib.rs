@@ -338,6 +338,15 @@ pub enum LeaseAfter {
     Release,
 }
 
+/// What [`Store::delete_runs`] deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Deleted {
+    /// The runs deleted, in the order asked.
+    pub runs: Vec<String>,
+    /// How many ledger records went with them.
+    pub records: u64,
+}
+
 /// Filters for [`Store::list_runs`]. Every set field must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunQuery {
@@ -1007,6 +1016,14 @@ pub trait Store: Send + Sync {
     /// files of every digest no version names any more, in one
     /// transaction. Returns how many versions were removed.
     fn remove_versions(&self, versions: &[WorkflowVersion]) -> Result<usize, StoreError>;
+
+    /// Deletes the runs of `run_ids` that have ended (completed, failed or
+    /// cancelled) with their ledgers (and, where the store keeps one, their
+    /// change-feed entries), each run in one transaction: a run that has
+    /// not ended, or is not there, is left as it is. Retention
+    /// (`Runtime::prune`) decides which runs may go; this only deletes.
+    /// Returns what went.
+    fn delete_runs(&self, run_ids: &[String]) -> Result<Deleted, StoreError>;
 
     /// How many runs of `workflow_id` each version has, by status. The
     /// default reads every run of the workflow.

@@ -888,6 +888,23 @@ impl Store for MemoryStore {
             .unwrap_or_default())
     }
 
+    fn delete_runs(&self, run_ids: &[String]) -> Result<crate::Deleted, StoreError> {
+        let mut t = self.tables.lock();
+        let mut out = crate::Deleted::default();
+        for id in run_ids {
+            if !t.runs.get(id).is_some_and(|s| s.run.status.is_terminal()) {
+                continue;
+            }
+            t.runs.remove(id);
+            if let Some(ledger) = t.ledgers.remove(id) {
+                out.records += ledger.len as u64;
+            }
+            t.quarantined.retain(|(q, _)| q != id);
+            out.runs.push(id.clone());
+        }
+        Ok(out)
+    }
+
     fn remove_versions(&self, versions: &[crate::WorkflowVersion]) -> Result<usize, StoreError> {
         let mut kept = self.deployments.lock();
         let removed = crate::deployments::remove(&mut kept.versions, versions);

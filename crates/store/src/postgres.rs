@@ -2088,6 +2088,34 @@ impl Store for PostgresStore {
             .collect())
     }
 
+    fn delete_runs(&self, run_ids: &[String]) -> Result<crate::Deleted, StoreError> {
+        let mut out = crate::Deleted::default();
+        for id in run_ids {
+            let gone = self.write(|c| {
+                c.lock(&mut vec![LockKey::ledger(id)])?;
+                let rows = c.query(
+                    "SELECT status FROM runs WHERE run_id = $1 FOR UPDATE",
+                    &[id],
+                )?;
+                let ended = rows.first().is_some_and(|r| {
+                    matches!(r.get::<_, &str>(0), "completed" | "failed" | "cancelled")
+                });
+                if !ended {
+                    return Ok(None);
+                }
+                let records = c.execute("DELETE FROM ledger WHERE run_id = $1", &[id])?;
+                c.execute("DELETE FROM feed WHERE run_id = $1", &[id])?;
+                c.execute("DELETE FROM runs WHERE run_id = $1", &[id])?;
+                Ok(Some(records))
+            })?;
+            if let Some(records) = gone {
+                out.runs.push(id.clone());
+                out.records += records;
+            }
+        }
+        Ok(out)
+    }
+
     fn remove_versions(&self, versions: &[crate::WorkflowVersion]) -> Result<usize, StoreError> {
         self.write(|c| {
             c.lock(&mut vec![LockKey::new("bundles", "")])?;

@@ -2080,6 +2080,52 @@ impl Store for SqliteStore {
         .map_err(|e| self.err(e))
     }
 
+    fn delete_runs(&self, run_ids: &[String]) -> Result<crate::Deleted, StoreError> {
+        let mut out = crate::Deleted::default();
+        for id in run_ids {
+            let gone = self.write(|conn| {
+                let row: Option<(String, Option<i64>)> = conn
+                    .prepare_cached(
+                        "SELECT status, (SELECT MAX(id) FROM ledger WHERE run_id = ?1)
+                         FROM runs WHERE run_id = ?1",
+                    )
+                    .and_then(|mut st| st.query_row([id], |r| Ok((r.get(0)?, r.get(1)?))))
+                    .optional()
+                    .map_err(|e| self.err(e))?;
+                let Some((status, last)) = row else {
+                    return Ok(None);
+                };
+                if !matches!(status.as_str(), "completed" | "failed" | "cancelled") {
+                    return Ok(None);
+                }
+                // The ledger's ids are the change feed's positions, given
+                // as the largest plus one: the row holding the largest
+                // stays (with its run) until newer records exist, or its
+                // id would be given again behind a follower's position.
+                let newest: Option<i64> = conn
+                    .query_row("SELECT MAX(id) FROM ledger", [], |r| r.get(0))
+                    .map_err(|e| self.err(e))?;
+                if last.is_some() && last == newest {
+                    return Ok(None);
+                }
+                let records = conn
+                    .prepare_cached("DELETE FROM ledger WHERE run_id = ?1")
+                    .and_then(|mut st| st.execute([id]))
+                    .map_err(|e| self.err(e))?;
+                conn.prepare_cached("DELETE FROM runs WHERE run_id = ?1")
+                    .and_then(|mut st| st.execute([id]))
+                    .map_err(|e| self.err(e))?;
+                self.heads.lock().staged.push((id.clone(), None));
+                Ok(Some(records as u64))
+            })?;
+            if let Some(records) = gone {
+                out.runs.push(id.clone());
+                out.records += records;
+            }
+        }
+        Ok(out)
+    }
+
     fn remove_versions(&self, versions: &[crate::WorkflowVersion]) -> Result<usize, StoreError> {
         self.write(|conn| {
             let mut removed = 0;

@@ -172,6 +172,10 @@ impl Store for CountingStore {
         self.inner.remove_versions(versions)
     }
 
+    fn delete_runs(&self, run_ids: &[String]) -> Result<stepwell::store::Deleted, StoreError> {
+        self.inner.delete_runs(run_ids)
+    }
+
     // The event inbox and the trigger connections are optional: without
     // them the store answers `store_unsupported` and the suite skips their
     // checks. This one has them.

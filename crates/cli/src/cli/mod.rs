@@ -17,6 +17,7 @@ pub mod history;
 pub mod input;
 pub mod ledger;
 pub mod render;
+pub mod retention;
 pub mod runs;
 pub mod serve;
 pub mod sessions;

@@ -18,6 +18,7 @@ mod offload;
 pub mod panics;
 mod parked;
 pub mod plugin;
+pub mod retention;
 pub mod runtime;
 mod snapshots;
 mod step;

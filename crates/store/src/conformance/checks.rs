@@ -1023,6 +1023,58 @@ pub fn runs_are_counted_by_version(h: &dyn Harness, dir: &Path) -> Verdict {
     Verdict::Passed
 }
 
+/// `delete_runs` deletes the runs that ended, each with its whole ledger,
+/// and leaves a run still going (and one not there); the others' ledgers
+/// keep their chains. Deleted, a run id is free again.
+pub fn only_ended_runs_are_deleted(h: &dyn Harness, dir: &Path) -> Verdict {
+    let store = h.open(dir);
+    let mut done = super::fixtures::run("done", "wf");
+    done.status = RunStatus::Completed;
+    done.current_node = None;
+    let going = super::fixtures::run("going", "wf");
+    let mut last = super::fixtures::run("last", "wf");
+    last.status = RunStatus::Failed;
+    last.current_node = None;
+    for r in [&done, &going, &last] {
+        store.create_if_absent(r).unwrap();
+    }
+    for (id, n) in [("done", 3), ("going", 2), ("last", 1)] {
+        let records: Vec<_> = (1..=n)
+            .map(|i| super::fixtures::record(id, i, None))
+            .collect();
+        store.append_records(&records).unwrap();
+    }
+    let asked = ["done", "going", "missing"].map(String::from);
+    let deleted = store.delete_runs(&asked).unwrap();
+    assert_eq!(deleted.runs, ["done"]);
+    assert_eq!(deleted.records, 3);
+    assert!(store.load_run("done").unwrap().is_none());
+    assert!(store.list_records("done").unwrap().is_empty());
+    assert!(store.load_run("going").unwrap().is_some());
+    let going_ledger = store.list_records("going").unwrap();
+    assert_eq!(going_ledger.len(), 2);
+    assert!(crate::verify_chain(&going_ledger).is_ok());
+    let listed: Vec<String> = store
+        .list_runs(&crate::RunQuery::default())
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_id)
+        .collect();
+    assert_eq!(listed, ["going", "last"]);
+    // The id is free again: a new run of it starts a new ledger.
+    let (again, created) = store
+        .create_if_absent(&super::fixtures::run("done", "wf"))
+        .unwrap();
+    assert!(created, "{again:?}");
+    store
+        .append_records(&[super::fixtures::record("done", 1, None)])
+        .unwrap();
+    let fresh = store.list_records("done").unwrap();
+    assert_eq!(fresh.len(), 1);
+    assert!(crate::verify_chain(&fresh).is_ok());
+    Verdict::Passed
+}
+
 /// A store that signals work tells idle drivers when its earliest timed
 /// work falls due: a time wait, counted from when a deferral or someone's
 /// lease lets it go, a running run's deferral or lease; never "now" for

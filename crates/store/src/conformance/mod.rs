@@ -256,6 +256,7 @@ macro_rules! __store_conformance_checks {
             removed_versions_let_go_of_their_files,
             concurrent_deployments_get_distinct_versions,
             runs_are_counted_by_version,
+            only_ended_runs_are_deleted,
             next_due_is_when_the_earliest_timed_work_falls_due,
             a_reopened_store_has_everything,
             the_ledger_chain_reports_the_first_tampered_record,

@@ -1,0 +1,306 @@
+//! Retention: finished runs deleted once they are older than a policy
+//! says, whole trees at a time, never what a live run still needs.
+//!
+//! A run goes with its root: a root (a run without a parent, or whose
+//! parent is gone) that ended longer ago than its status's retention is
+//! deleted with all its descendants, if every one of them has ended too.
+//! A child of a live run is never deleted (its parent may still read it),
+//! nor a run of a workflow a plugin reserved (an automation's controller;
+//! its occurrences are its children, so they stay with it).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::model::{RunState, RunStatus};
+use super::runtime::Runtime;
+use super::{Error, Result};
+use crate::store::{RunQuery, SnapshotQuery, SnapshotStore};
+
+/// How long finished runs are kept, by how they ended (`None`: for ever).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Completed runs.
+    pub completed: Option<Duration>,
+    /// Failed runs.
+    pub failed: Option<Duration>,
+    /// Cancelled runs.
+    pub cancelled: Option<Duration>,
+}
+
+impl Retention {
+    /// Reads `completed=30d,failed=90d,cancelled=7d` (any of the three, in
+    /// any order; a duration is a whole number of `s`, `m`, `h` or `d`).
+    pub fn parse(text: &str) -> Result<Retention> {
+        let mut r = Retention::default();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let bad = |why: &str| Error::invalid("retain", format!("{part:?}: {why}"));
+            let (status, span) = part
+                .split_once('=')
+                .ok_or_else(|| bad("expected STATUS=DURATION, as completed=30d"))?;
+            let span = parse_span(span.trim())
+                .ok_or_else(|| bad("a duration is a whole number of s, m, h or d, as 30d"))?;
+            let slot = match status.trim() {
+                "completed" => &mut r.completed,
+                "failed" => &mut r.failed,
+                "cancelled" => &mut r.cancelled,
+                _ => return Err(bad("the statuses are completed, failed and cancelled")),
+            };
+            if slot.replace(span).is_some() {
+                return Err(bad("said twice"));
+            }
+        }
+        if r == Retention::default() {
+            return Err(Error::invalid(
+                "retain",
+                "nothing to retain by: give completed=, failed= or cancelled=",
+            ));
+        }
+        Ok(r)
+    }
+
+    /// How long runs that ended with `status` are kept.
+    fn of(&self, status: RunStatus) -> Option<Duration> {
+        match status {
+            RunStatus::Completed => self.completed,
+            RunStatus::Failed => self.failed,
+            RunStatus::Cancelled => self.cancelled,
+            _ => None,
+        }
+    }
+}
+
+/// `30d`, `12h`, `90m`, `45s` as a duration.
+fn parse_span(text: &str) -> Option<Duration> {
+    let unit = text.chars().last()?;
+    let n: u64 = text[..text.len() - unit.len_utf8()].parse().ok()?;
+    let secs = match unit {
+        's' => n,
+        'm' => n.checked_mul(60)?,
+        'h' => n.checked_mul(3_600)?,
+        'd' => n.checked_mul(86_400)?,
+        _ => return None,
+    };
+    Some(Duration::from_secs(secs))
+}
+
+/// What [`Runtime::prune`] is asked besides the policy.
+#[derive(Default)]
+pub struct PruneOptions<'a> {
+    /// Only say what would go.
+    pub dry_run: bool,
+    /// Export each tree (`Runtime::export_run`, with its children) into
+    /// this folder, as `<root run id>.zip`, before deleting it.
+    pub archive: Option<&'a std::path::Path>,
+    /// The snapshots of deleted runs go from here too.
+    pub snapshots: Option<&'a dyn SnapshotStore>,
+}
+
+/// One tree [`Runtime::prune`] deleted (or would).
+#[derive(Debug, Clone, Serialize)]
+pub struct PrunedTree {
+    /// The root run.
+    pub run_id: String,
+    /// Its workflow.
+    pub workflow_id: String,
+    /// How it ended.
+    pub status: RunStatus,
+    /// When it last changed (its end).
+    pub ended_at: String,
+    /// The runs of the tree, root first.
+    pub runs: Vec<String>,
+    /// Their ledger records.
+    pub records: u64,
+    /// The bytes of their states and ledgers, as JSON.
+    pub bytes: u64,
+}
+
+/// What [`Runtime::prune`] did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PruneReport {
+    /// Nothing was deleted: this is what would go.
+    pub dry_run: bool,
+    /// The trees deleted, oldest first.
+    pub trees: Vec<PrunedTree>,
+    /// Old enough, but kept, and why.
+    pub kept: Vec<(String, String)>,
+    /// Runs deleted.
+    pub runs: u64,
+    /// Ledger records deleted.
+    pub records: u64,
+    /// Bytes of state and ledger JSON deleted.
+    pub bytes: u64,
+    /// Snapshots deleted.
+    pub snapshots: u64,
+}
+
+/// How many runs one listing page holds.
+const PAGE: usize = 1_000;
+
+impl Runtime {
+    /// Deletes the finished runs that `policy` no longer keeps, whole trees
+    /// at a time (see the module doc), with their ledgers (and snapshots,
+    /// given `options.snapshots`); exports each first into
+    /// `options.archive`. With `options.dry_run`, deletes nothing and says
+    /// what would go. A tree that changed meanwhile (a run that is not
+    /// finished any more) is left to the next prune.
+    pub fn prune(&self, policy: &Retention, options: &PruneOptions<'_>) -> Result<PruneReport> {
+        let now = self.now();
+        let mut report = PruneReport {
+            dry_run: options.dry_run,
+            ..PruneReport::default()
+        };
+        for root in self.old_roots(policy, now)? {
+            match self.tree_of(&root)? {
+                Err(why) => report.kept.push((root.run_id.clone(), why)),
+                Ok(tree) => {
+                    let tree = self.measure(&root, tree)?;
+                    if !options.dry_run {
+                        let gone = self.delete_tree(&tree, options, &mut report)?;
+                        if gone < tree.runs.len() {
+                            let why = format!(
+                                "{gone} of its {} runs went: the rest changed meanwhile (the next prune looks again)",
+                                tree.runs.len()
+                            );
+                            report.kept.push((root.run_id.clone(), why));
+                        }
+                    }
+                    report.runs += tree.runs.len() as u64;
+                    report.records += tree.records;
+                    report.bytes += tree.bytes;
+                    report.trees.push(tree);
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// The finished roots older than `policy` keeps them, oldest first.
+    fn old_roots(
+        &self,
+        policy: &Retention,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<RunState>> {
+        let mut found = Vec::new();
+        let mut after = None;
+        loop {
+            let page = self.store().list_runs(&RunQuery {
+                limit: Some(PAGE),
+                after_run_id: after.take(),
+                ..RunQuery::default()
+            })?;
+            let last = page.last().map(|r| r.run_id.clone());
+            for run in page {
+                let Some(keep) = policy.of(run.status) else {
+                    continue;
+                };
+                let ended = chrono::DateTime::parse_from_rfc3339(&run.updated_at)
+                    .map(|t| t.with_timezone(&chrono::Utc))
+                    .ok();
+                let old = ended.is_some_and(|t| {
+                    now.signed_duration_since(t)
+                        .to_std()
+                        .is_ok_and(|age| age > keep)
+                });
+                if old && self.plugins_reserved(&run.workflow_id).is_none() && self.is_root(&run)? {
+                    found.push(run);
+                }
+            }
+            match last {
+                Some(id) => after = Some(id),
+                None => break,
+            }
+        }
+        found.sort_by(|a, b| a.updated_at.cmp(&b.updated_at));
+        Ok(found)
+    }
+
+    /// Whether `run` has no parent, or its parent is gone.
+    fn is_root(&self, run: &RunState) -> Result<bool> {
+        match &run.parent_run_id {
+            None => Ok(true),
+            Some(parent) => Ok(self.store().load_run(parent)?.is_none()),
+        }
+    }
+
+    /// The runs of `root`'s tree, root first; or why it must stay (a run
+    /// in it has not ended).
+    fn tree_of(&self, root: &RunState) -> Result<std::result::Result<Vec<RunState>, String>> {
+        let mut tree = vec![root.clone()];
+        let mut at = 0;
+        while at < tree.len() {
+            let children = self.store().list_runs(&RunQuery {
+                parent_run_id: Some(tree[at].run_id.clone()),
+                ..RunQuery::default()
+            })?;
+            for child in children {
+                if !child.status.is_terminal() {
+                    return Ok(Err(format!(
+                        "its descendant {} is {}",
+                        child.run_id,
+                        child.status.as_str()
+                    )));
+                }
+                tree.push(child);
+            }
+            at += 1;
+        }
+        Ok(Ok(tree))
+    }
+
+    /// The tree as a report line: its runs, records and bytes.
+    fn measure(&self, root: &RunState, tree: Vec<RunState>) -> Result<PrunedTree> {
+        let mut records = 0;
+        let mut bytes = 0;
+        for run in &tree {
+            bytes += serde_json::to_vec(run).map_or(0, |v| v.len() as u64);
+            for page in self.ledger_pages(&run.run_id, 0) {
+                for (_, r) in page? {
+                    records += 1;
+                    bytes += serde_json::to_vec(&r).map_or(0, |v| v.len() as u64);
+                }
+            }
+        }
+        Ok(PrunedTree {
+            run_id: root.run_id.clone(),
+            workflow_id: root.workflow_id.clone(),
+            status: root.status,
+            ended_at: root.updated_at.clone(),
+            runs: tree.into_iter().map(|r| r.run_id).collect(),
+            records,
+            bytes,
+        })
+    }
+
+    /// Archives (if asked) and deletes one tree, children first; how many
+    /// of its runs went.
+    fn delete_tree(
+        &self,
+        tree: &PrunedTree,
+        options: &PruneOptions<'_>,
+        report: &mut PruneReport,
+    ) -> Result<usize> {
+        if let Some(dir) = options.archive {
+            let bytes = self.export_run(&tree.run_id, true)?;
+            let path = dir.join(format!("{}.zip", tree.run_id));
+            std::fs::write(&path, bytes)
+                .map_err(|e| Error::invalid("archive", format!("{}: {e}", path.display())))?;
+        }
+        let ids: Vec<String> = tree.runs.iter().rev().cloned().collect();
+        let deleted = self.store().delete_runs(&ids)?;
+        if let Some(snapshots) = options.snapshots {
+            for id in &deleted.runs {
+                let query = SnapshotQuery {
+                    run_id: Some(id.clone()),
+                    ..SnapshotQuery::default()
+                };
+                for s in snapshots.search_snapshots(&query)? {
+                    if snapshots.delete_snapshot(&s.snapshot_id)? {
+                        report.snapshots += 1;
+                    }
+                }
+            }
+        }
+        Ok(deleted.runs.len())
+    }
+}
