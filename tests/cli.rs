@@ -745,3 +745,38 @@ fn an_embedder_of_the_kernel_on_sqlite_takes_no_feature_it_did_not_ask_for() {
     assert!(text.contains("completed"), "{text}");
     assert!(text.contains("Hello, Bob"), "{text}");
 }
+
+/// `drive --retain` prunes as it drives: an old finished run goes, from a
+/// driver process, while a waiting one stays.
+#[test]
+fn a_driver_with_a_retention_policy_prunes_old_runs() {
+    let cli = Cli::new();
+    let old = cli.json(&["--now", "2026-01-01T00:00:00Z", "run", &ex("hello")]);
+    let waiting = cli.json(&["--now", "2026-01-01T00:00:00Z", "run", &ex("ask-user")]);
+    let old_id = old["run_id"].as_str().unwrap().to_string();
+    let mut driver = cli
+        .cmd(&["drive", "--retain", "completed=30d", "--prune-every", "1s"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    stepwell_tests::wait_for(
+        "the old run pruned",
+        std::time::Duration::from_secs(30),
+        || cli.run(&["status", &old_id]).status.code() == Some(1),
+    );
+    driver.kill().unwrap();
+    let out = driver.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("deleted {old_id}  hello  completed")),
+        "{text}"
+    );
+    let err = cli.fails(&["status", &old_id]);
+    assert!(err.contains("run_not_found"), "{err}");
+    assert_eq!(
+        cli.json(&["status", waiting["run_id"].as_str().unwrap()])["status"],
+        "waiting"
+    );
+    let bad = cli.fails(&["drive", "--retain", "completed=30d", "--prune-every", "0s"]);
+    assert!(bad.contains("prune_every"), "{bad}");
+}

@@ -76,7 +76,8 @@ fn an_exported_run_is_imported_whole_and_runs_on(b: Backend) {
 store_tests!(
     an_exported_run_is_imported_whole_and_runs_on,
     a_fork_from_the_middle_completes_with_another_var,
-    prune_deletes_old_finished_trees_and_keeps_what_is_needed
+    prune_deletes_old_finished_trees_and_keeps_what_is_needed,
+    prune_keeps_sessions_and_says_why
 );
 
 /// A changed ledger is refused, naming what changed, and nothing is
@@ -518,14 +519,59 @@ fn prune_deletes_old_finished_trees_and_keeps_what_is_needed(b: Backend) {
     // Nothing more to do.
     let again = h.rt.prune(&policy, &PruneOptions::default()).unwrap();
     assert_eq!(again.runs, 0, "{again:?}");
-    // The store refuses to delete a run that has not ended.
-    let refused = h
-        .store
-        .delete_runs(&[asking.run_id.clone(), kept_child.clone()])
-        .unwrap();
-    assert_eq!(
-        refused.runs,
-        std::slice::from_ref(&kept_child),
-        "a finished run may go, a waiting one not"
-    );
+    // The store deletes all or none: a run that has not ended keeps the
+    // others.
+    let both = [asking.run_id.clone(), kept_child.clone()];
+    assert!(h.store.delete_runs(&both).unwrap().runs.is_empty());
+    h.rt.get_state(&kept_child).unwrap();
+}
+
+/// A turn of a session stays (its history reads it); on SQLite, the run
+/// holding the store's newest ledger row stays until a newer one exists,
+/// and the report says why; an archive is written beside, never over,
+/// another.
+fn prune_keeps_sessions_and_says_why(b: Backend) {
+    use stepwell::core::retention::{PruneOptions, Retention};
+    let clock = stepwell_tests::manual_clock();
+    let h = Host::with_clock(b, clock.clone());
+    let hello = h.load("hello");
+    let in_session = StartOptions {
+        session_id: Some("chat-1".into()),
+        ..StartOptions::default()
+    };
+    let turn = h.rt.run(&hello, in_session).unwrap();
+    let plain = h.rt.run(&hello, StartOptions::default()).unwrap();
+    clock.advance(chrono::Duration::days(2));
+    let policy = Retention::parse("completed=1d").unwrap();
+    let archive = h.dir.path().join("archive");
+    std::fs::create_dir_all(&archive).unwrap();
+    let options = PruneOptions {
+        archive: Some(&archive),
+        ..PruneOptions::default()
+    };
+    let report = h.rt.prune(&policy, &options).unwrap();
+    let said = |id: &str, what: &str| {
+        report
+            .kept
+            .iter()
+            .any(|(k, why)| k == id && why.contains(what))
+    };
+    assert!(said(&turn.run_id, "session chat-1"), "{report:?}");
+    h.rt.get_state(&turn.run_id).unwrap();
+    let archived = || std::fs::read_dir(&archive).unwrap().count();
+    if b == Backend::Sqlite {
+        // `plain` holds the newest row: kept, and said so.
+        assert_eq!(report.runs, 0, "{report:?}");
+        assert!(said(&plain.run_id, "newest ledger row"), "{report:?}");
+        h.rt.get_state(&plain.run_id).unwrap();
+        h.rt.run(&hello, StartOptions::default()).unwrap();
+        let again = h.rt.prune(&policy, &options).unwrap();
+        assert_eq!(again.runs, 1, "{again:?}");
+        assert_eq!(archived(), 2, "the second archive beside the first");
+    } else {
+        assert_eq!(report.runs, 1, "{report:?}");
+        assert_eq!(archived(), 1);
+    }
+    let e = h.rt.get_state(&plain.run_id).unwrap_err();
+    assert_eq!(e.reason_code(), "run_not_found");
 }

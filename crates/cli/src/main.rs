@@ -242,7 +242,7 @@ fn on_runtime(rt: Runtime, host: &Host, command: Command, sink: &Sink) -> Result
         Command::Automations { command } => cli::automations::run(&rt, command, rt.now()),
         Command::Sessions { command } => cli::sessions::run(&rt, command),
         Command::Connections { command } => cli::connections::run(&rt, command),
-        Command::Drive(args) => cli::drive::run(&rt, args, sink),
+        Command::Drive(args) => cli::drive::run(&rt, &host.spec, args, sink),
         Command::Tools { command } => cli::tools::run(&rt, command),
         Command::Snapshot { command } => cli::snapshot::run(&rt, &host.spec, command),
         Command::Serve(args) => cli::serve::run(rt, host, args, sink),

@@ -1165,17 +1165,22 @@ impl Store for JsonFileStore {
     fn delete_runs(&self, run_ids: &[String]) -> Result<crate::Deleted, StoreError> {
         let _w = self.write.lock();
         let mut out = crate::Deleted::default();
-        for id in run_ids {
-            if !safe_id(id) {
-                continue;
+        // Every run locked (in id order, as no other writer holds two) and
+        // checked before any goes.
+        let mut ids: Vec<&String> = run_ids.iter().filter(|id| safe_id(id)).collect();
+        ids.sort();
+        ids.dedup();
+        let mut locks = Vec::new();
+        let mut present = Vec::new();
+        for id in ids {
+            locks.push(self.run_lock(id)?);
+            match self.read_run(&self.run_path(id))? {
+                None => {}
+                Some(r) if r.status.is_terminal() => present.push(id),
+                Some(_) => return Ok(out),
             }
-            let lock = self.run_lock(id)?;
-            let ended = self
-                .read_run(&self.run_path(id))?
-                .is_some_and(|r| r.status.is_terminal());
-            if !ended {
-                continue;
-            }
+        }
+        for id in present {
             let ledger = self.ledger_path(id);
             let records = fs::read(&ledger)
                 .map(|b| b.iter().filter(|c| **c == b'\n').count() as u64)
@@ -1190,12 +1195,12 @@ impl Store for JsonFileStore {
                     _ => {}
                 }
             }
-            // The lock file stays: a process waiting on it must not lock
-            // a file that another then creates afresh.
-            drop(lock);
             out.runs.push(id.clone());
             out.records += records;
         }
+        // The lock files stay: a process waiting on one must not lock a
+        // file that another then creates afresh.
+        drop(locks);
         Ok(out)
     }
 

@@ -1017,10 +1017,12 @@ pub trait Store: Send + Sync {
     /// transaction. Returns how many versions were removed.
     fn remove_versions(&self, versions: &[WorkflowVersion]) -> Result<usize, StoreError>;
 
-    /// Deletes the runs of `run_ids` that have ended (completed, failed or
-    /// cancelled) with their ledgers (and, where the store keeps one, their
-    /// change-feed entries), each run in one transaction: a run that has
-    /// not ended, or is not there, is left as it is. Retention
+    /// Deletes the runs of `run_ids` with their ledgers (and, where the
+    /// store keeps one, their change-feed entries): all of them or none.
+    /// If one of them has not ended (completed, failed or cancelled), none
+    /// is deleted; an id that is not there is skipped. SQLite also keeps
+    /// them all while one holds the store's newest ledger row (the change
+    /// feed's position, which a deletion would give out again). Retention
     /// (`Runtime::prune`) decides which runs may go; this only deletes.
     /// Returns what went.
     fn delete_runs(&self, run_ids: &[String]) -> Result<Deleted, StoreError>;

@@ -891,8 +891,14 @@ impl Store for MemoryStore {
     fn delete_runs(&self, run_ids: &[String]) -> Result<crate::Deleted, StoreError> {
         let mut t = self.tables.lock();
         let mut out = crate::Deleted::default();
+        if run_ids
+            .iter()
+            .any(|id| t.runs.get(id).is_some_and(|s| !s.run.status.is_terminal()))
+        {
+            return Ok(out);
+        }
         for id in run_ids {
-            if !t.runs.get(id).is_some_and(|s| s.run.status.is_terminal()) {
+            if !t.runs.contains_key(id) {
                 continue;
             }
             t.runs.remove(id);

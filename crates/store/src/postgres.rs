@@ -2089,31 +2089,32 @@ impl Store for PostgresStore {
     }
 
     fn delete_runs(&self, run_ids: &[String]) -> Result<crate::Deleted, StoreError> {
-        let mut out = crate::Deleted::default();
-        for id in run_ids {
-            let gone = self.write(|c| {
-                c.lock(&mut vec![LockKey::ledger(id)])?;
+        self.write(|c| {
+            let mut out = crate::Deleted::default();
+            let mut keys: Vec<LockKey> = run_ids.iter().map(|id| LockKey::ledger(id)).collect();
+            c.lock(&mut keys)?;
+            let mut present = Vec::new();
+            for id in run_ids {
                 let rows = c.query(
                     "SELECT status FROM runs WHERE run_id = $1 FOR UPDATE",
                     &[id],
                 )?;
-                let ended = rows.first().is_some_and(|r| {
-                    matches!(r.get::<_, &str>(0), "completed" | "failed" | "cancelled")
-                });
-                if !ended {
-                    return Ok(None);
+                let Some(row) = rows.first() else {
+                    continue;
+                };
+                if !matches!(row.get::<_, &str>(0), "completed" | "failed" | "cancelled") {
+                    return Ok(crate::Deleted::default());
                 }
-                let records = c.execute("DELETE FROM ledger WHERE run_id = $1", &[id])?;
+                present.push(id);
+            }
+            for id in present {
+                out.records += c.execute("DELETE FROM ledger WHERE run_id = $1", &[id])?;
                 c.execute("DELETE FROM feed WHERE run_id = $1", &[id])?;
                 c.execute("DELETE FROM runs WHERE run_id = $1", &[id])?;
-                Ok(Some(records))
-            })?;
-            if let Some(records) = gone {
                 out.runs.push(id.clone());
-                out.records += records;
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     fn remove_versions(&self, versions: &[crate::WorkflowVersion]) -> Result<usize, StoreError> {

@@ -447,6 +447,10 @@ struct KeptHead {
     hash: String,
     /// The run's version after that commit.
     version: u64,
+    /// When the run was created: a run deleted (retention) and created
+    /// again under its id starts at low versions again, and must not
+    /// find the ledger end of the one before.
+    created_at: String,
 }
 
 impl LedgerHeads {
@@ -455,10 +459,10 @@ impl LedgerHeads {
 
     /// The ledger end of `run_id` for a commit from `version`, if this
     /// store's last commit of the run left it at that version.
-    fn get(&self, run_id: &str, version: u64) -> Option<(i64, String)> {
+    fn get(&self, run_id: &str, version: u64, created_at: &str) -> Option<(i64, String)> {
         self.kept
             .get(run_id)
-            .filter(|k| k.version == version)
+            .filter(|k| k.version == version && k.created_at == created_at)
             .map(|k| (k.seq, k.hash.clone()))
     }
 
@@ -959,7 +963,11 @@ impl SqliteStore {
         fence: &Fence<'_>,
         lease: LeaseAfter,
     ) -> Result<(), StoreError> {
-        let heads = self.append_on(tx, records, Some((&run.run_id, fence.version)))?;
+        let heads = self.append_on(
+            tx,
+            records,
+            Some((&run.run_id, fence.version, &run.created_at)),
+        )?;
         let seq = match heads.iter().find(|(id, _, _)| *id == run.run_id) {
             Some((_, seq, _)) => *seq,
             None => self.last_seq(tx, &run.run_id)?,
@@ -975,6 +983,7 @@ impl SqliteStore {
                     seq,
                     hash,
                     version: run.version,
+                    created_at: run.created_at.clone(),
                 });
                 kept.staged.push((id, head));
             }
@@ -1032,7 +1041,7 @@ impl SqliteStore {
         &self,
         conn: &Connection,
         records: &[StepRecord],
-        commit: Option<(&str, u64)>,
+        commit: Option<(&str, u64, &str)>,
     ) -> Result<Vec<(String, i64, Option<String>)>, StoreError> {
         // Each run's (id, last seq, last hash, whether that end is a guess
         // rather than read from the ledger).
@@ -1047,11 +1056,11 @@ impl SqliteStore {
                 Some(i) => i,
                 None => {
                     let guess = match commit {
-                        Some((id, 0)) if id == r.run_id => Some((0, None)),
-                        Some((id, version)) if id == r.run_id => self
+                        Some((id, 0, _)) if id == r.run_id => Some((0, None)),
+                        Some((id, version, created)) if id == r.run_id => self
                             .heads
                             .lock()
-                            .get(id, version)
+                            .get(id, version, created)
                             .map(|(seq, hash)| (seq, Some(hash))),
                         _ => None,
                     };
@@ -1087,9 +1096,10 @@ impl SqliteStore {
         }
         // The records' `id`s (the next after the largest, under the write
         // lock) are the store-wide change feed (`Store::list_feed`), in
-        // commit order across processes. Nothing deletes ledger rows: were
-        // the newest deleted, their ids would be given again (the table is
-        // not AUTOINCREMENT, which would cost a page per commit).
+        // commit order across processes. Retention deletes ledger rows but
+        // never the newest: were it deleted, its id would be given again
+        // (the table is not AUTOINCREMENT, which would cost a page per
+        // commit).
         Ok(heads
             .into_iter()
             .map(|(id, seq, hash, _)| (id.to_string(), seq, hash))
@@ -2081,9 +2091,17 @@ impl Store for SqliteStore {
     }
 
     fn delete_runs(&self, run_ids: &[String]) -> Result<crate::Deleted, StoreError> {
-        let mut out = crate::Deleted::default();
-        for id in run_ids {
-            let gone = self.write(|conn| {
+        self.write(|conn| {
+            let mut out = crate::Deleted::default();
+            // The ledger's ids are the change feed's positions, given as the
+            // largest plus one: the row holding the largest stays (with its
+            // runs) until newer records exist, or its id would be given
+            // again behind a follower's position.
+            let newest: Option<i64> = conn
+                .query_row("SELECT MAX(id) FROM ledger", [], |r| r.get(0))
+                .map_err(|e| self.err(e))?;
+            let mut present = Vec::new();
+            for id in run_ids {
                 let row: Option<(String, Option<i64>)> = conn
                     .prepare_cached(
                         "SELECT status, (SELECT MAX(id) FROM ledger WHERE run_id = ?1)
@@ -2093,21 +2111,15 @@ impl Store for SqliteStore {
                     .optional()
                     .map_err(|e| self.err(e))?;
                 let Some((status, last)) = row else {
-                    return Ok(None);
+                    continue;
                 };
-                if !matches!(status.as_str(), "completed" | "failed" | "cancelled") {
-                    return Ok(None);
+                let ended = matches!(status.as_str(), "completed" | "failed" | "cancelled");
+                if !ended || (last.is_some() && last == newest) {
+                    return Ok(out);
                 }
-                // The ledger's ids are the change feed's positions, given
-                // as the largest plus one: the row holding the largest
-                // stays (with its run) until newer records exist, or its
-                // id would be given again behind a follower's position.
-                let newest: Option<i64> = conn
-                    .query_row("SELECT MAX(id) FROM ledger", [], |r| r.get(0))
-                    .map_err(|e| self.err(e))?;
-                if last.is_some() && last == newest {
-                    return Ok(None);
-                }
+                present.push(id);
+            }
+            for id in present {
                 let records = conn
                     .prepare_cached("DELETE FROM ledger WHERE run_id = ?1")
                     .and_then(|mut st| st.execute([id]))
@@ -2116,14 +2128,11 @@ impl Store for SqliteStore {
                     .and_then(|mut st| st.execute([id]))
                     .map_err(|e| self.err(e))?;
                 self.heads.lock().staged.push((id.clone(), None));
-                Ok(Some(records as u64))
-            })?;
-            if let Some(records) = gone {
                 out.runs.push(id.clone());
-                out.records += records;
+                out.records += records as u64;
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     fn remove_versions(&self, versions: &[crate::WorkflowVersion]) -> Result<usize, StoreError> {
@@ -2499,6 +2508,68 @@ mod tests {
             Fence::unleased(from),
             LeaseAfter::Release,
         )
+    }
+
+    /// A run deleted (retention) by another process and created again
+    /// under its id: the ledger end this store kept of the first is not
+    /// the second's, even at the same version (the run's creation time
+    /// tells them apart), so the chain holds.
+    #[test]
+    fn a_run_created_again_after_a_deletion_does_not_link_after_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let (a, b) = (
+            SqliteStore::open(&path).unwrap(),
+            SqliteStore::open(&path).unwrap(),
+        );
+        commit_step(&a, "x", 1, 0).unwrap();
+        commit_step(&a, "x", 2, 1).unwrap();
+        assert!(a.heads.lock().kept.contains_key("x"), "a keeps x's end");
+        // Another process finishes x, deletes it (a newer record elsewhere
+        // lets it), and creates it again, up to the version a kept.
+        let mut done = run("x", 3);
+        done.status = RunStatus::Cancelled;
+        b.commit(
+            &[record("x", 3)],
+            &done,
+            Fence::unleased(2),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+        b.append_records(&[record("other", 1)]).unwrap();
+        assert_eq!(b.delete_runs(&["x".to_string()]).unwrap().runs, ["x"]);
+        let mut again = run("x", 0);
+        again.created_at = "2026-12-01T09:00:00.000000Z".into();
+        let mut next = again.clone();
+        next.version = 1;
+        b.commit(
+            &[record("x", 11)],
+            &next,
+            Fence::unleased(0),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+        next.version = 2;
+        b.commit(
+            &[record("x", 12)],
+            &next,
+            Fence::unleased(1),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+        // Now a commits the new x from version 2.
+        next.version = 3;
+        a.commit(
+            &[record("x", 13)],
+            &next,
+            Fence::unleased(2),
+            LeaseAfter::Release,
+        )
+        .unwrap();
+        let ledger = a.list_records("x").unwrap();
+        let steps: Vec<_> = ledger.iter().map(|r| r.step_id.as_str()).collect();
+        assert_eq!(steps, ["x-11", "x-12", "x-13"]);
+        crate::verify_chain(&ledger).unwrap();
     }
 
     /// A transaction's log writes reach the kernel together (several

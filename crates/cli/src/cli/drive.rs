@@ -20,15 +20,33 @@ pub(crate) struct DriveArgs {
     /// Pause between passes, in milliseconds.
     #[arg(long, default_value_t = 200)]
     interval_ms: u64,
+    /// Apply this retention policy while driving (as `stepwell prune
+    /// --retain`: completed=30d,failed=90d,cancelled=7d), every
+    /// --prune-every, in a thread of its own.
+    #[arg(long, conflicts_with_all = ["once", "until_idle"])]
+    retain: Option<String>,
+    /// How often --retain prunes (`s`, `m`, `h`, `d`).
+    #[arg(long, default_value = "1h", requires = "retain")]
+    prune_every: String,
 }
 
 /// `stepwell drive`: passes until idle, one pass, or passes until stopped.
-pub(crate) fn run(rt: &Runtime, args: DriveArgs, sink: &Sink) -> Result<Report, Error> {
+pub(crate) fn run(
+    rt: &Runtime,
+    spec: &stepwell::host::StoreSpec,
+    args: DriveArgs,
+    sink: &Sink,
+) -> Result<Report, Error> {
     let DriveArgs {
         once,
         until_idle,
         interval_ms,
+        retain,
+        prune_every,
     } = args;
+    if let Some(policy) = retain {
+        super::retention::spawn_pruner(rt, spec, &policy, &prune_every, sink.json())?;
+    }
     if until_idle {
         self::until_idle(rt, sink)
     } else {

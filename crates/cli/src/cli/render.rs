@@ -203,6 +203,11 @@ impl Sink {
         Sink { json }
     }
 
+    /// Whether it prints JSON.
+    pub(crate) fn json(&self) -> bool {
+        self.json
+    }
+
     /// Prints `report`: its notes, then its text or its JSON.
     pub(crate) fn show(&self, report: &Report) {
         for note in &report.notes {

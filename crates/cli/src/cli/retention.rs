@@ -7,7 +7,7 @@ use stepwell::core::retention::{PruneOptions, Retention};
 use stepwell::host::StoreSpec;
 use stepwell::{Error, Runtime};
 
-use super::render::Report;
+use super::render::{Report, Sink};
 
 /// What `stepwell prune` was asked.
 #[derive(clap::Args)]
@@ -30,7 +30,7 @@ pub(crate) struct PruneArgs {
 /// trees kept and why, and the totals.
 pub(crate) fn prune(rt: &Runtime, spec: &StoreSpec, args: PruneArgs) -> Result<Report, Error> {
     let policy = Retention::parse(&args.retain)?;
-    if let Some(dir) = &args.archive {
+    if let Some(dir) = args.archive.as_ref().filter(|_| !args.dry_run) {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::invalid("--archive", format!("{}: {e}", dir.display())))?;
     }
@@ -43,7 +43,12 @@ pub(crate) fn prune(rt: &Runtime, spec: &StoreSpec, args: PruneArgs) -> Result<R
             snapshots: Some(&*snapshots),
         },
     )?;
-    let mut out = Report::pretty(&report);
+    Ok(lines(&report))
+}
+
+/// A prune's report: a line per tree, the trees kept and why, the totals.
+fn lines(report: &stepwell::core::retention::PruneReport) -> Report {
+    let mut out = Report::pretty(report);
     let verb = if report.dry_run {
         "would delete"
     } else {
@@ -75,5 +80,40 @@ pub(crate) fn prune(rt: &Runtime, spec: &StoreSpec, args: PruneArgs) -> Result<R
             String::new()
         }
     ));
-    Ok(out)
+    out
+}
+
+/// Starts applying `policy` every `every` in a thread of its own (`drive
+/// --retain`, `serve --retain`), each prune printed as `prune` prints it
+/// when it deleted or kept something, or failed. The policy and the
+/// interval are checked here, before the thread starts.
+pub(crate) fn spawn_pruner(
+    rt: &Runtime,
+    spec: &StoreSpec,
+    policy: &str,
+    every: &str,
+    json: bool,
+) -> Result<(), Error> {
+    let policy = Retention::parse(policy)?;
+    let every = stepwell::core::retention::parse_every(every)?;
+    let snapshots = spec.snapshots()?;
+    let rt = rt.clone();
+    std::thread::Builder::new()
+        .name("stepwell-prune".into())
+        .spawn(move || {
+            let sink = Sink::new(json);
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let told = |done: Result<stepwell::core::retention::PruneReport, Error>| match done {
+                Ok(r) if r.runs > 0 || !r.kept.is_empty() => {
+                    sink.show(&lines(&r));
+                    sink.flush();
+                }
+                Ok(_) => {}
+                Err(e) => sink.note(format_args!("error: the prune failed: {e}")),
+            };
+            let snapshots = Some(&*snapshots);
+            stepwell::core::retention::run_pruner(&rt, policy, every, snapshots, &stop, &told);
+        })
+        .map_err(|e| Error::invalid("retain", format!("cannot start the pruner: {e}")))?;
+    Ok(())
 }

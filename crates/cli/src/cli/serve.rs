@@ -52,6 +52,13 @@ pub(crate) struct ServeArgs {
     /// connections (a request over it is answered 503 at once).
     #[arg(long, default_value_t = 32 << 20)]
     pub(crate) max_body_bytes_in_flight: usize,
+    /// Apply this retention policy while serving (as `stepwell prune
+    /// --retain`), every --prune-every, in a thread of its own.
+    #[arg(long)]
+    pub(crate) retain: Option<String>,
+    /// How often --retain prunes (`s`, `m`, `h`, `d`).
+    #[arg(long, default_value = "1h", requires = "retain")]
+    pub(crate) prune_every: String,
 }
 
 /// Serves until SIGTERM or Ctrl-C; prints where, and the token file,
@@ -69,6 +76,8 @@ pub(crate) fn run(rt: Runtime, host: &Host, args: ServeArgs, sink: &Sink) -> Res
         body_timeout_ms,
         max_body_bytes_in_flight,
         write_timeout_ms,
+        retain,
+        prune_every,
     } = args;
     init_logs(&log_format)?;
     // A long-running server handles a closed connection per
@@ -96,6 +105,9 @@ pub(crate) fn run(rt: Runtime, host: &Host, args: ServeArgs, sink: &Sink) -> Res
     options.max_body_bytes_in_flight = max_body_bytes_in_flight;
     options.snapshots = Some(std::sync::Arc::from(host.spec.snapshots()?));
     options.dashboard_dir = super::environment::dashboard_dir();
+    if let Some(policy) = retain {
+        super::retention::spawn_pruner(&rt, &host.spec, &policy, &prune_every, sink.json())?;
+    }
     let server = stepwell_serve::Server::bind(rt, options)?;
     let url = format!("http://{}/", server.local_addr());
     let mut banner = Report::compact(

@@ -39,7 +39,7 @@ impl Retention {
                 .split_once('=')
                 .ok_or_else(|| bad("expected STATUS=DURATION, as completed=30d"))?;
             let span = parse_span(span.trim())
-                .ok_or_else(|| bad("a duration is a whole number of s, m, h or d, as 30d"))?;
+                .ok_or_else(|| bad("a duration is a whole number (at least 1, at most about 500 billion years) of s, m, h or d, as 30d"))?;
             let slot = match status.trim() {
                 "completed" => &mut r.completed,
                 "failed" => &mut r.failed,
@@ -73,7 +73,11 @@ impl Retention {
 /// `30d`, `12h`, `90m`, `45s` as a duration.
 fn parse_span(text: &str) -> Option<Duration> {
     let unit = text.chars().last()?;
-    let n: u64 = text[..text.len() - unit.len_utf8()].parse().ok()?;
+    let digits = &text[..text.len() - unit.len_utf8()];
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok().filter(|n| *n > 0)?;
     let secs = match unit {
         's' => n,
         'm' => n.checked_mul(60)?,
@@ -134,6 +138,48 @@ pub struct PruneReport {
     pub snapshots: u64,
 }
 
+/// What a prune keeps of an old root while it looks for the others: no
+/// vars.
+struct Root {
+    run_id: String,
+    workflow_id: String,
+    status: RunStatus,
+    ended_at: String,
+    ended: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Root {
+    fn of(run: &RunState) -> Root {
+        Root {
+            run_id: run.run_id.clone(),
+            workflow_id: run.workflow_id.clone(),
+            status: run.status,
+            ended_at: run.updated_at.clone(),
+            ended: chrono::DateTime::parse_from_rfc3339(&run.updated_at)
+                .map(|t| t.with_timezone(&chrono::Utc))
+                .ok(),
+        }
+    }
+}
+
+/// Why a finished root must stay for something else: a turn of a
+/// session (whose history reads it), a discussion of an automation.
+fn owned_elsewhere(run: &RunState) -> Option<String> {
+    let meta = run.vars.get("_meta");
+    if meta
+        .and_then(|m| m.get("discussion"))
+        .is_some_and(|v| !v.is_null())
+    {
+        return Some("it is a discussion of an automation: it goes with its automation".into());
+    }
+    if let Some(session) = &run.session_id {
+        return Some(format!(
+            "it is a turn of session {session}, whose history reads it (sessions are not pruned yet)"
+        ));
+    }
+    None
+}
+
 /// How many runs one listing page holds.
 const PAGE: usize = 1_000;
 
@@ -151,26 +197,23 @@ impl Runtime {
             ..PruneReport::default()
         };
         for root in self.old_roots(policy, now)? {
-            match self.tree_of(&root)? {
-                Err(why) => report.kept.push((root.run_id.clone(), why)),
-                Ok(tree) => {
-                    let tree = self.measure(&root, tree)?;
-                    if !options.dry_run {
-                        let gone = self.delete_tree(&tree, options, &mut report)?;
-                        if gone < tree.runs.len() {
-                            let why = format!(
-                                "{gone} of its {} runs went: the rest changed meanwhile (the next prune looks again)",
-                                tree.runs.len()
-                            );
-                            report.kept.push((root.run_id.clone(), why));
-                        }
-                    }
-                    report.runs += tree.runs.len() as u64;
-                    report.records += tree.records;
-                    report.bytes += tree.bytes;
-                    report.trees.push(tree);
+            let tree = match self.tree_of(&root)? {
+                Err(why) => {
+                    report.kept.push((root.run_id.clone(), why));
+                    continue;
+                }
+                Ok(tree) => self.measure(&root, tree)?,
+            };
+            if !options.dry_run {
+                if let Err(why) = self.delete_tree(&tree, options, &mut report)? {
+                    report.kept.push((root.run_id.clone(), why));
+                    continue;
                 }
             }
+            report.runs += tree.runs.len() as u64;
+            report.records += tree.records;
+            report.bytes += tree.bytes;
+            report.trees.push(tree);
         }
         Ok(report)
     }
@@ -180,7 +223,7 @@ impl Runtime {
         &self,
         policy: &Retention,
         now: chrono::DateTime<chrono::Utc>,
-    ) -> Result<Vec<RunState>> {
+    ) -> Result<Vec<Root>> {
         let mut found = Vec::new();
         let mut after = None;
         loop {
@@ -203,7 +246,7 @@ impl Runtime {
                         .is_ok_and(|age| age > keep)
                 });
                 if old && self.plugins_reserved(&run.workflow_id).is_none() && self.is_root(&run)? {
-                    found.push(run);
+                    found.push(Root::of(&run));
                 }
             }
             match last {
@@ -211,7 +254,7 @@ impl Runtime {
                 None => break,
             }
         }
-        found.sort_by(|a, b| a.updated_at.cmp(&b.updated_at));
+        found.sort_by_key(|r| r.ended);
         Ok(found)
     }
 
@@ -225,8 +268,14 @@ impl Runtime {
 
     /// The runs of `root`'s tree, root first; or why it must stay (a run
     /// in it has not ended).
-    fn tree_of(&self, root: &RunState) -> Result<std::result::Result<Vec<RunState>, String>> {
-        let mut tree = vec![root.clone()];
+    fn tree_of(&self, root: &Root) -> Result<std::result::Result<Vec<RunState>, String>> {
+        let Some(state) = self.store().load_run(&root.run_id)? else {
+            return Ok(Err("it is gone (another prune?)".into()));
+        };
+        if let Some(why) = owned_elsewhere(&state) {
+            return Ok(Err(why));
+        }
+        let mut tree = vec![state];
         let mut at = 0;
         while at < tree.len() {
             let children = self.store().list_runs(&RunQuery {
@@ -249,7 +298,7 @@ impl Runtime {
     }
 
     /// The tree as a report line: its runs, records and bytes.
-    fn measure(&self, root: &RunState, tree: Vec<RunState>) -> Result<PrunedTree> {
+    fn measure(&self, root: &Root, tree: Vec<RunState>) -> Result<PrunedTree> {
         let mut records = 0;
         let mut bytes = 0;
         for run in &tree {
@@ -265,29 +314,33 @@ impl Runtime {
             run_id: root.run_id.clone(),
             workflow_id: root.workflow_id.clone(),
             status: root.status,
-            ended_at: root.updated_at.clone(),
+            ended_at: root.ended_at.clone(),
             runs: tree.into_iter().map(|r| r.run_id).collect(),
             records,
             bytes,
         })
     }
 
-    /// Archives (if asked) and deletes one tree, children first; how many
-    /// of its runs went.
+    /// Archives (if asked) and deletes one tree, whole; or why it stays
+    /// (its archive could not be written, or the store kept it).
     fn delete_tree(
         &self,
         tree: &PrunedTree,
         options: &PruneOptions<'_>,
         report: &mut PruneReport,
-    ) -> Result<usize> {
+    ) -> Result<std::result::Result<(), String>> {
         if let Some(dir) = options.archive {
-            let bytes = self.export_run(&tree.run_id, true)?;
-            let path = dir.join(format!("{}.zip", tree.run_id));
-            std::fs::write(&path, bytes)
-                .map_err(|e| Error::invalid("archive", format!("{}: {e}", path.display())))?;
+            if let Err(why) = self.archive(&tree.run_id, dir) {
+                return Ok(Err(format!("not archived, so not deleted: {why}")));
+            }
         }
         let ids: Vec<String> = tree.runs.iter().rev().cloned().collect();
         let deleted = self.store().delete_runs(&ids)?;
+        if deleted.runs.is_empty() {
+            return Ok(Err(
+                "the store deleted none of it: a run of it changed meanwhile, or (SQLite) it holds the store's newest ledger row; the next prune looks again".into(),
+            ));
+        }
         if let Some(snapshots) = options.snapshots {
             for id in &deleted.runs {
                 let query = SnapshotQuery {
@@ -301,6 +354,93 @@ impl Runtime {
                 }
             }
         }
-        Ok(deleted.runs.len())
+        Ok(Ok(()))
     }
+}
+
+impl Runtime {
+    /// Writes the export of `root` (with its children) into `dir` as
+    /// `<root>-<time>.zip`: through a temporary file, synced, renamed,
+    /// never over another file.
+    fn archive(&self, root: &str, dir: &std::path::Path) -> std::result::Result<(), String> {
+        use std::io::Write;
+        let bytes = self.export_run(root, true).map_err(|e| e.to_string())?;
+        let stamp = self.now().format("%Y%m%dT%H%M%S%.6fZ");
+        let path = dir.join(format!("{root}-{stamp}.zip"));
+        let tmp = dir.join(format!(".{root}-{stamp}.zip.part"));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .and_then(|mut f| {
+                f.write_all(&bytes)?;
+                f.sync_all()
+            });
+        // Under its name, or beside an archive of the same time (a clock
+        // fixed by `--now`): never over it.
+        let mut linked = written.map(|()| None);
+        for n in 1..=100 {
+            let Ok(None) = linked else { break };
+            let name = match n {
+                1 => path.clone(),
+                n => dir.join(format!("{root}-{stamp}-{n}.zip")),
+            };
+            linked = match std::fs::hard_link(&tmp, &name) {
+                Ok(()) => Ok(Some(name)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(None),
+                Err(e) => Err(e),
+            };
+        }
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(format!(
+                "{}: a hundred archives of this time exist",
+                path.display()
+            )),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    }
+}
+
+/// Applies `policy` every `every` until `stop` is set (the first prune at
+/// once), handing each outcome to `told`: what `stepwell drive --retain`
+/// and `stepwell serve --retain` run in a thread of their own. Several
+/// hosts may run one on the same store: a store deletes only runs that
+/// have ended, and a run deleted by one is not there for the others.
+pub fn run_pruner(
+    rt: &Runtime,
+    policy: Retention,
+    every: Duration,
+    snapshots: Option<&dyn SnapshotStore>,
+    stop: &std::sync::atomic::AtomicBool,
+    told: &dyn Fn(Result<PruneReport>),
+) {
+    use std::sync::atomic::Ordering;
+    let tick = Duration::from_millis(100);
+    while !stop.load(Ordering::SeqCst) {
+        let options = PruneOptions {
+            snapshots,
+            ..PruneOptions::default()
+        };
+        told(rt.prune(&policy, &options));
+        let mut waited = Duration::ZERO;
+        while waited < every && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(tick.min(every - waited));
+            waited += tick;
+        }
+    }
+}
+
+/// Reads a prune interval: a whole number of `s`, `m`, `h` or `d`, at
+/// least a second.
+pub fn parse_every(text: &str) -> Result<Duration> {
+    parse_span(text.trim())
+        .filter(|d| d.as_secs() >= 1)
+        .ok_or_else(|| {
+            Error::invalid(
+                "prune_every",
+                format!("{text:?}: a whole number of s, m, h or d, at least 1s, as 1h"),
+            )
+        })
 }

@@ -1023,9 +1023,10 @@ pub fn runs_are_counted_by_version(h: &dyn Harness, dir: &Path) -> Verdict {
     Verdict::Passed
 }
 
-/// `delete_runs` deletes the runs that ended, each with its whole ledger,
-/// and leaves a run still going (and one not there); the others' ledgers
-/// keep their chains. Deleted, a run id is free again.
+/// `delete_runs` deletes the runs asked, each with its whole ledger, all
+/// or none: a run still going among them keeps them all; an id not there
+/// is skipped; the others' ledgers keep their chains. Deleted, a run id is
+/// free again.
 pub fn only_ended_runs_are_deleted(h: &dyn Harness, dir: &Path) -> Verdict {
     let store = h.open(dir);
     let mut done = super::fixtures::run("done", "wf");
@@ -1044,7 +1045,12 @@ pub fn only_ended_runs_are_deleted(h: &dyn Harness, dir: &Path) -> Verdict {
             .collect();
         store.append_records(&records).unwrap();
     }
+    // All or none: a run still going keeps the others.
     let asked = ["done", "going", "missing"].map(String::from);
+    let deleted = store.delete_runs(&asked).unwrap();
+    assert!(deleted.runs.is_empty(), "{deleted:?}");
+    assert!(store.load_run("done").unwrap().is_some());
+    let asked = ["done", "missing"].map(String::from);
     let deleted = store.delete_runs(&asked).unwrap();
     assert_eq!(deleted.runs, ["done"]);
     assert_eq!(deleted.records, 3);
