@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 
 use super::clock::format_time;
 use super::config::StartOptions;
-use super::keys::is_host_owned;
+use super::keys::{is_host_owned, user_vars};
 use super::model::{RunState, RunStatus, StepRecord, StepStatus};
 use super::runtime::Runtime;
 use super::secrets::{redact_all, secret_key, REDACTED};
@@ -381,14 +381,6 @@ fn operator_runtime(source: &RunState) -> Map<String, Value> {
     super::config::OPERATOR_RUNTIME_KEYS
         .iter()
         .filter_map(|k| rt.get(*k).map(|v| (k.to_string(), v.clone())))
-        .collect()
-}
-
-/// A run's vars without the host-owned ones.
-fn user_vars(vars: &Map<String, Value>) -> Map<String, Value> {
-    vars.iter()
-        .filter(|(k, _)| !is_host_owned(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
 

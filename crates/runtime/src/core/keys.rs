@@ -19,6 +19,15 @@ use super::model::RunState;
 /// run's identity and attribution, `_limits` its budgets.
 pub const HOST_OWNED_VARS: [&str; 3] = ["_runtime", "_meta", "_limits"];
 
+/// A run's vars without the host-owned ones (a copy): what a guest wrote
+/// and the run started with, as the ledger keeps them for forks.
+pub fn user_vars(vars: &Map<String, Value>) -> Map<String, Value> {
+    vars.iter()
+        .filter(|(k, _)| !is_host_owned(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// Whether the var (or dotted path) `key` is host-owned: its first segment
 /// is one of [`HOST_OWNED_VARS`], or it starts with `_runtime`.
 pub fn is_host_owned(key: &str) -> bool {

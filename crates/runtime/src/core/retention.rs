@@ -237,16 +237,14 @@ impl Runtime {
                 let Some(keep) = policy.of(run.status) else {
                     continue;
                 };
-                let ended = chrono::DateTime::parse_from_rfc3339(&run.updated_at)
-                    .map(|t| t.with_timezone(&chrono::Utc))
-                    .ok();
-                let old = ended.is_some_and(|t| {
+                let root = Root::of(&run);
+                let old = root.ended.is_some_and(|t| {
                     now.signed_duration_since(t)
                         .to_std()
                         .is_ok_and(|age| age > keep)
                 });
                 if old && self.plugins_reserved(&run.workflow_id).is_none() && self.is_root(&run)? {
-                    found.push(Root::of(&run));
+                    found.push(root);
                 }
             }
             match last {

@@ -99,12 +99,7 @@ impl Runtime {
         run.updated_at = now.clone();
         // The restored vars go in the record too (`input`), so the ledger
         // alone still rebuilds the vars of every later step (forks).
-        let input: serde_json::Map<String, serde_json::Value> = run
-            .vars
-            .iter()
-            .filter(|(k, _)| !super::keys::is_host_owned(k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let input = super::keys::user_vars(&run.vars);
         let record = StepRecord {
             result: Some(json!({ "restored": {
                 "snapshot_id": snapshot.snapshot_id,

@@ -1437,13 +1437,7 @@ fn first_step_input(run: &RunState) -> Option<Value> {
     if visited {
         return None;
     }
-    let input: Map<String, Value> = run
-        .vars
-        .iter()
-        .filter(|(k, _)| !is_host_owned(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    Some(redact_map(&input))
+    Some(redact_map(&super::keys::user_vars(&run.vars)))
 }
 
 /// The step's vars patch as its record keeps it (never a secret: a value
