@@ -780,3 +780,62 @@ fn a_driver_with_a_retention_policy_prunes_old_runs() {
     let bad = cli.fails(&["drive", "--retain", "completed=30d", "--prune-every", "0s"]);
     assert!(bad.contains("prune_every"), "{bad}");
 }
+
+/// Traces from a command: sent to the collector the flag (or the standard
+/// variable) names, the command's spans delivered before it exits; a
+/// collector that is not there costs the run nothing but a warning; bad
+/// OpenTelemetry settings are refused naming the variable.
+#[test]
+fn a_command_sends_its_spans_and_survives_a_missing_collector() {
+    let cli = Cli::new();
+    let collector = stepwell_tests::otlp::Collector::start();
+    let run = cli.json(&["--otlp-endpoint", &collector.endpoint, "run", &ex("hello")]);
+    assert_eq!(run["status"], "completed");
+    let id = run["run_id"].as_str().unwrap();
+    // Delivered before the process ended: no waiting here.
+    let spans = collector.spans();
+    let whole = spans
+        .iter()
+        .find(|s| s.name == "stepwell.run" && s.attr("stepwell.run_id") == id)
+        .expect("the run's span arrived before the command exited");
+    assert_eq!(whole.attr("stepwell.workflow_id"), "hello");
+    assert!(spans.iter().any(|s| s.name == "stepwell.guest"));
+    // The standard variable does the same.
+    let out = cli
+        .cmd(&["run", &ex("hello")])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &collector.endpoint)
+        .env("OTEL_SERVICE_NAME", "from-env")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(collector
+        .spans()
+        .iter()
+        .any(|s| s.resource["service.name"] == "from-env"));
+    // Nobody listens on port 9 of loopback: the run completes, and the
+    // command says its spans were not delivered.
+    let out = cli
+        .cmd(&["--otlp-endpoint", "http://127.0.0.1:9", "run", &ex("hello")])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("trace spans were not delivered to the OTLP collector"),
+        "{err}"
+    );
+    let out = cli
+        .cmd(&["--otlp-endpoint", &collector.endpoint, "run", &ex("hello")])
+        .env("OTEL_EXPORTER_OTLP_HEADERS", "bad header=x")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("invalid_input: OTEL_EXPORTER_OTLP_HEADERS")
+            && err.contains("is not a header name"),
+        "{err}"
+    );
+    let err = cli.fails(&["--otlp-endpoint", "ftp://x", "run", &ex("hello")]);
+    assert!(err.contains("invalid_input: otlp_endpoint"), "{err}");
+}

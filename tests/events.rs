@@ -738,3 +738,67 @@ fn an_event_source_plugin_admits_only_what_it_selects() {
         "{events}"
     );
 }
+
+/// A webhook call's W3C `traceparent` is continued (`serve
+/// --otlp-endpoint`, a real collector on loopback): the server's span of
+/// the call is under the caller's span, and the occurrence the call fires
+/// runs in the caller's trace, under the caller's span.
+#[test]
+fn a_webhook_calls_traceparent_is_continued_by_the_occurrence_it_fires() {
+    let collector = stepwell_tests::otlp::Collector::start();
+    let b = Box_::new();
+    let (cid, secret, path) = webhook_connection(&b);
+    bind(&b, "traced", "webhook.received", &cid);
+    let server = Server::start(&b, &["--otlp-endpoint", &collector.endpoint]);
+    let (trace, caller) = ("5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174");
+    let body = json!({"n": 1}).to_string();
+    let mut headers = signed(&secret, "msg_traced", &body);
+    headers.push(("traceparent".into(), format!("00-{trace}-{caller}-01")));
+    assert_eq!(post(&format!("{}{path}", server.url), &headers, &body), 202);
+    wait_for("the occurrence", Duration::from_secs(20), || {
+        b.occurrences().iter().any(|r| r["status"] == "completed")
+    });
+    let occurrence = b.occurrences()[0]["run_id"].as_str().unwrap().to_string();
+    let spans = collector.wait(Duration::from_secs(15), |spans| {
+        spans
+            .iter()
+            .any(|s| s.name == "stepwell.run" && s.attr("stepwell.run_id") == occurrence.as_str())
+    });
+    let hook = spans
+        .iter()
+        .find(|s| s.name == "POST /v1/hooks/{connection_id}")
+        .expect("the webhook call's span");
+    assert_eq!(hook.trace_id, trace);
+    assert_eq!(hook.parent.as_deref(), Some(caller));
+    assert_eq!(hook.attr("http.response.status_code"), 202);
+    let run = spans
+        .iter()
+        .find(|s| s.name == "stepwell.run" && s.attr("stepwell.run_id") == occurrence.as_str())
+        .unwrap();
+    let vars = &b.occurrences()[0]["vars"];
+    assert_eq!(
+        run.trace_id, trace,
+        "{}\n{}",
+        vars["_runtime"], vars["_meta"]["occurrence"]
+    );
+    assert_eq!(run.parent.as_deref(), Some(caller));
+    assert_eq!(run.attr("stepwell.status"), "completed");
+    // Every span of the occurrence's work is in the caller's trace.
+    let of_it: Vec<_> = spans
+        .iter()
+        .filter(|s| s.attr("stepwell.run_id") == occurrence.as_str())
+        .collect();
+    assert!(
+        of_it.iter().any(|s| s.name == "stepwell.tick"),
+        "{of_it:#?}"
+    );
+    for s in &of_it {
+        assert_eq!(s.trace_id, trace, "{s:#?}");
+    }
+    // The driver ticks it on its own (not inside its controller's step):
+    // its ticks hang from its run's span, not from the controller's trace.
+    let ticks: Vec<_> = of_it.iter().filter(|s| s.name == "stepwell.tick").collect();
+    for t in &ticks {
+        assert_eq!(t.parent.as_deref(), Some(run.span_id.as_str()), "{t:#?}");
+    }
+}

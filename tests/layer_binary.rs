@@ -4,3 +4,4 @@
 mod automation_cli;
 mod cli;
 mod serve;
+mod traces;

@@ -13,6 +13,7 @@ use stepwell::{
 use tempfile::TempDir;
 
 pub mod llm_mock;
+pub mod otlp;
 pub mod served;
 pub mod shell;
 pub mod world;
@@ -460,4 +461,39 @@ pub fn artifact_text(rt: &stepwell::Runtime, reference: &Value) -> String {
         .expect("an artifact reference");
     let store = rt.artifact_store().expect("an artifact store");
     String::from_utf8(store.get(id).unwrap().expect("the artifact")).unwrap()
+}
+
+/// An HTTP/1.1 request as the tests' servers read it: its request line,
+/// its headers (names in lower case) and its body.
+pub type HttpRequest = (String, Vec<(String, String)>, Vec<u8>);
+
+/// One HTTP/1.1 request read off `reader` (its body: `Content-Length`
+/// bytes); `None` at the end of the connection or on a short read.
+pub fn read_http_request(reader: &mut impl std::io::BufRead) -> Option<HttpRequest> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).ok()? == 0 {
+        return None;
+    }
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).ok()? == 0 {
+            return None;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    let length = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((line.trim_end().to_string(), headers, body))
 }

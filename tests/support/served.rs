@@ -47,6 +47,11 @@ impl Served {
 
     /// Starts `stepwell serve` over a database in `dir`.
     pub fn start_in(dir: tempfile::TempDir, args: &[&str]) -> Served {
+        Self::start_with(dir, args, &[])
+    }
+
+    /// Starts `stepwell serve` with `args` and these environment variables.
+    pub fn start_with(dir: tempfile::TempDir, args: &[&str], env: &[(&str, &str)]) -> Served {
         let mut child = scratch_home(&mut Command::new(stepwell_binary()), dir.path())
             .arg("--db")
             .arg(dir.path().join("db.sqlite"))
@@ -56,6 +61,7 @@ impl Served {
             .env_remove("STEPWELL_DB")
             .env_remove("STEPWELL_STORE")
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -759,6 +759,19 @@ fn taken_start(cx: &EffectCx<'_>, child_id: &str, conflict: Error) -> Result<Out
     }
 }
 
+/// The trace a caller of the occurrence's trigger asked to continue: the
+/// W3C `traceparent` header of the first of its webhook calls that sent
+/// one (a call the host verified and recorded, `data.webhook_id`). The
+/// occurrence's spans then join the caller's trace.
+fn callers_trace(envelope: &Value) -> Option<stepwell_runtime::core::trace::SpanContext> {
+    envelope["payload"]["events"]
+        .as_array()?
+        .iter()
+        .filter(|e| e["data"]["webhook_id"].is_string())
+        .filter_map(|e| e["data"]["headers"]["traceparent"].as_str())
+        .find_map(stepwell_runtime::core::trace::SpanContext::from_traceparent)
+}
+
 /// Creates the dispatched attempt's run under its deterministic id (if
 /// absent) from the inputs frozen at admission, and waits for it; an id
 /// another run took is not waited on ([`taken_start`]).
@@ -808,6 +821,11 @@ fn start_occurrence(cx: &EffectCx<'_>, payload: &Map<String, Value>) -> Result<O
         workflow_version: prepared["workflow_version"]
             .as_u64()
             .and_then(|v| u32::try_from(v).ok()),
+        trace_parent: cx
+            .tracer
+            .is_on()
+            .then(|| callers_trace(&pending["envelope"]))
+            .flatten(),
         ..StartOptions::default()
     };
     let started = match cx.runs.start_run(workflow_id, options) {

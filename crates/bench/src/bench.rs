@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use serde_json::{json, Map, Value};
 
+use stepwell::core::trace::Tracer;
 use stepwell::host::StoreSpec;
 use stepwell::store::{JsonFileStore, MemoryStore, PostgresStore, SqliteStore, Store};
 use stepwell::wasm::{EngineConfig, NodeCall, WasmEngine};
@@ -343,8 +344,11 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
     let chain_dir = scratch.0.join("chain");
     std::fs::create_dir_all(&chain_dir).map_err(|e| invalid("bench", e.to_string()))?;
     write_chain(&chain_dir, &step, options.chain_len)?;
-    let chain = |store: Arc<dyn Store>| -> Result<f64> {
-        let rt = runtime(store, &engine)?;
+    let chain_traced = |store: Arc<dyn Store>, tracer: Tracer| -> Result<f64> {
+        let rt = stepwell::builder(store)
+            .engine(engine.clone())
+            .tracer(tracer)
+            .build()?;
         rt.load_bundle(&chain_dir)?;
         let mut rates = Vec::new();
         for _ in 0..options.chain_repeats {
@@ -362,6 +366,21 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         }
         Ok(median(rates))
     };
+    let chain = |store: Arc<dyn Store>| chain_traced(store, Tracer::off());
+    if want("chain_traced_steps_per_s_memory") {
+        // The same chain with every span sent to a collector on loopback.
+        let sink = crate::traced::Sink::start()?;
+        let exporter =
+            stepwell::otlp::OtlpExporter::start(stepwell::otlp::OtlpConfig::new(&sink.endpoint))
+                .map_err(|e| invalid("bench", e.to_string()))?;
+        let exporter = Arc::new(exporter);
+        let rate = chain_traced(Arc::new(MemoryStore::new()), Tracer::new(exporter.clone()))?;
+        crate::traced::check(&sink, &exporter, options.chain_len * options.chain_repeats)?;
+        figures.insert(
+            "chain_traced_steps_per_s_memory".into(),
+            json!(round(rate, 0)),
+        );
+    }
     if want("chain_steps_per_s_memory") {
         let rate = chain(Arc::new(MemoryStore::new()))?;
         figures.insert("chain_steps_per_s_memory".into(), json!(round(rate, 0)));

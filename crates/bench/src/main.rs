@@ -11,6 +11,7 @@ mod bench;
 mod fanout;
 mod http;
 mod scale;
+mod traced;
 
 /// The allocator of the `stepwell` binary (mimalloc), so that the figures
 /// measured in this process are the product's.

@@ -75,6 +75,12 @@ struct Cli {
     /// says ruff is not installed).
     #[arg(long, global = true, env = stepwell::tools::RUFF_ENV)]
     ruff: Option<PathBuf>,
+    /// Send traces (a span per tick, step, guest call, effect, model and
+    /// tool call, commit and HTTP request) to this OpenTelemetry
+    /// collector, over OTLP/HTTP (`/v1/traces` is added; also
+    /// OTEL_EXPORTER_OTLP_ENDPOINT). Off when unset.
+    #[arg(long, global = true)]
+    otlp_endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -208,12 +214,17 @@ fn execute(cli: Cli, sink: &Sink) -> Result<Report, Error> {
             cli::triggers::run(cache, host.options.limits, trigger_dir, command, cli.now)
         }
         Command::Db { command } => cli::db::run(&host, command),
-        command => on_runtime(
-            open_runtime(&host.spec, &host.options)?,
-            &host,
-            command,
-            sink,
-        ),
+        command => {
+            let rt = open_runtime(&host.spec, &host.options)?;
+            let done = on_runtime(rt.clone(), &host, command, sink);
+            // The spans of what the command did reach the collector before
+            // the process ends.
+            rt.tracer().flush();
+            if let Some(warning) = cli::environment::tracing_warning() {
+                eprintln!("{warning}");
+            }
+            done
+        }
     }
 }
 

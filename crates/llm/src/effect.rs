@@ -18,6 +18,7 @@ use crate::{
 };
 use stepwell_runtime::core::flight::Landing;
 use stepwell_runtime::core::model::RunState;
+use stepwell_runtime::core::trace::{Span, SpanKind};
 use stepwell_runtime::core::Result;
 use stepwell_runtime::effects::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
 
@@ -336,14 +337,24 @@ impl EffectHandler for LlmCall {
         landing.cancel().on_cancel(move || {
             let _ = stop.send(());
         });
+        let mut span = call_span(cx, &planned);
         crate::http::spawn(async move {
             tokio::select! {
-                outcome = perform(planned) => landing.land(outcome),
+                outcome = perform(planned) => {
+                    measured(&mut span, &outcome);
+                    drop(span);
+                    landing.land(outcome)
+                }
                 // Dropping the call drops its request (and connection).
-                _ = stopped => landing.land(Outcome::Failed(Failure::permanent(
-                    "cancelled",
-                    "the run was cancelled while its model call was in flight",
-                ))),
+                _ = stopped => {
+                    let outcome = Outcome::Failed(Failure::permanent(
+                        "cancelled",
+                        "the run was cancelled while its model call was in flight",
+                    ));
+                    measured(&mut span, &outcome);
+                    drop(span);
+                    landing.land(outcome)
+                }
             }
         });
         None
@@ -356,10 +367,55 @@ impl EffectHandler for LlmCall {
         _prepared: Option<&Value>,
     ) -> Result<Outcome> {
         Ok(match self.plan(cx, payload) {
-            Ok(planned) => crate::http::block_on(perform(planned)),
+            Ok(planned) => {
+                let mut span = call_span(cx, &planned);
+                let outcome = crate::http::block_on(perform(planned));
+                measured(&mut span, &outcome);
+                outcome
+            }
             Err(outcome) => outcome,
         })
     }
+}
+
+/// The span of a model call (OpenTelemetry's `gen_ai` names), under the
+/// effect's.
+fn call_span(cx: &EffectCx<'_>, planned: &Planned) -> Span {
+    let mut span = cx.tracer.start("llm.call", None);
+    span.kind(SpanKind::Client);
+    span.attr_with("gen_ai.system", || planned.provider.name.clone());
+    span.attr_with("gen_ai.request.model", || planned.model.clone());
+    span.attr_with("stepwell.run_id", || cx.run.run_id.clone());
+    span
+}
+
+/// What a model call's outcome adds to its span: the model that answered,
+/// the tokens it counted, why it stopped, or why it failed.
+fn measured(span: &mut Span, outcome: &Outcome) {
+    if !span.is_on() {
+        return;
+    }
+    let result = match outcome {
+        Outcome::Completed(result) => result,
+        Outcome::Failed(f) => return span.fail(f),
+        _ => return,
+    };
+    if let Some(model) = result["model"].as_str() {
+        span.attr("gen_ai.response.model", model);
+    }
+    for (attr, key) in [
+        ("gen_ai.usage.input_tokens", "prompt_tokens"),
+        ("gen_ai.usage.output_tokens", "completion_tokens"),
+    ] {
+        if let Some(n) = result["usage"][key].as_u64() {
+            span.attr(attr, n);
+        }
+    }
+    if let Some(reason) = result["finish_reason"].as_str() {
+        span.attr("gen_ai.response.finish_reasons", reason);
+    }
+    let calls = result["tool_calls"].as_array().map_or(0, Vec::len);
+    span.attr("stepwell.llm.tool_calls", calls as u64);
 }
 
 /// A model call planned from its payload and its run: everything

@@ -23,6 +23,7 @@ use stepwell::automation::{
     apply_automation_command, create_automation, list_attention, list_automations,
     list_occurrences, pending_waits, show_automation, start_discussion, Command, DiscussionRequest,
 };
+use stepwell::core::trace::{Span, SpanContext, SpanKind};
 use stepwell::core::Error;
 use stepwell::tools::ToolsExt;
 use stepwell::triggers::TriggersExt;
@@ -109,6 +110,12 @@ pub(crate) async fn blocking_in<T: Send + 'static>(
                 ),
             ))
         }
+    };
+    // The request's span is the parent of the spans of the work it does.
+    let span = HTTP_SPAN.try_with(|c| *c).ok().flatten();
+    let f = move || {
+        let _scope = stepwell::core::trace::scope(span);
+        f()
     };
     match tokio::task::spawn_blocking(f).await {
         Ok(r) => r.map_err(ApiError::from),
@@ -295,6 +302,35 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
+tokio::task_local! {
+    /// The span of the request a task serves (tracing on), for the work it
+    /// hands to the blocking pool.
+    static HTTP_SPAN: Option<stepwell::core::trace::SpanContext>;
+}
+
+/// The span of a request (nothing when tracing is off): a server span
+/// that continues the caller's trace if it sent a W3C `traceparent`.
+fn request_span(s: &Shared, req: &Request, method: &str, route: &str) -> Span {
+    let tracer = s.rt.tracer();
+    if !tracer.is_on() {
+        return Span::none();
+    }
+    let parent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(SpanContext::from_traceparent);
+    // A request without one starts a trace of its own.
+    let mut span = tracer.start(format!("{method} {route}"), parent);
+    span.kind(SpanKind::Server);
+    if parent.is_some() {
+        span.remote_parent();
+    }
+    span.attr("http.request.method", method);
+    span.attr("http.route", route);
+    span
+}
+
 /// Counts and logs every request, and adds the headers every answer
 /// carries.
 async fn observe(State(s): S, req: Request, next: Next) -> Response {
@@ -315,8 +351,14 @@ async fn observe(State(s): S, req: Request, next: Next) -> Response {
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.to_string())
         .unwrap_or_default();
-    let mut response = next.run(req).await;
+    let mut span = request_span(&s, &req, &method, &route);
+    let mut response = HTTP_SPAN.scope(span.context(), next.run(req)).await;
     let status = response.status().as_u16();
+    span.attr("http.response.status_code", status as i64);
+    if status >= 500 {
+        span.fail(format!("HTTP {status}"));
+    }
+    drop(span);
     let micros = started.elapsed().as_micros() as u64;
     s.http.count(&method, &route, status, micros);
     tracing::info!(%method, %route, status, micros, %peer, "request");

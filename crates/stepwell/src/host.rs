@@ -372,6 +372,10 @@ pub struct HostOptions {
     /// Effect handlers to register over the built-in ones (the binary's
     /// `llm_call`, configured from its environment).
     pub effects: Vec<Arc<dyn crate::effects::EffectHandler>>,
+    /// Where the runtime's spans go (default: off). The binary gives an
+    /// OTLP exporter when `--otlp-endpoint` (or
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`) is set.
+    pub tracer: crate::core::trace::Tracer,
 }
 
 impl std::fmt::Debug for HostOptions {
@@ -393,6 +397,7 @@ impl std::fmt::Debug for HostOptions {
                 "effects",
                 &self.effects.iter().map(|e| e.kind()).collect::<Vec<_>>(),
             )
+            .field("tracer", &self.tracer)
             .finish()
     }
 }
@@ -442,7 +447,8 @@ pub fn open_runtime(spec: &StoreSpec, options: &HostOptions) -> Result<Runtime> 
     let mut builder = crate::builder(store)
         .engine(engine)
         .config(config)
-        .artifacts(artifacts, DEFAULT_OFFLOAD_BYTES);
+        .artifacts(artifacts, DEFAULT_OFFLOAD_BYTES)
+        .tracer(options.tracer.clone());
     for handler in &options.effects {
         builder = builder.effect(handler.clone());
     }

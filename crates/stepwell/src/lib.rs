@@ -48,6 +48,9 @@ pub mod host;
 pub use stepwell_automation::{self as automation, sessions, triggers};
 #[cfg(feature = "llm")]
 pub use stepwell_llm as llm;
+/// Spans to an OpenTelemetry collector (OTLP/HTTP).
+#[cfg(feature = "otlp")]
+pub use stepwell_otlp as otlp;
 #[cfg(feature = "tools")]
 pub use stepwell_tools as tools;
 

@@ -28,6 +28,7 @@ use crate::calls::{
 use crate::scope::WorkspaceScope;
 use crate::{evidence, ToolCatalog, ToolClass, ToolTable};
 use stepwell_runtime::core::model::{WaitReason, WaitState};
+use stepwell_runtime::core::trace::{SpanContext, Tracer};
 use stepwell_runtime::core::{Error, Result};
 use stepwell_runtime::effects::{EffectClass, EffectCx, EffectHandler, Failure, Outcome};
 use stepwell_runtime::wasm::{GuestError, ToolFault};
@@ -105,8 +106,28 @@ impl ToolCalls {
         self.catalog.table()
     }
 
-    /// Runs one planned call: a component in its sandbox, or a host tool.
+    /// Runs one call of the batch, in its span.
     fn run_one(&self, b: &Batch<'_>, p: &Planned) -> Value {
+        let mut span = b.tracer.enter("tool.call", b.parent);
+        span.attr_with("stepwell.tool.name", || p.call.name.clone());
+        span.attr_with("stepwell.tool.class", || p.class.as_str());
+        span.attr_with("stepwell.tool.approval", || {
+            if b.approved {
+                "approved"
+            } else {
+                "not_required"
+            }
+        });
+        span.attr_with("stepwell.tool.call_id", || p.call.call_id.clone());
+        let result = self.run_one_untraced(b, p);
+        if result["success"] == false {
+            span.fail(result["error"].as_str().unwrap_or("the tool call failed"));
+        }
+        result
+    }
+
+    /// Runs one planned call: a component in its sandbox, or a host tool.
+    fn run_one_untraced(&self, b: &Batch<'_>, p: &Planned) -> Value {
         let (table, scope, timeout) = (b.table, b.scope, b.timeout);
         let c = &p.call;
         let Some(entry) = table.get(&c.name) else {
@@ -411,6 +432,12 @@ struct Batch<'a> {
     run_id: &'a str,
     /// Whether the run was cancelled (a batch in flight).
     stop: Option<stepwell_runtime::wasm::Stop>,
+    /// Where the calls' spans go, and the span they hang from (the
+    /// effect's, or the resume's that approved them).
+    tracer: &'a Tracer,
+    parent: Option<SpanContext>,
+    /// Whether a person approved the batch.
+    approved: bool,
 }
 
 impl<'a> Batch<'a> {
@@ -431,6 +458,9 @@ impl<'a> Batch<'a> {
                 let c = c.clone();
                 std::sync::Arc::new(move || c.is_cancelled()) as stepwell_runtime::wasm::Stop
             }),
+            tracer: cx.tracer,
+            parent: stepwell_runtime::core::trace::current(),
+            approved: false,
         }
     }
 }
@@ -727,7 +757,10 @@ impl EffectHandler for ToolCalls {
                             }
                         }
                     }
-                    let batch = Batch::of(cx, &table, scope.as_ref());
+                    let batch = Batch {
+                        approved: true,
+                        ..Batch::of(cx, &table, scope.as_ref())
+                    };
                     let ran = self.run_all(&batch, &planned, &|| batch.stopped(cx));
                     for (p, r) in planned.iter().zip(ran) {
                         out[p.call.index] = Some(r);

@@ -86,6 +86,7 @@ pub(crate) fn host(cli: &Cli) -> Result<Host, Error> {
         cache_home: super::environment::cache_home(),
         state_home,
         effects: vec![super::environment::llm_call()],
+        tracer: super::environment::tracer(cli.otlp_endpoint.as_deref())?,
     };
     Ok(Host {
         spec,

@@ -266,6 +266,10 @@ pub struct StartOptions {
     /// is taken from, if that bundle defines its workflow too: a child in
     /// its parent's bundle runs its parent's version.
     pub same_bundle_as: Option<(String, u32)>,
+    /// The trace the run continues (a caller's W3C `traceparent`): its
+    /// spans join that trace under that span. `None`: the trace of the
+    /// span the starting thread is in, if tracing is on, else its own.
+    pub trace_parent: Option<super::trace::SpanContext>,
 }
 
 /// The `_runtime` keys an operator may set when starting a run (`stepwell

@@ -472,6 +472,8 @@ impl Runtime {
         run.error = Some(message);
         run.updated_at = now;
         txn.keep = false;
-        txn.commit(vec![record], run)
+        txn.commit(vec![record], run)?;
+        self.trace_run_end(run);
+        Ok(())
     }
 }

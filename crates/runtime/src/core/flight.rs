@@ -85,6 +85,8 @@ pub struct Landing {
     run_id: String,
     cancel: Arc<Cancel>,
     landed: bool,
+    /// The effect's span: it ends when the effect lands.
+    span: super::trace::Span,
 }
 
 impl std::fmt::Debug for Landing {
@@ -106,6 +108,12 @@ impl Landing {
         &self.cancel
     }
 
+    /// The effect's span, if tracing is on: spans of the work the effect
+    /// does (a model call, a tool call) are its children.
+    pub fn span_context(&self) -> Option<super::trace::SpanContext> {
+        self.span.context()
+    }
+
     /// Reports the effect's outcome: the run's step is settled with it by
     /// one of the runtime's settling threads. Returns at once.
     pub fn land(mut self, outcome: Outcome) {
@@ -121,6 +129,12 @@ impl Landing {
 
     fn finish(&mut self, outcome: Result<Outcome>) {
         self.landed = true;
+        match &outcome {
+            Ok(Outcome::Failed(f)) => self.span.fail(f),
+            Err(e) => self.span.fail(e),
+            Ok(_) => {}
+        }
+        std::mem::take(&mut self.span).end();
         if let Some(inner) = self.inner.upgrade() {
             inner.flights.landed(&self.run_id, outcome);
         }
@@ -373,7 +387,12 @@ impl Runtime {
 
     /// Records a flight of `run_id`'s effect and the landing its outcome
     /// comes back through; starts the settling threads on first use.
-    pub(crate) fn take_off(&self, run_id: &str, flight: &Flight<'_>) -> Landing {
+    pub(crate) fn take_off(
+        &self,
+        run_id: &str,
+        flight: &Flight<'_>,
+        span: super::trace::Span,
+    ) -> Landing {
         self.start_settling();
         let cancel = self.inner.flights.insert(run_id, flight);
         Landing {
@@ -381,6 +400,7 @@ impl Runtime {
             run_id: run_id.to_string(),
             cancel,
             landed: false,
+            span,
         }
     }
 

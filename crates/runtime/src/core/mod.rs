@@ -22,6 +22,7 @@ pub mod retention;
 pub mod runtime;
 mod snapshots;
 mod step;
+pub mod trace;
 mod txn;
 pub mod versions;
 

@@ -154,6 +154,7 @@ pub struct RuntimeBuilder {
     effects: EffectRegistry,
     plugins: Plugins,
     metrics: Option<Arc<super::metrics::Metrics>>,
+    tracer: super::trace::Tracer,
 }
 
 impl RuntimeBuilder {
@@ -185,6 +186,13 @@ impl RuntimeBuilder {
             threshold: threshold_bytes,
             recent: Default::default(),
         });
+        self
+    }
+
+    /// Where the runtime's spans go (default: [`super::trace::Tracer::off`]:
+    /// no spans, at no cost). See [`super::trace`].
+    pub fn tracer(mut self, tracer: super::trace::Tracer) -> Self {
+        self.tracer = tracer;
         self
     }
 
@@ -274,6 +282,7 @@ impl RuntimeBuilder {
                 foreign: super::foreign::Foreign::default(),
                 flights: super::flight::Flights::default(),
                 loaded: super::versions::Loaded::default(),
+                tracer: self.tracer,
             }),
         })
     }
@@ -303,6 +312,8 @@ pub(crate) struct Inner {
     pub(crate) foreign: super::foreign::Foreign,
     /// Effects in flight, and the threads that settle them when they land.
     pub(crate) flights: super::flight::Flights,
+    /// Where spans go (off unless the embedder gave an exporter).
+    pub(crate) tracer: super::trace::Tracer,
 }
 
 impl Inner {
@@ -355,7 +366,14 @@ impl Runtime {
             effects: EffectRegistry::builtin(),
             plugins: Plugins::default(),
             metrics: None,
+            tracer: Default::default(),
         }
+    }
+
+    /// Where this runtime's spans go (see [`super::trace`]): plugins and
+    /// the server add theirs through it.
+    pub fn tracer(&self) -> &super::trace::Tracer {
+        &self.inner.tracer
     }
 
     /// What this runtime (its commits and resumes) and its engine (its
@@ -595,6 +613,7 @@ impl Runtime {
         for plugin in self.inner.plugins.iter() {
             plugin.seal_run(self, &mut start)?;
         }
+        self.seed_trace(options.trace_parent, &vars, &mut runtime);
         if !runtime.is_empty() {
             vars.insert("_runtime".into(), Value::Object(runtime));
         }
@@ -619,6 +638,43 @@ impl Runtime {
         })
     }
 
+    /// Exports the span of `run`'s whole life (it has just ended outside a
+    /// tick: a cancel, a failure its child caused), if tracing is on.
+    pub(crate) fn trace_run_end(&self, run: &RunState) {
+        if self.inner.tracer.is_on() {
+            let trace = super::trace::run_trace(&run.run_id, run.vars.get("_runtime"));
+            self.inner.tracer.record(super::trace::run_span(trace, run));
+        }
+    }
+
+    /// Keeps in a new run's `_runtime` the trace it starts in: the caller's
+    /// (`parent`), else that of the span this thread is in (the step of
+    /// another run that starts it), if tracing is on. An occurrence started
+    /// by its controller's step only links to that step: it starts its own
+    /// trace.
+    fn seed_trace(
+        &self,
+        parent: Option<super::trace::SpanContext>,
+        vars: &Map<String, Value>,
+        runtime: &mut Map<String, Value>,
+    ) {
+        if let Some(parent) = parent {
+            return super::trace::seed(runtime, parent, false);
+        }
+        let here = self
+            .inner
+            .tracer
+            .is_on()
+            .then(super::trace::current)
+            .flatten();
+        if let Some(here) = here {
+            let occurrence = vars
+                .get("_meta")
+                .is_some_and(|m| m.get("occurrence").is_some());
+            super::trace::seed(runtime, here, occurrence);
+        }
+    }
+
     /// Commits through the store, offloading large values first, and hands
     /// the records to the subscribers.
     pub(crate) fn store_commit(
@@ -631,6 +687,8 @@ impl Runtime {
     ) -> Result<()> {
         let started = std::time::Instant::now();
         let count = records.len();
+        let mut span = self.inner.tracer.enter("stepwell.commit", None);
+        span.attr_with("stepwell.records", || count as u64);
         match &self.inner.offloader {
             // Nobody to show the records to after: the store may keep them.
             None if !self.has_subscribers() => {
@@ -943,6 +1001,13 @@ impl Runtime {
         } = resume;
         let optimistic = !matches!(hold, Hold::Claim);
         let guessed = matches!(hold, Hold::Remembered(_));
+        // A resume that finds it must claim the lease first is done again
+        // (a second span, `claim`).
+        let hold_name = match &hold {
+            Hold::Taking => "take",
+            Hold::Remembered(_) => "remembered",
+            Hold::Claim => "claim",
+        };
         let wait = self.inner.config.lease_wait;
         let (mut txn, mut run) = match hold {
             Hold::Remembered(state) => self.hold_taking(run_id, wait, Some(*state))?,
@@ -950,6 +1015,11 @@ impl Runtime {
             Hold::Claim => self.claim(run_id, wait)?,
         };
         let read_version = run.version;
+        let mut resume_span = match self.inner.tracer.is_on() {
+            true => super::trace::run_work_span(&self.inner.tracer, "stepwell.resume", &run).0,
+            false => super::trace::Span::none(),
+        };
+        resume_span.attr("stepwell.resume.hold", hold_name);
         // A refusal decided from a remembered state stands if the run has
         // not changed since; else the resume is done from the stored one.
         let refuse = |e: Error| -> Result<Attempt> {
@@ -1129,6 +1199,7 @@ impl Runtime {
                 Ok(()) => {
                     // An effect of the run in flight here stops now.
                     self.inner.flights.cancel(run_id);
+                    self.trace_run_end(&run);
                     break run;
                 }
                 Err(Error::Store(e)) if e.is_conflict() && attempts < 20 => {
@@ -1374,6 +1445,7 @@ impl Runtime {
             runs: self,
             artifacts: self.artifact_store(),
             cancel: None,
+            tracer: &self.inner.tracer,
         };
         let written = handler.on_resume(&cx, &wait, payload)?;
         if external {

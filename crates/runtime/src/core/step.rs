@@ -236,6 +236,17 @@ fn fail(run: &mut RunState, msg: String, now: &str) {
 
 /// The record that ends effect record `base` (same effect, key and attempt)
 /// with `status`, as of `ended_at`.
+/// The outcome of an effect executed in its step, its failure marked on
+/// its span.
+fn failed_in(span: &mut super::trace::Span, outcome: Result<Outcome>) -> Result<Outcome> {
+    match &outcome {
+        Ok(Outcome::Failed(f)) => span.fail(f),
+        Err(e) => span.fail(e),
+        Ok(_) => {}
+    }
+    outcome
+}
+
 fn outcome_record(base: &StepRecord, status: StepStatus, ended_at: &str) -> StepRecord {
     StepRecord {
         step_id: super::keys::new_step_id(),
@@ -294,6 +305,27 @@ impl Runtime {
     pub(crate) fn run_steps(
         &self,
         txn: &mut RunTxn<'_>,
+        run: RunState,
+        max_steps: u64,
+        pending: Vec<StepRecord>,
+        depth: u32,
+    ) -> Result<RunState> {
+        if !self.inner.tracer.is_on() {
+            return self.run_steps_untraced(txn, run, max_steps, pending, depth);
+        }
+        // A state that already shows its end commits it in this tick (with
+        // the resume that ended it).
+        let ending = !pending.is_empty();
+        let tick = super::trace::TickSpan::start(&self.inner.tracer, &run, ending);
+        let answer = self.run_steps_untraced(txn, run, max_steps, pending, depth);
+        tick.end(&self.inner.tracer, &answer);
+        answer
+    }
+
+    /// [`Runtime::run_steps`] without its tick's span.
+    fn run_steps_untraced(
+        &self,
+        txn: &mut RunTxn<'_>,
         mut run: RunState,
         max_steps: u64,
         mut pending: Vec<StepRecord>,
@@ -338,7 +370,15 @@ impl Runtime {
                 // allocator's fast size classes).
                 records.reserve_exact(1);
             }
-            match panics::catch(|| self.step(txn, &wf, &mut run, records, depth, &mut sessions)) {
+            let mut span = self.inner.tracer.enter("stepwell.step", None);
+            span.attr_with("stepwell.node_id", || {
+                run.current_node.clone().unwrap_or_default()
+            });
+            let stepped =
+                panics::catch(|| self.step(txn, &wf, &mut run, records, depth, &mut sessions));
+            span.attr_with("stepwell.status", || run.status.as_str());
+            drop(span);
+            match stepped {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(e),
                 Err(panic) => return self.fail_after_panic(txn, &run.run_id, panic),
@@ -671,7 +711,9 @@ impl Runtime {
             return Ok(Some((outcome, false)));
         };
         if !call.ahead {
-            return Ok(Some((handler.execute(&cx, payload, None)?, false)));
+            let mut span = self.effect_span(effect, &**handler, false);
+            let outcome = failed_in(&mut span, handler.execute(&cx, payload, None))?;
+            return Ok(Some((outcome, false)));
         }
         // Recorded ahead of the commit, reused on replay.
         let recorded: Vec<StepRecord> = if txn.exists() {
@@ -718,7 +760,9 @@ impl Runtime {
                     key: call.key,
                     attempt: call.attempt,
                 };
-                let landing = self.take_off(&run.run_id, &flight);
+                let span = self.effect_span(effect, &**handler, true);
+                let _scope = super::trace::scope(span.context());
+                let landing = self.take_off(&run.run_id, &flight, span);
                 if let Some(landing) = handler.launch(&cx, payload, prepared.as_ref(), landing) {
                     self.fly_on_thread(run, payload, prepared, handler.clone(), &call, landing);
                 }
@@ -732,10 +776,29 @@ impl Runtime {
                 return Ok(None);
             }
         }
-        Ok(Some((
-            handler.execute(&cx, payload, prepared.as_ref())?,
-            false,
-        )))
+        let mut span = self.effect_span(effect, &**handler, false);
+        let outcome = failed_in(&mut span, handler.execute(&cx, payload, prepared.as_ref()))?;
+        Ok(Some((outcome, false)))
+    }
+
+    /// The span of an effect executed now (entered) or in flight (ended
+    /// when it lands).
+    fn effect_span(
+        &self,
+        effect: &EffectRequest,
+        handler: &dyn EffectHandler,
+        in_flight: bool,
+    ) -> super::trace::Span {
+        let tracer = &self.inner.tracer;
+        let mut span = if in_flight {
+            tracer.start("stepwell.effect", None)
+        } else {
+            tracer.enter("stepwell.effect", None)
+        };
+        span.attr_with("stepwell.effect.kind", || effect.kind.clone());
+        span.attr_with("stepwell.effect.class", || handler.class().as_str());
+        span.attr("stepwell.effect.in_flight", in_flight);
+        span
     }
 
     /// What effect `call` of `run` is told.
@@ -753,6 +816,7 @@ impl Runtime {
             runs: self,
             artifacts: self.artifact_store(),
             cancel: None,
+            tracer: &self.inner.tracer,
         }
     }
 
@@ -807,6 +871,7 @@ impl Runtime {
                 pending: false,
             };
             let cancel = landing.cancel().clone();
+            let _scope = super::trace::scope(landing.span_context());
             let cx = EffectCx {
                 cancel: Some(&cancel),
                 ..rt.effect_cx(&run, &call)
@@ -1061,9 +1126,20 @@ impl Runtime {
                     attempt: counters.attempt,
                     seed: sessions.seed(&run.run_id, counters.node_visits),
                 };
-                sessions
+                let mut span = self.inner.tracer.enter("stepwell.guest", None);
+                span.attr_with("stepwell.node_id", || node.id.clone());
+                span.attr_with("stepwell.component", || {
+                    component.path().display().to_string()
+                });
+                let plan = sessions
                     .call(self.inner.config.reuse_instances, component, &call)
-                    .map_err(|e| format!("{} (node {} of workflow {})", e, node.id, wf.workflow_id))
+                    .map_err(|e| {
+                        format!("{} (node {} of workflow {})", e, node.id, wf.workflow_id)
+                    });
+                if let Err(e) = &plan {
+                    span.fail(e);
+                }
+                plan
             }
             NodeKind::Effect {
                 kind,

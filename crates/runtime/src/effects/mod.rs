@@ -269,6 +269,9 @@ pub struct EffectCx<'a> {
     /// (the effect should stop: drop its request, interrupt its instance,
     /// kill its process). `None` inside a step.
     pub cancel: Option<&'a Arc<crate::core::flight::Cancel>>,
+    /// Where the effect's own spans go (a model call's, a tool call's):
+    /// started on the effect's thread, they nest under its span.
+    pub tracer: &'a crate::core::trace::Tracer,
 }
 
 impl EffectCx<'_> {

@@ -354,6 +354,8 @@ impl EffectHandler for StartSubworkflow {
                 .run
                 .workflow_version
                 .map(|v| (cx.run.workflow_id.clone(), v)),
+            // The child's spans join the trace of this step's.
+            trace_parent: None,
         };
         let child_id = match cx.runs.start_run(&workflow_id, options) {
             Ok(id) => id,
