@@ -288,6 +288,7 @@ impl Tracer {
     }
 
     /// Whether spans are made.
+    #[inline]
     pub fn is_on(&self) -> bool {
         self.exporter.is_some()
     }
@@ -302,35 +303,17 @@ impl Tracer {
     /// Starts a span under `parent`, or under this thread's current span
     /// when `parent` is `None`, or as a new trace's root when there is
     /// neither. It ends when dropped (or [`Span::end`]).
+    #[inline]
     pub fn start(&self, name: impl Into<Cow<'static, str>>, parent: Option<SpanContext>) -> Span {
-        let Some(exporter) = &self.exporter else {
-            return Span(None);
-        };
-        let parent = parent.or_else(current);
-        let context = SpanContext {
-            trace_id: parent.map_or_else(new_trace_id, |p| p.trace_id),
-            span_id: new_span_id(),
-        };
-        Span(Some(Box::new(Live {
-            data: SpanData {
-                context,
-                parent: parent.map(|p| p.span_id),
-                name: name.into(),
-                kind: SpanKind::Internal,
-                start_unix_nanos: unix_nanos(),
-                end_unix_nanos: 0,
-                attributes: Vec::new(),
-                error: None,
-                links: Vec::new(),
-                remote_parent: false,
-            },
-            exporter: exporter.clone(),
-            restore: None,
-        })))
+        match &self.exporter {
+            None => Span(None),
+            Some(exporter) => Span(Some(live(exporter, name.into(), parent))),
+        }
     }
 
     /// [`Tracer::start`], and the span is this thread's current one until
     /// it ends (spans started meanwhile are its children).
+    #[inline]
     pub fn enter(&self, name: impl Into<Cow<'static, str>>, parent: Option<SpanContext>) -> Span {
         let mut span = self.start(name, parent);
         if let Some(live) = &mut span.0 {
@@ -346,6 +329,36 @@ impl Tracer {
             e.export(span);
         }
     }
+}
+
+/// A span being made (tracing on).
+#[inline(never)]
+fn live(
+    exporter: &Arc<dyn SpanExporter>,
+    name: Cow<'static, str>,
+    parent: Option<SpanContext>,
+) -> Box<Live> {
+    let parent = parent.or_else(current);
+    let context = SpanContext {
+        trace_id: parent.map_or_else(new_trace_id, |p| p.trace_id),
+        span_id: new_span_id(),
+    };
+    Box::new(Live {
+        data: SpanData {
+            context,
+            parent: parent.map(|p| p.span_id),
+            name,
+            kind: SpanKind::Internal,
+            start_unix_nanos: unix_nanos(),
+            end_unix_nanos: 0,
+            attributes: Vec::new(),
+            error: None,
+            links: Vec::new(),
+            remote_parent: false,
+        },
+        exporter: exporter.clone(),
+        restore: None,
+    })
 }
 
 struct Live {
@@ -377,16 +390,19 @@ impl Span {
     }
 
     /// Whether this span is being measured.
+    #[inline]
     pub fn is_on(&self) -> bool {
         self.0.is_some()
     }
 
     /// The span's trace and id (`None` when tracing is off).
+    #[inline]
     pub fn context(&self) -> Option<SpanContext> {
         self.0.as_ref().map(|l| l.data.context)
     }
 
     /// Sets an attribute (a text is cut to [`MAX_TEXT`] bytes).
+    #[inline]
     pub fn attr(&mut self, key: &'static str, value: impl Into<AttrValue>) {
         if let Some(live) = &mut self.0 {
             live.data.attributes.push((key, bounded(value.into())));
@@ -394,6 +410,7 @@ impl Span {
     }
 
     /// Sets an attribute computed only when tracing is on.
+    #[inline]
     pub fn attr_with<V: Into<AttrValue>>(&mut self, key: &'static str, value: impl FnOnce() -> V) {
         if let Some(live) = &mut self.0 {
             live.data.attributes.push((key, bounded(value().into())));
@@ -401,6 +418,7 @@ impl Span {
     }
 
     /// Marks the span failed, with why (cut to [`MAX_TEXT`] bytes).
+    #[inline]
     pub fn fail(&mut self, why: impl fmt::Display) {
         if let Some(live) = &mut self.0 {
             let mut text = why.to_string();
@@ -462,16 +480,22 @@ fn bounded(value: AttrValue) -> AttrValue {
 }
 
 impl Drop for Span {
+    #[inline]
     fn drop(&mut self) {
-        let Some(mut live) = self.0.take() else {
-            return;
-        };
-        if let Some(previous) = live.restore {
-            CURRENT.with(|c| c.set(previous));
+        if let Some(live) = self.0.take() {
+            end(*live);
         }
-        live.data.end_unix_nanos = unix_nanos().max(live.data.start_unix_nanos);
-        live.exporter.export(live.data);
     }
+}
+
+/// Ends a span: the thread's current span back, the end time, the export.
+#[inline(never)]
+fn end(mut live: Live) {
+    if let Some(previous) = live.restore {
+        CURRENT.with(|c| c.set(previous));
+    }
+    live.data.end_unix_nanos = unix_nanos().max(live.data.start_unix_nanos);
+    live.exporter.export(live.data);
 }
 
 thread_local! {
