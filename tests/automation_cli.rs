@@ -591,6 +591,22 @@ fn a_growing_automation_and_a_discussion_from_the_shell() {
         assert_eq!(err["error"]["code"], code, "{err}");
         assert_eq!(err["error"]["field"], field, "{err}");
     }
+    // A year later, retention deletes none of the growing automation's
+    // occurrences (its history reads them) nor its discussions.
+    let pruned = sh.json(&[
+        "--now",
+        "2027-01-01T00:00:00Z",
+        "--json",
+        "prune",
+        "--retain",
+        "completed=1d,failed=1d,cancelled=1d",
+    ]);
+    let trees = pruned["trees"].as_array().unwrap();
+    assert!(
+        trees.iter().all(|t| t["workflow_id"] != "history"),
+        "{pruned}"
+    );
+    assert!(!pruned["kept"].as_array().unwrap().is_empty(), "{pruned}");
 }
 
 /// A host without the automations (a kernel-only embedder) driving the same
@@ -655,4 +671,75 @@ fn a_host_without_the_automations_leaves_their_controller_alone() {
     );
     let shown = sh.json(&["--now", &due, "--json", "automations", "show", ID]);
     assert_eq!(shown["held"], Value::Null, "{shown}");
+}
+
+/// Retention and automations: an every-2m automation driven for twenty
+/// minutes (`--now`), then `prune --retain completed=10m`: the occurrences
+/// that ended more than ten minutes ago go (whole, with their ledgers),
+/// the controller and the newer ones stay, the controller's ledger still
+/// verifies, and the automation fires on as before. A growing automation's
+/// occurrences stay (its history reads them).
+#[test]
+fn an_automation_loses_its_old_occurrences_to_retention_and_fires_on() {
+    let sh = Shell::new();
+    let request = memory_watch(sh.dir.path());
+    let at = |m: u32| format!("2026-01-01T00:{m:02}:00Z");
+    sh.json(&[
+        "--now",
+        &at(0),
+        "--json",
+        "automations",
+        "create",
+        "--request",
+        &request,
+    ]);
+    for m in (0..=20).step_by(2) {
+        let report = sh.json(&["--now", &at(m), "--json", "drive", "--until-idle"]);
+        assert_eq!(report["errors"], json!([]), "{report}");
+    }
+    let echo = |sh: &Shell| -> Vec<Value> {
+        sh.json(&["--json", "list", "--workflow", "echo"])
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(echo(&sh).len(), 11);
+    let prune = ["prune", "--retain", "completed=10m"];
+    let dry = sh.json(&[&["--now", &at(21), "--json"][..], &prune, &["--dry-run"]].concat());
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["trees"].as_array().unwrap().len(), 6, "{dry}");
+    assert_eq!(echo(&sh).len(), 11, "a dry run deletes nothing");
+    let done = sh.json(&[&["--now", &at(21), "--json"][..], &prune].concat());
+    let trees = done["trees"].as_array().unwrap();
+    assert_eq!(trees.len(), 6, "{done}");
+    for t in trees {
+        assert_eq!(t["workflow_id"], "echo", "{t}");
+        assert!(
+            t["ended_at"].as_str().unwrap() < "2026-01-01T00:11:00",
+            "{t}"
+        );
+    }
+    let left = echo(&sh);
+    assert_eq!(left.len(), 5);
+    assert!(left
+        .iter()
+        .all(|r| r["updated_at"].as_str().unwrap() >= "2026-01-01T00:12:00"));
+    // The space goes back to the file system (nothing else is running).
+    let vacuumed = sh.json(&["--json", "db", "vacuum"]);
+    assert!(
+        vacuumed["bytes_after"].as_u64().unwrap() <= vacuumed["bytes_before"].as_u64().unwrap(),
+        "{vacuumed}"
+    );
+    // The controller stays, whole and verifiable, and fires on.
+    let verified = sh.json(&["--json", "ledger", ID, "--verify"]);
+    assert_eq!(verified["ok"], true, "{verified}");
+    let report = sh.json(&["--now", &at(22), "--json", "drive", "--until-idle"]);
+    assert_eq!(report["errors"], json!([]), "{report}");
+    assert_eq!(echo(&sh).len(), 6);
+    let shown = sh.json(&["--now", &at(22), "--json", "automations", "show", ID]);
+    assert_eq!(shown["status"], "active");
+    assert_eq!(shown["next_fire_at"], "2026-01-01T00:24:00+00:00");
+    // Nothing more goes at once: the rest is not old enough.
+    let again = sh.json(&[&["--now", &at(22), "--json"][..], &prune].concat());
+    assert_eq!(again["trees"], json!([]), "{again}");
 }

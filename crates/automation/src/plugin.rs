@@ -7,7 +7,7 @@ use crate::triggers::TriggerState;
 use stepwell_runtime::core::plugin::{ChildStart, Install, Plugin, Reserved, RunStart};
 use stepwell_runtime::core::{Error, Result};
 use stepwell_runtime::flow::Workflow;
-use stepwell_runtime::Runtime;
+use stepwell_runtime::{RunState, Runtime};
 use stepwell_tools::ToolCatalog;
 
 /// The automations plugin. It needs the tools and the triggers plugins
@@ -73,6 +73,30 @@ impl Plugin for Automations {
     /// An occurrence's attribution is part of its identity.
     fn identity_meta(&self) -> &'static [&'static str] {
         &["occurrence"]
+    }
+
+    /// An ended occurrence of an independent automation (in a session of
+    /// its own) that is not the controller's pending one: nothing reads it
+    /// again, so retention may delete it while its automation lives on. A
+    /// growing automation's occurrences stay: its history reads them.
+    fn releases_child(&self, _rt: &Runtime, parent: &RunState, child: &RunState) -> bool {
+        let Some(occurrence) = child.vars.get("_meta").and_then(|m| m.get("occurrence")) else {
+            return false;
+        };
+        if occurrence["role"] != "occurrence" || occurrence["session_kind"] != "occurrence" {
+            return false;
+        }
+        let pending = parent
+            .vars
+            .get("_runtime")
+            .and_then(|r| r.get("automation"))
+            .map(|a| &a["pending_occurrence"])
+            .filter(|p| p.is_object());
+        let pending_run = pending.and_then(|p| p["run_id"].as_str());
+        let pending_session = pending.and_then(|p| p["prepared"]["session_id"].as_str());
+        child.status.is_terminal()
+            && pending_run != Some(child.run_id.as_str())
+            && (pending_session.is_none() || child.session_id.as_deref() != pending_session)
     }
 
     fn reserves(&self, workflow_id: &str) -> Option<Reserved> {

@@ -101,6 +101,19 @@ impl StoreSpec {
         })
     }
 
+    /// Gives the space deleted runs left back to the file system, where
+    /// the store needs to be asked: SQLite's file is rewritten
+    /// ([`SqliteStore::vacuum`]): its size before and after. `None` for
+    /// the others (JSON files delete theirs, PostgreSQL's autovacuum
+    /// reclaims its pages, memory has no file).
+    pub fn vacuum(&self) -> Result<Option<(u64, u64)>> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            StoreSpec::Sqlite(path) => Ok(Some(SqliteStore::open(path)?.vacuum()?)),
+            _ => Ok(None),
+        }
+    }
+
     /// Opens the store. `durability` applies to SQLite (`None`: normal) and
     /// JSON files (`None`: full).
     pub fn open(&self, durability: Option<Durability>) -> Result<Arc<dyn Store>> {

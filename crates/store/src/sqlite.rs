@@ -686,6 +686,22 @@ impl SqliteStore {
         &self.path
     }
 
+    /// Gives the pages deleted runs left free back to the file system
+    /// (SQLite's `VACUUM`, after the write-ahead log is folded in): the
+    /// file's size before and after, in bytes. It rewrites the whole file
+    /// and holds the write lock meanwhile: run it with the other processes
+    /// on the store stopped (a busy store answers `conflict`).
+    pub fn vacuum(&self) -> Result<(u64, u64), StoreError> {
+        let size = || std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        let conn = self.conn.lock();
+        let fold = |c: &Connection| c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+        fold(&conn).map_err(|e| self.err(e))?;
+        let before = size();
+        conn.execute_batch("VACUUM").map_err(|e| self.err(e))?;
+        fold(&conn).map_err(|e| self.err(e))?;
+        Ok((before, size()))
+    }
+
     /// How many run commits this store (this process) wrote in a group
     /// with others since it was opened: commits of several threads that
     /// were ready together share one transaction.

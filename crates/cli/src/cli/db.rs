@@ -1,4 +1,5 @@
-//! `stepwell db migrate`: creates or migrates the store's schema.
+//! `stepwell db migrate`: creates or migrates the store's schema;
+//! `stepwell db vacuum`: gives a SQLite file's free pages back.
 
 use clap::Subcommand;
 use stepwell::Error;
@@ -13,13 +14,30 @@ pub(crate) enum DbCommand {
     /// (opening a store does too; this does only that, and prints the
     /// version). Refused when the store was written by a newer stepwell.
     Migrate,
+    /// Give the space deleted runs left (`prune`) back to the file system:
+    /// SQLite's file is rewritten (stop the other processes on it first).
+    Vacuum,
 }
 
 /// Runs a `db` subcommand.
 pub(crate) fn run(host: &Host, command: DbCommand) -> Result<Report, Error> {
     match command {
         DbCommand::Migrate => migrate(host),
+        DbCommand::Vacuum => vacuum(host),
     }
+}
+
+/// Rewrites a SQLite file without its free pages; the sizes.
+fn vacuum(host: &Host) -> Result<Report, Error> {
+    let spec = &host.spec;
+    Ok(match spec.vacuum()? {
+        Some((before, after)) => Report::compact(&serde_json::json!({
+            "store": spec.to_string(), "bytes_before": before, "bytes_after": after}))
+        .line(format!("{spec}: {before} bytes, now {after}")),
+        None => Report::compact(&serde_json::json!({"store": spec.to_string()})).line(format!(
+            "{spec}: nothing to do (this store gives back its space itself)"
+        )),
+    })
 }
 
 /// Opens the store (creating or migrating its schema); the schema version

@@ -127,6 +127,17 @@ pub trait Plugin: Send + Sync + 'static {
     fn identity_meta(&self) -> &'static [&'static str] {
         &[]
     }
+
+    /// Whether `child`, an ended run that `parent` started (a run of a
+    /// workflow this plugin reserves, which may never end: an automation's
+    /// controller), may go before its parent: retention then treats it as
+    /// the root of a tree of its own and deletes it once it is old enough
+    /// ([`crate::core::retention`]). Say yes only for what the plugin will
+    /// never read again. The default: no (a child goes with its parent).
+    fn releases_child(&self, rt: &Runtime, parent: &RunState, child: &RunState) -> bool {
+        let _ = (rt, parent, child);
+        false
+    }
 }
 
 /// A child run a flow starts, as the plugins see it before it exists.
@@ -300,6 +311,14 @@ impl Plugins {
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<dyn Plugin>> {
         self.0.iter()
+    }
+
+    /// Whether the plugin that reserves `parent`'s workflow releases
+    /// `child` (see [`Plugin::releases_child`]).
+    pub(crate) fn releases(&self, rt: &Runtime, parent: &RunState, child: &RunState) -> bool {
+        self.0.iter().any(|p| {
+            p.reserves(&parent.workflow_id).is_some() && p.releases_child(rt, parent, child)
+        })
     }
 
     /// Why `workflow_id` is reserved by a plugin, if it is.

@@ -5,8 +5,10 @@
 //! parent is gone) that ended longer ago than its status's retention is
 //! deleted with all its descendants, if every one of them has ended too.
 //! A child of a live run is never deleted (its parent may still read it),
-//! nor a run of a workflow a plugin reserved (an automation's controller;
-//! its occurrences are its children, so they stay with it).
+//! nor a run of a workflow a plugin reserved (an automation's controller),
+//! except a child that plugin releases
+//! ([`crate::core::plugin::Plugin::releases_child`]: an automation's ended
+//! occurrences it will not read again), which is then a root of its own.
 
 use std::time::Duration;
 
@@ -146,10 +148,12 @@ struct Root {
     status: RunStatus,
     ended_at: String,
     ended: Option<chrono::DateTime<chrono::Utc>>,
+    /// A child its parent's plugin released: it goes on its own.
+    released: bool,
 }
 
 impl Root {
-    fn of(run: &RunState) -> Root {
+    fn of(run: &RunState, released: bool) -> Root {
         Root {
             run_id: run.run_id.clone(),
             workflow_id: run.workflow_id.clone(),
@@ -158,6 +162,7 @@ impl Root {
             ended: chrono::DateTime::parse_from_rfc3339(&run.updated_at)
                 .map(|t| t.with_timezone(&chrono::Utc))
                 .ok(),
+            released,
         }
     }
 }
@@ -226,6 +231,9 @@ impl Runtime {
     ) -> Result<Vec<Root>> {
         let mut found = Vec::new();
         let mut after = None;
+        // The parents of the runs looked at (an automation's controller, a
+        // run with many children: read once).
+        let mut parents = std::collections::HashMap::new();
         loop {
             let page = self.store().list_runs(&RunQuery {
                 limit: Some(PAGE),
@@ -237,13 +245,17 @@ impl Runtime {
                 let Some(keep) = policy.of(run.status) else {
                     continue;
                 };
-                let root = Root::of(&run);
+                let mut root = Root::of(&run, false);
                 let old = root.ended.is_some_and(|t| {
                     now.signed_duration_since(t)
                         .to_std()
                         .is_ok_and(|age| age > keep)
                 });
-                if old && self.plugins_reserved(&run.workflow_id).is_none() && self.is_root(&run)? {
+                if !old || self.plugins_reserved(&run.workflow_id).is_some() {
+                    continue;
+                }
+                if let Some(released) = self.root_kind(&run, &mut parents)? {
+                    root.released = released;
                     found.push(root);
                 }
             }
@@ -256,12 +268,29 @@ impl Runtime {
         Ok(found)
     }
 
-    /// Whether `run` has no parent, or its parent is gone.
-    fn is_root(&self, run: &RunState) -> Result<bool> {
-        match &run.parent_run_id {
-            None => Ok(true),
-            Some(parent) => Ok(self.store().load_run(parent)?.is_none()),
+    /// Whether `run` is a root: `Some(false)` when it has no parent or its
+    /// parent is gone, `Some(true)` when its parent's plugin releases it,
+    /// `None` when it goes with its parent.
+    fn root_kind(
+        &self,
+        run: &RunState,
+        parents: &mut std::collections::HashMap<String, Option<RunState>>,
+    ) -> Result<Option<bool>> {
+        let Some(parent_id) = &run.parent_run_id else {
+            return Ok(Some(false));
+        };
+        if !parents.contains_key(parent_id) {
+            let parent = self.store().load_run(parent_id)?;
+            parents.insert(parent_id.clone(), parent);
         }
+        Ok(match parents.get(parent_id).and_then(Option::as_ref) {
+            None => Some(false),
+            Some(parent) => self
+                .inner
+                .plugins
+                .releases(self, parent, run)
+                .then_some(true),
+        })
     }
 
     /// The runs of `root`'s tree, root first; or why it must stay (a run
@@ -270,7 +299,8 @@ impl Runtime {
         let Some(state) = self.store().load_run(&root.run_id)? else {
             return Ok(Err("it is gone (another prune?)".into()));
         };
-        if let Some(why) = owned_elsewhere(&state) {
+        // A released child's plugin vouched for its session too.
+        if let Some(why) = owned_elsewhere(&state).filter(|_| !root.released) {
             return Ok(Err(why));
         }
         let mut tree = vec![state];
