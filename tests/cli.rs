@@ -839,3 +839,45 @@ fn a_command_sends_its_spans_and_survives_a_missing_collector() {
     let err = cli.fails(&["--otlp-endpoint", "ftp://x", "run", &ex("hello")]);
     assert!(err.contains("invalid_input: otlp_endpoint"), "{err}");
 }
+
+/// The hints a command prints repeat the store flags the user typed, so a
+/// pasted hint works on the same store; a run not found says which store
+/// was looked in; a mistyped command gets the nearest one.
+#[test]
+fn hints_keep_the_store_and_mistakes_get_the_nearest_command() {
+    let cli = Cli::new();
+    let out = cli.ok(&["--db", "scratch dir/x.sqlite", "run", &ex("ask-user")]);
+    let hint = out
+        .lines()
+        .find(|l| l.starts_with("resume with: "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        hint.starts_with("resume with: stepwell --db 'scratch dir/x.sqlite' resume "),
+        "{hint}"
+    );
+    // The hint, pasted (its `...` answered), resumes the run.
+    let id = hint
+        .split(" resume ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap();
+    let done = cli.ok(&[
+        "--db",
+        "scratch dir/x.sqlite",
+        "resume",
+        id,
+        "--payload",
+        r#"{"text": "Ada"}"#,
+    ]);
+    assert!(done.contains("status completed"), "{done}");
+    // Without the flag: another store, and the error says which.
+    let err = cli.fails(&["status", id]);
+    assert!(
+        err.contains("run_not_found") && err.contains("looked in sqlite:.stepwell/stepwell.sqlite"),
+        "{err}"
+    );
+    let out = cli.run(&["rnu"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("a similar subcommand exists: 'run'"), "{err}");
+}

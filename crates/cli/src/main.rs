@@ -200,11 +200,44 @@ enum Command {
 
 /// Runs the command `cli` names; what it returns is printed by `sink`
 /// (those that print as they go print through it too).
-fn execute(cli: Cli, sink: &Sink) -> Result<Report, Error> {
+/// The command line's matches, or the process ends with clap's error; a
+/// mistyped command is answered with the nearest one (clap's own
+/// suggestions miss a swap of two letters, `rnu` for `run`).
+fn parse_or_exit() -> clap::ArgMatches {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let command = <Cli as clap::CommandFactory>::command();
+    let mut e = match command.clone().try_get_matches() {
+        Ok(matches) => return matches,
+        Err(e) => e,
+    };
+    if e.kind() == ErrorKind::InvalidSubcommand && e.get(ContextKind::SuggestedSubcommand).is_none()
+    {
+        if let Some(ContextValue::String(typed)) = e.get(ContextKind::InvalidSubcommand) {
+            let names = command.get_subcommands().map(|c| c.get_name().to_string());
+            if let Some(near) = cli::render::nearest(typed, names) {
+                e.insert(ContextKind::SuggestedSubcommand, ContextValue::String(near));
+            }
+        }
+    }
+    e.exit()
+}
+
+/// The store flags given on the command line.
+struct StoreFlags {
+    db: Option<PathBuf>,
+    store: Option<String>,
+}
+
+fn execute(cli: Cli, flags: &StoreFlags, sink: &Sink) -> Result<Report, Error> {
     if let Command::Bench(args) = cli.command {
         return Err(cli::bench::forward(args, cli.json, cli.store));
     }
     let host = cli::setup::host(&cli)?;
+    cli::render::set_store(
+        host.spec.to_string(),
+        flags.db.as_deref(),
+        flags.store.as_deref(),
+    );
     match cli.command {
         Command::Triggers {
             trigger_dir,
@@ -288,9 +321,18 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
     stepwell::host::raise_open_files();
-    let cli = Cli::parse();
+    let matches = parse_or_exit();
+    let cli =
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // The store flags as typed (not from the environment): the hints a
+    // command prints repeat them.
+    let typed = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    let flags = StoreFlags {
+        db: cli.db.clone().filter(|_| typed("db")),
+        store: cli.store.clone().filter(|_| typed("store")),
+    };
     cli::environment::apply_profiling();
     let sink = Sink::new(cli.json);
-    let result = execute(cli, &sink);
+    let result = execute(cli, &flags, &sink);
     sink.finish(result)
 }

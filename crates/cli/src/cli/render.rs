@@ -69,8 +69,10 @@ impl Report {
         Report::compact(value).line(serde_json::to_string_pretty(value).unwrap_or_default())
     }
 
-    /// A run: its state as lines, or as indented JSON.
+    /// A run: its state as lines, or as indented JSON. The commands it
+    /// suggests repeat the store flags the user gave ([`set_store`]).
     pub(crate) fn run(run: &RunState) -> Report {
+        let sw = format!("stepwell{}", store_flags());
         let version = run
             .workflow_version
             .map(|v| format!("  version {v}"))
@@ -99,18 +101,18 @@ impl Report {
                 .is_some_and(|d| d["mode"] == "approval_required");
             report.push(match w.reason {
                 WaitReason::User if approval => format!(
-                    "approve with: stepwell resume {id} --payload '{{\"approved\": true}}'  (or {{\"approved\": false, \"reason\": \"...\"}})",
+                    "approve with: {sw} resume {id} --payload '{{\"approved\": true}}'  (or {{\"approved\": false, \"reason\": \"...\"}})",
                     id = run.run_id
                 ),
                 WaitReason::User => format!(
-                    "resume with: stepwell resume {} --payload '{{\"text\": \"...\"}}'",
+                    "resume with: {sw} resume {} --payload '{{\"text\": \"...\"}}'",
                     run.run_id
                 ),
-                WaitReason::Until => "the driver resumes it when due: stepwell drive".into(),
+                WaitReason::Until => format!("the driver resumes it when due: {sw} drive"),
                 WaitReason::Subworkflow => {
-                    "the driver resumes it when the child ends: stepwell drive".into()
+                    format!("the driver resumes it when the child ends: {sw} drive")
                 }
-                _ => format!("resume with: stepwell resume {} --payload JSON", run.run_id),
+                _ => format!("resume with: {sw} resume {} --payload JSON", run.run_id),
             });
         }
         if let Some(out) = &run.output {
@@ -266,7 +268,8 @@ impl Sink {
     }
 
     /// Prints an error on standard error: `error: ...`, or with `--json`
-    /// `{"error": {"code": ..., "message": ...}}`.
+    /// `{"error": {"code": ..., "message": ...}}`. A run not found says
+    /// which store was looked in.
     fn error(&self, e: &Error) {
         if self.json {
             eprintln!(
@@ -275,7 +278,54 @@ impl Sink {
             );
         } else {
             eprintln!("error: {e}");
+            if let (Error::RunNotFound { .. }, Some(store)) = (e, STORE.get()) {
+                eprintln!("(looked in {store}; another store is named with --db or --store)");
+            }
         }
+    }
+}
+
+/// The store the command works on, as shown (a password hidden), and the
+/// flags that name it as the user gave them (empty for the default).
+static STORE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+static STORE_FLAGS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Remembers the store (`shown`) and the flags that name it (`--db PATH`,
+/// `--store SPEC`, as given on the command line) for the hints and errors
+/// printed later. A `--store` URL with a password is not repeated.
+pub(crate) fn set_store(shown: String, db: Option<&std::path::Path>, store: Option<&str>) {
+    let _ = STORE.set(shown);
+    let flags = match (store, db) {
+        (Some(s), _) if !has_password(s) => format!(" --store {}", shell_word(s)),
+        (Some(_), _) => String::new(),
+        (None, Some(db)) => format!(" --db {}", shell_word(&db.display().to_string())),
+        (None, None) => String::new(),
+    };
+    let _ = STORE_FLAGS.set(flags);
+}
+
+fn store_flags() -> &'static str {
+    STORE_FLAGS.get().map_or("", String::as_str)
+}
+
+/// Whether a store URL holds a password (`scheme://user:pass@host`).
+fn has_password(spec: &str) -> bool {
+    spec.split_once("://")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .is_some_and(|(user, _)| user.contains(':'))
+}
+
+/// `text` as one shell word: as it is when it is plain, else in single
+/// quotes.
+fn shell_word(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_./:-=@+,%".contains(&b));
+    if plain {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
     }
 }
 
@@ -300,5 +350,64 @@ impl JsonArray {
     pub(crate) fn finish(mut self) {
         let _ = writeln!(self.out, "{}", if self.first { "[]" } else { "\n]" });
         let _ = self.out.flush();
+    }
+}
+
+/// The name among `names` nearest to `typed`: at most two edits away (an
+/// insertion, a deletion, a change or a swap of neighbours each count one),
+/// and fewer than half its letters.
+pub(crate) fn nearest(typed: &str, names: impl Iterator<Item = String>) -> Option<String> {
+    names
+        .map(|n| (edits(typed, &n), n))
+        .filter(|(d, n)| *d <= 2 && *d * 2 < n.chars().count().max(2))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, n)| n)
+}
+
+/// The optimal string alignment distance between `a` and `b`.
+fn edits(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mistyped_command_finds_the_nearest_and_nothing_far() {
+        let names = || {
+            ["run", "resume", "list", "status", "ledger"]
+                .map(String::from)
+                .into_iter()
+        };
+        assert_eq!(nearest("rnu", names()).as_deref(), Some("run"));
+        assert_eq!(nearest("stauts", names()).as_deref(), Some("status"));
+        assert_eq!(nearest("lst", names()).as_deref(), Some("list"));
+        assert_eq!(nearest("xyz", names()), None);
+        assert_eq!(nearest("deploy", names()), None);
+        assert_eq!(shell_word("scratch dir/x.sqlite"), "'scratch dir/x.sqlite'");
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
+        assert!(has_password("postgres://u:secret@h/db"));
+        assert!(!has_password("postgres://u@h/db"));
     }
 }
