@@ -214,6 +214,28 @@ fn commands_from_the_shell() {
     assert_eq!(stale.status.code(), Some(1));
     let answer: Value = serde_json::from_slice(&stale.stdout).unwrap();
     assert_eq!(answer["error"]["reason_code"], "revision_conflict");
+    // Without --command-id one is made up and printed; sent again with
+    // it, the command is its own duplicate.
+    let out = sh.run(&["--json", "automations", "command", ID, "resume"]);
+    assert_eq!(out.status.code(), Some(0));
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["duplicate"], false, "{answer}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let made = err
+        .strip_prefix("command id: ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(made.starts_with("cli-"), "{made}");
+    let again = sh.json(&[
+        "--json",
+        "automations",
+        "command",
+        ID,
+        "resume",
+        "--command-id",
+        made,
+    ]);
+    assert_eq!(again["duplicate"], true, "{again}");
     // An unknown automation is an error naming its code.
     let missing = sh.run(&["--json", "automations", "show", "no-such-automation"]);
     assert_eq!(missing.status.code(), Some(1));

@@ -876,6 +876,9 @@ fn hints_keep_the_store_and_mistakes_get_the_nearest_command() {
         err.contains("run_not_found") && err.contains("looked in sqlite:.stepwell/stepwell.sqlite"),
         "{err}"
     );
+    // The flag is named once in its error.
+    let err = cli.fails(&["--now", "yesterday", "list"]);
+    assert_eq!(err.matches("--now").count(), 1, "{err}");
     let out = cli.run(&["rnu"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);

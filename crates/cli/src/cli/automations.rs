@@ -52,9 +52,10 @@ pub enum AutomationCommand {
         #[arg(value_name = "TYPE")]
         kind: String,
         /// Your id for this command: sending it again is answered as a
-        /// duplicate.
+        /// duplicate. Without it one is made up (and printed on stderr, to
+        /// send the command again safely).
         #[arg(long)]
-        command_id: String,
+        command_id: Option<String>,
         /// The payload, JSON (revise: {"changes": {...}}).
         #[arg(long)]
         payload: Option<String>,
@@ -180,6 +181,11 @@ pub(crate) fn run(
             actor,
         } => {
             let payload = payload.map(|p| json_arg("--payload", &p)).transpose()?;
+            let command_id = command_id.unwrap_or_else(|| {
+                let made = made_up_command_id();
+                eprintln!("command id: {made} (made up: send the command again with --command-id {made} to have it answered as a duplicate)");
+                made
+            });
             let command = Command {
                 automation_id: &id,
                 command_id: &command_id,
@@ -346,4 +352,13 @@ fn discuss(rt: &Runtime, request: &DiscussionRequest) -> Result<Report, Error> {
         report.push(format!("output: {o}"));
     }
     Ok(report.failed_if(state.status == stepwell::RunStatus::Failed))
+}
+
+/// A command id for a command sent without one: the time in nanoseconds
+/// and this process's id (two commands of one process are made in turn).
+fn made_up_command_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("cli-{nanos:x}-{}", std::process::id())
 }

@@ -128,7 +128,9 @@ fn fixed_now(cli: &Cli) -> Result<Option<chrono::DateTime<chrono::Utc>>, Error> 
     cli.now
         .as_deref()
         .map(|t| {
-            let t = stepwell::automation::parse_timestamp(t, "--now").map_err(|e| {
+            // The field is named once, by the error (not again in its
+            // message).
+            let t = stepwell::automation::parse_timestamp(t, "the time").map_err(|e| {
                 Error::InvalidInput {
                     field: "--now".into(),
                     message: e.message,
