@@ -1201,6 +1201,10 @@ fn commands_refuse_states_they_cannot_change() {
     )
     .unwrap_err();
     assert_eq!(e.reason_code, "unknown_trigger_source", "{e}");
+    // The code once, and the field, in its text.
+    let text = e.to_string();
+    assert_eq!(text.matches("unknown_trigger_source").count(), 1, "{text}");
+    assert!(text.contains("trigger.source_id"), "{text}");
 }
 
 /// The dispatches, retries and completions in the reference's ledgers are

@@ -27,10 +27,23 @@ pub(crate) fn trigger_failure(e: TriggerError) -> AutomationError {
         | TriggerError::Input { .. } => AutomationError::new(
             "unknown_trigger_source",
             Some("trigger.source_id"),
-            e.to_string(),
+            without_code(&e.to_string(), "unknown_trigger_source"),
         ),
-        other => AutomationError::new(other.reason_code(), Some("trigger"), other.to_string()),
+        other => AutomationError::new(
+            other.reason_code(),
+            Some("trigger"),
+            without_code(&other.to_string(), other.reason_code()),
+        ),
     }
+}
+
+/// `text` without a leading `<code>: `: the error that carries it names
+/// its code once.
+fn without_code(text: &str, code: &str) -> String {
+    text.strip_prefix(code)
+        .and_then(|rest| rest.strip_prefix(": "))
+        .unwrap_or(text)
+        .to_string()
 }
 
 impl TriggerCheck for TriggerRegistry {
