@@ -876,6 +876,11 @@ fn hints_keep_the_store_and_mistakes_get_the_nearest_command() {
         err.contains("run_not_found") && err.contains("looked in sqlite:.stepwell/stepwell.sqlite"),
         "{err}"
     );
+    // An empty answer says so (on stderr: stdout stays empty for scripts).
+    let out = cli.run(&["list", "--workflow", "no-such-workflow"]);
+    assert!(out.status.success());
+    assert!(out.stdout.is_empty());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "nothing to show\n");
     // The flag is named once in its error.
     let err = cli.fails(&["--now", "yesterday", "list"]);
     assert_eq!(err.matches("--now").count(), 1, "{err}");

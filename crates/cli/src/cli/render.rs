@@ -227,6 +227,10 @@ impl Sink {
                 Line::Err(l) => eprintln!("{l}"),
             }
         }
+        if report.text.is_empty() && report.notes.is_empty() && lists_nothing(report) {
+            // Silence would read as a command that did nothing.
+            eprintln!("nothing to show");
+        }
     }
 
     /// A line on standard error now (what a command that prints as it goes
@@ -283,6 +287,16 @@ impl Sink {
             }
         }
     }
+}
+
+/// Whether a report's answer is an empty list (`[]`, or a page whose
+/// `items` are `[]`).
+fn lists_nothing(report: &Report) -> bool {
+    let Some(json) = &report.json else {
+        return false;
+    };
+    let compact: String = json.chars().filter(|c| !c.is_whitespace()).collect();
+    compact == "[]" || (compact.starts_with('{') && compact.contains("\"items\":[]"))
 }
 
 /// The store the command works on, as shown (a password hidden), and the
