@@ -226,6 +226,7 @@ fn commands_from_the_shell() {
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_else(|| panic!("{err}"));
     assert!(made.starts_with("cli-"), "{made}");
+    assert_eq!(answer["command_id"], made, "{answer}");
     let again = sh.json(&[
         "--json",
         "automations",
@@ -764,4 +765,36 @@ fn an_automation_loses_its_old_occurrences_to_retention_and_fires_on() {
     // Nothing more goes at once: the rest is not old enough.
     let again = sh.json(&[&["--now", &at(22), "--json"][..], &prune].concat());
     assert_eq!(again["trees"], json!([]), "{again}");
+    // A discussion of the latest occurrence still starts: the pruned ones
+    // show in its timeline as deleted.
+    let ws = tempfile::tempdir().unwrap();
+    let discussed = sh.run(&[
+        "--now",
+        &at(22),
+        "--json",
+        "automations",
+        "discuss",
+        ID,
+        "--occurrence",
+        "12",
+        "--request-id",
+        "after-prune",
+        "--prompt",
+        "What happened?",
+        "--workspace",
+        ws.path().to_str().unwrap(),
+    ]);
+    assert!(
+        discussed.status.code() != Some(1)
+            || !String::from_utf8_lossy(&discussed.stderr).contains("history_unavailable"),
+        "{}",
+        String::from_utf8_lossy(&discussed.stderr)
+    );
+    let started: Value = serde_json::from_slice(&discussed.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&discussed.stderr)));
+    let run_id = started["run_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{started}"));
+    let state = sh.json(&["--json", "status", run_id]).to_string();
+    assert!(state.contains("was deleted by retention"), "{state}");
 }

@@ -888,4 +888,25 @@ fn hints_keep_the_store_and_mistakes_get_the_nearest_command() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("a similar subcommand exists: 'run'"), "{err}");
+    // A typo after a command: among that command's own.
+    let out = cli.run(&["automations", "lsit"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("a similar subcommand exists: 'list'"), "{err}");
+    let out = cli.run(&["automations", "rnu"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("'run'"), "{err}");
+    // A --db that a store named in the environment overrides is not
+    // repeated; a path that starts with '-' is.
+    let out = cli
+        .cmd(&["--db", "typed.sqlite", "run", &ex("ask-user")])
+        .env("STEPWELL_STORE", "sqlite:env.sqlite")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("resume with: stepwell resume "), "{text}");
+    let text = cli.ok(&["--db=-dash.sqlite", "run", &ex("ask-user")]);
+    assert!(
+        text.contains("resume with: stepwell --db=-dash.sqlite resume "),
+        "{text}"
+    );
 }

@@ -153,31 +153,29 @@ pub fn automation_timeline_messages(
         };
         let run_id = done["run_id"].as_str().unwrap_or_default();
         let answer = match done["status"].as_str() {
-            Some("completed") => {
-                let child = match rt.get_state(run_id) {
-                    Ok(c) => c,
-                    Err(Error::RunNotFound { .. }) => {
-                        return Err(refused(
-                            "history_unavailable",
-                            "occurrence_index",
-                            format!("occurrence {index} run {run_id} is missing"),
-                        ))
+            Some("completed") => match rt.get_state(run_id) {
+                Ok(child) => {
+                    let view = ChildView::of(
+                        &child.run_id,
+                        child.status.as_str(),
+                        child.output.as_ref(),
+                        child.error.as_deref(),
+                    );
+                    let answer = normalize_occurrence_output(&view).answer;
+                    if answer.trim().is_empty() {
+                        "(The occurrence completed without a text answer.)".to_string()
+                    } else {
+                        answer
                     }
-                    Err(e) => return Err(e),
-                };
-                let view = ChildView::of(
-                    &child.run_id,
-                    child.status.as_str(),
-                    child.output.as_ref(),
-                    child.error.as_deref(),
-                );
-                let answer = normalize_occurrence_output(&view).answer;
-                if answer.trim().is_empty() {
-                    "(The occurrence completed without a text answer.)".to_string()
-                } else {
-                    answer
                 }
-            }
+                // Retention deleted it (an old occurrence of an independent
+                // automation): the timeline says so rather than refuse every
+                // discussion after a prune.
+                Err(Error::RunNotFound { .. }) => {
+                    format!("(The run of this occurrence, {run_id}, was deleted by retention.)")
+                }
+                Err(e) => return Err(e),
+            },
             Some("failed") => {
                 let body = done["attention"]["body"]
                     .as_str()

@@ -76,9 +76,12 @@ impl Plugin for Automations {
     }
 
     /// An ended occurrence of an independent automation (in a session of
-    /// its own) that is not the controller's pending one: nothing reads it
-    /// again, so retention may delete it while its automation lives on. A
-    /// growing automation's occurrences stay: its history reads them.
+    /// its own) that is not the controller's pending one: the controller
+    /// never reads it again, so retention may delete it while its
+    /// automation lives on. A growing automation's occurrences stay: its
+    /// history reads them. The views that show old occurrences say that a
+    /// run is gone (a discussion's timeline) or show less of it
+    /// (docs/history.md, Retention).
     fn releases_child(&self, _rt: &Runtime, parent: &RunState, child: &RunState) -> bool {
         let Some(occurrence) = child.vars.get("_meta").and_then(|m| m.get("occurrence")) else {
             return false;

@@ -213,7 +213,15 @@ fn parse_or_exit() -> clap::ArgMatches {
     if e.kind() == ErrorKind::InvalidSubcommand && e.get(ContextKind::SuggestedSubcommand).is_none()
     {
         if let Some(ContextValue::String(typed)) = e.get(ContextKind::InvalidSubcommand) {
-            let names = command.get_subcommands().map(|c| c.get_name().to_string());
+            // Among the commands of the one the typo follows
+            // (`automations lsit`: the automations' commands).
+            let mut parent = &command;
+            for arg in std::env::args().skip(1) {
+                if let Some(sub) = parent.find_subcommand(&arg) {
+                    parent = sub;
+                }
+            }
+            let names = parent.get_subcommands().map(|c| c.get_name().to_string());
             if let Some(near) = cli::render::nearest(typed, names) {
                 e.insert(ContextKind::SuggestedSubcommand, ContextValue::String(near));
             }
@@ -327,8 +335,13 @@ fn main() -> ExitCode {
     // The store flags as typed (not from the environment): the hints a
     // command prints repeat them.
     let typed = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    // A `--db` that a store named in the environment overrides is not the
+    // store used: not repeated.
     let flags = StoreFlags {
-        db: cli.db.clone().filter(|_| typed("db")),
+        db: cli
+            .db
+            .clone()
+            .filter(|_| typed("db") && cli.store.is_none()),
         store: cli.store.clone().filter(|_| typed("store")),
     };
     cli::environment::apply_profiling();

@@ -109,6 +109,11 @@ impl StoreSpec {
     pub fn vacuum(&self) -> Result<Option<(u64, u64)>> {
         match self {
             #[cfg(feature = "sqlite")]
+            StoreSpec::Sqlite(path) if !path.is_file() => Err(Error::invalid(
+                "db",
+                format!("{}: no store there (vacuum creates none)", path.display()),
+            )),
+            #[cfg(feature = "sqlite")]
             StoreSpec::Sqlite(path) => Ok(Some(SqliteStore::open(path)?.vacuum()?)),
             _ => Ok(None),
         }

@@ -687,18 +687,35 @@ impl SqliteStore {
     }
 
     /// Gives the pages deleted runs left free back to the file system
-    /// (SQLite's `VACUUM`, after the write-ahead log is folded in): the
-    /// file's size before and after, in bytes. It rewrites the whole file
-    /// and holds the write lock meanwhile: run it with the other processes
-    /// on the store stopped (a busy store answers `conflict`).
+    /// (SQLite's `VACUUM`, between two foldings of the write-ahead log into
+    /// the file): the size of the file and its log before and after, in
+    /// bytes. It rewrites the whole file and holds the write lock
+    /// meanwhile: run it with the other processes on the store stopped. A
+    /// process reading the store keeps the log from being folded in: that
+    /// answers `conflict` (before the rewrite: nothing done; after it: the
+    /// rewritten file is in the log, and the next fold shrinks the file).
     pub fn vacuum(&self) -> Result<(u64, u64), StoreError> {
-        let size = || std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        let len = |p: PathBuf| std::fs::metadata(p).map_or(0, |m| m.len());
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        let size = || len(self.path.clone()) + len(PathBuf::from(&wal));
         let conn = self.conn.lock();
-        let fold = |c: &Connection| c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
-        fold(&conn).map_err(|e| self.err(e))?;
+        let fold = |when: &str| -> Result<(), StoreError> {
+            let busy: i64 = conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
+                .map_err(|e| self.err(e))?;
+            if busy != 0 {
+                return Err(StoreError::conflict(format!(
+                    "{}: another process is using the store, so its log could not be folded in {when}: stop the drivers and servers on it, then vacuum again",
+                    self.path.display()
+                )));
+            }
+            Ok(())
+        };
+        fold("before the rewrite")?;
         let before = size();
         conn.execute_batch("VACUUM").map_err(|e| self.err(e))?;
-        fold(&conn).map_err(|e| self.err(e))?;
+        fold("after the rewrite")?;
         Ok((before, size()))
     }
 

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use clap::Subcommand;
-use serde_json::Value;
+use serde_json::{json, Value};
 use stepwell::automation::{
     apply_automation_command, create_automation, list_attention, list_automations,
     list_occurrences, pending_waits, show_automation, start_discussion, Command, DiscussionRequest,
@@ -181,6 +181,7 @@ pub(crate) fn run(
             actor,
         } => {
             let payload = payload.map(|p| json_arg("--payload", &p)).transpose()?;
+            let made_up = command_id.is_none();
             let command_id = command_id.unwrap_or_else(|| {
                 let made = made_up_command_id();
                 eprintln!("command id: {made} (made up: send the command again with --command-id {made} to have it answered as a duplicate)");
@@ -194,7 +195,12 @@ pub(crate) fn run(
                 actor: actor.as_deref(),
                 expected_revision,
             };
-            answered(apply_automation_command(rt, &command, now)?)
+            let mut answer = apply_automation_command(rt, &command, now)?;
+            if made_up {
+                // For a script: the id to send it again under.
+                answer["command_id"] = json!(command_id);
+            }
+            answered(answer)
         }
         AutomationCommand::Discuss {
             id,

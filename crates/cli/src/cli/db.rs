@@ -34,8 +34,10 @@ fn vacuum(host: &Host) -> Result<Report, Error> {
         Some((before, after)) => Report::compact(&serde_json::json!({
             "store": spec.to_string(), "bytes_before": before, "bytes_after": after}))
         .line(format!("{spec}: {before} bytes, now {after}")),
-        None => Report::compact(&serde_json::json!({"store": spec.to_string()})).line(format!(
-            "{spec}: nothing to do (this store gives back its space itself)"
+        None => Report::compact(&serde_json::json!({
+            "store": spec.to_string(), "bytes_before": null, "bytes_after": null}))
+        .line(format!(
+            "{spec}: nothing to do (JSON files are deleted with their runs, PostgreSQL's autovacuum reclaims its pages, a memory store has no file)"
         )),
     })
 }

@@ -310,23 +310,29 @@ static STORE_FLAGS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 pub(crate) fn set_store(shown: String, db: Option<&std::path::Path>, store: Option<&str>) {
     let _ = STORE.set(shown);
     let flags = match (store, db) {
-        (Some(s), _) if !has_password(s) => format!(" --store {}", shell_word(s)),
-        (Some(_), _) => String::new(),
-        (None, Some(db)) => format!(" --db {}", shell_word(&db.display().to_string())),
+        // Another process never sees a memory store's runs.
+        (Some("memory"), _) => String::new(),
+        // A password is not printed: the URL is shown redacted.
+        (Some(s), _) => flag("--store", &stepwell::store::redact_url(s)),
+        (None, Some(db)) => flag("--db", &db.display().to_string()),
         (None, None) => String::new(),
     };
     let _ = STORE_FLAGS.set(flags);
 }
 
-fn store_flags() -> &'static str {
-    STORE_FLAGS.get().map_or("", String::as_str)
+/// ` --name word`, or ` --name=word` when the word starts with `-` (it
+/// would read as an option).
+fn flag(name: &str, value: &str) -> String {
+    let word = shell_word(value);
+    if word.starts_with('-') {
+        format!(" {name}={word}")
+    } else {
+        format!(" {name} {word}")
+    }
 }
 
-/// Whether a store URL holds a password (`scheme://user:pass@host`).
-fn has_password(spec: &str) -> bool {
-    spec.split_once("://")
-        .and_then(|(_, rest)| rest.split_once('@'))
-        .is_some_and(|(user, _)| user.contains(':'))
+fn store_flags() -> &'static str {
+    STORE_FLAGS.get().map_or("", String::as_str)
 }
 
 /// `text` as one shell word: as it is when it is plain, else in single
@@ -421,7 +427,7 @@ mod tests {
         assert_eq!(nearest("deploy", names()), None);
         assert_eq!(shell_word("scratch dir/x.sqlite"), "'scratch dir/x.sqlite'");
         assert_eq!(shell_word("it's"), "'it'\\''s'");
-        assert!(has_password("postgres://u:secret@h/db"));
-        assert!(!has_password("postgres://u@h/db"));
+        assert_eq!(flag("--db", "-x.sqlite"), " --db=-x.sqlite");
+        assert_eq!(flag("--db", "a b"), " --db 'a b'");
     }
 }
