@@ -910,3 +910,33 @@ fn hints_keep_the_store_and_mistakes_get_the_nearest_command() {
         "{text}"
     );
 }
+
+/// `list` is newest first, `--limit` keeps the newest, and each line says
+/// when the run was created and how long it took.
+#[test]
+fn list_is_newest_first_with_times() {
+    let cli = Cli::new();
+    let first = cli.json(&["run", &ex("hello")]);
+    let second = cli.json(&["run", &ex("ask-user"), "--run-id", "later"]);
+    let listed = cli.json(&["list"]);
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            second["run_id"].as_str().unwrap(),
+            first["run_id"].as_str().unwrap()
+        ]
+    );
+    let text = cli.ok(&["list", "--limit", "1"]);
+    let line = text.lines().next().unwrap();
+    assert!(line.starts_with("later "), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    let created = second["created_at"].as_str().unwrap();
+    assert!(line.contains(&created[..10]), "{line}");
+    assert!(line.contains("s  user ask_user:later:1"), "{line}");
+}

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use serde_json::{Map, Value};
-use stepwell::{Error, RunQuery, RunStatus, Runtime, StartOptions, WaitReason};
+use stepwell::{Error, RunQuery, RunState, RunStatus, Runtime, StartOptions, WaitReason};
 
 use super::input::{parse_json, parse_object};
 use super::render::Report;
@@ -223,6 +223,9 @@ pub(crate) fn list(rt: &Runtime, args: ListArgs) -> Result<Report, Error> {
         workflow_id: workflow,
         // One more than shown: whether there are more.
         limit: Some(limit.unwrap_or(DEFAULT_LIST_LIMIT).saturating_add(1)),
+        // Newest first, as the API and the dashboard list them: `--limit`
+        // keeps the newest.
+        newest_first: true,
         after_run_id: after,
         ..RunQuery::default()
     };
@@ -241,19 +244,51 @@ pub(crate) fn list(rt: &Runtime, args: ListArgs) -> Result<Report, Error> {
             last.run_id
         ));
     }
+    let id_width = runs.iter().map(|r| r.run_id.len()).max().unwrap_or(0);
+    let wf_width = runs.iter().map(|r| r.workflow_id.len()).max().unwrap_or(0);
     for r in runs {
         let wait = r
             .waiting
             .as_ref()
-            .map(|w| format!("{} {}", w.reason.as_str(), w.wait_key))
+            .map(|w| format!("  {} {}", w.reason.as_str(), w.wait_key))
             .unwrap_or_default();
         report.push(format!(
-            "{}  {:20} {:10} {}",
+            "{:id_width$}  {:wf_width$}  {:9}  {}  {:>8}{wait}",
             r.run_id,
             r.workflow_id,
             r.status.as_str(),
-            wait
+            short_time(&r.created_at),
+            took(&r),
         ));
     }
     Ok(report)
+}
+
+/// An RFC 3339 time as `2026-12-05 13:50:12` (UTC, whole seconds).
+fn short_time(t: &str) -> String {
+    chrono::DateTime::parse_from_rfc3339(t)
+        .map(|d| {
+            d.with_timezone(&chrono::Utc)
+                .format("%Y-%m-%d %H:%M:%S")
+                .to_string()
+        })
+        .unwrap_or_else(|_| t.to_string())
+}
+
+/// How long a run took from its creation to its last change (its end, for
+/// an ended run): `0.012s`, `42s`, `3m20s`, `2h05m`, `4d03h`.
+fn took(run: &RunState) -> String {
+    let at = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
+    let (Some(a), Some(b)) = (at(&run.created_at), at(&run.updated_at)) else {
+        return "-".into();
+    };
+    let ms = (b - a).num_milliseconds().max(0);
+    let s = ms / 1000;
+    match s {
+        0..=9 => format!("{}.{:03}s", s, ms % 1000),
+        10..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
 }
