@@ -681,6 +681,7 @@ fn a_host_without_the_automations_leaves_their_controller_alone() {
     let report = sh.json(&["--now", &due, "--json", "drive", "--until-idle"]);
     assert_eq!(report["errors"], json!([]), "{report}");
     let runs = sh.json(&["--json", "list", "--workflow", "echo"]);
+    // (`list` is newest first.)
     let created: Vec<&str> = runs
         .as_array()
         .unwrap()
@@ -689,7 +690,7 @@ fn a_host_without_the_automations_leaves_their_controller_alone() {
         .collect();
     assert_eq!(
         created,
-        ["2026-01-01T00:00:00.000000Z", "2026-01-01T00:02:30.000000Z"],
+        ["2026-01-01T00:02:30.000000Z", "2026-01-01T00:00:00.000000Z"],
         "the second occurrence fired when due"
     );
     let shown = sh.json(&["--now", &due, "--json", "automations", "show", ID]);
