@@ -691,9 +691,11 @@ pub(crate) fn run_work_span(
 ) -> (Span, RunTrace) {
     let trace = run_trace(&run.run_id, run.vars.get("_runtime"));
     let inside_run = TICKS.with(Cell::get) > 0;
-    let here = current().filter(|h| !inside_run || h.trace_id == trace.run.trace_id);
+    // Read once, before the new span becomes the thread's current one.
+    let outer = current();
+    let here = outer.filter(|h| !inside_run || h.trace_id == trace.run.trace_id);
     let mut span = tracer.enter(name, Some(here.unwrap_or(trace.run)));
-    match (here, current()) {
+    match (here, outer) {
         (Some(_), _) => span.link(trace.run),
         (None, Some(other)) => span.link(other),
         (None, None) => {}
