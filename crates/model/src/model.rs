@@ -190,7 +190,17 @@ pub enum StepStatus {
     Failed,
     /// The run was cancelled.
     Cancelled,
+    /// Stands for the records it replaced: the first record of a ledger
+    /// compacted by retention. Its `prev_hash` is the hash of the last
+    /// record it replaced (the one the next record follows); its `result`
+    /// says what it replaced and carries the records still looked up by
+    /// key ([`LEDGER_CHECKPOINT_STEP`]).
+    Checkpoint,
 }
+
+/// The `step_id` prefix of a ledger checkpoint record
+/// ([`StepStatus::Checkpoint`]): `checkpoint:<seq>`.
+pub const LEDGER_CHECKPOINT_STEP: &str = "checkpoint:";
 
 impl StepStatus {
     /// The status name as stored and printed.
@@ -201,6 +211,7 @@ impl StepStatus {
             StepStatus::Waiting => "waiting",
             StepStatus::Failed => "failed",
             StepStatus::Cancelled => "cancelled",
+            StepStatus::Checkpoint => "checkpoint",
         }
     }
 }

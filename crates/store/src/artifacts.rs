@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -52,6 +53,29 @@ pub trait ArtifactStore: Send + Sync {
     fn get(&self, artifact_id: &str) -> Result<Option<Vec<u8>>, StoreError>;
     /// The metadata of an artifact.
     fn meta(&self, artifact_id: &str) -> Result<Option<ArtifactMeta>, StoreError>;
+
+    /// Every artifact's metadata, in no order (what retention's sweep
+    /// looks through). The default: `store_unsupported`.
+    fn list(&self) -> Result<Vec<ArtifactMeta>, StoreError> {
+        Err(StoreError::unsupported(
+            "this artifact store cannot list its artifacts",
+        ))
+    }
+
+    /// Deletes an artifact, unless it was stored, or stored again (a
+    /// [`ArtifactStore::put`] of the same content renews it), at or after
+    /// `since`: whether it went. A put racing the deletion either renews it
+    /// first (it stays) or stores it anew. The default: `store_unsupported`.
+    fn delete_unless_since(
+        &self,
+        artifact_id: &str,
+        since: std::time::SystemTime,
+    ) -> Result<bool, StoreError> {
+        let _ = (artifact_id, since);
+        Err(StoreError::unsupported(
+            "this artifact store cannot delete artifacts",
+        ))
+    }
 }
 
 /// The id of `content`.
@@ -75,8 +99,12 @@ pub fn as_artifact_ref(v: &Value) -> Option<&str> {
 /// Artifacts in process memory.
 #[derive(Debug, Default)]
 pub struct MemoryArtifactStore {
-    items: Mutex<HashMap<String, (ArtifactMeta, Vec<u8>)>>,
+    items: Mutex<HashMap<String, Kept>>,
 }
+
+/// An artifact in memory: its metadata, content, and when it was last
+/// stored.
+type Kept = (ArtifactMeta, Vec<u8>, SystemTime);
 
 impl MemoryArtifactStore {
     /// An empty store.
@@ -105,9 +133,28 @@ impl ArtifactStore for MemoryArtifactStore {
                     created_at: created_at.into(),
                 },
                 content.to_vec(),
+                SystemTime::now(),
             )
         });
+        entry.2 = SystemTime::now();
         Ok(entry.0.clone())
+    }
+
+    fn list(&self) -> Result<Vec<ArtifactMeta>, StoreError> {
+        Ok(self.items.lock().values().map(|e| e.0.clone()).collect())
+    }
+
+    fn delete_unless_since(
+        &self,
+        artifact_id: &str,
+        since: SystemTime,
+    ) -> Result<bool, StoreError> {
+        let mut items = self.items.lock();
+        if items.get(artifact_id).is_some_and(|e| e.2 < since) {
+            items.remove(artifact_id);
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     fn get(&self, artifact_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -153,6 +200,37 @@ impl FileArtifactStore {
     fn write(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         super::private::write_synced(path, bytes).map_err(|e| io(path, e))
     }
+
+    /// The store's lock (`<dir>/.lock`): shared by puts, held alone by a
+    /// deletion, so that a put never renews an artifact a deletion is
+    /// taking away. Released when the file closes.
+    fn lock(&self, alone: bool) -> Result<fs::File, StoreError> {
+        let path = self.dir.join(".lock");
+        let file = super::private::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| io(&path, e))?;
+        let locked = if alone {
+            file.lock()
+        } else {
+            file.lock_shared()
+        };
+        locked.map_err(|e| io(&path, format!("cannot lock: {e}")))?;
+        Ok(file)
+    }
+
+    /// Marks the artifact at `path` stored now (its modification time):
+    /// whether it is there.
+    fn renew(path: &Path) -> bool {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_modified(SystemTime::now()))
+            .is_ok()
+    }
 }
 
 impl ArtifactStore for FileArtifactStore {
@@ -164,14 +242,16 @@ impl ArtifactStore for FileArtifactStore {
         created_at: &str,
     ) -> Result<ArtifactMeta, StoreError> {
         let id = artifact_id(content);
+        let _shared = self.lock(false)?;
+        let path = self.path(&id).expect("a SHA-256 names a file");
         if let Some(meta) = self.meta(&id)? {
             // Kept only if its content is there and is this content: a
-            // missing or changed file is written again.
-            if matches!(self.get(&id), Ok(Some(_))) {
+            // missing or changed file is written again. Kept, it is
+            // renewed: retention's sweep leaves what was stored lately.
+            if matches!(self.get(&id), Ok(Some(_))) && Self::renew(&path) {
                 return Ok(meta);
             }
         }
-        let path = self.path(&id).expect("a SHA-256 names a file");
         let parent = path.parent().expect("a shard folder");
         super::private::open_dir(parent, "the artifacts shard folder")?;
         let meta = ArtifactMeta {
@@ -204,6 +284,58 @@ impl ArtifactStore for FileArtifactStore {
             )));
         }
         Ok(Some(bytes))
+    }
+
+    fn list(&self) -> Result<Vec<ArtifactMeta>, StoreError> {
+        let mut out = Vec::new();
+        let shards = match fs::read_dir(&self.dir) {
+            Ok(d) => d,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(io(&self.dir, e)),
+        };
+        for shard in shards {
+            let shard = shard.map_err(|e| io(&self.dir, e))?.path();
+            if !shard.is_dir() {
+                continue;
+            }
+            for f in fs::read_dir(&shard).map_err(|e| io(&shard, e))? {
+                let f = f.map_err(|e| io(&shard, e))?.path();
+                let id = f.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+                if f.extension().is_some_and(|x| x == "json") && self.path(id).is_some() {
+                    out.extend(self.meta(id)?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn delete_unless_since(
+        &self,
+        artifact_id: &str,
+        since: SystemTime,
+    ) -> Result<bool, StoreError> {
+        let Some(path) = self.path(artifact_id) else {
+            return Ok(false);
+        };
+        let _alone = self.lock(true)?;
+        let stored = match fs::metadata(&path).and_then(|m| m.modified()) {
+            Ok(t) => t,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io(&path, e)),
+        };
+        if stored >= since {
+            return Ok(false);
+        }
+        // The content first: an artifact without its content is one a put
+        // writes again.
+        for p in [path.clone(), path.with_extension("json")] {
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&p, e)),
+            }
+        }
+        Ok(true)
     }
 
     fn meta(&self, artifact_id: &str) -> Result<Option<ArtifactMeta>, StoreError> {

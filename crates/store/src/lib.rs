@@ -24,6 +24,7 @@
 pub mod artifacts;
 pub mod bundles;
 pub mod commands;
+pub mod compaction;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod deployments;
@@ -49,7 +50,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use stepwell_model::model::{RunState, RunStatus, StepRecord, WaitReason};
+use stepwell_model::model::{RunState, RunStatus, StepRecord, StepStatus, WaitReason};
 
 pub use artifacts::{ArtifactMeta, ArtifactStore, FileArtifactStore, MemoryArtifactStore};
 pub use commands::{
@@ -127,8 +128,8 @@ pub fn redact_url(url: &str) -> String {
 /// version cannot read, or a write whose fence no longer holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreError {
-    /// `store_io`, `store_corrupt`, `store_schema`, `store_unsafe` or
-    /// `conflict`.
+    /// `store_io`, `store_corrupt`, `store_schema`, `store_unsafe`,
+    /// `store_unsupported` or `conflict`.
     pub code: &'static str,
     /// What happened, naming the file (and line or row) where known.
     pub message: String,
@@ -167,6 +168,15 @@ impl StoreError {
     pub fn conflict(message: impl Into<String>) -> Self {
         StoreError {
             code: "conflict",
+            message: message.into(),
+        }
+    }
+
+    /// An operation this backend does not offer (it says which and what
+    /// does).
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        StoreError {
+            code: "store_unsupported",
             message: message.into(),
         }
     }
@@ -776,6 +786,33 @@ pub trait Store: Send + Sync {
             .collect())
     }
 
+    /// Replaces the run's records with seqs up to `through` by
+    /// `checkpoint` (made by [`compaction::checkpoint_record`]), which
+    /// takes seq `through`, and appends its seal
+    /// ([`compaction::seal_record`]) at the end, in one transaction: the
+    /// records after it keep their seqs and hashes, the first following the
+    /// checkpoint's `prev_hash` (the hash of the record it replaced at
+    /// `through`). Refused (`conflict`, nothing changed) unless the record
+    /// at `through` carries that hash and is not the run's last, and no
+    /// record is ahead of the run's state. Returns how many records went
+    /// (the one replaced included). The default: `store_unsupported`.
+    fn compact_ledger(
+        &self,
+        run_id: &str,
+        through: u64,
+        checkpoint: &StepRecord,
+    ) -> Result<u64, StoreError> {
+        let _ = (run_id, through, checkpoint);
+        Err(StoreError::unsupported(
+            "this store does not compact ledgers (SQLite, PostgreSQL and memory stores do)",
+        ))
+    }
+
+    /// Whether [`Store::compact_ledger`] is more than its default refusal.
+    fn compacts_ledgers(&self) -> bool {
+        false
+    }
+
     /// The runs matching `query`, oldest first. Runs that cannot be read
     /// (corrupt) and quarantined runs are left out.
     fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError>;
@@ -1057,6 +1094,26 @@ pub trait Store: Send + Sync {
     ) -> Result<Vec<InboxEvent>, StoreError> {
         let _ = (stream, after, limit);
         Err(no_inbox())
+    }
+
+    /// Drops the payloads of the events of `stream` with seq up to
+    /// `through` appended before `before`, keeping each one's seq and
+    /// dedupe key: the same key
+    /// appended again is still a duplicate, and no reader gets them any
+    /// more ([`Store::events_after`] skips them). With `dry_run`, only
+    /// counts them. Returns how many it dropped (not those dropped
+    /// before). The default: `store_unsupported`.
+    fn prune_events(
+        &self,
+        stream: &str,
+        through: u64,
+        before: DateTime<Utc>,
+        dry_run: bool,
+    ) -> Result<u64, StoreError> {
+        let _ = (stream, through, before, dry_run);
+        Err(StoreError::unsupported(
+            "this store does not prune its event inbox (SQLite, PostgreSQL and memory stores do)",
+        ))
     }
 
     /// Stores a new connection; a `conflict` when its id exists.
@@ -1378,19 +1435,26 @@ pub struct ChainBreak {
     /// Its step id.
     pub step_id: String,
     /// `changed` (its content does not match its hash), `removed or reordered`
-    /// (it does not follow the record before it), or `unchained` (it has no
-    /// hash).
+    /// (it does not follow the record before it), `unchained` (it has no
+    /// hash), `misplaced checkpoint` (a checkpoint anywhere but first),
+    /// `checkpoint unreadable` or `checkpoint inconsistent`
+    /// ([`compaction::check_checkpoint`]), `unsealed checkpoint` (no later
+    /// record of the chain seals it: [`compaction::seal_record`]).
     pub problem: &'static str,
 }
 
 /// Checks a run's ledger, oldest first. Returns the hash of the last record
 /// (the head), or the first record that was changed, removed or reordered.
+/// A compacted ledger's first record is its checkpoint
+/// ([`compaction`]): the records after it are checked from the hash of the
+/// last record it replaced.
 /// Removing the newest records leaves a shorter valid chain: keep the head
 /// somewhere else to detect that. A ledger read in pages is checked with a
 /// [`ChainVerifier`] instead, in memory bounded by a page.
 pub fn verify_chain(records: &[StepRecord]) -> Result<Option<String>, ChainBreak> {
     let mut verifier = ChainVerifier::default();
     verifier.check(records)?;
+    verifier.finish()?;
     Ok(verifier.head)
 }
 
@@ -1401,6 +1465,9 @@ pub fn verify_chain(records: &[StepRecord]) -> Result<Option<String>, ChainBreak
 pub struct ChainVerifier {
     head: Option<String>,
     checked: usize,
+    /// The ledger's checkpoint (step id and hash) until a seal later in
+    /// the chain names it.
+    unsealed: Option<(String, String)>,
 }
 
 impl ChainVerifier {
@@ -1417,16 +1484,53 @@ impl ChainVerifier {
             let Some(hash) = &r.record_hash else {
                 return Err(fail("unchained"));
             };
+            if r.status == StepStatus::Checkpoint {
+                // A compacted ledger's first record: the next record
+                // follows the record it replaced, whose hash is its
+                // `prev_hash`.
+                if self.checked > 0 {
+                    return Err(fail("misplaced checkpoint"));
+                }
+                compaction::check_checkpoint(r).map_err(fail)?;
+                if chain_hash(r.prev_hash.as_deref(), r) != *hash {
+                    return Err(fail("changed"));
+                }
+                self.head = r.prev_hash.clone();
+                self.unsealed = Some((r.step_id.clone(), hash.clone()));
+                self.checked += 1;
+                continue;
+            }
             if r.prev_hash != self.head {
                 return Err(fail("removed or reordered"));
             }
             if chain_hash(r.prev_hash.as_deref(), r) != *hash {
                 return Err(fail("changed"));
             }
+            if self
+                .unsealed
+                .as_ref()
+                .is_some_and(|(_, cp)| compaction::seals(r) == Some(cp.as_str()))
+            {
+                self.unsealed = None;
+            }
             self.head = Some(hash.clone());
             self.checked += 1;
         }
         Ok(())
+    }
+
+    /// Ends the check once every page was checked: a checkpoint no later
+    /// record of the chain seals (a checkpoint made, or changed, by hand)
+    /// breaks it.
+    pub fn finish(&self) -> Result<(), ChainBreak> {
+        match &self.unsealed {
+            Some((step_id, _)) => Err(ChainBreak {
+                index: 1,
+                step_id: step_id.clone(),
+                problem: "unsealed checkpoint",
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The hash of the last record checked (`None` before the first).
@@ -1488,7 +1592,7 @@ impl Durability {
 mod chain_properties {
     use super::*;
     use proptest::prelude::*;
-    use stepwell_model::model::{EffectRecord, StepStatus};
+    use stepwell_model::model::EffectRecord;
     use stepwell_strategies::{config, value};
 
     /// Text of any characters, or of a few plain ones.

@@ -279,11 +279,20 @@ struct Ledger {
     chunks: Vec<Vec<Kept>>,
     len: usize,
     linked: usize,
+    /// The seqs before the first record's (compacted away: the first
+    /// record is then their checkpoint, at seq `base + 1`).
+    base: u64,
+    /// A compacted ledger's checkpoint's `prev_hash`: the hash its first
+    /// two records follow (the checkpoint, and the record after it).
+    anchor: Option<Box<str>>,
 }
 
 impl Ledger {
     fn push(&mut self, record: StepRecord) {
-        let record = Kept::keep(record);
+        self.push_kept(Kept::keep(record));
+    }
+
+    fn push_kept(&mut self, record: Kept) {
         match self.chunks.last_mut() {
             Some(chunk) if chunk.len() < CHUNK => chunk.push(record),
             _ => {
@@ -299,6 +308,64 @@ impl Ledger {
         &self.chunks[i / CHUNK][i % CHUNK]
     }
 
+    /// The `prev_hash` of the record at position `i` (linked up to it).
+    fn prev_of(&self, i: usize) -> Option<&str> {
+        match (i, self.anchor.as_deref()) {
+            (0 | 1, Some(anchor)) => Some(anchor),
+            (0, None) => None,
+            _ => self.get(i - 1).record_hash.as_deref(),
+        }
+    }
+
+    /// The position of seq `seq` (`None` before the first record).
+    fn position(&self, seq: u64) -> Option<usize> {
+        seq.checked_sub(self.base + 1)
+            .map(|p| usize::try_from(p).unwrap_or(usize::MAX))
+    }
+
+    /// Replaces the records through seq `through` by `checkpoint` (see
+    /// [`Store::compact_ledger`]); `committed` is the run's committed
+    /// length, moved with the positions. Returns how many records went.
+    fn compact(
+        &mut self,
+        run_id: &str,
+        through: u64,
+        checkpoint: &StepRecord,
+        committed: &mut usize,
+    ) -> Result<u64, StoreError> {
+        let stored = crate::compaction::stored_form(run_id, checkpoint)?;
+        let replaced = stored.replaced.as_str();
+        self.read_range(run_id, self.len, self.len);
+        let at = self.position(through).filter(|p| *p < self.len);
+        let found = at.map(|p| {
+            let hash = self.get(p).record_hash.as_deref().map(str::to_string);
+            let seq = |n: usize| (self.base + n as u64) as i64;
+            (hash, seq(*committed), seq(self.len))
+        });
+        crate::compaction::admit(run_id, through as i64, found, replaced)?;
+        let at = at.unwrap_or_default();
+        let kept: Vec<Kept> = std::mem::take(&mut self.chunks)
+            .into_iter()
+            .flatten()
+            .skip(at + 1)
+            .collect();
+        self.len = 0;
+        self.push(checkpoint.clone());
+        for k in kept {
+            self.push_kept(k);
+        }
+        self.linked = self.len;
+        self.base = through - 1;
+        self.anchor = Some(replaced.into());
+        *committed -= at;
+        // The seal, linked when next read; committed with the rest.
+        if *committed == self.len {
+            *committed += 1;
+        }
+        self.push(stored.seal);
+        Ok(at as u64 + 1)
+    }
+
     /// Links the records not linked yet, and returns those from `from` on
     /// (of run `run_id`).
     fn read_from(&mut self, run_id: &str, from: usize) -> Vec<StepRecord> {
@@ -308,10 +375,10 @@ impl Ledger {
     /// Links the records not linked yet, and returns those at positions
     /// `from..to` (of run `run_id`).
     fn read_range(&mut self, run_id: &str, from: usize, to: usize) -> Vec<StepRecord> {
-        let mut head: Option<String> = self
-            .linked
-            .checked_sub(1)
-            .and_then(|i| self.get(i).record_hash.as_deref().map(str::to_string));
+        let mut head: Option<String> = match self.linked {
+            0 => None,
+            n => self.get(n - 1).record_hash.as_deref().map(str::to_string),
+        };
         for i in self.linked..self.len {
             let mut record = self.get(i).record(run_id, None);
             link(&mut head, &mut record);
@@ -320,12 +387,7 @@ impl Ledger {
         }
         self.linked = self.len;
         (from..to.min(self.len))
-            .map(|i| {
-                let prev = i
-                    .checked_sub(1)
-                    .and_then(|p| self.get(p).record_hash.as_deref());
-                self.get(i).record(run_id, prev)
-            })
+            .map(|i| self.get(i).record(run_id, self.prev_of(i)))
             .collect()
     }
 }
@@ -677,17 +739,49 @@ impl Store for MemoryStore {
         after: u64,
         through: u64,
     ) -> Result<Vec<StepRecord>, StoreError> {
-        let (from, to) = (
-            usize::try_from(after).unwrap_or(usize::MAX),
-            usize::try_from(through).unwrap_or(usize::MAX),
-        );
-        Ok(self
-            .tables
-            .lock()
-            .ledgers
-            .get_mut(run_id)
-            .map(|l| l.read_range(run_id, from, to))
-            .unwrap_or_default())
+        let mut t = self.tables.lock();
+        let Some(l) = t.ledgers.get_mut(run_id) else {
+            return Ok(Vec::new());
+        };
+        let at = |seq: u64| l.position(seq.saturating_add(1)).unwrap_or_default();
+        let (from, to) = (at(after), at(through));
+        Ok(l.read_range(run_id, from, to))
+    }
+
+    fn list_records_page(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, StepRecord)>, StoreError> {
+        let mut t = self.tables.lock();
+        let Some(l) = t.ledgers.get_mut(run_id) else {
+            return Ok(Vec::new());
+        };
+        let from = l.position(after.saturating_add(1)).unwrap_or_default();
+        let first = l.base + from as u64 + 1;
+        let page = l.read_range(run_id, from, from.saturating_add(limit));
+        Ok((first..).zip(page).collect())
+    }
+
+    fn compacts_ledgers(&self) -> bool {
+        true
+    }
+
+    fn compact_ledger(
+        &self,
+        run_id: &str,
+        through: u64,
+        checkpoint: &StepRecord,
+    ) -> Result<u64, StoreError> {
+        let mut t = self.tables.lock();
+        let t = &mut *t;
+        let (Some(ledger), Some(slot)) = (t.ledgers.get_mut(run_id), t.runs.get_mut(run_id)) else {
+            return Err(StoreError::conflict(format!(
+                "run {run_id} has no ledger to compact"
+            )));
+        };
+        ledger.compact(run_id, through, checkpoint, &mut slot.committed)
     }
 
     fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
@@ -950,9 +1044,38 @@ impl Store for MemoryStore {
             .get(stream)
             .map(|events| {
                 let start = events.partition_point(|e| e.seq <= after);
-                events[start..].iter().take(limit).cloned().collect()
+                events[start..]
+                    .iter()
+                    .filter(|e| !e.appended_at.is_empty())
+                    .take(limit)
+                    .cloned()
+                    .collect()
             })
             .unwrap_or_default())
+    }
+
+    fn prune_events(
+        &self,
+        stream: &str,
+        through: u64,
+        before: DateTime<Utc>,
+        dry_run: bool,
+    ) -> Result<u64, StoreError> {
+        let old = |at: &str| DateTime::parse_from_rfc3339(at).is_ok_and(|t| t < before);
+        let mut inbox = self.inbox.lock();
+        let mut dropped = 0;
+        // A dropped event keeps its seq and key, with no time (what
+        // `events_after` skips) and no payload.
+        for e in inbox.get_mut(stream).into_iter().flatten() {
+            if e.seq <= through && !e.appended_at.is_empty() && old(&e.appended_at) {
+                dropped += 1;
+                if !dry_run {
+                    e.appended_at.clear();
+                    e.payload = serde_json::Value::Null;
+                }
+            }
+        }
+        Ok(dropped)
     }
 
     fn create_connection(&self, connection: &super::ConnectionRecord) -> Result<(), StoreError> {

@@ -1811,6 +1811,50 @@ impl Store for PostgresStore {
         )
     }
 
+    fn compacts_ledgers(&self) -> bool {
+        true
+    }
+
+    fn compact_ledger(
+        &self,
+        run_id: &str,
+        through: u64,
+        checkpoint: &StepRecord,
+    ) -> Result<u64, StoreError> {
+        let stored = crate::compaction::stored_form(run_id, checkpoint)?;
+        let through = i64::try_from(through)
+            .map_err(|_| StoreError::conflict(format!("no record at seq {through}")))?;
+        self.write(|c| {
+            // Another compaction or a prune of the run waits on this lock;
+            // a commit only appends after the records this changes.
+            c.lock(&mut vec![LockKey::ledger(run_id)])?;
+            let found = c
+                .query_opt(
+                    "SELECT l.hash, COALESCE((SELECT ledger_seq FROM runs WHERE run_id = $1), 0),
+                            (SELECT MAX(seq) FROM ledger WHERE run_id = $1)
+                     FROM ledger l WHERE l.run_id = $1 AND l.seq = $2",
+                    &[&run_id, &through],
+                )?
+                .map(|r| (r.get(0), r.get(1), r.get(2)));
+            crate::compaction::admit(run_id, through, found, &stored.replaced)?;
+            let removed = c.execute(
+                "DELETE FROM ledger WHERE run_id = $1 AND seq < $2",
+                &[&run_id, &through],
+            )?;
+            c.execute(
+                "UPDATE ledger SET data = $3, hash = $4, idem_key = NULL
+                 WHERE run_id = $1 AND seq = $2",
+                &[&run_id, &through, &stored.data, &stored.hash],
+            )?;
+            // The seal, committed with the rest (as `append_records`).
+            let chain = Chain::link(c, std::slice::from_ref(&stored.seal), Vec::new())?;
+            let mut params = chain.params().to_vec();
+            params.push(&true);
+            c.execute(APPEND, &params)?;
+            Ok(removed + 1)
+        })
+    }
+
     fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
         let (sql, args) = DIALECT.run_query(query);
         let rows = self.read(|c| {
@@ -2197,13 +2241,17 @@ impl Store for PostgresStore {
         after: u64,
         limit: usize,
     ) -> Result<Vec<super::InboxEvent>, StoreError> {
-        let rows =
-            self.read(|c| {
-                Ok(c.query(
-                "SELECT seq, data FROM inbox WHERE stream = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                &[&stream, &clamp(after), &(limit.min(i64::MAX as usize) as i64)],
+        let rows = self.read(|c| {
+            Ok(c.query(
+                "SELECT seq, data FROM inbox WHERE stream = $1 AND seq > $2 AND data <> ''
+                 ORDER BY seq LIMIT $3",
+                &[
+                    &stream,
+                    &clamp(after),
+                    &(limit.min(i64::MAX as usize) as i64),
+                ],
             )?)
-            })?;
+        })?;
         rows.iter()
             .map(|r| {
                 let seq: i64 = r.get(0);
@@ -2214,6 +2262,35 @@ impl Store for PostgresStore {
                 Ok(e)
             })
             .collect()
+    }
+
+    fn prune_events(
+        &self,
+        stream: &str,
+        through: u64,
+        before: DateTime<Utc>,
+        dry_run: bool,
+    ) -> Result<u64, StoreError> {
+        let before = before.to_rfc3339();
+        // A dropped event keeps its row (seq, stream, dedupe key) with no
+        // data: what `events_after` skips.
+        // (`CASE`: PostgreSQL may test the conditions in any order, and a
+        // dropped event's data is no JSON.)
+        let sql = if dry_run {
+            "SELECT COUNT(*) FROM inbox WHERE stream = $1 AND seq <= $2 AND data <> ''
+               AND CASE WHEN data <> '' THEN (data::json ->> 'appended_at')::timestamptz END
+                   < $3::text::timestamptz"
+        } else {
+            "WITH d AS (UPDATE inbox SET data = '' WHERE stream = $1 AND seq <= $2 AND data <> ''
+               AND CASE WHEN data <> '' THEN (data::json ->> 'appended_at')::timestamptz END
+                   < $3::text::timestamptz
+               RETURNING 1) SELECT COUNT(*) FROM d"
+        };
+        let n: i64 = self.write(|c| {
+            Ok(c.query_opt(sql, &[&stream, &clamp(through), &before])?
+                .map_or(0, |r| r.get(0)))
+        })?;
+        Ok(n as u64)
     }
 
     fn create_connection(&self, connection: &super::ConnectionRecord) -> Result<(), StoreError> {

@@ -1139,6 +1139,31 @@ impl SqliteStore {
             .collect())
     }
 
+    /// Appends `records` outside any transition of their runs (evidence,
+    /// a compaction's seal): a run with nothing ahead moves its committed
+    /// mark past them.
+    fn append_outside(&self, tx: &Connection, records: &[StepRecord]) -> Result<(), StoreError> {
+        // Evidence outside any transition is not ahead of the state: a
+        // run with nothing ahead moves its committed mark past it.
+        let mut before = Vec::new();
+        for id in records.iter().map(|r| r.run_id.as_str()) {
+            if !before.iter().any(|(b, _)| *b == id) {
+                before.push((id, self.last_seq(tx, id)?));
+            }
+        }
+        let heads = self.append_on(tx, records, None)?;
+        self.forget_heads(&heads);
+        for (id, seq, _) in heads {
+            let was = before.iter().find(|(b, _)| *b == id).map_or(0, |b| b.1);
+            tx.execute(
+                "UPDATE runs SET ledger_seq = ?2 WHERE run_id = ?1 AND COALESCE(ledger_seq, 0) = ?3",
+                params![id, seq, was],
+            )
+            .map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
     /// Forgets the ledger ends of the runs `heads` appended to, once the
     /// transaction commits (an append outside a commit).
     fn forget_heads(&self, heads: &[(String, i64, Option<String>)]) {
@@ -1688,27 +1713,7 @@ impl Store for SqliteStore {
     }
 
     fn append_records(&self, records: &[StepRecord]) -> Result<(), StoreError> {
-        self.write(|tx| {
-            // Evidence outside any transition is not ahead of the state: a
-            // run with nothing ahead moves its committed mark past it.
-            let mut before = Vec::new();
-            for id in records.iter().map(|r| r.run_id.as_str()) {
-                if !before.iter().any(|(b, _)| *b == id) {
-                    before.push((id, self.last_seq(tx, id)?));
-                }
-            }
-            let heads = self.append_on(tx, records, None)?;
-            self.forget_heads(&heads);
-            for (id, seq, _) in heads {
-                let was = before.iter().find(|(b, _)| *b == id).map_or(0, |b| b.1);
-                tx.execute(
-                    "UPDATE runs SET ledger_seq = ?2 WHERE run_id = ?1 AND COALESCE(ledger_seq, 0) = ?3",
-                    params![id, seq, was],
-                )
-                .map_err(|e| self.err(e))?;
-            }
-            Ok(())
-        })
+        self.write(|tx| self.append_outside(tx, records))
     }
 
     fn list_records(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
@@ -1820,6 +1825,48 @@ impl Store for SqliteStore {
         // (Named: without statistics the planner prefers the primary key,
         // which scans the run's whole ledger.)
         self.records(run_id, KEYED, &[&idempotency_key])
+    }
+
+    fn compacts_ledgers(&self) -> bool {
+        true
+    }
+
+    fn compact_ledger(
+        &self,
+        run_id: &str,
+        through: u64,
+        checkpoint: &StepRecord,
+    ) -> Result<u64, StoreError> {
+        let stored = crate::compaction::stored_form(run_id, checkpoint)?;
+        let through = i64::try_from(through)
+            .map_err(|_| StoreError::conflict(format!("no record at seq {through}")))?;
+        self.write(|conn| {
+            let found: Option<(Option<String>, i64, i64)> = conn
+                .query_row(
+                    "SELECT l.hash, COALESCE((SELECT ledger_seq FROM runs WHERE run_id = ?1), 0),
+                            (SELECT MAX(seq) FROM ledger WHERE run_id = ?1)
+                     FROM ledger l WHERE l.run_id = ?1 AND l.seq = ?2",
+                    params![run_id, through],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .optional()
+                .map_err(|e| self.err(e))?;
+            crate::compaction::admit(run_id, through, found, &stored.replaced)?;
+            let removed = conn
+                .execute(
+                    "DELETE FROM ledger WHERE run_id = ?1 AND seq < ?2",
+                    params![run_id, through],
+                )
+                .map_err(|e| self.err(e))?;
+            conn.execute(
+                "UPDATE ledger SET data = ?3, hash = ?4, idem_key = NULL
+                 WHERE run_id = ?1 AND seq = ?2",
+                params![run_id, through, stored.data, stored.hash],
+            )
+            .map_err(|e| self.err(e))?;
+            self.append_outside(conn, std::slice::from_ref(&stored.seal))?;
+            Ok(removed as u64 + 1)
+        })
     }
 
     fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunState>, StoreError> {
@@ -2233,7 +2280,7 @@ impl Store for SqliteStore {
         let conn = self.conn.lock();
         let mut st = conn
             .prepare_cached(
-                "SELECT seq, data FROM inbox WHERE stream = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+                "SELECT seq, data FROM inbox WHERE stream = ?1 AND seq > ?2 AND data <> '' ORDER BY seq LIMIT ?3",
             )
             .map_err(|e| self.err(e))?;
         let rows = st
@@ -2246,6 +2293,42 @@ impl Store for SqliteStore {
         rows.iter()
             .map(|(seq, data)| self.decode_event(*seq, data))
             .collect()
+    }
+
+    fn prune_events(
+        &self,
+        stream: &str,
+        through: u64,
+        before: DateTime<Utc>,
+        dry_run: bool,
+    ) -> Result<u64, StoreError> {
+        let before = before.to_rfc3339();
+        // A dropped event keeps its row (seq, stream, dedupe key) with no
+        // data: what `events_after` skips. (Times compared as times: an
+        // event's is stamped `+00:00`.)
+        const WHERE: &str = "WHERE stream = ?1 AND seq <= ?2 AND data <> ''
+                             AND julianday(CASE WHEN data <> '' THEN json_extract(data, '$.appended_at') END)
+                                 < julianday(?3)";
+        let through = through.min(i64::MAX as u64) as i64;
+        if dry_run {
+            let count = format!("SELECT COUNT(*) FROM inbox {WHERE}");
+            return self
+                .reading(|conn| {
+                    conn.query_row(&count, params![stream, through, before], |r| {
+                        r.get::<_, i64>(0)
+                    })
+                })
+                .map(|n| n as u64)
+                .map_err(|e| self.err(e));
+        }
+        self.write(|tx| {
+            tx.execute(
+                &format!("UPDATE inbox SET data = '' {WHERE}"),
+                params![stream, through, before],
+            )
+            .map(|n| n as u64)
+            .map_err(|e| self.err(e))
+        })
     }
 
     fn create_connection(&self, connection: &super::ConnectionRecord) -> Result<(), StoreError> {

@@ -1238,6 +1238,227 @@ pub fn the_ledger_chain_reports_the_first_tampered_record(h: &dyn Harness, dir: 
     Verdict::Passed
 }
 
+/// A compaction replaces a ledger's oldest records by one checkpoint at
+/// the seq of the last it replaced, and seals it at the end of the chain:
+/// the rest keep their seqs and hashes, the chain verifies (a checkpoint
+/// changed or made by hand does not), pages read by seq, keys of replaced
+/// records are not found, commits go on after it, and a compaction of the
+/// wrong record, of the last one, or while records are ahead of the state
+/// is refused. (A store that does not compact says so: skipped.)
+pub fn a_compacted_ledger_keeps_its_seqs_and_chain(h: &dyn Harness, dir: &Path) -> Verdict {
+    use crate::compaction::{checkpoint_record, CheckpointBody};
+    let store = h.open(dir);
+    let mut r = run("r1", "wf");
+    store.create_if_absent(&r).unwrap();
+    let keyed = |n: u32| {
+        let key = format!("key-{n}");
+        record("r1", n, n.is_multiple_of(2).then_some(key.as_str()))
+    };
+    save(&*store, &(1..=6).map(keyed).collect::<Vec<_>>(), &mut r, 1);
+    store.append_ahead(&[keyed(7)], fence(2, None)).unwrap();
+    let body = |through: u64, head: &StepRecord, carried: Vec<StepRecord>| CheckpointBody {
+        through_seq: through,
+        replaced_records: through,
+        replaced_head: head.record_hash.clone().unwrap(),
+        compacted_at: "2026-12-06T00:00:00.000000+00:00".into(),
+        carried,
+    };
+    let ahead = store.list_records("r1").unwrap();
+    let early = checkpoint_record("r1", &body(3, &ahead[2], vec![]));
+    match store.compact_ledger("r1", 3, &early) {
+        Err(e) if e.code == "store_unsupported" => return unsupported(e),
+        refused_ahead => assert_eq!(refused_ahead.unwrap_err().code, "conflict"),
+    }
+    save(&*store, &[keyed(8)], &mut r, 2);
+    let before = store.list_records("r1").unwrap();
+    // A checkpoint at `through` that says it replaced the record at `of`.
+    let cut_of =
+        |through: u64, of: usize| checkpoint_record("r1", &body(through, &before[of - 1], vec![]));
+    let cut = |through: u64| cut_of(through, through as usize);
+    assert_eq!(store.compact_ledger("r1", 3, &cut(3)).unwrap(), 3);
+    let steps = |records: &[StepRecord]| -> Vec<String> {
+        records.iter().map(|r| r.step_id.clone()).collect()
+    };
+    let after = store.list_records("r1").unwrap();
+    assert_eq!(
+        steps(&after),
+        [
+            "checkpoint:3",
+            "r1-step-4",
+            "r1-step-5",
+            "r1-step-6",
+            "r1-step-7",
+            "r1-step-8",
+            "sealed:checkpoint:3"
+        ]
+    );
+    assert_eq!(after[1..6], before[3..], "the kept records are unchanged");
+    assert_eq!(
+        after[6].prev_hash, before[7].record_hash,
+        "the seal follows the old head"
+    );
+    assert_eq!(crate::verify_chain(&after).unwrap(), after[6].record_hash);
+    let mut forged = after.clone();
+    forged[0].result.as_mut().unwrap()["replaced_records"] = json!(1);
+    let b = crate::verify_chain(&forged).unwrap_err();
+    assert_eq!((b.index, b.problem), (1, "changed"));
+    forged[0] = checkpoint_record("r1", &body(3, &before[2], vec![keyed(2)]));
+    let b = crate::verify_chain(&forged).unwrap_err();
+    assert_eq!(
+        (b.index, b.problem),
+        (1, "unsealed checkpoint"),
+        "a checkpoint made by hand"
+    );
+    let b = crate::verify_chain(&after[..6]).unwrap_err();
+    assert_eq!(b.problem, "unsealed checkpoint", "the seal removed");
+    let seqs =
+        |page: Vec<(u64, StepRecord)>| -> Vec<u64> { page.into_iter().map(|p| p.0).collect() };
+    assert_eq!(seqs(store.list_records_page("r1", 0, 2).unwrap()), [3, 4]);
+    assert_eq!(
+        seqs(store.list_records_page("r1", 4, 9).unwrap()),
+        [5, 6, 7, 8, 9]
+    );
+    assert_eq!(
+        steps(&store.list_records_range("r1", 0, 4).unwrap()),
+        ["checkpoint:3", "r1-step-4"]
+    );
+    assert_eq!(
+        steps(&store.list_records_range("r1", 4, 5).unwrap()),
+        ["r1-step-5"]
+    );
+    assert!(store.find_records("r1", "key-2").unwrap().is_empty());
+    assert_eq!(
+        steps(&store.find_records("r1", "key-4").unwrap()),
+        ["r1-step-4"]
+    );
+    assert!(
+        store.list_ahead("r1").unwrap().is_empty(),
+        "the seal is committed"
+    );
+
+    // Refused, nothing changed: a record that is not the one replaced, one
+    // already gone, the last one.
+    refused(store.compact_ledger("r1", 5, &cut_of(5, 4)));
+    refused(store.compact_ledger("r1", 2, &cut(2)));
+    let last = store.list_records("r1").unwrap();
+    let at_seal = checkpoint_record("r1", &body(9, &last[6], vec![]));
+    refused(store.compact_ledger("r1", 9, &at_seal));
+    assert_eq!(store.list_records("r1").unwrap(), after);
+
+    // Again, further (the first seal stays, naming a checkpoint gone);
+    // then a commit goes on after the head.
+    assert_eq!(store.compact_ledger("r1", 5, &cut(5)).unwrap(), 3);
+    save(&*store, &[record("r1", 10, None)], &mut r, 3);
+    let last = store.list_records("r1").unwrap();
+    assert_eq!(
+        steps(&last),
+        [
+            "checkpoint:5",
+            "r1-step-6",
+            "r1-step-7",
+            "r1-step-8",
+            "sealed:checkpoint:3",
+            "sealed:checkpoint:5",
+            "r1-step-10"
+        ]
+    );
+    assert_eq!(crate::verify_chain(&last).unwrap(), last[6].record_hash);
+    assert_eq!(
+        seqs(store.list_records_page("r1", 0, 99).unwrap()),
+        [5, 6, 7, 8, 9, 10, 11]
+    );
+    assert!(store.list_ahead("r1").unwrap().is_empty());
+    if h.reopens() {
+        drop(store);
+        assert_eq!(h.open(dir).list_records("r1").unwrap(), last);
+    }
+    Verdict::Passed
+}
+
+/// Retention drops the payloads of a stream's old events up to a seq:
+/// readers no longer get them, their keys still make a repeat a
+/// duplicate, newer events, later ones and other streams stay. (A store
+/// that keeps no inbox, or does not prune it, says so: skipped.)
+pub fn pruned_events_keep_their_keys_and_are_skipped(h: &dyn Harness, dir: &Path) -> Verdict {
+    let store = h.open(dir);
+    let s = &store;
+    let on = |key: &str, n: u64, day: u32| {
+        let mut e = event("trigger:a", key, n);
+        e.appended_at = format!("2026-12-0{day}T10:00:00.000000+00:00");
+        e
+    };
+    let seqs: Vec<u64> = match s.append_event(&on("k1", 1, 1)) {
+        Err(e) if e.code == "store_unsupported" => return unsupported(e),
+        first => std::iter::once(first.unwrap().seq)
+            .chain((2..=4).map(|n| {
+                s.append_event(&on(&format!("k{n}"), n, n as u32))
+                    .unwrap()
+                    .seq
+            }))
+            .collect(),
+    };
+    let other = s.append_event(&event("trigger:b", "k1", 9)).unwrap();
+    let before = at("2026-12-03T00:00:00Z");
+    // Up to k3 and before day 3: k1 and k2.
+    match s.prune_events("trigger:a", seqs[2], before, true) {
+        Err(e) if e.code == "store_unsupported" => return unsupported(e),
+        n => assert_eq!(n.unwrap(), 2, "a dry run counts"),
+    }
+    assert_eq!(
+        s.events_after("trigger:a", 0, 10).unwrap().len(),
+        4,
+        "and drops nothing"
+    );
+    assert_eq!(
+        s.prune_events("trigger:a", seqs[2], before, false).unwrap(),
+        2
+    );
+    assert_eq!(
+        s.prune_events("trigger:a", u64::MAX, before, false)
+            .unwrap(),
+        0,
+        "dropped once"
+    );
+    let keys = |after: u64| -> Vec<String> {
+        s.events_after("trigger:a", after, 10)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.dedupe_key)
+            .collect()
+    };
+    assert_eq!(keys(0), ["k3", "k4"]);
+    assert_eq!(keys(seqs[0]), ["k3", "k4"]);
+    assert_eq!(
+        s.events_after("trigger:a", 0, 1).unwrap()[0].dedupe_key,
+        "k3",
+        "a page skips them"
+    );
+    let again = s.append_event(&on("k1", 7, 5)).unwrap();
+    assert_eq!(
+        (again.duplicate, again.seq),
+        (true, seqs[0]),
+        "the key stays"
+    );
+    let next = s.append_event(&on("k5", 5, 5)).unwrap();
+    assert!(!next.duplicate && next.seq > seqs[3]);
+    assert_eq!(keys(0), ["k3", "k4", "k5"]);
+    assert_eq!(
+        s.events_after("trigger:b", 0, 10).unwrap()[0].seq,
+        other.seq
+    );
+    if let Some(again) = h.reopens().then(|| h.open(dir)) {
+        let read: Vec<String> = again
+            .events_after("trigger:a", 0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.dedupe_key)
+            .collect();
+        assert_eq!(read, ["k3", "k4", "k5"]);
+        assert!(again.append_event(&on("k2", 8, 6)).unwrap().duplicate);
+    }
+    Verdict::Passed
+}
+
 /// The command inbox ([`Harness::commands`]) numbers commands in order,
 /// accepts a retried command id once, keeps a cursor per consumer, and
 /// (where the store reopens) keeps them all across a reopen.
@@ -1852,6 +2073,67 @@ pub fn snapshot_stores_search_by_run_tag_and_text(h: &dyn Harness, dir: &Path) -
     assert!(!store.delete_snapshot("s2").unwrap());
     assert_eq!(store.load_snapshot("s2").unwrap(), None);
     assert_eq!(store.load_snapshot("../etc/passwd").unwrap(), None);
+    Verdict::Passed
+}
+
+/// An artifact store ([`Harness::artifacts`]) lists its artifacts and
+/// deletes one unless it was stored, or stored again, since the time
+/// given; one deleted is stored anew by the next put of its content. (A
+/// store that cannot says so: skipped.)
+pub fn artifacts_are_deleted_unless_stored_lately(h: &dyn Harness, dir: &Path) -> Verdict {
+    use std::time::{Duration, SystemTime};
+    let Some(store) = h.artifacts(dir) else {
+        return Verdict::Skipped("the harness has no artifact store (Harness::artifacts)".into());
+    };
+    let put = |bytes: &[u8]| {
+        store
+            .put(bytes, "text/plain", Some("r1"), "2026-11-30T09:00:00Z")
+            .unwrap()
+            .artifact_id
+    };
+    let (a, b) = (put(b"old"), put(b"renewed"));
+    let mut listed: Vec<String> = match store.list() {
+        Err(e) if e.code == "store_unsupported" => return unsupported(e),
+        listed => listed.unwrap().into_iter().map(|m| m.artifact_id).collect(),
+    };
+    listed.sort();
+    let mut both = vec![a.clone(), b.clone()];
+    both.sort();
+    assert_eq!(listed, both);
+    std::thread::sleep(Duration::from_millis(20));
+    let mark = SystemTime::now();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(put(b"renewed"), b);
+    assert!(
+        store.delete_unless_since(&a, mark).unwrap(),
+        "stored before the mark"
+    );
+    assert!(
+        !store.delete_unless_since(&b, mark).unwrap(),
+        "stored again since"
+    );
+    assert!(
+        !store.delete_unless_since(&a, mark).unwrap(),
+        "gone already"
+    );
+    assert_eq!(
+        (store.get(&a).unwrap(), store.meta(&a).unwrap()),
+        (None, None)
+    );
+    let left: Vec<String> = store
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|m| m.artifact_id)
+        .collect();
+    assert_eq!(left, std::slice::from_ref(&b));
+    assert_eq!(store.get(&b).unwrap().as_deref(), Some(&b"renewed"[..]));
+    assert_eq!(put(b"old"), a);
+    assert_eq!(
+        store.get(&a).unwrap().as_deref(),
+        Some(&b"old"[..]),
+        "stored anew"
+    );
     Verdict::Passed
 }
 

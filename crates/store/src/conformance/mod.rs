@@ -260,15 +260,18 @@ macro_rules! __store_conformance_checks {
             next_due_is_when_the_earliest_timed_work_falls_due,
             a_reopened_store_has_everything,
             the_ledger_chain_reports_the_first_tampered_record,
+            a_compacted_ledger_keeps_its_seqs_and_chain,
             the_command_inbox_is_idempotent_and_ordered,
             concurrent_retries_are_accepted_once,
             the_event_inbox_dedupes_per_stream_and_reads_in_order,
+            pruned_events_keep_their_keys_and_are_skipped,
             connections_are_created_once_and_changed_atomically,
             the_run_index_carries_attribution_and_filters,
             turn_roots_are_the_indexers,
             ledger_records_are_found_by_idempotency_key,
             snapshot_stores_search_by_run_tag_and_text,
             artifact_store_is_content_addressed,
+            artifacts_are_deleted_unless_stored_lately,
         }
     };
 }
