@@ -728,7 +728,10 @@ fn an_automation_loses_its_old_occurrences_to_retention_and_fires_on() {
             .clone()
     };
     assert_eq!(echo(&sh).len(), 11);
-    let prune = ["prune", "--retain", "completed=10m"];
+    // Failed runs are kept a day: so is the controller's history (its
+    // ledger is compacted by the longest span, see the next test), which
+    // still names the occurrences whose runs went.
+    let prune = ["prune", "--retain", "completed=10m,failed=1d"];
     let dry = sh.json(&[&["--now", &at(21), "--json"][..], &prune, &["--dry-run"]].concat());
     assert_eq!(dry["dry_run"], true);
     assert_eq!(dry["trees"].as_array().unwrap().len(), 6, "{dry}");
@@ -736,6 +739,7 @@ fn an_automation_loses_its_old_occurrences_to_retention_and_fires_on() {
     let done = sh.json(&[&["--now", &at(21), "--json"][..], &prune].concat());
     let trees = done["trees"].as_array().unwrap();
     assert_eq!(trees.len(), 6, "{done}");
+    assert_eq!(done["compacted"], json!([]), "{done}");
     for t in trees {
         assert_eq!(t["workflow_id"], "echo", "{t}");
         assert!(
@@ -798,4 +802,305 @@ fn an_automation_loses_its_old_occurrences_to_retention_and_fires_on() {
         .unwrap_or_else(|| panic!("{started}"));
     let state = sh.json(&["--json", "status", run_id]).to_string();
     assert!(state.contains("was deleted by retention"), "{state}");
+}
+
+/// The keyed records of a ledger: (seq, key).
+fn keyed(sh: &Shell, id: &str) -> Vec<(u64, String)> {
+    let rt = sh.runtime();
+    let mut out = Vec::new();
+    for page in rt.ledger_pages(id, 0) {
+        for (seq, r) in page.unwrap() {
+            if let Some(k) = r.idempotency_key {
+                out.push((seq, k));
+            }
+        }
+    }
+    out
+}
+
+/// Retention compacts a long-lived controller's ledger: `prune --retain
+/// completed=10m` at 00:21 replaces the records older than ten minutes by
+/// a checkpoint (archived first), `ledger --verify` proves the rest to the
+/// same head, a command repeated under an old id is answered as before
+/// (its result rides in the checkpoint), and the automation fires on; a
+/// second prune compacts again, counting on.
+#[test]
+fn a_controllers_ledger_is_compacted_behind_a_checkpoint_and_still_verifies() {
+    let sh = Shell::new();
+    let request = memory_watch(sh.dir.path());
+    let at = |m: u32| format!("2026-01-01T00:{m:02}:00Z");
+    sh.json(&[
+        "--now",
+        &at(0),
+        "--json",
+        "automations",
+        "create",
+        "--request",
+        &request,
+    ]);
+    let command = |m: u32, kind: &str, id: &str| {
+        let out = sh.run(&[
+            "--now",
+            &at(m),
+            "--json",
+            "automations",
+            "command",
+            ID,
+            kind,
+            "--command-id",
+            id,
+        ]);
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    for m in (0..=20).step_by(2) {
+        if m == 4 {
+            assert_eq!(command(4, "automation.pause", "p1")["status"], "applied");
+            assert_eq!(command(4, "automation.resume", "r1")["status"], "applied");
+        }
+        let report = sh.json(&["--now", &at(m), "--json", "drive", "--until-idle"]);
+        assert_eq!(report["errors"], json!([]), "{report}");
+    }
+    let before = sh.json(&["--json", "ledger", ID, "--verify"]);
+    assert_eq!(before["ok"], true, "{before}");
+    assert_eq!(before["checkpoint"], Value::Null);
+    let dir = tempfile::tempdir().unwrap();
+    let prune = |m: u32, extra: &[&str]| {
+        let now = at(m);
+        let mut args = vec![
+            "--now",
+            &now,
+            "--json",
+            "prune",
+            "--retain",
+            "completed=10m",
+        ];
+        args.extend_from_slice(extra);
+        sh.json(&args)
+    };
+    let dry = prune(21, &["--dry-run"]);
+    let would = &dry["compacted"][0];
+    assert_eq!(would["run_id"], ID, "{dry}");
+    assert_eq!(
+        sh.json(&["--json", "ledger", ID, "--verify"]),
+        before,
+        "a dry run compacts nothing"
+    );
+
+    let done = prune(21, &["--archive", dir.path().to_str().unwrap()]);
+    let compacted = done["compacted"].as_array().unwrap();
+    assert_eq!(compacted.len(), 1, "{done}");
+    let c = &compacted[0];
+    assert_eq!(c, would, "the dry run said what would go");
+    let through = c["through_seq"].as_u64().unwrap();
+    let replaced = c["records"].as_u64().unwrap();
+    assert_eq!(
+        replaced, through,
+        "the first compaction replaces every record up to it"
+    );
+    assert!(
+        c["carried"].as_u64().unwrap() >= 2,
+        "{c}: p1 and r1 ride along"
+    );
+
+    let after = sh.json(&["--json", "ledger", ID, "--verify"]);
+    assert_eq!(after["ok"], true, "{after}");
+    // The checkpoint and its seal, which follows the old head.
+    assert_eq!(
+        after["records"].as_u64().unwrap(),
+        before["records"].as_u64().unwrap() - replaced + 2
+    );
+    let checkpoint = &after["checkpoint"];
+    assert_eq!(checkpoint["through_seq"], through);
+    assert_eq!(checkpoint["replaced_records"], replaced);
+    // Nothing replaced was newer than ten minutes before the prune.
+    let records = sh.json(&["--json", "ledger", ID]);
+    let first = &records[0];
+    assert_eq!(first["status"], "checkpoint", "{first}");
+    let seal = records.as_array().unwrap().last().unwrap();
+    assert_eq!(seal["step_id"], format!("sealed:checkpoint:{through}"));
+    assert_eq!(seal["prev_hash"], before["head"], "{seal}");
+    assert_eq!(after["head"], seal["record_hash"]);
+    let kept_from = records[1]["started_at"].as_str().unwrap();
+    assert!(kept_from > "2026-01-01T00:10:00", "{kept_from}");
+
+    // The archive: the replaced records as stored, chained, ending on the
+    // hash the checkpoint names.
+    // (Beside the archives of the occurrences pruned.)
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_str().unwrap().to_string();
+    assert!(
+        name.starts_with(&format!("{ID}-ledger-{through}-")) && name.ends_with(".jsonl"),
+        "{name}"
+    );
+    let archived: Vec<StepRecord> = std::fs::read_to_string(&files[0])
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(archived.len() as u64, replaced);
+    let head = stepwell::store::verify_chain(&archived).unwrap();
+    assert_eq!(head.as_deref(), checkpoint["replaced_head"].as_str());
+
+    // The compacted commands are still known by their ids.
+    assert_eq!(
+        command(22, "automation.pause", "p1"),
+        json!({"status": "applied", "duplicate": true})
+    );
+    let conflict = command(22, "automation.archive", "r1");
+    assert_eq!(
+        conflict["error"]["reason_code"], "identity_conflict",
+        "{conflict}"
+    );
+    let shown = sh.json(&["--now", &at(22), "--json", "automations", "show", ID]);
+    assert_eq!(
+        shown["status"], "active",
+        "the repeated pause changed nothing"
+    );
+
+    // It fires on; a later prune compacts again, counting on.
+    let echo = |sh: &Shell| {
+        sh.json(&["--json", "list", "--workflow", "echo"])
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    let fired = echo(&sh);
+    for m in [22, 24, 26, 28] {
+        let report = sh.json(&["--now", &at(m), "--json", "drive", "--until-idle"]);
+        assert_eq!(report["errors"], json!([]), "{report}");
+    }
+    assert!(echo(&sh) > fired);
+    let again = prune(29, &[]);
+    let c2 = &again["compacted"][0];
+    assert!(c2["through_seq"].as_u64().unwrap() > through, "{again}");
+    let last = sh.json(&["--json", "ledger", ID, "--verify"]);
+    assert_eq!(last["ok"], true, "{last}");
+    assert_eq!(
+        last["checkpoint"]["replaced_records"].as_u64().unwrap(),
+        replaced + c2["records"].as_u64().unwrap(),
+        "{last} {c2}"
+    );
+    assert_eq!(
+        command(29, "automation.pause", "p1")["duplicate"],
+        true,
+        "carried on by the second checkpoint"
+    );
+
+    // A checkpoint changed by hand (here: what it carries, its hash made
+    // to match) is one no seal names: the chain breaks there.
+    let conn = rusqlite::Connection::open(sh.db()).unwrap();
+    let (seq, data): (i64, String) = conn
+        .query_row(
+            "SELECT seq, data FROM ledger WHERE run_id = ?1 ORDER BY seq LIMIT 1",
+            [ID],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let real: StepRecord = serde_json::from_str(&data).unwrap();
+    let mut body = stepwell::store::compaction::checkpoint_body(&real).unwrap();
+    body.carried.clear();
+    let forged = stepwell::store::compaction::checkpoint_record(ID, &body);
+    conn.execute(
+        "UPDATE ledger SET data = ?3, hash = ?4 WHERE run_id = ?1 AND seq = ?2",
+        rusqlite::params![
+            ID,
+            seq,
+            serde_json::to_string(&forged).unwrap(),
+            forged.record_hash
+        ],
+    )
+    .unwrap();
+    let out = sh.run(&["--json", "ledger", ID, "--verify"]);
+    assert_eq!(out.status.code(), Some(1));
+    let verdict: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        verdict["break"]["problem"], "unsealed checkpoint",
+        "{verdict}"
+    );
+}
+
+/// What an automation still needs stays: an occurrence waiting on a person
+/// for longer than the policy keeps its records from its admission on,
+/// whatever their age, and completes after the prune.
+#[test]
+fn compaction_keeps_the_records_of_the_occurrence_in_progress() {
+    let sh = Shell::new();
+    let request = json!({
+        "request_id": "ask-hourly", "title": "Ask",
+        "target": {"workflow_id": "ask", "bundle_ref": repo().join("flows/automations/ask").display().to_string(),
+                   "flow_id": "ask", "input_data": {"prompt": "How are you?"}},
+        "trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "1h"}},
+        "workspace_root": sh.dir.path().display().to_string(),
+    })
+    .to_string();
+    let created = sh.json(&[
+        "--now",
+        "2026-01-01T00:00:00Z",
+        "--json",
+        "automations",
+        "create",
+        "--request",
+        &request,
+    ]);
+    let id = created["automation_id"].as_str().unwrap().to_string();
+    for h in 0..6 {
+        let now = format!("2026-01-01T{h:02}:00:00Z");
+        let report = sh.json(&["--now", &now, "--json", "drive", "--until-idle"]);
+        assert_eq!(report["errors"], json!([]), "{report}");
+    }
+    let admitted = format!("automation:admitted:{id}:1");
+    let seq_of = |sh: &Shell| {
+        keyed(sh, &id)
+            .into_iter()
+            .find(|(_, k)| *k == admitted)
+            .map(|(s, _)| s)
+    };
+    let at = seq_of(&sh).expect("occurrence 1 was admitted");
+    let pruned = sh.json(&[
+        "--now",
+        "2026-01-02T00:00:00Z",
+        "--json",
+        "prune",
+        "--retain",
+        "completed=1h",
+    ]);
+    // What came before the admission goes (the controller's start, its
+    // first wait); the admission and everything after it stay.
+    let c = &pruned["compacted"][0];
+    assert_eq!(c["run_id"], json!(id), "{pruned}");
+    assert_eq!(c["through_seq"].as_u64().unwrap(), at - 1, "{pruned}");
+    assert_eq!(seq_of(&sh), Some(at), "the admission stays, at its seq");
+    let verified = sh.json(&["--json", "ledger", &id, "--verify"]);
+    assert_eq!(verified["ok"], true, "{verified}");
+    // The person answers; the occurrence completes and is recorded.
+    let waiting = sh.json(&["--json", "list", "--workflow", "ask", "--status", "waiting"]);
+    let run = waiting[0]["run_id"].as_str().unwrap().to_string();
+    let done = sh.json(&[
+        "--now",
+        "2026-01-02T00:00:01Z",
+        "--json",
+        "resume",
+        &run,
+        "--payload",
+        r#"{"text": "Fine"}"#,
+    ]);
+    assert_eq!(done["status"], "completed", "{done}");
+    let report = sh.json(&[
+        "--now",
+        "2026-01-02T00:00:02Z",
+        "--json",
+        "drive",
+        "--until-idle",
+    ]);
+    assert_eq!(report["errors"], json!([]), "{report}");
+    let completed = format!("automation:completed:{id}:1");
+    assert!(
+        keyed(&sh, &id).iter().any(|(_, k)| *k == completed),
+        "occurrence 1 completed"
+    );
 }

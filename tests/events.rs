@@ -802,3 +802,99 @@ fn a_webhook_calls_traceparent_is_continued_by_the_occurrence_it_fires() {
         assert_eq!(t.parent.as_deref(), Some(run.span_id.as_str()), "{t:#?}");
     }
 }
+
+/// Retention and the event inbox: once the automation has read a feed's
+/// items, `prune` drops their payloads (a year on) but keeps their keys, so
+/// the feed still offering them appends none again; an item the
+/// automation has not read yet stays, and is its next occurrence.
+#[test]
+fn pruned_feed_items_are_not_delivered_again_and_unread_ones_stay() {
+    let b = Box_::new();
+    let feed = FeedServer::start();
+    feed.set_items(&[1, 2, 3]);
+    let config = json!({"url": feed.url, "every": "1h", "initial_items": "deliver"}).to_string();
+    let created = b.ok(&["connections", "create", "feed.item@1", "--config", &config]);
+    let cid = created["connection_id"].as_str().unwrap().to_string();
+    bind(&b, "news", "feed.item", &cid);
+    b.drive();
+    assert_eq!(b.occurrences().len(), 1);
+    // Item 4 arrives but is not read yet (no drive).
+    feed.set_items(&[1, 2, 3, 4]);
+    assert_eq!(b.ok(&["connections", "poll", &cid])["appended"], 1);
+    let later = ["--now", "2099-01-01T00:00:00Z"];
+    let prune = |dry: bool| {
+        let mut args = vec![later[0], later[1], "prune", "--retain", "failed=30d"];
+        if dry {
+            args.push("--dry-run");
+        }
+        b.ok(&args)
+    };
+    assert_eq!(
+        prune(true)["events"],
+        3,
+        "a dry run counts what the reader passed"
+    );
+    assert_eq!(
+        b.ok(&["connections", "events", &cid])
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+    assert_eq!(prune(false)["events"], 3);
+    assert_eq!(prune(false)["events"], 0, "once");
+    let events = b.ok(&["connections", "events", &cid]);
+    let titles: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["payload"]["data"]["title"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(titles, ["Item 4"], "{events}");
+    // The feed offers every item again: the dropped ones are still known.
+    feed.set_items(&[1, 2, 3, 4, 5]);
+    assert_eq!(b.ok(&["connections", "poll", &cid])["appended"], 1);
+    b.drive();
+    let runs = b.occurrences();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let items: Vec<&str> = runs[1]["vars"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["title"].as_str().unwrap())
+        .collect();
+    assert_eq!(items, ["Item 4", "Item 5"]);
+}
+
+/// A reader set aside still reads: the events a quarantined automation
+/// has not read yet keep their payloads through a prune.
+#[test]
+fn a_quarantined_readers_unread_events_stay() {
+    use stepwell::Store as _;
+    let b = Box_::new();
+    let feed = FeedServer::start();
+    feed.set_items(&[1, 2]);
+    let config = json!({"url": feed.url, "every": "1h", "initial_items": "deliver"}).to_string();
+    let created = b.ok(&["connections", "create", "feed.item@1", "--config", &config]);
+    let cid = created["connection_id"].as_str().unwrap().to_string();
+    let automation = bind(&b, "news", "feed.item", &cid);
+    b.drive();
+    feed.set_items(&[1, 2, 3]);
+    assert_eq!(b.ok(&["connections", "poll", &cid])["appended"], 1);
+    let store = stepwell::SqliteStore::open(b.db()).unwrap();
+    store
+        .quarantine(&automation, "set aside by the test")
+        .unwrap();
+    drop(store);
+    let pruned = b.ok(&[
+        "--now",
+        "2099-01-01T00:00:00Z",
+        "prune",
+        "--retain",
+        "failed=30d",
+    ]);
+    assert_eq!(pruned["events"], 2, "{pruned}");
+    let events = b.ok(&["connections", "events", &cid]);
+    assert_eq!(events.as_array().unwrap().len(), 1, "{events}");
+    assert_eq!(events[0]["payload"]["data"]["title"], "Item 3");
+}

@@ -4,6 +4,7 @@
 //! the ledger.
 
 use std::process::Command;
+use std::sync::Arc;
 
 use serde_json::json;
 use stepwell::core::fork::{ForkFrom, ForkOptions, Forked};
@@ -574,4 +575,100 @@ fn prune_keeps_sessions_and_says_why(b: Backend) {
     }
     let e = h.rt.get_state(&plain.run_id).unwrap_err();
     assert_eq!(e.reason_code(), "run_not_found");
+}
+
+/// Retention deletes the artifacts of the runs it deleted (values large
+/// enough to be kept by reference), but not one a kept run names too (the
+/// same content, stored once), nor anything while the policy says nothing
+/// is old; a dry run counts them and deletes none.
+#[test]
+fn prune_deletes_the_artifacts_only_deleted_runs_named() {
+    use stepwell::core::retention::{PruneOptions, Retention};
+    use stepwell::store::{ArtifactStore, FileArtifactStore};
+    let clock = stepwell_tests::manual_clock();
+    let h = Host::with_clock(Backend::Sqlite, clock.clone());
+    let files = Arc::new(FileArtifactStore::open(h.dir.path().join("artifacts")).unwrap());
+    let rt = stepwell::builder(h.store.clone())
+        .engine(h.rt.engine().clone())
+        .clock(clock.clone() as Arc<dyn stepwell::Clock>)
+        .artifacts(files.clone(), 64)
+        .build()
+        .unwrap();
+    let hello = rt.load_bundle(&example("hello")).unwrap().main_workflow_id;
+    let start = |name: &str, big: &str| {
+        let options = StartOptions {
+            vars: stepwell_tests::vars(json!({"name": name, "big": big.repeat(100)})),
+            ..StartOptions::default()
+        };
+        let run = rt.run(&hello, options).unwrap();
+        assert_eq!(run.status, RunStatus::Completed);
+        run.run_id
+    };
+    let only_old = start("a", "x");
+    let shared = start("b", "y");
+    let stored = |id: &str| -> Vec<String> {
+        files
+            .list()
+            .unwrap()
+            .into_iter()
+            .filter(|m| m.run_id.as_deref() == Some(id))
+            .map(|m| m.artifact_id)
+            .collect()
+    };
+    let (x, y) = (stored(&only_old), stored(&shared));
+    assert!(
+        !x.is_empty() && !y.is_empty(),
+        "the big vars went by reference"
+    );
+    clock.advance(chrono::Duration::days(31));
+    let kept = start("c", "y");
+    let policy = Retention::parse("completed=30d").unwrap();
+    let now = PruneOptions {
+        artifact_grace: Some(std::time::Duration::ZERO),
+        ..PruneOptions::default()
+    };
+    let dry = rt
+        .prune(
+            &policy,
+            &PruneOptions {
+                dry_run: true,
+                ..now
+            },
+        )
+        .unwrap();
+    assert_eq!(dry.runs, 2, "{dry:?}");
+    assert!(
+        files.get(&x[0]).unwrap().is_some(),
+        "a dry run deletes nothing"
+    );
+    let done = rt.prune(&policy, &now).unwrap();
+    assert_eq!(done.runs, 2, "{done:?}");
+    assert_eq!(
+        (done.artifacts, done.artifact_bytes),
+        (dry.artifacts, dry.artifact_bytes),
+        "the dry run said what would go"
+    );
+    // What the kept run names, as stored: its state and its ledger.
+    let mut raw = serde_json::to_string(&h.store.load_run(&kept).unwrap().unwrap()).unwrap();
+    raw += &serde_json::to_string(&h.store.list_records(&kept).unwrap()).unwrap();
+    let mut shared = 0;
+    for id in x.iter().chain(&y) {
+        let named = raw.contains(&format!("{{\"$artifact\":\"{id}\"}}"));
+        shared += usize::from(named);
+        assert_eq!(
+            files.get(id).unwrap().is_some(),
+            named,
+            "{id}: stays only if the kept run names it"
+        );
+    }
+    assert!(
+        shared > 0,
+        "the kept run's big var is the deleted one's content"
+    );
+    assert_eq!(done.artifacts as usize, x.len() + y.len() - shared);
+    // The kept run reads its value back whole.
+    let state = rt.get_state(&kept).unwrap();
+    assert_eq!(state.vars["big"], json!("y".repeat(100)));
+    let again = rt.prune(&policy, &now).unwrap();
+    assert_eq!(again.artifacts, 0, "{again:?}");
 }

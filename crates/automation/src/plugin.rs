@@ -4,9 +4,14 @@
 
 use super::{controller_effects, controller_workflow, CONTROLLER_WORKFLOW_ID};
 use crate::triggers::TriggerState;
-use stepwell_runtime::core::plugin::{ChildStart, Install, Plugin, Reserved, RunStart};
+use stepwell_automation_core::definition::trigger_state_of;
+use stepwell_automation_core::ids::record_key;
+use stepwell_runtime::core::plugin::{
+    ChildStart, Install, LedgerCompaction, Plugin, Reserved, RunStart,
+};
 use stepwell_runtime::core::{Error, Result};
 use stepwell_runtime::flow::Workflow;
+use stepwell_runtime::store::connection_stream;
 use stepwell_runtime::{RunState, Runtime};
 use stepwell_tools::ToolCatalog;
 
@@ -100,6 +105,51 @@ impl Plugin for Automations {
         child.status.is_terminal()
             && pending_run != Some(child.run_id.as_str())
             && (pending_session.is_none() || child.session_id.as_deref() != pending_session)
+    }
+
+    /// A controller's ledger goes but for its command results (carried:
+    /// a repeated command is answered as before) and the records of the
+    /// occurrence in progress, from its admission on.
+    fn ledger_compaction(&self, _rt: &Runtime, run: &RunState) -> Option<LedgerCompaction> {
+        let automation = run.vars.get("_runtime")?.get("automation")?;
+        let id = &run.run_id;
+        let result = record_key("automation.command_result", id, "");
+        let keep_from_keys = automation["pending_occurrence"]["index"]
+            .as_i64()
+            .map(|index| record_key("automation.admitted", id, &index.to_string()))
+            .into_iter()
+            .collect();
+        Some(LedgerCompaction {
+            carry_prefixes: vec![format!("resumed-by:{result}"), result],
+            keep_from_keys,
+        })
+    }
+
+    fn carries_key(&self, key: &str) -> bool {
+        const RESULT: &str = "automation:command_result:";
+        key.strip_prefix("resumed-by:")
+            .unwrap_or(key)
+            .starts_with(RESULT)
+    }
+
+    /// The stream of the connection an event-source automation is bound
+    /// to, read through its cursor; none once it is archived or ended.
+    fn event_cursors(&self, _rt: &Runtime, run: &RunState) -> Vec<(String, u64)> {
+        let (Some(definition), Some(state)) = (
+            run.vars.get("_meta").and_then(|m| m.get("automation")),
+            run.vars.get("_runtime").and_then(|r| r.get("automation")),
+        ) else {
+            return Vec::new();
+        };
+        if run.status.is_terminal() || !state["archived_at"].is_null() {
+            return Vec::new();
+        }
+        let binding = crate::commands::binding_of(definition);
+        let Some(connection) = binding.config["connection_id"].as_str() else {
+            return Vec::new();
+        };
+        let cursor = trigger_state_of(state)["cursor_seq"].as_u64().unwrap_or(0);
+        vec![(connection_stream(connection), cursor)]
     }
 
     fn reserves(&self, workflow_id: &str) -> Option<Reserved> {

@@ -518,7 +518,7 @@ fn apply_held(
     let id = run.run_id.clone();
     let digest = command_digest(kind, c.payload, c.expected_revision);
     let key = record_key("automation.command_result", &id, command_id);
-    let ledger = rt.store().find_records(&id, &key)?;
+    let ledger = rt.find_records(&id, &key)?;
     if let Some(found) = find_record(&ledger, &key) {
         if found.payload["command_digest"] != json!(digest) {
             let mut shown = String::new();
@@ -579,7 +579,7 @@ fn apply_held(
             command_observation(&run, kind, command_id, now, &triggers)?
         {
             let key = record_key(name, &id, &discriminator);
-            let ledger = rt.store().find_records(&id, &key)?;
+            let ledger = rt.find_records(&id, &key)?;
             let t = Transition {
                 name,
                 discriminator: &discriminator,

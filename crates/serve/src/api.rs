@@ -911,7 +911,9 @@ async fn verify_ledger(State(s): S, Path(id): Path<String>) -> ApiResult {
         let check = s.rt.check_ledger(&id)?;
         let count = check.records;
         Ok(match check.verdict {
-            Ok(head) => json!({"ok": true, "records": count, "head": head}),
+            Ok(head) => {
+                json!({"ok": true, "records": count, "head": head, "checkpoint": check.checkpoint})
+            }
             Err(b) => json!({"ok": false, "records": count, "break": b}),
         })
     })

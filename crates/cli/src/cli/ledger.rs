@@ -54,13 +54,23 @@ fn verify(rt: &Runtime, run_id: &str) -> Result<Report> {
     let check = rt.check_ledger(run_id)?;
     let count = check.records;
     Ok(match check.verdict {
-        Ok(head) => Report::compact(
-            &serde_json::json!({"ok": true, "records": count, "head": head}),
-        )
-        .line(format!(
-            "ok: {count} records, chain intact (head {})",
-            head.as_deref().unwrap_or("-")
-        )),
+        Ok(head) => {
+            let mut line = format!(
+                "ok: {count} records, chain intact (head {})",
+                head.as_deref().unwrap_or("-")
+            );
+            if let Some(c) = &check.checkpoint {
+                line.push_str(&format!(
+                    "\n  from the checkpoint at seq {}: {} older records compacted on {}, the last with hash {}",
+                    c.through_seq, c.replaced_records, c.compacted_at, c.replaced_head
+                ));
+            }
+            let checkpoint = &check.checkpoint;
+            Report::compact(&serde_json::json!({
+                "ok": true, "records": count, "head": head, "checkpoint": checkpoint
+            }))
+            .line(line)
+        }
         Err(b) => {
             let error = Error::Store(stepwell::StoreError::corrupt(format!(
                 "the ledger of run {run_id} fails verification at record {} ({})",

@@ -14,14 +14,21 @@ use super::render::{Report, Sink};
 pub(crate) struct PruneArgs {
     /// How long finished runs are kept, by how they ended:
     /// `completed=30d,failed=90d,cancelled=7d` (any of the three; `s`,
-    /// `m`, `h`, `d`). A status not named is kept for ever.
+    /// `m`, `h`, `d`). A status not named is kept for ever. The longest
+    /// span named is how much of an automation controller's ledger and of
+    /// the event inbox is kept; artifacts of deleted runs no kept run names
+    /// go after the shortest.
     #[arg(long)]
     retain: String,
-    /// Say what would go (runs, records, bytes), delete nothing.
+    /// Say what would go (runs, records, bytes; ledgers compacted,
+    /// artifacts, inbox events), delete nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Export each tree into this folder (`<root run id>.zip`, as `stepwell
-    /// export --with-children`) before deleting it.
+    /// Export each tree into this folder (`<root run id>-<time>.zip`, as
+    /// `stepwell export --with-children`) before deleting it; the records a
+    /// compaction replaces (`<run>-ledger-<seq>-<time>.jsonl`) and the
+    /// inbox events dropped (`trigger-<connection>-events-<seq>-<time>.jsonl`)
+    /// too.
     #[arg(long)]
     archive: Option<PathBuf>,
 }
@@ -41,6 +48,7 @@ pub(crate) fn prune(rt: &Runtime, spec: &StoreSpec, args: PruneArgs) -> Result<R
             dry_run: args.dry_run,
             archive: args.archive.as_deref(),
             snapshots: Some(&*snapshots),
+            ..PruneOptions::default()
         },
     )?;
     Ok(lines(&report))
@@ -64,6 +72,34 @@ fn lines(report: &stepwell::core::retention::PruneReport) -> Report {
             t.runs.len(),
             t.records,
             t.bytes
+        ));
+    }
+    let compacted = if report.dry_run {
+        "would compact"
+    } else {
+        "compacted"
+    };
+    for c in &report.compacted {
+        out.push(format!(
+            "{compacted} the ledger of {}  {}  through seq {}: {} records, {} bytes, behind a checkpoint carrying {}",
+            c.run_id, c.workflow_id, c.through_seq, c.records, c.bytes, c.carried
+        ));
+    }
+    if report.artifacts > 0 {
+        out.push(format!(
+            "{verb} {} artifacts of deleted runs that no kept run names ({} bytes)",
+            report.artifacts, report.artifact_bytes
+        ));
+    }
+    if report.events > 0 {
+        let dropped = if report.dry_run {
+            "would drop"
+        } else {
+            "dropped"
+        };
+        out.push(format!(
+            "{dropped} the payloads of {} inbox events every reader has passed (their ids stay, so a repeat is still a duplicate)",
+            report.events
         ));
     }
     for (id, why) in &report.kept {
@@ -104,7 +140,13 @@ pub(crate) fn spawn_pruner(
             let sink = Sink::new(json);
             let stop = std::sync::atomic::AtomicBool::new(false);
             let told = |done: Result<stepwell::core::retention::PruneReport, Error>| match done {
-                Ok(r) if r.runs > 0 || !r.kept.is_empty() => {
+                Ok(r)
+                    if r.runs > 0
+                        || r.events > 0
+                        || r.artifacts > 0
+                        || !r.kept.is_empty()
+                        || !r.compacted.is_empty() =>
+                {
                     sink.show(&lines(&r));
                     sink.flush();
                 }

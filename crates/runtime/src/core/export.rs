@@ -576,7 +576,7 @@ fn check_export(archive: &[u8]) -> std::result::Result<Checked, String> {
 }
 
 /// The artifact ids `value` references (`{"$artifact": id}`), anywhere.
-fn collect_refs(value: &Value, out: &mut BTreeSet<String>) {
+pub(crate) fn collect_refs(value: &Value, out: &mut BTreeSet<String>) {
     if let Some(id) = crate::store::artifacts::as_artifact_ref(value) {
         out.insert(id.to_string());
         return;

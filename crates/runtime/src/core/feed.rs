@@ -19,6 +19,9 @@ pub struct LedgerCheck {
     /// The hash of its newest record (`None` when empty), or the first
     /// record that was changed, removed or reordered.
     pub verdict: Result<Option<String>, ChainBreak>,
+    /// What the ledger's checkpoint says, when retention compacted it: the
+    /// chain is proven from the record it replaced last.
+    pub checkpoint: Option<crate::store::compaction::CheckpointBody>,
 }
 
 /// A run's ledger read a page at a time ([`Runtime::ledger_pages`]): each
@@ -135,6 +138,7 @@ impl Runtime {
         let mut verifier = ChainVerifier::default();
         let mut broken = None;
         let (mut after, mut records) = (0, 0usize);
+        let mut checkpoint = None;
         loop {
             let page = self
                 .store()
@@ -142,6 +146,23 @@ impl Runtime {
             let Some((last, _)) = page.last() else {
                 break;
             };
+            if after == 0 {
+                let first = page.first().and_then(|(seq, r)| {
+                    crate::store::compaction::checkpoint_body(r).map(|b| (*seq, r, b))
+                });
+                if let Some((seq, r, mut body)) = first {
+                    // A checkpoint stands at the seq of what it replaced.
+                    if seq != body.through_seq {
+                        broken = Some(ChainBreak {
+                            index: 1,
+                            step_id: r.step_id.clone(),
+                            problem: "checkpoint inconsistent",
+                        });
+                    }
+                    body.carried.clear();
+                    checkpoint = Some(body);
+                }
+            }
             after = *last;
             records += page.len();
             if broken.is_none() {
@@ -149,12 +170,16 @@ impl Runtime {
                 broken = verifier.check(&page).err();
             }
         }
+        if broken.is_none() {
+            broken = verifier.finish().err();
+        }
         Ok(LedgerCheck {
             records,
             verdict: match broken {
                 Some(b) => Err(b),
                 None => Ok(verifier.head().map(str::to_string)),
             },
+            checkpoint,
         })
     }
 

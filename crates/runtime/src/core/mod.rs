@@ -3,6 +3,7 @@
 //! the API returns.
 
 pub(crate) mod cascade;
+pub mod compaction;
 pub mod config;
 mod driver;
 mod error;

@@ -138,6 +138,46 @@ pub trait Plugin: Send + Sync + 'static {
         let _ = (rt, parent, child);
         false
     }
+
+    /// How retention may compact the ledger of `run`, a run of a workflow
+    /// this plugin reserves (which may never end: an automation's
+    /// controller), behind a checkpoint ([`crate::core::compaction`]).
+    /// The default: `None`, the ledger stays whole.
+    fn ledger_compaction(&self, rt: &Runtime, run: &RunState) -> Option<LedgerCompaction> {
+        let _ = (rt, run);
+        None
+    }
+
+    /// Whether records keyed `key` may be carried in a checkpoint (see
+    /// [`LedgerCompaction::carry_prefixes`]): only then does
+    /// [`crate::Runtime::find_records`] look for them there. The default:
+    /// no.
+    fn carries_key(&self, key: &str) -> bool {
+        let _ = key;
+        false
+    }
+
+    /// The event-inbox streams `run` (a run of a workflow this plugin
+    /// reserves) still reads, each with the seq it has read through:
+    /// retention drops no event of a stream after the smallest cursor of
+    /// its readers. The default: none (it reads no stream).
+    fn event_cursors(&self, rt: &Runtime, run: &RunState) -> Vec<(String, u64)> {
+        let _ = (rt, run);
+        Vec::new()
+    }
+}
+
+/// What a plugin lets retention compact of a run's ledger
+/// ([`Plugin::ledger_compaction`]).
+#[derive(Debug, Clone, Default)]
+pub struct LedgerCompaction {
+    /// Records whose idempotency key starts with one of these are carried
+    /// in the checkpoint: they are still found by key
+    /// ([`crate::Runtime::find_records`]) after they are compacted away.
+    pub carry_prefixes: Vec<String>,
+    /// The first record carrying one of these keys stays, with every record
+    /// after it (what is in progress still reads them).
+    pub keep_from_keys: Vec<String>,
 }
 
 /// A child run a flow starts, as the plugins see it before it exists.
@@ -319,6 +359,31 @@ impl Plugins {
         self.0.iter().any(|p| {
             p.reserves(&parent.workflow_id).is_some() && p.releases_child(rt, parent, child)
         })
+    }
+
+    /// How the plugin that reserves `run`'s workflow lets its ledger be
+    /// compacted (see [`Plugin::ledger_compaction`]).
+    pub(crate) fn compaction(&self, rt: &Runtime, run: &RunState) -> Option<LedgerCompaction> {
+        self.0
+            .iter()
+            .find(|p| p.reserves(&run.workflow_id).is_some())
+            .and_then(|p| p.ledger_compaction(rt, run))
+    }
+
+    /// Whether a plugin carries records keyed `key` in checkpoints.
+    pub(crate) fn carries(&self, key: &str) -> bool {
+        self.0.iter().any(|p| p.carries_key(key))
+    }
+
+    /// The event streams `run` reads and how far (see
+    /// [`Plugin::event_cursors`]), as the plugin that reserves its workflow
+    /// says.
+    pub(crate) fn cursors(&self, rt: &Runtime, run: &RunState) -> Vec<(String, u64)> {
+        self.0
+            .iter()
+            .find(|p| p.reserves(&run.workflow_id).is_some())
+            .map(|p| p.event_cursors(rt, run))
+            .unwrap_or_default()
     }
 
     /// Why `workflow_id` is reserved by a plugin, if it is.

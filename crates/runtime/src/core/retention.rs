@@ -10,10 +10,12 @@
 //! ([`crate::core::plugin::Plugin::releases_child`]: an automation's ended
 //! occurrences it will not read again), which is then a root of its own.
 
+use std::io::Write;
 use std::time::Duration;
 
 use serde::Serialize;
 
+use super::compaction::CompactedLedger;
 use super::model::{RunState, RunStatus};
 use super::runtime::Runtime;
 use super::{Error, Result};
@@ -61,6 +63,25 @@ impl Retention {
         Ok(r)
     }
 
+    /// The longest span the policy keeps anything: how much of a
+    /// never-ending run's history (an automation controller's ledger) a
+    /// prune keeps.
+    pub fn longest(&self) -> Option<Duration> {
+        [self.completed, self.failed, self.cancelled]
+            .into_iter()
+            .flatten()
+            .max()
+    }
+
+    /// The shortest span the policy keeps anything: how long an artifact
+    /// of a deleted run stays after it was last stored.
+    pub fn shortest(&self) -> Option<Duration> {
+        [self.completed, self.failed, self.cancelled]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
     /// How long runs that ended with `status` are kept.
     fn of(&self, status: RunStatus) -> Option<Duration> {
         match status {
@@ -100,7 +121,16 @@ pub struct PruneOptions<'a> {
     pub archive: Option<&'a std::path::Path>,
     /// The snapshots of deleted runs go from here too.
     pub snapshots: Option<&'a dyn SnapshotStore>,
+    /// An artifact stored (or stored again) this recently, by the host's
+    /// real clock, stays even when no run names it yet: a step may have
+    /// stored it and not committed its reference. `None`:
+    /// [`ARTIFACT_GRACE`].
+    pub artifact_grace: Option<Duration>,
 }
+
+/// How recently stored an artifact stays whoever names it (see
+/// [`PruneOptions::artifact_grace`]): ten minutes.
+pub const ARTIFACT_GRACE: Duration = Duration::from_secs(600);
 
 /// One tree [`Runtime::prune`] deleted (or would).
 #[derive(Debug, Clone, Serialize)]
@@ -138,6 +168,20 @@ pub struct PruneReport {
     pub bytes: u64,
     /// Snapshots deleted.
     pub snapshots: u64,
+    /// Artifacts deleted (or that would be): stored for runs that are gone,
+    /// longer ago than the policy's shortest span, and named by no run
+    /// that is kept (nor by an artifact one names).
+    pub artifacts: u64,
+    /// Their bytes.
+    pub artifact_bytes: u64,
+    /// Events of the inbox whose payloads were dropped (or would be): older
+    /// than the policy's longest span and read by every reader of their
+    /// stream. Their seqs and dedupe keys stay.
+    pub events: u64,
+    /// Ledgers of runs that never end (automation controllers) compacted
+    /// behind a checkpoint: their records older than the policy's longest
+    /// span ([`Retention::longest`]).
+    pub compacted: Vec<CompactedLedger>,
 }
 
 /// What a prune keeps of an old root while it looks for the others: no
@@ -201,7 +245,8 @@ impl Runtime {
             dry_run: options.dry_run,
             ..PruneReport::default()
         };
-        for root in self.old_roots(policy, now)? {
+        let (roots, reserved) = self.old_roots(policy, now)?;
+        for root in roots {
             let tree = match self.tree_of(&root)? {
                 Err(why) => {
                     report.kept.push((root.run_id.clone(), why));
@@ -220,16 +265,263 @@ impl Runtime {
             report.bytes += tree.bytes;
             report.trees.push(tree);
         }
+        // A span longer than the calendar reaches back keeps everything.
+        let ago = |span: Duration| {
+            chrono::Duration::from_std(span)
+                .ok()
+                .and_then(|d| now.checked_sub_signed(d))
+        };
+        if let Some(before) = policy.longest().and_then(ago) {
+            for id in &reserved {
+                self.compact_one(id, before, options, &mut report)?;
+            }
+            report.events = self.prune_inbox(before, &reserved, options, &mut report.kept)?;
+        }
+        if let Some(before) = policy.shortest().and_then(ago) {
+            self.sweep_artifacts(before, options, &mut report)?;
+        }
         Ok(report)
     }
 
-    /// The finished roots older than `policy` keeps them, oldest first.
+    /// Deletes the artifacts stored for runs that are gone, before
+    /// `before` (and not stored again within the grace), that no kept run names: in
+    /// its vars or its ledger, or through a JSON artifact it names. Reads
+    /// every run and ledger when there is such an artifact. Nothing when
+    /// the runtime keeps no artifacts or its store cannot list them.
+    fn sweep_artifacts(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        options: &PruneOptions<'_>,
+        report: &mut PruneReport,
+    ) -> Result<()> {
+        let Some(artifacts) = self.artifact_store() else {
+            return Ok(());
+        };
+        let listed = match artifacts.list() {
+            Ok(listed) => listed,
+            Err(e) if e.code == "store_unsupported" => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        // The runs of this prune (still there in a dry run) count as gone.
+        let pruned: std::collections::HashSet<&str> = report
+            .trees
+            .iter()
+            .flat_map(|t| t.runs.iter().map(String::as_str))
+            .collect();
+        let mut gone = std::collections::HashMap::new();
+        let mut candidates = Vec::new();
+        for meta in listed {
+            let old =
+                chrono::DateTime::parse_from_rfc3339(&meta.created_at).is_ok_and(|t| t < before);
+            let Some(run) = meta.run_id.as_deref().filter(|_| old) else {
+                continue;
+            };
+            if !gone.contains_key(run) {
+                let missing = pruned.contains(run) || self.store().load_run(run)?.is_none();
+                gone.insert(run.to_string(), missing);
+            }
+            if gone[run] {
+                candidates.push(meta);
+            }
+        }
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let named = self.named_artifacts(&pruned)?;
+        let grace = options.artifact_grace.unwrap_or(ARTIFACT_GRACE);
+        let since = std::time::SystemTime::now() - grace;
+        for meta in candidates
+            .into_iter()
+            .filter(|m| !named.contains(&m.artifact_id))
+        {
+            if options.dry_run || artifacts.delete_unless_since(&meta.artifact_id, since)? {
+                report.artifacts += 1;
+                report.artifact_bytes += meta.size;
+            }
+        }
+        Ok(())
+    }
+
+    /// The artifacts every run of the store but `pruned` names, in its
+    /// vars or ledger records as stored, and those the JSON artifacts among
+    /// them name.
+    fn named_artifacts(
+        &self,
+        pruned: &std::collections::HashSet<&str>,
+    ) -> Result<std::collections::BTreeSet<String>> {
+        use super::export::collect_refs;
+        let mut named = std::collections::BTreeSet::new();
+        let mut after = None;
+        loop {
+            let page = self.store().list_runs(&RunQuery {
+                limit: Some(PAGE),
+                after_run_id: after.take(),
+                ..RunQuery::default()
+            })?;
+            let Some(last) = page.last().map(|r| r.run_id.clone()) else {
+                break;
+            };
+            for run in page.iter().filter(|r| !pruned.contains(r.run_id.as_str())) {
+                collect_refs(&serde_json::Value::Object(run.vars.clone()), &mut named);
+                let mut seq = 0;
+                loop {
+                    let records = self.store().list_records_page(
+                        &run.run_id,
+                        seq,
+                        super::LEDGER_PAGE as usize,
+                    )?;
+                    let Some((end, _)) = records.last() else {
+                        break;
+                    };
+                    seq = *end;
+                    for (_, r) in &records {
+                        collect_refs(&serde_json::to_value(r).unwrap_or_default(), &mut named);
+                    }
+                }
+            }
+            after = Some(last);
+        }
+        let Some(artifacts) = self.artifact_store() else {
+            return Ok(named);
+        };
+        let mut queue: Vec<String> = named.iter().cloned().collect();
+        while let Some(id) = queue.pop() {
+            let json = artifacts
+                .meta(&id)?
+                .is_some_and(|m| m.content_type.starts_with("application/json"));
+            let Some(bytes) = artifacts.get(&id)?.filter(|_| json) else {
+                continue;
+            };
+            let mut inner = std::collections::BTreeSet::new();
+            if let Ok(v) = serde_json::from_slice(&bytes) {
+                collect_refs(&v, &mut inner);
+            }
+            for n in inner {
+                if named.insert(n.clone()) {
+                    queue.push(n);
+                }
+            }
+        }
+        Ok(named)
+    }
+
+    /// Drops the payloads of the inbox's events appended before `before`
+    /// that every reader of their stream (the runs of `reserved` that read
+    /// one, [`crate::core::plugin::Plugin::event_cursors`]) has passed; a
+    /// connection's stream nobody reads any more goes up to `before`.
+    /// Returns how many. Nothing on a store that keeps no inbox.
+    fn prune_inbox(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        reserved: &[String],
+        options: &PruneOptions<'_>,
+        kept: &mut Vec<(String, String)>,
+    ) -> Result<u64> {
+        let unsupported = |e: &crate::store::StoreError| e.code == "store_unsupported";
+        let mut streams = std::collections::BTreeMap::new();
+        match self.store().list_connections() {
+            Ok(all) => {
+                for c in all {
+                    streams.insert(crate::store::connection_stream(&c.connection_id), u64::MAX);
+                }
+            }
+            Err(e) if unsupported(&e) => return Ok(0),
+            Err(e) => return Err(e.into()),
+        }
+        // Quarantined runs read too (set aside, not gone): listing runs
+        // leaves them out.
+        let quarantined = self.store().list_quarantined()?.into_iter().map(|q| q.0);
+        for id in reserved.iter().cloned().chain(quarantined) {
+            let Some(run) = self.store().load_run(&id)? else {
+                continue;
+            };
+            for (stream, cursor) in self.inner.plugins.cursors(self, &run) {
+                let through = streams.entry(stream).or_insert(u64::MAX);
+                *through = (*through).min(cursor);
+            }
+        }
+        let mut dropped = 0;
+        for (stream, through) in streams {
+            let count = match self.store().prune_events(&stream, through, before, true) {
+                Ok(n) => n,
+                Err(e) if unsupported(&e) => return Ok(dropped),
+                Err(e) => return Err(e.into()),
+            };
+            if count == 0 || options.dry_run {
+                dropped += count;
+                continue;
+            }
+            if let Some(dir) = options.archive {
+                if let Err(why) = self.archive_events(&stream, through, before, dir) {
+                    kept.push((
+                        stream,
+                        format!("its events were not archived, so kept: {why}"),
+                    ));
+                    continue;
+                }
+            }
+            dropped += self.store().prune_events(&stream, through, before, false)?;
+        }
+        Ok(dropped)
+    }
+
+    /// Compacts the ledger of `id`, a run of a reserved workflow, if its
+    /// plugin lets it (archiving the records it replaces first, if asked).
+    fn compact_one(
+        &self,
+        id: &str,
+        before: chrono::DateTime<chrono::Utc>,
+        options: &PruneOptions<'_>,
+        report: &mut PruneReport,
+    ) -> Result<()> {
+        let Some(run) = self.store().load_run(id)? else {
+            return Ok(());
+        };
+        let Some(rules) = self.inner.plugins.compaction(self, &run) else {
+            return Ok(());
+        };
+        let Some(plan) = self.plan_compaction(id, before, &rules)? else {
+            return Ok(());
+        };
+        if !options.dry_run {
+            let mut archived = None;
+            if let Some(dir) = options.archive {
+                match self.archive_ledger(id, plan.report.through_seq, dir) {
+                    Ok(path) => archived = Some(path),
+                    Err(why) => {
+                        let why = format!("its ledger was not archived, so not compacted: {why}");
+                        report.kept.push((id.to_string(), why));
+                        return Ok(());
+                    }
+                }
+            }
+            match self.apply_compaction(&plan) {
+                Err(Error::Store(e)) if e.is_conflict() => {
+                    // (Another prune compacted it: this archive is not of
+                    // what went.)
+                    if let Some(path) = archived {
+                        let _ = std::fs::remove_file(path);
+                    }
+                    let why = format!("its ledger changed while it was compacted ({}); the next prune looks again", e.message);
+                    report.kept.push((id.to_string(), why));
+                    return Ok(());
+                }
+                done => done?,
+            }
+        }
+        report.compacted.push(plan.report);
+        Ok(())
+    }
+
+    /// The finished roots older than `policy` keeps them, oldest first;
+    /// and the runs of reserved workflows (whose ledgers may be compacted).
     fn old_roots(
         &self,
         policy: &Retention,
         now: chrono::DateTime<chrono::Utc>,
-    ) -> Result<Vec<Root>> {
+    ) -> Result<(Vec<Root>, Vec<String>)> {
         let mut found = Vec::new();
+        let mut reserved = Vec::new();
         let mut after = None;
         // The parents of the runs looked at (an automation's controller, a
         // run with many children: read once).
@@ -242,6 +534,10 @@ impl Runtime {
             })?;
             let last = page.last().map(|r| r.run_id.clone());
             for run in page {
+                if self.plugins_reserved(&run.workflow_id).is_some() {
+                    reserved.push(run.run_id.clone());
+                    continue;
+                }
                 let Some(keep) = policy.of(run.status) else {
                     continue;
                 };
@@ -251,7 +547,7 @@ impl Runtime {
                         .to_std()
                         .is_ok_and(|age| age > keep)
                 });
-                if !old || self.plugins_reserved(&run.workflow_id).is_some() {
+                if !old {
                     continue;
                 }
                 if let Some(released) = self.root_kind(&run, &mut parents)? {
@@ -265,7 +561,7 @@ impl Runtime {
             }
         }
         found.sort_by_key(|r| r.ended);
-        Ok(found)
+        Ok((found, reserved))
     }
 
     /// Whether `run` is a root: `Some(false)` when it has no parent or its
@@ -388,46 +684,126 @@ impl Runtime {
 
 impl Runtime {
     /// Writes the export of `root` (with its children) into `dir` as
-    /// `<root>-<time>.zip`: through a temporary file, synced, renamed,
-    /// never over another file.
+    /// `<root>-<time>.zip`.
     fn archive(&self, root: &str, dir: &std::path::Path) -> std::result::Result<(), String> {
-        use std::io::Write;
         let bytes = self.export_run(root, true).map_err(|e| e.to_string())?;
-        let stamp = self.now().format("%Y%m%dT%H%M%S%.6fZ");
-        let path = dir.join(format!("{root}-{stamp}.zip"));
-        let tmp = dir.join(format!(".{root}-{stamp}.zip.part"));
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .and_then(|mut f| {
-                f.write_all(&bytes)?;
-                f.sync_all()
-            });
-        // Under its name, or beside an archive of the same time (a clock
-        // fixed by `--now`): never over it.
-        let mut linked = written.map(|()| None);
-        for n in 1..=100 {
-            let Ok(None) = linked else { break };
-            let name = match n {
-                1 => path.clone(),
-                n => dir.join(format!("{root}-{stamp}-{n}.zip")),
-            };
-            linked = match std::fs::hard_link(&tmp, &name) {
-                Ok(()) => Ok(Some(name)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(None),
-                Err(e) => Err(e),
-            };
-        }
-        let _ = std::fs::remove_file(&tmp);
-        match linked {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => Err(format!(
-                "{}: a hundred archives of this time exist",
-                path.display()
-            )),
-            Err(e) => Err(format!("{}: {e}", path.display())),
-        }
+        write_archive(dir, root, "zip", &self.now(), |f| f.write_all(&bytes)).map(drop)
+    }
+
+    /// Writes the events of `stream` that a prune drops (seq up to
+    /// `through`, appended before `before`) into `dir` as
+    /// `<stream>-events-<through>-<time>.jsonl`, an event a line.
+    fn archive_events(
+        &self,
+        stream: &str,
+        through: u64,
+        before: chrono::DateTime<chrono::Utc>,
+        dir: &std::path::Path,
+    ) -> std::result::Result<(), String> {
+        let stem = format!("{}-events-{through}", stream.replace(':', "-"));
+        write_archive(dir, &stem, "jsonl", &self.now(), |f| {
+            let mut after = 0;
+            loop {
+                let page = self
+                    .store()
+                    .events_after(stream, after, 256)
+                    .map_err(std::io::Error::other)?;
+                let Some(last) = page.last().map(|e| e.seq) else {
+                    break;
+                };
+                after = last;
+                for e in page.iter().filter(|e| e.seq <= through) {
+                    let old = chrono::DateTime::parse_from_rfc3339(&e.appended_at)
+                        .is_ok_and(|t| t < before);
+                    if old {
+                        serde_json::to_writer(&mut *f, e)?;
+                        f.write_all(b"\n")?;
+                    }
+                }
+                if last >= through {
+                    break;
+                }
+            }
+            Ok(())
+        })
+        .map(drop)
+    }
+
+    /// Writes the records of `run_id`'s ledger up to seq `through` into
+    /// `dir` as `<run>-ledger-<through>-<time>.jsonl`, a record a line as
+    /// stored (hashes included: the last one's hash is the checkpoint's
+    /// `replaced_head`), a page at a time.
+    fn archive_ledger(
+        &self,
+        run_id: &str,
+        through: u64,
+        dir: &std::path::Path,
+    ) -> std::result::Result<std::path::PathBuf, String> {
+        let stem = format!("{run_id}-ledger-{through}");
+        write_archive(dir, &stem, "jsonl", &self.now(), |f| {
+            let mut after = 0;
+            while after < through {
+                let page = self
+                    .store()
+                    .list_records_page(run_id, after, super::LEDGER_PAGE as usize)
+                    .map_err(std::io::Error::other)?;
+                let Some((last, _)) = page.last() else { break };
+                after = *last;
+                for (_, record) in page.iter().filter(|(seq, _)| *seq <= through) {
+                    serde_json::to_writer(&mut *f, record)?;
+                    f.write_all(b"\n")?;
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Writes `<stem>-<time>.<ext>` into `dir` with `fill`: through a
+/// temporary file, synced, renamed, never over another file. Returns its
+/// path.
+fn write_archive(
+    dir: &std::path::Path,
+    stem: &str,
+    ext: &str,
+    now: &chrono::DateTime<chrono::Utc>,
+    fill: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> std::result::Result<std::path::PathBuf, String> {
+    let stamp = now.format("%Y%m%dT%H%M%S%.6fZ");
+    let path = dir.join(format!("{stem}-{stamp}.{ext}"));
+    let tmp = dir.join(format!(".{stem}-{stamp}.{ext}.part"));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|f| {
+            let mut w = std::io::BufWriter::new(f);
+            fill(&mut w)?;
+            w.into_inner().map_err(|e| e.into_error())?.sync_all()
+        });
+    // Under its name, or beside an archive of the same time (a clock
+    // fixed by `--now`): never over it.
+    let mut linked = written.map(|()| None);
+    for n in 1..=100 {
+        let Ok(None) = linked else { break };
+        let name = match n {
+            1 => path.clone(),
+            n => dir.join(format!("{stem}-{stamp}-{n}.{ext}")),
+        };
+        linked = match std::fs::hard_link(&tmp, &name) {
+            Ok(()) => Ok(Some(name)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(None),
+            Err(e) => Err(e),
+        };
+    }
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(Some(path)) => Ok(path),
+        Ok(None) => Err(format!(
+            "{}: a hundred archives of this time exist",
+            path.display()
+        )),
+        Err(e) => Err(format!("{}: {e}", path.display())),
     }
 }
 

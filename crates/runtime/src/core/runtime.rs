@@ -1042,9 +1042,7 @@ impl Runtime {
             let current = (run.status == RunStatus::Waiting)
                 .then(|| effect_key(&run))
                 .flatten();
-            let delivered = self
-                .store()
-                .find_records(run_id, &caused_resume_key(cause))?
+            let delivered = Runtime::find_records(self, run_id, &caused_resume_key(cause))?
                 .iter()
                 .any(|r| {
                     let ended = r
@@ -1565,7 +1563,7 @@ impl crate::effects::RunPort for Runtime {
     }
 
     fn find_records(&self, run_id: &str, idempotency_key: &str) -> Result<Vec<StepRecord>> {
-        Ok(self.store().find_records(run_id, idempotency_key)?)
+        Runtime::find_records(self, run_id, idempotency_key)
     }
 
     fn event_listeners(&self, wait_keys: &[String]) -> Result<Vec<RunState>> {
