@@ -991,6 +991,26 @@ fn a_controllers_ledger_is_compacted_behind_a_checkpoint_and_still_verifies() {
         "carried on by the second checkpoint"
     );
 
+    // Left alone, the controller's ledger settles: a prune compacts what
+    // it had kept as last, the next finds only seals to replace.
+    let later = |m: u32| {
+        let now = format!("2026-01-01T01:{m:02}:00Z");
+        let args = [
+            "--now",
+            &now,
+            "--json",
+            "prune",
+            "--retain",
+            "completed=10m",
+        ];
+        sh.json(&args)["compacted"].as_array().unwrap().len()
+    };
+    assert_eq!(later(0), 1);
+    assert!(later(1) <= 1);
+    assert_eq!(later(2), 0, "only seals left to replace");
+    let settled = sh.json(&["--json", "ledger", ID, "--verify"]);
+    assert_eq!(settled["ok"], true, "{settled}");
+
     // A checkpoint changed by hand (here: what it carries, its hash made
     // to match) is one no seal names: the chain breaks there.
     let conn = rusqlite::Connection::open(sh.db()).unwrap();
@@ -1103,4 +1123,49 @@ fn compaction_keeps_the_records_of_the_occurrence_in_progress() {
         keyed(&sh, &id).iter().any(|(_, k)| *k == completed),
         "occurrence 1 completed"
     );
+}
+
+/// A controller ledger row that cannot be read stops its compaction only:
+/// the prune deletes the old occurrences, says why the ledger stays, and
+/// the next prune says the same (a driver's policy keeps running).
+#[test]
+fn an_unreadable_ledger_row_stops_only_its_compaction() {
+    let sh = Shell::new();
+    let request = memory_watch(sh.dir.path());
+    let at = |m: u32| format!("2026-01-01T00:{m:02}:00Z");
+    sh.json(&[
+        "--now",
+        &at(0),
+        "--json",
+        "automations",
+        "create",
+        "--request",
+        &request,
+    ]);
+    for m in (0..=8).step_by(2) {
+        sh.json(&["--now", &at(m), "--json", "drive", "--until-idle"]);
+    }
+    let conn = rusqlite::Connection::open(sh.db()).unwrap();
+    conn.execute(
+        "UPDATE ledger SET data = '{' WHERE run_id = ?1 AND seq = 5",
+        [ID],
+    )
+    .unwrap();
+    drop(conn);
+    for _ in 0..2 {
+        let pruned = sh.json(&[
+            "--now",
+            &at(30),
+            "--json",
+            "prune",
+            "--retain",
+            "completed=10m",
+        ]);
+        assert_eq!(pruned["compacted"], json!([]), "{pruned}");
+        let kept = pruned["kept"].to_string();
+        assert!(
+            kept.contains(ID) && kept.contains("store_corrupt"),
+            "{pruned}"
+        );
+    }
 }

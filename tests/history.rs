@@ -672,3 +672,32 @@ fn prune_deletes_the_artifacts_only_deleted_runs_named() {
     let again = rt.prune(&policy, &now).unwrap();
     assert_eq!(again.artifacts, 0, "{again:?}");
 }
+
+/// A checkpoint in the ledger of a run retention never compacts (any run
+/// but an automation's controller) is refused by the runtime's check,
+/// sealed or not: removing a run's oldest records still breaks its chain.
+#[test]
+fn a_checkpoint_on_a_run_never_compacted_does_not_verify() {
+    use stepwell::store::compaction::{checkpoint_record, CheckpointBody};
+    let h = Host::new(Backend::Sqlite);
+    let wf = ten_links(&h);
+    let run = h.rt.run(&wf, StartOptions::default()).unwrap();
+    let records = h.store.list_records(&run.run_id).unwrap();
+    assert!(records.len() > 3);
+    let body = CheckpointBody {
+        through_seq: 2,
+        replaced_records: 2,
+        replaced_head: records[1].record_hash.clone().unwrap(),
+        compacted_at: "2026-12-06T00:00:00.000000+00:00".into(),
+        carried: vec![],
+    };
+    let checkpoint = checkpoint_record(&run.run_id, &body);
+    h.store.compact_ledger(&run.run_id, 2, &checkpoint).unwrap();
+    assert!(stepwell::store::verify_chain(&h.store.list_records(&run.run_id).unwrap()).is_ok());
+    let check = h.rt.check_ledger(&run.run_id).unwrap();
+    let b = check.verdict.unwrap_err();
+    assert_eq!(
+        (b.index, b.problem),
+        (1, "checkpoint of a run never compacted")
+    );
+}

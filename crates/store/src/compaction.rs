@@ -9,13 +9,15 @@
 //!
 //! The same transaction appends a **seal** at the end of the chain
 //! ([`seal_record`]): an ordinary, chained record naming the checkpoint's
-//! hash. A checkpoint no seal names does not verify, so a checkpoint made
-//! or changed by hand (to hide records removed from the front, or to change
-//! what it carries) breaks the chain unless the records after it are
-//! rewritten too, which changes the head: as for any edit, keep the head
-//! elsewhere to detect that. What the checkpoint says about the records it
-//! replaced (how many, the hash they ended on) can be matched against an
-//! archive of them (`prune --archive`).
+//! hash. A checkpoint no seal names does not verify: one changed by hand
+//! (what it carries), moved, or cut off from its seal breaks the chain.
+//! What this cannot prove: the chain has no key, so whoever can write the
+//! store can also do what a compaction does (remove the oldest records,
+//! write a checkpoint and append its seal), and on a run that retention
+//! compacts that looks like a compaction; the runtime refuses a checkpoint
+//! on any other run. What the checkpoint says about the records it replaced
+//! (how many, the hash they ended on) can be matched against an archive of
+//! them (`prune --archive`).
 
 use serde::{Deserialize, Serialize};
 use stepwell_model::model::{StepRecord, StepStatus, LEDGER_CHECKPOINT_STEP};

@@ -1439,7 +1439,9 @@ pub struct ChainBreak {
     /// hash), `misplaced checkpoint` (a checkpoint anywhere but first),
     /// `checkpoint unreadable` or `checkpoint inconsistent`
     /// ([`compaction::check_checkpoint`]), `unsealed checkpoint` (no later
-    /// record of the chain seals it: [`compaction::seal_record`]).
+    /// record of the chain seals it: [`compaction::seal_record`]), or (from
+    /// a runtime's check, which knows the run) `checkpoint of a run never
+    /// compacted`.
     pub problem: &'static str,
 }
 

@@ -1825,9 +1825,14 @@ impl Store for PostgresStore {
         let through = i64::try_from(through)
             .map_err(|_| StoreError::conflict(format!("no record at seq {through}")))?;
         self.write(|c| {
-            // Another compaction or a prune of the run waits on this lock;
-            // a commit only appends after the records this changes.
+            // Another compaction or a prune of the run waits on this lock,
+            // a commit or an append on the row's: nothing lands between
+            // the check below and the seal.
             c.lock(&mut vec![LockKey::ledger(run_id)])?;
+            c.query_opt(
+                "SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE",
+                &[&run_id],
+            )?;
             let found = c
                 .query_opt(
                     "SELECT l.hash, COALESCE((SELECT ledger_seq FROM runs WHERE run_id = $1), 0),

@@ -64,6 +64,10 @@ pub struct CompactedLedger {
     pub bytes: u64,
     /// Records the checkpoint carries.
     pub carried: usize,
+    /// The artifacts the replaced records named (the carried ones'
+    /// aside): retention deletes those no kept run names.
+    #[serde(skip)]
+    pub artifacts: Vec<String>,
 }
 
 /// A compaction worked out, not done yet.
@@ -89,7 +93,12 @@ struct Cut {
     /// Records that go (the earlier checkpoint not counted) and bytes.
     records: u64,
     bytes: u64,
+    /// Of those, the ones retention did not write (seals of earlier
+    /// compactions): a compaction replaces at least one.
+    worth: u64,
     carried: VecDeque<StepRecord>,
+    /// The artifacts the records that go (not carried) name.
+    artifacts: std::collections::BTreeSet<String>,
 }
 
 impl Cut {
@@ -105,9 +114,15 @@ impl Cut {
             self.earlier = Some(body);
         } else {
             self.records += 1;
+            if crate::store::compaction::seals(&record).is_none() {
+                self.worth += 1;
+            }
             let key = record.idempotency_key.as_deref().unwrap_or_default();
             if !key.is_empty() && rules.carry_prefixes.iter().any(|p| key.starts_with(p)) {
                 self.carried.push_back(record);
+            } else {
+                let value = serde_json::to_value(&record).unwrap_or_default();
+                super::export::collect_refs(&value, &mut self.artifacts);
             }
         }
         if self.carried.len() > 4 * CARRY_LIMIT {
@@ -161,12 +176,14 @@ impl Runtime {
         before: DateTime<Utc>,
         rules: &LedgerCompaction,
     ) -> Result<Option<CompactionPlan>> {
-        let run = self.get_state(run_id)?;
+        let Some(run) = self.store().load_run(run_id)? else {
+            return Ok(None);
+        };
         if !self.store().compacts_ledgers() || !self.store().list_ahead(run_id)?.is_empty() {
             return Ok(None);
         }
         let cut = self.scan_for_cut(run_id, before, rules)?;
-        let Some((through, replaced_head)) = cut.through.clone().filter(|_| cut.records > 0) else {
+        let Some((through, replaced_head)) = cut.through.clone().filter(|_| cut.worth > 0) else {
             return Ok(None);
         };
         let report = CompactedLedger {
@@ -176,6 +193,7 @@ impl Runtime {
             records: cut.records,
             bytes: cut.bytes,
             carried: 0,
+            artifacts: cut.artifacts.iter().cloned().collect(),
         };
         let carried = newest_keys(cut.carried);
         let report = CompactedLedger {

@@ -134,7 +134,7 @@ impl Runtime {
     /// from the middle is found (the next one does not follow the one
     /// before it), however many seqs are missing.
     pub fn check_ledger(&self, run_id: &str) -> crate::Result<LedgerCheck> {
-        self.get_state(run_id)?;
+        let run = self.get_state(run_id)?;
         let mut verifier = ChainVerifier::default();
         let mut broken = None;
         let (mut after, mut records) = (0, 0usize);
@@ -151,8 +151,15 @@ impl Runtime {
                     crate::store::compaction::checkpoint_body(r).map(|b| (*seq, r, b))
                 });
                 if let Some((seq, r, mut body)) = first {
-                    // A checkpoint stands at the seq of what it replaced.
-                    if seq != body.through_seq {
+                    // A checkpoint stands at the seq of what it replaced,
+                    // in the ledger of a run retention compacts.
+                    if self.inner.plugins.compaction(self, &run).is_none() {
+                        broken = Some(ChainBreak {
+                            index: 1,
+                            step_id: r.step_id.clone(),
+                            problem: "checkpoint of a run never compacted",
+                        });
+                    } else if seq != body.through_seq {
                         broken = Some(ChainBreak {
                             index: 1,
                             step_id: r.step_id.clone(),

@@ -271,14 +271,29 @@ impl Runtime {
                 .ok()
                 .and_then(|d| now.checked_sub_signed(d))
         };
+        // What cannot be read (a corrupt ledger row, a quarantined run,
+        // an artifact changed behind the store) stops only its own part:
+        // said as kept, and the rest goes on.
         if let Some(before) = policy.longest().and_then(ago) {
             for id in &reserved {
-                self.compact_one(id, before, options, &mut report)?;
+                if let Err(e) = self.compact_one(id, before, options, &mut report) {
+                    report
+                        .kept
+                        .push((id.clone(), format!("its ledger was not compacted: {e}")));
+                }
             }
-            report.events = self.prune_inbox(before, &reserved, options, &mut report.kept)?;
+            match self.prune_inbox(before, &reserved, options, &mut report.kept) {
+                Ok(n) => report.events = n,
+                Err(e) => report
+                    .kept
+                    .push(("inbox".into(), format!("no event was dropped: {e}"))),
+            }
         }
         if let Some(before) = policy.shortest().and_then(ago) {
-            self.sweep_artifacts(before, options, &mut report)?;
+            if let Err(e) = self.sweep_artifacts(before, options, &mut report) {
+                let why = format!("no artifact was deleted: {e}");
+                report.kept.push(("artifacts".into(), why));
+            }
         }
         Ok(report)
     }
@@ -297,49 +312,80 @@ impl Runtime {
         let Some(artifacts) = self.artifact_store() else {
             return Ok(());
         };
-        let listed = match artifacts.list() {
-            Ok(listed) => listed,
-            Err(e) if e.code == "store_unsupported" => return Ok(()),
-            Err(e) => return Err(e.into()),
-        };
-        // The runs of this prune (still there in a dry run) count as gone.
+        // Taken before the scan: an artifact stored again while it reads
+        // stays.
+        let grace = options.artifact_grace.unwrap_or(ARTIFACT_GRACE);
+        let since = std::time::SystemTime::now() - grace;
+        // The runs of this prune (still there in a dry run), and what the
+        // records its compactions replaced named.
         let pruned: std::collections::HashSet<&str> = report
             .trees
             .iter()
             .flat_map(|t| t.runs.iter().map(String::as_str))
             .collect();
-        let mut gone = std::collections::HashMap::new();
-        let mut candidates = Vec::new();
-        for meta in listed {
-            let old =
-                chrono::DateTime::parse_from_rfc3339(&meta.created_at).is_ok_and(|t| t < before);
-            let Some(run) = meta.run_id.as_deref().filter(|_| old) else {
-                continue;
-            };
-            if !gone.contains_key(run) {
-                let missing = pruned.contains(run) || self.store().load_run(run)?.is_none();
-                gone.insert(run.to_string(), missing);
-            }
-            if gone[run] {
-                candidates.push(meta);
-            }
+        let compacted: std::collections::BTreeSet<String> = report
+            .compacted
+            .iter()
+            .flat_map(|c| c.artifacts.iter().cloned())
+            .collect();
+        if pruned.is_empty() && compacted.is_empty() {
+            return Ok(());
         }
+        let listed = match artifacts.list() {
+            Ok(listed) => listed,
+            Err(e) if e.code == "store_unsupported" => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let candidates: Vec<_> = listed
+            .into_iter()
+            .filter(|m| {
+                let old =
+                    chrono::DateTime::parse_from_rfc3339(&m.created_at).is_ok_and(|t| t < before);
+                let of_pruned = m.run_id.as_deref().is_some_and(|r| pruned.contains(r));
+                (old && of_pruned) || compacted.contains(&m.artifact_id)
+            })
+            .collect();
         if candidates.is_empty() {
             return Ok(());
         }
         let named = self.named_artifacts(&pruned)?;
-        let grace = options.artifact_grace.unwrap_or(ARTIFACT_GRACE);
-        let since = std::time::SystemTime::now() - grace;
+        let (mut count, mut bytes) = (0, 0);
         for meta in candidates
             .into_iter()
             .filter(|m| !named.contains(&m.artifact_id))
         {
             if options.dry_run || artifacts.delete_unless_since(&meta.artifact_id, since)? {
-                report.artifacts += 1;
-                report.artifact_bytes += meta.size;
+                count += 1;
+                bytes += meta.size;
             }
         }
+        report.artifacts += count;
+        report.artifact_bytes += bytes;
         Ok(())
+    }
+
+    /// Adds the artifacts `run` names, in its vars and its ledger records
+    /// as stored, to `named`.
+    fn collect_run_refs(
+        &self,
+        run: &RunState,
+        named: &mut std::collections::BTreeSet<String>,
+    ) -> Result<()> {
+        use super::export::collect_refs;
+        collect_refs(&serde_json::Value::Object(run.vars.clone()), named);
+        let mut seq = 0;
+        loop {
+            let records =
+                self.store()
+                    .list_records_page(&run.run_id, seq, super::LEDGER_PAGE as usize)?;
+            let Some((end, _)) = records.last() else {
+                return Ok(());
+            };
+            seq = *end;
+            for (_, r) in &records {
+                collect_refs(&serde_json::to_value(r).unwrap_or_default(), named);
+            }
+        }
     }
 
     /// The artifacts every run of the store but `pruned` names, in its
@@ -362,24 +408,16 @@ impl Runtime {
                 break;
             };
             for run in page.iter().filter(|r| !pruned.contains(r.run_id.as_str())) {
-                collect_refs(&serde_json::Value::Object(run.vars.clone()), &mut named);
-                let mut seq = 0;
-                loop {
-                    let records = self.store().list_records_page(
-                        &run.run_id,
-                        seq,
-                        super::LEDGER_PAGE as usize,
-                    )?;
-                    let Some((end, _)) = records.last() else {
-                        break;
-                    };
-                    seq = *end;
-                    for (_, r) in &records {
-                        collect_refs(&serde_json::to_value(r).unwrap_or_default(), &mut named);
-                    }
-                }
+                self.collect_run_refs(run, &mut named)?;
             }
             after = Some(last);
+        }
+        // Quarantined runs are set aside, not gone (listing leaves them
+        // out); one that cannot be read stops the sweep.
+        for (id, _) in self.store().list_quarantined()? {
+            if let Some(run) = self.store().load_run(&id)? {
+                self.collect_run_refs(&run, &mut named)?;
+            }
         }
         let Some(artifacts) = self.artifact_store() else {
             return Ok(named);
@@ -389,7 +427,7 @@ impl Runtime {
             let json = artifacts
                 .meta(&id)?
                 .is_some_and(|m| m.content_type.starts_with("application/json"));
-            let Some(bytes) = artifacts.get(&id)?.filter(|_| json) else {
+            let Some(bytes) = json.then(|| artifacts.get(&id)).transpose()?.flatten() else {
                 continue;
             };
             let mut inner = std::collections::BTreeSet::new();
