@@ -54,7 +54,7 @@ use stepwell_model::model::{RunState, RunStatus, StepRecord};
 /// The schema version this build writes. A database at a higher version
 /// was written by a newer stepwell and is refused; an older one is migrated
 /// when opened.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Each migration brings the schema from its index to the next version.
 const MIGRATIONS: &[&str] = &[
@@ -202,6 +202,12 @@ INSERT INTO workflow_versions (workflow_id, version, digest, deployed_at, source
            to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), dir
     FROM bundles WHERE digest IS NOT NULL;
 DELETE FROM bundles WHERE digest IS NOT NULL;
+",
+    // 4 -> 5: when an artifact was last stored (microseconds since the
+    // epoch; retention's sweep leaves what was stored lately). Rows from
+    // before read as stored long ago.
+    "
+ALTER TABLE artifacts ADD COLUMN stored_us BIGINT;
 ",
 ];
 
@@ -2519,11 +2525,21 @@ impl super::ArtifactStore for PostgresStore {
         let id = super::artifacts::artifact_id(content);
         let size = content.len() as i64;
         self.read(|c| {
+            // Stored again, it is renewed (its first metadata stays).
             c.execute(
                 "INSERT INTO artifacts (artifact_id, content_type, size, run_id, created_at,
-                    content)
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (artifact_id) DO NOTHING",
-                &[&id, &content_type, &size, &run_id, &created_at, &content],
+                    content, stored_us)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                 ON CONFLICT (artifact_id) DO UPDATE SET stored_us = excluded.stored_us",
+                &[
+                    &id,
+                    &content_type,
+                    &size,
+                    &run_id,
+                    &created_at,
+                    &content,
+                    &now_us(),
+                ],
             )?;
             Ok(())
         })?;
@@ -2548,15 +2564,59 @@ impl super::ArtifactStore for PostgresStore {
                  WHERE artifact_id = $1",
                 &[&artifact_id],
             )?
-            .map(|r| super::ArtifactMeta {
-                artifact_id: r.get(0),
-                content_type: r.get(1),
-                size: r.get::<_, i64>(2) as u64,
-                run_id: r.get(3),
-                created_at: r.get(4),
-            }))
+            .map(|r| artifact_meta(&r)))
         })
     }
+
+    fn list(&self) -> Result<Vec<super::ArtifactMeta>, StoreError> {
+        self.read(|c| {
+            Ok(c.query(
+                "SELECT artifact_id, content_type, size, run_id, created_at FROM artifacts",
+                &[],
+            )?
+            .iter()
+            .map(artifact_meta)
+            .collect())
+        })
+    }
+
+    fn delete_unless_since(
+        &self,
+        artifact_id: &str,
+        since: std::time::SystemTime,
+    ) -> Result<bool, StoreError> {
+        let since = since
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros().min(i64::MAX as u128) as i64);
+        // A put of the same content locks the row too: it renews it first
+        // (it stays) or inserts it anew after.
+        let n = self.write(|c| {
+            Ok(c.execute(
+                "DELETE FROM artifacts WHERE artifact_id = $1 AND COALESCE(stored_us, 0) < $2",
+                &[&artifact_id, &since],
+            )?)
+        })?;
+        Ok(n > 0)
+    }
+}
+
+/// An artifact's metadata from its row (`artifact_id, content_type, size,
+/// run_id, created_at`).
+fn artifact_meta(r: &postgres::Row) -> super::ArtifactMeta {
+    super::ArtifactMeta {
+        artifact_id: r.get(0),
+        content_type: r.get(1),
+        size: r.get::<_, i64>(2) as u64,
+        run_id: r.get(3),
+        created_at: r.get(4),
+    }
+}
+
+/// Now, in microseconds since the epoch (the host's real clock).
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros().min(i64::MAX as u128) as i64)
 }
 
 /// Snapshots in the database (table `snapshots`).
