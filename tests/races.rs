@@ -272,11 +272,16 @@ fn slow_visits(len: usize) -> Vec<String> {
 
 /// A chain of `len` slow (but finite) nodes.
 fn slow_chain(dir: &Path, len: usize) -> PathBuf {
+    slow_chain_of(dir, len, 60_000_000)
+}
+
+/// A chain of `len` nodes that each spin `iterations` times.
+fn slow_chain_of(dir: &Path, len: usize, iterations: u64) -> PathBuf {
     let hostile = stepwell_tests::component("runaway/hostile.wasm");
     let mut nodes = serde_json::Map::new();
     for i in 0..len {
         let mut node =
-            json!({"component": hostile, "config": {"mode": "spin", "iterations": 60_000_000u64}});
+            json!({"component": hostile, "config": {"mode": "spin", "iterations": iterations}});
         node["next"] = json!(if i + 1 < len {
             format!("s{}", i + 1)
         } else {
@@ -298,7 +303,10 @@ fn slow_chain(dir: &Path, len: usize) -> PathBuf {
 fn a_driver_killed_mid_run_leaves_it_to_another_with_no_step_done_twice(b: Backend) {
     let db = Db::new(b);
     let rt = db.runtime();
-    rt.load_bundle(&slow_chain(db.dir.path(), 12)).unwrap();
+    // Slower nodes than the other races': on a loaded machine the first
+    // driver must still be under way when this thread looks.
+    rt.load_bundle(&slow_chain_of(db.dir.path(), 12, 150_000_000))
+        .unwrap();
     let id = rt.start("slow", StartOptions::default()).unwrap();
     // The default lease lasts 30 s; the dead driver's runs are taken over
     // at once all the same (its process is known to be gone).
@@ -978,7 +986,7 @@ fn a_version_1_database_is_migrated_keeping_its_bundle_paths() {
     let mut sql = db.sql();
     sql.batch_execute(
         "DROP TABLE workflow_versions; DROP TABLE bundle_files;
-         ALTER TABLE bundles DROP COLUMN digest;
+         ALTER TABLE bundles DROP COLUMN digest; ALTER TABLE artifacts DROP COLUMN stored_us;
          DROP INDEX runs_unindexed; UPDATE stepwell_schema SET version = 1",
     )
     .unwrap();
@@ -1036,7 +1044,7 @@ fn a_version_3_database_keeps_its_bundles_as_version_1() {
     drop(rt);
     let mut sql = db.sql();
     sql.batch_execute(&format!(
-        "DROP TABLE workflow_versions;
+        "DROP TABLE workflow_versions; ALTER TABLE artifacts DROP COLUMN stored_us;
          INSERT INTO bundles (workflow_id, dir, digest) VALUES ('ask-user', '/gone', '{}');
          UPDATE stepwell_schema SET version = 3",
         v1.digest

@@ -207,7 +207,7 @@ DELETE FROM bundles WHERE digest IS NOT NULL;
     // epoch; retention's sweep leaves what was stored lately). Rows from
     // before read as stored long ago.
     "
-ALTER TABLE artifacts ADD COLUMN stored_us BIGINT;
+ALTER TABLE artifacts ADD COLUMN IF NOT EXISTS stored_us BIGINT;
 ",
 ];
 
