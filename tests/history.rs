@@ -641,8 +641,26 @@ fn prune_deletes_the_artifacts_only_deleted_runs_named() {
         files.get(&x[0]).unwrap().is_some(),
         "a dry run deletes nothing"
     );
-    let done = rt.prune(&policy, &now).unwrap();
+    let archive = h.dir.path().join("archive");
+    std::fs::create_dir_all(&archive).unwrap();
+    let done = rt
+        .prune(
+            &policy,
+            &PruneOptions {
+                archive: Some(&archive),
+                ..now
+            },
+        )
+        .unwrap();
     assert_eq!(done.runs, 2, "{done:?}");
+    for id in &x {
+        let saved = std::fs::read(archive.join("artifacts").join(id)).unwrap();
+        assert_eq!(
+            stepwell::store::artifacts::artifact_id(&saved),
+            *id,
+            "archived before it went"
+        );
+    }
     assert_eq!(
         (done.artifacts, done.artifact_bytes),
         (dry.artifacts, dry.artifact_bytes),

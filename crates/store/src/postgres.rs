@@ -2525,21 +2525,15 @@ impl super::ArtifactStore for PostgresStore {
         let id = super::artifacts::artifact_id(content);
         let size = content.len() as i64;
         self.read(|c| {
-            // Stored again, it is renewed (its first metadata stays).
+            // Stored again, it is renewed (its first metadata stays), by
+            // the database's clock: every host's sweep reads the same one.
             c.execute(
                 "INSERT INTO artifacts (artifact_id, content_type, size, run_id, created_at,
                     content, stored_us)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                 VALUES ($1, $2, $3, $4, $5, $6,
+                    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
                  ON CONFLICT (artifact_id) DO UPDATE SET stored_us = excluded.stored_us",
-                &[
-                    &id,
-                    &content_type,
-                    &size,
-                    &run_id,
-                    &created_at,
-                    &content,
-                    &now_us(),
-                ],
+                &[&id, &content_type, &size, &run_id, &created_at, &content],
             )?;
             Ok(())
         })?;
@@ -2585,15 +2579,20 @@ impl super::ArtifactStore for PostgresStore {
         artifact_id: &str,
         since: std::time::SystemTime,
     ) -> Result<bool, StoreError> {
-        let since = since
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros().min(i64::MAX as u128) as i64);
+        // How long ago `since` is, applied to the database's clock (the
+        // one puts stamp with): hosts' clocks may differ.
+        let now = std::time::SystemTime::now();
+        let ago = match now.duration_since(since) {
+            Ok(d) => d.as_micros().min(i64::MAX as u128) as i64,
+            Err(e) => -(e.duration().as_micros().min(i64::MAX as u128) as i64),
+        };
         // A put of the same content locks the row too: it renews it first
         // (it stays) or inserts it anew after.
         let n = self.write(|c| {
             Ok(c.execute(
-                "DELETE FROM artifacts WHERE artifact_id = $1 AND COALESCE(stored_us, 0) < $2",
-                &[&artifact_id, &since],
+                "DELETE FROM artifacts WHERE artifact_id = $1 AND COALESCE(stored_us, 0)
+                   < (extract(epoch FROM clock_timestamp()) * 1000000)::bigint - $2",
+                &[&artifact_id, &ago],
             )?)
         })?;
         Ok(n > 0)
@@ -2610,13 +2609,6 @@ fn artifact_meta(r: &postgres::Row) -> super::ArtifactMeta {
         run_id: r.get(3),
         created_at: r.get(4),
     }
-}
-
-/// Now, in microseconds since the epoch (the host's real clock).
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros().min(i64::MAX as u128) as i64)
 }
 
 /// Snapshots in the database (table `snapshots`).

@@ -168,9 +168,10 @@ pub struct PruneReport {
     pub bytes: u64,
     /// Snapshots deleted.
     pub snapshots: u64,
-    /// Artifacts deleted (or that would be): stored for runs that are gone,
-    /// longer ago than the policy's shortest span, and named by no run
-    /// that is kept (nor by an artifact one names).
+    /// Artifacts deleted (or that would be): stored for the runs this
+    /// prune deleted (longer ago than the policy's shortest span), or named
+    /// by the records its compactions replaced; and named by no run that
+    /// is kept (nor by an artifact one names).
     pub artifacts: u64,
     /// Their bytes.
     pub artifact_bytes: u64,
@@ -282,24 +283,26 @@ impl Runtime {
                         .push((id.clone(), format!("its ledger was not compacted: {e}")));
                 }
             }
-            match self.prune_inbox(before, &reserved, options, &mut report.kept) {
-                Ok(n) => report.events = n,
-                Err(e) => report
-                    .kept
-                    .push(("inbox".into(), format!("no event was dropped: {e}"))),
+            let mut dropped = 0;
+            let done = self.prune_inbox(before, &reserved, options, &mut report.kept, &mut dropped);
+            report.events = dropped;
+            if let Err(e) = done {
+                let why = format!("the inbox was pruned in part: {e}");
+                report.kept.push(("inbox".into(), why));
             }
         }
         if let Some(before) = policy.shortest().and_then(ago) {
             if let Err(e) = self.sweep_artifacts(before, options, &mut report) {
-                let why = format!("no artifact was deleted: {e}");
+                let why = format!("the artifact sweep stopped: {e}");
                 report.kept.push(("artifacts".into(), why));
             }
         }
         Ok(report)
     }
 
-    /// Deletes the artifacts stored for runs that are gone, before
-    /// `before` (and not stored again within the grace), that no kept run names: in
+    /// Deletes the artifacts stored for the runs this prune deleted, before
+    /// `before`, or named by the records its compactions replaced (and not
+    /// stored again within the grace), that no kept run names: in
     /// its vars or its ledger, or through a JSON artifact it names. Reads
     /// every run and ledger when there is such an artifact. Nothing when
     /// the runtime keeps no artifacts or its store cannot list them.
@@ -318,11 +321,13 @@ impl Runtime {
         let since = std::time::SystemTime::now() - grace;
         // The runs of this prune (still there in a dry run), and what the
         // records its compactions replaced named.
-        let pruned: std::collections::HashSet<&str> = report
+        let pruned_ids: Vec<String> = report
             .trees
             .iter()
-            .flat_map(|t| t.runs.iter().map(String::as_str))
+            .flat_map(|t| t.runs.iter().cloned())
             .collect();
+        let pruned: std::collections::HashSet<&str> =
+            pruned_ids.iter().map(String::as_str).collect();
         let compacted: std::collections::BTreeSet<String> = report
             .compacted
             .iter()
@@ -348,27 +353,45 @@ impl Runtime {
         if candidates.is_empty() {
             return Ok(());
         }
-        let named = self.named_artifacts(&pruned)?;
-        let (mut count, mut bytes) = (0, 0);
+        // In a dry run the compactions have not happened: their records
+        // are read as if gone (what a checkpoint carries stays named).
+        let planned: Vec<(String, u64)> = report
+            .compacted
+            .iter()
+            .filter(|_| options.dry_run)
+            .map(|c| (c.run_id.clone(), c.through_seq))
+            .collect();
+        let cut: std::collections::HashMap<&str, u64> =
+            planned.iter().map(|(id, s)| (id.as_str(), *s)).collect();
+        let named = self.named_artifacts(&pruned, &cut)?;
         for meta in candidates
             .into_iter()
             .filter(|m| !named.contains(&m.artifact_id))
         {
-            if options.dry_run || artifacts.delete_unless_since(&meta.artifact_id, since)? {
-                count += 1;
-                bytes += meta.size;
+            // With `--archive`, what goes is kept there first (a ledger
+            // archive names it). Counted as it goes: a failure leaves the
+            // report true.
+            if !options.dry_run {
+                if let Some(dir) = options.archive {
+                    save_artifact(artifacts, &meta.artifact_id, dir)?;
+                }
+                if !artifacts.delete_unless_since(&meta.artifact_id, since)? {
+                    continue;
+                }
             }
+            report.artifacts += 1;
+            report.artifact_bytes += meta.size;
         }
-        report.artifacts += count;
-        report.artifact_bytes += bytes;
         Ok(())
     }
 
     /// Adds the artifacts `run` names, in its vars and its ledger records
-    /// as stored, to `named`.
+    /// as stored, to `named`; with `cut`, the records up to that seq count
+    /// only for what they would carry (a compaction a dry run planned).
     fn collect_run_refs(
         &self,
         run: &RunState,
+        cut: Option<u64>,
         named: &mut std::collections::BTreeSet<String>,
     ) -> Result<()> {
         use super::export::collect_refs;
@@ -382,7 +405,12 @@ impl Runtime {
                 return Ok(());
             };
             seq = *end;
-            for (_, r) in &records {
+            for (seq, r) in &records {
+                let key = r.idempotency_key.as_deref().unwrap_or_default();
+                let gone = cut.is_some_and(|through| *seq <= through);
+                if gone && !self.inner.plugins.carries(key) {
+                    continue;
+                }
                 collect_refs(&serde_json::to_value(r).unwrap_or_default(), named);
             }
         }
@@ -394,6 +422,7 @@ impl Runtime {
     fn named_artifacts(
         &self,
         pruned: &std::collections::HashSet<&str>,
+        cut: &std::collections::HashMap<&str, u64>,
     ) -> Result<std::collections::BTreeSet<String>> {
         use super::export::collect_refs;
         let mut named = std::collections::BTreeSet::new();
@@ -408,7 +437,8 @@ impl Runtime {
                 break;
             };
             for run in page.iter().filter(|r| !pruned.contains(r.run_id.as_str())) {
-                self.collect_run_refs(run, &mut named)?;
+                let through = cut.get(run.run_id.as_str()).copied();
+                self.collect_run_refs(run, through, &mut named)?;
             }
             after = Some(last);
         }
@@ -416,7 +446,7 @@ impl Runtime {
         // out); one that cannot be read stops the sweep.
         for (id, _) in self.store().list_quarantined()? {
             if let Some(run) = self.store().load_run(&id)? {
-                self.collect_run_refs(&run, &mut named)?;
+                self.collect_run_refs(&run, None, &mut named)?;
             }
         }
         let Some(artifacts) = self.artifact_store() else {
@@ -454,7 +484,8 @@ impl Runtime {
         reserved: &[String],
         options: &PruneOptions<'_>,
         kept: &mut Vec<(String, String)>,
-    ) -> Result<u64> {
+        dropped: &mut u64,
+    ) -> Result<()> {
         let unsupported = |e: &crate::store::StoreError| e.code == "store_unsupported";
         let mut streams = std::collections::BTreeMap::new();
         match self.store().list_connections() {
@@ -463,7 +494,7 @@ impl Runtime {
                     streams.insert(crate::store::connection_stream(&c.connection_id), u64::MAX);
                 }
             }
-            Err(e) if unsupported(&e) => return Ok(0),
+            Err(e) if unsupported(&e) => return Ok(()),
             Err(e) => return Err(e.into()),
         }
         // Quarantined runs read too (set aside, not gone): listing runs
@@ -478,15 +509,14 @@ impl Runtime {
                 *through = (*through).min(cursor);
             }
         }
-        let mut dropped = 0;
         for (stream, through) in streams {
             let count = match self.store().prune_events(&stream, through, before, true) {
                 Ok(n) => n,
-                Err(e) if unsupported(&e) => return Ok(dropped),
+                Err(e) if unsupported(&e) => return Ok(()),
                 Err(e) => return Err(e.into()),
             };
             if count == 0 || options.dry_run {
-                dropped += count;
+                *dropped += count;
                 continue;
             }
             if let Some(dir) = options.archive {
@@ -498,9 +528,9 @@ impl Runtime {
                     continue;
                 }
             }
-            dropped += self.store().prune_events(&stream, through, before, false)?;
+            *dropped += self.store().prune_events(&stream, through, before, false)?;
         }
-        Ok(dropped)
+        Ok(())
     }
 
     /// Compacts the ledger of `id`, a run of a reserved workflow, if its
@@ -533,13 +563,14 @@ impl Runtime {
                     }
                 }
             }
-            match self.apply_compaction(&plan) {
+            let applied = self.apply_compaction(&plan);
+            if let (Err(_), Some(path)) = (&applied, &archived) {
+                // Not compacted (another prune did): not an archive of
+                // what went.
+                let _ = std::fs::remove_file(path);
+            }
+            match applied {
                 Err(Error::Store(e)) if e.is_conflict() => {
-                    // (Another prune compacted it: this archive is not of
-                    // what went.)
-                    if let Some(path) = archived {
-                        let _ = std::fs::remove_file(path);
-                    }
                     let why = format!("its ledger changed while it was compacted ({}); the next prune looks again", e.message);
                     report.kept.push((id.to_string(), why));
                     return Ok(());
@@ -795,6 +826,26 @@ impl Runtime {
             Ok(())
         })
     }
+}
+
+/// Copies artifact `id` into `dir/artifacts/<id>` (once) before a sweep
+/// deletes it.
+fn save_artifact(
+    artifacts: &dyn crate::store::ArtifactStore,
+    id: &str,
+    dir: &std::path::Path,
+) -> Result<()> {
+    let folder = dir.join("artifacts");
+    let path = folder.join(id);
+    if path.exists() {
+        return Ok(());
+    }
+    let Some(bytes) = artifacts.get(id)? else {
+        return Ok(());
+    };
+    let failed = |e: std::io::Error| Error::invalid("archive", format!("{}: {e}", path.display()));
+    std::fs::create_dir_all(&folder).map_err(failed)?;
+    crate::store::private::write_synced(&path, &bytes).map_err(failed)
 }
 
 /// Writes `<stem>-<time>.<ext>` into `dir` with `fill`: through a
