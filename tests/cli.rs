@@ -895,6 +895,17 @@ fn hints_keep_the_store_and_mistakes_get_the_nearest_command() {
     let out = cli.run(&["automations", "rnu"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("'run'"), "{err}");
+    // A command's help lists its own options apart from the global ones.
+    let help = cli.ok(&["status", "--help"]);
+    let (own, global) = help.split_once("Global options:").expect(&help);
+    assert!(
+        own.contains("<RUN_ID>") && !own.contains("--enable-exec"),
+        "{help}"
+    );
+    assert!(
+        global.contains("--db") && global.contains("--enable-exec"),
+        "{help}"
+    );
     // A --db that a store named in the environment overrides is not
     // repeated; a path that starts with '-' is.
     let out = cli

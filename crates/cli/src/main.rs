@@ -29,7 +29,12 @@ use cli::setup::Host;
 
 /// stepwell: a durable, WebAssembly-sandboxed workflow host.
 #[derive(Parser)]
-#[command(name = "stepwell", version, about)]
+#[command(
+    name = "stepwell",
+    version,
+    about,
+    next_help_heading = "Global options"
+)]
 struct Cli {
     /// The SQLite database (default .stepwell/stepwell.sqlite under the current directory).
     #[arg(long, global = true, env = DB_ENV)]
