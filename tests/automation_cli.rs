@@ -31,6 +31,31 @@ fn memory_watch(workspace: &Path) -> String {
     .to_string()
 }
 
+/// A time in the first hour of 2026-01-01, `m` minutes in (for `--now`).
+fn minute(m: u32) -> String {
+    format!("2026-01-01T00:{m:02}:00Z")
+}
+
+/// Creates the memory-watch automation at 00:00.
+fn create_memory_watch(sh: &Shell) {
+    let request = memory_watch(sh.dir.path());
+    let now = minute(0);
+    sh.json(&[
+        "--now",
+        &now,
+        "--json",
+        "automations",
+        "create",
+        "--request",
+        &request,
+    ]);
+}
+
+/// `stepwell drive --until-idle` at `now`: its report.
+fn drive_at(sh: &Shell, now: &str) -> Value {
+    sh.json(&["--now", now, "--json", "drive", "--until-idle"])
+}
+
 fn names(ledger: &[StepRecord]) -> Vec<(String, Value)> {
     ledger
         .iter()
@@ -706,19 +731,10 @@ fn a_host_without_the_automations_leaves_their_controller_alone() {
 #[test]
 fn an_automation_loses_its_old_occurrences_to_retention_and_fires_on() {
     let sh = Shell::new();
-    let request = memory_watch(sh.dir.path());
-    let at = |m: u32| format!("2026-01-01T00:{m:02}:00Z");
-    sh.json(&[
-        "--now",
-        &at(0),
-        "--json",
-        "automations",
-        "create",
-        "--request",
-        &request,
-    ]);
+    let at = minute;
+    create_memory_watch(&sh);
     for m in (0..=20).step_by(2) {
-        let report = sh.json(&["--now", &at(m), "--json", "drive", "--until-idle"]);
+        let report = drive_at(&sh, &at(m));
         assert_eq!(report["errors"], json!([]), "{report}");
     }
     let echo = |sh: &Shell| -> Vec<Value> {
@@ -827,17 +843,8 @@ fn keyed(sh: &Shell, id: &str) -> Vec<(u64, String)> {
 #[test]
 fn a_controllers_ledger_is_compacted_behind_a_checkpoint_and_still_verifies() {
     let sh = Shell::new();
-    let request = memory_watch(sh.dir.path());
-    let at = |m: u32| format!("2026-01-01T00:{m:02}:00Z");
-    sh.json(&[
-        "--now",
-        &at(0),
-        "--json",
-        "automations",
-        "create",
-        "--request",
-        &request,
-    ]);
+    let at = minute;
+    create_memory_watch(&sh);
     let command = |m: u32, kind: &str, id: &str| {
         let out = sh.run(&[
             "--now",
@@ -857,7 +864,7 @@ fn a_controllers_ledger_is_compacted_behind_a_checkpoint_and_still_verifies() {
             assert_eq!(command(4, "automation.pause", "p1")["status"], "applied");
             assert_eq!(command(4, "automation.resume", "r1")["status"], "applied");
         }
-        let report = sh.json(&["--now", &at(m), "--json", "drive", "--until-idle"]);
+        let report = drive_at(&sh, &at(m));
         assert_eq!(report["errors"], json!([]), "{report}");
     }
     let before = sh.json(&["--json", "ledger", ID, "--verify"]);
@@ -971,7 +978,7 @@ fn a_controllers_ledger_is_compacted_behind_a_checkpoint_and_still_verifies() {
     };
     let fired = echo(&sh);
     for m in [22, 24, 26, 28] {
-        let report = sh.json(&["--now", &at(m), "--json", "drive", "--until-idle"]);
+        let report = drive_at(&sh, &at(m));
         assert_eq!(report["errors"], json!([]), "{report}");
     }
     assert!(echo(&sh) > fired);
@@ -1131,19 +1138,10 @@ fn compaction_keeps_the_records_of_the_occurrence_in_progress() {
 #[test]
 fn an_unreadable_ledger_row_stops_only_its_compaction() {
     let sh = Shell::new();
-    let request = memory_watch(sh.dir.path());
-    let at = |m: u32| format!("2026-01-01T00:{m:02}:00Z");
-    sh.json(&[
-        "--now",
-        &at(0),
-        "--json",
-        "automations",
-        "create",
-        "--request",
-        &request,
-    ]);
+    let at = minute;
+    create_memory_watch(&sh);
     for m in (0..=8).step_by(2) {
-        sh.json(&["--now", &at(m), "--json", "drive", "--until-idle"]);
+        drive_at(&sh, &at(m));
     }
     let conn = rusqlite::Connection::open(sh.db()).unwrap();
     conn.execute(

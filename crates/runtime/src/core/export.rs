@@ -181,15 +181,9 @@ impl Runtime {
                         format!("artifact {id}, which the runs name, is missing from the artifact store: not exported"),
                     ));
                 };
-                if meta.content_type.starts_with("application/json") {
-                    let mut named = BTreeSet::new();
-                    if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
-                        collect_refs(&v, &mut named);
-                    }
-                    for n in named {
-                        if artifacts.insert(n.clone()) {
-                            queue.push_back(n);
-                        }
+                for n in refs_inside(&meta.content_type, &bytes) {
+                    if artifacts.insert(n.clone()) {
+                        queue.push_back(n);
                     }
                 }
                 zip.add(&format!("artifacts/{id}"), &bytes);
@@ -573,6 +567,18 @@ fn check_export(archive: &[u8]) -> std::result::Result<Checked, String> {
         bundles: checked_bundles,
         artifacts,
     })
+}
+
+/// The artifact ids a JSON artifact's content references (none for any
+/// other content type): an evidence record names a command's output.
+pub(crate) fn refs_inside(content_type: &str, bytes: &[u8]) -> BTreeSet<String> {
+    let mut named = BTreeSet::new();
+    if content_type.starts_with("application/json") {
+        if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
+            collect_refs(&v, &mut named);
+        }
+    }
+    named
 }
 
 /// The artifact ids `value` references (`{"$artifact": id}`), anywhere.

@@ -424,7 +424,6 @@ impl Runtime {
         pruned: &std::collections::HashSet<&str>,
         cut: &std::collections::HashMap<&str, u64>,
     ) -> Result<std::collections::BTreeSet<String>> {
-        use super::export::collect_refs;
         let mut named = std::collections::BTreeSet::new();
         let mut after = None;
         loop {
@@ -454,17 +453,17 @@ impl Runtime {
         };
         let mut queue: Vec<String> = named.iter().cloned().collect();
         while let Some(id) = queue.pop() {
-            let json = artifacts
-                .meta(&id)?
-                .is_some_and(|m| m.content_type.starts_with("application/json"));
-            let Some(bytes) = json.then(|| artifacts.get(&id)).transpose()?.flatten() else {
+            // Only JSON artifacts name others: no other content is read.
+            let Some(meta) = artifacts.meta(&id)? else {
                 continue;
             };
-            let mut inner = std::collections::BTreeSet::new();
-            if let Ok(v) = serde_json::from_slice(&bytes) {
-                collect_refs(&v, &mut inner);
+            if !meta.content_type.starts_with("application/json") {
+                continue;
             }
-            for n in inner {
+            let Some(bytes) = artifacts.get(&id)? else {
+                continue;
+            };
+            for n in super::export::refs_inside(&meta.content_type, &bytes) {
                 if named.insert(n.clone()) {
                     queue.push(n);
                 }
