@@ -3,5 +3,6 @@
 
 mod automation_cli;
 mod cli;
+mod docs;
 mod serve;
 mod traces;

@@ -210,26 +210,28 @@ impl Sink {
         self.json
     }
 
-    /// Prints `report`: its notes, then its text or its JSON.
+    /// Prints `report`: its text or its JSON, then its notes (what they
+    /// say is about what was shown: the next page, a file left out).
     pub(crate) fn show(&self, report: &Report) {
-        for note in &report.notes {
-            eprintln!("{note}");
-        }
         if self.json {
             if let Some(json) = &report.json {
                 println!("{json}");
             }
-            return;
-        }
-        for line in &report.text {
-            match line {
-                Line::Out(l) => println!("{l}"),
-                Line::Err(l) => eprintln!("{l}"),
+        } else {
+            for line in &report.text {
+                match line {
+                    Line::Out(l) => println!("{l}"),
+                    Line::Err(l) => eprintln!("{l}"),
+                }
+            }
+            if report.text.is_empty() && report.notes.is_empty() && lists_nothing(report) {
+                // Silence would read as a command that did nothing.
+                eprintln!("nothing to show");
             }
         }
-        if report.text.is_empty() && report.notes.is_empty() && lists_nothing(report) {
-            // Silence would read as a command that did nothing.
-            eprintln!("nothing to show");
+        std::io::stdout().flush().ok();
+        for note in &report.notes {
+            eprintln!("{note}");
         }
     }
 
