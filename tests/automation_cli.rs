@@ -1057,24 +1057,7 @@ fn a_controllers_ledger_is_compacted_behind_a_checkpoint_and_still_verifies() {
 #[test]
 fn compaction_keeps_the_records_of_the_occurrence_in_progress() {
     let sh = Shell::new();
-    let request = json!({
-        "request_id": "ask-hourly", "title": "Ask",
-        "target": {"workflow_id": "ask", "bundle_ref": repo().join("flows/automations/ask").display().to_string(),
-                   "flow_id": "ask", "input_data": {"prompt": "How are you?"}},
-        "trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "1h"}},
-        "workspace_root": sh.dir.path().display().to_string(),
-    })
-    .to_string();
-    let created = sh.json(&[
-        "--now",
-        "2026-01-01T00:00:00Z",
-        "--json",
-        "automations",
-        "create",
-        "--request",
-        &request,
-    ]);
-    let id = created["automation_id"].as_str().unwrap().to_string();
+    let id = created_at(&sh, "2026-01-01T00:00:00Z", &hourly_ask(&sh, "ask-hourly"));
     for h in 0..6 {
         let now = format!("2026-01-01T{h:02}:00:00Z");
         let report = sh.json(&["--now", &now, "--json", "drive", "--until-idle"]);
@@ -1166,4 +1149,52 @@ fn an_unreadable_ledger_row_stops_only_its_compaction() {
             "{pruned}"
         );
     }
+}
+
+/// An occurrence whose run waits on a person reads as waiting in the text
+/// listing (the controller's JSON keeps `running`, as the reference's).
+#[test]
+fn an_occurrence_waiting_on_a_person_is_shown_waiting() {
+    let sh = Shell::new();
+    let id = created_at(&sh, "2026-01-01T00:00:00Z", &hourly_ask(&sh, "ask-once"));
+    let now = ["--now", "2026-01-01T00:00:00Z"];
+    let report = sh.json(&[now[0], now[1], "--json", "drive", "--until-idle"]);
+    assert_eq!(report["errors"], json!([]), "{report}");
+    let page = sh.json(&["--json", "automations", "occurrences", &id]);
+    assert_eq!(page["items"][0]["status"], "running", "{page}");
+    let out = sh.run(&["automations", "occurrences", &id]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let first = text.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("#1  waiting (user)  1 attempt  fired 2026-01-01T00:00:00"),
+        "{text}"
+    );
+}
+
+/// The creation request of an hourly automation of the `ask` example
+/// (each occurrence waits on a person) in `sh`'s folder.
+fn hourly_ask(sh: &Shell, request_id: &str) -> String {
+    json!({
+        "request_id": request_id, "title": "Ask",
+        "target": {"workflow_id": "ask", "bundle_ref": repo().join("flows/automations/ask").display().to_string(),
+                   "flow_id": "ask", "input_data": {"prompt": "How are you?"}},
+        "trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "1h"}},
+        "workspace_root": sh.dir.path().display().to_string(),
+    })
+    .to_string()
+}
+
+/// Creates the automation `request` asks for, with the clock at `now`;
+/// its id.
+fn created_at(sh: &Shell, now: &str, request: &str) -> String {
+    let created = sh.json(&[
+        "--now",
+        now,
+        "--json",
+        "automations",
+        "create",
+        "--request",
+        request,
+    ]);
+    created["automation_id"].as_str().unwrap().to_string()
 }

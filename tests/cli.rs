@@ -951,3 +951,142 @@ fn list_is_newest_first_with_times() {
     assert!(line.contains(&created[..10]), "{line}");
     assert!(line.contains("s  user ask_user:later:1"), "{line}");
 }
+
+/// `stepwell ARGS` on a terminal (a pseudo-terminal `script(1)` opens),
+/// from `cli`'s folders: what the terminal showed.
+fn on_a_terminal(cli: &Cli, args: &[&str]) -> String {
+    let quoted: Vec<String> = std::iter::once(binary().display().to_string())
+        .chain(args.iter().map(|a| a.to_string()))
+        .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
+        .collect();
+    let mut c = Command::new("script");
+    stepwell_tests::scratch_home(&mut c, cli.home.path())
+        .args(["-qec", &quoted.join(" "), "/dev/null"])
+        .current_dir(cli.cwd.path())
+        .env_remove("STEPWELL_DB");
+    let out = c.output().expect("script(1) runs");
+    String::from_utf8_lossy(&out.stdout).replace('\r', "")
+}
+
+#[test]
+fn a_first_compile_says_so_on_a_terminal_and_nowhere_else() {
+    let cli = Cli::new();
+    let shown = on_a_terminal(&cli, &["run", &ex("hello")]);
+    assert!(shown.contains("compiling greet.wasm ("), "{shown}");
+    assert!(shown.contains("compiled greet.wasm in "), "{shown}");
+    assert!(shown.contains("status completed"), "{shown}");
+    // Compiled once: the next run reads the cache and says nothing.
+    let again = on_a_terminal(&cli, &["run", &ex("hello")]);
+    assert!(!again.contains("compil"), "{again}");
+    // Through a pipe, and with --json on a terminal: nothing added.
+    let piped = Cli::new();
+    let out = piped.run(&["run", &ex("hello")]);
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!all.contains("compil"), "{all}");
+    let json = on_a_terminal(&Cli::new(), &["--json", "run", &ex("hello")]);
+    assert!(!json.contains("compil"), "{json}");
+}
+
+#[test]
+fn a_component_that_is_not_wasm_is_named_on_one_line() {
+    let cli = Cli::new();
+    let dir = cli.cwd.path().join("bad");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("n.wasm"), "not wasm at all").unwrap();
+    std::fs::write(
+        dir.join("flow.json"),
+        r#"{"workflow_id": "bad", "entry": "a", "nodes": {"a": {"component": "n.wasm"}}}"#,
+    )
+    .unwrap();
+    let err = cli.fails(&["run", "bad"]);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("n.wasm: not a valid WebAssembly component: ")
+            && err.contains("magic header not detected"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_database_that_refuses_the_role_fails_at_once() {
+    if stepwell_tests::postgres_skipped() {
+        return;
+    }
+    let url = std::env::var(stepwell_tests::POSTGRES_URL_ENV).unwrap();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let host = rest.split_once('@').map_or(rest, |(_, h)| h);
+    let wrong = format!("{scheme}://nobody-{}@{host}", std::process::id());
+    let cli = Cli::new();
+    let started = std::time::Instant::now();
+    let shown = on_a_terminal(&cli, &["--store", &wrong, "list"]);
+    // No retry (the server answered: no such role), so no word of one;
+    // a retry would take 10 s.
+    assert!(shown.contains("does not exist (28000)"), "{shown}");
+    assert!(!shown.contains("trying again"), "{shown}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(8));
+}
+
+#[test]
+fn lists_line_up_their_columns() {
+    let cli = Cli::new();
+    let plugins = stepwell_tests::repo().join("flows/triggers/plugins");
+    let out = cli.ok(&[
+        "triggers",
+        "list",
+        "--trigger-dir",
+        plugins.to_str().unwrap(),
+    ]);
+    let state_at: Vec<usize> = out
+        .lines()
+        .map(|l| l.find(" available").expect("every source is available") + 1)
+        .collect();
+    assert!(state_at.len() >= 6, "{out}");
+    assert!(state_at.iter().all(|&c| c == state_at[0]), "{out}");
+    let tools = cli.ok(&["tools", "list"]);
+    // Where the second column starts: after the name and its padding.
+    let second = |l: &str| {
+        let name_end = l.find(' ').unwrap();
+        name_end + l[name_end..].find(|c: char| c != ' ').unwrap()
+    };
+    let class_at: Vec<usize> = tools.lines().map(second).collect();
+    assert!(class_at.iter().all(|&c| c == class_at[0]), "{tools}");
+}
+
+#[test]
+fn list_since_keeps_the_runs_created_since_then() {
+    let cli = Cli::new();
+    let old = ["--now", "2026-01-01T00:00:00Z"];
+    let new = ["--now", "2026-01-03T00:00:00Z"];
+    cli.ok(&[old[0], old[1], "run", &ex("hello"), "--run-id", "old"]);
+    cli.ok(&[new[0], new[1], "run", &ex("hello"), "--run-id", "new"]);
+    let ids = |args: &[&str]| -> Vec<String> {
+        cli.json(args)
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["run_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let at = ["--now", "2026-01-03T12:00:00Z"];
+    assert_eq!(ids(&[at[0], at[1], "list", "--since", "1d"]), ["new"]);
+    assert_eq!(
+        ids(&[at[0], at[1], "list", "--since", "3d"]),
+        ["new", "old"]
+    );
+    assert_eq!(ids(&["list", "--since", "2026-01-02T00:00:00Z"]), ["new"]);
+    // Each line: created, updated (both UTC, to the second), duration.
+    let text = cli.ok(&["list", "--since", "2026-01-02T00:00:00Z"]);
+    assert!(
+        text.starts_with("new  hello  completed  2026-01-03 00:00:00  2026-01-03 00:00:00"),
+        "{text}"
+    );
+    let err = cli.fails(&["list", "--since", "yesterday"]);
+    assert!(
+        err.contains("--since") && err.contains("90m, 12h, 7d"),
+        "{err}"
+    );
+}

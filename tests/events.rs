@@ -274,14 +274,17 @@ fn a_webhook_signed_by_the_reference_library_runs_the_automation_once() {
         .http_status_as_error(false)
         .build()
         .into();
-    let summaries: Value = agent
-        .get(format!("{}/v1/automations/{automation}/runs", server.url))
-        .header("Authorization", format!("Bearer {}", token.trim()))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_json()
-        .unwrap();
+    let get_json = |path: &str| -> Value {
+        agent
+            .get(format!("{}{path}", server.url))
+            .header("Authorization", format!("Bearer {}", token.trim()))
+            .call()
+            .unwrap()
+            .body_mut()
+            .read_json()
+            .unwrap()
+    };
+    let summaries = get_json(&format!("/v1/automations/{automation}/runs"));
     let origin = &summaries["items"][0]["origin"];
     assert_eq!(origin["kind"], "trigger", "{summaries}");
     assert_eq!(origin["event"]["connectionid"], cid.as_str(), "{origin}");
@@ -301,6 +304,14 @@ fn a_webhook_signed_by_the_reference_library_runs_the_automation_once() {
         .send(r#"{"source": "webhook.received@1", "config": {"tolerance_s": 59}}"#)
         .unwrap();
     assert_eq!(bad.status(), 400);
+    // The list is `{"items": [...]}`, as every list of the API, secretless.
+    let listed = get_json("/v1/connections");
+    let items = listed["items"].as_array().expect("items");
+    assert!(
+        items.iter().any(|c| c["connection_id"] == cid.as_str()),
+        "{listed}"
+    );
+    assert!(!listed.to_string().contains("whsec_"), "{listed}");
     // An unknown connection, and no token needed (nor taken) for the route.
     let unknown = send(
         &python,

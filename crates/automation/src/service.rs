@@ -704,7 +704,12 @@ fn validated<'a>(c: &Command<'a>) -> std::result::Result<(&'a str, &'static str)
         return Err(rejected(
             "invalid_request",
             Some("type"),
-            &format!("unknown automation command type {shown}"),
+            &format!(
+                "unknown automation command type {shown} (one of: {})",
+                super::commands::COMMAND_TYPES
+                    .map(|t| t.trim_start_matches("automation."))
+                    .join(", ")
+            ),
         ));
     };
     if c.payload.is_some_and(|p| !p.is_null() && !p.is_object()) {

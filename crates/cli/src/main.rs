@@ -94,6 +94,10 @@ struct Cli {
 enum Command {
     /// Start a run and tick it until it waits or ends: of a bundle
     /// directory (deployed first) or of a deployed workflow id.
+    #[command(after_help = "Examples:
+  stepwell run flows/examples/hello --vars '{\"name\": \"Alice\"}'
+  stepwell run flows/examples/ask-user --run-id ask-1      # waits for a person
+  stepwell run ask-user --version 1                        # a deployed workflow")]
     Run(cli::runs::RunArgs),
     /// Deploy a bundle directory: record it as a new version of each
     /// workflow it defines (nothing when its content is unchanged).
@@ -129,6 +133,10 @@ enum Command {
         command: cli::workflows::BundleCommand,
     },
     /// Resume a waiting run with a payload.
+    #[command(after_help = "Examples:
+  stepwell resume ask-1 --payload '{\"text\": \"Bob\"}'            # answer a question
+  stepwell resume RUN --payload '{\"approved\": true}'             # approve tool calls
+  stepwell resume RUN --wait-key KEY --payload '{}'               # a wait named by its key")]
     Resume(cli::runs::ResumeArgs),
     /// Print a run's state.
     Status {
@@ -350,7 +358,66 @@ fn main() -> ExitCode {
         store: cli.store.clone().filter(|_| typed("store")),
     };
     cli::environment::apply_profiling();
+    // `serve` has logs of its own (which show these lines too).
+    if !cli.json && !matches!(cli.command, Command::Serve(_)) {
+        cli::render::show_progress_on_terminal();
+    }
     let sink = Sink::new(cli.json);
     let result = execute(cli, &flags, &sink);
     sink.finish(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every option and argument of every command says what it is for.
+    #[test]
+    fn every_option_has_a_description() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                let described = arg
+                    .get_help()
+                    .is_some_and(|h| !h.to_string().trim().is_empty());
+                if !described && id != "help" && id != "version" {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "stepwell", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "options without a description: {missing:?}"
+        );
+    }
+
+    /// The commands a newcomer types first show examples in their help.
+    #[test]
+    fn the_first_commands_show_examples() {
+        let cli = super::Cli::command();
+        for path in [
+            &["run"][..],
+            &["resume"],
+            &["automations", "create"],
+            &["connections", "create"],
+        ] {
+            let mut cmd = &cli;
+            for name in path {
+                cmd = cmd.find_subcommand(name).expect(name);
+            }
+            let after = cmd
+                .get_after_help()
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            assert!(
+                after.starts_with("Example") && after.contains("stepwell "),
+                "{path:?}"
+            );
+        }
+    }
 }

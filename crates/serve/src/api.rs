@@ -1750,7 +1750,8 @@ struct NewConnection {
 }
 
 async fn connections_list(State(s): S) -> ApiResult {
-    read(move || Ok(json!({"connections": s.rt.list_connections()?})))
+    // `items`, as every other list of the API.
+    read(move || Ok(json!({"items": s.rt.list_connections()?})))
         .await
         .map(ok)
 }

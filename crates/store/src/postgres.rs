@@ -610,17 +610,29 @@ impl PostgresStore {
         // database start together) is waited for, up to CONNECT_PATIENCE.
         // So is one that restarts while the schema is read or migrated (in
         // one transaction: tried again whole).
+        // An answer that no retry changes (an unknown role or database, a
+        // wrong password) fails at once.
         let started = std::time::Instant::now();
         let patient = || started.elapsed() < CONNECT_PATIENCE;
+        let mut said = false;
         let conn = loop {
-            match store.connect() {
+            match store.try_connect() {
                 Ok(mut conn) => match store.migrate(&mut conn) {
                     Ok(()) => break conn,
                     Err(_) if conn.client.is_closed() && patient() => {}
                     Err(e) => return Err(e),
                 },
-                Err(e) if patient() && e.code == "store_io" => {}
-                Err(e) => return Err(e),
+                Err((e, true)) if patient() => {
+                    if !said {
+                        said = true;
+                        tracing::info!(
+                            target: "stepwell::progress",
+                            "{e}: trying again for up to {} s",
+                            CONNECT_PATIENCE.as_secs()
+                        );
+                    }
+                }
+                Err((e, _)) => return Err(e),
             }
             std::thread::sleep(Duration::from_millis(200));
         };
@@ -662,12 +674,35 @@ impl PostgresStore {
     }
 
     fn connect(&self) -> Result<Conn, StoreError> {
-        let mut client = self.config.connect(NoTls).map_err(|e| self.db_err(&e))?;
-        client.batch_execute(SESSION).map_err(|e| self.db_err(&e))?;
+        self.try_connect().map_err(|(e, _)| e)
+    }
+
+    /// A new connection, or why not and whether trying again may work.
+    fn try_connect(&self) -> Result<Conn, (StoreError, bool)> {
+        let failed = |e: postgres::Error| (self.db_err(&e), Self::may_pass(&e));
+        let mut client = self.config.connect(NoTls).map_err(failed)?;
+        client.batch_execute(SESSION).map_err(failed)?;
         Ok(Conn {
             client,
             statements: HashMap::new(),
         })
+    }
+
+    /// Whether a failed connection may work when tried again: the server
+    /// did not answer (refused, reset: not up yet, or restarting), or said
+    /// it is starting, stopping or full. Any other answer (an unknown role
+    /// or database, a wrong password) is final.
+    fn may_pass(e: &postgres::Error) -> bool {
+        match e.code() {
+            None => true,
+            Some(code) => [
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::TOO_MANY_CONNECTIONS,
+            ]
+            .contains(code),
+        }
     }
 
     /// A new connection listening on this store's channel.

@@ -173,7 +173,7 @@ impl WasmEngine {
             .or_else(|_| Engine::new(&engine_config(&config.limits, false)))
             .map_err(|e| LoadError {
                 path: PathBuf::new(),
-                message: format!("cannot create the wasm engine: {e:#}"),
+                message: format!("cannot create the wasm engine: {}", one_line(&e)),
             })?;
         let cache = match &config.cache_dir {
             Some(dir) => Some(CompileCache::open(dir, config.digests.clone()).map_err(
@@ -187,7 +187,7 @@ impl WasmEngine {
         let mut linker = Linker::new(&engine);
         super::sandbox::link_wasi(&mut linker).map_err(|e| LoadError {
             path: PathBuf::new(),
-            message: format!("cannot link WASI: {e:#}"),
+            message: format!("cannot link WASI: {}", one_line(&e)),
         })?;
         let stop = Arc::new(AtomicBool::new(false));
         let handle = {
@@ -332,7 +332,8 @@ impl WasmEngine {
         if let Some(found) = self.lock_loaded().get(&digest).cloned() {
             return Ok(found);
         }
-        let (pre, origin) = self.instantiate_pre(bytes, &digest, "node", NodePre::new, fail)?;
+        let (pre, origin) =
+            self.instantiate_pre(bytes, &digest, label, "node", NodePre::new, fail)?;
         let node = Arc::new(NodeComponent::new(
             label.to_path_buf(),
             hex::encode(digest),
@@ -369,6 +370,7 @@ impl WasmEngine {
         let (pre, origin) = self.instantiate_pre(
             bytes,
             &digest,
+            label,
             "trigger-source",
             TriggerSourcePre::new,
             fail,
@@ -401,7 +403,8 @@ impl WasmEngine {
         if let Some(found) = memo().get(&digest) {
             return Ok(found.clone());
         }
-        let (pre, origin) = self.instantiate_pre(bytes, &digest, "tool", ToolPre::new, fail)?;
+        let (pre, origin) =
+            self.instantiate_pre(bytes, &digest, label, "tool", ToolPre::new, fail)?;
         let tool = Arc::new(ToolComponent::new(
             label.to_path_buf(),
             hex::encode(digest),
@@ -419,11 +422,12 @@ impl WasmEngine {
         &self,
         bytes: &[u8],
         digest: &[u8; 32],
+        label: &Path,
         world: &str,
         typed: impl FnOnce(InstancePre<GuestState>) -> wasmtime::Result<P>,
         fail: impl Fn(String) -> LoadError,
     ) -> Result<(P, LoadOrigin), LoadError> {
-        let (component, origin) = self.compile_cached(bytes, digest).map_err(&fail)?;
+        let (component, origin) = self.compile_cached(bytes, digest, label).map_err(&fail)?;
         // What the component imports beyond what guests get is linked to
         // functions that trap when called (sockets, for example).
         let mut linker = self.shared.linker.clone();
@@ -433,13 +437,14 @@ impl WasmEngine {
             &self.shared.engine,
             "stepwell:",
         )
-        .map_err(|e| fail(format!("cannot link the component: {e:#}")))?;
+        .map_err(|e| fail(format!("cannot link the component: {}", one_line(&e))))?;
         let pre = linker
             .instantiate_pre(&component)
-            .map_err(|e| fail(format!("cannot link the component: {e:#}")))?;
+            .map_err(|e| fail(format!("cannot link the component: {}", one_line(&e))))?;
         let pre = typed(pre).map_err(|e| {
             fail(format!(
-                "does not implement the stepwell:flow/{world} world (this host speaks {CONTRACT}): {e:#}"
+                "does not implement the stepwell:flow/{world} world (this host speaks {CONTRACT}): {}",
+                one_line(&e)
             ))
         })?;
         Ok((pre, origin))
@@ -455,9 +460,10 @@ impl WasmEngine {
         &self,
         bytes: &[u8],
         digest: &[u8; 32],
+        label: &Path,
     ) -> Result<(Component, LoadOrigin), String> {
         let started = std::time::Instant::now();
-        let out = self.compile_or_read(bytes, digest);
+        let out = self.compile_or_read(bytes, digest, label);
         COMPILING.set(COMPILING.get() + started.elapsed());
         out
     }
@@ -466,6 +472,7 @@ impl WasmEngine {
         &self,
         bytes: &[u8],
         digest: &[u8; 32],
+        label: &Path,
     ) -> Result<(Component, LoadOrigin), String> {
         let engine = &self.shared.engine;
         let name = {
@@ -511,8 +518,8 @@ impl WasmEngine {
         }
         let out = match found {
             Some(c) => Ok((c, LoadOrigin::DiskCache)),
-            None => Component::from_binary(engine, bytes)
-                .map_err(|e| format!("not a valid WebAssembly component: {e:#}"))
+            None => compiling(label, bytes.len(), || Component::from_binary(engine, bytes))
+                .map_err(|e| format!("not a valid WebAssembly component: {}", one_line(&e)))
                 .map(|component| {
                     self.shared.compiled.fetch_add(1, Ordering::Relaxed);
                     if let Some(cache) = &self.shared.cache {
@@ -601,6 +608,38 @@ fn engine_config(limits: &SandboxLimits, pooling: bool) -> Config {
         wt.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }
     wt
+}
+
+/// An error and its causes on one line (`a: b: c`), whitespace runs as one
+/// space: a parser's message may hold a multi-line dump of bytes.
+pub(crate) fn one_line(e: &wasmtime::Error) -> String {
+    let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+    chain
+        .join(": ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Runs a compile of a component of `size` bytes, saying so on the
+/// `stepwell::progress` log target before (a large component takes
+/// seconds) and after, with the time it took: a terminal shows it, a
+/// script or a server's log need not.
+fn compiling<T>(label: &Path, size: usize, compile: impl FnOnce() -> T) -> T {
+    let name = label.file_name().map_or_else(
+        || label.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let mib = size as f64 / (1 << 20) as f64;
+    tracing::info!(target: "stepwell::progress", "compiling {name} ({mib:.1} MiB)...");
+    let started = std::time::Instant::now();
+    let out = compile();
+    tracing::info!(
+        target: "stepwell::progress",
+        "compiled {name} in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    out
 }
 
 #[cfg(test)]

@@ -18,6 +18,15 @@ pub enum AutomationCommand {
     /// Create an automation (or find it: the same request again is
     /// answered with the existing one). Prints `{automation_id, revision,
     /// created}`.
+    #[command(
+        after_help = r#"Example (flows/automations/hourly.json; docs/automations.md has every field):
+  stepwell automations create --request '{"request_id": "memory-watch", "title": "Memory watch",
+    "target": {"workflow_id": "echo", "bundle_ref": "flows/automations/echo", "flow_id": "echo",
+               "input_data": {"prompt": "check memory"}},
+    "trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "1h"}},
+    "workspace_root": "/tmp"}'
+  stepwell automations create --request @flows/automations/hourly.json"#
+    )]
     Create {
         /// The creation request: JSON text, or @FILE.
         #[arg(long)]
@@ -220,10 +229,9 @@ pub(crate) fn run(
                 actor_id: actor,
             },
         )?,
-        AutomationCommand::Occurrences { id, cursor, limit } => page(
-            list_occurrences(rt, &id, cursor.as_deref(), limit)?,
-            occurrence_lines,
-        ),
+        AutomationCommand::Occurrences { id, cursor, limit } => {
+            occurrences(rt, list_occurrences(rt, &id, cursor.as_deref(), limit)?)
+        }
         AutomationCommand::Waits { id, limit } => {
             let waits = pending_waits(rt, &id, limit)?;
             Report::compact(&waits).lines(waits.iter().map(wait_line))
@@ -240,16 +248,37 @@ pub(crate) fn run(
     })
 }
 
-/// An occurrence of `automations occurrences`, as a line.
-fn occurrence_lines(o: &Value) -> Vec<String> {
-    vec![format!(
-        "#{}  {:9}  attempts {}  fired {}  run {}",
-        o["index"],
-        o["status"].as_str().unwrap_or_default(),
-        o["attempts"],
-        o["fired_at"].as_str().unwrap_or("-"),
-        o["run_id"].as_str().unwrap_or_default(),
-    )]
+/// A page of `automations occurrences` as a table. An occurrence in
+/// progress whose run waits (on a person, a time, ...) shows as waiting,
+/// and on what; the JSON keeps the controller's `running`.
+fn occurrences(rt: &Runtime, found: Value) -> Report {
+    let rows: Vec<Vec<String>> = found["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| {
+            let run_id = o["run_id"].as_str().unwrap_or_default();
+            let status = o["status"].as_str().unwrap_or_default();
+            let shown = match rt.get_state(run_id).ok().and_then(|r| r.waiting) {
+                Some(w) if status == "running" => format!("waiting ({})", w.reason.as_str()),
+                _ => status.to_string(),
+            };
+            let attempts = o["attempts"].as_u64().unwrap_or(0);
+            vec![
+                format!("#{}", o["index"]),
+                shown,
+                format!("{attempts} attempt{}", if attempts == 1 { "" } else { "s" }),
+                format!("fired {}", o["fired_at"].as_str().unwrap_or("-")),
+                format!("run {run_id}"),
+            ]
+        })
+        .collect();
+    let more = found["next_cursor"]
+        .as_str()
+        .map(|c| format!("more: --cursor {c}"));
+    Report::compact(&found)
+        .lines(super::render::table(&rows))
+        .lines(more)
 }
 
 /// A wait on a person of `automations waits`, as a line.

@@ -15,6 +15,9 @@ pub enum ConnectionCommand {
     /// Create a connection of an event source; prints its id, its signing
     /// secret (a webhook's: shown this once, never again) and its endpoint
     /// path.
+    #[command(after_help = r#"Examples:
+  stepwell connections create webhook.received@1 --label payments
+  stepwell connections create feed.item@1 --label news --config '{"url": "https://example.com/feed.xml", "every": "15m"}'"#)]
     Create {
         /// SOURCE@VERSION: webhook.received@1, feed.item@1 or an event
         /// plugin.

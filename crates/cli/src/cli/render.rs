@@ -433,3 +433,77 @@ mod tests {
         assert_eq!(flag("--db", "a b"), " --db 'a b'");
     }
 }
+
+/// Shows the library's progress lines (the `stepwell::progress` log
+/// target: a component compiling, a wait for a database that is starting)
+/// on standard error when it is a terminal: a person waiting sees why; a
+/// script, a pipe or `--json` gets none of them.
+pub(crate) fn show_progress_on_terminal() {
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return;
+    }
+    // Another subscriber already set is left alone.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "stepwell::progress=info",
+        ))
+        .without_time()
+        .with_target(false)
+        .with_level(false)
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Rows as lines whose columns line up: each column as wide as its widest
+/// cell (counted in characters), two spaces between columns, the last
+/// column not padded.
+pub(crate) fn table(rows: &[Vec<String>]) -> Vec<String> {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|cell| cell.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    rows.iter()
+        .map(|row| {
+            let mut line = String::new();
+            for (c, cell) in row.iter().enumerate() {
+                if c > 0 {
+                    line.push_str("  ");
+                }
+                line.push_str(cell);
+                if c + 1 < row.len() {
+                    let pad = widths[c].saturating_sub(cell.chars().count());
+                    line.extend(std::iter::repeat_n(' ', pad));
+                }
+            }
+            line.trim_end().to_string()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::table;
+
+    #[test]
+    fn a_table_lines_up_its_columns_on_the_widest_cell() {
+        let rows = vec![
+            vec!["schedule@1".to_string(), "available".into(), "x".into()],
+            vec!["webhook.received@1".to_string(), "no".into(), "y".into()],
+        ];
+        assert_eq!(
+            table(&rows),
+            [
+                "schedule@1          available  x",
+                "webhook.received@1  no         y"
+            ]
+        );
+        assert!(table(&[]).is_empty());
+    }
+}

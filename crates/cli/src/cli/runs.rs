@@ -173,6 +173,10 @@ pub(crate) struct ListArgs {
     /// Only runs of this workflow.
     #[arg(long)]
     workflow: Option<String>,
+    /// Only runs created since this time: an RFC 3339 time, or a span back
+    /// from now (`90m`, `12h`, `7d`).
+    #[arg(long)]
+    since: Option<String>,
     /// At most this many runs (default 100; when more match, a line on
     /// standard error says how to see the next ones).
     #[arg(long)]
@@ -194,10 +198,12 @@ pub(crate) fn list(rt: &Runtime, args: ListArgs) -> Result<Report, Error> {
         status,
         wait_reason,
         workflow,
+        since,
         limit,
         after,
         quarantined,
     } = args;
+    let since = since.map(|s| parse_since(&s, rt.now())).transpose()?;
     if quarantined {
         return list_quarantined(rt);
     }
@@ -234,6 +240,11 @@ pub(crate) fn list(rt: &Runtime, args: ListArgs) -> Result<Report, Error> {
         rt.get_state(after)?;
     }
     let mut runs = rt.list_runs(&query)?;
+    if let Some(since) = since {
+        // Newest first: the runs created since come first, and the first
+        // run older than that ends the list.
+        runs.retain(|r| created(r).is_none_or(|c| c >= since));
+    }
     let shown = limit.unwrap_or(DEFAULT_LIST_LIMIT);
     let more = runs.len() > shown;
     runs.truncate(shown);
@@ -253,15 +264,43 @@ pub(crate) fn list(rt: &Runtime, args: ListArgs) -> Result<Report, Error> {
             .map(|w| format!("  {} {}", w.reason.as_str(), w.wait_key))
             .unwrap_or_default();
         report.push(format!(
-            "{:id_width$}  {:wf_width$}  {:9}  {}  {:>8}{wait}",
+            "{:id_width$}  {:wf_width$}  {:9}  {}  {}  {:>8}{wait}",
             r.run_id,
             r.workflow_id,
             r.status.as_str(),
             short_time(&r.created_at),
+            short_time(&r.updated_at),
             took(&r),
         ));
     }
     Ok(report)
+}
+
+/// When a run was created.
+fn created(run: &RunState) -> Option<chrono::DateTime<chrono::Utc>> {
+    chrono::DateTime::parse_from_rfc3339(&run.created_at)
+        .ok()
+        .map(|d| d.with_timezone(&chrono::Utc))
+}
+
+/// `--since`: an RFC 3339 time, or a span back from `now` (the runtime's
+/// clock: `--now` moves it).
+fn parse_since(
+    text: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<chrono::DateTime<chrono::Utc>, Error> {
+    if let Some(span) = stepwell::core::retention::parse_span(text) {
+        let span = chrono::Duration::from_std(span).unwrap_or(chrono::Duration::MAX);
+        return Ok(now
+            .checked_sub_signed(span)
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC));
+    }
+    stepwell::core::clock::parse_time(text).map_err(|_| Error::InvalidInput {
+        field: "--since".into(),
+        message: format!(
+            "{text:?} is neither an RFC 3339 time (2026-12-01T09:00:00Z) nor a span back from now (90m, 12h, 7d)"
+        ),
+    })
 }
 
 /// An RFC 3339 time as `2026-12-05 13:50:12` (UTC, whole seconds).

@@ -23,7 +23,7 @@ pub(crate) fn run(rt: &Runtime, command: ToolCommand) -> Result<Report, Error> {
 /// Lists the tools: name, class, origin, and why one is unavailable.
 fn list(rt: &Runtime) -> Result<Report, Error> {
     let table = rt.tools()?;
-    let mut report = Report::pretty(table.entries());
+    let mut rows = Vec::new();
     for e in table.entries() {
         let class = e.spec.as_ref().map_or("-", |s| s.class.as_str());
         let origin = match &e.origin {
@@ -31,10 +31,9 @@ fn list(rt: &Runtime) -> Result<Report, Error> {
             stepwell::tools::Origin::Host => "host (not sandboxed)".to_string(),
             stepwell::tools::Origin::File(p) => p.display().to_string(),
         };
-        report.push(match &e.reason {
-            None => format!("{:<16} {:<7} {origin}", e.name, class),
-            Some(why) => format!("{:<16} {:<7} {origin}  UNAVAILABLE: {why}", e.name, class),
-        });
+        let mut row = vec![e.name.clone(), class.to_string(), origin];
+        row.extend(e.reason.as_ref().map(|why| format!("UNAVAILABLE: {why}")));
+        rows.push(row);
     }
-    Ok(report)
+    Ok(Report::pretty(table.entries()).lines(super::render::table(&rows)))
 }

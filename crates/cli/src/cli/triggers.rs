@@ -66,7 +66,7 @@ pub(crate) fn run(
     let registry = stepwell::triggers::TriggerRegistry::load(&engine, dir.as_deref())?;
     Ok(match command {
         TriggerCommand::List => {
-            let mut report = Report::pretty(&serde_json::json!(registry.entries()));
+            let mut rows = Vec::new();
             for e in registry.entries() {
                 let origin = match &e.origin {
                     stepwell::triggers::Origin::Builtin => "builtin".to_string(),
@@ -77,12 +77,19 @@ pub(crate) fn run(
                     .as_ref()
                     .map(|d| d.label.as_str())
                     .unwrap_or("-");
-                report.push(match &e.reason {
-                    None => format!("{:16} available    {label}  ({origin})", e.name),
-                    Some(r) => format!("{:16} unavailable  {r}  ({origin})", e.name),
-                });
+                let (state, what) = match &e.reason {
+                    None => ("available", label.to_string()),
+                    Some(r) => ("unavailable", r.to_string()),
+                };
+                rows.push(vec![
+                    e.name.clone(),
+                    state.into(),
+                    what,
+                    format!("({origin})"),
+                ]);
             }
-            report
+            Report::pretty(&serde_json::json!(registry.entries()))
+                .lines(super::render::table(&rows))
         }
         TriggerCommand::Validate { source, config } => {
             let now = parse_time_arg("--now", now)?;

@@ -93,8 +93,9 @@ impl Retention {
     }
 }
 
-/// `30d`, `12h`, `90m`, `45s` as a duration.
-fn parse_span(text: &str) -> Option<Duration> {
+/// `30d`, `12h`, `90m`, `45s` as a duration (`None` for anything else,
+/// zero included).
+pub fn parse_span(text: &str) -> Option<Duration> {
     let unit = text.chars().last()?;
     let digits = &text[..text.len() - unit.len_utf8()];
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
