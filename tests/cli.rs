@@ -955,13 +955,23 @@ fn list_is_newest_first_with_times() {
 /// `stepwell ARGS` on a terminal (a pseudo-terminal `script(1)` opens),
 /// from `cli`'s folders: what the terminal showed.
 fn on_a_terminal(cli: &Cli, args: &[&str]) -> String {
+    on_a_terminal_after(cli, "", args)
+}
+
+/// As [`on_a_terminal`], after the shell commands `before` (`stty cols
+/// 60; ` sets the terminal's width).
+fn on_a_terminal_after(cli: &Cli, before: &str, args: &[&str]) -> String {
     let quoted: Vec<String> = std::iter::once(binary().display().to_string())
         .chain(args.iter().map(|a| a.to_string()))
         .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
         .collect();
     let mut c = Command::new("script");
     stepwell_tests::scratch_home(&mut c, cli.home.path())
-        .args(["-qec", &quoted.join(" "), "/dev/null"])
+        .args([
+            "-qec",
+            &format!("{before}{}", quoted.join(" ")),
+            "/dev/null",
+        ])
         .current_dir(cli.cwd.path())
         .env_remove("STEPWELL_DB");
     let out = c.output().expect("script(1) runs");
@@ -1089,4 +1099,44 @@ fn list_since_keeps_the_runs_created_since_then() {
         err.contains("--since") && err.contains("90m, 12h, 7d"),
         "{err}"
     );
+}
+
+#[test]
+fn ledger_lines_fit_the_terminal_unless_asked_whole() {
+    let cli = Cli::new();
+    cli.ok(&["run", &ex("ask-user"), "--run-id", "long"]);
+    let cut = on_a_terminal_after(&cli, "stty cols 60; ", &["ledger", "long"]);
+    let lines: Vec<&str> = cut.lines().collect();
+    assert_eq!(lines.len(), 2, "{cut}");
+    assert!(lines.iter().all(|l| l.chars().count() <= 60), "{cut}");
+    assert!(lines[1].ends_with('…'), "{cut}");
+    let whole = on_a_terminal_after(&cli, "stty cols 60; ", &["ledger", "long", "--full"]);
+    assert!(
+        whole.contains(r#""wait_key":"ask_user:long:1"}}"#),
+        "{whole}"
+    );
+    // A pipe gets whole lines.
+    let piped = cli.ok(&["ledger", "long"]);
+    assert!(
+        piped.contains(r#""wait_key":"ask_user:long:1"}}"#),
+        "{piped}"
+    );
+}
+
+#[test]
+fn bench_on_a_terminal_prints_each_figure_once() {
+    let cli = Cli::new();
+    let flows = stepwell_tests::repo().join("flows");
+    let args = [
+        "bench",
+        "--quick",
+        "--only",
+        "node_",
+        "--flows",
+        flows.to_str().unwrap(),
+    ];
+    let shown = on_a_terminal(&cli, &args);
+    for name in ["node_dispatch_us_p50", "node_instantiate_us_p50"] {
+        assert_eq!(shown.matches(name).count(), 1, "{shown}");
+    }
 }

@@ -58,6 +58,31 @@ pub struct BenchOptions {
     /// ask/resume and three-driver benchmarks run on it too, each in a
     /// schema of its own that is dropped afterwards.
     pub postgres: Option<String>,
+    /// Print each figure (`name value`) as soon as it is measured, for a
+    /// person watching a terminal.
+    pub live: bool,
+}
+
+/// The figures measured so far, in order; printed one by one as they
+/// come when `live`.
+struct Figures {
+    map: Map<String, Value>,
+    live: bool,
+}
+
+impl Figures {
+    fn insert(&mut self, name: String, value: Value) {
+        if self.live {
+            println!("{name:32} {value}");
+        }
+        self.map.insert(name, value);
+    }
+
+    fn extend(&mut self, more: Map<String, Value>) {
+        for (name, value) in more {
+            self.insert(name, value);
+        }
+    }
 }
 
 impl Default for BenchOptions {
@@ -86,6 +111,7 @@ impl Default for BenchOptions {
                 subscribers: 10,
             },
             postgres: None,
+            live: false,
         }
     }
 }
@@ -287,7 +313,10 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
     })?;
 
     let want = |key: &str| options.only.as_deref().is_none_or(|o| key.contains(o));
-    let mut figures = Map::new();
+    let mut figures = Figures {
+        map: Map::new(),
+        live: options.live,
+    };
     let round = |x: f64, d: i32| (x * 10f64.powi(d)).round() / 10f64.powi(d);
 
     // 1. Dispatch: a call of a trivial node through the instance a run's
@@ -578,7 +607,7 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         );
     }
     if !want("ask_resume_cycles_per_s_sqlite") {
-        return Ok(Value::Object(figures));
+        return Ok(Value::Object(figures.map));
     }
 
     // 4. Start, park on ask_user, resume, complete: on SQLite.
@@ -590,7 +619,7 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
         "ask_resume_cycles_per_s_sqlite".into(),
         json!(round(ask_resume(&rt, options)?, 0)),
     );
-    Ok(Value::Object(figures))
+    Ok(Value::Object(figures.map))
 }
 
 /// Ask/resume cycles per second on `rt`'s store: start, park on

@@ -108,6 +108,10 @@ fn execute(cli: Cli) -> Result<(), Error> {
     {
         return fanout::model_server(std::time::Duration::from_millis(*delay_ms), addr_file);
     }
+    // On a terminal, the figures of the main benchmarks are printed as
+    // they are measured (a full run takes minutes).
+    let live = !cli.json && std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let mut live_shown = false;
     let figures = if cli.fanout {
         let mut options = fanout::FanoutOptions::default();
         if cli.quick {
@@ -142,15 +146,19 @@ fn execute(cli: Cli) -> Result<(), Error> {
             postgres: cli
                 .store
                 .filter(|s| matches!(StoreSpec::parse(s), Ok(StoreSpec::Postgres(_)))),
+            live,
             ..Default::default()
         };
         if cli.quick {
             options.quick();
         }
+        live_shown = live;
         bench::run(&options)?
     };
     if cli.json {
         println!("{figures}");
+    } else if live_shown {
+        // Printed as they were measured.
     } else {
         for (k, v) in figures.as_object().into_iter().flatten() {
             println!("{k:32} {v}");

@@ -24,6 +24,10 @@ pub(crate) struct LedgerArgs {
     /// With --follow: how often to look, in milliseconds.
     #[arg(long, default_value_t = 200)]
     poll_ms: u64,
+    /// Print each record whole: on a terminal, lines are otherwise cut to
+    /// its width (`--json`, or a pipe, always has them whole).
+    #[arg(long)]
+    full: bool,
 }
 
 /// `stepwell ledger`: the records as one JSON array (`--json`), a line
@@ -35,6 +39,7 @@ pub(crate) fn run(rt: &Runtime, args: LedgerArgs, sink: &Sink) -> Result<Report>
         verify,
         follow,
         poll_ms,
+        full,
     } = args;
     if verify {
         return self::verify(rt, &run_id);
@@ -44,7 +49,11 @@ pub(crate) fn run(rt: &Runtime, args: LedgerArgs, sink: &Sink) -> Result<Report>
     let array = if follow { None } else { sink.json_array() };
     match array {
         Some(array) => json_array(rt, &run_id, array),
-        None => lines(rt, &run_id, follow, Duration::from_millis(poll_ms), sink),
+        None => {
+            let width = if full { None } else { terminal_width() };
+            let poll = Duration::from_millis(poll_ms);
+            lines(rt, &run_id, follow, poll, width, sink)
+        }
     }
 }
 
@@ -105,12 +114,19 @@ fn json_array(rt: &Runtime, run_id: &str, mut array: JsonArray) -> Result<Report
 /// `stepwell ledger RUN [--follow]`: a line a record (a JSON object a line
 /// with `--json`), oldest first; with `follow`, new records as any process
 /// appends them, until the run ends.
-fn lines(rt: &Runtime, run_id: &str, follow: bool, poll: Duration, sink: &Sink) -> Result<Report> {
+fn lines(
+    rt: &Runtime,
+    run_id: &str,
+    follow: bool,
+    poll: Duration,
+    width: Option<usize>,
+    sink: &Sink,
+) -> Result<Report> {
     let mut shown = 0u64;
     let show_new = |shown: &mut u64| -> Result<()> {
         for page in rt.ledger_pages(run_id, *shown) {
             for (seq, r) in page? {
-                sink.show(&Report::record(seq, &r));
+                sink.show(&Report::record(seq, &r).cut_to(width));
                 *shown = seq;
             }
         }
@@ -126,4 +142,31 @@ fn lines(rt: &Runtime, run_id: &str, follow: bool, poll: Duration, sink: &Sink) 
         sink.flush();
         std::thread::sleep(poll);
     }
+}
+
+/// The width of the terminal standard output is, if it is one (`COLUMNS`
+/// when the terminal does not say).
+fn terminal_width() -> Option<usize> {
+    if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        return None;
+    }
+    #[cfg(unix)]
+    {
+        let mut size = libc::winsize {
+            ws_row: 0,
+            ws_col: 0,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCGWINSZ writes one `winsize` into the struct given,
+        // which lives for the call; fd 1 is this process's stdout.
+        let asked = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut size) };
+        if asked == 0 && size.ws_col > 0 {
+            return Some(usize::from(size.ws_col));
+        }
+    }
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse().ok())
+        .filter(|c: &usize| *c > 0)
 }

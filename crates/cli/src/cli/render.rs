@@ -148,6 +148,22 @@ impl Report {
         ))
     }
 
+    /// Its text lines cut to `width` characters, the cut marked with `…`
+    /// (`None`: whole). The JSON is untouched.
+    pub(crate) fn cut_to(mut self, width: Option<usize>) -> Report {
+        let Some(width) = width else {
+            return self;
+        };
+        for line in &mut self.text {
+            let (Line::Out(l) | Line::Err(l)) = line;
+            if l.chars().count() > width {
+                let kept: String = l.chars().take(width.saturating_sub(1)).collect();
+                *l = format!("{kept}…");
+            }
+        }
+        self
+    }
+
     /// Adds a line of text.
     pub(crate) fn line(self, line: impl Into<String>) -> Report {
         self.lines([line.into()])
