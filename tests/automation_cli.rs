@@ -1166,7 +1166,7 @@ fn an_occurrence_waiting_on_a_person_is_shown_waiting() {
     let text = String::from_utf8(out.stdout).unwrap();
     let first = text.lines().next().unwrap_or_default();
     assert!(
-        first.starts_with("#1  waiting (user)  1 attempt  fired 2026-01-01T00:00:00"),
+        first.starts_with("#1  waiting (user)  1 attempt  fired 2026-01-01T00:00:00Z  run "),
         "{text}"
     );
 }

@@ -12,7 +12,8 @@
 //!   digest or key (12 or more hex digits) and a server's
 //!   `127.0.0.1:PORT` shown in the page stand for the ones the commands
 //!   got; later commands that name them are given the real ones;
-//! - times and durations match any value of their kind; runs of spaces match any run of spaces;
+//! - times match any time written the same way (`T` or a space, `Z`, an
+//!   offset or no zone), durations any duration; runs of spaces match any run of spaces;
 //! - `...` inside a line matches any text, and a line of `...` any number
 //!   of lines.
 //!
@@ -232,7 +233,6 @@ fn holes() -> &'static Regex {
 }
 
 /// What a hole of each kind matches in what a command printed.
-const TIME: &str = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?";
 const DUR: &str = r"\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m\d\ds|h\d\dm|d\d\dh)";
 const UUID: &str = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}";
 const CONN: &str = r"tc_[0-9a-f]{32}";
@@ -241,6 +241,26 @@ const ADDR: &str = r"127\.0\.0\.1:\d+";
 
 /// The path that stands for the page's scratch folder.
 const SCRATCH: &str = "/tmp/docs-scratch";
+
+/// What a time of the page matches: any time written the same way (`T`
+/// or a space between date and time, `Z`, an offset or no zone), so a
+/// page cannot show one style while the binary prints another.
+fn time_like(shown: &str) -> String {
+    let sep = if shown.as_bytes().get(10) == Some(&b'T') {
+        "T"
+    } else {
+        " "
+    };
+    let tail = &shown[shown.len().saturating_sub(6)..];
+    let zone = if shown.ends_with('Z') {
+        "Z"
+    } else if tail.starts_with(['+', '-']) && tail.as_bytes().get(3) == Some(&b':') {
+        r"[+-]\d\d:\d\d"
+    } else {
+        ""
+    };
+    format!(r"\d{{4}}-\d\d-\d\d{sep}\d\d:\d\d:\d\d(?:\.\d+)?{zone}")
+}
 
 /// An expected line as a regex, with the page's ids already bound given
 /// as their values, and the unbound ones as groups (their page ids
@@ -267,7 +287,7 @@ fn line_pattern(expected: &str, bound: &HashMap<String, String>) -> (Regex, Vec<
                 }
             }
         } else if m.name("time").is_some() {
-            pat.push_str(TIME);
+            pat.push_str(&time_like(s));
         } else if m.name("dur").is_some() {
             pat.push_str(DUR);
         } else if m.name("any").is_some() {
@@ -695,10 +715,14 @@ fn the_matcher_binds_ids_and_refuses_other_text() {
         &format!("run {real}    status waiting") as &str,
         "a line",
         "another",
-        &format!("resume {real} at 2026-12-06 03:00:01 took 3m20s"),
+        &format!("resume {real} at 2026-12-06T03:00:01Z took 3m20s"),
     ];
     let bound = matches(&shown, &printed, &HashMap::new()).expect("matches");
     assert_eq!(bound.get(id).map(String::as_str), Some(real));
+    // A time in another style is not the same output.
+    let styled = format!("resume {real} at 2026-12-06T03:00:01+00:00 took 3m20s");
+    let restyled = [printed[0], printed[1], printed[2], &styled as &str];
+    assert!(matches(&shown, &restyled, &HashMap::new()).is_none());
     let other = format!("resume {} at 2026-12-06T03:00:01Z took 1s", UUID_B);
     let printed2 = [printed[0], &other as &str];
     assert!(matches(&shown, &printed2, &HashMap::new()).is_none());

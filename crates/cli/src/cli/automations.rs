@@ -268,7 +268,7 @@ fn occurrences(rt: &Runtime, found: Value) -> Report {
                 format!("#{}", o["index"]),
                 shown,
                 format!("{attempts} attempt{}", if attempts == 1 { "" } else { "s" }),
-                format!("fired {}", o["fired_at"].as_str().unwrap_or("-")),
+                format!("fired {}", shown_time(&o["fired_at"])),
                 format!("run {run_id}"),
             ]
         })
@@ -327,7 +327,7 @@ fn automation_lines(item: &Value) -> Vec<String> {
         "{}  {:9}  next {}  occurrences {}  {}",
         item["automation_id"].as_str().unwrap_or_default(),
         item["status"].as_str().unwrap_or_default(),
-        item["next_fire_at"].as_str().unwrap_or("-"),
+        shown_time(&item["next_fire_at"]),
         item["occurrence_count"],
         item["title"].as_str().unwrap_or_default(),
     )];
@@ -335,7 +335,7 @@ fn automation_lines(item: &Value) -> Vec<String> {
         lines.push(format!(
             "  held after {} failed tries, next try {}: {}",
             held["failures"],
-            held["retry_at"].as_str().unwrap_or_default(),
+            shown_time(&held["retry_at"]),
             held["error"].as_str().unwrap_or_default(),
         ));
     }
@@ -396,4 +396,20 @@ fn made_up_command_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("cli-{nanos:x}-{}", std::process::id())
+}
+
+/// A time of the controller's state (written `+00:00`, as the reference
+/// writes it) in the CLI's one style, the ledger's: UTC with `Z`; `-` for
+/// none.
+fn shown_time(t: &Value) -> String {
+    let Some(text) = t.as_str() else {
+        return "-".into();
+    };
+    DateTime::parse_from_rfc3339(text).map_or_else(
+        |_| text.to_string(),
+        |d| {
+            d.with_timezone(&Utc)
+                .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+        },
+    )
 }
