@@ -980,14 +980,21 @@ fn on_a_terminal_after(cli: &Cli, before: &str, args: &[&str]) -> String {
 
 #[test]
 fn a_first_compile_says_so_on_a_terminal_and_nowhere_else() {
+    // The Python node: its interpreter inside, 18 MB, seconds to compile.
     let cli = Cli::new();
-    let shown = on_a_terminal(&cli, &["run", &ex("hello")]);
+    let shown = on_a_terminal(&cli, &["run", &ex("hello-py")]);
     assert!(shown.contains("compiling greet.wasm ("), "{shown}");
     assert!(shown.contains("compiled greet.wasm in "), "{shown}");
     assert!(shown.contains("status completed"), "{shown}");
     // Compiled once: the next run reads the cache and says nothing.
-    let again = on_a_terminal(&cli, &["run", &ex("hello")]);
+    let again = on_a_terminal(&cli, &["run", &ex("hello-py")]);
     assert!(!again.contains("compil"), "{again}");
+    // A small component compiles in milliseconds: not announced.
+    let small = on_a_terminal(&cli, &["run", &ex("hello")]);
+    assert!(
+        !small.contains("compil") && small.contains("completed"),
+        "{small}"
+    );
     // Through a pipe, and with --json on a terminal: nothing added.
     let piped = Cli::new();
     let out = piped.run(&["run", &ex("hello")]);
@@ -1099,6 +1106,28 @@ fn list_since_keeps_the_runs_created_since_then() {
         err.contains("--since") && err.contains("90m, 12h, 7d"),
         "{err}"
     );
+    // Listed last but created long before: --since reads past it, and
+    // the next page's command repeats the filters.
+    cli.ok(&[
+        "--now",
+        "2020-01-01T00:00:00Z",
+        "run",
+        &ex("hello"),
+        "--run-id",
+        "ancient",
+    ]);
+    let out = cli.run(&[at[0], at[1], "list", "--since", "3d", "--limit", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("new "), "{text}");
+    let hint = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        hint.contains("stepwell list --since 3d --limit 1 --after new"),
+        "{hint}"
+    );
+    let zero = cli.fails(&["list", "--limit", "0"]);
+    assert!(zero.contains("--limit: must be at least 1"), "{zero}");
+    let huge = cli.json(&["list", "--limit", "18446744073709551615"]);
+    assert_eq!(huge.as_array().unwrap().len(), 3, "{huge}");
 }
 
 #[test]

@@ -253,6 +253,11 @@ fn execute(cli: Cli, flags: &StoreFlags, sink: &Sink) -> Result<Report, Error> {
     if let Command::Bench(args) = cli.command {
         return Err(cli::bench::forward(args, cli.json, cli.store));
     }
+    if let Command::Serve(args) = &cli.command {
+        // Before the store is opened: its wait for a database starting up
+        // is logged too.
+        cli::serve::init_logs(&args.log_format)?;
+    }
     let host = cli::setup::host(&cli)?;
     cli::render::set_store(
         host.spec.to_string(),

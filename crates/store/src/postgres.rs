@@ -689,12 +689,26 @@ impl PostgresStore {
     }
 
     /// Whether a failed connection may work when tried again: the server
-    /// did not answer (refused, reset: not up yet, or restarting), or said
-    /// it is starting, stopping or full. Any other answer (an unknown role
-    /// or database, a wrong password) is final.
+    /// could not be reached (refused, reset: not up yet, or restarting), or
+    /// said it is starting, stopping or full. Any other answer (an unknown
+    /// role or database, a wrong or missing password, TLS refused) is
+    /// final.
     fn may_pass(e: &postgres::Error) -> bool {
         match e.code() {
-            None => true,
+            // No answer from the server: an I/O error (refused, reset, a
+            // timeout, a name not resolved yet) may pass; a configuration,
+            // TLS or authentication error (a password the server asked
+            // for and the URL lacks) is final.
+            None => {
+                let mut cause = std::error::Error::source(e);
+                while let Some(c) = cause {
+                    if c.is::<std::io::Error>() {
+                        return true;
+                    }
+                    cause = c.source();
+                }
+                false
+            }
             Some(code) => [
                 SqlState::CANNOT_CONNECT_NOW,
                 SqlState::ADMIN_SHUTDOWN,

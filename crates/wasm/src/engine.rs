@@ -621,11 +621,19 @@ pub(crate) fn one_line(e: &wasmtime::Error) -> String {
         .join(" ")
 }
 
-/// Runs a compile of a component of `size` bytes, saying so on the
-/// `stepwell::progress` log target before (a large component takes
-/// seconds) and after, with the time it took: a terminal shows it, a
-/// script or a server's log need not.
-fn compiling<T>(label: &Path, size: usize, compile: impl FnOnce() -> T) -> T {
+/// Runs a compile of a component of `size` bytes. A large one (a
+/// language runtime inside: seconds to compile) is announced on the
+/// `stepwell::progress` log target before, and its end after, with the
+/// time it took; a terminal shows them, a script or a server's log need
+/// not. A small one compiles in milliseconds and says nothing.
+fn compiling<T>(
+    label: &Path,
+    size: usize,
+    compile: impl FnOnce() -> wasmtime::Result<T>,
+) -> wasmtime::Result<T> {
+    if size < ANNOUNCED_COMPILE_BYTES {
+        return compile();
+    }
     let name = label.file_name().map_or_else(
         || label.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
@@ -634,13 +642,16 @@ fn compiling<T>(label: &Path, size: usize, compile: impl FnOnce() -> T) -> T {
     tracing::info!(target: "stepwell::progress", "compiling {name} ({mib:.1} MiB)...");
     let started = std::time::Instant::now();
     let out = compile();
-    tracing::info!(
-        target: "stepwell::progress",
-        "compiled {name} in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
+    let took = started.elapsed().as_secs_f64();
+    match &out {
+        Ok(_) => tracing::info!(target: "stepwell::progress", "compiled {name} in {took:.1} s"),
+        Err(_) => tracing::info!(target: "stepwell::progress", "{name} did not compile"),
+    }
     out
 }
+
+/// The size from which a compile is announced.
+const ANNOUNCED_COMPILE_BYTES: usize = 1 << 20;
 
 #[cfg(test)]
 mod tests {

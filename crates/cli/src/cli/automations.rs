@@ -22,7 +22,7 @@ pub enum AutomationCommand {
         after_help = r#"Example (flows/automations/hourly.json; docs/automations.md has every field):
   stepwell automations create --request '{"request_id": "memory-watch", "title": "Memory watch",
     "target": {"workflow_id": "echo", "bundle_ref": "flows/automations/echo", "flow_id": "echo",
-               "input_data": {"prompt": "check memory"}},
+               "input_data": {"prompt": "check memory", "notify": true}},
     "trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "1h"}},
     "workspace_root": "/tmp"}'
   stepwell automations create --request @flows/automations/hourly.json"#
@@ -259,9 +259,13 @@ fn occurrences(rt: &Runtime, found: Value) -> Report {
         .map(|o| {
             let run_id = o["run_id"].as_str().unwrap_or_default();
             let status = o["status"].as_str().unwrap_or_default();
-            let shown = match rt.get_state(run_id).ok().and_then(|r| r.waiting) {
-                Some(w) if status == "running" => format!("waiting ({})", w.reason.as_str()),
-                _ => status.to_string(),
+            // Only an occurrence in progress has a run worth reading.
+            let waiting = (status == "running")
+                .then(|| rt.get_state(run_id).ok().and_then(|r| r.waiting))
+                .flatten();
+            let shown = match waiting {
+                Some(w) => format!("waiting ({})", w.reason.as_str()),
+                None => status.to_string(),
             };
             let attempts = o["attempts"].as_u64().unwrap_or(0);
             vec![

@@ -188,7 +188,7 @@ impl Report {
         self.text.push(Line::Err(line.into()));
     }
 
-    /// Adds a note: a line for standard error, printed before the rest,
+    /// Adds a note: a line for standard error, printed after the rest,
     /// with or without `--json`.
     pub(crate) fn note(&mut self, line: impl Into<String>) {
         self.notes.push(line.into());
@@ -351,6 +351,18 @@ fn flag(name: &str, value: &str) -> String {
 
 fn store_flags() -> &'static str {
     STORE_FLAGS.get().map_or("", String::as_str)
+}
+
+/// A command to paste: `stepwell`, the store flags given, `words`, then
+/// each option that has a value (`--name value`, quoted for the shell).
+pub(crate) fn command_hint(words: &str, options: &[(&str, Option<&str>)]) -> String {
+    let mut line = format!("stepwell{} {words}", store_flags());
+    for (name, value) in options {
+        if let Some(v) = value {
+            line.push_str(&flag(name, v));
+        }
+    }
+    line
 }
 
 /// `text` as one shell word: as it is when it is plain, else in single

@@ -203,7 +203,27 @@ pub(crate) fn list(rt: &Runtime, args: ListArgs) -> Result<Report, Error> {
         after,
         quarantined,
     } = args;
+    // The next page's command repeats the filters given.
+    let given = [
+        ("--status", status.clone()),
+        ("--wait-reason", wait_reason.clone()),
+        ("--workflow", workflow.clone()),
+        ("--since", since.clone()),
+        ("--limit", limit.map(|n| n.to_string())),
+    ];
     let since = since.map(|s| parse_since(&s, rt.now())).transpose()?;
+    let shown = match limit {
+        Some(0) => {
+            return Err(Error::InvalidInput {
+                field: "--limit".into(),
+                message: "must be at least 1".into(),
+            })
+        }
+        // What a store can be asked (an SQL integer), and more than any
+        // page anyone reads.
+        Some(n) => n.min(MAX_LIST_LIMIT),
+        None => DEFAULT_LIST_LIMIT,
+    };
     if quarantined {
         return list_quarantined(rt);
     }
@@ -228,7 +248,7 @@ pub(crate) fn list(rt: &Runtime, args: ListArgs) -> Result<Report, Error> {
             .transpose()?,
         workflow_id: workflow,
         // One more than shown: whether there are more.
-        limit: Some(limit.unwrap_or(DEFAULT_LIST_LIMIT).saturating_add(1)),
+        limit: Some(shown + 1),
         // Newest first, as the API and the dashboard list them: `--limit`
         // keeps the newest.
         newest_first: true,
@@ -239,20 +259,20 @@ pub(crate) fn list(rt: &Runtime, args: ListArgs) -> Result<Report, Error> {
         // An unknown cursor is an error, not an empty page.
         rt.get_state(after)?;
     }
-    let mut runs = rt.list_runs(&query)?;
-    if let Some(since) = since {
-        // Newest first: the runs created since come first, and the first
-        // run older than that ends the list.
-        runs.retain(|r| created(r).is_none_or(|c| c >= since));
-    }
-    let shown = limit.unwrap_or(DEFAULT_LIST_LIMIT);
+    let mut runs = match since {
+        Some(since) => created_since(rt, query, since)?,
+        None => rt.list_runs(&query)?,
+    };
     let more = runs.len() > shown;
     runs.truncate(shown);
     let mut report = Report::pretty(&runs);
     if let (true, Some(last)) = (more, runs.last()) {
+        let mut options: Vec<(&str, Option<&str>)> =
+            given.iter().map(|(n, v)| (*n, v.as_deref())).collect();
+        options.push(("--after", Some(last.run_id.as_str())));
         report.note(format!(
-            "more runs: the next with --after {}, or more at once with --limit",
-            last.run_id
+            "more runs: {} (or more at once with a larger --limit)",
+            super::render::command_hint("list", &options)
         ));
     }
     let id_width = runs.iter().map(|r| r.run_id.len()).max().unwrap_or(0);
@@ -275,6 +295,40 @@ pub(crate) fn list(rt: &Runtime, args: ListArgs) -> Result<Report, Error> {
     }
     Ok(report)
 }
+
+/// The runs `query` lists that were created since `since`, up to its
+/// limit. The listing is in creation order, which a creation time need not
+/// follow (a run made with `--now`, an imported one), so pages are read
+/// until the limit is reached or the runs end.
+fn created_since(
+    rt: &Runtime,
+    mut query: RunQuery,
+    since: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<RunState>, Error> {
+    let wanted = query.limit.unwrap_or(usize::MAX);
+    query.limit = Some(SINCE_PAGE);
+    let mut found = Vec::new();
+    loop {
+        let page = rt.list_runs(&query)?;
+        let last = page.last().map(|r| r.run_id.clone());
+        let full = page.len() == SINCE_PAGE;
+        found.extend(
+            page.into_iter()
+                .filter(|r| created(r).is_none_or(|c| c >= since)),
+        );
+        if found.len() >= wanted || !full {
+            found.truncate(wanted);
+            return Ok(found);
+        }
+        query.after_run_id = last;
+    }
+}
+
+/// The page `--since` reads the runs by.
+const SINCE_PAGE: usize = 500;
+
+/// The most runs `list --limit` shows.
+const MAX_LIST_LIMIT: usize = 1_000_000;
 
 /// When a run was created.
 fn created(run: &RunState) -> Option<chrono::DateTime<chrono::Utc>> {

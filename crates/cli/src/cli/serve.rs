@@ -79,7 +79,9 @@ pub(crate) fn run(rt: Runtime, host: &Host, args: ServeArgs, sink: &Sink) -> Res
         retain,
         prune_every,
     } = args;
-    init_logs(&log_format)?;
+    // Logs started by main before the store was opened (a wait for
+    // PostgreSQL shows there); the format was checked then.
+    let _ = log_format;
     // A long-running server handles a closed connection per
     // connection, not by dying.
     #[cfg(unix)]
@@ -132,7 +134,7 @@ pub(crate) fn run(rt: Runtime, host: &Host, args: ServeArgs, sink: &Sink) -> Res
 
 /// Starts the `tracing` subscriber of `serve`: text or JSON lines on
 /// stderr, filtered by RUST_LOG (default `info`).
-fn init_logs(format: &str) -> Result<(), Error> {
+pub(crate) fn init_logs(format: &str) -> Result<(), Error> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()

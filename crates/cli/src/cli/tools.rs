@@ -31,6 +31,7 @@ fn list(rt: &Runtime) -> Result<Report, Error> {
             stepwell::tools::Origin::Host => "host (not sandboxed)".to_string(),
             stepwell::tools::Origin::File(p) => p.display().to_string(),
         };
+        // Why one is unavailable (any length) last: it pads no column.
         let mut row = vec![e.name.clone(), class.to_string(), origin];
         row.extend(e.reason.as_ref().map(|why| format!("UNAVAILABLE: {why}")));
         rows.push(row);

@@ -81,12 +81,9 @@ pub(crate) fn run(
                     None => ("available", label.to_string()),
                     Some(r) => ("unavailable", r.to_string()),
                 };
-                rows.push(vec![
-                    e.name.clone(),
-                    state.into(),
-                    what,
-                    format!("({origin})"),
-                ]);
+                // The text of any length (a label, why it is unavailable)
+                // last: it pads no other column.
+                rows.push(vec![e.name.clone(), state.into(), origin, what]);
             }
             Report::pretty(&serde_json::json!(registry.entries()))
                 .lines(super::render::table(&rows))
