@@ -166,7 +166,7 @@ fn a_new_user_runs_an_automation_from_the_shell() {
     let text = sh.run(&["--now", "2026-01-01T00:11:00Z", "automations", "list"]);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
-        text.contains(ID) && text.contains("2026-01-01T00:12:00+00:00"),
+        text.contains(ID) && text.contains("next 2026-01-01T00:12:00Z"),
         "{text}"
     );
 }

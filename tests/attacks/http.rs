@@ -372,7 +372,10 @@ fn a_long_ledger_is_read_in_pages() {
     let out = s.cli(&["list"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 100);
     let hint = String::from_utf8_lossy(&out.stderr);
-    assert!(hint.contains("more runs: the next with --after"), "{hint}");
+    assert!(
+        hint.contains("more runs: stepwell ") && hint.contains(" list --after "),
+        "{hint}"
+    );
     let out = s.cli(&["list", "--limit", "200"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 101);
     assert!(out.stderr.is_empty());
