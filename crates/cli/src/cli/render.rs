@@ -156,6 +156,8 @@ impl Report {
         };
         for line in &mut self.text {
             let (Line::Out(l) | Line::Err(l)) = line;
+            // Padding at the end is not worth a cut.
+            l.truncate(l.trim_end().len());
             if l.chars().count() > width {
                 let kept: String = l.chars().take(width.saturating_sub(1)).collect();
                 *l = format!("{kept}…");
