@@ -661,19 +661,23 @@ fn bless(page: &str, run: &PageRun) {
 const TOOLS: &[&str] = &["sh", "jq", "curl", "sqlite3", "python3", "sha256sum", "sed"];
 
 /// Fails at once, naming them, when programs the pages call are missing
-/// (rather than with a page of `not found` differences).
+/// (rather than with a page of `not found` differences). Looked for once
+/// per test binary.
 fn tools_are_there() {
-    let missing: Vec<&str> = TOOLS
-        .iter()
-        .copied()
-        .filter(|t| {
-            !Command::new("sh")
-                .args(["-c", &format!("command -v {t}")])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .collect();
+    static MISSING: std::sync::OnceLock<Vec<&str>> = std::sync::OnceLock::new();
+    let missing = MISSING.get_or_init(|| {
+        TOOLS
+            .iter()
+            .copied()
+            .filter(|t| {
+                !Command::new("sh")
+                    .args(["-c", &format!("command -v {t}")])
+                    .stdout(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            })
+            .collect()
+    });
     assert!(
         missing.is_empty(),
         "the documented sessions call {missing:?}, which this machine lacks (Debian: apt-get install jq curl sqlite3 python3)"

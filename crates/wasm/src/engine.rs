@@ -612,7 +612,7 @@ fn engine_config(limits: &SandboxLimits, pooling: bool) -> Config {
 
 /// An error and its causes on one line (`a: b: c`), whitespace runs as one
 /// space: a parser's message may hold a multi-line dump of bytes.
-pub(crate) fn one_line(e: &wasmtime::Error) -> String {
+fn one_line(e: &wasmtime::Error) -> String {
     let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
     chain
         .join(": ")

@@ -314,7 +314,7 @@ fn created_since(
         let full = page.len() == SINCE_PAGE;
         found.extend(
             page.into_iter()
-                .filter(|r| created(r).is_none_or(|c| c >= since)),
+                .filter(|r| utc(&r.created_at).is_none_or(|c| c >= since)),
         );
         if found.len() >= wanted || !full {
             found.truncate(wanted);
@@ -330,9 +330,9 @@ const SINCE_PAGE: usize = 500;
 /// The most runs `list --limit` shows.
 const MAX_LIST_LIMIT: usize = 1_000_000;
 
-/// When a run was created.
-fn created(run: &RunState) -> Option<chrono::DateTime<chrono::Utc>> {
-    chrono::DateTime::parse_from_rfc3339(&run.created_at)
+/// A run's RFC 3339 time (`created_at`, `updated_at`) in UTC.
+fn utc(t: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    chrono::DateTime::parse_from_rfc3339(t)
         .ok()
         .map(|d| d.with_timezone(&chrono::Utc))
 }
@@ -359,20 +359,16 @@ fn parse_since(
 
 /// An RFC 3339 time as `2026-12-05 13:50:12` (UTC, whole seconds).
 fn short_time(t: &str) -> String {
-    chrono::DateTime::parse_from_rfc3339(t)
-        .map(|d| {
-            d.with_timezone(&chrono::Utc)
-                .format("%Y-%m-%d %H:%M:%S")
-                .to_string()
-        })
-        .unwrap_or_else(|_| t.to_string())
+    utc(t).map_or_else(
+        || t.to_string(),
+        |d| d.format("%Y-%m-%d %H:%M:%S").to_string(),
+    )
 }
 
 /// How long a run took from its creation to its last change (its end, for
 /// an ended run): `0.012s`, `42s`, `3m20s`, `2h05m`, `4d03h`.
 fn took(run: &RunState) -> String {
-    let at = |t: &str| chrono::DateTime::parse_from_rfc3339(t).ok();
-    let (Some(a), Some(b)) = (at(&run.created_at), at(&run.updated_at)) else {
+    let (Some(a), Some(b)) = (utc(&run.created_at), utc(&run.updated_at)) else {
         return "-".into();
     };
     let ms = (b - a).num_milliseconds().max(0);

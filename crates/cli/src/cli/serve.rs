@@ -69,7 +69,9 @@ pub(crate) fn run(rt: Runtime, host: &Host, args: ServeArgs, sink: &Sink) -> Res
         token_file: _, // resolved by the set-up (host.serve_token)
         interval_ms,
         no_drive,
-        log_format,
+        // Logs were started by main before the store was opened (a wait
+        // for PostgreSQL shows there); the format was checked then.
+        log_format: _,
         max_body_bytes,
         max_connections,
         header_timeout_ms,
@@ -79,9 +81,6 @@ pub(crate) fn run(rt: Runtime, host: &Host, args: ServeArgs, sink: &Sink) -> Res
         retain,
         prune_every,
     } = args;
-    // Logs started by main before the store was opened (a wait for
-    // PostgreSQL shows there); the format was checked then.
-    let _ = log_format;
     // A long-running server handles a closed connection per
     // connection, not by dying.
     #[cfg(unix)]
