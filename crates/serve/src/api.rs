@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
+use super::listing::{flow_json, windowed_page, Window};
 use super::Shared;
 use stepwell::automation::{
     apply_automation_command, create_automation, list_attention, list_automations,
@@ -30,7 +31,7 @@ use stepwell::triggers::TriggersExt;
 use stepwell::{RunQuery, RunState, RunStatus, StartOptions, WaitReason};
 
 type S = State<Arc<Shared>>;
-type ApiResult<T = Response> = Result<T, ApiError>;
+pub(crate) type ApiResult<T = Response> = Result<T, ApiError>;
 
 /// The pools the server's runtime calls queue in, each bounded on its own,
 /// so that one kind of work never waits behind another: reads never queue
@@ -224,6 +225,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/runs/{id}/resume", post(resume_run))
         .route("/v1/runs/{id}/cancel", post(cancel_run))
         .route("/v1/runs/{id}/ledger", get(run_ledger))
+        .route("/v1/runs/{id}/flow", get(run_flow))
         .route("/v1/runs/{id}/export", get(export_run))
         .route("/v1/runs/{id}/fork", post(fork_run))
         .route("/v1/runs/{id}/fork-points", get(fork_points))
@@ -512,6 +514,9 @@ struct ListRuns {
     status: Option<String>,
     wait_reason: Option<String>,
     workflow_id: Option<String>,
+    parent_run_id: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
     limit: Option<usize>,
     cursor: Option<String>,
     view: Option<String>,
@@ -629,13 +634,8 @@ fn run_query(
     })
 }
 
-/// One page of runs, newest first, and the cursor of the next.
-fn run_page(
-    s: &Shared,
-    mut query: RunQuery,
-    limit: usize,
-    show: fn(&RunState) -> Value,
-) -> Result<Value, Error> {
+/// A cursor that names no run is an error, not an empty page.
+fn check_cursor(s: &Shared, query: &RunQuery) -> Result<(), Error> {
     if let Some(after) = &query.after_run_id {
         if s.rt.store().load_run(after)?.is_none() {
             return Err(Error::invalid(
@@ -644,6 +644,17 @@ fn run_page(
             ));
         }
     }
+    Ok(())
+}
+
+/// One page of runs, newest first, and the cursor of the next.
+fn run_page(
+    s: &Shared,
+    mut query: RunQuery,
+    limit: usize,
+    show: fn(&RunState) -> Value,
+) -> Result<Value, Error> {
+    check_cursor(s, &query)?;
     query.limit = Some(limit + 1);
     let mut runs = s.rt.list_runs(&query)?;
     let more = runs.len() > limit;
@@ -660,8 +671,28 @@ async fn list_runs(State(s): S, Params(q): Params<ListRuns>) -> ApiResult {
     let limit = page_limit(q.limit)?;
     let show = run_view(q.view.as_deref())?;
     let mut query = run_query(q.status.as_deref(), q.wait_reason.as_deref(), q.workflow_id)?;
+    query.parent_run_id = q.parent_run_id;
     query.after_run_id = q.cursor;
-    read(move || run_page(&s, query, limit, show)).await.map(ok)
+    match Window::parse(q.since.as_deref(), q.until.as_deref())? {
+        Some(window) => read(move || {
+            check_cursor(&s, &query)?;
+            windowed_page(&s, query, limit, window, show)
+        })
+        .await
+        .map(ok),
+        None => read(move || run_page(&s, query, limit, show)).await.map(ok),
+    }
+}
+
+/// The flow a run executes, for the dashboard's picture of it.
+async fn run_flow(State(s): S, Path(id): Path<String>) -> ApiResult {
+    read(move || {
+        let run = s.rt.get_state(&id)?;
+        let wf = s.rt.workflow_of(&run)?;
+        Ok(flow_json(&run, &wf))
+    })
+    .await
+    .map(ok)
 }
 
 #[derive(Deserialize)]

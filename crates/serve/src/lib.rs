@@ -33,6 +33,7 @@ mod api;
 mod body;
 mod conn;
 mod error;
+mod listing;
 mod openapi;
 mod stream;
 
