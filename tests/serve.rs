@@ -1442,6 +1442,86 @@ fn an_ahp_cancel_request_cancels_a_waiting_occurrence() {
     assert!(tungstenite::connect(req).is_err());
 }
 
+/// What the dashboard reads: runs created in a window (a run made by
+/// another process with `--now` in 2020, after the others, is found by
+/// its time), the children of a run, and the flow a run executes with its
+/// current node. A bad time names its parameter.
+#[test]
+fn runs_are_listed_by_time_and_parent_and_a_run_shows_its_flow() {
+    let s = Served::start(&[]);
+    let (status, parent) = s.post(
+        "/v1/runs",
+        json!({"bundle": example("subworkflow"), "vars": {"text": "hi"}, "run_id": "parent"}),
+    );
+    assert_eq!(status, 201, "{parent}");
+    let (_, asked) = s.post(
+        "/v1/runs",
+        json!({"bundle": example("ask-user"), "run_id": "asked"}),
+    );
+    assert_eq!(asked["status"], "waiting");
+    let out = stepwell_tests::scratch_home(&mut Command::new(stepwell_binary()), s.dir.path())
+        .arg("--db")
+        .arg(s.db())
+        .args(["--now", "2020-06-01T00:00:00Z", "run", &example("hello")])
+        .args(["--vars", r#"{"name": "Old"}"#, "--run-id", "dated-2020"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let ids = |q: &str| -> Vec<String> {
+        s.ok(&format!("/v1/runs?{q}"))["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["run_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let child = parent["vars"]["child"]["sub_run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(ids("parent_run_id=parent"), std::slice::from_ref(&child));
+    assert_eq!(ids("until=2021-01-01T00:00:00Z"), ["dated-2020"]);
+    let recent = ids("since=2026-01-01T00:00:00Z");
+    assert!(!recent.contains(&"dated-2020".to_string()), "{recent:?}");
+    for id in ["parent", "asked", child.as_str()] {
+        assert!(recent.contains(&id.to_string()), "{id} not in {recent:?}");
+    }
+    assert_eq!(
+        ids("since=2026-01-01T00:00:00Z&workflow_id=ask-user"),
+        ["asked"]
+    );
+    assert!(ids("since=2999-01-01T00:00:00Z").is_empty());
+    let (status, err) = s.get("/v1/runs?since=yesterday");
+    assert_eq!(
+        (status, &err["error"]["field"]),
+        (400, &json!("since")),
+        "{err}"
+    );
+    let (status, err) = s.get("/v1/runs?since=2026-02-01T00:00:00Z&until=2026-01-01T00:00:00Z");
+    assert_eq!(
+        (status, &err["error"]["field"]),
+        (400, &json!("until")),
+        "{err}"
+    );
+    // The flow: its nodes, their moves, and where the run is.
+    let flow = s.ok("/v1/runs/asked/flow");
+    assert_eq!(flow["entry"], "ask");
+    assert_eq!(flow["current_node"], "ask");
+    assert_eq!(flow["status"], "waiting");
+    assert_eq!(
+        flow["nodes"],
+        json!([
+            {"id": "ask", "kind": "effect", "effect": "ask_user", "next": "greet", "routes": {}},
+            {"id": "greet", "kind": "component", "effect": null, "next": null, "routes": {}},
+        ])
+    );
+    let flow = s.ok("/v1/runs/parent/flow");
+    assert_eq!(flow["current_node"], Value::Null);
+    assert_eq!(flow["nodes"][1]["effect"], "start_subworkflow");
+    let (status, _) = s.get("/v1/runs/nobody/flow");
+    assert_eq!(status, 404);
+}
+
 /// Whether the browser test can run here: Chromium, node and
 /// playwright-core (scripts/setup-browser installs them). Under CI they
 /// must be there.
@@ -1469,8 +1549,10 @@ fn browser_ready() -> Option<PathBuf> {
 /// The dashboard in a real browser (Debian's Chromium, headless, driven by
 /// playwright-core): enter the token, start the ask-user example and
 /// answer it in the page, approve a tool call, pause and resume an
-/// automation, the waits, runs and workflows pages. Screenshots of every page land in
-/// target/browser/screenshots.
+/// automation (its buttons following its state), the waits, runs and
+/// workflows pages, the runs filters, a run's flow picture, a parent's child
+/// links, a controller's activity, and each page again at a phone's width.
+/// Screenshots of every page land in target/browser/screenshots.
 #[test]
 fn the_dashboard_works_in_a_real_browser() {
     let Some(modules) = browser_ready() else {
@@ -1492,6 +1574,25 @@ fn the_dashboard_works_in_a_real_browser() {
         }),
     );
     assert_eq!(status, 201, "{created}");
+    // A webhook trigger beside it: its config (a connection id) must not
+    // widen the automations table.
+    let (status, conn) = s.post(
+        "/v1/connections",
+        json!({"source": "webhook.received@1", "label": "payments"}),
+    );
+    assert_eq!(status, 201, "{conn}");
+    let (status, hooked) = s.post(
+        "/v1/automations",
+        json!({
+            "request_id": "dashboard-hook", "title": "Echo each payment",
+            "target": {"workflow_id": "echo", "bundle_ref": repo().join("flows/automations/echo").display().to_string(),
+                       "flow_id": "echo", "input_data": {"prompt": "a payment"}},
+            "trigger": {"source_id": "webhook.received", "source_version": 1,
+                        "config": {"connection_id": conn["connection_id"]}},
+            "workspace_root": auto_ws.display().to_string(),
+        }),
+    );
+    assert_eq!(status, 201, "{hooked}");
     let shots = repo().join("target/browser/screenshots");
     let _ = std::fs::remove_dir_all(&shots);
     let out = Command::new("node")
@@ -1525,8 +1626,9 @@ fn the_dashboard_works_in_a_real_browser() {
                 .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "png"))
         })
         .count();
+    // A screenshot per step and page, desktop and phone (tests/browser).
     assert!(
-        pngs >= 8,
+        pngs >= 26,
         "{pngs} screenshots in {}:\n{text}",
         shots.display()
     );

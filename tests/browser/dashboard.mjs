@@ -102,6 +102,21 @@ async function startRun(bundle, vars) {
   return runIdFromUrl();
 }
 
+// Waits until each named button is enabled (true) or disabled (false).
+const buttons = (want) => page.waitForFunction((w) => Object.entries(w).every(([id, on]) => {
+  const b = document.querySelector(`[data-testid="${id}"]`);
+  return b && b.disabled === !on;
+}), want, { timeout: TIMEOUT });
+// The rows of the runs table, once the list shows them.
+const rows = () => page.evaluate(() => [...document.querySelectorAll('[data-testid="run-row"]')]
+  .map((r) => ({ id: r.dataset.runId, workflow: r.dataset.workflow, status: r.dataset.status })));
+const nodeStates = () => page.evaluate(() => Object.fromEntries([...document.querySelectorAll('[data-testid="flow-node"]')]
+  .map((n) => [n.dataset.node, n.dataset.state])));
+async function fitsTheScreen(what) {
+  const [doc, win] = await page.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
+  if (doc > win + 1) throw new Error(`${what} is ${doc} px wide on a ${win} px screen`);
+}
+
 const runs = {};
 try {
   await step('a. the shell asks for the token and shows no data', async () => {
@@ -165,20 +180,26 @@ try {
     await page.goto(`${BASE}/#/automations`);
     const row = page.locator(`${tid('automation-row')}[data-automation-id="${AUTOMATION_ID}"]`);
     await row.waitFor();
+    await expectText(tid('automation-row'), 'webhook.received@1 · connection tc_');
+    await fitsTheScreen('the automations, one with a webhook trigger,');
     const a = await screenshot('automations');
     await row.click();
     await page.waitForURL(new RegExp(`#/automations/${AUTOMATION_ID}$`));
     await expectText(tid('automation-status'), 'active');
     await page.locator(`${tid('occurrences')} h2`).waitFor();
     const b = await screenshot('automation');
+    // The buttons follow the state: only what can apply now is enabled.
+    await buttons({ 'cmd-pause': true, 'cmd-resume': false, 'cmd-run-now': true, 'cmd-stop-current': false });
     await page.locator(tid('cmd-pause')).click();
     await expectText(tid('cmd-result'), 'applied');
     await expectText(tid('automation-status'), 'paused');
+    await buttons({ 'cmd-pause': false, 'cmd-resume': true, 'cmd-run-now': true, 'cmd-stop-current': false });
     const c = await screenshot('automation-paused');
     await page.locator(tid('cmd-resume')).click();
     await expectText(tid('automation-status'), 'active');
+    await buttons({ 'cmd-pause': true, 'cmd-resume': false });
     const d = await screenshot('automation-resumed');
-    return `(${a}, ${b}, ${c}, ${d})`;
+    return `(pause/resume/stop current enabled as the state allows; ${a}, ${b}, ${c}, ${d})`;
   });
 
   await step('e. waits page (answered from there), runs page filtered to completed', async () => {
@@ -237,6 +258,128 @@ try {
     await expectText(tid('forked-from'), 'record #4');
     const b = await screenshot('forked');
     return `(${a}, ${b})`;
+  });
+
+  await step('h. runs filters: workflow, time, run id; kept in the address', async () => {
+    await page.goto(`${BASE}/#/runs`);
+    await page.locator(tid('runs-table')).waitFor();
+    await page.locator(tid('filter-workflow')).fill('ask-user');
+    await page.locator(tid('filter-workflow')).press('Tab');
+    await page.locator(tid('filter-since')).selectOption('1h');
+    const want = [runs.ask, runs.waits];
+    const filtered = () => page.waitForFunction((ids) => {
+      const r = [...document.querySelectorAll('[data-testid="run-row"]')];
+      return r.length > 0 && r.every((x) => x.dataset.workflow === 'ask-user') && ids.every((id) => r.some((x) => x.dataset.runId === id));
+    }, want, { timeout: TIMEOUT });
+    await filtered();
+    if ((await rows()).some((r) => r.id === runs.note)) throw new Error('the write-note run is listed under ask-user');
+    if (!/workflow=ask-user/.test(page.url()) || !/since=1h/.test(page.url())) throw new Error(`the filters are not in the address: ${page.url()}`);
+    await page.reload();
+    await filtered();
+    if ((await page.locator(tid('filter-workflow')).inputValue()) !== 'ask-user') throw new Error('the workflow filter was lost on reload');
+    const took = await page.locator(`${tid('run-row')}[data-status="completed"] ${tid('run-took')}`).first().textContent();
+    if (!/\d/.test(took)) throw new Error(`a completed run shows no duration: ${JSON.stringify(took)}`);
+    const a = await screenshot('runs-filtered');
+    // A window in the past holds nothing.
+    await page.locator(tid('filter-since')).selectOption('custom');
+    await page.locator(tid('filter-from')).fill('2000-01-01T00:00');
+    await page.locator(tid('filter-to')).fill('2000-01-02T00:00');
+    await page.locator(tid('empty')).waitFor();
+    if (await page.locator(tid('run-row')).count()) throw new Error('runs listed in a window of 2000');
+    // A run found by its id.
+    await page.locator(tid('find-run')).fill(runs.note);
+    await page.locator(tid('find-submit')).click();
+    await page.waitForURL(new RegExp(`#/runs/${runs.note}$`));
+    return `(ask-user in the last hour: ${(await rows()).length || 'the'} rows; ${a})`;
+  });
+
+  await step('i. a run: its flow picture, input apart from vars, durations', async () => {
+    await page.goto(`${BASE}/#/runs/${encodeURIComponent(runs.note)}`);
+    await page.locator(`${tid('flow')} ${tid('flow-node')}`).first().waitFor();
+    await page.waitForFunction(() => document.querySelectorAll('[data-testid="flow-node"][data-state="visited"]').length === 2, null, { timeout: TIMEOUT });
+    const states = await nodeStates();
+    if (states.write !== 'visited' || states.done !== 'visited') throw new Error(`write-note's nodes: ${JSON.stringify(states)}`);
+    if (!(await page.locator(`${tid('flow-edge')}[data-from="write"][data-to="done"][data-taken="yes"]`).count())) throw new Error('the move write → done is not drawn as taken');
+    await expectText(tid('run-input'), 'from the browser');
+    const vars = await page.locator(tid('run-vars')).textContent();
+    if (!vars.includes('written')) throw new Error('the vars do not show what the run wrote');
+    if ((await page.locator(tid('run-input')).textContent()).includes('"written"')) throw new Error('the input shows a var the run wrote later');
+    const n = await page.locator(tid('timeline-record')).count();
+    if ((await page.locator(tid('step-took')).count()) !== n) throw new Error('a record without its duration');
+    if (!/\d/.test(await page.locator(tid('run-took')).textContent())) throw new Error('the run shows no duration');
+    const a = await screenshot('run-flow');
+    // A waiting run: its current node stands out.
+    const id = await startRun(path.join(REPO, 'flows/examples/ask-user'), {});
+    runs.open = id;
+    await runStatus('waiting');
+    await page.waitForFunction(() => document.querySelector('[data-testid="flow-node"][data-node="ask"]')?.dataset.state === 'current', null, { timeout: TIMEOUT });
+    if ((await nodeStates()).greet !== 'idle') throw new Error(`greet is ${(await nodeStates()).greet} before it ran`);
+    const b = await screenshot('run-waiting-flow');
+    return `(write and done visited, ask current, greet not reached; ${a}, ${b})`;
+  });
+
+  await step('j. a parent links its child, the child its parent', async () => {
+    const id = await startRun(path.join(REPO, 'flows/examples/subworkflow'), { text: 'from the browser' });
+    runs.parent = id;
+    await runStatus('completed');
+    const child = page.locator(`${tid('child-runs')} ${tid('child-row')}`);
+    await child.first().waitFor();
+    const childId = await child.first().getAttribute('data-run-id');
+    runs.child = childId;
+    const inTimeline = page.locator(tid('child-link'));
+    await inTimeline.first().waitFor();
+    if (!(await inTimeline.first().getAttribute('href')).includes(childId)) throw new Error('the timeline links another run');
+    const a = await screenshot('parent');
+    await child.first().locator('a').first().click();
+    await page.waitForURL(new RegExp(`#/runs/${childId}$`));
+    await runStatus('completed');
+    await expectText(tid('run-output'), 'FROM THE BROWSER');
+    await page.locator(`a[href="#/runs/${id}"]`).first().click();
+    await page.waitForURL(new RegExp(`#/runs/${id}$`));
+    await page.locator(tid('child-runs')).waitFor();
+    return `(child ${childId}; ${a})`;
+  });
+
+  await step('k. an automation controller reads as what it did', async () => {
+    await page.goto(`${BASE}/#/runs/${AUTOMATION_ID}`);
+    await page.locator(`${tid('activity-item')}[data-kind="created"]`).waitFor();
+    await page.locator(`${tid('flow-node')}[data-node="wait"]`).waitFor();
+    if (await page.locator(tid('timeline')).isVisible()) throw new Error('the raw records are shown before they are asked for');
+    const kinds = await page.evaluate(() => [...document.querySelectorAll('[data-testid="activity-item"]')].map((i) => i.dataset.kind));
+    const records = await page.locator(tid('timeline-record')).count();
+    if (kinds.length * 2 > records) throw new Error(`${kinds.length} activity lines for ${records} records`);
+    const a = await screenshot('controller');
+    await page.locator(tid('show-raw')).check();
+    await page.locator(tid('timeline')).waitFor();
+    return `(${kinds.length} lines for ${records} records: ${[...new Set(kinds)].join(', ')}; ${a})`;
+  });
+
+  await step('l. a phone (390 px): the same pages fit the screen', async () => {
+    await page.setViewportSize({ width: 390, height: 844 });
+    const shots = [];
+    await page.goto(`${BASE}/#/runs?workflow=ask-user&since=24h`);
+    await page.locator(tid('run-row')).first().waitFor();
+    await fitsTheScreen('the runs page');
+    shots.push(await screenshot('phone-runs'));
+    await page.goto(`${BASE}/#/runs/${encodeURIComponent(runs.open)}`);
+    await page.locator(tid('flow-node')).first().waitFor();
+    await page.locator(tid('answer-input')).waitFor();
+    await fitsTheScreen('a waiting run');
+    shots.push(await screenshot('phone-run'));
+    await page.goto(`${BASE}/#/runs/${encodeURIComponent(runs.parent)}`);
+    await page.locator(tid('child-row')).first().waitFor();
+    await fitsTheScreen('a parent run');
+    shots.push(await screenshot('phone-parent'));
+    await page.goto(`${BASE}/#/automations`);
+    await page.locator(tid('automation-row')).first().waitFor();
+    await fitsTheScreen('the automations');
+    shots.push(await screenshot('phone-automations'));
+    await page.goto(`${BASE}/#/automations/${AUTOMATION_ID}`);
+    await page.locator(`${tid('occurrences')} h2`).waitFor();
+    await fitsTheScreen('an automation');
+    shots.push(await screenshot('phone-automation'));
+    await page.setViewportSize({ width: 1360, height: 900 });
+    return `(${shots.join(', ')})`;
   });
 
   if (problems.length) {

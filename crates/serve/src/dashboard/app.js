@@ -104,7 +104,13 @@
     const x = parseTs(a), y = parseTs(b);
     if (!x || !y) return '';
     const ms = y - x;
-    return ms < 1 ? '' : ms < 1000 ? ms + ' ms' : ms < 60000 ? (ms / 1000).toFixed(1) + ' s' : Math.round(ms / 60000) + ' min';
+    if (ms < 1) return '';
+    if (ms < 1000) return ms + ' ms';
+    if (ms < 60000) return (ms / 1000).toFixed(1) + ' s';
+    const m = Math.floor(ms / 60000);
+    if (m < 60) return `${m} min ${Math.floor((ms % 60000) / 1000)} s`;
+    if (m < 1440) return `${Math.floor(m / 60)} h ${m % 60} min`;
+    return `${Math.floor(m / 1440)} d ${Math.floor((m % 1440) / 60)} h`;
   }
 
   // ---------- status ----------
@@ -333,7 +339,9 @@
     if (!token()) return showLogin();
     if (view && view.cleanup) view.cleanup();
     view = null;
-    const [page, id] = (location.hash || '#/runs').replace(/^#\/?/, '').split('/').map((p) => decodeURIComponent(p || ''));
+    const [path, search] = (location.hash || '#/runs').replace(/^#\/?/, '').split('?');
+    const [page, id] = path.split('/').map((p) => decodeURIComponent(p || ''));
+    const params = new URLSearchParams(search || '');
     for (const a of document.querySelectorAll('[data-nav]')) a.classList.toggle('active', a.dataset.nav === (page || 'runs'));
     app.replaceChildren();
     window.scrollTo(0, 0);
@@ -343,7 +351,7 @@
     else if (page === 'automations') view = automationsView();
     else if (page === 'waits') view = waitsView();
     else if (page === 'workflows') view = workflowsView(id);
-    else view = runsView();
+    else view = runsView(params);
   }
   window.addEventListener('hashchange', route);
 
@@ -355,40 +363,111 @@
   const empty = (title, ...hint) => h('div', { class: 'empty', testid: 'empty' }, h('strong', null, title), h('p', null, hint));
 
   // ---------- Runs ----------
-  let runsFilter = 'all';
-  function runsView() {
+  // The runs page's filters live in the address (#/runs?status=…&workflow=…),
+  // so a filtered list can be bookmarked, shared and reloaded.
+  const SINCE = [['', 'any time'], ['1h', 'last hour'], ['24h', 'last 24 hours'], ['7d', 'last 7 days'], ['custom', 'between…']];
+  const SPAN_MS = { h: 3600e3, d: 86400e3 };
+  function sinceTime(preset) {
+    const m = /^(\d+)([hd])$/.exec(preset || '');
+    return m ? new Date(Date.now() - Number(m[1]) * SPAN_MS[m[2]]).toISOString() : null;
+  }
+  // A datetime-local value (local time) as an RFC 3339 UTC time.
+  const localToUtc = (v) => { const d = v ? new Date(v) : null; return d && !isNaN(d) ? d.toISOString() : null; };
+  function runsView(params) {
     const ctl = new AbortController();
+    const f = {
+      status: params.get('status') || 'all', workflow: params.get('workflow') || '', since: params.get('since') || '',
+      from: params.get('from') || '', to: params.get('to') || '', parent: params.get('parent') || '',
+    };
     let list = [];
     let next = null;
     let pages = 0;
     const table = h('div', { class: 'table-wrap' });
     const more = h('button', { class: 'btn', testid: 'runs-more', hidden: true, onclick: () => load(true) }, 'Load more');
-    const filters = h('div', { class: 'filters', role: 'group' }, RUN_STATUSES.map((s) =>
+    const chips = h('div', { class: 'filters', role: 'group', 'aria-label': 'status' }, RUN_STATUSES.map((s) =>
       h('button', {
-        class: 'chip' + (s === runsFilter ? ' active' : ''), testid: 'filter-' + s, 'data-status': s,
-        onclick: () => {
-          runsFilter = s;
-          for (const b of filters.children) b.classList.toggle('active', b.dataset.status === s);
-          load(false);
-        },
+        class: 'chip' + (s === f.status ? ' active' : ''), testid: 'filter-' + s, 'data-status': s,
+        onclick: () => { f.status = s; apply(); },
       }, s)));
+    const workflows = h('datalist', { id: 'workflow-ids' });
+    const wfInput = h('input', {
+      testid: 'filter-workflow', list: 'workflow-ids', placeholder: 'any workflow', spellcheck: 'false', value: f.workflow,
+      'aria-label': 'workflow', onchange: (e) => { f.workflow = e.target.value.trim(); apply(); },
+    });
+    const from = h('input', { type: 'datetime-local', testid: 'filter-from', 'aria-label': 'created from', value: f.from, onchange: (e) => { f.from = e.target.value; apply(); } });
+    const to = h('input', { type: 'datetime-local', testid: 'filter-to', 'aria-label': 'created until', value: f.to, onchange: (e) => { f.to = e.target.value; apply(); } });
+    const range = h('span', { class: 'row range', hidden: f.since !== 'custom' }, from, muted('to'), to);
+    const since = h('select', {
+      testid: 'filter-since', 'aria-label': 'created', onchange: (e) => { f.since = e.target.value; range.hidden = f.since !== 'custom'; apply(); },
+    }, SINCE.map(([v, label]) => h('option', { value: v }, label)));
+    since.value = f.since;
+    const idMsg = h('span', { class: 'err-sum', testid: 'find-error', hidden: true });
+    const idInput = h('input', { testid: 'find-run', placeholder: 'run id', spellcheck: 'false', 'aria-label': 'run id' });
+    const find = h('form', {
+      class: 'row find', onsubmit: async (e) => {
+        e.preventDefault();
+        const id = idInput.value.trim();
+        if (!id) return;
+        try {
+          await api('GET', '/v1/runs/' + enc(id), undefined, [404]).then((r) => { if (!r || r.error) throw new Error(`No run with id ${id}.`); });
+          location.hash = runHref(id);
+        } catch (err) { idMsg.textContent = err.message; idMsg.hidden = false; }
+      },
+    }, idInput, h('button', { class: 'btn small', type: 'submit', testid: 'find-submit' }, 'Open'), idMsg);
+    const parentChip = h('span');
+    const clear = h('a', { href: '#/runs', testid: 'filter-clear', class: 'small' }, 'clear filters');
     add(app, h('div', { testid: 'runs-page' },
       pageHead('Runs', 'Every run in the store, newest first.'),
-      startForm(), filters, table, h('div', { class: 'more' }, more)));
+      startForm(),
+      h('div', { class: 'card filter-bar', testid: 'run-filters' }, chips,
+        h('div', { class: 'row' }, h('label', { class: 'field' }, muted('Workflow'), wfInput, workflows),
+          h('label', { class: 'field' }, muted('Created'), since), range, parentChip, clear),
+        find),
+      table, h('div', { class: 'more' }, more)));
 
-    async function fetchPage(cursor) {
-            // Summaries: a page stays small whatever the runs' vars hold.
+    function apply() {
+      const q = new URLSearchParams();
+      for (const [k, v] of Object.entries(f)) if (v && !(k === 'status' && v === 'all') && !((k === 'from' || k === 'to') && f.since !== 'custom')) q.set(k, v);
+      history.replaceState(null, '', '#/runs' + (q.toString() ? '?' + q : ''));
+      for (const b of chips.children) b.classList.toggle('active', b.dataset.status === f.status);
+      swap(parentChip, f.parent ? h('span', { class: 'chip active', testid: 'filter-parent' }, 'children of ', mono(f.parent, 'short'), ' ',
+        h('button', { class: 'x', 'aria-label': 'remove', onclick: () => { f.parent = ''; apply(); } }, '×')) : null);
+      clear.hidden = !(f.workflow || f.since || f.parent || f.status !== 'all');
+      load(false);
+    }
+    function query(cursor) {
+      // Summaries: a page stays small whatever the runs' vars hold.
       const q = new URLSearchParams({ limit: '50', view: 'summary' });
-      if (runsFilter !== 'all') q.set('status', runsFilter);
+      if (f.status !== 'all') q.set('status', f.status);
+      if (f.workflow) q.set('workflow_id', f.workflow);
+      if (f.parent) q.set('parent_run_id', f.parent);
+      const s = f.since === 'custom' ? localToUtc(f.from) : sinceTime(f.since);
+      const u = f.since === 'custom' ? localToUtc(f.to) : null;
+      if (s) q.set('since', s);
+      if (u) q.set('until', u);
       if (cursor) q.set('cursor', cursor);
-      return api('GET', '/v1/runs?' + q);
+      return '/v1/runs?' + q;
+    }
+    // A time window may answer short pages (the server reads a bounded
+    // number of runs per request): read on until the page is full.
+    async function fetchPage(cursor) {
+      let got = [];
+      let page;
+      for (let i = 0; i < 10; i++) {
+        page = await api('GET', query(cursor));
+        got = got.concat(items(page));
+        cursor = page.next_cursor;
+        if (!cursor || got.length >= 50) break;
+      }
+      return { items: got, next_cursor: cursor || null };
     }
     async function load(append) {
       try {
         const page = await fetchPage(append ? next : null);
         if (ctl.signal.aborted) return;
-        if (append) { list = list.concat(items(page)); pages += 1; next = page.next_cursor || null; }
-        else { list = items(page); pages = 1; next = page.next_cursor || null; }
+        list = append ? list.concat(page.items) : page.items;
+        pages = append ? pages + 1 : 1;
+        next = page.next_cursor;
         render();
       } catch (e) {
         if (!ctl.signal.aborted) swap(table, errorBox(e));
@@ -400,41 +479,58 @@
         try {
           const page = await fetchPage(null);
           if (ctl.signal.aborted) return;
-          const fresh = items(page);
-          const ids = new Set(fresh.map((r) => r.run_id));
-          list = fresh.concat(list.filter((r) => !ids.has(r.run_id)));
+          const ids = new Set(page.items.map((r) => r.run_id));
+          list = page.items.concat(list.filter((r) => !ids.has(r.run_id)));
           render();
         } catch (_) { /* keep the last view */ }
       } else load(false);
     }
     function render() {
       more.hidden = !next;
+      const seen = new Set(list.map((r) => r.workflow_id));
+      for (const o of workflows.children) seen.add(o.value);
+      swap(workflows, [...seen].sort().map((w) => h('option', { value: w })));
+      table.dataset.count = String(list.length);
       if (!list.length) {
-        swap(table, runsFilter === 'all'
+        const filtered = f.status !== 'all' || f.workflow || f.since || f.parent;
+        swap(table, !filtered
           ? empty('No runs yet.', 'Start one with the form above, or from a shell: ', h('code', null, 'stepwell run flows/examples/hello'), '.')
-          : empty(`No ${runsFilter} runs.`, 'Pick another filter, or ', h('a', { href: '#/runs', onclick: () => filters.children[0].click() }, 'show all runs'), '.'));
+          : empty('No run matches these filters.', 'Change them, or ', h('a', { href: '#/runs', testid: 'empty-clear' }, 'show all runs'), '.'));
         return;
       }
       swap(table, h('table', { class: 'grid', testid: 'runs-table' },
-        h('thead', null, h('tr', null, ['Run', 'Workflow', 'Status', 'Waiting on / error', 'Updated', 'Created'].map((t) => h('th', null, t)))),
+        h('thead', null, h('tr', null, [['Run'], ['Workflow'], ['Status'], ['Waiting on / error', 'hide-sm'], ['Took', 'num'], ['Updated'], ['Created', 'hide-sm']]
+          .map(([t, c]) => h('th', { class: c }, t)))),
         h('tbody', null, list.map(runRow))));
     }
-    load(false);
+    api('GET', '/v1/workflows').then((w) => {
+      if (ctl.signal.aborted) return;
+      const seen = new Set([...workflows.children].map((o) => o.value).concat(items(w).map((x) => x.workflow_id)));
+      swap(workflows, [...seen].sort().map((x) => h('option', { value: x })));
+    }).catch(() => {});
+    apply();
     return { cleanup: () => ctl.abort(), refresh };
+  }
+  // How long a run took (ended) or has taken so far.
+  function runTook(r) {
+    const end = TERMINAL.has(r.status) ? r.updated_at : new Date().toISOString();
+    const d = duration(r.created_at, end) || (TERMINAL.has(r.status) ? '< 1 ms' : '');
+    return TERMINAL.has(r.status) ? d : d ? d + ' so far' : '';
   }
   function runRow(r) {
     return h('tr', {
-      class: 'clickable', testid: 'run-row', 'data-run-id': r.run_id, 'data-status': r.status,
+      class: 'clickable', testid: 'run-row', 'data-run-id': r.run_id, 'data-status': r.status, 'data-workflow': r.workflow_id,
       onclick: (e) => { if (!e.target.closest('a')) location.hash = runHref(r.run_id); },
     },
     h('td', null, link(runHref(r.run_id), idText(r.run_id)),
       controllerOf(r) ? [' ', h('a', { class: 'tag t-auto', href: autoHref(r.run_id) }, 'automation')] : null,
-      r.parent_run_id ? [' ', h('span', { class: 'tag', title: 'child of ' + r.parent_run_id }, 'child')] : null),
+      r.parent_run_id ? [' ', h('a', { class: 'tag', href: runHref(r.parent_run_id), title: 'child of ' + r.parent_run_id }, 'child')] : null),
     h('td', null, mono(r.workflow_id, 'wf')),
     h('td', null, badge(r.status)),
-    h('td', { class: 'wait-cell' }, waitSummary(r)),
+    h('td', { class: 'wait-cell hide-sm' }, waitSummary(r)),
+    h('td', { class: 'num', testid: 'run-took' }, runTook(r)),
     h('td', null, ts(r.updated_at, true)),
-    h('td', null, ts(r.created_at)));
+    h('td', { class: 'hide-sm' }, ts(r.created_at)));
   }
   function startForm() {
     const saved = JSON.parse(localStorage.getItem('stepwell.start') || '{}');
@@ -489,6 +585,181 @@
     return r.vars && r.vars._meta && r.vars._meta.forked_from ? r.vars._meta.forked_from : null;
   }
 
+  // ---------- The flow picture ----------
+  const SVG = 'http://www.w3.org/2000/svg';
+  function s(tag, attrs, ...kids) {
+    const el = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) if (v != null) el.setAttribute(k, String(v));
+    for (const k of kids) if (k != null) el.append(k instanceof Node ? k : document.createTextNode(String(k)));
+    return el;
+  }
+  // The most nodes drawn; a larger flow is listed instead.
+  const MAX_DRAWN = 120;
+  // What the ledger says of the path a run took: the nodes it visited and
+  // the moves between them (a component may go to a node no edge names).
+  function pathOf(records) {
+    const visited = new Set();
+    const moves = new Set();
+    let last = null;
+    for (const r of records) {
+      if (!r.node_id) continue;
+      visited.add(r.node_id);
+      if (last && last !== r.node_id) moves.add(last + '\u0000' + r.node_id);
+      last = r.node_id;
+    }
+    return { visited, moves };
+  }
+  // Layers by breadth-first distance from the entry; nodes the entry does
+  // not reach go last.
+  function layers(flow, moves) {
+    const out = new Map();
+    for (const n of flow.nodes) out.set(n.id, []);
+    const edge = (a, b, label, kind) => { if (out.has(a) && out.has(b)) out.get(a).push({ from: a, to: b, label, kind }); };
+    for (const n of flow.nodes) {
+      if (n.next) edge(n.id, n.next, null, 'next');
+      for (const [label, to] of Object.entries(n.routes || {})) edge(n.id, to, label, 'route');
+    }
+    for (const m of moves) {
+      const [a, b] = m.split('\u0000');
+      if (out.has(a) && !out.get(a).some((e) => e.to === b)) edge(a, b, null, 'dynamic');
+    }
+    const depth = new Map([[flow.entry, 0]]);
+    const queue = [flow.entry];
+    while (queue.length) {
+      const id = queue.shift();
+      for (const e of out.get(id) || []) if (!depth.has(e.to)) { depth.set(e.to, depth.get(id) + 1); queue.push(e.to); }
+    }
+    const deepest = Math.max(0, ...depth.values());
+    const rows = [];
+    for (const n of flow.nodes) if (!depth.has(n.id)) depth.set(n.id, deepest + 1);
+    const order = [...depth.keys()];
+    for (const id of order) (rows[depth.get(id)] = rows[depth.get(id)] || []).push(id);
+    return { rows: rows.filter(Boolean), edges: [...out.values()].flat() };
+  }
+  function nodeState(id, run, path) {
+    if (run.current_node === id && !TERMINAL.has(run.status)) return 'current';
+    if (run.current_node === id && run.status !== 'completed') return 'failed';
+    return path.visited.has(id) ? 'visited' : 'idle';
+  }
+  const clip = (t, n) => (t.length > n ? t.slice(0, n - 1) + '…' : t);
+  function flowPicture(flow, run, records) {
+    const path = pathOf(records);
+    if (flow.nodes.length > MAX_DRAWN) {
+      return h('p', { class: 'muted', testid: 'flow-too-large' }, `${flow.nodes.length} nodes: too many to draw. `,
+        run.current_node ? ['The run is at ', mono(run.current_node), '.'] : null);
+    }
+    const W = 170, H = 44, GX = 26, GY = 46, PAD = 14;
+    const { rows, edges } = layers(flow, path.moves);
+    const widest = Math.max(...rows.map((r) => r.length));
+    const backs = edges.filter((e) => e.from !== e.to && rows.findIndex((r) => r.includes(e.to)) <= rows.findIndex((r) => r.includes(e.from)));
+    // Room on the right for the arrows that go back up.
+    const width = PAD * 2 + widest * W + (widest - 1) * GX + (edges.some((e) => e.from === e.to) || backs.length ? 40 + 14 * backs.length : 0);
+    const at = new Map();
+    rows.forEach((row, y) => {
+      const left = (width - (row.length * W + (row.length - 1) * GX)) / 2;
+      row.forEach((id, x) => at.set(id, { x: left + x * (W + GX), y: PAD + y * (H + GY) }));
+    });
+    const height = PAD * 2 + rows.length * H + (rows.length - 1) * GY;
+    const svg = s('svg', { viewBox: `0 0 ${width} ${height}`, width, height, class: 'flow', 'data-testid': 'flow', role: 'img',
+      'aria-label': `the flow ${flow.workflow_id}: ${flow.nodes.length} nodes` });
+    svg.append(s('defs', null, s('marker', { id: 'arrow', viewBox: '0 0 10 10', refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: 'auto-start-reverse' },
+      s('path', { d: 'M0,0 L10,5 L0,10 z', class: 'arrow' }))));
+    for (const e of edges) {
+      const a = at.get(e.from), b = at.get(e.to);
+      const taken = path.moves.has(e.from + '\u0000' + e.to);
+      const x1 = a.x + W / 2, y1 = a.y + H, x2 = b.x + W / 2, y2 = b.y;
+      const back = b.y <= a.y;
+      const out = 30 + 14 * Math.max(0, backs.indexOf(e));
+      const d = e.from === e.to
+        ? `M${a.x + W},${a.y + 12} C${a.x + W + 34},${a.y - 6} ${a.x + W + 34},${a.y + H + 6} ${a.x + W},${a.y + H - 12}`
+        : b.y === a.y
+          ? (b.x > a.x ? `M${a.x + W},${a.y + H / 2 + 6} L${b.x + 1},${b.y + H / 2 + 6}` : `M${a.x},${a.y + H / 2 - 6} L${b.x + W - 1},${b.y + H / 2 - 6}`)
+          : back
+          ? `M${a.x + W},${a.y + H / 2} C${a.x + W + out},${a.y + H / 2} ${b.x + W + out},${b.y + H / 2} ${b.x + W},${b.y + H / 2}`
+          : `M${x1},${y1} C${x1},${y1 + GY / 2} ${x2},${y2 - GY / 2} ${x2},${y2 - 1}`;
+      svg.append(s('path', { d, class: `edge e-${e.kind}${taken ? ' taken' : ''}`, 'marker-end': 'url(#arrow)', 'data-testid': 'flow-edge',
+        'data-from': e.from, 'data-to': e.to, 'data-taken': taken ? 'yes' : 'no' }));
+      if (e.label) {
+        const [lx, ly] = e.from === e.to ? [a.x + W + 30, a.y + H / 2 + 4] : b.y === a.y ? [(a.x + b.x + W) / 2 - 10, a.y - 3] : back ? [a.x + W + 6, a.y + H / 2 - 5] : [(x1 + x2) / 2 + 4, (y1 + y2) / 2];
+        svg.append(s('text', { x: lx, y: ly, class: 'edge-label' }, clip(e.label, 16)));
+      }
+    }
+    const byId = new Map(flow.nodes.map((n) => [n.id, n]));
+    for (const [id, p] of at) {
+      const n = byId.get(id);
+      const state = nodeState(id, run, path);
+      const what = n.kind === 'effect' ? n.effect : n.kind;
+      svg.append(s('g', { class: `fnode k-${n.kind} n-${state}`, 'data-testid': 'flow-node', 'data-node': id, 'data-state': state, transform: `translate(${p.x},${p.y})` },
+        s('title', null, `${id} (${what})${id === flow.entry ? ', the entry' : ''}: ${state}`),
+        s('rect', { width: W, height: H, rx: n.kind === 'complete' ? H / 2 : 7 }),
+        s('text', { x: W / 2, y: 19, class: 'n-id' }, clip(id, 21)),
+        s('text', { x: W / 2, y: 34, class: 'n-kind' }, clip(what || '', 24))));
+    }
+    return h('div', { class: 'flow-wrap' }, svg);
+  }
+  const legend = () => h('p', { class: 'legend small muted' },
+    [['n-current', 'current'], ['n-visited', 'visited'], ['n-failed', 'failed here'], ['n-idle', 'not reached']]
+      .map(([c, t]) => h('span', { class: 'item' }, h('span', { class: 'key ' + c }), t)),
+    h('span', { class: 'item' }, 'a solid arrow: a move the run made'));
+
+  // ---------- Child runs ----------
+  // The first value under `key` in a JSON value, a few levels deep.
+  function findKey(v, key, depth) {
+    if (!v || typeof v !== 'object' || depth > 4) return null;
+    if (typeof v[key] === 'string') return v[key];
+    for (const x of Object.values(v)) { const f = findKey(x, key, depth + 1); if (f) return f; }
+    return null;
+  }
+  const childOf = (rec) => findKey(rec.result, 'sub_run_id', 0) ||
+    (rec.effect && /start_occurrence|start_subworkflow/.test(rec.effect.type || '') ? findKey(rec.effect.payload, 'run_id', 3) : null);
+  function childRuns(list, parentId, more) {
+    return h('section', { class: 'card', testid: 'child-runs' },
+      h('div', { class: 'section-head' }, h('h2', null, 'Child runs ', h('span', { class: 'count plain' }, String(list.length) + (more ? '+' : ''))),
+        more ? link('#/runs?parent=' + enc(parentId), 'all of them →') : null),
+      h('div', { class: 'table-wrap' }, h('table', { class: 'grid' },
+        h('thead', null, h('tr', null, ['Run', 'Workflow', 'Status', 'Took', 'Created'].map((t) => h('th', null, t)))),
+        h('tbody', null, list.map((r) => h('tr', { testid: 'child-row', 'data-run-id': r.run_id },
+          h('td', null, link(runHref(r.run_id), idText(r.run_id))), h('td', null, mono(r.workflow_id, 'wf')),
+          h('td', null, badge(r.status)), h('td', { class: 'num' }, runTook(r)), h('td', null, ts(r.created_at))))))));
+  }
+
+  // ---------- An automation's controller, readable ----------
+  const EVENT_TEXT = {
+    created: (p) => `Created: ${(p.definition && p.definition.title) || 'untitled'}, revision ${p.revision}`,
+    admitted: (p) => `Occurrence #${p.index} admitted: its trigger fired${p.attempt > 1 ? ` (attempt ${p.attempt})` : ''}`,
+    dispatched: (p) => `Occurrence #${p.index} started${p.attempt > 1 ? ` (attempt ${p.attempt})` : ''}`,
+    completed: (p) => `Occurrence #${p.index} ended: ${p.status || 'completed'}${p.attempts > 1 ? ` after ${plural(p.attempts, 'attempt')}` : ''}`,
+    retry_scheduled: (p) => `Occurrence #${p.index} failed: retry scheduled${p.retry_at ? ' for ' + p.retry_at : ''}`,
+    coalesced: () => 'Missed fire times coalesced into one',
+    passed_over: () => 'A missed fire time passed over',
+    paused: () => 'Paused', resumed: () => 'Resumed', revised: (p) => `Revised to revision ${p.revision}`,
+    archived: () => 'Archived', unarchived: () => 'Unarchived',
+    command_result: (p) => `Command ${String(p.type || '?').replace(/^automation\./, '').replace(/_/g, ' ')}` +
+      `${p.actor ? ' from ' + p.actor : ''}: ${p.status || '?'}${p.error ? ' (' + (p.error.reason_code || p.error.code || 'error') + ')' : ''}`,
+  };
+  const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`;
+  // One line for a controller record that says what the automation did;
+  // null for the records that are its bookkeeping.
+  function activityOf(rec) {
+    const e = rec.effect;
+    if (e && e.type === 'emit_event' && e.payload && /^automation\./.test(e.payload.name || '')) {
+      const kind = e.payload.name.slice('automation.'.length);
+      const p = e.payload.payload || {};
+      const text = EVENT_TEXT[kind] ? EVENT_TEXT[kind](p) : kind.replace(/_/g, ' ');
+      return { kind, text, at: p.at || rec.ended_at, run: p.run_id || null, status: p.status || null };
+    }
+    const w = rec.status === 'waiting' && rec.result && rec.result.wait;
+    if (w && w.until && /:wake$/.test(w.wait_key || '')) return { kind: 'sleep', text: 'Sleeps until the next fire', at: rec.ended_at, until: w.until };
+    return null;
+  }
+  function activityItem(a, seq) {
+    return h('li', { class: 'act-item', testid: 'activity-item', 'data-kind': a.kind, 'data-seq': seq },
+      tag(a.kind.replace(/_/g, ' '), a.kind === 'completed' && a.status && a.status !== 'completed' ? 't-fail' : 't-note'),
+      h('span', null, a.text), a.until ? [' ', ts(a.until, true)] : null,
+      a.run ? [' ', h('a', { href: runHref(a.run), testid: 'child-link' }, 'run ', mono(a.run, 'short'))] : null,
+      h('span', { class: 'tl-time' }, muted('#' + seq + ' · '), ts(a.at)));
+  }
+
   // ---------- One run ----------
   function runView(id) {
     const ctl = new AbortController();
@@ -496,24 +767,59 @@
     let lastSeq = null;
     let ended = false;
     let waitKey = null;
+    let flow = null;
+    let input;
+    let lastEnd = null;
+    const records = [];
     const head = h('div', { class: 'card run-head' });
     const wait = h('div');
+    const flowBox = h('div', { class: 'flow-box' });
     const results = h('div');
+    const children = h('div');
+    const activity = h('ol', { class: 'activity plain', testid: 'activity' });
+    const actCard = h('section', { class: 'card', testid: 'activity-card', hidden: true },
+      h('h2', null, 'What the automation did'),
+      h('p', { class: 'muted small' }, 'Its controller\'s decisions, read from the ledger: occurrences, commands, sleeps. Every raw record is in the timeline below.'), activity);
     const timeline = h('ol', { class: 'timeline', testid: 'timeline' });
     const follow_ = h('span', { class: 'live-small', testid: 'timeline-live' }, 'connecting…');
+    const rawToggle = h('label', { class: 'toggle', hidden: true }, h('input', {
+      type: 'checkbox', testid: 'show-raw', onchange: (e) => { timeline.hidden = !e.target.checked; },
+    }), ' show every record');
     add(app, h('div', { testid: 'run-page', 'data-run-id': id },
       h('div', { class: 'crumbs' }, link('#/runs', 'Runs'), ' / ', mono(id)),
-      head, wait, results,
-      h('section', { class: 'card' }, h('div', { class: 'section-head' }, h('h2', null, 'Timeline'), follow_),
-        h('p', { class: 'muted small' }, 'The run\'s ledger: one record per step, oldest first.'), timeline)));
+      head, wait, h('section', { class: 'card', testid: 'flow-card' }, h('h2', null, 'Flow'), flowBox), results, children, actCard,
+      h('section', { class: 'card' }, h('div', { class: 'section-head' }, h('h2', null, 'Timeline'), h('div', { class: 'row' }, rawToggle, follow_)),
+        h('p', { class: 'muted small' }, 'The run\'s ledger: one record per step, oldest first; beside each, the time since the record before.'), timeline)));
+    let drawSoon = null;
+    function drawFlow() {
+      if (drawSoon) return;
+      drawSoon = setTimeout(() => {
+        drawSoon = null;
+        if (flow && run) swap(flowBox, flowPicture(flow, run, records), legend());
+      }, 100);
+    }
+    let childrenSoon = null;
+    function loadChildren() {
+      if (childrenSoon) return;
+      childrenSoon = setTimeout(async () => {
+        childrenSoon = null;
+        try {
+          const page = await api('GET', `/v1/runs?parent_run_id=${enc(id)}&view=summary&limit=50`);
+          if (ctl.signal.aborted) return;
+          const list = items(page);
+          swap(children, list.length ? childRuns(list, id, !!page.next_cursor) : null);
+        } catch (_) { /* keep */ }
+      }, 300);
+    }
 
     function setRun(st) {
       if (!st || (run && st.version != null && run.version != null && st.version < run.version)) return;
       run = st;
       renderHead();
       const key = run.status + '|' + (run.waiting ? run.waiting.wait_key : '');
-      if (key !== waitKey) { waitKey = key; swap(wait, waitPanel()); }
+      if (key !== waitKey) { waitKey = key; swap(wait, waitPanel()); loadChildren(); }
       renderResults();
+      drawFlow();
     }
     async function reloadState() {
       try { setRun(await api('GET', '/v1/runs/' + enc(id))); } catch (_) { /* keep */ }
@@ -526,6 +832,7 @@
           ? [' ', link('#/workflows/' + encodeURIComponent(r.workflow_id), 'version ' + r.workflow_version)] : null]],
         ['Run id', idText(r.run_id)],
         ['Current node', r.current_node ? mono(r.current_node) : muted('—')],
+        ['Took', h('span', { testid: 'run-took' }, runTook(r) || muted('—'))],
         ['Created', ts(r.created_at, true)],
         ['Updated', ts(r.updated_at, true)],
         ['State version', String(r.version == null ? '—' : r.version)],
@@ -555,7 +862,8 @@
         r.status === 'completed' ? h('section', { class: 'card ok-card' }, h('h2', null, 'Output'), jsonBlock(r.output, 'run-output')) : null,
         r.error ? h('section', { class: 'card err-card' }, h('h2', null, r.status === 'cancelled' ? 'Cancelled' : 'Error'),
           h('pre', { class: 'error-text', testid: 'run-error' }, r.error)) : null,
-        h('section', { class: 'card big-fold' }, fold('vars', 'Vars', jsonBlock(r.vars || {}, 'run-vars'))));
+        input !== undefined ? h('section', { class: 'card big-fold' }, fold('input', 'Input: the vars it started with', jsonBlock(input, 'run-input'), true)) : null,
+        h('section', { class: 'card big-fold' }, fold('vars', 'Vars now', jsonBlock(r.vars || {}, 'run-vars'))));
     }
     async function resume(payload, panel) {
       const err = panel.querySelector('.wait-msg');
@@ -631,14 +939,25 @@
       if (eff) extra.effect = eff;
       if (rec.result !== undefined && rec.result !== null) extra.result = rec.result;
       if (rec.error) extra.error = rec.error;
-      const dur = duration(rec.started_at, rec.ended_at);
+      if (seq === 1 && rec.input !== undefined) { input = rec.input; if (run) renderResults(); }
+      records.push(rec);
+      const end = rec.ended_at || rec.started_at;
+      const dur = duration(lastEnd || (run && run.created_at), end);
+      lastEnd = end;
+      const child = childOf(rec);
+      const act = run && controllerOf(run) ? activityOf(rec) : null;
+      if (act) activity.append(activityItem(act, seq));
+      if (child) loadChildren();
+      drawFlow();
       timeline.append(h('li', { class: 'tl-item st-' + rec.status, testid: 'timeline-record', 'data-seq': isNaN(seq) ? null : seq, 'data-status': rec.status },
         h('div', { class: 'tl-head' },
           h('span', { class: 'seq mono' }, isNaN(seq) ? '#' : '#' + seq),
           badge(rec.status), mono(rec.node_id || '—', 'node'),
           kind ? tag(kind + (ename ? ' · ' + ename : ''), 't-effect') : null,
           rec.attempt > 1 ? tag('attempt ' + rec.attempt, 't-warn') : null,
-          h('span', { class: 'tl-time' }, ts(rec.ended_at || rec.started_at), dur ? muted(' · ' + dur) : null)),
+          child ? h('a', { class: 'tag t-run', href: runHref(child), testid: 'child-link' }, 'child run →') : null,
+          h('span', { class: 'tl-time' }, ts(rec.ended_at || rec.started_at),
+            h('span', { class: 'muted', testid: 'step-took', title: 'time since the record before' }, ' · +' + (dur || '0 ms')))),
         rec.error ? h('div', { class: 'err-sum' }, firstLine(rec.error, 200))
           : extra.result !== undefined ? h('div', { class: 'preview mono', title: 'result' }, '→ ', firstLine(JSON.stringify(extra.result), 160)) : null,
         Object.keys(extra).length ? fold('rec-' + seq, 'effect / result / error', jsonBlock(extra)) : null));
@@ -672,6 +991,10 @@
         const [st, ledger] = await Promise.all([api('GET', '/v1/runs/' + enc(id)), api('GET', `/v1/runs/${enc(id)}/ledger`)]);
         if (ctl.signal.aborted) return;
         setRun(st);
+        if (controllerOf(st)) { actCard.hidden = false; rawToggle.hidden = false; timeline.hidden = true; }
+        api('GET', `/v1/runs/${enc(id)}/flow`).then((f) => { flow = f; drawFlow(); })
+          .catch((e) => swap(flowBox, muted('No picture: ' + e.message)));
+        loadChildren();
         items(ledger).forEach((r) => addRecord(r));
         if (!items(ledger).length) timeline.append(h('li', { class: 'muted tl-empty' }, 'No records yet.'));
         if (!controllerOf(st)) offerForks();
@@ -701,6 +1024,7 @@
           } else if (ev.event === 'state' && data) setRun(data);
           else if (ev.event === 'end') {
             ended = true;
+            loadChildren();
             follow_.textContent = 'run ended';
             follow_.className = 'live-small';
             reloadState();
@@ -712,16 +1036,22 @@
       });
     }
     start();
-    return { cleanup: () => ctl.abort() };
+    return { cleanup: () => { ctl.abort(); clearTimeout(drawSoon); clearTimeout(childrenSoon); } };
   }
 
   // ---------- Automations ----------
+  // A trigger in a few words: a schedule's period, a connection, else the
+  // source and how many settings it has (the whole config is in the
+  // definition and the tooltip).
   function triggerText(t) {
     if (!t) return '—';
     const c = t.config || {};
-    const what = c.every ? `every ${c.every}` : c.at ? `at ${c.at}` : Object.keys(c).length ? JSON.stringify(c) : '';
+    const n = Object.keys(c).length;
+    const what = c.every ? `every ${c.every}` : c.at ? `at ${c.at}` : c.cron ? `cron ${c.cron}`
+      : c.connection_id ? `connection ${clip(String(c.connection_id), 12)}` : n ? plural(n, 'setting') : '';
     return `${t.source_id}@${t.source_version}${what ? ' · ' + what : ''}`;
   }
+  const triggerCell = (t) => h('span', { class: 'mono trigger', title: t ? JSON.stringify(t.config || {}) : '' }, triggerText(t));
   function heldBox(held) {
     if (!held) return null;
     return h('div', { class: 'msg warn', testid: 'held' }, `Held: the controller's step failed ${held.failures || '?'} time(s); next try `,
@@ -751,7 +1081,7 @@
           h('td', null, h('div', null, link(autoHref(a.automation_id), h('strong', null, a.title || '(untitled)'))), idText(a.automation_id),
             a.held ? h('div', { class: 'err-sum', title: a.held.error || '' }, `⚠ held after ${a.held.failures} failed tries`) : null),
           h('td', null, badge(a.status)),
-          h('td', null, mono(triggerText(a.trigger))),
+          h('td', null, triggerCell(a.trigger)),
           h('td', null, a.next_fire_at ? ts(a.next_fire_at, true) : muted('—')),
           h('td', { class: 'num' }, a.occurrence_count == null ? '0' : String(a.occurrence_count),
             a.current_occurrence ? h('div', null, tag('#' + a.current_occurrence.index + ' ' + a.current_occurrence.status, 't-run')) : null),
@@ -806,9 +1136,8 @@
         cmdMsg.dataset.status = ans && ans.status;
       } catch (e) {
         msg(cmdMsg, `${label}: ${e.message}`, 'err');
-      } finally {
-        cmds.forEach((b) => { b.disabled = false; });
       }
+      unblock();
       refresh();
     }
     function renderHead(a) {
@@ -821,13 +1150,32 @@
           h('dt', null, 'Automation id'), h('dd', null, link(runHref(id), idText(id))),
           h('dt', null, 'Next fire'), h('dd', { testid: 'next-fire' }, a.next_fire_at ? ts(a.next_fire_at, true) : muted(a.status === 'paused' ? 'paused: nothing fires' : '—')),
           h('dt', null, 'In flight'), h('dd', null, cur ? h('span', null, `#${cur.index} ${cur.status}, attempt ${cur.attempt} `, cur.run_id ? link(runHref(cur.run_id), idText(cur.run_id)) : null) : muted('nothing')),
-          h('dt', null, 'Trigger'), h('dd', null, mono(triggerText(d.trigger)))),
+          h('dt', null, 'Trigger'), h('dd', null, triggerCell(d.trigger))),
         heldBox(a.held),
         a.error ? h('div', { class: 'msg err' }, String(a.error)) : null);
+      setButtons(a);
+    }
+    // Each button is enabled only when its command can apply now.
+    let shown = null;
+    function setButtons(a) {
+      shown = a;
+      const cur = a.current_occurrence;
+      const why = {
+        pause: a.status === 'active' ? null : `it is ${a.status}, not active`,
+        resume: a.status === 'paused' ? null : `it is ${a.status}, not paused`,
+        run_now: a.status === 'archived' ? 'it is archived' : null,
+        stop_current: cur ? null : 'no occurrence is in flight',
+      };
       for (const b of cmds) {
         const t = b.dataset.cmd;
+        b.disabled = !!why[t];
+        b.title = why[t] ? `Not now: ${why[t]}.` : '';
         b.classList.toggle('primary', (t === 'resume' && a.status === 'paused') || (t === 'pause' && a.status === 'active'));
       }
+    }
+    function unblock() {
+      if (shown) setButtons(shown);
+      else cmds.forEach((b) => { b.disabled = false; });
     }
     function renderDef(a) {
       const d = a.definition || {};
@@ -841,7 +1189,7 @@
         ['Schedule', mono(triggerText(d.trigger))],
         d.trigger && d.trigger.config && d.trigger.config.start_at && ['Starts', ts(d.trigger.config.start_at, true)],
         ['Context', (d.context && d.context.mode) || 'independent'],
-        ['Retry', retry.max_attempts ? `${retry.max_attempts} attempts, backoff ${(retry.backoff || {}).initial || '?'} ×${(retry.backoff || {}).factor || '?'} up to ${(retry.backoff || {}).max || '?'}` : '—'],
+        ['Retry', retry.max_attempts ? `${plural(retry.max_attempts, 'attempt')}, backoff ${(retry.backoff || {}).initial || '?'} ×${(retry.backoff || {}).factor || '?'} up to ${(retry.backoff || {}).max || '?'}` : '—'],
         ['Tool approval', pol.tool_approval || '—'],
         ['Workspace', mono(d.workspace_root || '—')],
         ['Created', ts(d.created_at, true)],
