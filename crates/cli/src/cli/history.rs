@@ -144,7 +144,7 @@ fn fork_points(rt: &Runtime, run_id: &str) -> Result<Report, Error> {
         report.push(format!(
             "{:>6}  {}  {}{}",
             p.seq,
-            p.started_at,
+            super::render::utc_micros(&p.started_at),
             p.node_id,
             if p.reproducible {
                 ""

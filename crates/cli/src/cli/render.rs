@@ -140,7 +140,7 @@ impl Report {
             .unwrap_or_default();
         Report::compact(r).line(format!(
             "{seq:>5}  {}  {:10} {:16} {:18} {}",
-            r.started_at,
+            utc_micros(&r.started_at),
             r.status.as_str(),
             r.node_id.as_deref().unwrap_or("-"),
             what,
@@ -446,6 +446,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn ledger_times_are_shown_in_one_style() {
+        for t in [
+            "2026-01-01T00:00:00+00:00",
+            "2026-01-01T00:00:00.000000Z",
+            "2026-01-01T01:00:00+01:00",
+        ] {
+            assert_eq!(utc_micros(t), "2026-01-01T00:00:00.000000Z", "{t}");
+        }
+        assert_eq!(utc_micros("not a time"), "not a time");
+    }
+
+    #[test]
     fn a_mistyped_command_finds_the_nearest_and_nothing_far() {
         let names = || {
             ["run", "resume", "list", "status", "ledger"]
@@ -536,4 +548,17 @@ mod table_tests {
         );
         assert!(table(&[]).is_empty());
     }
+}
+
+/// An RFC 3339 time as the text output shows every ledger time: UTC with
+/// microseconds and `Z`, so the records a host wrote with an offset
+/// (`+00:00`) line up with the others. Text that is not a time is kept.
+pub(crate) fn utc_micros(t: &str) -> String {
+    chrono::DateTime::parse_from_rfc3339(t).map_or_else(
+        |_| t.to_string(),
+        |d| {
+            d.with_timezone(&chrono::Utc)
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+        },
+    )
 }
