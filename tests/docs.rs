@@ -25,7 +25,9 @@
 //! until the page ends; `<!-- doc-test: prelude -->` above a plain block
 //! (shell variables) runs its lines before every later command of the
 //! page; `<!-- doc-test: stop -->` stops the servers before its session
-//! runs. The path `/tmp/docs-scratch` in a page stands for the page's
+//! runs; `<!-- doc-test: file: PATH -->` above a plain block says it
+//! shows that file of the repository whole, and the suite checks that it
+//! does. The path `/tmp/docs-scratch` in a page stands for the page's
 //! scratch folder. `STEPWELL_DOCS_BLESS=1` writes what the commands
 //! printed into the pages where they differ.
 
@@ -89,6 +91,8 @@ enum Mark {
     /// Each command to its end, once the servers started before are
     /// stopped.
     Stop,
+    /// Not a session: the block is this file of the repository, whole.
+    File(String),
 }
 
 /// A session: the commands of one fenced block.
@@ -105,6 +109,9 @@ struct Session {
 enum Block {
     Session(Session),
     Prelude(String),
+    /// A block that shows a repository file: its path, its text, and the
+    /// page lines it spans.
+    File(String, String, std::ops::Range<usize>),
 }
 
 /// The sessions (and preludes) of a page, in order.
@@ -126,6 +133,16 @@ fn sessions(text: &str) -> Vec<Block> {
         }
         i += 1;
         let mark = mark(&lines[..open]);
+        if let Mark::File(path) = &mark {
+            let text: Vec<&str> = body.iter().map(|(_, l)| *l).collect();
+            let start = open + 2;
+            out.push(Block::File(
+                path.clone(),
+                text.join("\n"),
+                start..start + body.len(),
+            ));
+            continue;
+        }
         if mark == Mark::Prelude {
             let text: Vec<&str> = body.iter().map(|(_, l)| *l).collect();
             out.push(Block::Prelude(text.join("\n")));
@@ -170,8 +187,11 @@ fn mark(before: &[&str]) -> Mark {
         "stop" => Mark::Stop,
         _ => match rest.strip_prefix("skip:") {
             Some(why) if !why.trim().is_empty() => Mark::Skip(why.trim().to_string()),
+            None if rest.starts_with("file:") => {
+                Mark::File(rest["file:".len()..].trim().to_string())
+            }
             _ => {
-                panic!("unknown doc-test mark {last:?}: skip: REASON, background, prelude or stop")
+                panic!("unknown doc-test mark {last:?}: skip: REASON, file: PATH, background, prelude or stop")
             }
         },
     }
@@ -451,6 +471,8 @@ struct Mismatch {
 #[derive(Default)]
 struct PageRun {
     commands: usize,
+    /// The blocks that show a repository file.
+    files: usize,
     skipped: Vec<(usize, String)>,
     mismatches: Vec<Mismatch>,
     /// The commands that took long, and how long.
@@ -568,6 +590,19 @@ fn run_page(page: &str) -> PageRun {
                 continue;
             }
             Block::Session(s) => s,
+            Block::File(path, shown, lines) => {
+                done.files += 1;
+                if let Some(real) = file_differs(&path, &shown) {
+                    done.mismatches.push(Mismatch {
+                        line: lines.start - 1,
+                        command: format!("(the file {path}, shown whole)"),
+                        expected: shown.lines().map(str::to_string).collect(),
+                        actual: real,
+                        lines,
+                    });
+                }
+                continue;
+            }
         };
         if let Mark::Skip(why) = session.mark {
             done.skipped.push((session.line, why));
@@ -602,6 +637,14 @@ fn run_page(page: &str) -> PageRun {
         }
     }
     done
+}
+
+/// The text of the repository file `path` when a page shows it otherwise
+/// (trailing blank space aside).
+fn file_differs(path: &str, shown: &str) -> Option<String> {
+    let real = std::fs::read_to_string(repo().join(path))
+        .unwrap_or_else(|e| format!("(cannot read {path}: {e})"));
+    (real.trim_end() != shown.trim_end()).then(|| real.trim_end().to_string())
 }
 
 /// Binds the ids a page shows for a step that printed something else to
@@ -689,8 +732,9 @@ fn check_page(page: &str) {
     tools_are_there();
     let done = run_page(page);
     eprintln!(
-        "{page}: {} documented commands run, {} differ, {} sessions skipped",
+        "{page}: {} documented commands run, {} files shown, {} differ, {} sessions skipped",
         done.commands,
+        done.files,
         done.mismatches.len(),
         done.skipped.len()
     );
@@ -830,4 +874,28 @@ fn a_wrong_output_in_a_page_fails() {
         matches(&fixed, &lines, &HashMap::new()).is_some(),
         "{actual}"
     );
+}
+
+/// A block marked as a repository file must show it whole: one line
+/// changed in the page is a difference.
+#[test]
+fn a_file_shown_otherwise_fails() {
+    let real = std::fs::read_to_string(repo().join("flows/examples/expenses/flow.json")).unwrap();
+    let page = format!(
+        "<!-- doc-test: file: flows/examples/expenses/flow.json -->\n```json\n{}```\n",
+        real.replace("\"limit\": 100", "\"limit\": 500")
+    );
+    let found = sessions(&page);
+    let [Block::File(path, shown, lines)] = found.as_slice() else {
+        panic!("one file block: {found:?}")
+    };
+    assert_eq!(
+        (path.as_str(), lines.clone()),
+        (
+            "flows/examples/expenses/flow.json",
+            3..3 + real.lines().count()
+        )
+    );
+    assert_eq!(file_differs(path, shown).as_deref(), Some(real.trim_end()));
+    assert_eq!(file_differs(path, &real), None);
 }
