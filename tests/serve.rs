@@ -1593,6 +1593,18 @@ fn the_dashboard_works_in_a_real_browser() {
         }),
     );
     assert_eq!(status, 201, "{hooked}");
+    // One whose occurrence waits on a person: in flight.
+    let (status, asking) = s.post(
+        "/v1/automations",
+        json!({
+            "request_id": "dashboard-ask", "title": "Ask hourly",
+            "target": {"workflow_id": "ask-user", "bundle_ref": example("ask-user"),
+                       "flow_id": "ask-user", "input_data": {}},
+            "trigger": {"source_id": "schedule", "source_version": 1, "config": {"every": "1h"}},
+            "workspace_root": auto_ws.display().to_string(),
+        }),
+    );
+    assert_eq!(status, 201, "{asking}");
     let shots = repo().join("target/browser/screenshots");
     let _ = std::fs::remove_dir_all(&shots);
     let out = Command::new("node")
@@ -1604,6 +1616,10 @@ fn the_dashboard_works_in_a_real_browser() {
         .env(
             "STEPWELL_AUTOMATION_ID",
             created["automation_id"].as_str().unwrap(),
+        )
+        .env(
+            "STEPWELL_ASKING_AUTOMATION_ID",
+            asking["automation_id"].as_str().unwrap(),
         )
         .env("STEPWELL_WORKSPACE", &ws)
         .env("STEPWELL_NODE_MODULES", &modules)

@@ -2,6 +2,7 @@
 //
 // Env: STEPWELL_URL (base URL), STEPWELL_TOKEN, STEPWELL_REPO (repo root),
 // STEPWELL_SCREENSHOTS (dir), STEPWELL_AUTOMATION_ID (an active scheduled automation),
+// STEPWELL_ASKING_AUTOMATION_ID (one whose occurrence waits on a person),
 // STEPWELL_WORKSPACE (writable dir for the tool-approval run), optional CHROMIUM
 // (default /usr/bin/chromium) and STEPWELL_NODE_MODULES (where playwright-core is installed,
 // default <repo>/target/browser/node_modules).
@@ -26,6 +27,7 @@ const BASE = env('STEPWELL_URL').replace(/\/+$/, '');
 const TOKEN = env('STEPWELL_TOKEN');
 const SHOTS = env('STEPWELL_SCREENSHOTS');
 const AUTOMATION_ID = env('STEPWELL_AUTOMATION_ID');
+const ASKING_ID = env('STEPWELL_ASKING_AUTOMATION_ID');
 const WORKSPACE = env('STEPWELL_WORKSPACE');
 const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
 const MODULES = process.env.STEPWELL_NODE_MODULES || path.join(REPO, 'target/browser/node_modules');
@@ -112,6 +114,16 @@ const rows = () => page.evaluate(() => [...document.querySelectorAll('[data-test
   .map((r) => ({ id: r.dataset.runId, workflow: r.dataset.workflow, status: r.dataset.status })));
 const nodeStates = () => page.evaluate(() => Object.fromEntries([...document.querySelectorAll('[data-testid="flow-node"]')]
   .map((n) => [n.dataset.node, n.dataset.state])));
+// A table as wide as its card at most (it would scroll inside it).
+async function tableFits(testid) {
+  const [inner, outer] = await page.evaluate((t) => {
+    const wrap = document.querySelector(`[data-testid="${t}"]`).parentElement;
+    return [wrap.scrollWidth, wrap.clientWidth];
+  }, testid);
+  if (inner > outer + 1) throw new Error(`${testid} is ${inner} px wide in a ${outer} px card`);
+}
+// A duration as the page writes one, above zero.
+const DURATION = /\d+(\.\d)? (ms|s)|\d+ (min|h|d)/;
 async function fitsTheScreen(what) {
   const [doc, win] = await page.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
   if (doc > win + 1) throw new Error(`${what} is ${doc} px wide on a ${win} px screen`);
@@ -182,6 +194,7 @@ try {
     await row.waitFor();
     await expectText(tid('automation-row'), 'webhook.received@1 · connection tc_');
     await fitsTheScreen('the automations, one with a webhook trigger,');
+    await tableFits('automations-table');
     const a = await screenshot('automations');
     await row.click();
     await page.waitForURL(new RegExp(`#/automations/${AUTOMATION_ID}$`));
@@ -265,7 +278,11 @@ try {
     await page.locator(tid('runs-table')).waitFor();
     await page.locator(tid('filter-workflow')).fill('ask-user');
     await page.locator(tid('filter-workflow')).press('Tab');
+    const asked = page.waitForRequest((r) => /\/v1\/runs\?/.test(r.url()) && /workflow_id=ask-user/.test(r.url()) && /since=\d{4}-/.test(r.url()));
     await page.locator(tid('filter-since')).selectOption('1h');
+    const since = new URL((await asked).url()).searchParams.get('since');
+    const back = (Date.now() - Date.parse(since)) / 60000;
+    if (back < 59 || back > 61) throw new Error(`"last hour" asked for runs since ${since}, ${back.toFixed(1)} min back`);
     const want = [runs.ask, runs.waits];
     const filtered = () => page.waitForFunction((ids) => {
       const r = [...document.querySelectorAll('[data-testid="run-row"]')];
@@ -277,8 +294,9 @@ try {
     await page.reload();
     await filtered();
     if ((await page.locator(tid('filter-workflow')).inputValue()) !== 'ask-user') throw new Error('the workflow filter was lost on reload');
-    const took = await page.locator(`${tid('run-row')}[data-status="completed"] ${tid('run-took')}`).first().textContent();
-    if (!/\d/.test(took)) throw new Error(`a completed run shows no duration: ${JSON.stringify(took)}`);
+    if ((await page.locator(tid('filter-since')).inputValue()) !== '1h') throw new Error('the time filter was lost on reload');
+    const took = await page.locator(`${tid('run-row')}[data-status="completed"] ${tid('run-took')}`).allTextContents();
+    if (!took.some((t) => DURATION.test(t))) throw new Error(`no completed run shows a duration: ${JSON.stringify(took)}`);
     const a = await screenshot('runs-filtered');
     // A window in the past holds nothing.
     await page.locator(tid('filter-since')).selectOption('custom');
@@ -305,8 +323,12 @@ try {
     if (!vars.includes('written')) throw new Error('the vars do not show what the run wrote');
     if ((await page.locator(tid('run-input')).textContent()).includes('"written"')) throw new Error('the input shows a var the run wrote later');
     const n = await page.locator(tid('timeline-record')).count();
-    if ((await page.locator(tid('step-took')).count()) !== n) throw new Error('a record without its duration');
-    if (!/\d/.test(await page.locator(tid('run-took')).textContent())) throw new Error('the run shows no duration');
+    const steps = await page.locator(tid('step-took')).allTextContents();
+    if (steps.length !== n) throw new Error(`${steps.length} durations for ${n} records`);
+    // The approval took a while: the record after it says how long.
+    if (!steps.some((t) => DURATION.test(t))) throw new Error(`no step took measurable time: ${JSON.stringify(steps)}`);
+    const runTook = await page.locator(tid('run-took')).textContent();
+    if (!DURATION.test(runTook)) throw new Error(`the run's duration reads ${JSON.stringify(runTook)}`);
     const a = await screenshot('run-flow');
     // A waiting run: its current node stands out.
     const id = await startRun(path.join(REPO, 'flows/examples/ask-user'), {});
@@ -348,10 +370,33 @@ try {
     const kinds = await page.evaluate(() => [...document.querySelectorAll('[data-testid="activity-item"]')].map((i) => i.dataset.kind));
     const records = await page.locator(tid('timeline-record')).count();
     if (kinds.length * 2 > records) throw new Error(`${kinds.length} activity lines for ${records} records`);
+    for (const k of ['created', 'admitted', 'dispatched', 'completed', 'paused', 'resumed']) {
+      if (!kinds.includes(k)) throw new Error(`no "${k}" line among ${JSON.stringify(kinds)}`);
+    }
     const a = await screenshot('controller');
     await page.locator(tid('show-raw')).check();
     await page.locator(tid('timeline')).waitFor();
+    // The occurrence's line links its run, whose page links back.
+    const occ = page.locator(`${tid('activity-item')}[data-kind="dispatched"] ${tid('child-link')}`).first();
+    const href = await occ.getAttribute('href');
+    if (!/^#\/runs\/[0-9a-f-]{36}$/.test(href)) throw new Error(`the occurrence links ${href}`);
+    await occ.click();
+    await page.waitForURL(new RegExp(href.replace(/[/]/g, '\\/') + '$'));
+    await runStatus('completed');
+    await page.locator(`a[href="#/automations/${AUTOMATION_ID}"]`).first().waitFor();
     return `(${kinds.length} lines for ${records} records: ${[...new Set(kinds)].join(', ')}; ${a})`;
+  });
+
+  await step('k2. an occurrence in flight: Stop current on, Run now off', async () => {
+    await page.goto(`${BASE}/#/automations/${ASKING_ID}`);
+    await page.locator(tid('automation-wait')).waitFor();
+    await buttons({ 'cmd-stop-current': true, 'cmd-run-now': false, 'cmd-pause': true, 'cmd-resume': false });
+    const why = await page.locator(tid('cmd-run-now')).getAttribute('title');
+    if (!/in flight/.test(why || '')) throw new Error(`run now, disabled, says ${JSON.stringify(why)}`);
+    await page.locator(tid('cmd-stop-current')).click();
+    await expectText(tid('cmd-result'), 'applied');
+    await buttons({ 'cmd-stop-current': false, 'cmd-run-now': true });
+    return '(then stopped: Stop current off, Run now on)';
   });
 
   await step('l. a phone (390 px): the same pages fit the screen', async () => {

@@ -400,6 +400,7 @@
     const since = h('select', {
       testid: 'filter-since', 'aria-label': 'created', onchange: (e) => { f.since = e.target.value; range.hidden = f.since !== 'custom'; apply(); },
     }, SINCE.map(([v, label]) => h('option', { value: v }, label)));
+    if (f.since && !SINCE.some(([v]) => v === f.since)) since.append(h('option', { value: f.since }, 'last ' + f.since));
     since.value = f.since;
     const idMsg = h('span', { class: 'err-sum', testid: 'find-error', hidden: true });
     const idInput = h('input', { testid: 'find-run', placeholder: 'run id', spellcheck: 'false', 'aria-label': 'run id' });
@@ -435,7 +436,9 @@
       clear.hidden = !(f.workflow || f.since || f.parent || f.status !== 'all');
       load(false);
     }
-    function query(cursor) {
+    // The filters as one request's query, read once: a fetch that was
+    // overtaken by a change of the filters never mixes old and new.
+    function query() {
       // Summaries: a page stays small whatever the runs' vars hold.
       const q = new URLSearchParams({ limit: '50', view: 'summary' });
       if (f.status !== 'all') q.set('status', f.status);
@@ -445,40 +448,47 @@
       const u = f.since === 'custom' ? localToUtc(f.to) : null;
       if (s) q.set('since', s);
       if (u) q.set('until', u);
-      if (cursor) q.set('cursor', cursor);
-      return '/v1/runs?' + q;
+      return q;
     }
     // A time window may answer short pages (the server reads a bounded
     // number of runs per request): read on until the page is full.
     async function fetchPage(cursor) {
+      const base = query();
       let got = [];
       let page;
-      for (let i = 0; i < 10; i++) {
-        page = await api('GET', query(cursor));
+      for (let i = 0; i < 5; i++) {
+        const q = new URLSearchParams(base);
+        if (cursor) q.set('cursor', cursor);
+        page = await api('GET', '/v1/runs?' + q);
         got = got.concat(items(page));
         cursor = page.next_cursor;
         if (!cursor || got.length >= 50) break;
       }
       return { items: got, next_cursor: cursor || null };
     }
+    // Each load or refresh takes a number; an answer that is not the
+    // latest one's is dropped.
+    let latest = 0;
     async function load(append) {
+      const mine = ++latest;
       try {
         const page = await fetchPage(append ? next : null);
-        if (ctl.signal.aborted) return;
+        if (ctl.signal.aborted || mine !== latest) return;
         list = append ? list.concat(page.items) : page.items;
         pages = append ? pages + 1 : 1;
         next = page.next_cursor;
         render();
       } catch (e) {
-        if (!ctl.signal.aborted) swap(table, errorBox(e));
+        if (!ctl.signal.aborted && mine === latest) swap(table, errorBox(e));
       }
     }
     async function refresh() {
       if (pages > 1) {
         // Keep what "load more" brought in; refresh the first page.
+        const mine = ++latest;
         try {
           const page = await fetchPage(null);
-          if (ctl.signal.aborted) return;
+          if (ctl.signal.aborted || mine !== latest) return;
           const ids = new Set(page.items.map((r) => r.run_id));
           list = page.items.concat(list.filter((r) => !ids.has(r.run_id)));
           render();
@@ -514,7 +524,7 @@
   // How long a run took (ended) or has taken so far.
   function runTook(r) {
     const end = TERMINAL.has(r.status) ? r.updated_at : new Date().toISOString();
-    const d = duration(r.created_at, end) || (TERMINAL.has(r.status) ? '< 1 ms' : '');
+    const d = duration(r.created_at, end) || (TERMINAL.has(r.status) ? 'under 1 ms' : '');
     return TERMINAL.has(r.status) ? d : d ? d + ' so far' : '';
   }
   function runRow(r) {
@@ -623,13 +633,14 @@
       const [a, b] = m.split('\u0000');
       if (out.has(a) && !out.get(a).some((e) => e.to === b)) edge(a, b, null, 'dynamic');
     }
-    const depth = new Map([[flow.entry, 0]]);
-    const queue = [flow.entry];
+    const start = out.has(flow.entry) ? [flow.entry] : [];
+    const depth = new Map(start.map((id) => [id, 0]));
+    const queue = [...start];
     while (queue.length) {
       const id = queue.shift();
       for (const e of out.get(id) || []) if (!depth.has(e.to)) { depth.set(e.to, depth.get(id) + 1); queue.push(e.to); }
     }
-    const deepest = Math.max(0, ...depth.values());
+    const deepest = depth.size ? Math.max(...depth.values()) : -1;
     const rows = [];
     for (const n of flow.nodes) if (!depth.has(n.id)) depth.set(n.id, deepest + 1);
     const order = [...depth.keys()];
@@ -638,12 +649,14 @@
   }
   function nodeState(id, run, path) {
     if (run.current_node === id && !TERMINAL.has(run.status)) return 'current';
-    if (run.current_node === id && run.status !== 'completed') return 'failed';
+    if (run.current_node === id && run.status === 'failed') return 'failed';
+    if (run.current_node === id && run.status === 'cancelled') return 'stopped';
     return path.visited.has(id) ? 'visited' : 'idle';
   }
   const clip = (t, n) => (t.length > n ? t.slice(0, n - 1) + '…' : t);
   function flowPicture(flow, run, records) {
     const path = pathOf(records);
+    if (!flow.nodes.length) return muted('The flow has no nodes.');
     if (flow.nodes.length > MAX_DRAWN) {
       return h('p', { class: 'muted', testid: 'flow-too-large' }, `${flow.nodes.length} nodes: too many to draw. `,
         run.current_node ? ['The run is at ', mono(run.current_node), '.'] : null);
@@ -729,7 +742,7 @@
     admitted: (p) => `Occurrence #${p.index} admitted: its trigger fired${p.attempt > 1 ? ` (attempt ${p.attempt})` : ''}`,
     dispatched: (p) => `Occurrence #${p.index} started${p.attempt > 1 ? ` (attempt ${p.attempt})` : ''}`,
     completed: (p) => `Occurrence #${p.index} ended: ${p.status || 'completed'}${p.attempts > 1 ? ` after ${plural(p.attempts, 'attempt')}` : ''}`,
-    retry_scheduled: (p) => `Occurrence #${p.index} failed: retry scheduled${p.retry_at ? ' for ' + p.retry_at : ''}`,
+    retry_scheduled: (p) => `Occurrence #${p.index} failed: retry scheduled${p.retry_at ? ' for ' + absTime(parseTs(p.retry_at) || new Date(0)) : ''}`,
     coalesced: () => 'Missed fire times coalesced into one',
     passed_over: () => 'A missed fire time passed over',
     paused: () => 'Paused', resumed: () => 'Resumed', revised: (p) => `Revised to revision ${p.revision}`,
@@ -737,7 +750,7 @@
     command_result: (p) => `Command ${String(p.type || '?').replace(/^automation\./, '').replace(/_/g, ' ')}` +
       `${p.actor ? ' from ' + p.actor : ''}: ${p.status || '?'}${p.error ? ' (' + (p.error.reason_code || p.error.code || 'error') + ')' : ''}`,
   };
-  const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`;
+  const plural = (n, word, many) => `${n} ${n === 1 ? word : many || word + 's'}`;
   // One line for a controller record that says what the automation did;
   // null for the records that are its bookkeeping.
   function activityOf(rec) {
@@ -939,7 +952,9 @@
       if (eff) extra.effect = eff;
       if (rec.result !== undefined && rec.result !== null) extra.result = rec.result;
       if (rec.error) extra.error = rec.error;
-      if (seq === 1 && rec.input !== undefined) { input = rec.input; if (run) renderResults(); }
+      // The vars it started with: on its first step's record (a fork's
+      // first record says where it came from; its step's follows).
+      if (input === undefined && rec.input !== undefined) { input = rec.input; if (run) renderResults(); }
       records.push(rec);
       const end = rec.ended_at || rec.started_at;
       const dur = duration(lastEnd || (run && run.created_at), end);
@@ -957,13 +972,20 @@
           rec.attempt > 1 ? tag('attempt ' + rec.attempt, 't-warn') : null,
           child ? h('a', { class: 'tag t-run', href: runHref(child), testid: 'child-link' }, 'child run →') : null,
           h('span', { class: 'tl-time' }, ts(rec.ended_at || rec.started_at),
-            h('span', { class: 'muted', testid: 'step-took', title: 'time since the record before' }, ' · +' + (dur || '0 ms')))),
+            h('span', { class: 'muted', testid: 'step-took', title: 'time since the record before' }, ' · +' + (dur || 'under 1 ms')))),
         rec.error ? h('div', { class: 'err-sum' }, firstLine(rec.error, 200))
           : extra.result !== undefined ? h('div', { class: 'preview mono', title: 'result' }, '→ ', firstLine(JSON.stringify(extra.result), 160)) : null,
         Object.keys(extra).length ? fold('rec-' + seq, 'effect / result / error', jsonBlock(extra)) : null));
     }
     // A "Fork from here" button on each record a fork can start from.
     let forksSoon = null;
+    // Whether the run may be forked at all: not a controller's, nor a run
+    // an automation owns (an occurrence, a discussion's turn), which the
+    // server refuses (409 not_forkable).
+    const forkable = (r) => {
+      const meta = (r && r.vars && r.vars._meta) || {};
+      return !!r && !controllerOf(r) && !meta.occurrence && !meta.discussion;
+    };
     async function offerForks() {
       let points;
       try { points = items(await api('GET', `/v1/runs/${enc(id)}/fork-points`)); } catch (_) { return; }
@@ -997,7 +1019,7 @@
         loadChildren();
         items(ledger).forEach((r) => addRecord(r));
         if (!items(ledger).length) timeline.append(h('li', { class: 'muted tl-empty' }, 'No records yet.'));
-        if (!controllerOf(st)) offerForks();
+        if (forkable(st)) offerForks();
       } catch (e) {
         if (ctl.signal.aborted) return;
         swap(head, e.status === 404 ? empty('No run with this id.', 'Check the id, or go back to ', link('#/runs', 'the runs'), '.') : errorBox(e));
@@ -1020,7 +1042,7 @@
             if (empty_) empty_.remove();
             addRecord(data, ev.id);
             // New records may be new fork points: look again, at most once a second.
-            if (run && !controllerOf(run) && !forksSoon) forksSoon = setTimeout(() => { forksSoon = null; offerForks(); }, 1000);
+            if (forkable(run) && !forksSoon) forksSoon = setTimeout(() => { forksSoon = null; offerForks(); }, 1000);
           } else if (ev.event === 'state' && data) setRun(data);
           else if (ev.event === 'end') {
             ended = true;
@@ -1028,7 +1050,7 @@
             follow_.textContent = 'run ended';
             follow_.className = 'live-small';
             reloadState();
-            if (run && !controllerOf(run)) offerForks();
+            if (forkable(run)) offerForks();
             return false;
           }
           return true;
@@ -1079,7 +1101,7 @@
             onclick: (e) => { if (!e.target.closest('a')) location.hash = autoHref(a.automation_id); },
           },
           h('td', null, h('div', null, link(autoHref(a.automation_id), h('strong', null, a.title || '(untitled)'))), idText(a.automation_id),
-            a.held ? h('div', { class: 'err-sum', title: a.held.error || '' }, `⚠ held after ${a.held.failures} failed tries`) : null),
+            a.held ? h('div', { class: 'err-sum', title: a.held.error || '' }, `⚠ held after ${plural(a.held.failures, 'failed try', 'failed tries')}`) : null),
           h('td', null, badge(a.status)),
           h('td', null, triggerCell(a.trigger)),
           h('td', null, a.next_fire_at ? ts(a.next_fire_at, true) : muted('—')),
@@ -1110,6 +1132,7 @@
     const ctl = new AbortController();
     let showAll = false;
     let busy = false;
+    let generation = 0;
     const head = h('div', { class: 'card' });
     const cmdMsg = h('p', { class: 'msg', testid: 'cmd-result', hidden: true });
     const def = h('div');
@@ -1137,8 +1160,8 @@
       } catch (e) {
         msg(cmdMsg, `${label}: ${e.message}`, 'err');
       }
-      unblock();
-      refresh();
+      // The buttons stay off until the state the command left is shown.
+      if (!(await refresh(true))) unblock();
     }
     function renderHead(a) {
       const d = a.definition || {};
@@ -1160,10 +1183,13 @@
     function setButtons(a) {
       shown = a;
       const cur = a.current_occurrence;
+      const st = a.state || {};
       const why = {
         pause: a.status === 'active' ? null : `it is ${a.status}, not active`,
         resume: a.status === 'paused' ? null : `it is ${a.status}, not paused`,
-        run_now: a.status === 'archived' ? 'it is archived' : null,
+        run_now: !['active', 'paused'].includes(a.status) ? `it is ${a.status}`
+          : st.exhausted ? 'its trigger will not fire again'
+            : cur || st.pending_occurrence || st.manual_pending ? 'an occurrence is in flight or about to start' : null,
         stop_current: cur ? null : 'no occurrence is in flight',
       };
       for (const b of cmds) {
@@ -1255,23 +1281,30 @@
       }
       return all;
     }
-    async function refresh() {
-      if (busy) return;
+    // Whether the page now shows the automation as the store holds it.
+    // `force`: even while another refresh is on its way (its answer may
+    // predate a command).
+    async function refresh(force) {
+      if (busy && !force) return false;
       busy = true;
+      const mine = ++generation;
       try {
         const [a, o, w, at] = await Promise.all([
           api('GET', '/v1/automations/' + enc(id)),
           api('GET', `/v1/automations/${enc(id)}/occurrences?limit=50`),
           api('GET', `/v1/automations/${enc(id)}/waits`),
           attentionItems()]);
-        if (ctl.signal.aborted) return;
+        // Overtaken by a newer refresh: that one shows what is newer.
+        if (ctl.signal.aborted || mine !== generation) return false;
         renderHead(a); renderDef(a); renderWaits(items(w)); renderAttention(at); renderOcc(o);
+        return true;
       } catch (e) {
-        if (ctl.signal.aborted) return;
+        if (ctl.signal.aborted) return false;
         if (e.status === 404) swap(head, empty('No automation with this id.', 'Back to ', link('#/automations', 'the automations'), '.'));
         else swap(head, errorBox(e));
+        return false;
       } finally {
-        busy = false;
+        if (mine === generation) busy = false;
       }
     }
     refresh();
