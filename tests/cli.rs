@@ -1171,3 +1171,65 @@ fn bench_on_a_terminal_prints_each_figure_once() {
         assert_eq!(shown.matches(name).count(), 1, "{shown}");
     }
 }
+
+/// `inspect` reads a component file without a store: the world and
+/// contract of the `expenses` node and what its author declared; a
+/// declaration that is not JSON is named; a file that is not WebAssembly
+/// is an error on one line naming it. Nothing is created where it runs.
+#[test]
+fn inspect_shows_what_a_component_expects_without_a_store() {
+    let cli = Cli::new();
+    let triage = stepwell_tests::repo().join("flows/examples/expenses/triage.wasm");
+    let info = cli.json(&["inspect", triage.to_str().unwrap()]);
+    assert_eq!(info["encoding"], "component");
+    assert_eq!(info["world"], "node");
+    assert_eq!(
+        (&info["contract"], &info["contract_matches"]),
+        (&json!("0.2.0"), &json!(true))
+    );
+    assert_eq!(info["exports"], json!(["handle"]));
+    assert!(info["imports"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("stepwell:flow/types@0.2.0")));
+    assert_eq!(info["description"]["routes"], json!(["approved", "review"]));
+    assert!(info["description"]["vars"]["amount"].is_string());
+    let text = cli.ok(&["inspect", triage.to_str().unwrap()]);
+    assert!(text.contains("  world     node (exports handle)"), "{text}");
+    assert!(text.contains("    routes  approved, review"), "{text}");
+    // A custom section appended to a component that declares nothing:
+    // id 0, its size, the name's size and name, then what is not JSON.
+    let mut bytes =
+        std::fs::read(stepwell_tests::repo().join("flows/examples/hello/greet.wasm")).unwrap();
+    let name = b"stepwell:node";
+    let data = b"{not json";
+    bytes.push(0);
+    bytes.push((1 + name.len() + data.len()) as u8);
+    bytes.push(name.len() as u8);
+    bytes.extend_from_slice(name);
+    bytes.extend_from_slice(data);
+    let odd = cli.cwd.path().join("odd.wasm");
+    std::fs::write(&odd, &bytes).unwrap();
+    let info = cli.json(&["inspect", odd.to_str().unwrap()]);
+    assert_eq!(info["world"], "node");
+    assert!(
+        info["description_error"]
+            .as_str()
+            .unwrap()
+            .contains("is not JSON"),
+        "{info}"
+    );
+    let flow = stepwell_tests::repo().join("flows/examples/expenses/flow.json");
+    let err = cli.fails(&["inspect", flow.to_str().unwrap()]);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("flow.json: not WebAssembly"), "{err}");
+    let names: Vec<_> = std::fs::read_dir(cli.cwd.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        names,
+        ["odd.wasm"],
+        "inspect wrote into the working directory"
+    );
+}

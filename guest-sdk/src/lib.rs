@@ -354,6 +354,39 @@ macro_rules! export_node {
     };
 }
 
+/// Declares what this node expects, for `stepwell inspect` and for flow
+/// loading: one JSON object, written as a string literal, kept in the
+/// component's `stepwell:node` custom section. Its keys (all optional):
+/// `description` (text), `vars` and `config` (name → what it holds),
+/// `routes` (the route labels the node may return). Call it once, at the
+/// crate root:
+///
+/// ```ignore
+/// stepwell_guest::describe_node!(r#"{
+///     "description": "Pays up to config.limit at once, asks a person above it.",
+///     "vars": {"amount": "the amount to pay, a number (required)"},
+///     "config": {"limit": "the most paid without asking, a number (default 100)"},
+///     "routes": ["approved", "review"]
+/// }"#);
+/// ```
+#[macro_export]
+macro_rules! describe_node {
+    ($json:literal) => {
+        #[cfg_attr(target_family = "wasm", link_section = "stepwell:node")]
+        #[used]
+        static __STEPWELL_NODE_DESCRIPTION: [u8; $json.len()] = {
+            let text: &[u8] = $json.as_bytes();
+            let mut out = [0u8; $json.len()];
+            let mut i = 0;
+            while i < text.len() {
+                out[i] = text[i];
+                i += 1;
+            }
+            out
+        };
+    };
+}
+
 #[cfg(all(test, feature = "connection"))]
 mod tests {
     use super::Time;

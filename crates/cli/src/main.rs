@@ -205,6 +205,13 @@ enum Command {
     /// store (as `stepwell drive`) in the same process. Prints the URL and
     /// where the bearer token is; stops on SIGTERM or Ctrl-C.
     Serve(cli::serve::ServeArgs),
+    /// What a component file is and expects, read without compiling it:
+    /// its world, the contract version it was built against, its imports
+    /// and exports, and the vars, config and routes its author declared.
+    #[command(after_help = "Examples:
+  stepwell inspect flows/examples/expenses/triage.wasm
+  stepwell inspect flows/examples/hello-py/greet.wasm --json")]
+    Inspect(cli::inspect::InspectArgs),
     /// Measure the host and print the figures (medians). Uses its own scratch
     /// stores and the default guest limits: --db and the --guest-* flags do
     /// not apply.
@@ -252,6 +259,10 @@ struct StoreFlags {
 fn execute(cli: Cli, flags: &StoreFlags, sink: &Sink) -> Result<Report, Error> {
     if let Command::Bench(args) = cli.command {
         return Err(cli::bench::forward(args, cli.json, cli.store));
+    }
+    if let Command::Inspect(args) = cli.command {
+        // A file, not a store: nothing is opened or created.
+        return cli::inspect::run(args);
     }
     if let Command::Serve(args) = &cli.command {
         // Before the store is opened: its wait for a database starting up
@@ -316,7 +327,7 @@ fn on_runtime(rt: Runtime, host: &Host, command: Command, sink: &Sink) -> Result
         Command::Tools { command } => cli::tools::run(&rt, command),
         Command::Snapshot { command } => cli::snapshot::run(&rt, &host.spec, command),
         Command::Serve(args) => cli::serve::run(rt, host, args, sink),
-        Command::Bench(_) | Command::Triggers { .. } | Command::Db { .. } => {
+        Command::Bench(_) | Command::Inspect(_) | Command::Triggers { .. } | Command::Db { .. } => {
             unreachable!("handled by execute")
         }
     }

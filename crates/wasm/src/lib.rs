@@ -26,6 +26,7 @@
 pub(crate) mod cache;
 mod engine;
 mod fsguard;
+pub mod inspect;
 mod node;
 mod sandbox;
 mod tool;
@@ -40,6 +41,7 @@ pub use cache::CompiledDigests;
 pub use engine::time_compiling;
 pub use engine::{write_perf_map, EngineConfig, GuestCounts, LoadOrigin, WasmEngine, CONTRACT};
 pub use fsguard::RefusedPaths;
+pub use inspect::{inspect, ComponentInfo};
 pub use node::vars_json;
 pub use node::{NodeCall, NodeComponent, NodeSession, HOST_BOOKKEEPING_VARS};
 pub use sandbox::{Preopen, Reach};

@@ -15,6 +15,7 @@ pub mod drive;
 pub mod environment;
 pub mod history;
 pub mod input;
+pub mod inspect;
 pub mod ledger;
 pub mod render;
 pub mod retention;

@@ -1,7 +1,16 @@
 //! The `expenses` example's node (docs/wit.md, "Writing a node in Rust"):
 //! pays an amount up to the configured limit at once, asks a person above it.
 use serde_json::json;
-use stepwell_guest::{export_node, Effect, Input, NodeError, Plan};
+use stepwell_guest::{describe_node, export_node, Effect, Input, NodeError, Plan};
+
+describe_node!(
+    r#"{
+    "description": "Pays an amount up to config.limit at once, asks a person above it.",
+    "vars": {"amount": "the amount to pay, a number (required)"},
+    "config": {"limit": "the most paid without asking, a number (default 100)"},
+    "routes": ["approved", "review"]
+}"#
+);
 
 fn triage(input: Input) -> Result<Plan, NodeError> {
     let amount = input
