@@ -17,6 +17,9 @@
 //! - `...` inside a line matches any text, and a line of `...` any number
 //!   of lines.
 //!
+//! A command that exits with a failure must be shown failing: an `error`
+//! in what the page shows it printing, or `# exit N` on the command.
+//!
 //! A session the suite cannot run (it needs a model, a browser, a second
 //! machine) says why in `<!-- doc-test: skip: REASON -->` just above it;
 //! the skipped ones are counted and printed. Two more marks:
@@ -421,16 +424,22 @@ impl Started {
     }
 
     /// Waits for its end (killing it after [`COMMAND_LIMIT`]) and returns
-    /// what it printed.
+    /// what it printed, with a last line `(exit status N)` when it failed.
     fn finish(mut self) -> String {
-        while self.child.try_wait().unwrap().is_none() {
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
             if self.began.elapsed() > COMMAND_LIMIT {
                 self.stop(libc::SIGKILL);
                 return format!("{}(killed after {COMMAND_LIMIT:?})", self.printed());
             }
             std::thread::sleep(Duration::from_millis(5));
+        };
+        match status.code() {
+            Some(0) => self.printed(),
+            code => format!("{}{}", self.printed(), failed_line(code)),
         }
-        self.printed()
     }
 
     /// Signals its process group and reaps its shell; a group still there
@@ -456,6 +465,27 @@ impl Started {
 /// Runs one command of a page to its end and returns what it printed.
 fn run(dir: &Path, command: &str) -> String {
     Started::new(dir, "", command, 0).finish()
+}
+
+/// The line the runner adds to what a failing command printed. A page
+/// shows a command that fails with an `error` line (or names the status
+/// in a comment): the runner drops this line from what it compares then,
+/// so a command that fails where the page shows it working differs.
+fn failed_line(code: Option<i32>) -> String {
+    match code {
+        Some(n) => format!("(exit status {n})\n"),
+        None => "(killed by a signal)\n".to_string(),
+    }
+}
+
+/// Whether a page's step shows its command failing: an `error` in what it
+/// prints, or a comment on the command naming the status (`# exit 1`).
+fn shows_failure(step: &Step) -> bool {
+    step.command.contains("# exit")
+        || step
+            .expected
+            .iter()
+            .any(|l| l.to_ascii_lowercase().contains("error"))
 }
 
 /// A command whose output differed from the page.
@@ -525,7 +555,13 @@ impl PageShell {
             self.n,
         );
         if *mark != Mark::Background {
-            let printed = self.shown(&started.finish());
+            let mut printed = self.shown(&started.finish());
+            if shows_failure(step) {
+                // The page says it fails: what it printed is compared.
+                if let Some(i) = printed.rfind("(exit status ") {
+                    printed.truncate(i);
+                }
+            }
             let lines: Vec<&str> = printed.lines().collect();
             return matches(&step.expected, &lines, bound).ok_or(printed);
         }
@@ -898,4 +934,35 @@ fn a_file_shown_otherwise_fails() {
     );
     assert_eq!(file_differs(path, shown).as_deref(), Some(real.trim_end()));
     assert_eq!(file_differs(path, &real), None);
+}
+
+/// A command that fails where the page shows it working differs from the
+/// page (its exit status is part of what it printed); a page that shows
+/// it failing (an error line, or `# exit N` on the command) matches.
+#[test]
+fn a_command_that_fails_where_the_page_shows_it_working_differs() {
+    let dir = scratch();
+    let printed = run(dir.path(), "echo fine; exit 3");
+    assert_eq!(printed, "fine\n(exit status 3)\n");
+    let lines: Vec<&str> = printed.lines().collect();
+    assert!(matches(&["fine".to_string()], &lines, &HashMap::new()).is_none());
+    let page =
+        "```\n$ echo fine; exit 3   # exit 3\nfine\n$ echo 'error: no'; exit 1\nerror: no\n```\n";
+    let found = sessions(page);
+    let [Block::Session(session)] = found.as_slice() else {
+        panic!("one session: {found:?}")
+    };
+    assert!(session.steps.iter().all(shows_failure));
+    let mut shell = PageShell {
+        dir: scratch(),
+        prelude: String::new(),
+        servers: Vec::new(),
+        n: 0,
+    };
+    for step in &session.steps {
+        assert!(
+            shell.step(step, &Mark::Run, &HashMap::new()).is_ok(),
+            "{step:?}"
+        );
+    }
 }
