@@ -158,8 +158,16 @@ impl Report {
             let (Line::Out(l) | Line::Err(l)) = line;
             // Padding at the end is not worth a cut.
             l.truncate(l.trim_end().len());
-            if l.chars().count() > width {
-                let kept: String = l.chars().take(width.saturating_sub(1)).collect();
+            if display_width(l) > width {
+                let mut kept = String::new();
+                let mut used = 0;
+                for c in l.chars() {
+                    used += char_width(c);
+                    if used > width.saturating_sub(1) {
+                        break;
+                    }
+                    kept.push(c);
+                }
                 *l = format!("{kept}…");
             }
         }
@@ -497,6 +505,34 @@ pub(crate) fn show_progress_on_terminal() {
         .try_init();
 }
 
+/// How many columns `text` takes on a terminal: two for the wide
+/// characters of East Asian scripts and emoji, none for combining marks
+/// and zero-width characters, one for the others (the common ranges of
+/// Unicode's East Asian Width, not every code point).
+pub(crate) fn display_width(text: &str) -> usize {
+    text.chars().map(char_width).sum()
+}
+
+fn char_width(c: char) -> usize {
+    match c as u32 {
+        0x0300..=0x036F | 0x200B..=0x200F | 0x20D0..=0x20FF | 0xFE00..=0xFE0F => 0,
+        0x1100..=0x115F
+        | 0x2E80..=0x303E
+        | 0x3041..=0x33FF
+        | 0x3400..=0x4DBF
+        | 0x4E00..=0x9FFF
+        | 0xA000..=0xA4CF
+        | 0xAC00..=0xD7A3
+        | 0xF900..=0xFAFF
+        | 0xFE30..=0xFE4F
+        | 0xFF00..=0xFF60
+        | 0xFFE0..=0xFFE6
+        | 0x1F300..=0x1F64F
+        | 0x1F900..=0x1F9FF
+        | 0x20000..=0x3FFFD => 2,
+        _ => 1,
+    }
+}
 /// Rows as lines whose columns line up: each column as wide as its widest
 /// cell (counted in characters), two spaces between columns, the last
 /// column not padded.
@@ -506,7 +542,7 @@ pub(crate) fn table(rows: &[Vec<String>]) -> Vec<String> {
         .map(|c| {
             rows.iter()
                 .filter_map(|r| r.get(c))
-                .map(|cell| cell.chars().count())
+                .map(|cell| display_width(cell))
                 .max()
                 .unwrap_or(0)
         })
@@ -520,7 +556,7 @@ pub(crate) fn table(rows: &[Vec<String>]) -> Vec<String> {
                 }
                 line.push_str(cell);
                 if c + 1 < row.len() {
-                    let pad = widths[c].saturating_sub(cell.chars().count());
+                    let pad = widths[c].saturating_sub(display_width(cell));
                     line.extend(std::iter::repeat_n(' ', pad));
                 }
             }
@@ -531,7 +567,19 @@ pub(crate) fn table(rows: &[Vec<String>]) -> Vec<String> {
 
 #[cfg(test)]
 mod table_tests {
-    use super::table;
+    use super::{display_width, table};
+
+    #[test]
+    fn wide_characters_take_two_columns() {
+        assert_eq!(display_width("abc"), 3);
+        assert_eq!(display_width("日本語"), 6);
+        assert_eq!(display_width("e\u{301}"), 1);
+        let lines = table(&[
+            vec!["日本".to_string(), "x".to_string()],
+            vec!["abcd".to_string(), "y".to_string()],
+        ]);
+        assert_eq!(lines, ["日本  x", "abcd  y"]);
+    }
 
     #[test]
     fn a_table_lines_up_its_columns_on_the_widest_cell() {
