@@ -813,3 +813,40 @@ fn s_pending_waits_are_live_facts() {
         .unwrap()
         .is_empty());
 }
+
+/// A drive until idle hands its caller what it did so far as it goes
+/// (the CLI shows it on a terminal), and its last word is its report.
+#[test]
+fn a_long_drive_reports_its_progress() {
+    let w = World::new();
+    let id = w.create(json!({}));
+    let mut seen = Vec::new();
+    let report = stepwell::automation::drive_until_idle_with(
+        w.rt(),
+        200,
+        std::time::Duration::ZERO,
+        &mut |so_far| seen.push((so_far.passes, so_far.moved)),
+    )
+    .unwrap();
+    assert!(report.passes >= 2, "{report:?}");
+    // One word a pass that moved something, each further along.
+    assert_eq!(seen.len() as u64, report.passes, "{seen:?}");
+    assert!(
+        seen.windows(2).all(|p| p[0].0 < p[1].0 && p[0].1 <= p[1].1),
+        "{seen:?}"
+    );
+    assert_eq!(seen.last(), Some(&(report.passes, report.moved)));
+    assert_eq!(w.rt().get_state(&id).unwrap().status, RunStatus::Waiting);
+    // Asked seldom: not a word before the first interval has passed.
+    let w = World::new();
+    w.create(json!({}));
+    let mut words = 0;
+    stepwell::automation::drive_until_idle_with(
+        w.rt(),
+        200,
+        std::time::Duration::from_secs(3600),
+        &mut |_| words += 1,
+    )
+    .unwrap();
+    assert_eq!(words, 0);
+}

@@ -95,9 +95,9 @@ pub use queries::{
     AUTOMATIONS_CURSOR_PREFIX, MAX_PAGE, OCCURRENCE_CURSOR_PREFIX,
 };
 pub use service::{
-    apply_automation_command, create_automation, drive_until_idle, held, list_attention,
-    list_automations, list_occurrences, pending_waits, show_automation, Command, Created,
-    IdleReport, MAX_INPUT_DATA_BYTES,
+    apply_automation_command, create_automation, drive_until_idle, drive_until_idle_with, held,
+    list_attention, list_automations, list_occurrences, pending_waits, show_automation, Command,
+    Created, IdleReport, MAX_INPUT_DATA_BYTES,
 };
 pub use stepwell_automation_core::envelope::{
     binding_source_uri, ensure_cloudevent_attributes, event_type, occurrence_origin,

@@ -1005,7 +1005,20 @@ const IDLE_FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(120
 /// controllers admit and dispatch, occurrences run, parents hear of their
 /// children, due waits resume.
 pub fn drive_until_idle(rt: &Runtime, max_passes: u64) -> Result<IdleReport> {
+    drive_until_idle_with(rt, max_passes, std::time::Duration::MAX, &mut |_| {})
+}
+
+/// [`drive_until_idle`], handing `progress` what it did so far after a
+/// pass when `every` has passed since it last did (a large store takes many
+/// passes, and a person waiting on a terminal is told).
+pub fn drive_until_idle_with(
+    rt: &Runtime,
+    max_passes: u64,
+    every: std::time::Duration,
+    progress: &mut dyn FnMut(&IdleReport),
+) -> Result<IdleReport> {
     let mut report = IdleReport::default();
+    let mut told = std::time::Instant::now();
     for _ in 0..max_passes.max(1) {
         crate::triggers::feed_once(rt)?;
         let pass = rt.drive_once()?;
@@ -1023,6 +1036,10 @@ pub fn drive_until_idle(rt: &Runtime, max_passes: u64) -> Result<IdleReport> {
             + pass.ticked.len()
             + pass.parents_resumed.len()
             + pass.orphans_cancelled.len()) as u64;
+        if told.elapsed() >= every {
+            progress(&report);
+            told = std::time::Instant::now();
+        }
     }
     Ok(report)
 }

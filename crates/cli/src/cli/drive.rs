@@ -57,7 +57,17 @@ pub(crate) fn run(
 /// `stepwell drive --until-idle`: passes until one moves nothing (exit
 /// status 1 when something could not move).
 fn until_idle(rt: &Runtime, sink: &Sink) -> Result<Report, Error> {
-    let report = stepwell::automation::drive_until_idle(rt, 1000)?;
+    // A long drive says how far it got (on a terminal only).
+    let mut tell = |so_far: &stepwell::automation::IdleReport| {
+        super::render::progress(
+            sink,
+            format_args!(
+                "driving: {} passes, {} runs moved so far...",
+                so_far.passes, so_far.moved
+            ),
+        )
+    };
+    let report = stepwell::automation::drive_until_idle_with(rt, 1000, PROGRESS_EVERY, &mut tell)?;
     sink.show(
         &Report::compact(&report).line(format!("passes {}  moved {}", report.passes, report.moved)),
     );
@@ -67,6 +77,9 @@ fn until_idle(rt: &Runtime, sink: &Sink) -> Result<Report, Error> {
     // Something could not move: say so in the exit status.
     Ok(Report::default().failed_if(!report.errors.is_empty()))
 }
+
+/// How often `drive --until-idle` says how far it got.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 /// One pass as printed: its JSON, or (when it moved anything, had errors,
 /// or is the only one) a line of counts and its errors on stderr.

@@ -505,6 +505,14 @@ pub(crate) fn show_progress_on_terminal() {
         .try_init();
 }
 
+/// A progress line of the command itself, shown as the library's are:
+/// on standard error when it is a terminal, never with `--json`.
+pub(crate) fn progress(sink: &Sink, line: std::fmt::Arguments) {
+    if !sink.json() && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!("{line}");
+    }
+}
+
 /// How many columns `text` takes on a terminal: two for the wide
 /// characters of East Asian scripts and emoji, none for combining marks
 /// and zero-width characters, one for the others (the common ranges of
