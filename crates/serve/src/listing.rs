@@ -28,12 +28,7 @@ impl Window {
             v.map(|t| {
                 DateTime::parse_from_rfc3339(t)
                     .map(|d| d.with_timezone(&Utc))
-                    .map_err(|e| {
-                        ApiError::invalid(
-                            field,
-                            format!("{t:?} is not an RFC 3339 time (2026-01-01T00:00:00Z): {e}"),
-                        )
-                    })
+                    .map_err(|e| ApiError::invalid(field, not_a_time(t, &e)))
             })
             .transpose()
         };
@@ -56,6 +51,19 @@ impl Window {
         let created = created.with_timezone(&Utc);
         self.since.is_none_or(|s| created >= s) && self.until.is_none_or(|u| created <= u)
     }
+}
+
+/// Why `text` is not a time, quoting at most its first 40 characters; an
+/// offset whose `+` arrived as a space (not percent-encoded) is named.
+fn not_a_time(text: &str, e: &chrono::ParseError) -> String {
+    let shown: String = text.chars().take(40).collect();
+    let more = if text.chars().count() > 40 { "..." } else { "" };
+    let hint = if text.get(19..).is_some_and(|rest| rest.contains(' ')) {
+        " (a + in a query string is written %2B)"
+    } else {
+        ""
+    };
+    format!("\"{shown}{more}\" is not an RFC 3339 time (2026-01-01T00:00:00Z): {e}{hint}")
 }
 
 /// How many runs one windowed request reads at most: a narrow window over
@@ -211,6 +219,19 @@ mod tests {
 
     fn at(t: &str) -> Option<DateTime<Utc>> {
         Some(DateTime::parse_from_rfc3339(t).unwrap().with_timezone(&Utc))
+    }
+
+    #[test]
+    fn a_bad_time_is_quoted_short_and_a_lost_plus_is_named() {
+        let long = "9".repeat(5000);
+        let e = Window::parse(Some(&long), None).unwrap_err();
+        let text = format!("{e:?}");
+        assert!(
+            text.len() < 600 && text.contains("...\\\" is not"),
+            "{text}"
+        );
+        let e = Window::parse(None, Some("2026-01-01T00:00:00 01:00")).unwrap_err();
+        assert!(format!("{e:?}").contains("%2B"), "{e:?}");
     }
 
     #[test]

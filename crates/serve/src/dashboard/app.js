@@ -99,6 +99,7 @@
       const d = parseTs(el.dataset.ts);
       if (d) el.textContent = rel(d);
     }
+    for (const el of document.querySelectorAll('[data-since]')) el.textContent = soFar(el.dataset.since);
   }, 10000);
   function duration(a, b) {
     const x = parseTs(a), y = parseTs(b);
@@ -521,12 +522,12 @@
     apply();
     return { cleanup: () => ctl.abort(), refresh };
   }
-  // How long a run took (ended) or has taken so far.
+  // How long a run took (ended) or has taken so far (kept current).
   function runTook(r) {
-    const end = TERMINAL.has(r.status) ? r.updated_at : new Date().toISOString();
-    const d = duration(r.created_at, end) || (TERMINAL.has(r.status) ? 'under 1 ms' : '');
-    return TERMINAL.has(r.status) ? d : d ? d + ' so far' : '';
+    if (TERMINAL.has(r.status)) return duration(r.created_at, r.updated_at) || 'under 1 ms';
+    return h('span', { 'data-since': r.created_at }, soFar(r.created_at));
   }
+  const soFar = (t) => (duration(t, new Date().toISOString()) || 'under 1 ms') + ' so far';
   function runRow(r) {
     return h('tr', {
       class: 'clickable', testid: 'run-row', 'data-run-id': r.run_id, 'data-status': r.status, 'data-workflow': r.workflow_id,
@@ -683,8 +684,10 @@
       const x1 = a.x + W / 2, y1 = a.y + H, x2 = b.x + W / 2, y2 = b.y;
       const back = b.y <= a.y;
       const out = 30 + 14 * Math.max(0, backs.indexOf(e));
+      // A self-loop rides on the node's top edge, in the gap above it,
+      // where no other node is.
       const d = e.from === e.to
-        ? `M${a.x + W},${a.y + 12} C${a.x + W + 34},${a.y - 6} ${a.x + W + 34},${a.y + H + 6} ${a.x + W},${a.y + H - 12}`
+        ? `M${a.x + W - 44},${a.y} C${a.x + W - 44},${a.y - 24} ${a.x + W - 12},${a.y - 24} ${a.x + W - 12},${a.y - 1}`
         : b.y === a.y
           ? (b.x > a.x ? `M${a.x + W},${a.y + H / 2 + 6} L${b.x + 1},${b.y + H / 2 + 6}` : `M${a.x},${a.y + H / 2 - 6} L${b.x + W - 1},${b.y + H / 2 - 6}`)
           : back
@@ -693,7 +696,7 @@
       svg.append(s('path', { d, class: `edge e-${e.kind}${taken ? ' taken' : ''}`, 'marker-end': 'url(#arrow)', 'data-testid': 'flow-edge',
         'data-from': e.from, 'data-to': e.to, 'data-taken': taken ? 'yes' : 'no' }));
       if (e.label) {
-        const [lx, ly] = e.from === e.to ? [a.x + W + 30, a.y + H / 2 + 4] : b.y === a.y ? [(a.x + b.x + W) / 2 - 10, a.y - 3] : back ? [a.x + W + 6, a.y + H / 2 - 5] : [(x1 + x2) / 2 + 4, (y1 + y2) / 2];
+        const [lx, ly] = e.from === e.to ? [a.x + W - 8, a.y - 12] : b.y === a.y ? [(a.x + b.x + W) / 2 - 10, a.y - 3] : back ? [a.x + W + 6, a.y + H / 2 - 5] : [(x1 + x2) / 2 + 4, (y1 + y2) / 2];
         svg.append(s('text', { x: lx, y: ly, class: 'edge-label' }, clip(e.label, 16)));
       }
     }
