@@ -340,6 +340,7 @@ impl WasmEngine {
             origin,
             pre,
             self.clone(),
+            crate::inspect::declared_routes(bytes),
         ));
         self.lock_loaded().insert(digest, node.clone());
         Ok(node)

@@ -138,6 +138,17 @@ pub fn inspect(bytes: &[u8]) -> Result<ComponentInfo, String> {
     Ok(info)
 }
 
+/// The route labels a component's description declares (`routes`, a list
+/// of strings), if it has a readable one that does.
+pub fn declared_routes(bytes: &[u8]) -> Option<Vec<String>> {
+    let info = inspect(bytes).ok()?;
+    let routes = info.description?.get("routes")?.as_array()?.clone();
+    routes
+        .iter()
+        .map(|r| r.as_str().map(str::to_string))
+        .collect()
+}
+
 /// The version of the `stepwell:flow` package the imports name.
 fn contract_version(imports: &[String]) -> Option<String> {
     imports

@@ -64,6 +64,8 @@ pub struct NodeComponent {
     /// Set when a fresh instance made ahead was too large or too slow to
     /// make: this component's instances are made at the call only.
     cold: std::sync::atomic::AtomicBool,
+    /// The route labels its author declared (`describe_node!`), if any.
+    declared_routes: Option<Vec<String>>,
 }
 
 /// An instance of a node component in its own store.
@@ -97,6 +99,7 @@ impl NodeComponent {
         origin: LoadOrigin,
         pre: NodePre<GuestState>,
         engine: WasmEngine,
+        declared_routes: Option<Vec<String>>,
     ) -> Self {
         NodeComponent {
             path,
@@ -106,7 +109,15 @@ impl NodeComponent {
             engine,
             warm: parking_lot::Mutex::new(None),
             cold: std::sync::atomic::AtomicBool::new(false),
+            declared_routes,
         }
+    }
+
+    /// The route labels the component's author declared it may return
+    /// (its `stepwell:node` section's `routes`); `None` when it declares
+    /// none.
+    pub fn declared_routes(&self) -> Option<&[String]> {
+        self.declared_routes.as_deref()
     }
 
     /// The file the component was loaded from.

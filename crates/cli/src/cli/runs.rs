@@ -63,8 +63,15 @@ pub(crate) fn run(rt: &Runtime, args: RunArgs) -> Result<Report, Error> {
     } = args;
     // A directory is deployed (a no-op when unchanged); anything else
     // names a deployed workflow.
+    let mut warnings = Vec::new();
     let main = if flow_dir.is_dir() {
-        rt.load_bundle(&flow_dir)?.main_workflow_id
+        let bundle = rt.load_bundle(&flow_dir)?;
+        warnings = bundle
+            .warnings()
+            .iter()
+            .map(|w| format!("warning: {w}"))
+            .collect();
+        bundle.main_workflow_id
     } else {
         flow_dir.to_string_lossy().into_owned()
     };
@@ -108,7 +115,11 @@ pub(crate) fn run(rt: &Runtime, args: RunArgs) -> Result<Report, Error> {
             ..StartOptions::default()
         },
     )?;
-    Ok(finished(&state))
+    let mut report = finished(&state);
+    for w in warnings {
+        report.note(w);
+    }
+    Ok(report)
 }
 
 /// A run that `run` or `resume` executed: exit status 1 when it failed.

@@ -26,6 +26,7 @@ pub(crate) struct DeployArgs {
 /// when its content is unchanged).
 pub(crate) fn deploy(rt: &Runtime, args: DeployArgs) -> Result<Report, Error> {
     let by = args.by.as_deref();
+    let mut warnings: Vec<String> = Vec::new();
     let (deployed, digest) = if args.path.is_file() {
         let bytes = read_archive(&args.path)?;
         let source = args.path.to_string_lossy();
@@ -37,9 +38,14 @@ pub(crate) fn deploy(rt: &Runtime, args: DeployArgs) -> Result<Report, Error> {
         (deployed, digest)
     } else {
         let d = rt.deploy(&args.path, by)?;
+        warnings = d.bundle.warnings().iter().map(|w| w.to_string()).collect();
         (d.workflows, d.digest)
     };
-    Ok(deployed_report(&deployed, &digest))
+    let mut report = deployed_report(&deployed, &digest);
+    for w in warnings {
+        report.note(format!("warning: {w}"));
+    }
+    Ok(report)
 }
 
 /// The bytes of the packed bundle at `path` (bounded).

@@ -117,6 +117,10 @@ pub struct Workflow {
     /// the run. Only the host's own embedded workflows (the automation
     /// controller) are loaded this way; a flow document cannot ask for it.
     pub steps_never_fail: bool,
+    /// What loading it noticed that does not stop it from running: a
+    /// route label its component does not declare (`nodes.ID.routes.LABEL:
+    /// ...`).
+    pub warnings: Vec<String>,
 }
 
 /// One node of a [`Workflow`].
@@ -179,6 +183,17 @@ pub struct Bundle {
     pub main_workflow_id: String,
     /// Every workflow of the bundle, main first.
     pub workflows: Vec<Arc<Workflow>>,
+}
+
+impl Bundle {
+    /// What loading its workflows noticed that does not stop them (see
+    /// [`Workflow::warnings`]).
+    pub fn warnings(&self) -> Vec<&str> {
+        self.workflows
+            .iter()
+            .flat_map(|w| w.warnings.iter().map(String::as_str))
+            .collect()
+    }
 }
 
 /// Loads and validates every flow file of the bundle at `dir`, compiling (or
@@ -426,6 +441,7 @@ fn build_workflow(
         ));
     }
     let mut nodes = HashMap::with_capacity(doc.nodes.len());
+    let mut warnings = Vec::new();
     for (id, n) in &doc.nodes {
         let field = |f: &str| {
             if f.is_empty() {
@@ -475,6 +491,7 @@ fn build_workflow(
                 ));
             }
             let component = load(component).map_err(|e| err(field("component"), e))?;
+            warnings.extend(undeclared_routes(path, id, &n.routes, &component));
             NodeKind::Component {
                 component,
                 config_json: n
@@ -547,5 +564,32 @@ fn build_workflow(
         nodes,
         source: path.to_path_buf(),
         steps_never_fail: false,
+        warnings,
     })
+}
+
+/// The routes of node `id` that its component does not declare it may
+/// return (it declares some): such a route is never taken unless the
+/// component returns the label anyway.
+fn undeclared_routes(
+    path: &Path,
+    id: &str,
+    routes: &BTreeMap<String, String>,
+    component: &NodeComponent,
+) -> Vec<String> {
+    let Some(declared) = component.declared_routes() else {
+        return Vec::new();
+    };
+    routes
+        .keys()
+        .filter(|label| !declared.contains(label))
+        .map(|label| {
+            format!(
+                "{}: nodes.{id}.routes.{label}: {} declares the routes {} and not {label:?}",
+                path.display(),
+                component.path().display(),
+                declared.join(", ")
+            )
+        })
+        .collect()
 }
