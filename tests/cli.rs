@@ -1265,3 +1265,52 @@ fn a_route_the_component_does_not_declare_is_warned_about() {
         "{out:?}"
     );
 }
+
+/// `inspect --declare` writes a component of any toolchain with a
+/// description (here the Python `hello` node): the copy declares it and
+/// still runs; a component that declares already, and writing over the
+/// file read, are refused.
+#[test]
+fn a_component_of_any_language_can_be_given_a_declaration() {
+    let cli = Cli::new();
+    let dir = cli.cwd.path().join("py");
+    std::fs::create_dir_all(&dir).unwrap();
+    let hello = stepwell_tests::repo().join("flows/examples/hello-py");
+    std::fs::copy(hello.join("flow.json"), dir.join("flow.json")).unwrap();
+    let json = cli.cwd.path().join("greet.json");
+    std::fs::write(
+        &json,
+        r#"{"description": "Greets vars.name.", "vars": {"name": "who"}}"#,
+    )
+    .unwrap();
+    let declare = |from: &Path, to: &Path| {
+        let args = [
+            "inspect",
+            from.to_str().unwrap(),
+            "--declare",
+            json.to_str().unwrap(),
+            "-o",
+            to.to_str().unwrap(),
+        ];
+        cli.run(&args)
+    };
+    let out = declare(&hello.join("greet.wasm"), &dir.join("greet.wasm"));
+    assert!(out.status.success(), "{out:?}");
+    let info = cli.json(&["inspect", dir.join("greet.wasm").to_str().unwrap()]);
+    assert_eq!(info["description"]["description"], "Greets vars.name.");
+    assert_eq!(info["world"], "node");
+    let ran = cli.json(&["run", "py", "--vars", r#"{"name": "Py"}"#]);
+    assert_eq!(ran["output"]["message"], "Hello, Py!", "{ran}");
+    let again = dir.join("greet.wasm");
+    let err = |out: Output| {
+        assert!(!out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let twice = err(declare(&again, &cli.cwd.path().join("twice.wasm")));
+    assert!(
+        twice.contains("has a stepwell:node section already"),
+        "{twice}"
+    );
+    let over = err(declare(&again, &again));
+    assert!(over.contains("--output: is the file read"), "{over}");
+}

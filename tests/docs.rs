@@ -424,22 +424,20 @@ impl Started {
     }
 
     /// Waits for its end (killing it after [`COMMAND_LIMIT`]) and returns
-    /// what it printed, with a last line `(exit status N)` when it failed.
-    fn finish(mut self) -> String {
+    /// what it printed and its exit status (`None`: killed).
+    fn finish(mut self) -> (String, Option<i32>) {
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 break status;
             }
             if self.began.elapsed() > COMMAND_LIMIT {
                 self.stop(libc::SIGKILL);
-                return format!("{}(killed after {COMMAND_LIMIT:?})", self.printed());
+                let printed = format!("{}(killed after {COMMAND_LIMIT:?})\n", self.printed());
+                return (printed, None);
             }
             std::thread::sleep(Duration::from_millis(5));
         };
-        match status.code() {
-            Some(0) => self.printed(),
-            code => format!("{}{}", self.printed(), failed_line(code)),
-        }
+        (self.printed(), status.code())
     }
 
     /// Signals its process group and reaps its shell; a group still there
@@ -464,13 +462,14 @@ impl Started {
 
 /// Runs one command of a page to its end and returns what it printed.
 fn run(dir: &Path, command: &str) -> String {
-    Started::new(dir, "", command, 0).finish()
+    match Started::new(dir, "", command, 0).finish() {
+        (printed, Some(0)) => printed,
+        (printed, code) => format!("{printed}{}", failed_line(code)),
+    }
 }
 
-/// The line the runner adds to what a failing command printed. A page
-/// shows a command that fails with an `error` line (or names the status
-/// in a comment): the runner drops this line from what it compares then,
-/// so a command that fails where the page shows it working differs.
+/// The line the runner adds to what a command printed when it exited
+/// otherwise than its page shows.
 fn failed_line(code: Option<i32>) -> String {
     match code {
         Some(n) => format!("(exit status {n})\n"),
@@ -478,14 +477,37 @@ fn failed_line(code: Option<i32>) -> String {
     }
 }
 
-/// Whether a page's step shows its command failing: an `error` in what it
-/// prints, or a comment on the command naming the status (`# exit 1`).
-fn shows_failure(step: &Step) -> bool {
-    step.command.contains("# exit")
-        || step
-            .expected
-            .iter()
-            .any(|l| l.to_ascii_lowercase().contains("error"))
+/// The exit status a page shows for a step: `N` of a `# exit N` comment
+/// on the command; else failure (`Err`) when what it prints starts a line
+/// with `error` (the CLI's errors; an API's error answer is a `curl` that
+/// worked); else 0.
+fn shown_exit(step: &Step) -> Result<i32, ()> {
+    if let Some(n) = step
+        .command
+        .split("# exit ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+    {
+        return Ok(n);
+    }
+    let fails = step.expected.iter().any(|l| {
+        let l = l.trim_start();
+        l.starts_with("error")
+    });
+    if fails {
+        Err(())
+    } else {
+        Ok(0)
+    }
+}
+
+/// Whether `code` is the exit status the page shows (`Err`: any failure).
+fn exits_as_shown(step: &Step, code: Option<i32>) -> bool {
+    match shown_exit(step) {
+        Ok(n) => code == Some(n),
+        Err(()) => code != Some(0),
+    }
 }
 
 /// A command whose output differed from the page.
@@ -555,15 +577,23 @@ impl PageShell {
             self.n,
         );
         if *mark != Mark::Background {
-            let mut printed = self.shown(&started.finish());
-            if shows_failure(step) {
-                // The page says it fails: what it printed is compared.
-                if let Some(i) = printed.rfind("(exit status ") {
-                    printed.truncate(i);
-                }
-            }
+            let (printed, code) = started.finish();
+            let printed = self.shown(&printed);
             let lines: Vec<&str> = printed.lines().collect();
-            return matches(&step.expected, &lines, bound).ok_or(printed);
+            let found = matches(&step.expected, &lines, bound);
+            return match found {
+                // A status other than the page's shows as a last line.
+                Some(now) if exits_as_shown(step, code) => Ok(now),
+                Some(_) => {
+                    let sep = if printed.ends_with('\n') || printed.is_empty() {
+                        ""
+                    } else {
+                        "\n"
+                    };
+                    Err(format!("{printed}{sep}{}", failed_line(code)))
+                }
+                None => Err(printed),
+            };
         }
         // A server: wait until it printed what the page shows.
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -952,7 +982,8 @@ fn a_command_that_fails_where_the_page_shows_it_working_differs() {
     let [Block::Session(session)] = found.as_slice() else {
         panic!("one session: {found:?}")
     };
-    assert!(session.steps.iter().all(shows_failure));
+    assert_eq!(shown_exit(&session.steps[0]), Ok(3));
+    assert_eq!(shown_exit(&session.steps[1]), Err(()));
     let mut shell = PageShell {
         dir: scratch(),
         prelude: String::new(),

@@ -361,7 +361,7 @@ macro_rules! export_node {
 /// `routes` (the route labels the node may return). Call it once, at the
 /// crate root:
 ///
-/// ```ignore
+/// ```
 /// stepwell_guest::describe_node!(r#"{
 ///     "description": "Pays up to config.limit at once, asks a person above it.",
 ///     "vars": {"amount": "the amount to pay, a number (required)"},
@@ -372,8 +372,10 @@ macro_rules! export_node {
 #[macro_export]
 macro_rules! describe_node {
     ($json:literal) => {
+        // On wasm, a `link_section` static is the custom section itself
+        // (not also data): nothing reads it, and the linker keeps it.
         #[cfg_attr(target_family = "wasm", link_section = "stepwell:node")]
-        #[used]
+        #[allow(dead_code)]
         static __STEPWELL_NODE_DESCRIPTION: [u8; $json.len()] = {
             let text: &[u8] = $json.as_bytes();
             let mut out = [0u8; $json.len()];

@@ -210,7 +210,8 @@ enum Command {
     /// and exports, and the vars, config and routes its author declared.
     #[command(after_help = "Examples:
   stepwell inspect flows/examples/expenses/triage.wasm
-  stepwell inspect flows/examples/hello-py/greet.wasm --json")]
+  stepwell inspect flows/examples/hello-py/greet.wasm --json
+  stepwell inspect greet.wasm --declare greet.json -o greet.declared.wasm")]
     Inspect(cli::inspect::InspectArgs),
     /// Measure the host and print the figures (medians). Uses its own scratch
     /// stores and the default guest limits: --db and the --guest-* flags do

@@ -63,7 +63,10 @@ fn not_a_time(text: &str, e: &chrono::ParseError) -> String {
     } else {
         ""
     };
-    format!("\"{shown}{more}\" is not an RFC 3339 time (2026-01-01T00:00:00Z): {e}{hint}")
+    format!(
+        "{:?} is not an RFC 3339 time (2026-01-01T00:00:00Z): {e}{hint}",
+        format!("{shown}{more}")
+    )
 }
 
 /// How many runs one windowed request reads at most: a narrow window over

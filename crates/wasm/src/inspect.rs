@@ -28,10 +28,13 @@ pub struct ComponentInfo {
     /// `trigger-source`; `None` when its exports match none.
     pub world: Option<&'static str>,
     /// The `stepwell:flow` package version its imports name (`0.2.0`), if
-    /// it imports from the package.
+    /// it imports from the package; when they name several, all of them,
+    /// comma-separated.
     pub contract: Option<String>,
-    /// Whether that version is the one this host implements
-    /// ([`crate::CONTRACT`]); `None` when it names none.
+    /// Whether every version named is the one this host implements
+    /// ([`crate::CONTRACT`]); `None` when it names none. The host checks
+    /// the worlds a component uses, not the version of the type-only
+    /// interfaces, so another version may still load.
     pub contract_matches: Option<bool>,
     /// The interfaces and functions the component imports (WASI, the
     /// host's), sorted; the types it imports are left out.
@@ -64,6 +67,9 @@ const WORLDS: &[(&str, &[&str])] = &[
 /// A file that is not WebAssembly is an error naming the byte where reading
 /// stopped.
 pub fn inspect(bytes: &[u8]) -> Result<ComponentInfo, String> {
+    if bytes.is_empty() {
+        return Err("not WebAssembly: the file is empty".into());
+    }
     if !bytes.starts_with(b"\0asm") {
         let head: String = bytes.iter().take(4).map(|b| format!("{b:02x}")).collect();
         return Err(format!(
@@ -138,6 +144,54 @@ pub fn inspect(bytes: &[u8]) -> Result<ComponentInfo, String> {
     Ok(info)
 }
 
+/// `bytes` (a component) with `description` added as its `stepwell:node`
+/// section: how a component built by any toolchain declares what it
+/// expects. Refused when `description` is not a JSON object or is over
+/// [`MAX_DESCRIPTION`], when `bytes` is not a component, and when it
+/// declares already (its author's declaration stands).
+pub fn with_description(bytes: &[u8], description: &Value) -> Result<Vec<u8>, String> {
+    if !description.is_object() {
+        return Err("the description must be one JSON object".into());
+    }
+    let text = description.to_string();
+    if text.len() > MAX_DESCRIPTION {
+        return Err(format!(
+            "the description is {} bytes, more than {MAX_DESCRIPTION}",
+            text.len()
+        ));
+    }
+    let info = inspect(bytes)?;
+    if info.encoding != "component" {
+        return Err("a core module, not a component: this host loads components only".into());
+    }
+    if info.description.is_some() || info.description_error.is_some() {
+        return Err(format!("it has a {DESCRIPTION_SECTION} section already"));
+    }
+    let mut payload = Vec::new();
+    leb128(&mut payload, DESCRIPTION_SECTION.len() as u64);
+    payload.extend_from_slice(DESCRIPTION_SECTION.as_bytes());
+    payload.extend_from_slice(text.as_bytes());
+    let mut out = bytes.to_vec();
+    // A custom section (id 0) may come anywhere: last, here.
+    out.push(0);
+    leb128(&mut out, payload.len() as u64);
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+/// Appends `n` as unsigned LEB128.
+fn leb128(out: &mut Vec<u8>, mut n: u64) {
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
 /// The route labels a component's description declares (`routes`, a list
 /// of strings), if it has a readable one that does.
 pub fn declared_routes(bytes: &[u8]) -> Option<Vec<String>> {
@@ -149,12 +203,17 @@ pub fn declared_routes(bytes: &[u8]) -> Option<Vec<String>> {
         .collect()
 }
 
-/// The version of the `stepwell:flow` package the imports name.
+/// The versions of the `stepwell:flow` package the imports name, in order
+/// and comma-separated when they differ.
 fn contract_version(imports: &[String]) -> Option<String> {
-    imports
+    let mut versions: Vec<&str> = imports
         .iter()
         .filter_map(|i| i.strip_prefix("stepwell:flow/"))
-        .find_map(|rest| rest.split_once('@').map(|(_, v)| v.to_string()))
+        .filter_map(|rest| rest.split_once('@').map(|(_, v)| v))
+        .collect();
+    versions.sort_unstable();
+    versions.dedup();
+    (!versions.is_empty()).then(|| versions.join(", "))
 }
 
 /// Reads a description section. A component may carry it twice (the core
@@ -162,7 +221,9 @@ fn contract_version(imports: &[String]) -> Option<String> {
 /// is the same description; another text is an error.
 fn read_description(info: &mut ComponentInfo, data: &[u8]) {
     if let Some(seen) = &info.description {
-        if serde_json::from_slice::<Value>(data).ok().as_ref() != Some(seen) {
+        let same = data.len() <= MAX_DESCRIPTION
+            && serde_json::from_slice::<Value>(data).ok().as_ref() == Some(seen);
+        if !same {
             info.description_error = Some(format!("two different {DESCRIPTION_SECTION} sections"));
             info.description = None;
         }
@@ -179,7 +240,12 @@ fn read_description(info: &mut ComponentInfo, data: &[u8]) {
         return;
     }
     match serde_json::from_slice::<Value>(data) {
-        Ok(v @ Value::Object(_)) => info.description = Some(v),
+        Ok(v @ Value::Object(_)) => match shape_problem(&v) {
+            None => info.description = Some(v),
+            Some(why) => {
+                info.description_error = Some(format!("the {DESCRIPTION_SECTION} section: {why}"))
+            }
+        },
         Ok(_) => {
             info.description_error = Some(format!(
                 "the {DESCRIPTION_SECTION} section is not a JSON object"
@@ -191,6 +257,39 @@ fn read_description(info: &mut ComponentInfo, data: &[u8]) {
             ))
         }
     }
+}
+
+/// What is wrong with a description's keys, if anything: `description`
+/// is text, `vars` and `config` map names to text, `routes` lists labels,
+/// and there is no other key.
+fn shape_problem(d: &Value) -> Option<String> {
+    let texts = |v: &Value| {
+        v.as_object()
+            .is_some_and(|m| m.values().all(Value::is_string))
+    };
+    for (key, value) in d.as_object()? {
+        let ok = match key.as_str() {
+            "description" => value.is_string(),
+            "vars" | "config" => texts(value),
+            "routes" => value
+                .as_array()
+                .is_some_and(|a| a.iter().all(Value::is_string)),
+            _ => {
+                return Some(format!(
+                    "unknown key {key:?} (description, vars, config, routes)"
+                ))
+            }
+        };
+        if !ok {
+            let want = match key.as_str() {
+                "description" => "a string",
+                "routes" => "a list of strings",
+                _ => "an object of strings (name: what it holds)",
+            };
+            return Some(format!("{key} must be {want}"));
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -223,6 +322,20 @@ mod tests {
         ];
         assert_eq!(contract_version(&imports).as_deref(), Some("0.3.1"));
         assert_eq!(contract_version(&imports[..1]), None);
+        let mixed = vec![
+            "stepwell:flow/tool-types@0.2.0".to_string(),
+            "stepwell:flow/types@0.9.0".to_string(),
+        ];
+        assert_eq!(contract_version(&mixed).as_deref(), Some("0.2.0, 0.9.0"));
+    }
+
+    #[test]
+    fn leb128_writes_seven_bits_a_byte() {
+        let mut out = Vec::new();
+        for n in [0u64, 127, 128, 300, 70_000] {
+            leb128(&mut out, n);
+        }
+        assert_eq!(out, [0, 127, 0x80, 1, 0xac, 2, 0xf0, 0xa2, 4]);
     }
 
     #[test]
@@ -239,5 +352,24 @@ mod tests {
         let mut info = inspect(b"\0asm\x01\0\0\0").unwrap();
         read_description(&mut info, br#"{"routes": ["approved"]}"#);
         assert_eq!(info.description.unwrap()["routes"][0], "approved");
+        for (bad, why) in [
+            (
+                r#"{"routes": "approved"}"#,
+                "routes must be a list of strings",
+            ),
+            (
+                r#"{"config": "limit"}"#,
+                "config must be an object of strings",
+            ),
+            (r#"{"rutes": []}"#, "unknown key \"rutes\""),
+        ] {
+            let mut info = inspect(b"\0asm\x01\0\0\0").unwrap();
+            read_description(&mut info, bad.as_bytes());
+            assert!(
+                info.description_error.as_deref().unwrap().contains(why),
+                "{bad}"
+            );
+        }
+        assert!(inspect(b"").unwrap_err().contains("empty"));
     }
 }

@@ -522,8 +522,27 @@ pub(crate) fn display_width(text: &str) -> usize {
 }
 
 fn char_width(c: char) -> usize {
+    if c.is_control() {
+        return 0;
+    }
     match c as u32 {
-        0x0300..=0x036F | 0x200B..=0x200F | 0x20D0..=0x20FF | 0xFE00..=0xFE0F => 0,
+        0x0300..=0x036F
+        | 0x0591..=0x05BD
+        | 0x0610..=0x061A
+        | 0x064B..=0x065F
+        | 0x0900..=0x0903
+        | 0x093A..=0x094F
+        | 0x0E31
+        | 0x0E34..=0x0E3A
+        | 0x0E47..=0x0E4E
+        | 0x1160..=0x11FF
+        | 0x1DC0..=0x1DFF
+        | 0x200B..=0x200F
+        | 0x2060..=0x2064
+        | 0x20D0..=0x20FF
+        | 0xFE00..=0xFE0F
+        | 0xFE20..=0xFE2F
+        | 0xFEFF => 0,
         0x1100..=0x115F
         | 0x2E80..=0x303E
         | 0x3041..=0x33FF
@@ -535,14 +554,48 @@ fn char_width(c: char) -> usize {
         | 0xFE30..=0xFE4F
         | 0xFF00..=0xFF60
         | 0xFFE0..=0xFFE6
+        | 0x231A..=0x231B
+        | 0x23E9..=0x23EC
+        | 0x23F0
+        | 0x23F3
+        | 0x25FD..=0x25FE
+        | 0x2614..=0x2615
+        | 0x26A1
+        | 0x26AA..=0x26AB
+        | 0x26BD..=0x26BE
+        | 0x26D4
+        | 0x26EA
+        | 0x26F5
+        | 0x26FD
+        | 0x2705
+        | 0x270A..=0x270B
+        | 0x2728
+        | 0x274C
+        | 0x2753..=0x2755
+        | 0x2757
+        | 0x2795..=0x2797
+        | 0x27B0
+        | 0x27BF
+        | 0x2B1B..=0x2B1C
+        | 0x2B50
+        | 0x2B55
+        | 0x1F000..=0x1F02F
+        | 0x1F0A0..=0x1F0FF
+        | 0x1F18E
+        | 0x1F191..=0x1F19A
+        | 0x1F200..=0x1F2FF
         | 0x1F300..=0x1F64F
-        | 0x1F900..=0x1F9FF
+        | 0x1F680..=0x1F6FF
+        | 0x1F7E0..=0x1F7EB
+        | 0x1F90C..=0x1F9FF
+        | 0x1FA70..=0x1FAFF
         | 0x20000..=0x3FFFD => 2,
         _ => 1,
     }
 }
+
 /// Rows as lines whose columns line up: each column as wide as its widest
-/// cell (counted in characters), two spaces between columns, the last
+/// cell (in terminal columns), two spaces between columns, the last
 /// column not padded.
 pub(crate) fn table(rows: &[Vec<String>]) -> Vec<String> {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
@@ -582,6 +635,8 @@ mod table_tests {
         assert_eq!(display_width("abc"), 3);
         assert_eq!(display_width("日本語"), 6);
         assert_eq!(display_width("e\u{301}"), 1);
+        assert_eq!(display_width("\u{1F680}\u{2705}"), 4);
+        assert_eq!(display_width("a\u{5B4}\u{FEFF}\u{1b}"), 1);
         let lines = table(&[
             vec!["日本".to_string(), "x".to_string()],
             vec!["abcd".to_string(), "y".to_string()],

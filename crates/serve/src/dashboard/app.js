@@ -662,7 +662,8 @@
       return h('p', { class: 'muted', testid: 'flow-too-large' }, `${flow.nodes.length} nodes: too many to draw. `,
         run.current_node ? ['The run is at ', mono(run.current_node), '.'] : null);
     }
-    const W = 170, H = 44, GX = 26, GY = 46, PAD = 14;
+    // PAD leaves room above the first row for a self-loop.
+    const W = 170, H = 44, GX = 26, GY = 46, PAD = 28;
     const { rows, edges } = layers(flow, path.moves);
     const widest = Math.max(...rows.map((r) => r.length));
     const backs = edges.filter((e) => e.from !== e.to && rows.findIndex((r) => r.includes(e.to)) <= rows.findIndex((r) => r.includes(e.from)));
