@@ -1522,6 +1522,44 @@ fn runs_are_listed_by_time_and_parent_and_a_run_shows_its_flow() {
     assert_eq!(status, 404);
 }
 
+/// A bundle directory deployed over HTTP whose flow routes on a label its
+/// component does not declare is deployed, and the answer says so.
+#[test]
+fn a_deployment_answers_the_routes_its_components_do_not_declare() {
+    let s = Served::start(&[]);
+    let dir = s.dir.path().join("typo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let expenses = repo().join("flows/examples/expenses");
+    std::fs::copy(expenses.join("triage.wasm"), dir.join("triage.wasm")).unwrap();
+    let flow = std::fs::read_to_string(expenses.join("flow.json")).unwrap();
+    std::fs::write(
+        dir.join("flow.json"),
+        flow.replace("\"review\"", "\"reveiw\"")
+            .replace("\"expenses\"", "\"typo\""),
+    )
+    .unwrap();
+    let (status, answer) = s.post(
+        "/v1/deployments",
+        json!({"path": dir.display().to_string()}),
+    );
+    assert_eq!(status, 201, "{answer}");
+    let warnings = answer["warnings"].as_array().expect("warnings");
+    assert_eq!(warnings.len(), 1, "{answer}");
+    assert!(
+        warnings[0]
+            .as_str()
+            .unwrap()
+            .contains("nodes.triage.routes.reveiw"),
+        "{answer}"
+    );
+    let (status, answer) = s.post(
+        "/v1/deployments",
+        json!({"path": expenses.display().to_string()}),
+    );
+    assert_eq!(status, 201, "{answer}");
+    assert!(answer.get("warnings").is_none(), "{answer}");
+}
+
 /// Whether the browser test can run here: Chromium, node and
 /// playwright-core (scripts/setup-browser installs them). Under CI they
 /// must be there.

@@ -1525,10 +1525,12 @@ async fn deploy(State(s): S, req: Request) -> ApiResult {
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/zip"));
-    let deployed = if zip {
+    let (deployed, warnings) = if zip {
         let body = s.bodies.read(req.into_body()).await?;
         blocking(move || {
-            s.rt.deploy_archive(&body.bytes, None, "POST /v1/deployments")
+            let deployed =
+                s.rt.deploy_archive(&body.bytes, None, "POST /v1/deployments")?;
+            Ok((deployed, Vec::new()))
         })
         .await?
     } else {
@@ -1539,9 +1541,14 @@ async fn deploy(State(s): S, req: Request) -> ApiResult {
             if path.is_file() {
                 let bytes = stepwell::flow::pack::read_archive(path)
                     .map_err(|e| Error::invalid("body.path", e))?;
-                s.rt.deploy_archive(&bytes, by, &b.path)
+                Ok((s.rt.deploy_archive(&bytes, by, &b.path)?, Vec::new()))
             } else {
-                Ok(s.rt.deploy(path, by)?.workflows)
+                // A directory is loaded here: what loading noticed (a
+                // route its component does not declare) is answered too.
+                let d = s.rt.deploy(path, by)?;
+                let warnings: Vec<String> =
+                    d.bundle.warnings().iter().map(|w| w.to_string()).collect();
+                Ok((d.workflows, warnings))
             }
         })
         .await?
@@ -1554,7 +1561,10 @@ async fn deploy(State(s): S, req: Request) -> ApiResult {
                          "unchanged": d.unchanged})
         })
         .collect();
-    let answer = json!({"unchanged": unchanged, "items": items});
+    let mut answer = json!({"unchanged": unchanged, "items": items});
+    if !warnings.is_empty() {
+        answer["warnings"] = json!(warnings);
+    }
     Ok(if unchanged {
         ok(answer)
     } else {

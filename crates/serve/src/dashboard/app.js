@@ -976,7 +976,7 @@
           rec.attempt > 1 ? tag('attempt ' + rec.attempt, 't-warn') : null,
           child ? h('a', { class: 'tag t-run', href: runHref(child), testid: 'child-link' }, 'child run →') : null,
           h('span', { class: 'tl-time' }, ts(rec.ended_at || rec.started_at),
-            h('span', { class: 'muted', testid: 'step-took', title: 'time since the record before' }, ' · +' + (dur || 'under 1 ms')))),
+            h('span', { class: 'muted', testid: 'step-took', title: 'time since the record before' }, ' · ' + (dur ? '+' + dur : 'under 1 ms')))),
         rec.error ? h('div', { class: 'err-sum' }, firstLine(rec.error, 200))
           : extra.result !== undefined ? h('div', { class: 'preview mono', title: 'result' }, '→ ', firstLine(JSON.stringify(extra.result), 160)) : null,
         Object.keys(extra).length ? fold('rec-' + seq, 'effect / result / error', jsonBlock(extra)) : null));
