@@ -1558,6 +1558,30 @@ fn a_deployment_answers_the_routes_its_components_do_not_declare() {
     );
     assert_eq!(status, 201, "{answer}");
     assert!(answer.get("warnings").is_none(), "{answer}");
+    // Packed, uploaded: the same warning.
+    let packed = s.dir.path().join("typo.flow");
+    let out = Command::new(stepwell_binary())
+        .args(["--store", "memory", "bundle", "pack"])
+        .arg(&dir)
+        .arg("-o")
+        .arg(&packed)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut r = s
+        .agent
+        .post(format!("{}/v1/deployments", s.url))
+        .header("Authorization", format!("Bearer {}", s.token))
+        .header("Content-Type", "application/zip")
+        .send(&std::fs::read(&packed).unwrap()[..])
+        .unwrap();
+    let answer: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    assert!(
+        answer["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.contains("nodes.triage.routes.reveiw")),
+        "{answer}"
+    );
 }
 
 /// Whether the browser test can run here: Chromium, node and

@@ -1528,9 +1528,9 @@ async fn deploy(State(s): S, req: Request) -> ApiResult {
     let (deployed, warnings) = if zip {
         let body = s.bodies.read(req.into_body()).await?;
         blocking(move || {
-            let deployed =
+            let d =
                 s.rt.deploy_archive(&body.bytes, None, "POST /v1/deployments")?;
-            Ok((deployed, Vec::new()))
+            Ok((d.workflows, d.warnings))
         })
         .await?
     } else {
@@ -1541,10 +1541,11 @@ async fn deploy(State(s): S, req: Request) -> ApiResult {
             if path.is_file() {
                 let bytes = stepwell::flow::pack::read_archive(path)
                     .map_err(|e| Error::invalid("body.path", e))?;
-                Ok((s.rt.deploy_archive(&bytes, by, &b.path)?, Vec::new()))
+                let d = s.rt.deploy_archive(&bytes, by, &b.path)?;
+                Ok((d.workflows, d.warnings))
             } else {
-                // A directory is loaded here: what loading noticed (a
-                // route its component does not declare) is answered too.
+                // What loading noticed (a route its component does not
+                // declare) is answered too.
                 let d = s.rt.deploy(path, by)?;
                 let warnings: Vec<String> =
                     d.bundle.warnings().iter().map(|w| w.to_string()).collect();

@@ -26,20 +26,20 @@ pub(crate) struct DeployArgs {
 /// when its content is unchanged).
 pub(crate) fn deploy(rt: &Runtime, args: DeployArgs) -> Result<Report, Error> {
     let by = args.by.as_deref();
-    let mut warnings: Vec<String> = Vec::new();
-    let (deployed, digest) = if args.path.is_file() {
+    let (deployed, digest, warnings) = if args.path.is_file() {
         let bytes = read_archive(&args.path)?;
         let source = args.path.to_string_lossy();
-        let deployed = rt.deploy_archive(&bytes, by, &source)?;
-        let digest = deployed
+        let d = rt.deploy_archive(&bytes, by, &source)?;
+        let digest = d
+            .workflows
             .first()
-            .map(|d| d.version.digest.clone())
+            .map(|w| w.version.digest.clone())
             .unwrap_or_default();
-        (deployed, digest)
+        (d.workflows, digest, d.warnings)
     } else {
         let d = rt.deploy(&args.path, by)?;
-        warnings = d.bundle.warnings().iter().map(|w| w.to_string()).collect();
-        (d.workflows, d.digest)
+        let warnings = d.bundle.warnings().iter().map(|w| w.to_string()).collect();
+        (d.workflows, d.digest, warnings)
     };
     let mut report = deployed_report(&deployed, &digest);
     for w in warnings {

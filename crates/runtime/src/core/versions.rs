@@ -73,6 +73,17 @@ pub struct Deployment {
     pub workflows: Vec<Deployed>,
 }
 
+/// What [`Runtime::deploy_archive`] recorded, and what loading noticed.
+#[derive(Debug)]
+pub struct ArchiveDeployment {
+    /// For each workflow id the bundle defines (the main one first), the
+    /// version it now has and whether it was unchanged.
+    pub workflows: Vec<Deployed>,
+    /// What loading the bundle noticed that does not stop it (see
+    /// [`flow::Bundle::warnings`]).
+    pub warnings: Vec<String>,
+}
+
 impl Deployment {
     /// Whether nothing new was recorded (every id's latest version already
     /// had this content).
@@ -168,7 +179,7 @@ impl Runtime {
         archive: &[u8],
         by: Option<&str>,
         source: &str,
-    ) -> Result<Vec<Deployed>> {
+    ) -> Result<ArchiveDeployment> {
         let refused = |why: String| {
             Error::Flow(flow::FlowError {
                 path: PathBuf::from(source),
@@ -189,7 +200,11 @@ impl Runtime {
                 manifest.workflows
             )));
         }
-        self.deploy_files(&files, by, source)
+        let warnings = bundle.warnings().iter().map(|w| w.to_string()).collect();
+        Ok(ArchiveDeployment {
+            workflows: self.deploy_files(&files, by, source)?,
+            warnings,
+        })
     }
 
     /// Records `files` as a deployment: loaded (validated and compiled)
