@@ -223,6 +223,8 @@ struct Found {
 }
 
 fn harness(kind: Kind, s: Scenario) {
+    // Its hosts exit on a cut connection: no server restart meanwhile.
+    let _steady = (kind == Kind::Postgres).then(stepwell_tests::postgres_steady);
     let requests = || s.llm.as_ref().map_or(0, |m| m.count());
     let asked_at_start = requests();
     let clean = tempfile::tempdir().unwrap();

@@ -113,6 +113,24 @@ pub fn postgres_skipped() -> bool {
     true
 }
 
+/// Tests that restart the tests' PostgreSQL server hold this exclusively;
+/// tests whose processes cannot ride out a restart (a crash test's host
+/// exits on a cut connection, by design) hold it shared, so that no
+/// restart cuts them in the middle. Tests of one binary run as threads of
+/// one process, so a lock of the process is enough.
+static POSTGRES_RESTARTS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Held while the test must not see the PostgreSQL server restart.
+pub fn postgres_steady() -> std::sync::RwLockReadGuard<'static, ()> {
+    POSTGRES_RESTARTS.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Held by a test that restarts the PostgreSQL server: it waits for the
+/// tests holding [`postgres_steady`], and they wait for it.
+pub fn postgres_restarting() -> std::sync::RwLockWriteGuard<'static, ()> {
+    POSTGRES_RESTARTS.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A `--store` URL for a fresh, empty schema on the tests' PostgreSQL
 /// server (created by the store when it is first opened).
 pub fn postgres_url() -> String {
