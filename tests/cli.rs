@@ -1240,15 +1240,8 @@ fn inspect_shows_what_a_component_expects_without_a_store() {
 #[test]
 fn a_route_the_component_does_not_declare_is_warned_about() {
     let cli = Cli::new();
-    let dir = cli.cwd.path().join("typo");
-    std::fs::create_dir_all(&dir).unwrap();
+    stepwell_tests::misspelt_expenses(cli.cwd.path());
     let expenses = stepwell_tests::repo().join("flows/examples/expenses");
-    std::fs::copy(expenses.join("triage.wasm"), dir.join("triage.wasm")).unwrap();
-    let flow = std::fs::read_to_string(expenses.join("flow.json")).unwrap();
-    let typo = flow
-        .replace("\"review\"", "\"reveiw\"")
-        .replace("\"expenses\"", "\"typo\"");
-    std::fs::write(dir.join("flow.json"), typo).unwrap();
     let out = cli.run(&["run", "typo", "--vars", r#"{"amount": 5}"#]);
     assert!(out.status.success(), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);

@@ -1527,17 +1527,8 @@ fn runs_are_listed_by_time_and_parent_and_a_run_shows_its_flow() {
 #[test]
 fn a_deployment_answers_the_routes_its_components_do_not_declare() {
     let s = Served::start(&[]);
-    let dir = s.dir.path().join("typo");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = stepwell_tests::misspelt_expenses(s.dir.path());
     let expenses = repo().join("flows/examples/expenses");
-    std::fs::copy(expenses.join("triage.wasm"), dir.join("triage.wasm")).unwrap();
-    let flow = std::fs::read_to_string(expenses.join("flow.json")).unwrap();
-    std::fs::write(
-        dir.join("flow.json"),
-        flow.replace("\"review\"", "\"reveiw\"")
-            .replace("\"expenses\"", "\"typo\""),
-    )
-    .unwrap();
     let (status, answer) = s.post(
         "/v1/deployments",
         json!({"path": dir.display().to_string()}),

@@ -515,3 +515,19 @@ pub fn read_http_request(reader: &mut impl std::io::BufRead) -> Option<HttpReque
     reader.read_exact(&mut body).ok()?;
     Some((line.trim_end().to_string(), headers, body))
 }
+
+/// A copy of the `expenses` example under `parent/typo`, workflow `typo`,
+/// whose flow misspells the route `review` as `reveiw`: a route its
+/// component does not declare. Returns the bundle directory.
+pub fn misspelt_expenses(parent: &Path) -> PathBuf {
+    let dir = parent.join("typo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let expenses = repo().join("flows/examples/expenses");
+    std::fs::copy(expenses.join("triage.wasm"), dir.join("triage.wasm")).unwrap();
+    let flow = std::fs::read_to_string(expenses.join("flow.json")).unwrap();
+    let typo = flow
+        .replace("\"review\"", "\"reveiw\"")
+        .replace("\"expenses\"", "\"typo\"");
+    std::fs::write(dir.join("flow.json"), typo).unwrap();
+    dir
+}

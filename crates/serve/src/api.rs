@@ -1547,8 +1547,7 @@ async fn deploy(State(s): S, req: Request) -> ApiResult {
                 // What loading noticed (a route its component does not
                 // declare) is answered too.
                 let d = s.rt.deploy(path, by)?;
-                let warnings: Vec<String> =
-                    d.bundle.warnings().iter().map(|w| w.to_string()).collect();
+                let warnings = d.bundle.warnings();
                 Ok((d.workflows, warnings))
             }
         })

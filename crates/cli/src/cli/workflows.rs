@@ -38,7 +38,7 @@ pub(crate) fn deploy(rt: &Runtime, args: DeployArgs) -> Result<Report, Error> {
         (d.workflows, digest, d.warnings)
     } else {
         let d = rt.deploy(&args.path, by)?;
-        let warnings = d.bundle.warnings().iter().map(|w| w.to_string()).collect();
+        let warnings = d.bundle.warnings();
         (d.workflows, d.digest, warnings)
     };
     let mut report = deployed_report(&deployed, &digest);

@@ -200,7 +200,7 @@ impl Runtime {
                 manifest.workflows
             )));
         }
-        let warnings = bundle.warnings().iter().map(|w| w.to_string()).collect();
+        let warnings = bundle.warnings();
         Ok(ArchiveDeployment {
             workflows: self.deploy_files(&files, by, source)?,
             warnings,

@@ -188,10 +188,10 @@ pub struct Bundle {
 impl Bundle {
     /// What loading its workflows noticed that does not stop them (see
     /// [`Workflow::warnings`]).
-    pub fn warnings(&self) -> Vec<&str> {
+    pub fn warnings(&self) -> Vec<String> {
         self.workflows
             .iter()
-            .flat_map(|w| w.warnings.iter().map(String::as_str))
+            .flat_map(|w| w.warnings.iter().cloned())
             .collect()
     }
 }
