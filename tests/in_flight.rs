@@ -184,15 +184,31 @@ fn a_cancel_by_another_runtime_reaches_the_call() {
 
 #[test]
 fn past_max_in_flight_a_run_is_held_back_not_executed_in_the_pass() {
+    held_back_past(RuntimeConfig {
+        max_in_flight: 1,
+        ..RuntimeConfig::default()
+    });
+}
+
+/// The bound on bytes holds back as the bound on count does: the first
+/// call's request (a few hundred bytes) is past a bound of 1 byte.
+#[test]
+fn past_max_in_flight_bytes_a_run_is_held_back_not_executed_in_the_pass() {
+    held_back_past(RuntimeConfig {
+        max_in_flight_bytes: 1,
+        ..RuntimeConfig::default()
+    });
+}
+
+/// With `config`, one of two runs whose calls would fly flies and the
+/// other is held back (not called inside the pass), then flies once the
+/// first has landed.
+fn held_back_past(config: RuntimeConfig) {
     let mock = LlmMock::always(Reply::Delay(
         Duration::from_secs(2),
         Box::new(Reply::text("fine")),
     ));
     let dir = tempfile::tempdir().unwrap();
-    let config = RuntimeConfig {
-        max_in_flight: 1,
-        ..RuntimeConfig::default()
-    };
     let rt = runtime_with(&mock, dir.path(), stepwell_tests::manual_clock(), config);
     let first = rt.start("ask", StartOptions::default()).unwrap();
     let second = rt.start("ask", StartOptions::default()).unwrap();

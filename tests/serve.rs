@@ -688,13 +688,14 @@ fn automations_are_created_commanded_and_read_over_http() {
 }
 
 /// `run` once it no longer runs: the server's calls fly their effects (a
-/// tool batch, a model call), so a start answers the run `running`, and it
-/// goes on when its effect lands.
+/// tool batch, a model call), so a start answers the run `running` (an
+/// approval, the run still waiting and `resuming`), and it goes on when
+/// its effect lands.
 fn settled(s: &Served, run: Value) -> Value {
     let id = run["run_id"].as_str().unwrap().to_string();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let mut run = run;
-    while run["status"] == "running" {
+    while run["status"] == "running" || run["resuming"] == true {
         assert!(std::time::Instant::now() < until, "still running: {run}");
         std::thread::sleep(std::time::Duration::from_millis(10));
         run = s.ok(&format!("/v1/runs/{id}"));
@@ -722,15 +723,23 @@ fn a_tool_call_is_approved_over_http() {
     );
     assert!(!ws.join("note.txt").exists());
     let id = run["run_id"].as_str().unwrap();
-    let (status, done) = s.post(
+    let (status, answered) = s.post(
         &format!("/v1/runs/{id}/resume"),
         json!({"payload": {"approved": true}}),
     );
+    // The batch runs in flight: accepted, the run waits until it lands.
     assert_eq!(
-        (status, done["status"].clone()),
-        (200, json!("completed")),
-        "{done}"
+        (
+            status,
+            answered["status"].clone(),
+            answered["resuming"].clone()
+        ),
+        (202, json!("waiting"), json!(true)),
+        "{answered}"
     );
+    let done = settled(&s, answered);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert!(done.get("resuming").is_none(), "{done}");
     assert_eq!(
         std::fs::read_to_string(ws.join("note.txt")).unwrap(),
         "approved"

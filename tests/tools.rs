@@ -26,6 +26,13 @@ fn runtime_at(dir: &Path, db: &Path) -> Runtime {
     runtime_with(dir, db, |t| t)
 }
 
+/// [`runtime`] with `config`.
+fn runtime_configured(config: stepwell::RuntimeConfig) -> (Runtime, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime_with_config(dir.path(), &dir.path().join("db.sqlite"), config);
+    (rt, dir)
+}
+
 /// [`runtime_at`] with `config` (its tool deny paths set as the binary's).
 fn runtime_with_config(dir: &Path, db: &Path, config: stepwell::RuntimeConfig) -> Runtime {
     build_runtime(dir, db, config, |t| t)
@@ -1894,16 +1901,10 @@ fn a_cancel_interrupts_a_tool_in_flight() {
 /// free.
 #[test]
 fn tool_batches_past_the_flight_threads_are_held_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("db.sqlite");
-    let rt = runtime_with_config(
-        dir.path(),
-        &db,
-        stepwell::RuntimeConfig {
-            flight_threads: 1,
-            ..Default::default()
-        },
-    );
+    let (rt, dir) = runtime_configured(stepwell::RuntimeConfig {
+        flight_threads: 1,
+        ..Default::default()
+    });
     let ws = workspace(&dir);
     let spin = |id: &str| {
         let mut v = vars(ws_vars(&ws));
@@ -1946,4 +1947,97 @@ fn tool_batches_past_the_flight_threads_are_held_back() {
             "{run:?}"
         );
     }
+}
+
+/// A run of `tools` that asks approval for `hostile_spin` with a timeout of
+/// `timeout_s`, on a runtime whose calls fly (as under `stepwell serve`).
+fn spin_awaiting_approval(timeout_s: u64) -> (Runtime, tempfile::TempDir, RunState) {
+    let (rt, dir) = runtime_configured(stepwell::RuntimeConfig {
+        calls_in_flight: true,
+        ..Default::default()
+    });
+    let ws = workspace(&dir);
+    let run = start(
+        &rt,
+        json!({"tool_calls": [{"name": "hostile_spin", "arguments": {}, "call_id": "spin"}]}),
+        ws_vars(&ws),
+        json!({"tool_timeout_s": timeout_s,
+               "tool_policy": {"require_approval_tools": ["hostile_spin"]}}),
+    );
+    // The batch flies to find it needs approval, then the run waits.
+    assert!(rt.wait_in_flight(std::time::Duration::from_secs(20)));
+    let run = rt.get_state(&run.run_id).unwrap();
+    assert_eq!(run.status, RunStatus::Waiting, "{run:?}");
+    (rt, dir, run)
+}
+
+/// An approved batch runs in flight when calls fly: the approval returns
+/// at once with the run still waiting (its resume under way), a second
+/// answer meanwhile is refused, and the batch's results end the wait once
+/// it lands: recorded once.
+#[test]
+fn an_approved_batch_runs_in_flight_and_its_results_end_the_wait() {
+    let (rt, _dir, run) = spin_awaiting_approval(1);
+    let wait_key = run.waiting.as_ref().unwrap().wait_key.clone();
+    let answered = rt.respond(&run.run_id, json!({"approved": true})).unwrap();
+    assert_eq!(answered.status, RunStatus::Waiting, "{answered:?}");
+    assert!(rt.resuming(&run.run_id), "the batch runs in flight");
+    // Another answer while the batch runs: refused, nothing changes.
+    let e = rt
+        .respond(&run.run_id, json!({"approved": false}))
+        .unwrap_err();
+    assert_eq!(e.reason_code(), "conflict", "{e}");
+    assert!(
+        rt.wait_in_flight(std::time::Duration::from_secs(60)),
+        "the batch never landed"
+    );
+    assert!(!rt.resuming(&run.run_id));
+    let done = rt.get_state(&run.run_id).unwrap();
+    assert_eq!(
+        results(&done)[0]["error"],
+        "Tool execution timed out after 1.0s",
+        "{done:?}"
+    );
+    let ledger = rt.get_ledger(&run.run_id).unwrap();
+    let resumed: Vec<_> = ledger
+        .iter()
+        .filter(|r| {
+            r.result
+                .as_ref()
+                .is_some_and(|v| v["resumed"]["wait_key"] == wait_key.as_str())
+        })
+        .collect();
+    assert_eq!(resumed.len(), 1, "{ledger:#?}");
+    assert_eq!(
+        resumed[0].result.as_ref().unwrap()["resumed"]["payload"],
+        json!({"approved": true})
+    );
+}
+
+/// A cancel reaches an approved batch in flight: the spinning tool (a
+/// minute's timeout) is interrupted, the run is cancelled, and no result
+/// of the batch is recorded.
+#[test]
+fn a_cancel_interrupts_an_approved_batch_in_flight() {
+    let (rt, _dir, run) = spin_awaiting_approval(60);
+    rt.respond(&run.run_id, json!({"approved": true})).unwrap();
+    assert!(rt.resuming(&run.run_id));
+    // Spinning by now (its instance is made in a few milliseconds).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    rt.cancel_run(&run.run_id, None).unwrap();
+    assert!(
+        rt.wait_in_flight(std::time::Duration::from_secs(20)),
+        "the tool was not interrupted (its timeout is 60 s)"
+    );
+    assert_eq!(
+        rt.get_state(&run.run_id).unwrap().status,
+        RunStatus::Cancelled
+    );
+    let ledger = rt.get_ledger(&run.run_id).unwrap();
+    assert!(
+        ledger
+            .iter()
+            .all(|r| r.result.as_ref().is_none_or(|v| v.get("resumed").is_none())),
+        "{ledger:#?}"
+    );
 }

@@ -333,6 +333,9 @@ impl EffectHandler for LlmCall {
                 return None;
             }
         };
+        // What the call keeps while it is out: its request (the
+        // conversation), once as the request and once as its body.
+        landing.hold_bytes(2 * stepwell_runtime::core::flight::json_size(&planned.request.body));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         landing.cancel().on_cancel(move || {
             let _ = stop.send(());

@@ -781,9 +781,21 @@ async fn start_run(State(s): S, Body(b): Body<StartRun>) -> ApiResult {
 }
 
 async fn get_run(State(s): S, Path(id): Path<String>) -> ApiResult {
-    read(move || s.rt.get_state(&id))
-        .await
-        .map(|r| ok(run_json(&r)))
+    read(move || {
+        let run = s.rt.get_state(&id)?;
+        Ok(marked(run_json(&run), s.rt.resuming(&id)))
+    })
+    .await
+    .map(ok)
+}
+
+/// A run's JSON with `"resuming": true` while this server carries out the
+/// work of its resume (an approved tool batch) in flight.
+fn marked(mut run: Value, resuming: bool) -> Value {
+    if resuming {
+        run["resuming"] = Value::Bool(true);
+    }
+    run
 }
 
 #[derive(Deserialize)]
@@ -803,10 +815,15 @@ async fn resume_run(State(s): S, Path(id): Path<String>, Body(b): Body<Resume>) 
             None => s.rt.respond(&id, payload)?,
         };
         s.wake.wake();
-        Ok(state)
+        // Still waiting while the work of the resume flies: accepted.
+        let resuming = state.status == RunStatus::Waiting && s.rt.resuming(&id);
+        Ok((resuming, marked(run_json(&state), resuming)))
     })
     .await
-    .map(|r| ok(run_json(&r)))
+    .map(|(resuming, run)| match resuming {
+        true => (StatusCode::ACCEPTED, Json(run)).into_response(),
+        false => ok(run),
+    })
 }
 
 #[derive(Deserialize)]

@@ -48,7 +48,7 @@ const OPS: &[Op] = &[
     op("get", "/v1/runs", "Runs, newest first, filtered (since/until: created in that RFC 3339 window; such a page may hold fewer than limit runs: follow next_cursor), one page", &["status", "wait_reason", "workflow_id", "parent_run_id", "since", "until", "limit", "cursor", "view"], false, 200),
     op("post", "/v1/runs", "Start a run of a bundle or a known workflow; answers its state after its first tick", &[], true, 201),
     op("get", "/v1/runs/{id}", "A run's state", &[], false, 200),
-    op("post", "/v1/runs/{id}/resume", "Answer the run's wait (payload; wait_key optional)", &[], true, 200),
+    op("post", "/v1/runs/{id}/resume", "Answer the run's wait (payload; wait_key optional); 202 with resuming: true while an approved tool batch runs in flight", &[], true, 200),
     op("post", "/v1/runs/{id}/cancel", "Cancel a run and its unfinished children", &[], true, 200),
     op("get", "/v1/runs/{id}/ledger", "A page of a run's ledger records, oldest first, each with its seq (Link: rel=next on a full page)", &["after", "limit"], false, 200),
     op("get", "/v1/runs/{id}/flow", "The flow the run executes: entry, current node, nodes with kind, effect, next and routes", &[], false, 200),

@@ -669,6 +669,14 @@ impl EffectHandler for ToolCalls {
         Ok(())
     }
 
+    /// An approval runs the batch: in flight when calls fly. A denial, or
+    /// results of calls run elsewhere, have no work to fly.
+    fn resume_flies(&self, wait: &WaitState, payload: &Value) -> bool {
+        let details = wait.details.as_ref().unwrap_or(&Value::Null);
+        let is_results = payload.get("mode").is_some() && payload.get("results").is_some();
+        details["mode"] == "approval_required" && !is_results && payload["approved"] == true
+    }
+
     fn on_resume(
         &self,
         cx: &EffectCx<'_>,

@@ -73,6 +73,15 @@ pub struct RuntimeConfig {
     /// this many, effects execute inside their steps. 0: never in flight.
     /// Default 4096.
     pub max_in_flight: usize,
+    /// How many bytes the effects in flight may hold at once, as their
+    /// executors report them ([`crate::core::flight::Landing::hold_bytes`]:
+    /// a model call's request, a tool batch's copy of its run's vars, an
+    /// outcome that landed and waits for its settling). Past it, a step
+    /// whose effect would fly is held back, as past
+    /// [`RuntimeConfig::max_in_flight`]; one effect always may fly. A
+    /// bound on memory, where `max_in_flight` bounds a count. Default
+    /// 1 GiB.
+    pub max_in_flight_bytes: usize,
     /// Whether effects started by direct calls (`tick`, `run`, `resume`)
     /// fly too, or only those of the driver's passes. With it, a `run` of
     /// a flow that calls a model returns the run `running` at once, and the
@@ -201,6 +210,7 @@ impl Default for RuntimeConfig {
             drive_workers: 1,
             drive_pass_time: Duration::from_millis(200),
             max_in_flight: 4096,
+            max_in_flight_bytes: 1 << 30,
             calls_in_flight: false,
             flight_threads: 32,
             lease_ttl: Duration::from_secs(30),

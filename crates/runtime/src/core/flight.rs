@@ -108,6 +108,16 @@ impl Landing {
         &self.cancel
     }
 
+    /// Counts `bytes` more as held by this effect until its outcome is
+    /// settled, against [`crate::RuntimeConfig::max_in_flight_bytes`]: an
+    /// executor reports what it keeps while the effect is out (a request
+    /// body, a copy of the run's state).
+    pub fn hold_bytes(&self, bytes: usize) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.flights.add_bytes(&self.run_id, bytes);
+        }
+    }
+
     /// The effect's span, if tracing is on: spans of the work the effect
     /// does (a model call, a tool call) are its children.
     pub fn span_context(&self) -> Option<super::trace::SpanContext> {
@@ -158,6 +168,16 @@ pub(crate) struct Flight<'a> {
     pub kind: &'a str,
     pub key: &'a str,
     pub attempt: u32,
+    /// For the work of a resume (an approved tool batch): the wait it
+    /// ends and the resume's payload. The run waits while it flies.
+    pub resume: Option<Resumed>,
+}
+
+/// The resume whose work is in flight: the wait it ends, its payload.
+#[derive(Clone)]
+pub(crate) struct Resumed {
+    pub wait_key: String,
+    pub payload: serde_json::Value,
 }
 
 /// An outcome that landed, waiting for its run's settling.
@@ -169,6 +189,8 @@ pub(crate) struct Landed {
     pub key: String,
     pub attempt: u32,
     pub outcome: Result<Outcome>,
+    /// Set for the work of a resume: settled by resuming again.
+    pub resume: Option<Resumed>,
 }
 
 struct Slot {
@@ -178,6 +200,9 @@ struct Slot {
     attempt: u32,
     cancel: Arc<Cancel>,
     landed: Option<Result<Outcome>>,
+    resume: Option<Resumed>,
+    /// What the effect holds, as its executor and its outcome report.
+    bytes: usize,
 }
 
 #[derive(Default)]
@@ -200,6 +225,8 @@ pub(crate) struct Flights {
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     /// Jobs given to the flight threads and not finished.
     thread_jobs: std::sync::atomic::AtomicUsize,
+    /// The bytes the slots hold, in all.
+    bytes: std::sync::atomic::AtomicUsize,
 }
 
 impl Flights {
@@ -219,6 +246,21 @@ impl Flights {
             .count()
     }
 
+    /// The bytes the effects in flight hold, as reported: what
+    /// [`crate::RuntimeConfig::max_in_flight_bytes`] bounds.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::SeqCst)
+    }
+
+    /// Counts `bytes` more for `run_id`'s flight (none: nothing).
+    fn add_bytes(&self, run_id: &str, bytes: usize) {
+        let mut state = self.state.lock();
+        if let Some(slot) = state.slots.get_mut(run_id) {
+            slot.bytes = slot.bytes.saturating_add(bytes);
+            self.bytes.fetch_add(bytes, Ordering::SeqCst);
+        }
+    }
+
     /// Whether an effect of `run_id` is in flight.
     pub fn flying(&self, run_id: &str) -> bool {
         self.state.lock().slots.contains_key(run_id)
@@ -236,6 +278,8 @@ impl Flights {
                 attempt: flight.attempt,
                 cancel: cancel.clone(),
                 landed: None,
+                resume: flight.resume.clone(),
+                bytes: 0,
             },
         );
         cancel
@@ -260,14 +304,32 @@ impl Flights {
         self.thread_jobs.load(Ordering::SeqCst)
     }
 
-    /// The runs whose effects fly and have not landed.
-    pub fn airborne(&self) -> Vec<(String, Arc<Cancel>)> {
+    /// Whether the work of a resume of `run_id` (an approved tool batch)
+    /// is in flight: the run still waits, and its resume is under way.
+    pub fn resuming(&self, run_id: &str) -> bool {
+        self.state
+            .lock()
+            .slots
+            .get(run_id)
+            .is_some_and(|s| s.resume.is_some())
+    }
+
+    /// The runs whose effects fly and have not landed, with the status
+    /// their runs keep while they fly (`running`; `waiting` for the work
+    /// of a resume).
+    pub fn airborne(&self) -> Vec<(String, Arc<Cancel>, super::model::RunStatus)> {
         self.state
             .lock()
             .slots
             .iter()
             .filter(|(_, s)| s.landed.is_none())
-            .map(|(id, s)| (id.clone(), s.cancel.clone()))
+            .map(|(id, s)| {
+                let keeps = match s.resume {
+                    Some(_) => super::model::RunStatus::Waiting,
+                    None => super::model::RunStatus::Running,
+                };
+                (id.clone(), s.cancel.clone(), keeps)
+            })
             .collect()
     }
 
@@ -280,6 +342,13 @@ impl Flights {
             if slot.landed.is_some() {
                 return;
             }
+            // A landed outcome is held until it is settled.
+            let size = match &outcome {
+                Ok(Outcome::Completed(v)) => json_size(v),
+                _ => 0,
+            };
+            slot.bytes = slot.bytes.saturating_add(size);
+            self.bytes.fetch_add(size, Ordering::SeqCst);
             slot.landed = Some(outcome);
             state.settling += 1;
         }
@@ -302,12 +371,14 @@ impl Flights {
         // Not landed yet: it stays in flight.
         state.slots.get(run_id)?.landed.as_ref()?;
         let slot = state.slots.remove(run_id)?;
+        self.bytes.fetch_sub(slot.bytes, Ordering::SeqCst);
         Some(Landed {
             now: slot.now,
             kind: slot.kind,
             key: slot.key,
             attempt: slot.attempt,
             outcome: slot.landed?,
+            resume: slot.resume,
         })
     }
 
@@ -324,6 +395,8 @@ impl Flights {
                 attempt: landed.attempt,
                 cancel: Arc::new(Cancel::default()),
                 landed: Some(landed.outcome),
+                resume: landed.resume,
+                bytes: 0,
             },
         );
         state.settling += 1;
@@ -370,6 +443,23 @@ impl Flights {
         }
         true
     }
+}
+
+/// The size of `value` as compact JSON, counted without building it.
+pub fn json_size(value: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 impl Runtime {
@@ -488,6 +578,9 @@ impl Runtime {
         let Some(landed) = self.inner.flights.take(run_id) else {
             return Ok(());
         };
+        if landed.resume.is_some() {
+            return self.settle_resume(run_id, guard, landed);
+        }
         let (mut txn, run) = match self.claim_locked(run_id, Duration::ZERO, guard) {
             Ok(held) => held,
             Err(
@@ -536,7 +629,7 @@ impl Runtime {
 
     /// Puts `landed` back and settles it again a second later (`why`: what
     /// failed this time).
-    fn retry_settling(&self, run_id: &str, landed: Landed, why: &Error) {
+    pub(super) fn retry_settling(&self, run_id: &str, landed: Landed, why: &Error) {
         tracing::warn!(run_id = %run_id, error = %why, "settling an effect that landed: trying again in 1 s");
         self.inner.flights.put_back(run_id, landed);
         Flights::settle_later(
@@ -550,7 +643,7 @@ impl Runtime {
 impl Landed {
     /// A copy to settle again if this settling fails (a host failure that
     /// landed is not kept: the effect is executed again, as inside a step).
-    fn kept(&self) -> Option<Landed> {
+    pub(super) fn kept(&self) -> Option<Landed> {
         let outcome = self.outcome.as_ref().ok()?.clone();
         Some(Landed {
             now: self.now,
@@ -558,6 +651,7 @@ impl Landed {
             key: self.key.clone(),
             attempt: self.attempt,
             outcome: Ok(outcome),
+            resume: self.resume.clone(),
         })
     }
 }
@@ -589,9 +683,9 @@ fn watch_loop(weak: &Weak<Inner>) {
         let Some(inner) = weak.upgrade() else {
             return;
         };
-        for (run_id, cancel) in inner.flights.airborne() {
+        for (run_id, cancel, keeps) in inner.flights.airborne() {
             let over = match inner.store_ref().run_status(&run_id) {
-                Ok(Some(status)) => status != super::model::RunStatus::Running,
+                Ok(Some(status)) => status != keeps,
                 Ok(None) => true,
                 Err(_) => false,
             };

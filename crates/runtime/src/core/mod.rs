@@ -10,6 +10,7 @@ mod error;
 pub mod export;
 mod feed;
 pub mod flight;
+mod flying_resume;
 mod foreign;
 pub mod fork;
 pub mod keys;

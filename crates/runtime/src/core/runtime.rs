@@ -95,7 +95,7 @@ fn seed_limits(vars: &mut Map<String, Value>, defaults: Value) -> Result<()> {
 }
 
 /// What one attempt at a resume came to (see [`Runtime::resume_held`]).
-enum Attempt {
+pub(super) enum Attempt {
     /// Done: the run's state, and whether this resume did it (`false`: the
     /// event it delivers had resumed the run before).
     Done(Box<RunState>, bool),
@@ -111,20 +111,20 @@ enum Attempt {
 
 /// What one resume asks ([`Runtime::resume_at`]), for each of its holds.
 #[derive(Clone, Copy)]
-struct Resume<'a> {
-    run_id: &'a str,
-    wait_key: Option<&'a str>,
+pub(super) struct Resume<'a> {
+    pub run_id: &'a str,
+    pub wait_key: Option<&'a str>,
     /// The payload's size as JSON, checked.
-    size: usize,
+    pub size: usize,
     /// The event that caused it, if one did.
-    cause: Option<&'a str>,
-    depth: u32,
+    pub cause: Option<&'a str>,
+    pub depth: u32,
     /// Whether the run is ticked on after the resume.
-    tick: bool,
+    pub tick: bool,
 }
 
 /// How a resume holds its run (see [`Runtime::resume_held`]).
-enum Hold {
+pub(super) enum Hold<'a> {
     /// Reads the run, takes the lease with the first commit.
     Taking,
     /// From a state this runtime remembers committing (`parked`), takes the
@@ -132,6 +132,8 @@ enum Hold {
     Remembered(Box<RunState>),
     /// Claims the lease first.
     Claim,
+    /// Holds the lease already (the work of the resume landed from flight).
+    Claimed(Box<(super::txn::RunTxn<'a>, RunState)>),
 }
 
 /// What the resume hook of a wait's effect decided.
@@ -142,6 +144,9 @@ enum Hook {
     Written(Option<Value>),
     /// The hook runs external work: take the run's lease, then resume.
     ClaimFirst,
+    /// The hook's work leaves in flight (its `started` record is written):
+    /// the resume ends when it lands.
+    Fly(Box<super::flying_resume::ResumeWork>),
 }
 
 /// Builds a [`Runtime`].
@@ -990,7 +995,12 @@ impl Runtime {
     /// commit lost to a change or a lease, or it refused the resume on a
     /// run that has changed since. A store error passes through: a commit
     /// whose outcome is unknown is never done again.
-    fn resume_held(&self, resume: Resume<'_>, payload: Value, hold: Hold) -> Result<Attempt> {
+    pub(super) fn resume_held<'a>(
+        &'a self,
+        resume: Resume<'_>,
+        payload: Value,
+        hold: Hold<'a>,
+    ) -> Result<Attempt> {
         let Resume {
             run_id,
             wait_key,
@@ -999,7 +1009,7 @@ impl Runtime {
             depth,
             tick,
         } = resume;
-        let optimistic = !matches!(hold, Hold::Claim);
+        let optimistic = matches!(hold, Hold::Taking | Hold::Remembered(_));
         let guessed = matches!(hold, Hold::Remembered(_));
         // A resume that finds it must claim the lease first is done again
         // (a second span, `claim`).
@@ -1007,12 +1017,14 @@ impl Runtime {
             Hold::Taking => "take",
             Hold::Remembered(_) => "remembered",
             Hold::Claim => "claim",
+            Hold::Claimed(_) => "landed",
         };
         let wait = self.inner.config.lease_wait;
         let (mut txn, mut run) = match hold {
             Hold::Remembered(state) => self.hold_taking(run_id, wait, Some(*state))?,
             Hold::Taking => self.hold_taking(run_id, wait, None)?,
             Hold::Claim => self.claim(run_id, wait)?,
+            Hold::Claimed(held) => *held,
         };
         let read_version = run.version;
         let mut resume_span = match self.inner.tracer.is_on() {
@@ -1084,7 +1096,10 @@ impl Runtime {
         if let Err(e) = self.workflow_of(&run) {
             return refuse(e);
         }
-        let hook = match self.resume_hook(&txn, &run, &payload, optimistic) {
+        // A person's answer whose work takes its time (an approved tool
+        // batch) leaves it in flight when calls fly.
+        let fly = cause.is_none() && depth == 0 && tick && self.inner.config.calls_in_flight;
+        let hook = match self.resume_hook(&mut txn, &run, &payload, optimistic, fly) {
             Ok(hook) => hook,
             Err(e @ Error::Store(_)) => return Err(e),
             Err(e) => return refuse(e),
@@ -1093,6 +1108,11 @@ impl Runtime {
             Hook::None => None,
             Hook::Written(v) => v,
             Hook::ClaimFirst => return Ok(Attempt::ClaimFirst),
+            Hook::Fly(work) => {
+                self.fly_resume(&run, &payload, *work);
+                txn.detach();
+                return Ok(Attempt::Done(Box::new(run), true));
+            }
         };
         let ended_key = wait.wait_key.clone();
         let record = self.end_wait_with(&mut run, payload, written, "resumed", cause);
@@ -1345,12 +1365,17 @@ impl Runtime {
     /// ([`Hook::ClaimFirst`] when the hold has none yet) and its answer is
     /// recorded ahead of the resume's commit under `<effect key>:resumed`;
     /// a repeated resume reuses it.
+    ///
+    /// With `fly`, and room in flight, the work leaves in flight instead
+    /// ([`Hook::Fly`]); once it lands, the resume is done again under the
+    /// same lease and finds its answer in `txn.landed`.
     fn resume_hook(
         &self,
-        txn: &super::txn::RunTxn<'_>,
+        txn: &mut super::txn::RunTxn<'_>,
         run: &RunState,
         payload: &Value,
         optimistic: bool,
+        fly: bool,
     ) -> Result<Hook> {
         let Some(wait) = run.waiting.clone() else {
             return Ok(Hook::None);
@@ -1421,31 +1446,30 @@ impl Runtime {
             idempotency_key: Some(resumed_key),
             ..self.record(run, run.current_node.clone(), &now)
         };
-        if external && !begun {
+        let landed = txn.landed.take().filter(|l| {
+            l.resume.is_some() && Some(l.key.as_str()) == base.idempotency_key.as_deref()
+        });
+        if external && !begun && landed.is_none() {
             txn.append_ahead(std::slice::from_ref(&base))?;
         }
-        let seq = run
-            .vars
-            .get("_runtime")
-            .and_then(|r| r.get("effect_seq"))
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
-        let cx = crate::effects::EffectCx {
-            run,
-            seq,
-            key: &key,
-            now: self.now(),
-            attempt: 1,
-            depth: 0,
-            max_depth: self.inner.config.max_nesting,
-            emit_scopes: &self.inner.config.emit_scopes,
-            max_cascade: self.inner.config.max_cascade_runs,
-            runs: self,
-            artifacts: self.artifact_store(),
-            cancel: None,
-            tracer: &self.inner.tracer,
+        let written = match landed {
+            Some(landed) => super::flying_resume::written_of(landed.outcome?)?,
+            None if external
+                && fly
+                && txn.leased()
+                && self.resume_room(handler.as_ref(), &wait, payload) =>
+            {
+                return Ok(Hook::Fly(Box::new(super::flying_resume::ResumeWork {
+                    handler,
+                    wait,
+                    key,
+                })));
+            }
+            None => {
+                let cx = self.resume_cx(run, &key, None);
+                handler.on_resume(&cx, &wait, payload)?
+            }
         };
-        let written = handler.on_resume(&cx, &wait, payload)?;
         if external {
             txn.append_ahead(&[StepRecord {
                 step_id: super::keys::new_step_id(),

@@ -759,6 +759,7 @@ impl Runtime {
                     kind: &effect.kind,
                     key: call.key,
                     attempt: call.attempt,
+                    resume: None,
                 };
                 let span = self.effect_span(effect, &**handler, true);
                 let _scope = super::trace::scope(span.context());
@@ -840,7 +841,7 @@ impl Runtime {
             && self.inner.flights.thread_jobs() >= self.inner.config.flight_threads.max(1);
         if !flies || max == 0 {
             FlightPlan::Inline
-        } else if self.inner.flights.out() < max && !threads_taken {
+        } else if self.inner.flights.out() < max && !threads_taken && self.bytes_room() {
             FlightPlan::Fly
         } else {
             FlightPlan::HoldBack
@@ -859,6 +860,9 @@ impl Runtime {
         landing: Landing,
     ) {
         let (rt, run, payload) = (self.clone(), run.clone(), payload.clone());
+        // The copy of the run this job keeps until it lands.
+        landing
+            .hold_bytes(super::flight::json_size(&run.vars) + super::flight::json_size(&payload));
         let (seq, key, now, attempt) = (call.seq, call.key.to_string(), call.now, call.attempt);
         self.fly_job(Box::new(move || {
             let call = Call {

@@ -424,6 +424,16 @@ pub trait EffectHandler: Send + Sync {
         false
     }
 
+    /// Whether the work of [`EffectHandler::on_resume`] for `payload` may
+    /// run in flight (an approved tool batch: seconds or minutes), on one
+    /// of the runtime's flight threads, when calls fly: the resume returns
+    /// at once with the run still waiting, and the wait ends when the work
+    /// lands. Default: no (the hook runs inside the resume).
+    fn resume_flies(&self, wait: &WaitState, payload: &Value) -> bool {
+        let _ = (wait, payload);
+        false
+    }
+
     /// Whether [`EffectHandler::launch`] executes the effect on an executor
     /// of the handler's own (`llm_call`'s asynchronous client) rather than
     /// handing it back to run on one of the runtime's flight threads

@@ -833,7 +833,7 @@
       if (!st || (run && st.version != null && run.version != null && st.version < run.version)) return;
       run = st;
       renderHead();
-      const key = run.status + '|' + (run.waiting ? run.waiting.wait_key : '');
+      const key = run.status + '|' + (run.waiting ? run.waiting.wait_key : '') + (run.resuming ? '|resuming' : '');
       if (key !== waitKey) { waitKey = key; swap(wait, waitPanel()); loadChildren(); }
       renderResults();
       drawFlow();
@@ -902,7 +902,11 @@
       const errEl = h('p', { class: 'msg err wait-msg', testid: 'wait-error', hidden: true });
       const panel = h('section', { class: 'card wait-card', testid: 'wait-panel', 'data-reason': w.reason });
       const since = h('p', { class: 'muted small' }, 'Waiting since ', ts(r.updated_at), ' · key ', mono(w.wait_key || ''));
-      if (isApproval(w)) {
+      if (isApproval(w) && r.resuming) {
+        panel.dataset.kind = 'approval-running';
+        add(panel, h('h2', null, 'Approved: the tool calls are running'),
+          h('p', { testid: 'resuming' }, 'The run goes on with their results when they end. Cancelling the run stops them.'), since);
+      } else if (isApproval(w)) {
         panel.dataset.kind = 'approval';
         const reason = h('input', { testid: 'deny-reason', placeholder: 'Reason (optional, the run sees it)' });
         const denyBox = h('div', { class: 'row deny-box', hidden: true }, reason,
