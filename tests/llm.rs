@@ -26,6 +26,14 @@ fn runtime(
         ..Provider::new("mock", &mock.base_url, Some("mock-model"))
     })
     .with_keys(Settings::new(|name| std::env::var(name).ok()));
+    runtime_over(providers, config)
+}
+
+/// A runtime whose LLM calls go to `providers`, with the flow `ask-llm`.
+fn runtime_over(
+    providers: Providers,
+    config: RuntimeConfig,
+) -> (Runtime, Arc<ManualClock>, tempfile::TempDir) {
     let clock = stepwell_tests::manual_clock();
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
@@ -535,5 +543,109 @@ fn a_structured_answer_is_repaired_once_when_asked() {
         mock.count(),
         4,
         "one call and one repair each, never retried"
+    );
+}
+
+/// Settings holding only `pairs` (the binary's are its environment).
+fn settings(pairs: &[(&str, String)]) -> Settings {
+    let pairs: Vec<(String, String)> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    Settings::new(move |name| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    })
+}
+
+/// The profile `mock` at `url`, its `proxy` as given, with the host's proxy
+/// settings `host`.
+fn proxied(url: &str, proxy: Option<&str>, host: &Settings) -> Providers {
+    Providers::only(Provider {
+        timeout_s: Some(5.0),
+        proxy: proxy.map(str::to_string),
+        ..Provider::new("mock", url, Some("mock-model"))
+    })
+    .with_proxies(host)
+}
+
+/// The host's `HTTP_PROXY` (with credentials) carries a call to a plain
+/// HTTP provider in absolute form, with `Proxy-Authorization`; `NO_PROXY`
+/// and a profile's `"proxy": "none"` send it straight to the provider.
+#[test]
+fn a_call_goes_through_the_hosts_proxy_unless_told_otherwise() {
+    let proxy = stepwell_tests::proxy::Proxy::start(false);
+    let mock = LlmMock::always(Reply::text("hello"));
+    let with_creds = proxy.url.replace("http://", "http://ada:s%40cret@");
+    let host = settings(&[("HTTP_PROXY", with_creds.clone())]);
+    let (rt, _, _dir) = runtime_over(proxied(&mock.base_url, None, &host), no_retries());
+    let run = ask(&rt, json!({"prompt": "Hello"}));
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(run.output.unwrap()["answer"]["content"], "hello");
+    let seen = proxy.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(
+        seen[0].line,
+        format!("POST {}/chat/completions HTTP/1.1", mock.base_url)
+    );
+    // base64 of "ada:s@cret" (the URL's %40 decoded).
+    assert_eq!(seen[0].auth.as_deref(), Some("Basic YWRhOnNAY3JldA=="));
+    assert_eq!(mock.count(), 1);
+    // NO_PROXY names the provider's host: straight there.
+    let host = settings(&[
+        ("HTTP_PROXY", with_creds.clone()),
+        ("NO_PROXY", "localhost, 127.0.0.1".into()),
+    ]);
+    let (rt, _, _dir) = runtime_over(proxied(&mock.base_url, None, &host), no_retries());
+    let run = ask(&rt, json!({"prompt": "Hello"}));
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    // A profile's own "none" wins over the host's settings.
+    let host = settings(&[("http_proxy", with_creds)]);
+    let (rt, _, _dir) = runtime_over(proxied(&mock.base_url, Some("none"), &host), no_retries());
+    let run = ask(&rt, json!({"prompt": "Hello"}));
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    assert_eq!(proxy.seen().len(), 1, "{:?}", proxy.seen());
+    assert_eq!(mock.count(), 3);
+}
+
+/// An HTTPS provider is reached through a `CONNECT` tunnel carrying the
+/// proxy's credentials; a proxy that refuses it fails the call with a
+/// message that names the proxy. A proxy that is not `http://` is refused
+/// before anything is sent.
+#[test]
+fn an_https_call_tunnels_through_the_proxy_and_a_refusal_names_it() {
+    let proxy = stepwell_tests::proxy::Proxy::start(true);
+    let addr = proxy.url.trim_start_matches("http://").to_string();
+    let host = settings(&[(
+        "HTTPS_PROXY",
+        proxy.url.replace("http://", "http://ada:pw@"),
+    )]);
+    let url = "https://models.example.test/v1";
+    let (rt, _, _dir) = runtime_over(proxied(url, None, &host), no_retries());
+    let run = ask(&rt, json!({"prompt": "Hello"}));
+    assert_eq!(run.status, RunStatus::Failed);
+    let error = run.error.unwrap();
+    assert!(
+        error.starts_with("llm_request_failed: https://models.example.test/v1/chat/completions (through the proxy ")
+            && error.contains(&addr),
+        "{error}"
+    );
+    let seen = proxy.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].line, "CONNECT models.example.test:443 HTTP/1.1");
+    assert_eq!(seen[0].auth.as_deref(), Some("Basic YWRhOnB3"));
+    // A SOCKS proxy named by a profile: refused, nothing sent.
+    let (rt, _, _dir) = runtime_over(
+        proxied(url, Some("socks5://127.0.0.1:1080"), &Settings::default()),
+        no_retries(),
+    );
+    let run = ask(&rt, json!({"prompt": "Hello"}));
+    assert_eq!(run.status, RunStatus::Failed);
+    let error = run.error.unwrap();
+    assert!(
+        error.starts_with("llm_unavailable: ") && error.contains("not an http:// proxy"),
+        "{error}"
     );
 }

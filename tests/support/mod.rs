@@ -14,6 +14,7 @@ use tempfile::TempDir;
 
 pub mod llm_mock;
 pub mod otlp;
+pub mod proxy;
 pub mod served;
 pub mod shell;
 pub mod world;

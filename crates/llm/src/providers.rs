@@ -40,6 +40,13 @@ pub struct Provider {
     /// Extra headers sent with every request.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// The HTTP proxy this profile's requests go through
+    /// (`http://[user:password@]host:port`), or `"none"` to go straight
+    /// to the provider whatever the host's proxy settings say. Unset: the
+    /// host's settings (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`,
+    /// `NO_PROXY`).
+    #[serde(default)]
+    pub proxy: Option<String>,
 }
 
 impl Provider {
@@ -53,6 +60,7 @@ impl Provider {
             default_model: default_model.map(str::to_string),
             timeout_s: None,
             headers: BTreeMap::new(),
+            proxy: None,
         }
     }
 }
@@ -162,6 +170,86 @@ pub struct Providers {
     default: Option<String>,
     /// Where the API keys the profiles name are read, at each call.
     keys: Settings,
+    /// The host's proxy rules, for profiles that name no proxy.
+    proxies: ProxyRules,
+}
+
+/// Which requests go through which HTTP proxy: the usual `HTTPS_PROXY`,
+/// `HTTP_PROXY`, `ALL_PROXY` and `NO_PROXY` (lower case first, as curl
+/// reads them), from the settings the host passes.
+#[derive(Clone, Default)]
+struct ProxyRules(Option<Arc<hyper_util::client::proxy::matcher::Matcher>>);
+
+impl std::fmt::Debug for ProxyRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ProxyRules(..)"
+        } else {
+            "ProxyRules(none)"
+        })
+    }
+}
+
+impl ProxyRules {
+    /// The rules `settings` hold. Under CGI (`REQUEST_METHOD` set) the
+    /// upper-case `HTTP_PROXY` is ignored: a request header can set it.
+    fn from_settings(settings: &Settings) -> Self {
+        let first = |names: &[&str]| names.iter().find_map(|n| settings.get(n));
+        let cgi = settings.get("REQUEST_METHOD").is_some();
+        let http_names: &[&str] = if cgi {
+            &["http_proxy"]
+        } else {
+            &["http_proxy", "HTTP_PROXY"]
+        };
+        let (all, http, https) = (
+            first(&["all_proxy", "ALL_PROXY"]),
+            first(http_names),
+            first(&["https_proxy", "HTTPS_PROXY"]),
+        );
+        if all.is_none() && http.is_none() && https.is_none() {
+            return ProxyRules(None);
+        }
+        let matcher = hyper_util::client::proxy::matcher::Matcher::builder()
+            .all(all.unwrap_or_default())
+            .http(http.unwrap_or_default())
+            .https(https.unwrap_or_default())
+            .no(first(&["no_proxy", "NO_PROXY"]).unwrap_or_default())
+            .build();
+        ProxyRules(Some(Arc::new(matcher)))
+    }
+
+    /// The one proxy at `url`, for every destination.
+    fn only(url: &str) -> Self {
+        let matcher = hyper_util::client::proxy::matcher::Matcher::builder()
+            .all(url)
+            .build();
+        ProxyRules(Some(Arc::new(matcher)))
+    }
+
+    /// How a request to `target` goes: `Err` for a proxy this client
+    /// cannot use (not `http://`).
+    fn route(&self, target: &str) -> Result<crate::http::Route, String> {
+        let Some(matcher) = &self.0 else {
+            return Ok(crate::http::Route::Direct);
+        };
+        let Ok(uri) = target.parse::<hyper::http::Uri>() else {
+            return Ok(crate::http::Route::Direct);
+        };
+        let Some(intercept) = matcher.intercept(&uri) else {
+            return Ok(crate::http::Route::Direct);
+        };
+        let proxy = intercept.uri();
+        if proxy.scheme_str() != Some("http") {
+            return Err(format!(
+                "the proxy {} is not an http:// proxy (only those are supported)",
+                shown_url(&proxy.to_string())
+            ));
+        }
+        Ok(crate::http::Route::Proxy {
+            uri: proxy.clone(),
+            auth: intercept.basic_auth().cloned(),
+        })
+    }
 }
 
 impl Providers {
@@ -215,6 +303,7 @@ impl Providers {
             profiles,
             default,
             keys: settings.clone(),
+            proxies: ProxyRules::from_settings(settings),
         };
         if let Some(model) = env("STEPWELL_LLM_MODEL") {
             p.set_default_model(&model);
@@ -257,6 +346,15 @@ impl Providers {
     /// call; without, no profile has a key).
     pub fn with_keys(mut self, keys: Settings) -> Self {
         self.keys = keys;
+        self
+    }
+
+    /// These providers with the host's proxy rules read from `settings`
+    /// (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, lower case
+    /// first), for the profiles that name no proxy of their own.
+    /// [`Providers::from_settings`] and [`Providers::load`] read them.
+    pub fn with_proxies(mut self, settings: &Settings) -> Self {
+        self.proxies = ProxyRules::from_settings(settings);
         self
     }
 
@@ -338,10 +436,23 @@ impl Providers {
         if let Some(key) = key.filter(|k| k != "EMPTY") {
             headers.push(("Authorization".into(), format!("Bearer {key}")));
         }
+        let route = match provider.proxy.as_deref().map(str::trim) {
+            None | Some("") => self.proxies.route(&target),
+            Some("none") => Ok(crate::http::Route::Direct),
+            Some(url) => ProxyRules::only(url).route(&target).and_then(|r| match r {
+                crate::http::Route::Direct => Err(format!(
+                    "profile {}: proxy {:?} is not a proxy URL (http://host:port, or \"none\")",
+                    provider.name,
+                    shown_url(url)
+                )),
+                proxied => Ok(proxied),
+            }),
+        };
         Exchange {
             // What messages and records say: never the URL's credentials.
             shown: shown_url(&target),
             target,
+            route,
             timeout,
             headers,
             body: serde_json::to_vec(body).unwrap_or_default(),
@@ -352,6 +463,8 @@ impl Providers {
 /// One chat-completions request, ready to send.
 pub(crate) struct Exchange {
     target: String,
+    /// How it goes (`Err`: a proxy that cannot be used, and why).
+    route: Result<crate::http::Route, String>,
     shown: String,
     timeout: f64,
     headers: Vec<(String, String)>,
@@ -364,19 +477,29 @@ impl Exchange {
     pub(crate) async fn send(self) -> Result<Value, LlmError> {
         let Exchange {
             target,
-            shown: url,
+            route,
+            shown,
             timeout,
             headers,
             body,
         } = self;
-        let answer = crate::http::post(
-            &target,
+        let route = route.map_err(LlmError::unavailable)?;
+        // Where it went, as messages say it: through which proxy.
+        let url = match &route {
+            crate::http::Route::Direct => shown,
+            crate::http::Route::Proxy { uri, .. } => {
+                format!("{shown} (through the proxy {})", proxy_shown(uri))
+            }
+        };
+        let answer = crate::http::post(crate::http::Post {
+            url: &target,
+            route: &route,
             headers,
             body,
-            Duration::from_secs_f64(timeout),
-            CONNECT_TIMEOUT,
-            MAX_BODY_BYTES,
-        )
+            timeout: Duration::from_secs_f64(timeout),
+            connect_timeout: CONNECT_TIMEOUT,
+            max_body: MAX_BODY_BYTES,
+        })
         .await;
         // A transport failure or a timeout, sending or reading: worth
         // another try.
@@ -412,6 +535,19 @@ impl Exchange {
             retryable: true,
         })
     }
+}
+
+/// A proxy's `host:port`, as messages name it.
+fn proxy_shown(uri: &hyper::http::Uri) -> String {
+    uri.authority()
+        .map(|a| {
+            a.as_str()
+                .rsplit('@')
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .unwrap_or_default()
 }
 
 /// `url` without the credentials it may carry (`https://user:key@host/...`
