@@ -927,3 +927,86 @@ fn schedule_and_manual_answer_as_the_reference() {
                "payload": {"command_id": "c9"}, "source_id": "manual", "source_version": 1})
     );
 }
+
+/// A feed on loopback with `items` items; with `gate`, each answer waits
+/// until the gate is opened (a feed that is slow to answer).
+fn feed_server(items: u32, gate: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/feed.xml", listener.local_addr().unwrap());
+    let entries: String = (1..=items)
+        .map(|i| format!("<item><title>Item {i}</title><guid>item-{i}</guid></item>"))
+        .collect();
+    let body = format!(
+        "<?xml version=\"1.0\"?><rss version=\"2.0\"><channel><title>t</title>\
+         <link>https://example.org</link><description>d</description>{entries}</channel></rss>"
+    );
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let (gate, body) = (gate.clone(), body.clone());
+            std::thread::spawn(move || {
+                let _ = stream.read(&mut [0u8; 4096]);
+                while gate
+                    .as_ref()
+                    .is_some_and(|g| !g.load(std::sync::atomic::Ordering::SeqCst))
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/rss+xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    url
+}
+
+/// `feed_once` (what `stepwell drive --once` runs) polls the due feeds at
+/// once: a feed that does not answer holds only its own poll, and one made
+/// after it is polled meanwhile.
+#[test]
+fn a_slow_feed_does_not_hold_the_others_in_one_pass() {
+    use stepwell::triggers::Connections;
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        std::sync::Arc::new(stepwell::SqliteStore::open(dir.path().join("db.sqlite")).unwrap());
+    let rt = stepwell::builder(store)
+        .engine(engine())
+        .plugin(std::sync::Arc::new(stepwell::triggers::Triggers::new()))
+        .build()
+        .unwrap();
+    let gate = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let config = |url: String| json!({"url": url, "every": "1h", "initial_items": "deliver"});
+    // Polled in the order they were made: the slow one first.
+    let slow = rt
+        .create_connection(
+            "feed.item@1",
+            None,
+            &config(feed_server(1, Some(gate.clone()))),
+        )
+        .unwrap();
+    let quick = rt
+        .create_connection("feed.item@1", None, &config(feed_server(3, None)))
+        .unwrap();
+    let (slow, quick) = (slow.connection_id, quick.connection_id);
+    let pass = {
+        let rt = rt.clone();
+        std::thread::spawn(move || stepwell::triggers::feed_once(&rt).unwrap())
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while rt.connection_events(&quick, 0, 10).unwrap().len() < 3 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the quick feed was not polled while the slow one held its answer"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(rt.connection_events(&slow, 0, 10).unwrap().is_empty());
+    gate.store(true, std::sync::atomic::Ordering::SeqCst);
+    let report = pass.join().unwrap();
+    assert_eq!(report.polled, vec![(slow.clone(), 1), (quick, 3)]);
+    assert_eq!(rt.connection_events(&slow, 0, 10).unwrap().len(), 1);
+}

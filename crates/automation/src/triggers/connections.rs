@@ -849,15 +849,34 @@ fn feeds(rt: &Runtime) -> Result<(Vec<String>, bool)> {
 /// How often a poller with no active feed connection looks for a new one.
 pub const NO_FEEDS_LOOK_SECS: u32 = 5;
 
-/// One pass of the feeders in the calling thread: polls the due feed
-/// connections one after the other, then [`sweep_once`]. What `stepwell
-/// drive --until-idle` and `--once` do; the long-running loops poll in
-/// their own thread instead ([`run_feed_poller`]), so that a slow feed
-/// never holds the driver.
+/// One pass of the feeders, returning when it is done: polls the due feed
+/// connections, [`POLLS_AT_ONCE`] at a time (a slow feed holds only its
+/// own poll), then [`sweep_once`]. What `stepwell drive --until-idle` and
+/// `--once` do; the long-running loops poll in threads of their own
+/// instead ([`run_feed_poller`]), so that a slow feed never holds the
+/// driver.
 pub fn feed_once(rt: &Runtime) -> Result<FeedReport> {
     let mut report = FeedReport::default();
-    for id in due_feeds(rt)? {
-        match super::feed::poll(rt, &id, false) {
+    let due = due_feeds(rt)?;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let outcomes: Mutex<Vec<(usize, Result<Option<usize>>)>> = Mutex::default();
+    std::thread::scope(|scope| {
+        for _ in 0..due.len().min(POLLS_AT_ONCE) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                let Some(id) = due.get(i) else {
+                    return;
+                };
+                let outcome = super::feed::poll(rt, id, false);
+                outcomes.lock().push((i, outcome));
+            });
+        }
+    });
+    let mut outcomes = outcomes.into_inner();
+    outcomes.sort_by_key(|(i, _)| *i);
+    for (i, outcome) in outcomes {
+        let id = due[i].clone();
+        match outcome {
             Ok(Some(n)) => report.polled.push((id, n)),
             Ok(None) => {}
             Err(e) => report.failed.push((id, e.to_string())),
@@ -882,8 +901,9 @@ pub fn sweep_once(rt: &Runtime) -> Result<Vec<String>> {
     }
 }
 
-/// How many feeds one poller fetches at once.
-pub const POLLS_AT_ONCE: usize = 4;
+/// How many feeds one poller fetches at once (each fetch holds a thread
+/// blocked on its socket, at most [`super::feed::FETCH_TIMEOUT`]).
+pub const POLLS_AT_ONCE: usize = 16;
 
 /// Polls the due feed connections until `stop` is set, looking every
 /// second (every [`NO_FEEDS_LOOK_SECS`] while there is no active feed
