@@ -488,21 +488,41 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             );
         }
         if want("wf_per_s_postgres_") {
-            // One backlog, driven by 1, 2 and 3 hosts (processes) in turn.
+            // One backlog, driven by 1, 2 and 3 hosts (processes) in turn;
+            // with what the machine's cores and the database did meanwhile.
             let mut rates = Vec::new();
             for hosts in 1..=3 {
                 let schema = BenchSchema::new(server, &format!("hosts{hosts}"))?;
                 let dir = scratch.0.join(format!("hosts-{hosts}"));
                 std::fs::create_dir_all(&dir).map_err(|e| invalid("bench", e.to_string()))?;
                 let spec = StoreSpec::Postgres(schema.url.clone());
-                let rate = drive_hosts(options, &spec, &dir, hosts, options.hosts_runs)?;
+                let drove = drive_hosts(options, &spec, &dir, hosts, options.hosts_runs)?;
                 let name = if hosts == 1 {
                     "1host".to_string()
                 } else {
                     format!("{hosts}hosts")
                 };
-                figures.insert(format!("wf_per_s_postgres_{name}"), json!(round(rate, 0)));
-                rates.push(rate);
+                figures.insert(
+                    format!("wf_per_s_postgres_{name}"),
+                    json!(round(drove.rate, 0)),
+                );
+                if let Some(cpu) = drove.cpu {
+                    figures.insert(
+                        format!("wf_postgres_{name}_cpu_ms_per_wf"),
+                        json!(round(cpu.busy_ms / drove.runs as f64, 2)),
+                    );
+                    figures.insert(
+                        format!("wf_postgres_{name}_idle_pct"),
+                        json!(round(cpu.idle_pct, 1)),
+                    );
+                }
+                if let Some(x) = drove.xacts {
+                    figures.insert(
+                        format!("wf_postgres_{name}_xacts_per_wf"),
+                        json!(round(x as f64 / drove.runs as f64, 1)),
+                    );
+                }
+                rates.push(drove.rate);
             }
             figures.insert(
                 "wf_postgres_3hosts_over_1host".into(),
@@ -969,20 +989,117 @@ fn resume_conflicts(options: &BenchOptions, dir: &Path) -> Result<f64> {
 /// store (a SQLite file, or a PostgreSQL database as three hosts would
 /// share it). Returns runs completed per second.
 fn drive_three(options: &BenchOptions, spec: &StoreSpec, dir: &Path) -> Result<f64> {
-    drive_hosts(options, spec, dir, 3, options.drive_runs)
+    drive_hosts(options, spec, dir, 3, options.drive_runs).map(|d| d.rate)
 }
 
 /// `hosts` `stepwell drive` processes complete `drive_runs` runs of
 /// `flows/examples/chain` on one store: runs completed per second, process
 /// start included.
+/// What [`drive_hosts`] measured.
+struct Drove {
+    /// Workflows per second.
+    rate: f64,
+    runs: usize,
+    /// The machine's cores meanwhile (Linux).
+    cpu: Option<CpuUse>,
+    /// Transactions the database committed meanwhile (PostgreSQL).
+    xacts: Option<i64>,
+}
+
+/// The machine's CPU use over an interval, from `/proc/stat`.
+struct CpuUse {
+    /// CPU time spent busy, all cores, in ms.
+    busy_ms: f64,
+    /// The share of the cores' time spent idle.
+    idle_pct: f64,
+}
+
+/// The machine's busy and idle CPU ticks so far (Linux).
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    let idle = n.get(3)? + n.get(4)?;
+    let busy = n.iter().take(8).sum::<u64>() - idle;
+    Some((busy, idle))
+}
+
+/// The CPU use between two [`cpu_ticks`] readings.
+fn cpu_between(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<CpuUse> {
+    let ((b0, i0), (b1, i1)) = (before?, after?);
+    let (busy, idle) = ((b1 - b0) as f64, (i1 - i0) as f64);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(CpuUse {
+        busy_ms: busy * 1000.0 / hz,
+        idle_pct: 100.0 * idle / (busy + idle).max(1.0),
+    })
+}
+
+/// A connection of the benchmark's own to the store the drivers share:
+/// it counts what is left, in one query.
+enum Counter {
+    Postgres(Box<postgres::Client>),
+    Sqlite(rusqlite::Connection),
+}
+
+impl Counter {
+    fn open(spec: &StoreSpec) -> Result<Counter> {
+        let e = |e: String| invalid("bench", e);
+        match spec {
+            StoreSpec::Postgres(url) => postgres::Client::connect(url, postgres::NoTls)
+                .map(|c| Counter::Postgres(Box::new(c)))
+                .map_err(|x| e(x.to_string())),
+            StoreSpec::Sqlite(path) => rusqlite::Connection::open(path)
+                .map(Counter::Sqlite)
+                .map_err(|x| e(x.to_string())),
+            other => Err(e(format!("no drivers on {other}"))),
+        }
+    }
+
+    /// How many runs are not completed.
+    fn left(&mut self) -> Result<i64> {
+        const LEFT: &str = "SELECT count(*) FROM runs WHERE status <> 'completed'";
+        match self {
+            Counter::Postgres(db) => db
+                .query_one(LEFT, &[])
+                .map(|r| r.get(0))
+                .map_err(|e| e.to_string()),
+            Counter::Sqlite(db) => db
+                .query_row(LEFT, [], |r| r.get(0))
+                .map_err(|e| e.to_string()),
+        }
+        .map_err(|e| invalid("bench", e))
+    }
+
+    /// The transactions the database has committed so far (PostgreSQL).
+    fn xacts(&mut self) -> Option<i64> {
+        let Counter::Postgres(db) = self else {
+            return None;
+        };
+        db.query_one(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .ok()
+        .map(|row| row.get(0))
+    }
+}
+
 fn drive_hosts(
     options: &BenchOptions,
     spec: &StoreSpec,
     dir: &Path,
     hosts: usize,
     runs: usize,
-) -> Result<f64> {
+) -> Result<Drove> {
     let rt = stepwell::host::open_runtime(spec, &stepwell::host::HostOptions::default())?;
+    let mut db = Counter::open(spec)?;
     let store_arg = match spec {
         StoreSpec::Sqlite(p) => format!("sqlite:{}", p.display()),
         StoreSpec::Postgres(url) => url.clone(),
@@ -993,6 +1110,7 @@ fn drive_hosts(
     for _ in 0..runs {
         ids.push(rt.start(&bundle.main_workflow_id, StartOptions::default())?);
     }
+    let (cpu0, x0) = (cpu_ticks(), db.xacts());
     let start = Instant::now();
     let mut drivers: Vec<std::process::Child> = (0..hosts)
         .map(|_| {
@@ -1008,29 +1126,41 @@ fn drive_hosts(
         })
         .collect::<Result<_>>()?;
     let deadline = Instant::now() + std::time::Duration::from_secs(300);
-    let mut left = ids.clone();
+    // One count every 10 ms (not a read per run: the measuring must not
+    // load the database it measures).
     let outcome = loop {
-        left.retain(|id| {
-            rt.get_state(id)
-                .map(|s| s.status != RunStatus::Completed)
-                .unwrap_or(true)
-        });
-        if left.is_empty() {
+        let left = db.left()?;
+        if left == 0 {
             break Ok(runs as f64 / start.elapsed().as_secs_f64());
         }
         if Instant::now() > deadline {
-            break Err(invalid(
-                "bench",
-                format!("{} runs never completed", left.len()),
-            ));
+            break Err(invalid("bench", format!("{left} runs never completed")));
         }
-        std::thread::sleep(std::time::Duration::from_millis(2));
+        std::thread::sleep(std::time::Duration::from_millis(10));
     };
+    let cpu = cpu_between(cpu0, cpu_ticks());
     for d in &mut drivers {
         let _ = d.kill();
         let _ = d.wait();
     }
-    outcome
+    let rate = outcome?;
+    for id in &ids {
+        if rt.get_state(id)?.status != RunStatus::Completed {
+            return Err(invalid("bench", format!("run {id} did not complete")));
+        }
+    }
+    // A killed driver's backend reports its statistics as it ends.
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let xacts = match (x0, db.xacts()) {
+        (Some(a), Some(b)) => Some(b - a),
+        _ => None,
+    };
+    Ok(Drove {
+        rate,
+        runs,
+        cpu,
+        xacts,
+    })
 }
 
 /// `stepwell-bench resume-all --db DB FILE WHO`: resumes every run listed in

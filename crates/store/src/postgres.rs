@@ -1120,12 +1120,15 @@ impl PostgresStore {
         if changed {
             mark(conn, run)?;
         }
-        // Work for a driver: a run free to claim, or one whose end (or
-        // cancel) moves a parent or orphans.
+        // Work for a driver: a run free to claim, or one whose end moves a
+        // parent, or whose cancel orphans its children. (The end of a run
+        // without a parent is no work: signalling it would wake every
+        // host's driver for a pass that finds nothing.)
         // A new time wait, or one moved, too: idle drivers sleep until the
         // earliest they know of.
         let new_due = row.due.is_some() && current.as_ref().is_none_or(|c| c.due != row.due);
-        if claimable || new_due || (changed && run.status.is_terminal()) {
+        let moves_others = run.parent_run_id.is_some() || run.status == RunStatus::Cancelled;
+        if claimable || new_due || (changed && run.status.is_terminal() && moves_others) {
             signal(conn, &self.channel)?;
         }
         Ok(())

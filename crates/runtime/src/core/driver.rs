@@ -126,7 +126,17 @@ impl Runtime {
                 Err(e) => self.not_moved(&parent, Why::Running, e, &mut report)?,
             }
         }
-        let claimable = foreign.past(self.store().list_claimable(lease_now(), wider)?, batch);
+        let mut claimable = foreign.past(self.store().list_claimable(lease_now(), wider)?, batch);
+        // Hosts sharing a store list the same runs: each starts at a point
+        // of its own in the list, so that they do not walk it in step,
+        // each losing the claims the others just won.
+        if claimable.len() > 1 {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos() as usize);
+            let start = nanos % claimable.len();
+            claimable.rotate_left(start);
+        }
         let until = started + self.config().drive_pass_time;
         self.drive_runs(&claimable, Why::Running, &mut report, Some(until))?;
         // Runs whose executor died on this host: taken over at once, not at
