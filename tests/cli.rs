@@ -281,7 +281,7 @@ fn drive_resumes_a_due_wait() {
 }
 
 #[test]
-fn subworkflows_events_and_the_python_node_work_from_the_cli() {
+fn subworkflows_events_and_the_python_and_javascript_nodes_work_from_the_cli() {
     let cli = Cli::new();
     let sub = cli.json(&["run", &ex("subworkflow"), "--vars", r#"{"text": "hey"}"#]);
     assert_eq!(sub["output"], json!({"shouted": "HEY"}));
@@ -310,6 +310,11 @@ fn subworkflows_events_and_the_python_node_work_from_the_cli() {
     assert_eq!(
         py["output"],
         json!({"message": "Hello, Ada!", "language": "python"})
+    );
+    let js = cli.json(&["run", &ex("hello-js"), "--vars", r#"{"name": "Ada"}"#]);
+    assert_eq!(
+        js["output"],
+        json!({"message": "Hello, Ada!", "language": "javascript"})
     );
 }
 
@@ -1306,4 +1311,75 @@ fn a_component_of_any_language_can_be_given_a_declaration() {
     );
     let over = err(declare(&again, &again));
     assert!(over.contains("--output: is the file read"), "{over}");
+}
+
+/// The contract's behaviours, each asked of the contract node of one
+/// language (`flows/examples/contract-<language>`: a node doing what
+/// `vars.mode` says), and the typed outcome the host must give for each:
+/// vars in and out, the next node, completion, effects, the node's own
+/// refusals, a thrown error, a timeout, memory exhaustion and bad output.
+fn contract_suite(cli: &Cli, example: &str) {
+    let run = |mode: &str| -> Value {
+        let vars = json!({"mode": mode, "value": 7}).to_string();
+        let out = cli.run(&[
+            "--guest-time-ms",
+            "1500",
+            "--json",
+            "run",
+            &ex(example),
+            "--vars",
+            &vars,
+        ]);
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{example} {mode}: {e}: {out:?}"))
+    };
+    let completed = run("complete");
+    assert_eq!(completed["status"], "completed", "{completed}");
+    let output = &completed["output"];
+    assert_eq!(
+        (&output["echo"], &output["node"], &output["attempt"]),
+        (&json!(7), &json!("act"), &json!(1))
+    );
+    assert!(output["now"].as_str().unwrap().ends_with('Z'), "{output}");
+    for (mode, seen) in [("next", json!(7)), ("follow", json!("followed"))] {
+        let r = run(mode);
+        assert_eq!(r["output"]["seen"], seen, "{example} {mode}: {r}");
+    }
+    for (mode, reason) in [("ask", "user"), ("wait", "until")] {
+        let r = run(mode);
+        assert_eq!(
+            (&r["status"], &r["waiting"]["reason"]),
+            (&json!("waiting"), &json!(reason)),
+            "{example} {mode}: {r}"
+        );
+    }
+    let asked = run("ask");
+    let id = asked["run_id"].as_str().unwrap();
+    let answered = cli.json(&["resume", id, "--payload", r#"{"text": "Ada"}"#]);
+    assert_eq!(
+        answered["output"]["answer"],
+        json!({"text": "Ada"}),
+        "{answered}"
+    );
+    for (mode, error) in [
+        (
+            "invalid",
+            "node_invalid_input: mode invalid: asked to refuse",
+        ),
+        ("throw", "node_failed: "),
+        ("spin", "guest_timeout: "),
+        ("oom", "guest_memory_limit: "),
+        ("bad", "guest_bad_output: "),
+    ] {
+        let r = run(mode);
+        assert_eq!(r["status"], "failed", "{example} {mode}: {r}");
+        let got = r["error"].as_str().unwrap();
+        assert!(got.starts_with(error), "{example} {mode}: {got}");
+    }
+}
+
+/// The JavaScript node meets the contract (scripts/build-js-guest builds it).
+#[test]
+fn a_javascript_node_meets_the_contract() {
+    contract_suite(&Cli::new(), "contract-js");
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use stepwell_flat_json::NotAnObject;
 
-use super::sandbox::{classify, new_store, prepare_call, GuestState};
+use super::sandbox::{classify, memory_refused, new_store, prepare_call, GuestState};
 use super::{GuestError, LoadOrigin, WasmEngine};
 use stepwell_model::model::{EffectRequest, StepPlan};
 
@@ -307,8 +307,13 @@ impl NodeSession {
         engine.guest_metrics().call(started.elapsed());
         match answer {
             Ok(Ok(plan)) => parse_plan(plan, engine.limits().max_output_bytes),
-            Ok(Err(wit::NodeError::InvalidInput(m))) => Err(GuestError::InvalidInput(m)),
-            Ok(Err(wit::NodeError::Failed(m))) => Err(GuestError::Failed(m)),
+            // A language whose runtime catches a refused memory growth and
+            // reports it (JavaScript's "out of memory") fails as one that
+            // traps on it (Rust) does: with the memory limit.
+            Ok(Err(e)) => Err(memory_refused(store, &engine.limits()).unwrap_or(match e {
+                wit::NodeError::InvalidInput(m) => GuestError::InvalidInput(m),
+                wit::NodeError::Failed(m) => GuestError::Failed(m),
+            })),
             Err(err) => Err(classify(err, store, &engine.limits(), stderr)),
         }
     }

@@ -599,6 +599,24 @@ pub(crate) fn link_unknown_as_traps(
     Ok(())
 }
 
+/// The memory limit, if the store refused a memory growth during the
+/// call under way.
+pub(crate) fn memory_refused(
+    store: &Store<GuestState>,
+    limits: &SandboxLimits,
+) -> Option<GuestError> {
+    match store.data().limiter.exceeded? {
+        Exceeded::Own => Some(GuestError::MemoryLimit {
+            limit_bytes: limits.memory_limit_bytes,
+            shared: false,
+        }),
+        Exceeded::Shared => Some(GuestError::MemoryLimit {
+            limit_bytes: limits.total_memory_bytes,
+            shared: true,
+        }),
+    }
+}
+
 /// What went wrong in a guest call.
 pub(crate) fn classify(
     err: wasmtime::Error,
@@ -606,20 +624,8 @@ pub(crate) fn classify(
     limits: &SandboxLimits,
     stderr: &MemoryOutputPipe,
 ) -> GuestError {
-    match store.data().limiter.exceeded {
-        Some(Exceeded::Own) => {
-            return GuestError::MemoryLimit {
-                limit_bytes: limits.memory_limit_bytes,
-                shared: false,
-            }
-        }
-        Some(Exceeded::Shared) => {
-            return GuestError::MemoryLimit {
-                limit_bytes: limits.total_memory_bytes,
-                shared: true,
-            }
-        }
-        None => {}
+    if let Some(limit) = memory_refused(store, limits) {
+        return limit;
     }
     if let Some(Trap::Interrupt) = err.downcast_ref::<Trap>() {
         return GuestError::Timeout {
