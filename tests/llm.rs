@@ -601,13 +601,24 @@ fn a_call_goes_through_the_hosts_proxy_unless_told_otherwise() {
     let (rt, _, _dir) = runtime_over(proxied(&mock.base_url, None, &host), no_retries());
     let run = ask(&rt, json!({"prompt": "Hello"}));
     assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    // Credentials in the provider's URL never reach the proxy.
+    let with_user = mock.base_url.replace("http://", "http://bob:basekey@");
+    let host = settings(&[("HTTP_PROXY", proxy.url.clone())]);
+    let (rt, _, _dir) = runtime_over(proxied(&with_user, None, &host), no_retries());
+    let run = ask(&rt, json!({"prompt": "Hello"}));
+    assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
+    let seen = proxy.seen();
+    assert_eq!(
+        seen[1].line,
+        format!("POST {}/chat/completions HTTP/1.1", mock.base_url)
+    );
     // A profile's own "none" wins over the host's settings.
     let host = settings(&[("http_proxy", with_creds)]);
     let (rt, _, _dir) = runtime_over(proxied(&mock.base_url, Some("none"), &host), no_retries());
     let run = ask(&rt, json!({"prompt": "Hello"}));
     assert_eq!(run.status, RunStatus::Completed, "{:?}", run.error);
-    assert_eq!(proxy.seen().len(), 1, "{:?}", proxy.seen());
-    assert_eq!(mock.count(), 3);
+    assert_eq!(proxy.seen().len(), 2, "{:?}", proxy.seen());
+    assert_eq!(mock.count(), 4);
 }
 
 /// An HTTPS provider is reached through a `CONNECT` tunnel carrying the
@@ -636,6 +647,26 @@ fn an_https_call_tunnels_through_the_proxy_and_a_refusal_names_it() {
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0].line, "CONNECT models.example.test:443 HTTP/1.1");
     assert_eq!(seen[0].auth.as_deref(), Some("Basic YWRhOnB3"));
+    // A proxy named but not usable (a SOCKS one, a password with an
+    // unencoded `/`, a URL that does not parse): refused, nothing sent,
+    // nothing of it echoed.
+    let mock = LlmMock::always(Reply::text("direct"));
+    for bad in [
+        "socks://127.0.0.1:1080",
+        "http://ada:se/cret@127.0.0.1:3128",
+        "http://ada:secret@bad host:3128",
+    ] {
+        let host = settings(&[("HTTP_PROXY", bad.to_string())]);
+        let (rt, _, _dir) = runtime_over(proxied(&mock.base_url, None, &host), no_retries());
+        let run = ask(&rt, json!({"prompt": "Hello"}));
+        let error = run.error.unwrap();
+        assert!(
+            error.starts_with("llm_unavailable: HTTP_PROXY: "),
+            "{bad}: {error}"
+        );
+        assert!(!error.contains("cret"), "{bad}: {error}");
+    }
+    assert_eq!(mock.count(), 0, "nothing went around the proxy");
     // A SOCKS proxy named by a profile: refused, nothing sent.
     let (rt, _, _dir) = runtime_over(
         proxied(url, Some("socks5://127.0.0.1:1080"), &Settings::default()),
@@ -645,7 +676,9 @@ fn an_https_call_tunnels_through_the_proxy_and_a_refusal_names_it() {
     assert_eq!(run.status, RunStatus::Failed);
     let error = run.error.unwrap();
     assert!(
-        error.starts_with("llm_unavailable: ") && error.contains("not an http:// proxy"),
+        error.starts_with(
+            "llm_unavailable: profile mock: proxy: a socks5:// proxy is not supported"
+        ),
         "{error}"
     );
 }

@@ -2014,6 +2014,49 @@ fn an_approved_batch_runs_in_flight_and_its_results_end_the_wait() {
     );
 }
 
+/// With as many effects in flight as the host allows, an approval is
+/// refused (`busy`), nothing written, rather than run inside the call; it
+/// is taken once there is room.
+#[test]
+fn an_approval_without_room_in_flight_is_refused_not_run_inline() {
+    let (rt, dir) = runtime_configured(stepwell::RuntimeConfig {
+        calls_in_flight: true,
+        max_in_flight: 1,
+        ..Default::default()
+    });
+    let ws = workspace(&dir);
+    let asking = |timeout: u64| {
+        let run = start(
+            &rt,
+            json!({"tool_calls": [{"name": "hostile_spin", "arguments": {}, "call_id": "spin"}]}),
+            ws_vars(&ws),
+            json!({"tool_timeout_s": timeout,
+                   "tool_policy": {"require_approval_tools": ["hostile_spin"]}}),
+        );
+        assert!(rt.wait_in_flight(std::time::Duration::from_secs(20)));
+        run.run_id
+    };
+    let (a, b) = (asking(1), asking(1));
+    rt.respond(&a, json!({"approved": true})).unwrap();
+    assert!(rt.resuming(&a));
+    let before = rt.get_ledger(&b).unwrap().len();
+    let e = rt.respond(&b, json!({"approved": true})).unwrap_err();
+    assert_eq!(e.reason_code(), "busy", "{e}");
+    assert_eq!(rt.get_ledger(&b).unwrap().len(), before, "nothing written");
+    assert_eq!(rt.get_state(&b).unwrap().status, RunStatus::Waiting);
+    assert!(rt.wait_in_flight(std::time::Duration::from_secs(30)));
+    rt.respond(&b, json!({"approved": true})).unwrap();
+    assert!(rt.wait_in_flight(std::time::Duration::from_secs(30)));
+    for id in [&a, &b] {
+        let run = rt.get_state(id).unwrap();
+        assert_eq!(
+            results(&run)[0]["error"],
+            "Tool execution timed out after 1.0s",
+            "{run:?}"
+        );
+    }
+}
+
 /// A cancel reaches an approved batch in flight: the spinning tool (a
 /// minute's timeout) is interrupted, the run is cancelled, and no result
 /// of the batch is recorded.

@@ -125,8 +125,14 @@ fn an_agent_run_with_an_approved_tool_is_one_trace_from_the_callers_span() {
         json!({"payload": {"approved": true}}),
         RESUME_SPAN,
     );
-    assert_eq!(status, 200);
-    let done = settled(&s, &id, "running");
+    // The batch runs in flight: accepted, the run waits until it lands.
+    assert_eq!(status, 202);
+    let done = settled(&s, &id, "waiting");
+    // Then the agent's next model call flies too.
+    let done = match done["status"].as_str() {
+        Some("running") => settled(&s, &id, "running"),
+        _ => done,
+    };
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(
         std::fs::read_to_string(ws.join("note.txt")).unwrap(),
@@ -181,8 +187,9 @@ fn an_agent_run_with_an_approved_tool_is_one_trace_from_the_callers_span() {
     assert!(finishes.contains(&&json!("tool_calls")), "{finishes:?}");
     // The first call was made inside the start's tick: under its span.
     assert!(calls.iter().any(|c| tree.ancestors(c).contains(&start)));
-    // The approved tool call: under the resume's span, under the server
-    // span of the caller's resume.
+    // The approved tool call: under the span of the resume's work in
+    // flight, under the resume's span, under the server span of the
+    // caller's resume.
     let tool = one(&spans, "tool.call");
     assert_eq!(tool.attr("stepwell.tool.name"), "write_file");
     assert_eq!(tool.attr("stepwell.tool.class"), "write");
@@ -192,7 +199,11 @@ fn an_agent_run_with_an_approved_tool_is_one_trace_from_the_callers_span() {
     let up = tree.names_up(tool);
     assert_eq!(
         up,
-        ["stepwell.resume", "POST /v1/runs/{id}/resume"],
+        [
+            "stepwell.effect",
+            "stepwell.resume",
+            "POST /v1/runs/{id}/resume"
+        ],
         "{up:?}"
     );
     let resume = one(&spans, "POST /v1/runs/{id}/resume");

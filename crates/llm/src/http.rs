@@ -244,7 +244,7 @@ pub(crate) async fn post(post: Post<'_>) -> Result<(u16, Vec<u8>), HttpError> {
         connect_timeout,
         max_body,
     } = post;
-    let mut request = hyper::Request::post(url);
+    let mut request = hyper::Request::post(without_userinfo(url));
     for (k, v) in headers {
         request = request.header(k, v);
     }
@@ -283,6 +283,20 @@ pub(crate) async fn post(post: Post<'_>) -> Result<(u16, Vec<u8>), HttpError> {
     match tokio::time::timeout(timeout, exchange).await {
         Ok(answer) => answer,
         Err(_) => Err(HttpError::Timeout),
+    }
+}
+
+/// `url` without the `user:password@` of its authority: a request line in
+/// absolute form (to a proxy) would carry it, and nothing is sent for it
+/// to the provider either way.
+fn without_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_string(),
     }
 }
 

@@ -178,7 +178,10 @@ pub struct Providers {
 /// `HTTP_PROXY`, `ALL_PROXY` and `NO_PROXY` (lower case first, as curl
 /// reads them), from the settings the host passes.
 #[derive(Clone, Default)]
-struct ProxyRules(Option<Arc<hyper_util::client::proxy::matcher::Matcher>>);
+struct ProxyRules(Option<Arc<ProxyMatch>>);
+
+/// The host's proxy rules, or why they cannot be used.
+type ProxyMatch = Result<hyper_util::client::proxy::matcher::Matcher, String>;
 
 impl std::fmt::Debug for ProxyRules {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -209,28 +212,43 @@ impl ProxyRules {
         if all.is_none() && http.is_none() && https.is_none() {
             return ProxyRules(None);
         }
+        // A proxy named but not usable is an error, never a way around it.
+        for (name, value) in [
+            ("ALL_PROXY", &all),
+            ("HTTP_PROXY", &http),
+            ("HTTPS_PROXY", &https),
+        ] {
+            if let Some(why) = value.as_deref().and_then(unusable_proxy) {
+                return ProxyRules(Some(Arc::new(Err(format!("{name}: {why}")))));
+            }
+        }
         let matcher = hyper_util::client::proxy::matcher::Matcher::builder()
             .all(all.unwrap_or_default())
             .http(http.unwrap_or_default())
             .https(https.unwrap_or_default())
             .no(first(&["no_proxy", "NO_PROXY"]).unwrap_or_default())
             .build();
-        ProxyRules(Some(Arc::new(matcher)))
+        ProxyRules(Some(Arc::new(Ok(matcher))))
     }
 
     /// The one proxy at `url`, for every destination.
     fn only(url: &str) -> Self {
+        if let Some(why) = unusable_proxy(url) {
+            return ProxyRules(Some(Arc::new(Err(why))));
+        }
         let matcher = hyper_util::client::proxy::matcher::Matcher::builder()
             .all(url)
             .build();
-        ProxyRules(Some(Arc::new(matcher)))
+        ProxyRules(Some(Arc::new(Ok(matcher))))
     }
 
     /// How a request to `target` goes: `Err` for a proxy this client
     /// cannot use (not `http://`).
     fn route(&self, target: &str) -> Result<crate::http::Route, String> {
-        let Some(matcher) = &self.0 else {
-            return Ok(crate::http::Route::Direct);
+        let matcher = match self.0.as_deref() {
+            None => return Ok(crate::http::Route::Direct),
+            Some(Err(why)) => return Err(why.clone()),
+            Some(Ok(m)) => m,
         };
         let Ok(uri) = target.parse::<hyper::http::Uri>() else {
             return Ok(crate::http::Route::Direct);
@@ -240,10 +258,7 @@ impl ProxyRules {
         };
         let proxy = intercept.uri();
         if proxy.scheme_str() != Some("http") {
-            return Err(format!(
-                "the proxy {} is not an http:// proxy (only those are supported)",
-                shown_url(&proxy.to_string())
-            ));
+            return Err("the proxy is not an http:// proxy (only those are supported)".into());
         }
         Ok(crate::http::Route::Proxy {
             uri: proxy.clone(),
@@ -438,15 +453,10 @@ impl Providers {
         }
         let route = match provider.proxy.as_deref().map(str::trim) {
             None | Some("") => self.proxies.route(&target),
-            Some("none") => Ok(crate::http::Route::Direct),
-            Some(url) => ProxyRules::only(url).route(&target).and_then(|r| match r {
-                crate::http::Route::Direct => Err(format!(
-                    "profile {}: proxy {:?} is not a proxy URL (http://host:port, or \"none\")",
-                    provider.name,
-                    shown_url(url)
-                )),
-                proxied => Ok(proxied),
-            }),
+            Some(none) if none.eq_ignore_ascii_case("none") => Ok(crate::http::Route::Direct),
+            Some(url) => ProxyRules::only(url)
+                .route(&target)
+                .map_err(|why| format!("profile {}: proxy: {why}", provider.name)),
         };
         Exchange {
             // What messages and records say: never the URL's credentials.
@@ -539,7 +549,40 @@ impl Exchange {
 
 /// A proxy's `host:port`, as messages name it.
 fn proxy_shown(uri: &hyper::http::Uri) -> String {
-    uri.authority()
+    match (uri.host(), uri.port_u16()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => h.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// Why proxy URL `text` cannot be used (never echoing it: it may hold a
+/// password), if it cannot: it must be `http://[user:password@]host[:port]`
+/// (no scheme means `http://`), its credentials percent-encoded.
+fn unusable_proxy(text: &str) -> Option<String> {
+    let text = text.trim();
+    let with_scheme = match text.split_once("://") {
+        Some((scheme, _)) if !scheme.eq_ignore_ascii_case("http") => {
+            return Some(format!(
+                "a {scheme}:// proxy is not supported (only http:// proxies are)"
+            ))
+        }
+        Some(_) => text.to_string(),
+        None => format!("http://{text}"),
+    };
+    let bad = || {
+        Some(
+            "not a proxy URL (http://[user:password@]host:port, the credentials percent-encoded)"
+                .to_string(),
+        )
+    };
+    let Ok(uri) = with_scheme.parse::<hyper::http::Uri>() else {
+        return bad();
+    };
+    let path_ok = matches!(uri.path(), "" | "/") && uri.query().is_none();
+    // A port that is not a number: a password with an unencoded `/`.
+    let host_port = uri
+        .authority()
         .map(|a| {
             a.as_str()
                 .rsplit('@')
@@ -547,7 +590,15 @@ fn proxy_shown(uri: &hyper::http::Uri) -> String {
                 .unwrap_or_default()
                 .to_string()
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let port_ok = match host_port.rsplit_once(':') {
+        Some((h, p)) if !h.starts_with('[') || h.ends_with(']') => p.parse::<u16>().is_ok(),
+        _ => true,
+    };
+    if uri.host().is_none_or(str::is_empty) || !path_ok || !port_ok {
+        return bad();
+    }
+    None
 }
 
 /// `url` without the credentials it may carry (`https://user:key@host/...`

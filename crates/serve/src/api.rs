@@ -815,8 +815,13 @@ async fn resume_run(State(s): S, Path(id): Path<String>, Body(b): Body<Resume>) 
             None => s.rt.respond(&id, payload)?,
         };
         s.wake.wake();
-        // Still waiting while the work of the resume flies: accepted.
+        // Still waiting while the work of the resume flies: accepted. Work
+        // that flew and already landed: the run as it is now.
         let resuming = state.status == RunStatus::Waiting && s.rt.resuming(&id);
+        let state = match state.status == RunStatus::Waiting && !resuming {
+            true => s.rt.get_state(&id).unwrap_or(state),
+            false => state,
+        };
         Ok((resuming, marked(run_json(&state), resuming)))
     })
     .await

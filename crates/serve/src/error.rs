@@ -73,7 +73,7 @@ impl ApiError {
             | "invalid_connection"
             | "connection_required"
             | "connection_source_mismatch" => StatusCode::BAD_REQUEST,
-            "connection_secret_unavailable" => StatusCode::SERVICE_UNAVAILABLE,
+            "connection_secret_unavailable" | "busy" => StatusCode::SERVICE_UNAVAILABLE,
             "unauthorized" => StatusCode::UNAUTHORIZED,
             "payload_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
             "command_rejected" | "trigger_failed" | "trigger_source_unavailable" => {
@@ -141,7 +141,7 @@ impl IntoResponse for ApiError {
         let mut response =
             (self.status, axum::Json(json!({ "error": self.detail }))).into_response();
         // A busy server says when to try again.
-        if self.detail["code"] == "server_busy" {
+        if self.detail["code"] == "server_busy" || self.detail["code"] == "busy" {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from_static("1"),

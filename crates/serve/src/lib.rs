@@ -449,6 +449,19 @@ impl Server {
         if let Some(d) = driver {
             let _ = d.join();
         }
+        // Effects in flight (model calls, approved tool batches) land and
+        // are recorded before the process ends, within the grace period;
+        // past it they are left to the crash semantics (done again).
+        let flying = self.shared.rt.in_flight();
+        if flying > 0 {
+            tracing::info!(flying, "waiting for the effects in flight to land");
+            if !self.shared.rt.wait_in_flight(SHUTDOWN_GRACE) {
+                tracing::warn!(
+                    grace_s = SHUTDOWN_GRACE.as_secs(),
+                    "effects still in flight after the grace period: they will be done again"
+                );
+            }
+        }
         if let Some(p) = poller {
             let _ = p.join();
         }

@@ -57,6 +57,13 @@ pub enum Error {
         /// Why the step failed.
         message: String,
     },
+    /// The host has no room for the work asked of it now (as many effects
+    /// in flight as it allows): nothing was done; try again shortly.
+    #[error("busy: {reason}")]
+    Busy {
+        /// What is full.
+        reason: String,
+    },
     /// A flow document is invalid.
     #[error(transparent)]
     Flow(#[from] crate::flow::FlowError),
@@ -152,6 +159,7 @@ impl Error {
             Error::Quarantined { .. } => "quarantined",
             Error::IdentityConflict { .. } => "identity_conflict",
             Error::StepHeld { .. } => "controller_seam",
+            Error::Busy { .. } => "busy",
             Error::Flow(_) => "invalid_definition",
             Error::UnknownWorkflow { .. } => "unknown_workflow",
             Error::UnknownVersion { .. } => "unknown_version",

@@ -210,6 +210,9 @@ struct State {
     slots: HashMap<String, Slot>,
     /// Landed outcomes sent to the settling threads and not settled yet.
     settling: usize,
+    /// Runs whose resume's work landed and is being settled: still
+    /// `resuming` until the resume commits.
+    settling_resumes: std::collections::HashSet<String>,
 }
 
 /// The effects of one runtime in flight, and its settling threads.
@@ -307,11 +310,14 @@ impl Flights {
     /// Whether the work of a resume of `run_id` (an approved tool batch)
     /// is in flight: the run still waits, and its resume is under way.
     pub fn resuming(&self, run_id: &str) -> bool {
-        self.state
-            .lock()
-            .slots
-            .get(run_id)
-            .is_some_and(|s| s.resume.is_some())
+        let state = self.state.lock();
+        state.settling_resumes.contains(run_id)
+            || state.slots.get(run_id).is_some_and(|s| s.resume.is_some())
+    }
+
+    /// Ends the settling of `run_id`'s resume ([`Flights::resuming`]).
+    pub(crate) fn resume_settled(&self, run_id: &str) {
+        self.state.lock().settling_resumes.remove(run_id);
     }
 
     /// The runs whose effects fly and have not landed, with the status
@@ -372,6 +378,9 @@ impl Flights {
         state.slots.get(run_id)?.landed.as_ref()?;
         let slot = state.slots.remove(run_id)?;
         self.bytes.fetch_sub(slot.bytes, Ordering::SeqCst);
+        if slot.resume.is_some() {
+            state.settling_resumes.insert(run_id.to_string());
+        }
         Some(Landed {
             now: slot.now,
             kind: slot.kind,
@@ -385,6 +394,12 @@ impl Flights {
     /// Puts a landed outcome back, to be settled again later (its
     /// settling failed on something a later try may not meet).
     fn put_back(&self, run_id: &str, landed: Landed) {
+        // The outcome it holds counts again until it is settled.
+        let bytes = match &landed.outcome {
+            Ok(Outcome::Completed(v)) => json_size(v),
+            _ => 0,
+        };
+        self.bytes.fetch_add(bytes, Ordering::SeqCst);
         let mut state = self.state.lock();
         state.slots.insert(
             run_id.to_string(),
@@ -396,7 +411,7 @@ impl Flights {
                 cancel: Arc::new(Cancel::default()),
                 landed: Some(landed.outcome),
                 resume: landed.resume,
-                bytes: 0,
+                bytes,
             },
         );
         state.settling += 1;
@@ -579,7 +594,9 @@ impl Runtime {
             return Ok(());
         };
         if landed.resume.is_some() {
-            return self.settle_resume(run_id, guard, landed);
+            let settled = self.settle_resume(run_id, guard, landed);
+            self.inner.flights.resume_settled(run_id);
+            return settled;
         }
         let (mut txn, run) = match self.claim_locked(run_id, Duration::ZERO, guard) {
             Ok(held) => held,

@@ -57,22 +57,30 @@ impl Runtime {
     }
 
     /// Whether the work of a resume by `handler` with `payload` flies
-    /// ([`EffectHandler::resume_flies`]) and may fly now: fewer than
-    /// [`crate::RuntimeConfig::max_in_flight`] out, and a flight thread
-    /// free (else it runs inside the call, as before calls flew).
+    /// ([`EffectHandler::resume_flies`]): `Err(Busy)` when it would, but
+    /// [`crate::RuntimeConfig::max_in_flight`] effects are out (or their
+    /// bytes reach [`crate::RuntimeConfig::max_in_flight_bytes`]): the
+    /// resume is refused, nothing written, rather than run inside the call.
+    /// A job waits for a free flight thread (with its cancel armed).
     pub(super) fn resume_room(
         &self,
         handler: &dyn EffectHandler,
         wait: &WaitState,
         payload: &Value,
-    ) -> bool {
+    ) -> Result<bool> {
         let config = self.config();
-        let flights = &self.inner.flights;
-        handler.resume_flies(wait, payload)
-            && config.max_in_flight > 0
-            && flights.out() < config.max_in_flight
-            && flights.thread_jobs() < config.flight_threads.max(1)
-            && self.bytes_room()
+        if !handler.resume_flies(wait, payload) || config.max_in_flight == 0 {
+            return Ok(false);
+        }
+        if self.inner.flights.out() < config.max_in_flight && self.bytes_room() {
+            return Ok(true);
+        }
+        Err(Error::Busy {
+            reason: format!(
+                "{} effects are in flight on this host, as many as it allows: answer again shortly",
+                self.inner.flights.out()
+            ),
+        })
     }
 
     /// Whether the effects in flight hold less than
@@ -178,17 +186,17 @@ impl Runtime {
         }
         let (mut txn, run) = match self.claim_locked(run_id, Duration::ZERO, guard) {
             Ok(held) => held,
-            Err(e) => {
-                // Not ours any more (cancelled and taken, gone), or the
-                // store is away: in both cases nothing was recorded.
+            // The store away: the lease stays held (renewed) and the
+            // answer is settled again a second later.
+            Err(e @ Error::Store(_)) => {
+                self.retry_settling(run_id, landed, &e);
+                return Ok(());
+            }
+            // Not ours any more (cancelled and taken, gone, set aside):
+            // nothing is recorded.
+            Err(_) => {
                 self.keeper_drop_hold(run_id);
-                return match e {
-                    Error::Conflict { .. } | Error::RunNotFound { .. } => Ok(()),
-                    other => {
-                        self.retry_settling(run_id, landed, &other);
-                        Ok(())
-                    }
-                };
+                return Ok(());
             }
         };
         let kept = landed.kept();
@@ -207,7 +215,13 @@ impl Runtime {
             Ok(_) => Ok(()),
             // Cancelled or otherwise moved on meanwhile: the answer is
             // not recorded.
-            Err(Error::StaleResume { .. } | Error::Conflict { .. }) => Ok(()),
+            Err(Error::StaleResume { .. } | Error::Conflict { .. } | Error::Quarantined { .. }) => {
+                self.keeper_drop_hold(run_id);
+                Ok(())
+            }
+            // The store away: its hold gave the lease up, which the retry
+            // claims again (the batch's results, once recorded ahead, are
+            // reused by any resume of the wait).
             Err(e @ Error::Store(_)) => {
                 if let Some(kept) = kept {
                     self.retry_settling(run_id, kept, &e);

@@ -1449,16 +1449,19 @@ impl Runtime {
         let landed = txn.landed.take().filter(|l| {
             l.resume.is_some() && Some(l.key.as_str()) == base.idempotency_key.as_deref()
         });
+        // Decided before anything is written: a resume refused for want of
+        // room leaves no record.
+        let flies = landed.is_none()
+            && external
+            && fly
+            && txn.leased()
+            && self.resume_room(handler.as_ref(), &wait, payload)?;
         if external && !begun && landed.is_none() {
             txn.append_ahead(std::slice::from_ref(&base))?;
         }
         let written = match landed {
             Some(landed) => super::flying_resume::written_of(landed.outcome?)?,
-            None if external
-                && fly
-                && txn.leased()
-                && self.resume_room(handler.as_ref(), &wait, payload) =>
-            {
+            None if flies => {
                 return Ok(Hook::Fly(Box::new(super::flying_resume::ResumeWork {
                     handler,
                     wait,

@@ -1,0 +1,105 @@
+/*
+ * stepwell's C guest SDK: write a node handler as one function from an
+ * input to a plan, over the bindings wit-bindgen generates for the `node`
+ * world (scripts/build-c-guest makes them and builds the component).
+ *
+ *     #include "stepwell.h"
+ *
+ *     static void greet(const sw_input *in, sw_plan *plan) {
+ *         char name[64];
+ *         if (!sw_var_string(in, "name", name, sizeof name)) strcpy(name, "World");
+ *         sw_buf out = sw_buf_new();
+ *         sw_buf_printf(&out, "{\"message\":\"Hello, ");
+ *         sw_buf_json_chars(&out, name);
+ *         sw_buf_printf(&out, "!\"}");
+ *         sw_complete(plan, &out);
+ *     }
+ *
+ *     STEPWELL_NODE(greet)
+ *
+ * JSON crosses the boundary as text: the SDK reads top-level fields of the
+ * vars and config, and builds text with `sw_buf`; the host parses and
+ * checks everything a node returns. Memory comes from wasi-libc's malloc,
+ * within the host's memory limit; nothing needs freeing (the host may call
+ * the node again on the same instance: the SDK frees what a call made).
+ */
+#ifndef STEPWELL_H
+#define STEPWELL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* What the host passes for one step of a run (NUL-terminated copies). */
+typedef struct {
+  const char *run_id;
+  const char *workflow_id;
+  const char *node_id;
+  /* The node's config as JSON text, or NULL when it has none. */
+  const char *config;
+  /* The run's vars: a JSON object, as text. */
+  const char *vars;
+  /* The current time (UTC), chosen by the host. */
+  uint64_t now_seconds;
+  uint32_t now_nanoseconds;
+  /* 1 for the first attempt of this step. */
+  uint32_t attempt;
+} sw_input;
+
+/* A growing text buffer (JSON being written). */
+typedef struct {
+  char *ptr;
+  size_t len;
+  size_t cap;
+} sw_buf;
+
+/* What the handler decides (fill it with the sw_* calls below). */
+typedef struct sw_plan sw_plan;
+
+/* An empty buffer. */
+sw_buf sw_buf_new(void);
+/* Appends text formatted as printf does. */
+void sw_buf_printf(sw_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends `text` as a JSON string (quoted and escaped). */
+void sw_buf_json_string(sw_buf *b, const char *text);
+/* Appends `text` escaped for the inside of a JSON string (no quotes). */
+void sw_buf_json_chars(sw_buf *b, const char *text);
+
+/* Top-level field `key` of the vars as a string: copies it (at most
+ * `size - 1` bytes, unescaped) to `out` and returns true if it is one. */
+bool sw_var_string(const sw_input *in, const char *key, char *out, size_t size);
+/* Top-level field `key` of the vars as a number: true if it is one. */
+bool sw_var_number(const sw_input *in, const char *key, double *out);
+/* Top-level field `key` of the config as a number: true if it is one. */
+bool sw_config_number(const sw_input *in, const char *key, double *out);
+/* The JSON text of top-level field `key` of the vars (a copy, NUL-terminated),
+ * or NULL if there is none. */
+char *sw_var_json(const sw_input *in, const char *key);
+/* The time as RFC 3339 with microseconds (`2026-12-06T10:00:00.123456Z`);
+ * `out` holds at least 32 bytes. */
+void sw_now_rfc3339(const sw_input *in, char out[32]);
+
+/* Finishes the run with `output` (JSON text). */
+void sw_complete(sw_plan *plan, const sw_buf *output);
+/* Goes to `node` next (a node id or a route label of this node). */
+void sw_goto(sw_plan *plan, const char *node);
+/* Sets the vars patch (a JSON object: each key replaces the run's). */
+void sw_set_vars(sw_plan *plan, const sw_buf *object);
+/* Asks for effect `kind` with `payload` (a JSON object), its result written
+ * to `result_key` (NULL: none). */
+void sw_effect(sw_plan *plan, const char *kind, const sw_buf *payload, const char *result_key);
+/* Refuses the input: `node_invalid_input` (retrying will not help). */
+void sw_invalid_input(sw_plan *plan, const char *message);
+/* Fails the step: `node_failed`. */
+void sw_failed(sw_plan *plan, const char *message);
+
+/* The handler STEPWELL_NODE names (the SDK's export calls it). */
+void sw_node_handler(const sw_input *in, sw_plan *plan);
+
+/* Makes `handler` this component's node handler. Use it once. */
+#define STEPWELL_NODE(handler)                                   \
+  void sw_node_handler(const sw_input *in, sw_plan *plan) {      \
+    handler(in, plan);                                           \
+  }
+
+#endif
