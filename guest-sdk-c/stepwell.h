@@ -9,9 +9,9 @@
  *         char name[64];
  *         if (!sw_var_string(in, "name", name, sizeof name)) strcpy(name, "World");
  *         sw_buf out = sw_buf_new();
- *         sw_buf_printf(&out, "{\"message\":\"Hello, ");
+ *         sw_buf_add(&out, "{\"message\":\"Hello, ");
  *         sw_buf_json_chars(&out, name);
- *         sw_buf_printf(&out, "!\"}");
+ *         sw_buf_add(&out, "!\"}");
  *         sw_complete(plan, &out);
  *     }
  *
@@ -20,8 +20,14 @@
  * JSON crosses the boundary as text: the SDK reads top-level fields of the
  * vars and config, and builds text with `sw_buf`; the host parses and
  * checks everything a node returns. Memory comes from wasi-libc's malloc,
- * within the host's memory limit; nothing needs freeing (the host may call
- * the node again on the same instance: the SDK frees what a call made).
+ * within the host's memory limit. A buffer handed to the plan (sw_complete,
+ * sw_set_vars, sw_effect) is the host's: it frees it after the call. Free
+ * (`free(b.ptr)`) a buffer you do not hand over, and what sw_var_json
+ * returns: the host may call the node again on the same instance.
+ *
+ * The SDK uses no stdio (printf would make the module import WASI's file
+ * calls, which the component then needs an adapter for): build text with
+ * sw_buf_add, sw_buf_int and the JSON escapers.
  */
 #ifndef STEPWELL_H
 #define STEPWELL_H
@@ -58,8 +64,10 @@ typedef struct sw_plan sw_plan;
 
 /* An empty buffer. */
 sw_buf sw_buf_new(void);
-/* Appends text formatted as printf does. */
-void sw_buf_printf(sw_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends `text` as it is (JSON punctuation, keys you know are plain). */
+void sw_buf_add(sw_buf *b, const char *text);
+/* Appends `n` in decimal. */
+void sw_buf_int(sw_buf *b, long long n);
 /* Appends `text` as a JSON string (quoted and escaped). */
 void sw_buf_json_string(sw_buf *b, const char *text);
 /* Appends `text` escaped for the inside of a JSON string (no quotes). */

@@ -1,8 +1,6 @@
 /* The JSON the C SDK reads and writes: top-level fields of an object,
  * strings unescaped to UTF-8, and text escaped for JSON strings. The host
  * checks every JSON text a node returns. */
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,17 +28,20 @@ static void put(sw_buf *b, const char *s, size_t n) {
   b->ptr[b->len] = 0;
 }
 
-void sw_buf_printf(sw_buf *b, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  if (n < 0) return;
-  reserve(b, (size_t)n);
-  va_start(ap, fmt);
-  vsnprintf(b->ptr + b->len, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  b->len += (size_t)n;
+void sw_buf_add(sw_buf *b, const char *text) {
+  put(b, text, strlen(text));
+}
+
+void sw_buf_int(sw_buf *b, long long n) {
+  char digits[24];
+  int i = sizeof digits;
+  unsigned long long u = n < 0 ? 0ULL - (unsigned long long)n : (unsigned long long)n;
+  do {
+    digits[--i] = (char)('0' + u % 10);
+    u /= 10;
+  } while (u);
+  if (n < 0) digits[--i] = '-';
+  put(b, digits + i, sizeof digits - (size_t)i);
 }
 
 void sw_buf_json_chars(sw_buf *b, const char *text) {
@@ -54,7 +55,9 @@ void sw_buf_json_chars(sw_buf *b, const char *text) {
       case '\t': put(b, "\\t", 2); break;
       default:
         if (*p < 0x20) {
-          snprintf(esc, sizeof esc, "\\u%04x", *p);
+          const char *hexd = "0123456789abcdef";
+          esc[0] = '\\', esc[1] = 'u', esc[2] = '0', esc[3] = '0';
+          esc[4] = hexd[*p >> 4], esc[5] = hexd[*p & 15];
           put(b, esc, 6);
         } else {
           put(b, (const char *)p, 1);
@@ -186,7 +189,8 @@ static bool unescape(const char *p, const char *end, char *out, size_t size) {
   size_t o = 0;
   for (p++; p < end - 1; p++) {
     unsigned long c = (unsigned char)*p;
-    if (c == '\\') {
+    bool escaped = c == '\\';
+    if (escaped) {
       p++;
       switch (*p) {
         case 'n': c = '\n'; break;
@@ -211,7 +215,8 @@ static bool unescape(const char *p, const char *end, char *out, size_t size) {
         default: c = (unsigned char)*p;
       }
     }
-    size_t n = c < 0x80 ? (o + 1 < size ? (out[o] = (char)c, 1) : 0) : utf8(c, out + o, size - 1 - o);
+    /* Raw bytes (UTF-8 already) are copied; an escape is encoded. */
+    size_t n = (!escaped || c < 0x80) ? (o + 1 < size ? (out[o] = (char)c, 1) : 0) : utf8(c, out + o, size - 1 - o);
     if (n == 0) break; /* cut at the buffer's end */
     o += n;
   }
@@ -261,8 +266,18 @@ void sw_now_rfc3339(const sw_input *in, char out[32]) {
   uint64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100), mp = (5 * doy + 2) / 153;
   uint64_t day = doy - (153 * mp + 2) / 5 + 1, month = mp < 10 ? mp + 3 : mp - 9;
   uint64_t year = yoe + era * 400 + (month <= 2);
-  snprintf(out, 32, "%04llu-%02llu-%02lluT%02llu:%02llu:%02llu.%06luZ", (unsigned long long)year,
-           (unsigned long long)month, (unsigned long long)day, (unsigned long long)(secs / 3600),
-           (unsigned long long)(secs / 60 % 60), (unsigned long long)(secs % 60),
-           (unsigned long)(in->now_nanoseconds / 1000));
+  uint64_t parts[7] = {year, month, day, secs / 3600, secs / 60 % 60, secs % 60, in->now_nanoseconds / 1000};
+  int widths[7] = {4, 2, 2, 2, 2, 2, 6};
+  const char *after = "--T::.Z";
+  char *o = out;
+  for (int i = 0; i < 7; i++) {
+    uint64_t v = parts[i];
+    for (int w = widths[i] - 1; w >= 0; w--) {
+      o[w] = (char)('0' + v % 10);
+      v /= 10;
+    }
+    o += widths[i];
+    *o++ = after[i];
+  }
+  *o = 0;
 }

@@ -281,7 +281,7 @@ fn drive_resumes_a_due_wait() {
 }
 
 #[test]
-fn subworkflows_events_and_the_python_and_javascript_nodes_work_from_the_cli() {
+fn subworkflows_events_and_the_python_javascript_and_c_nodes_work_from_the_cli() {
     let cli = Cli::new();
     let sub = cli.json(&["run", &ex("subworkflow"), "--vars", r#"{"text": "hey"}"#]);
     assert_eq!(sub["output"], json!({"shouted": "HEY"}));
@@ -315,6 +315,11 @@ fn subworkflows_events_and_the_python_and_javascript_nodes_work_from_the_cli() {
     assert_eq!(
         js["output"],
         json!({"message": "Hello, Ada!", "language": "javascript"})
+    );
+    let c = cli.json(&["run", &ex("hello-c"), "--vars", r#"{"name": "Ada \u00e9"}"#]);
+    assert_eq!(
+        c["output"],
+        json!({"message": "Hello, Ada \u{e9}!", "language": "c"})
     );
 }
 
@@ -1382,4 +1387,10 @@ fn contract_suite(cli: &Cli, example: &str) {
 #[test]
 fn a_javascript_node_meets_the_contract() {
     contract_suite(&Cli::new(), "contract-js");
+}
+
+/// The C node meets the contract (scripts/build-c-guest builds it).
+#[test]
+fn a_c_node_meets_the_contract() {
+    contract_suite(&Cli::new(), "contract-c");
 }

@@ -1,0 +1,20 @@
+/* The stepwell `hello` node, written in C: greets `vars.name` (or "World")
+ * by completing the run with
+ * `{"message": "Hello, <name>!", "language": "c"}`.
+ *
+ * Built into flows/examples/hello-c/greet.wasm by scripts/build-c-guest. */
+#include <string.h>
+
+#include "stepwell.h"
+
+static void greet(const sw_input *in, sw_plan *plan) {
+  char name[256];
+  if (!sw_var_string(in, "name", name, sizeof name)) strcpy(name, "World");
+  sw_buf out = sw_buf_new();
+  sw_buf_add(&out, "{\"message\":\"Hello, ");
+  sw_buf_json_chars(&out, name);
+  sw_buf_add(&out, "!\",\"language\":\"c\"}");
+  sw_complete(plan, &out);
+}
+
+STEPWELL_NODE(greet)
