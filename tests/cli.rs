@@ -1394,3 +1394,16 @@ fn a_javascript_node_meets_the_contract() {
 fn a_c_node_meets_the_contract() {
     contract_suite(&Cli::new(), "contract-c");
 }
+
+/// The Rust node meets the contract (scripts/build-guests builds it).
+#[test]
+fn a_rust_node_meets_the_contract() {
+    contract_suite(&Cli::new(), "contract-rust");
+}
+
+/// The Python node meets the contract (scripts/build-python-guest builds
+/// it).
+#[test]
+fn a_python_node_meets_the_contract() {
+    contract_suite(&Cli::new(), "contract-py");
+}
