@@ -992,9 +992,6 @@ fn drive_three(options: &BenchOptions, spec: &StoreSpec, dir: &Path) -> Result<f
     drive_hosts(options, spec, dir, 3, options.drive_runs).map(|d| d.rate)
 }
 
-/// `hosts` `stepwell drive` processes complete `drive_runs` runs of
-/// `flows/examples/chain` on one store: runs completed per second, process
-/// start included.
 /// What [`drive_hosts`] measured.
 struct Drove {
     /// Workflows per second.
@@ -1091,6 +1088,10 @@ impl Counter {
     }
 }
 
+/// `hosts` `stepwell drive` processes complete `runs` runs of
+/// `flows/examples/chain` on one store: runs completed per second, process
+/// start included, with the machine's CPU and the database's transactions
+/// meanwhile.
 fn drive_hosts(
     options: &BenchOptions,
     spec: &StoreSpec,
