@@ -43,6 +43,11 @@ pub struct BenchOptions {
     /// Rounds of the hostile corpus (`hostile_contained_per_s`): each runs
     /// every fast-failing hostile mode once, then a well-behaved run.
     pub hostile_rounds: usize,
+    /// Whether the per-language figures (`lang_*`: a contract node in
+    /// Rust, C, Python and JavaScript) are measured: not with `--quick`
+    /// unless `--only` names them (compiling Python and JavaScript takes
+    /// some 12 s).
+    pub languages: bool,
     /// The `stepwell` binary the multi-process benchmarks start (default:
     /// the one beside this binary).
     pub exe: Option<PathBuf>,
@@ -99,6 +104,7 @@ impl Default for BenchOptions {
             drive_runs: 300,
             hosts_runs: 2_000,
             hostile_rounds: 60,
+            languages: true,
             exe: None,
             automation_occurrences: 100,
             automation_commands: 200,
@@ -127,6 +133,7 @@ impl BenchOptions {
         self.drive_runs = 30;
         self.hosts_runs = 200;
         self.hostile_rounds = 5;
+        self.languages = false;
         self.automation_occurrences = 20;
         self.automation_commands = 40;
         self.automation_batches = 1;
@@ -156,7 +163,7 @@ pub(super) fn bench_err(message: impl Into<String>) -> Error {
     invalid("bench", message)
 }
 
-fn invalid(field: &str, message: impl Into<String>) -> Error {
+pub(super) fn invalid(field: &str, message: impl Into<String>) -> Error {
     Error::InvalidInput {
         field: field.into(),
         message: message.into(),
@@ -367,6 +374,16 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             "node_instantiate_us_p50".into(),
             json!(round(median(samples), 2)),
         );
+    }
+
+    // 1b. The same contract node in each language.
+    let named = options.only.as_deref().is_some_and(|o| o.contains("lang_"));
+    if (options.languages && want("lang_")) || named {
+        figures.extend(crate::languages::measure(
+            &options.flows_dir,
+            &scratch.0,
+            options.dispatch_samples.min(2_000),
+        )?);
     }
 
     // 2. A chain of WASM nodes, in memory and on SQLite.

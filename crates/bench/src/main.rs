@@ -10,6 +10,7 @@
 mod bench;
 mod fanout;
 mod http;
+mod languages;
 mod scale;
 mod traced;
 
