@@ -105,19 +105,8 @@ impl Runtime {
             .and_then(Value::as_u64)
             .unwrap_or(0);
         EffectCx {
-            run,
-            seq,
-            key,
-            now: self.now(),
-            attempt: 1,
-            depth: 0,
-            max_depth: self.inner.config.max_nesting,
-            emit_scopes: &self.inner.config.emit_scopes,
-            max_cascade: self.inner.config.max_cascade_runs,
-            runs: self,
-            artifacts: self.artifact_store(),
             cancel,
-            tracer: &self.inner.tracer,
+            ..self.cx_at(run, seq, key, self.now(), 1, 0)
         }
     }
 

@@ -804,13 +804,27 @@ impl Runtime {
 
     /// What effect `call` of `run` is told.
     fn effect_cx<'a>(&'a self, run: &'a RunState, call: &Call<'a>) -> EffectCx<'a> {
+        self.cx_at(run, call.seq, call.key, call.now, call.attempt, call.depth)
+    }
+
+    /// What effect `key` (the run's `seq`th), attempt `attempt`, at `now`
+    /// and `depth` runs deep, is told (no cancel: set one for flight).
+    pub(super) fn cx_at<'a>(
+        &'a self,
+        run: &'a RunState,
+        seq: u64,
+        key: &'a str,
+        now: chrono::DateTime<chrono::Utc>,
+        attempt: u32,
+        depth: u32,
+    ) -> EffectCx<'a> {
         EffectCx {
             run,
-            seq: call.seq,
-            key: call.key,
-            now: call.now,
-            attempt: call.attempt,
-            depth: call.depth,
+            seq,
+            key,
+            now,
+            attempt,
+            depth,
             max_depth: self.inner.config.max_nesting,
             emit_scopes: &self.inner.config.emit_scopes,
             max_cascade: self.inner.config.max_cascade_runs,
