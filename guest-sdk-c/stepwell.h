@@ -80,6 +80,8 @@ bool sw_var_string(const sw_input *in, const char *key, char *out, size_t size);
 bool sw_var_number(const sw_input *in, const char *key, double *out);
 /* Top-level field `key` of the config as a number: true if it is one. */
 bool sw_config_number(const sw_input *in, const char *key, double *out);
+/* Top-level field `key` of the config as a boolean: true if it is one. */
+bool sw_config_bool(const sw_input *in, const char *key, bool *out);
 /* The JSON text of top-level field `key` of the vars (a copy, NUL-terminated),
  * or NULL if there is none. */
 char *sw_var_json(const sw_input *in, const char *key);
@@ -109,5 +111,19 @@ void sw_node_handler(const sw_input *in, sw_plan *plan);
   void sw_node_handler(const sw_input *in, sw_plan *plan) {      \
     handler(in, plan);                                           \
   }
+
+/* Declares what this node expects, for `stepwell inspect` and for flow
+ * loading: one JSON object as a string literal (or adjacent literals) with
+ * keys, all optional: "description", "vars" and "config" (name -> what it
+ * holds), "routes" (the route labels the node may return). It becomes the
+ * component's `stepwell:node` custom section: the assembler makes a custom
+ * section of a `.custom_section.NAME` section (a C `section` attribute
+ * would make a data segment). Use it once, at file scope:
+ *
+ *     STEPWELL_DESCRIBE("{\"vars\":{\"name\":\"who to greet\"}}")
+ */
+#define STEPWELL_DESCRIBE(json)                                                 \
+  __asm__(".section \".custom_section.stepwell:node\",\"\",@\n.ascii " #json \
+          "\n.text\n");
 
 #endif

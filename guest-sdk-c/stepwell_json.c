@@ -248,6 +248,20 @@ bool sw_config_number(const sw_input *in, const char *key, double *out) {
   return number_in(in->config, key, out);
 }
 
+bool sw_config_bool(const sw_input *in, const char *key, bool *out) {
+  const char *s, *e;
+  if (!field(in->config, key, &s, &e)) return false;
+  if (e - s == 4 && memcmp(s, "true", 4) == 0) {
+    *out = true;
+    return true;
+  }
+  if (e - s == 5 && memcmp(s, "false", 5) == 0) {
+    *out = false;
+    return true;
+  }
+  return false;
+}
+
 char *sw_var_json(const sw_input *in, const char *key) {
   const char *s, *e;
   if (!field(in->vars, key, &s, &e)) return NULL;

@@ -67,3 +67,26 @@ export class NodeError extends Error {
 
 /** The `handle` export of a node whose handler is `handler`. */
 export function node(handler: (input: Input) => Plan): (input: unknown) => unknown;
+
+/** What a node declares it expects (every key optional). */
+export interface Description {
+  /** What the node does. */
+  description?: string;
+  /** The vars it reads: name → what it holds. */
+  vars?: { [name: string]: string };
+  /** Its config fields: name → what it holds. */
+  config?: { [name: string]: string };
+  /** The route labels it may return. */
+  routes?: string[];
+  [key: string]: Json | undefined;
+}
+
+/**
+ * Declares what this node expects, for `stepwell inspect` and for flow
+ * loading (scripts/build-js-guest writes it into the component). Call it
+ * once, at the top level of the node's module.
+ */
+export function describe(description: Description): Description;
+
+/** What `describe` was given, if it was called. */
+export function declared(): Description | undefined;

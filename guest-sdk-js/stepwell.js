@@ -231,3 +231,33 @@ export function node(handler) {
     }
   };
 }
+
+let described;
+
+/**
+ * Declares what this node expects, for `stepwell inspect` and for flow
+ * loading: `description` (text), `vars` and `config` (name → what it
+ * holds), `routes` (the route labels the node may return), all optional.
+ * Call it once, at the top level of the node's module:
+ *
+ *     describe({ vars: { name: 'who to greet' }, routes: ['done'] });
+ *
+ * `scripts/build-js-guest` loads the module in Node.js after building it,
+ * reads what was declared, and writes it into the component's
+ * `stepwell:node` custom section. Returns `description`.
+ */
+export function describe(description) {
+  if (description === null || typeof description !== 'object' || Array.isArray(description)) {
+    throw new TypeError('describe() takes one object');
+  }
+  if (described !== undefined) {
+    throw new Error('describe() is called once per node');
+  }
+  described = JSON.parse(JSON.stringify(description));
+  return description;
+}
+
+/** What `describe` was given, if it was called (for the build script). */
+export function declared() {
+  return described;
+}

@@ -1407,3 +1407,49 @@ fn a_rust_node_meets_the_contract() {
 fn a_python_node_meets_the_contract() {
     contract_suite(&Cli::new(), "contract-py");
 }
+
+/// The chain's step, written in each language with its SDK, declares what
+/// it expects in one line (`inspect` reads it back) and runs a chain of
+/// three nodes to `{"steps": 3}`; the hello examples declare their var.
+#[test]
+fn every_language_declares_its_node_and_runs_the_chain_step() {
+    let cli = Cli::new();
+    let chain = stepwell_tests::repo().join("flows/examples/chain");
+    for step in ["step", "step-c", "step-js", "step-py"] {
+        let component = chain.join(format!("{step}.wasm"));
+        let info = cli.json(&["inspect", component.to_str().unwrap()]);
+        let declared = &info["description"];
+        assert_eq!(
+            declared["description"], "One link of a chain: counts itself in vars.i.",
+            "{step}: {info}"
+        );
+        assert!(declared["vars"]["i"].is_string(), "{step}: {info}");
+        assert!(declared["config"]["last"].is_string(), "{step}: {info}");
+        let dir = cli.cwd.path().join(step);
+        std::fs::create_dir_all(&dir).unwrap();
+        let node = |next: Value| {
+            let mut n = json!({"component": component});
+            match next {
+                Value::Null => n["config"] = json!({"last": true}),
+                next => n["next"] = next,
+            }
+            n
+        };
+        let flow = json!({
+            "workflow_id": format!("chain-{step}"),
+            "entry": "a",
+            "nodes": {"a": node(json!("b")), "b": node(json!("c")), "c": node(Value::Null)},
+        });
+        std::fs::write(dir.join("flow.json"), flow.to_string()).unwrap();
+        let run = cli.json(&["run", dir.to_str().unwrap()]);
+        assert_eq!(run["output"], json!({"steps": 3}), "{step}: {run}");
+    }
+    for hello in ["hello-c/greet", "hello-js/greet", "hello-py/greet"] {
+        let component = stepwell_tests::repo().join(format!("flows/examples/{hello}.wasm"));
+        let info = cli.json(&["inspect", component.to_str().unwrap()]);
+        assert!(
+            info["description"]["vars"]["name"].is_string(),
+            "{hello}: {info}"
+        );
+    }
+}

@@ -210,7 +210,7 @@ impl Drop for Scratch {
     }
 }
 
-fn write_chain(dir: &Path, component: &Path, len: usize) -> Result<()> {
+pub(super) fn write_chain(dir: &Path, component: &Path, len: usize) -> Result<()> {
     let mut nodes = Map::new();
     for i in 0..len {
         let mut node = json!({ "component": component });
@@ -383,6 +383,7 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             &options.flows_dir,
             &scratch.0,
             options.dispatch_samples.min(2_000),
+            (options.chain_len, options.chain_repeats.min(5)),
         )?);
     }
 

@@ -1,43 +1,46 @@
 //! What a node costs in each language: the contract nodes of
 //! `flows/examples/contract-<lang>` (Rust, C, Python, JavaScript), each
 //! compiled in a new cache (its cold start), called warm on a kept
-//! instance, and called on a fresh instance. Every call's answer is
-//! checked: a wrong one fails the benchmark.
+//! instance, and called on a fresh instance; and a chain of each
+//! language's chain step (`flows/examples/chain/step*`) run in memory.
+//! Every answer is checked: a wrong one fails the benchmark.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{json, Map, Value};
+use stepwell::store::MemoryStore;
 use stepwell::wasm::{NodeCall, NodeComponent};
-use stepwell::{EngineConfig, Result, WasmEngine};
+use stepwell::{EngineConfig, Result, RunStatus, StartOptions, WasmEngine};
 
-use super::bench::{invalid, median};
+use super::bench::{invalid, median, write_chain};
 
-/// The languages measured: figure name and example directory.
-const LANGUAGES: [(&str, &str); 4] = [
-    ("rust", "contract-rust"),
-    ("c", "contract-c"),
-    ("py", "contract-py"),
-    ("js", "contract-js"),
+/// The languages measured: figure name, contract example directory and
+/// chain step (in `flows/examples/chain/`).
+const LANGUAGES: [(&str, &str, &str); 4] = [
+    ("rust", "contract-rust", "step.wasm"),
+    ("c", "contract-c", "step-c.wasm"),
+    ("py", "contract-py", "step-py.wasm"),
+    ("js", "contract-js", "step-js.wasm"),
 ];
 
 /// `lang_<l>_component_bytes`, `lang_<l>_compile_ms` (the first load, in
 /// a new cache), `lang_<l>_dispatch_us_p50` (warm) and
 /// `lang_<l>_instantiate_us_p50` (a fresh instance per call) for each
-/// language, `samples` warm calls each (a tenth as many fresh ones).
-pub fn measure(flows: &Path, scratch: &Path, samples: usize) -> Result<Map<String, Value>> {
+/// language, `samples` warm calls each (a tenth as many fresh ones); and
+/// `lang_<l>_chain_steps_per_s`, the median rate of `chain.1` runs of a
+/// chain of `chain.0` nodes of that language's chain step, in memory.
+pub fn measure(
+    flows: &Path,
+    scratch: &Path,
+    samples: usize,
+    chain: (usize, usize),
+) -> Result<Map<String, Value>> {
     let mut figures = Map::new();
-    for (lang, example) in LANGUAGES {
+    for (lang, example, step) in LANGUAGES {
         let path = flows.join("examples").join(example).join("node.wasm");
-        let bytes = std::fs::metadata(&path)
-            .map_err(|e| {
-                invalid(
-                    "flows_dir",
-                    format!("{}: {e} (scripts/build-guests)", path.display()),
-                )
-            })?
-            .len();
+        let bytes = built(&path)?;
         let engine = WasmEngine::new(EngineConfig {
             cache_dir: Some(scratch.join(format!("lang-cache-{lang}"))),
             ..EngineConfig::default()
@@ -55,8 +58,67 @@ pub fn measure(flows: &Path, scratch: &Path, samples: usize) -> Result<Map<Strin
             format!("lang_{lang}_instantiate_us_p50"),
             json!(round(fresh)),
         );
+        let step = flows.join("examples/chain").join(step);
+        built(&step)?;
+        let dir = scratch.join(format!("lang-chain-{lang}"));
+        let rate = chain_rate(&engine, &step, &dir, chain)?;
+        figures.insert(
+            format!("lang_{lang}_chain_steps_per_s"),
+            json!(rate.round()),
+        );
     }
     Ok(figures)
+}
+
+/// The size of the built component at `path`, or an error saying to build it.
+fn built(path: &Path) -> Result<u64> {
+    let meta = std::fs::metadata(path).map_err(|e| {
+        invalid(
+            "flows_dir",
+            format!("{}: {e} (scripts/build-guests)", path.display()),
+        )
+    })?;
+    Ok(meta.len())
+}
+
+/// The median steps per second of `repeats` runs of a chain of `len` nodes
+/// of component `step`, each run ticked to its end in a memory store; a run
+/// that does not complete with `len` steps fails the benchmark.
+fn chain_rate(
+    engine: &WasmEngine,
+    step: &Path,
+    dir: &Path,
+    (len, repeats): (usize, usize),
+) -> Result<f64> {
+    let io = |e: std::io::Error| invalid("bench", format!("{}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let step = step.canonicalize().map_err(io)?;
+    write_chain(dir, &step, len)?;
+    let rt = stepwell::builder(Arc::new(MemoryStore::new()))
+        .engine(engine.clone())
+        .build()?;
+    rt.load_bundle(dir)?;
+    let mut rates = Vec::with_capacity(repeats);
+    for _ in 0..repeats.max(1) {
+        let id = rt.start("bench.chain", StartOptions::default())?;
+        let t = Instant::now();
+        let state = rt.tick(&id)?;
+        let secs = t.elapsed().as_secs_f64();
+        if state.status != RunStatus::Completed || state.output != Some(json!({"steps": len})) {
+            return Err(invalid(
+                "bench",
+                format!(
+                    "a chain of {} ended {:?}: {:?} {:?}",
+                    step.display(),
+                    state.status,
+                    state.output,
+                    state.error
+                ),
+            ));
+        }
+        rates.push(len as f64 / secs);
+    }
+    Ok(median(rates))
 }
 
 /// The median time of `n` calls of the node's `complete` mode (after a

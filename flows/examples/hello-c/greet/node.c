@@ -7,6 +7,9 @@
 
 #include "stepwell.h"
 
+STEPWELL_DESCRIBE("{\"description\":\"Greets vars.name.\","
+                  "\"vars\":{\"name\":\"who to greet (text, default World)\"}}")
+
 static void greet(const sw_input *in, sw_plan *plan) {
   char name[256];
   if (!sw_var_string(in, "name", name, sizeof name)) strcpy(name, "World");

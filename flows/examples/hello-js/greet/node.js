@@ -3,7 +3,12 @@
 // `{"message": "Hello, <name>!", "language": "javascript"}`.
 //
 // Built into flows/examples/hello-js/greet.wasm by scripts/build-js-guest.
-import { node, Plan } from '../../../../guest-sdk-js/stepwell.js';
+import { describe, node, Plan } from '../../../../guest-sdk-js/stepwell.js';
+
+describe({
+  description: 'Greets vars.name.',
+  vars: { name: 'who to greet (text, default World)' },
+});
 
 export const handle = node((input) => {
   const name = input.varStr('name') ?? 'World';
