@@ -168,7 +168,7 @@ fn declared(info: &ComponentInfo) -> Vec<String> {
     }
     let Some(d) = &info.description else {
         return vec![if info.world == Some("node") {
-            "  declared  nothing (stepwell_guest::describe_node! in Rust, inspect --declare for any component; docs/wit.md)".into()
+            "  declared  nothing (a one-line describe in every SDK, inspect --declare for any component: docs/nodes.md)".into()
         } else {
             "  declared  nothing".into()
         }];

@@ -1,4 +1,4 @@
-//! The `expenses` example's node (docs/wit.md, "Writing a node in Rust"):
+//! The `expenses` example's node (docs/nodes-rust.md):
 //! pays an amount up to the configured limit at once, asks a person above it.
 use serde_json::json;
 use stepwell_guest::{describe_node, export_node, Effect, Input, NodeError, Plan};
