@@ -22,46 +22,64 @@ static char *cstr(const node_string_t *s) {
   return out;
 }
 
-/* Moves `b`'s text into `out` (the host frees it after the call). */
-static void take(node_string_t *out, const sw_buf *b) {
-  if (b->ptr) {
+/* Moves `b`'s text into `out`, freeing what `out` held when `had` (a
+ * field set twice), and empties `b`: the host frees the text after the
+ * call, so the caller can no longer touch it. */
+static void take(node_string_t *out, bool had, sw_buf *b) {
+  if (had) node_string_free(out);
+  if (b->ptr && b->len > 0) {
     out->ptr = (uint8_t *)b->ptr;
     out->len = b->len;
   } else {
+    /* An empty text has no block the host would free: free it here. */
+    free(b->ptr);
     node_string_dup(out, "");
   }
+  *b = sw_buf_new();
 }
 
-void sw_complete(sw_plan *plan, const sw_buf *output) {
+/* Sets `out` to a copy of `text` ("" for NULL), freeing what it held when `had`. */
+static void set_text(node_string_t *out, bool had, const char *text) {
+  if (had) node_string_free(out);
+  node_string_dup(out, text ? text : "");
+}
+
+void sw_complete(sw_plan *plan, sw_buf *output) {
+  take(&plan->ret->complete_output.val, plan->ret->complete_output.is_some, output);
   plan->ret->complete_output.is_some = true;
-  take(&plan->ret->complete_output.val, output);
 }
 
 void sw_goto(sw_plan *plan, const char *node) {
-  plan->ret->next_node.is_some = true;
-  node_string_dup(&plan->ret->next_node.val, node);
+  if (plan->ret->next_node.is_some) node_string_free(&plan->ret->next_node.val);
+  plan->ret->next_node.is_some = node != NULL;
+  if (node) node_string_dup(&plan->ret->next_node.val, node);
 }
 
-void sw_set_vars(sw_plan *plan, const sw_buf *object) {
+void sw_set_vars(sw_plan *plan, sw_buf *object) {
+  take(&plan->ret->vars.val, plan->ret->vars.is_some, object);
   plan->ret->vars.is_some = true;
-  take(&plan->ret->vars.val, object);
 }
 
-void sw_effect(sw_plan *plan, const char *kind, const sw_buf *payload, const char *result_key) {
+void sw_effect(sw_plan *plan, const char *kind, sw_buf *payload, const char *result_key) {
   stepwell_flow_types_effect_t *e = &plan->ret->effect.val;
-  plan->ret->effect.is_some = true;
-  node_string_dup(&e->kind, kind);
-  take(&e->payload, payload);
+  bool had = plan->ret->effect.is_some;
+  if (had && e->result_key.is_some) node_string_free(&e->result_key.val);
+  set_text(&e->kind, had, kind);
+  take(&e->payload, had, payload);
   e->result_key.is_some = result_key != NULL;
   if (result_key) node_string_dup(&e->result_key.val, result_key);
+  plan->ret->effect.is_some = true;
 }
 
 static void fail(sw_plan *plan, uint8_t tag, const char *message) {
+  /* Both variants hold one string at the same place: a second failure
+   * replaces the first's message. */
+  bool had = plan->failed;
   plan->failed = true;
   plan->err->tag = tag;
-  node_string_dup(tag == STEPWELL_FLOW_TYPES_NODE_ERROR_INVALID_INPUT ? &plan->err->val.invalid_input
-                                                                     : &plan->err->val.failed,
-                  message);
+  set_text(tag == STEPWELL_FLOW_TYPES_NODE_ERROR_INVALID_INPUT ? &plan->err->val.invalid_input
+                                                               : &plan->err->val.failed,
+           had, message);
 }
 
 void sw_invalid_input(sw_plan *plan, const char *message) {

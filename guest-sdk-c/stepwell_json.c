@@ -184,6 +184,9 @@ static size_t utf8(unsigned long c, char *out, size_t left) {
   return n;
 }
 
+/* The JSON string [p, end) unescaped into `out` (room for `size` bytes with
+ * the NUL): false if it is not a string, does not fit whole, or holds a NUL
+ * (`\u0000`, which a C string cannot). Never cuts a character in half. */
 static bool unescape(const char *p, const char *end, char *out, size_t size) {
   if (size == 0 || *p != '"') return false;
   size_t o = 0;
@@ -215,9 +218,10 @@ static bool unescape(const char *p, const char *end, char *out, size_t size) {
         default: c = (unsigned char)*p;
       }
     }
+    if (c == 0) return false;
     /* Raw bytes (UTF-8 already) are copied; an escape is encoded. */
     size_t n = (!escaped || c < 0x80) ? (o + 1 < size ? (out[o] = (char)c, 1) : 0) : utf8(c, out + o, size - 1 - o);
-    if (n == 0) break; /* cut at the buffer's end */
+    if (n == 0) return false; /* it does not fit */
     o += n;
   }
   out[o] = 0;
@@ -227,6 +231,20 @@ static bool unescape(const char *p, const char *end, char *out, size_t size) {
 bool sw_var_string(const sw_input *in, const char *key, char *out, size_t size) {
   const char *s, *e;
   return field(in->vars, key, &s, &e) && unescape(s, e, out, size);
+}
+
+char *sw_var_str(const sw_input *in, const char *key) {
+  const char *s, *e;
+  if (!field(in->vars, key, &s, &e) || *s != '"') return NULL;
+  /* Unescaping never lengthens: the JSON text's length is room enough. */
+  size_t size = (size_t)(e - s) + 1;
+  char *out = malloc(size);
+  if (!out) abort();
+  if (!unescape(s, e, out, size)) {
+    free(out);
+    return NULL;
+  }
+  return out;
 }
 
 static bool number_in(const char *json, const char *key, double *out) {

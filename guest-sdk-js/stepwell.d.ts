@@ -78,7 +78,6 @@ export interface Description {
   config?: { [name: string]: string };
   /** The route labels it may return. */
   routes?: string[];
-  [key: string]: Json | undefined;
 }
 
 /**

@@ -192,9 +192,37 @@ function parsed(text, what) {
   }
 }
 
-/** `value` as JSON text (`undefined` stays none). */
-function text(value) {
-  return value === undefined ? undefined : JSON.stringify(value);
+/** `value` as JSON text (`undefined` stays none); `what` names it in the
+ * error when it has no JSON form (a function, a symbol, a BigInt, a cycle). */
+function text(value, what) {
+  if (value === undefined) return undefined;
+  let out;
+  try {
+    out = JSON.stringify(value);
+  } catch (e) {
+    throw NodeError.failed(`${what} cannot be written as JSON: ${e.message}`);
+  }
+  if (out === undefined) {
+    throw NodeError.failed(`${what} cannot be written as JSON (a ${typeof value})`);
+  }
+  return checked(out, what);
+}
+
+/** A string for the host: `value` when it is one, with no lone surrogate
+ * (which UTF-8 cannot carry), else a `NodeError.failed` naming `what`. */
+function checked(value, what) {
+  if (typeof value !== 'string') {
+    throw NodeError.failed(`${what} must be a string, not ${value === null ? 'null' : typeof value}`);
+  }
+  if (/[\uD800-\uDFFF]/u.test(value)) {
+    throw NodeError.failed(`${what} holds a lone surrogate, which UTF-8 cannot carry`);
+  }
+  return value;
+}
+
+/** `value` checked as a string when it is there. */
+function optional(value, what) {
+  return value === undefined || value === null ? undefined : checked(value, what);
 }
 
 /** The WIT `step-plan` of `plan`. */
@@ -203,12 +231,27 @@ function stepPlan(plan) {
     throw NodeError.failed('the handler returned something that is not a Plan');
   }
   const e = plan.effect;
+  let effect;
+  if (e !== undefined && e !== null) {
+    effect = {
+      kind: checked(e.kind, 'the effect kind'),
+      payload: text(e.payload ?? {}, 'the effect payload'),
+      resultKey: optional(e.resultKey, 'the effect result key'),
+    };
+  }
   return {
-    vars: text(plan.vars),
-    effect: e === undefined ? undefined : { kind: e.kind, payload: JSON.stringify(e.payload ?? {}), resultKey: e.resultKey },
-    nextNode: plan.nextNode,
-    completeOutput: text(plan.completeOutput),
+    vars: text(plan.vars, 'the vars'),
+    effect,
+    nextNode: optional(plan.nextNode, 'the next node'),
+    completeOutput: text(plan.completeOutput, 'the output'),
   };
+}
+
+/** The WIT `node-error` of `e`, a `NodeError`: its tag when it is one of
+ * the two, else `failed`; its message as text the host can carry. */
+function nodeError(e) {
+  const tag = e.tag === 'invalid-input' ? 'invalid-input' : 'failed';
+  return { tag, val: String(e.message).replace(/[\uD800-\uDFFF]/gu, '\uFFFD') };
 }
 
 /**
@@ -226,13 +269,21 @@ export function node(handler) {
       }
       return stepPlan(handler(new Input(raw, config, vars)));
     } catch (e) {
-      if (e instanceof NodeError) throw { tag: e.tag, val: e.message };
-      throw { tag: 'failed', val: e instanceof Error ? `${e.name}: ${e.message}` : String(e) };
+      if (e instanceof NodeError) throw nodeError(e);
+      let message;
+      try {
+        message = e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+      } catch {
+        message = 'the handler threw a value that cannot be written as text';
+      }
+      throw nodeError({ message });
     }
   };
 }
 
-let described;
+// What `describe` was given, on `globalThis`: the build script reads it
+// through whichever copy of this module it loads.
+const DESCRIBED = Symbol.for('stepwell.described');
 
 /**
  * Declares what this node expects, for `stepwell inspect` and for flow
@@ -250,14 +301,14 @@ export function describe(description) {
   if (description === null || typeof description !== 'object' || Array.isArray(description)) {
     throw new TypeError('describe() takes one object');
   }
-  if (described !== undefined) {
+  if (globalThis[DESCRIBED] !== undefined) {
     throw new Error('describe() is called once per node');
   }
-  described = JSON.parse(JSON.stringify(description));
+  globalThis[DESCRIBED] = JSON.parse(JSON.stringify(description));
   return description;
 }
 
 /** What `describe` was given, if it was called (for the build script). */
 export function declared() {
-  return described;
+  return globalThis[DESCRIBED];
 }

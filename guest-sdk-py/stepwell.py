@@ -81,6 +81,18 @@ class Input:
         v = self.vars.get(key)
         return v if isinstance(v, str) else None
 
+    def var_path(self, path):
+        """The value at dotted `path` of the vars (`a.b.0`), or None."""
+        v = self.vars
+        for part in path.split("."):
+            if isinstance(v, dict) and part in v:
+                v = v[part]
+            elif isinstance(v, list) and part.isdigit() and int(part) < len(v):
+                v = v[int(part)]
+            else:
+                return None
+        return v
+
     def config_field(self, key):
         """The field `key` of the node's config, or None."""
         return self.config.get(key) if isinstance(self.config, dict) else None
@@ -173,6 +185,31 @@ class Plan:
         return self
 
 
+def _text(value, what):
+    """`value` as a string the host can carry (UTF-8), else a `NodeError`."""
+    if not isinstance(value, str):
+        raise NodeError.failed(f"{what} must be a str, not {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NodeError.failed(f"{what} holds a lone surrogate, which UTF-8 cannot carry")
+    return value
+
+
+def _json(value, what):
+    """`value` as JSON text, else a `NodeError` naming `what` (NaN and the
+    infinities have no JSON form)."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise NodeError.failed(f"{what} cannot be written as JSON: {e}")
+
+
+def _message(value):
+    """An error message the host can carry."""
+    return str(value).encode("utf-8", "replace").decode("utf-8")
+
+
 def _parsed(text, what):
     try:
         return json.loads(text)
@@ -189,16 +226,20 @@ def node(handler):
     from wit_world.imports import types
 
     def to_wit(plan):
+        if not isinstance(plan, Plan):
+            raise NodeError.failed("the handler returned something that is not a Plan")
         e = plan.effect
         effect = None
         if e is not None:
-            effect = types.Effect(e.kind, json.dumps(e.payload), e.result_key)
+            key = None if e.result_key is None else _text(e.result_key, "the effect result key")
+            kind = _text(e.kind, "the effect kind")
+            effect = types.Effect(kind, _json(e.payload, "the effect payload"), key)
         done = plan.complete_output is not _UNSET
         return types.StepPlan(
-            vars=None if plan.vars is None else json.dumps(plan.vars),
+            vars=None if plan.vars is None else _json(plan.vars, "the vars"),
             effect=effect,
-            next_node=plan.next_node,
-            complete_output=json.dumps(plan.complete_output) if done else None,
+            next_node=None if plan.next_node is None else _text(plan.next_node, "the next node"),
+            complete_output=_json(plan.complete_output, "the output") if done else None,
         )
 
     def handle(self, raw):
@@ -210,11 +251,11 @@ def node(handler):
             return to_wit(handler(Input(raw, config, vars)))
         except NodeError as e:
             if e.tag == "invalid-input":
-                raise Err(types.NodeError_InvalidInput(e.message))
-            raise Err(types.NodeError_Failed(e.message))
+                raise Err(types.NodeError_InvalidInput(_message(e.message)))
+            raise Err(types.NodeError_Failed(_message(e.message)))
         except Err:
             raise
-        except Exception as e:
-            raise Err(types.NodeError_Failed(f"{type(e).__name__}: {e}"))
+        except BaseException as e:  # SystemExit too: a node has no process to end
+            raise Err(types.NodeError_Failed(_message(f"{type(e).__name__}: {e}")))
 
     return type("WitWorld", (wit_world.WitWorld,), {"handle": handle})

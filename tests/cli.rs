@@ -77,6 +77,28 @@ fn ex(name: &str) -> String {
     example(name).display().to_string()
 }
 
+/// Whether the components at `paths` (under `flows/examples/`) are built.
+/// Outside CI a missing one skips the test with a line naming it (the
+/// JavaScript and C toolchains are optional there: scripts/build-js-guest
+/// and build-c-guest say so and build nothing); in CI (`CI=true`, as
+/// scripts/test checks) it fails the test.
+fn built(paths: &[&str]) -> bool {
+    let missing: Vec<_> = paths
+        .iter()
+        .map(|p| example(p))
+        .filter(|p| !p.exists())
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "not built: {missing:?} (scripts/build-guests)"
+    );
+    eprintln!("skipped: not built: {missing:?} (scripts/build-guests)");
+    false
+}
+
 #[test]
 fn hello_runs_on_the_embedded_default_store() {
     let cli = Cli::new();
@@ -311,6 +333,9 @@ fn subworkflows_events_and_the_python_javascript_and_c_nodes_work_from_the_cli()
         py["output"],
         json!({"message": "Hello, Ada!", "language": "python"})
     );
+    if !built(&["hello-js/greet.wasm", "hello-c/greet.wasm"]) {
+        return;
+    }
     let js = cli.json(&["run", &ex("hello-js"), "--vars", r#"{"name": "Ada"}"#]);
     assert_eq!(
         js["output"],
@@ -321,6 +346,14 @@ fn subworkflows_events_and_the_python_javascript_and_c_nodes_work_from_the_cli()
         c["output"],
         json!({"message": "Hello, Ada \u{e9}!", "language": "c"})
     );
+    // The C SDK reads a string of any length whole (no character cut in
+    // half), and refuses one holding a NUL, which C text cannot.
+    let long = "\u{e9}".repeat(300);
+    let vars = json!({ "name": long }).to_string();
+    let c = cli.json(&["run", &ex("hello-c"), "--vars", &vars]);
+    assert_eq!(c["output"]["message"], format!("Hello, {long}!"), "{c}");
+    let c = cli.json(&["run", &ex("hello-c"), "--vars", r#"{"name": "a\u0000b"}"#]);
+    assert_eq!(c["output"]["message"], "Hello, World!", "{c}");
 }
 
 #[test]
@@ -1270,20 +1303,20 @@ fn a_route_the_component_does_not_declare_is_warned_about() {
 }
 
 /// `inspect --declare` writes a component of any toolchain with a
-/// description (here the Python `hello` node): the copy declares it and
-/// still runs; a component that declares already, and writing over the
-/// file read, are refused.
+/// description (here the Python contract node, which declares nothing):
+/// the copy declares it and still runs; a component that declares already
+/// (the Python `hello` node), and writing over the file read, are refused.
 #[test]
 fn a_component_of_any_language_can_be_given_a_declaration() {
     let cli = Cli::new();
     let dir = cli.cwd.path().join("py");
     std::fs::create_dir_all(&dir).unwrap();
-    let hello = stepwell_tests::repo().join("flows/examples/hello-py");
-    std::fs::copy(hello.join("flow.json"), dir.join("flow.json")).unwrap();
+    let example = stepwell_tests::repo().join("flows/examples/contract-py");
+    std::fs::copy(example.join("flow.json"), dir.join("flow.json")).unwrap();
     let json = cli.cwd.path().join("greet.json");
     std::fs::write(
         &json,
-        r#"{"description": "Greets vars.name.", "vars": {"name": "who"}}"#,
+        r#"{"description": "Does what vars.mode says.", "vars": {"mode": "what to do"}}"#,
     )
     .unwrap();
     let declare = |from: &Path, to: &Path| {
@@ -1297,18 +1330,28 @@ fn a_component_of_any_language_can_be_given_a_declaration() {
         ];
         cli.run(&args)
     };
-    let out = declare(&hello.join("greet.wasm"), &dir.join("greet.wasm"));
-    assert!(out.status.success(), "{out:?}");
-    let info = cli.json(&["inspect", dir.join("greet.wasm").to_str().unwrap()]);
-    assert_eq!(info["description"]["description"], "Greets vars.name.");
-    assert_eq!(info["world"], "node");
-    let ran = cli.json(&["run", "py", "--vars", r#"{"name": "Py"}"#]);
-    assert_eq!(ran["output"]["message"], "Hello, Py!", "{ran}");
-    let again = dir.join("greet.wasm");
     let err = |out: Output| {
         assert!(!out.status.success(), "{out:?}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
+    let out = declare(&example.join("node.wasm"), &dir.join("node.wasm"));
+    assert!(out.status.success(), "{out:?}");
+    let info = cli.json(&["inspect", dir.join("node.wasm").to_str().unwrap()]);
+    assert_eq!(
+        info["description"]["description"],
+        "Does what vars.mode says."
+    );
+    assert_eq!(info["world"], "node");
+    let vars = r#"{"mode": "complete", "value": "Py"}"#;
+    let ran = cli.json(&["run", "py", "--vars", vars]);
+    assert_eq!(ran["output"]["echo"], "Py", "{ran}");
+    let hello = stepwell_tests::repo().join("flows/examples/hello-py/greet.wasm");
+    let declared = err(declare(&hello, &cli.cwd.path().join("hello.wasm")));
+    assert!(
+        declared.contains("has a stepwell:node section already"),
+        "{declared}"
+    );
+    let again = dir.join("node.wasm");
     let twice = err(declare(&again, &cli.cwd.path().join("twice.wasm")));
     assert!(
         twice.contains("has a stepwell:node section already"),
@@ -1322,7 +1365,8 @@ fn a_component_of_any_language_can_be_given_a_declaration() {
 /// language (`flows/examples/contract-<language>`: a node doing what
 /// `vars.mode` says), and the typed outcome the host must give for each:
 /// vars in and out, the next node, completion, effects, the node's own
-/// refusals, a thrown error, a timeout, memory exhaustion and bad output.
+/// refusals, a thrown error, a trap, a timeout, memory exhaustion and bad
+/// output.
 fn contract_suite(cli: &Cli, example: &str) {
     let run = |mode: &str| -> Value {
         let vars = json!({"mode": mode, "value": 7}).to_string();
@@ -1372,6 +1416,7 @@ fn contract_suite(cli: &Cli, example: &str) {
             "node_invalid_input: mode invalid: asked to refuse",
         ),
         ("throw", "node_failed: "),
+        ("trap", "guest_trap: "),
         ("spin", "guest_timeout: "),
         ("oom", "guest_memory_limit: "),
         ("bad", "guest_bad_output: "),
@@ -1386,12 +1431,18 @@ fn contract_suite(cli: &Cli, example: &str) {
 /// The JavaScript node meets the contract (scripts/build-js-guest builds it).
 #[test]
 fn a_javascript_node_meets_the_contract() {
+    if !built(&["contract-js/node.wasm"]) {
+        return;
+    }
     contract_suite(&Cli::new(), "contract-js");
 }
 
 /// The C node meets the contract (scripts/build-c-guest builds it).
 #[test]
 fn a_c_node_meets_the_contract() {
+    if !built(&["contract-c/node.wasm"]) {
+        return;
+    }
     contract_suite(&Cli::new(), "contract-c");
 }
 
@@ -1405,7 +1456,75 @@ fn a_rust_node_meets_the_contract() {
 /// it).
 #[test]
 fn a_python_node_meets_the_contract() {
+    if !built(&["contract-py/node.wasm"]) {
+        return;
+    }
     contract_suite(&Cli::new(), "contract-py");
+}
+
+/// What a build script runs on a node's declaration: `scripts/check-declared`
+/// refuses a section the host could not read (an unknown key) and passes a
+/// good one; the JavaScript and Python readers refuse a second `describe`
+/// and a dict that is not a literal, naming the file.
+#[test]
+fn a_declaration_the_host_cannot_read_fails_the_build() {
+    if !built(&["hello-c/greet.wasm"]) {
+        return;
+    }
+    let repo = stepwell_tests::repo();
+    let dir = tempfile::tempdir().unwrap();
+    let tool = |program: &str, args: &[&Path]| {
+        std::process::Command::new(program)
+            .args(args)
+            .current_dir(&repo)
+            .output()
+            .unwrap()
+    };
+    let check = repo.join("scripts/check-declared");
+    let good = repo.join("flows/examples/hello-c/greet.wasm");
+    let src = Path::new("node.c");
+    let out = tool("python3", &[&check, src, &good]);
+    assert!(out.status.success(), "{out:?}");
+    let mut bytes = std::fs::read(repo.join("flows/examples/hello/greet.wasm")).unwrap();
+    let (name, data) = (b"stepwell:node", br#"{"route": ["a"]}"#);
+    bytes.extend([0, (1 + name.len() + data.len()) as u8, name.len() as u8]);
+    bytes.extend_from_slice(name);
+    bytes.extend_from_slice(data);
+    let bad = dir.path().join("bad.wasm");
+    std::fs::write(&bad, &bytes).unwrap();
+    let out = tool("python3", &[&check, src, &bad]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("node.c: ") && err.contains("unknown key 'route'"),
+        "{err}"
+    );
+
+    let sdk = repo.join("guest-sdk-js/stepwell.js");
+    let js = dir.path().join("node.js");
+    let twice = format!(
+        "import {{ describe }} from '{}';\ndescribe({{}});\ndescribe({{}});\n",
+        sdk.display()
+    );
+    std::fs::write(&js, twice).unwrap();
+    let declare = repo.join("guest-sdk-js/declare.mjs");
+    let out = tool("node", &[&declare, &js, &bad]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("describe() is called once per node"),
+        "{err}"
+    );
+
+    let py = dir.path().join("app.py");
+    std::fs::write(&py, "from stepwell import describe\ndescribe(dict(a=1))\n").unwrap();
+    let declare = repo.join("guest-sdk-py/declare.py");
+    let out = tool("python3", &[&declare, &py, &bad]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        err.contains("app.py:2: describe() needs a literal dict"),
+        "{err}"
+    );
 }
 
 /// The chain's step, written in each language with its SDK, declares what
@@ -1413,6 +1532,14 @@ fn a_python_node_meets_the_contract() {
 /// three nodes to `{"steps": 3}`; the hello examples declare their var.
 #[test]
 fn every_language_declares_its_node_and_runs_the_chain_step() {
+    let all = [
+        "chain/step-c.wasm",
+        "chain/step-js.wasm",
+        "chain/step-py.wasm",
+    ];
+    if !built(&all) || !built(&["hello-c/greet.wasm", "hello-js/greet.wasm"]) {
+        return;
+    }
     let cli = Cli::new();
     let chain = stepwell_tests::repo().join("flows/examples/chain");
     for step in ["step", "step-c", "step-js", "step-py"] {

@@ -11,8 +11,9 @@ STEPWELL_DESCRIBE("{\"description\":\"One link of a chain: counts itself in vars
                   "\"config\":{\"last\":\"true on the chain's last node: complete the run\"}}")
 
 static void step(const sw_input *in, sw_plan *plan) {
+  /* vars.i when it is a whole number from 0 to 2^53, else 0 (as the others). */
   double i = 0;
-  sw_var_number(in, "i", &i);
+  if (!sw_var_number(in, "i", &i) || !(i >= 0 && i <= 9007199254740991.0) || i != (double)(long long)i) i = 0;
   bool last = false;
   sw_config_bool(in, "last", &last);
   sw_buf out = sw_buf_new();

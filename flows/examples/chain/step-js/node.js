@@ -13,7 +13,8 @@ describe({
 });
 
 export const handle = node((input) => {
-  const i = (Number(input.vars.i) || 0) + 1;
+  const v = input.vars.i;
+  const i = (Number.isSafeInteger(v) && v >= 0 ? v : 0) + 1;
   if (input.configField('last') === true) {
     return Plan.complete({ steps: i });
   }

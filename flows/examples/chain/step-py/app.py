@@ -17,7 +17,7 @@ describe({
 @node
 def WitWorld(input):
     i = input.vars.get("i")
-    i = (i if isinstance(i, int) else 0) + 1
+    i = (i if isinstance(i, int) and not isinstance(i, bool) and i >= 0 else 0) + 1
     if input.config_field("last") is True:
         return Plan.complete({"steps": i})
     return Plan.follow().set("i", i)

@@ -48,6 +48,8 @@ static void act(const sw_input *in, sw_plan *plan) {
     sw_invalid_input(plan, "mode invalid: asked to refuse");
   } else if (strcmp(mode, "throw") == 0) {
     sw_failed(plan, "boom");
+  } else if (strcmp(mode, "trap") == 0) {
+    __builtin_trap();
   } else if (strcmp(mode, "spin") == 0) {
     for (volatile int i = 0;; i++) {
     }

@@ -2,7 +2,11 @@
 // `vars.mode` (tests/cli.rs runs each and checks the host's typed outcome).
 import { node, Plan, Effect, NodeError } from '../../../../guest-sdk-js/stepwell.js';
 
-export const handle = node((input) => {
+// JavaScript cannot trap on purpose: mode `trap` answers, past the SDK, a
+// value the component's glue cannot lower into a step plan, which traps.
+export const handle = (raw) => (JSON.parse(raw.vars).mode === 'trap' ? { nextNode: 42 } : act(raw));
+
+const act = node((input) => {
   const mode = input.varStr('mode');
   switch (mode) {
     case 'complete':

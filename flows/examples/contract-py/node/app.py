@@ -4,6 +4,8 @@
 flows/examples/contract-js does in JavaScript. Built by
 scripts/build-python-guest with componentize-py."""
 
+import os
+
 from stepwell import Effect, NodeError, Plan, node
 
 
@@ -26,6 +28,8 @@ def WitWorld(input):
         raise NodeError.invalid("mode invalid: asked to refuse")
     if mode == "throw":
         raise TypeError("boom")
+    if mode == "trap":
+        os.abort()
     if mode == "spin":
         while True:
             pass

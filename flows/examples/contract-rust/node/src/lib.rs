@@ -21,6 +21,7 @@ fn act(input: Input) -> Result<Plan, NodeError> {
         "wait" => Ok(Plan::follow().with_effect(Effect::new("wait_until", json!({"seconds": 60})))),
         "invalid" => Err(NodeError::invalid("mode invalid: asked to refuse")),
         "throw" => Err(NodeError::failed("boom")),
+        "trap" => panic!("a trap, as asked"),
         "spin" => spin(),
         "oom" => {
             let mut held: Vec<Vec<u8>> = Vec::new();
