@@ -333,9 +333,18 @@ fn subworkflows_events_and_the_python_javascript_and_c_nodes_work_from_the_cli()
         py["output"],
         json!({"message": "Hello, Ada!", "language": "python"})
     );
-    if !built(&["hello-js/greet.wasm", "hello-c/greet.wasm"]) {
+    if !built(&[
+        "hello-js/greet.wasm",
+        "hello-ts/greet.wasm",
+        "hello-c/greet.wasm",
+    ]) {
         return;
     }
+    let ts = cli.json(&["run", &ex("hello-ts"), "--vars", r#"{"name": "Ada"}"#]);
+    assert_eq!(
+        ts["output"],
+        json!({"message": "Hello, Ada!", "language": "typescript"})
+    );
     let js = cli.json(&["run", &ex("hello-js"), "--vars", r#"{"name": "Ada"}"#]);
     assert_eq!(
         js["output"],
@@ -1571,7 +1580,12 @@ fn every_language_declares_its_node_and_runs_the_chain_step() {
         let run = cli.json(&["run", dir.to_str().unwrap()]);
         assert_eq!(run["output"], json!({"steps": 3}), "{step}: {run}");
     }
-    for hello in ["hello-c/greet", "hello-js/greet", "hello-py/greet"] {
+    for hello in [
+        "hello-c/greet",
+        "hello-js/greet",
+        "hello-ts/greet",
+        "hello-py/greet",
+    ] {
         let component = stepwell_tests::repo().join(format!("flows/examples/{hello}.wasm"));
         let info = cli.json(&["inspect", component.to_str().unwrap()]);
         assert!(
