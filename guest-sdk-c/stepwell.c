@@ -27,6 +27,10 @@ static char *cstr(const node_string_t *s) {
  * call, so the caller can no longer touch it. */
 static void take(node_string_t *out, bool had, sw_buf *b) {
   if (had) node_string_free(out);
+  if (!b) {
+    node_string_dup(out, "");
+    return;
+  }
   if (b->ptr && b->len > 0) {
     out->ptr = (uint8_t *)b->ptr;
     out->len = b->len;

@@ -22,7 +22,17 @@ const sdk = await import(new URL('./stepwell.js', import.meta.url));
 await import(pathToFileURL(resolve(source)));
 const description = sdk.declared();
 if (description !== undefined) {
-  const text = Buffer.from(JSON.stringify(description));
+  const json = JSON.stringify(description);
+  // JSON.stringify escapes a lone surrogate, which the host's parser refuses.
+  const lone = (s) => typeof s === 'string' && /[\uD800-\uDFFF]/u.test(s);
+  JSON.parse(json, (k, v) => {
+    if (lone(k) || lone(v)) {
+      console.error(`${source}: what describe() declares holds a lone surrogate, which UTF-8 cannot carry`);
+      process.exit(1);
+    }
+    return v;
+  });
+  const text = Buffer.from(json);
   if (text.length > MAX_DESCRIPTION) {
     console.error(`${source}: the description is ${text.length} bytes, more than ${MAX_DESCRIPTION}`);
     process.exit(1);

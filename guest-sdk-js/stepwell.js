@@ -198,8 +198,16 @@ function text(value, what) {
   if (value === undefined) return undefined;
   let out;
   try {
-    out = JSON.stringify(value);
+    // JSON.stringify escapes a lone surrogate (`\ud800`), which the host's
+    // parser refuses: name it here instead.
+    out = JSON.stringify(value, function (key, v) {
+      if (LONE_SURROGATE.test(key) || (typeof v === 'string' && LONE_SURROGATE.test(v))) {
+        throw NodeError.failed(`${what} holds a lone surrogate, which UTF-8 cannot carry`);
+      }
+      return v;
+    });
   } catch (e) {
+    if (e instanceof NodeError) throw e;
     throw NodeError.failed(`${what} cannot be written as JSON: ${e.message}`);
   }
   if (out === undefined) {
@@ -208,13 +216,17 @@ function text(value, what) {
   return checked(out, what);
 }
 
+/** A UTF-16 surrogate not part of a pair (in `u` mode a pair is one code
+ * point, so only a lone one matches). */
+const LONE_SURROGATE = /[\uD800-\uDFFF]/u;
+
 /** A string for the host: `value` when it is one, with no lone surrogate
  * (which UTF-8 cannot carry), else a `NodeError.failed` naming `what`. */
 function checked(value, what) {
   if (typeof value !== 'string') {
     throw NodeError.failed(`${what} must be a string, not ${value === null ? 'null' : typeof value}`);
   }
-  if (/[\uD800-\uDFFF]/u.test(value)) {
+  if (LONE_SURROGATE.test(value)) {
     throw NodeError.failed(`${what} holds a lone surrogate, which UTF-8 cannot carry`);
   }
   return value;
@@ -269,14 +281,13 @@ export function node(handler) {
       }
       return stepPlan(handler(new Input(raw, config, vars)));
     } catch (e) {
-      if (e instanceof NodeError) throw nodeError(e);
-      let message;
+      let error;
       try {
-        message = e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+        error = e instanceof NodeError ? nodeError(e) : nodeError({ message: e instanceof Error ? `${e.name}: ${e.message}` : String(e) });
       } catch {
-        message = 'the handler threw a value that cannot be written as text';
+        error = nodeError({ message: 'the handler threw a value that cannot be written as text' });
       }
-      throw nodeError({ message });
+      throw error;
     }
   };
 }

@@ -87,7 +87,7 @@ class Input:
         for part in path.split("."):
             if isinstance(v, dict) and part in v:
                 v = v[part]
-            elif isinstance(v, list) and part.isdigit() and int(part) < len(v):
+            elif isinstance(v, list) and _index(part) is not None and _index(part) < len(v):
                 v = v[int(part)]
             else:
                 return None
@@ -100,6 +100,13 @@ class Input:
     def now_rfc3339(self):
         """The time as RFC 3339 in UTC with microseconds, as the host writes times."""
         return self.now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _index(part):
+    """`part` as a list index: ASCII digits, no leading zero; else None."""
+    if part.isascii() and part.isdigit() and (part == "0" or not part.startswith("0")):
+        return int(part)
+    return None
 
 
 class Effect:
@@ -200,14 +207,31 @@ def _json(value, what):
     """`value` as JSON text, else a `NodeError` naming `what` (NaN and the
     infinities have no JSON form)."""
     try:
-        return json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as e:
         raise NodeError.failed(f"{what} cannot be written as JSON: {e}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NodeError.failed(f"{what} holds a lone surrogate, which UTF-8 cannot carry")
+    return text
 
 
 def _message(value):
-    """An error message the host can carry."""
-    return str(value).encode("utf-8", "replace").decode("utf-8")
+    """An error message the host can carry (a fixed text when `value` cannot
+    be written as one)."""
+    try:
+        return str(value).encode("utf-8", "replace").decode("utf-8")
+    except BaseException:
+        return "the node failed with an error that cannot be written as text"
+
+
+def _described(e):
+    """`<type>: <message>` of exception `e`, or a fixed text if its `__str__` fails."""
+    try:
+        return f"{type(e).__name__}: {e}"
+    except BaseException:
+        return f"{type(e).__name__}: (its message cannot be written as text)"
 
 
 def _parsed(text, what):
@@ -256,6 +280,6 @@ def node(handler):
         except Err:
             raise
         except BaseException as e:  # SystemExit too: a node has no process to end
-            raise Err(types.NodeError_Failed(_message(f"{type(e).__name__}: {e}")))
+            raise Err(types.NodeError_Failed(_message(_described(e))))
 
     return type("WitWorld", (wit_world.WitWorld,), {"handle": handle})

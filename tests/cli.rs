@@ -1477,7 +1477,8 @@ fn a_python_node_meets_the_contract() {
 /// and a dict that is not a literal, naming the file.
 #[test]
 fn a_declaration_the_host_cannot_read_fails_the_build() {
-    if !built(&["hello-c/greet.wasm"]) {
+    // node and the C components come with the JavaScript and C toolchains.
+    if !built(&["hello-c/greet.wasm", "hello-js/greet.wasm"]) {
         return;
     }
     let repo = stepwell_tests::repo();
@@ -1541,12 +1542,18 @@ fn a_declaration_the_host_cannot_read_fails_the_build() {
 /// three nodes to `{"steps": 3}`; the hello examples declare their var.
 #[test]
 fn every_language_declares_its_node_and_runs_the_chain_step() {
-    let all = [
+    let steps = [
         "chain/step-c.wasm",
         "chain/step-js.wasm",
         "chain/step-py.wasm",
     ];
-    if !built(&all) || !built(&["hello-c/greet.wasm", "hello-js/greet.wasm"]) {
+    let hellos = [
+        "hello-c/greet.wasm",
+        "hello-js/greet.wasm",
+        "hello-ts/greet.wasm",
+        "hello-py/greet.wasm",
+    ];
+    if !built(&steps) || !built(&hellos) {
         return;
     }
     let cli = Cli::new();
