@@ -112,13 +112,22 @@ fn shown(text: &str) -> String {
         .collect()
 }
 
+/// `bytes` in KiB under a MiB (a C component is some 20 KiB), else in MiB.
+fn human_size(bytes: u64) -> String {
+    if bytes < 1 << 20 {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
+}
+
 /// The text lines: a label column, then the value.
 fn lines(info: &ComponentInfo) -> Vec<String> {
     let mut out = vec![format!(
-        "  encoding  {}, {} bytes ({:.1} MiB)",
+        "  encoding  {}, {} bytes ({})",
         info.encoding,
         info.size,
-        info.size as f64 / (1u64 << 20) as f64
+        human_size(info.size)
     )];
     if info.encoding != "component" {
         out.push(
