@@ -87,8 +87,8 @@ class Input:
         for part in path.split("."):
             if isinstance(v, dict) and part in v:
                 v = v[part]
-            elif isinstance(v, list) and _index(part) is not None and _index(part) < len(v):
-                v = v[int(part)]
+            elif isinstance(v, list) and (i := _index(part)) is not None and i < len(v):
+                v = v[i]
             else:
                 return None
         return v
@@ -210,11 +210,7 @@ def _json(value, what):
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as e:
         raise NodeError.failed(f"{what} cannot be written as JSON: {e}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise NodeError.failed(f"{what} holds a lone surrogate, which UTF-8 cannot carry")
-    return text
+    return _text(text, what)
 
 
 def _message(value):

@@ -226,6 +226,31 @@ pub(super) fn write_chain(dir: &Path, component: &Path, len: usize) -> Result<()
         .map_err(|e| invalid("bench", e.to_string()))
 }
 
+/// The median steps per second of `repeats` runs (at least one) of the
+/// `bench.chain` flow of `len` nodes ([`write_chain`]'s) loaded in `rt`,
+/// each ticked to its end; a run that does not complete with
+/// `{"steps": len}` fails the benchmark.
+pub(super) fn chain_runs(rt: &Runtime, len: usize, repeats: usize) -> Result<f64> {
+    let mut rates = Vec::with_capacity(repeats.max(1));
+    for _ in 0..repeats.max(1) {
+        let id = rt.start("bench.chain", StartOptions::default())?;
+        let t = Instant::now();
+        let state = rt.tick(&id)?;
+        let secs = t.elapsed().as_secs_f64();
+        if state.status != RunStatus::Completed || state.output != Some(json!({"steps": len})) {
+            return Err(invalid(
+                "bench",
+                format!(
+                    "chain ended {:?}: {:?} {:?}",
+                    state.status, state.output, state.error
+                ),
+            ));
+        }
+        rates.push(len as f64 / secs);
+    }
+    Ok(median(rates))
+}
+
 /// The raw commit ceiling of SQLite here: transactions of one run-row
 /// upsert and one ledger append (a step's writes, with payloads the size of
 /// a chain step's, into tables shaped as the store's: a ledger of ids with
@@ -397,21 +422,7 @@ pub fn run(options: &BenchOptions) -> Result<Value> {
             .tracer(tracer)
             .build()?;
         rt.load_bundle(&chain_dir)?;
-        let mut rates = Vec::new();
-        for _ in 0..options.chain_repeats {
-            let id = rt.start("bench.chain", StartOptions::default())?;
-            let t = Instant::now();
-            let state = rt.tick(&id)?;
-            let secs = t.elapsed().as_secs_f64();
-            if state.status != RunStatus::Completed {
-                return Err(invalid(
-                    "bench",
-                    format!("chain ended {:?}: {:?}", state.status, state.error),
-                ));
-            }
-            rates.push(options.chain_len as f64 / secs);
-        }
-        Ok(median(rates))
+        chain_runs(&rt, options.chain_len, options.chain_repeats)
     };
     let chain = |store: Arc<dyn Store>| chain_traced(store, Tracer::off());
     if want("chain_traced_steps_per_s_memory") {

@@ -12,9 +12,9 @@ use std::time::Instant;
 use serde_json::{json, Map, Value};
 use stepwell::store::MemoryStore;
 use stepwell::wasm::{NodeCall, NodeComponent};
-use stepwell::{EngineConfig, Result, RunStatus, StartOptions, WasmEngine};
+use stepwell::{EngineConfig, Result, WasmEngine};
 
-use super::bench::{invalid, median, write_chain};
+use super::bench::{chain_runs, invalid, median, write_chain};
 
 /// The languages measured: figure name, contract example directory and
 /// chain step (in `flows/examples/chain/`).
@@ -98,27 +98,8 @@ fn chain_rate(
         .engine(engine.clone())
         .build()?;
     rt.load_bundle(dir)?;
-    let mut rates = Vec::with_capacity(repeats);
-    for _ in 0..repeats.max(1) {
-        let id = rt.start("bench.chain", StartOptions::default())?;
-        let t = Instant::now();
-        let state = rt.tick(&id)?;
-        let secs = t.elapsed().as_secs_f64();
-        if state.status != RunStatus::Completed || state.output != Some(json!({"steps": len})) {
-            return Err(invalid(
-                "bench",
-                format!(
-                    "a chain of {} ended {:?}: {:?} {:?}",
-                    step.display(),
-                    state.status,
-                    state.output,
-                    state.error
-                ),
-            ));
-        }
-        rates.push(len as f64 / secs);
-    }
-    Ok(median(rates))
+    chain_runs(&rt, len, repeats)
+        .map_err(|e| invalid("bench", format!("a chain of {}: {e}", step.display())))
 }
 
 /// The median time of `n` calls of the node's `complete` mode (after a
